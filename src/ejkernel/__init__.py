@@ -1,0 +1,7 @@
+"""ejkernel: fast, exact, differentiable and shardable kernels for JAX."""
+
+from ejkernel.registry import Backend, KernelRegistry, Platform, kernel_registry
+
+__version__ = "0.1.0"
+
+__all__ = ["Backend", "KernelRegistry", "Platform", "__version__", "kernel_registry"]

@@ -1,0 +1,4 @@
+"""Implementations of every op, per platform. Importing this package registers them all."""
+
+from ejkernel.kernels._triton import mean_pooling as _triton_mean_pooling  # noqa: F401
+from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401

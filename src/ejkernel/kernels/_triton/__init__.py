@@ -1,0 +1,1 @@
+"""Pallas kernels lowered through Triton (CUDA GPUs; interpret mode elsewhere)."""

@@ -1,0 +1,1 @@
+"""Plain-JAX implementations: run on every device, memory-linear where it matters."""

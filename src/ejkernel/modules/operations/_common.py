@@ -1,0 +1,34 @@
+"""What every public op function shares: the executor, argument checks and the typing legend.
+
+Shape symbols (jaxtyping): `batch`, `seq`/`seq_q`/`seq_k`, `heads`/`kv_heads`, `dim`, `tokens`,
+`features`; `...` stands for any trailing dims.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from ejkernel.ops import create_default_executor
+
+executor = create_default_executor()
+
+typechecked = jaxtyped(typechecker=beartype)
+"""Decorator for public op functions: checks jaxtyping shape annotations with beartype at each call."""
+
+
+def require_float(name: str, x: Any) -> None:
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
+
+
+def require_int(name: str, x: Any) -> None:
+    if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {jnp.result_type(x)}")
+
+
+def require_rank(name: str, x: jax.Array, ranks: tuple[int, ...] | range, layout: str) -> None:
+    if x.ndim not in ranks:
+        raise ValueError(f"{name} must have layout {layout}, got shape {tuple(x.shape)}")

@@ -1,0 +1,78 @@
+"""`mean_pooling`: the average over the sequence axis, dense or over packed variable-length sequences."""
+
+import dataclasses
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
+from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanPoolingConfig(KernelConfig):
+    """`fwd_params.block_k`: rows per tile; `block_d`: features per program; `num_warps`, `num_stages`."""
+
+
+class MeanPooling(Kernel):
+    op_id = "mean_pooling"
+    config_type = MeanPoolingConfig
+
+    def call_impl(self, impl, args, kwargs, cfg):
+        return impl.fn(*args, cfg=cfg)  # chunk_size only seeds the heuristic tiling
+
+    def heuristic_cfg(self, inv: Invocation) -> MeanPoolingConfig:
+        return MeanPoolingConfig(platform=inv.platform, fwd_params=FwdParams(block_k=inv.kwargs["chunk_size"]))
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        if platform != "triton":
+            yield MeanPoolingConfig(platform=platform)
+            return
+        for block_d in (256, 512, 1024):
+            for block_k in (16, 32, 64):
+                for warps in (4, 8):
+                    yield MeanPoolingConfig(
+                        platform=platform, fwd_params=FwdParams(block_k=block_k, block_d=block_d, num_warps=warps)
+                    )
+
+
+@typechecked
+def mean_pooling(
+    x: Float[Array, "..."],
+    cu_seqlens: Int[Array, " n_plus_1"] | None = None,
+    /,
+    *,
+    chunk_size: int = 32,
+    platform: str | None = None,
+    cfg: MeanPoolingConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs=None,
+    out_specs=None,
+) -> Float[Array, "..."]:
+    """Mean over axis 1: `[B, S, D] -> [B, D]`, `[B, S, h, d] -> [B, h, d]`.
+
+    With `cu_seqlens [N+1]` (cumulative lengths `[0, n1, n1+n2, ...]`), `x` is `[T, D]` (or `[T, h, d]`)
+    holding N sequences back to back, and the result is `[N, D]`; an empty sequence gives zeros.
+    Accumulates in float32; the result has `x`'s dtype.
+    """
+    require_float("x", x)
+    if cu_seqlens is None:
+        require_rank("x", x, range(3, 8), "[batch, seq, ...features]")
+    else:
+        require_rank("x", x, range(2, 7), "[tokens, ...features] when cu_seqlens is given")
+        require_int("cu_seqlens", cu_seqlens)
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must hold at least 2 bounds [0, n1, ...], got shape {cu_seqlens.shape}")
+    if not isinstance(chunk_size, int) or chunk_size <= 0 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
+    return executor(
+        MeanPooling(),
+        x,
+        cu_seqlens,
+        chunk_size=chunk_size,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

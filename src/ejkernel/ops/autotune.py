@@ -1,0 +1,115 @@
+"""Autotuning: the policy that allows it, and the tuner that measures candidates on the device."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import jax
+
+POLICY_ENV = "EJKERNEL_AUTOTUNE_POLICY"
+LOG_ENV = "EJKERNEL_LOG_AUTOTUNE"
+PROGRESS_ENV = "EJKERNEL_AUTOTUNE_PROGRESS"
+
+log = logging.getLogger("ejkernel.autotune")
+
+
+class AutotunePolicy(StrEnum):
+    """`heuristics` (default): never tune, use shipped or heuristic configs; `autotune`: measure on a miss."""
+
+    AUTOTUNE = "autotune"
+    HEURISTICS = "heuristics"
+
+
+_policy_override: contextvars.ContextVar[AutotunePolicy | None] = contextvars.ContextVar(
+    "ejkernel_policy", default=None
+)
+
+
+@contextlib.contextmanager
+def policy_override(policy: AutotunePolicy | str) -> Iterator[None]:
+    """Within the block, use this autotune policy whatever the environment or executor says."""
+    token = _policy_override.set(AutotunePolicy(policy))
+    try:
+        yield
+    finally:
+        _policy_override.reset(token)
+
+
+def active_policy(executor_policy: AutotunePolicy | None = None) -> AutotunePolicy:
+    """Context override, else the executor's own, else `$EJKERNEL_AUTOTUNE_POLICY`, else heuristics."""
+    scoped = _policy_override.get()
+    if scoped is not None:
+        return scoped
+    if executor_policy is not None:
+        return executor_policy
+    value = os.environ.get(POLICY_ENV, AutotunePolicy.HEURISTICS.value).strip().lower()
+    try:
+        return AutotunePolicy(value)
+    except ValueError:
+        raise ValueError(f"{POLICY_ENV} must be one of {[p.value for p in AutotunePolicy]}, got {value!r}") from None
+
+
+C = TypeVar("C")
+
+
+class Tuner:
+    """Times candidates: each is prepared (compiled) once, warmed up, then timed `repeats` times.
+
+    A candidate whose preparation or run raises is skipped and the reason logged; the winner has the
+    smallest median time.
+    """
+
+    def __init__(self, warmup: int = 2, repeats: int = 7, progress: bool | None = None) -> None:
+        if warmup < 0 or repeats < 1:
+            raise ValueError(f"Tuner needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
+        self.warmup, self.repeats = warmup, repeats
+        if progress is None:
+            env = os.environ.get(PROGRESS_ENV)
+            progress = env == "1" if env is not None else sys.stderr.isatty()
+        self.progress = progress
+
+    def measure(self, run: Callable[[], Any]) -> float:
+        """Median wall time of `run()` in seconds, waiting for device results."""
+        for _ in range(self.warmup):
+            jax.block_until_ready(run())
+        times = []
+        for _ in range(self.repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(run())
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def tune(
+        self, candidates: Sequence[C], prepare: Callable[[C], Callable[[], Any]], label: str = "autotune"
+    ) -> tuple[C, dict[C, float]]:
+        """Return the fastest candidate and every successful candidate's median time."""
+        timings: dict[C, float] = {}
+        failures: list[str] = []
+        iterator: Any = candidates
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(candidates, desc=label, leave=False, file=sys.stderr)
+        for candidate in iterator:
+            try:
+                run = prepare(candidate)
+                timings[candidate] = self.measure(run)
+            except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
+                failures.append(f"{candidate}: {type(err).__name__}: {err}")
+                log.info("%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
+                continue
+            if os.environ.get(LOG_ENV) == "1":
+                log.warning("%s: %s took %.3f ms", label, candidate, 1e3 * timings[candidate])
+        if not timings:
+            raise RuntimeError(f"{label}: every candidate failed:\n  " + "\n  ".join(failures or ["(none given)"]))
+        best = min(timings, key=timings.__getitem__)
+        return best, timings

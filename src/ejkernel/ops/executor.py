@@ -1,0 +1,208 @@
+"""Config selection (seven tiers) and the executor that runs a kernel with the chosen config."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import jax
+
+from ejkernel.ops.autotune import AutotunePolicy, Tuner, active_policy
+from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
+from ejkernel.ops.config import ConfigBase, KernelConfig
+from ejkernel.ops.fingerprint import describe_device, device_fingerprint
+from ejkernel.ops.kernel import Invocation, Kernel
+
+log = logging.getLogger("ejkernel.ops")
+
+
+@functools.cache
+def _shipped_configs(device_kind: str) -> dict[str, str]:
+    """Tuned configs shipped for a device kind (`ops/tuned/<kind>.json`: signature key -> config JSON)."""
+    name = "".join(c if c.isalnum() else "_" for c in device_kind) + ".json"
+    path = resources.files("ejkernel.ops").joinpath("tuned", name)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class ConfigSelectorChain:
+    """Chooses a config: override, overlay, memory, persistent, autotune, heuristics, else an error."""
+
+    def __init__(
+        self,
+        memory: ConfigCache | None = None,
+        persistent: PersistentCache | None = None,
+        tuner: Tuner | None = None,
+        policy: AutotunePolicy | str | None = None,
+    ) -> None:
+        self.memory = memory if memory is not None else ConfigCache()
+        self.persistent = persistent if persistent is not None else PersistentCache()
+        self.tuner = tuner
+        self.policy = AutotunePolicy(policy) if policy is not None else None
+
+    def select(self, kernel: Kernel, inv: Invocation, override: KernelConfig | None = None) -> KernelConfig:
+        if override is not None:
+            return self._checked(kernel, override, "cfg")
+        key = inv.cache_key(device_fingerprint())
+        scoped = overlay_lookup(inv.op_id, key)
+        if scoped is not None:
+            return self._checked(kernel, scoped, "overlay config")
+        cached = self.memory.get(key)
+        if cached is not None:
+            return cached
+        stored = self.persistent.get(key)
+        if isinstance(stored, kernel.config_type):
+            self.memory.put(key, stored)
+            return stored
+        if active_policy(self.policy) is AutotunePolicy.AUTOTUNE:
+            tuned = self._autotune(kernel, inv, key)
+            if tuned is not None:
+                return tuned
+        try:
+            shipped = _shipped_configs(describe_device()["device_kind"]).get(f"{inv.op_id}|{inv.signature}")
+            chosen = ConfigBase.from_json(shipped) if shipped else kernel.heuristic_cfg(inv)
+        except Exception as err:
+            raise RuntimeError(f"{inv.op_id}: no config could be chosen for this call: {err}") from err
+        if not isinstance(chosen, kernel.config_type):
+            raise RuntimeError(f"{inv.op_id}: no config could be chosen for this call (heuristics gave {chosen!r})")
+        return chosen
+
+    @staticmethod
+    def _checked(kernel: Kernel, cfg: Any, what: str) -> KernelConfig:
+        if not isinstance(cfg, kernel.config_type):
+            raise TypeError(f"{what} for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
+        return cfg
+
+    def _autotune(self, kernel: Kernel, inv: Invocation, key: str) -> KernelConfig | None:
+        candidates = list(dict.fromkeys(kernel.candidate_cfgs(inv)))
+        if not candidates:
+            return None
+        args = inv.sample_args()
+
+        def prepare(cfg: KernelConfig):
+            fn = jax.jit(lambda *a: kernel.run(*a, cfg=cfg, **inv.kwargs))
+            compiled = fn.lower(*args).compile()
+            return lambda: compiled(*args)
+
+        tuner = self.tuner or Tuner()
+        best, timings = tuner.tune(candidates, prepare, label=f"autotune {inv.op_id}")
+        self.memory.put(key, best)
+        self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
+        log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
+        return best
+
+
+class Executor:
+    """Runs a `Kernel`: builds the invocation, selects a config, wires a custom VJP and `shard_map`."""
+
+    def __init__(self, chain: ConfigSelectorChain | None = None) -> None:
+        self.chain = chain if chain is not None else ConfigSelectorChain()
+
+    def __call__(
+        self,
+        kernel: Kernel,
+        *args: Any,
+        cfg: KernelConfig | None = None,
+        platform: str | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        in_specs: Sequence[Any] | None = None,
+        out_specs: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        platform = resolve_platform(kernel, platform, cfg)
+        if cfg is not None and cfg.platform != platform:
+            cfg = cfg.with_platform(platform)
+        if mesh is None and in_specs is None and out_specs is None:
+            return self._run(kernel, args, kwargs, cfg, platform)
+        if mesh is None or in_specs is None or out_specs is None:
+            given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
+            raise ValueError(
+                f"{kernel.op_id}: mesh, in_specs and out_specs go together; got only {', '.join(given)}"
+            )
+        return self._sharded(kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs)
+
+    def _run(self, kernel: Kernel, args, kwargs, cfg, platform):
+        inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
+        chosen = self.chain.select(kernel, inv, cfg)
+        if kernel.fwd_with_residuals is None or kernel.vjp is None:
+            return kernel.run(*args, cfg=chosen, **kwargs)
+
+        @jax.custom_vjp
+        def call(*a):
+            return kernel.run(*a, cfg=chosen, **kwargs)
+
+        def fwd(*a):
+            return kernel.fwd_with_residuals(*a, cfg=chosen, **kwargs)
+
+        def bwd(residuals, g):
+            return tuple(kernel.vjp(residuals, g, cfg=chosen, **kwargs))
+
+        call.defvjp(fwd, bwd)
+        return call(*args)
+
+    def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
+        present = [i for i, a in enumerate(args) if a is not None]
+        in_specs = tuple(in_specs)
+        if len(in_specs) != len(present):
+            raise ValueError(
+                f"{kernel.op_id}: in_specs needs one spec per tensor argument passed ({len(present)}), "
+                f"got {len(in_specs)}"
+            )
+        array_kwargs = kernel.kwarg_specs(kwargs, in_specs)
+        static_kwargs = {k: v for k, v in kwargs.items() if k not in array_kwargs}
+
+        def body(tensors, dynamic):
+            full = list(args)
+            for i, t in zip(present, tensors, strict=True):
+                full[i] = t
+            return self._run(kernel, tuple(full), {**static_kwargs, **dynamic}, cfg, platform)
+
+        mapped = jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(in_specs, array_kwargs),
+            out_specs=out_specs,
+            check_vma=False,
+        )
+
+        def laid_out(tensors, dynamic):
+            # On a mesh of explicit axes, shard_map rejects inputs laid out otherwise than the specs say:
+            # reshard them (on automatic axes, jit does this by itself).
+            explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+            place = lambda x, spec: jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec)) if explicit else x
+            tensors = tuple(place(t, spec) for t, spec in zip(tensors, in_specs, strict=True))
+            dynamic = jax.tree_util.tree_map(place, dynamic, array_kwargs)
+            return mapped(tensors, dynamic)
+
+        return jax.jit(laid_out)(tuple(args[i] for i in present), {k: kwargs[k] for k in array_kwargs})
+
+
+def resolve_platform(kernel: Kernel, platform: str | None, cfg: KernelConfig | None) -> str:
+    """One platform from `platform=` and `cfg.platform`; they must agree when both name one."""
+    requested = "auto" if platform is None else str(platform)
+    allowed = kernel.config_type.allowed_platforms
+    if requested not in allowed:
+        raise ValueError(f"{kernel.op_id}: platform must be one of {allowed}, got {platform!r}")
+    if cfg is None or cfg.platform == "auto":
+        return requested
+    if requested not in ("auto", cfg.platform):
+        raise ValueError(f"{kernel.op_id}: platform={requested!r} contradicts cfg.platform={cfg.platform!r}")
+    return cfg.platform
+
+
+_default_chain = ConfigSelectorChain()
+
+
+def create_default_executor(policy: AutotunePolicy | str | None = None) -> Executor:
+    """An executor on the process-wide caches; `policy` overrides `$EJKERNEL_AUTOTUNE_POLICY`."""
+    if policy is None:
+        return Executor(_default_chain)
+    return Executor(ConfigSelectorChain(_default_chain.memory, _default_chain.persistent, policy=policy))
+
+
+def reset_caches() -> None:
+    """Forget every in-memory config (the persistent cache on disk is untouched)."""
+    _default_chain.memory.clear()

@@ -1,0 +1,130 @@
+"""`Kernel`: what an operation tells the executor; `Invocation`: one call, reduced to what selects a config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.ops.config import FwdParams, KernelConfig
+from ejkernel.registry import Implementation, kernel_registry
+
+
+def _describe(value: Any) -> Any:
+    """A JSON-able description of an argument: arrays by shape and dtype, pytrees leaf by leaf."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [list(value.shape), str(jnp.dtype(value.dtype))]
+    if isinstance(value, tuple | list):
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in sorted(value.items())}
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    if leaves and not (len(leaves) == 1 and leaves[0] is value):
+        return {"tree": str(treedef), "leaves": [_describe(leaf) for leaf in leaves]}
+    return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """One call of an op: its positional tensors, its keyword options and the requested platform."""
+
+    op_id: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    platform: str = "auto"
+
+    @property
+    def signature(self) -> str:
+        """Shapes, dtypes and options: calls with equal signatures can share a config."""
+        return json.dumps(
+            {"args": _describe(self.args), "kwargs": _describe(self.kwargs), "platform": self.platform},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    def cache_key(self, fingerprint: str) -> str:
+        return f"{self.op_id}|{fingerprint}|{self.signature}"
+
+    def sample_args(self, seed: int = 0) -> tuple[Any, ...]:
+        """Concrete arguments for timing: the real ones when concrete, else random stand-ins."""
+        key = jax.random.PRNGKey(seed)
+        out = []
+        for arg in self.args:
+            if arg is None or not hasattr(arg, "shape") or not isinstance(arg, jax.core.Tracer):
+                out.append(arg)
+            elif jnp.issubdtype(arg.dtype, jnp.floating):
+                key, sub = jax.random.split(key)
+                out.append(jax.random.normal(sub, arg.shape, jnp.float32).astype(arg.dtype))
+            else:
+                out.append(jnp.zeros(arg.shape, arg.dtype))
+        return tuple(out)
+
+
+class Kernel:
+    """An operation as the executor sees it.
+
+    Subclasses set `op_id` and `config_type`, and may override:
+    - `heuristic_cfg(inv)`: the config to use when nothing was measured;
+    - `candidate_cfgs(inv)`: the configs autotuning may try (across platforms when `inv.platform` is auto);
+    - `call_impl(impl, args, kwargs, cfg)`: how a registered implementation receives a config;
+    - `fwd_with_residuals` and `vjp`: a custom VJP around `run` (the executor wires it when both exist);
+    - `kwarg_specs(kwargs, in_specs)`: shard specs of array-valued options under `mesh=`.
+    """
+
+    op_id: ClassVar[str]
+    config_type: ClassVar[type[KernelConfig]] = KernelConfig
+
+    def implementations(self, platform: str = "auto") -> list[Implementation]:
+        """Registered implementations that can run on this device, best first."""
+        return kernel_registry.candidates(self.op_id, None if platform == "auto" else platform)
+
+    def call_impl(self, impl: Implementation, args: Sequence[Any], kwargs: dict[str, Any], cfg: KernelConfig):
+        return impl.fn(*args, cfg=cfg, **kwargs)
+
+    def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
+        """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
+        if cfg.platform != "auto":
+            impl = next(iter(self.implementations(cfg.platform)), None)
+            if impl is None:
+                kernel_registry.get(self.op_id, cfg.platform)  # raises the registry's error, listing what exists
+            return self.call_impl(impl, args, kwargs, cfg)
+        reasons = []
+        for impl in self.implementations():
+            try:
+                return self.call_impl(impl, args, kwargs, cfg)
+            except NotImplementedError as err:
+                reasons.append(f"{impl.platform.value}: {err}")
+        raise NotImplementedError(f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons))
+
+    def heuristic_cfg(self, inv: Invocation) -> KernelConfig:
+        return self.config_type(platform=inv.platform)
+
+    def platform_cfgs(self, platform: str, inv: Invocation) -> Iterable[KernelConfig]:
+        """Configs worth timing for one platform; by default a few square tilings."""
+        yield self.config_type(platform=platform)
+        for block in (64, 128):
+            yield self.config_type(platform=platform, fwd_params=FwdParams(block_q=block, block_k=block))
+
+    def candidate_cfgs(self, inv: Invocation) -> Iterable[KernelConfig]:
+        platforms = [inv.platform] if inv.platform != "auto" else [i.platform.value for i in self.implementations()]
+        for platform in dict.fromkeys(platforms):
+            yield from self.platform_cfgs(platform, inv)
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs: Sequence[Any]) -> dict[str, Any]:
+        """Shard specs for array-valued keyword options; default: replicated on every device."""
+        from jax.sharding import PartitionSpec
+
+        return {
+            name: jax.tree_util.tree_map(lambda _: PartitionSpec(), value)
+            for name, value in kwargs.items()
+            if any(isinstance(leaf, jax.Array | jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
+        }
+
+    fwd_with_residuals: Callable[..., tuple[Any, Any]] | None = None
+    vjp: Callable[..., tuple[Any, ...]] | None = None
