@@ -50,6 +50,8 @@ def _pool_packed(x2d, cu_seqlens, *, block_s: int, block_d: int, num_warps: int,
     features = x2d.shape[1]
     num_seqs = cu_seqlens.shape[0] - 1
     block_d = min(block_d, pl.next_power_of_2(features))
+    if x2d.shape[0] < block_s:  # a tile must fit inside the array even where its rows are masked off
+        x2d = jnp.pad(x2d, ((0, block_s - x2d.shape[0]), (0, 0)))
     kernel = functools.partial(_pool_kernel, block_s=block_s, block_d=block_d, features=features)
     return pl.pallas_call(
         kernel,

@@ -1,0 +1,81 @@
+"""Shared benchmark machinery: timing on the device, environment record, JSON and plot output."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ejkernel.ops.fingerprint import describe_device
+
+
+def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, inner: int = 1) -> float:
+    """Median seconds per call of `fn()` (each sample runs it `inner` times, then waits for the device)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = None
+        for _ in range(inner):
+            out = fn()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / inner)
+    return statistics.median(samples)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", default="bench_out", help="folder for the JSON and PNG results")
+    p.add_argument("--quick", action="store_true", help="small shapes (for CPU smoke runs)")
+    p.add_argument("--repeats", type=int, default=20)
+    return p
+
+
+def write_results(out_dir: str, name: str, rows: list[dict], meta: dict, plot: Callable[[Any, list[dict]], None]):
+    """Write `<name>.json` (environment + rows) and `<name>.png` (if matplotlib is installed)."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": describe_device(),
+        **meta,
+        "rows": rows,
+    }
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install 'ejkernel[bench]'): no plot written")
+        return out / f"{name}.json"
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    plot(ax, rows)
+    ax.set_title(f"{name} on {record['device']['device_kind']}")
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=120)
+    plt.close(fig)
+    return out / f"{name}.json"
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "-" if v is None else str(v)

@@ -1,0 +1,86 @@
+"""The `ejkernel` command: info, demo, cache list|clear, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ejkernel.registry import Platform
+
+PLATFORMS = [p.value for p in Platform]
+
+
+def _info(_args) -> int:
+    import ejkernel.modules  # noqa: F401  (registers every implementation)
+    from ejkernel import __version__, kernel_registry
+    from ejkernel.ops.fingerprint import describe_device, device_fingerprint
+
+    print(f"ejkernel {__version__}")
+    for key, value in describe_device().items():
+        print(f"  {key:13s} {value}")
+    print(f"  {'fingerprint':13s} {device_fingerprint()}")
+    print("\nimplementations (yes: runs here; gpu/tpu: registered for that backend only)")
+    width = max(map(len, kernel_registry.list_algorithms()), default=10)
+    print(f"  {'op'.ljust(width)}  " + "  ".join(p.ljust(7) for p in PLATFORMS))
+    for op in kernel_registry.list_algorithms():
+        here = {i.platform.value for i in kernel_registry.candidates(op)}
+        cells = []
+        for platform in PLATFORMS:
+            backends = [i.backend.value for i in kernel_registry.list_implementations(op) if i.platform.value == platform]
+            cells.append("yes" if platform in here else ("/".join(backends) or "-"))
+        print(f"  {op.ljust(width)}  " + "  ".join(c.ljust(7) for c in cells))
+    return 0
+
+
+def _demo(_args) -> int:
+    from ejkernel.demo import run_demo
+
+    return run_demo()
+
+
+def _cache(args) -> int:
+    from ejkernel.ops.cache import PersistentCache
+
+    cache = PersistentCache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.path}")
+        return 0
+    entries = cache.entries()
+    print(f"{cache.path}: {len(entries)} entries")
+    for key, entry in sorted(entries.items()):
+        op, fingerprint, signature = key.split("|", 2)
+        print(f"  {op}  {fingerprint}  {signature[:80]}\n    -> {entry['config']}")
+    return 0
+
+
+def _bench(args) -> int:
+    import ejkernel.benchmarks as benchmarks
+
+    available = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_"))
+    if args.op not in available:
+        print(f"no benchmark {args.op!r}; available: {', '.join(available)}", file=sys.stderr)
+        return 2
+    importlib.import_module(f"ejkernel.benchmarks.{args.op}").main(args.rest)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ejkernel", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="device, fingerprint and the registered implementations").set_defaults(fn=_info)
+    sub.add_parser("demo", help="run every op here against its reference").set_defaults(fn=_demo)
+    cache = sub.add_parser("cache", help="the persistent config cache")
+    cache.add_argument("action", choices=["list", "clear"])
+    cache.set_defaults(fn=_cache)
+    bench = sub.add_parser("bench", help="run ejkernel.benchmarks.<op> (JSON + PNG)")
+    bench.add_argument("op")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see its --help)")
+    bench.set_defaults(fn=_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

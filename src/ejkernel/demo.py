@@ -1,0 +1,51 @@
+"""`ejkernel demo`: every op on the default device, each platform that runs here, against its reference."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.benchmarks._harness import print_table, time_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoCase:
+    op: str
+    make_inputs: Callable[[jax.Array], tuple[tuple, dict]]  # key -> (positional tensors, options)
+    reference: Callable[..., Any]
+
+
+def _cases() -> list[DemoCase]:
+    from ejkernel.reference.mean_pooling import mean_pooling_reference
+
+    def pooling_inputs(key):
+        return (jax.random.normal(key, (8, 1000, 256), jnp.bfloat16),), {}
+
+    return [DemoCase("mean_pooling", pooling_inputs, mean_pooling_reference)]
+
+
+def run_demo() -> int:
+    import ejkernel.modules as modules
+    from ejkernel import kernel_registry
+
+    print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})")
+    rows, failures = [], 0
+    for index, case in enumerate(_cases()):
+        args, options = case.make_inputs(jax.random.PRNGKey(index))
+        expected = np.asarray(case.reference(*args), np.float64)
+        platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates(case.op)]
+        for platform in platforms:
+            fn = jax.jit(lambda *a, p=platform: getattr(modules, case.op)(*a, platform=p, **options))
+            out = np.asarray(jnp.asarray(fn(*args), jnp.float32), np.float64)
+            error = float(np.linalg.norm(out - expected) / max(np.linalg.norm(expected), 1e-30))
+            ok = bool(np.isfinite(out).all()) and error < 2e-2
+            failures += not ok
+            seconds = time_fn(lambda f=fn: f(*args), repeats=5)
+            rows.append(dict(op=case.op, platform=platform, rel_error=error, ms=1e3 * seconds, ok="yes" if ok else "NO"))
+    print_table(rows, ["op", "platform", "rel_error", "ms", "ok"])
+    return 1 if failures else 0
