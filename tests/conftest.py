@@ -6,9 +6,11 @@ import pathlib
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_ENABLE_X64", "0")
 
-import jax  # noqa: E402
-import jax.experimental.pallas.tpu  # noqa: E402,F401  (imported first: otherwise the first Pallas jit compiles twice)
-import pytest  # noqa: E402
+import jax
+
+# Imported first: otherwise the first Pallas jit compiles twice.
+import jax.experimental.pallas.tpu
+import pytest
 
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "jax"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
@@ -23,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             item.add_marker(skip)
 
 

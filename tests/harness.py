@@ -47,8 +47,9 @@ def check_forward_and_grads(fn, reference, args, argnums, dtype, fwd_tol=None, g
 
     The cotangent is random, so a gradient that is right only for a sum-of-outputs loss fails.
     """
-    f32 = [a.astype(jnp.float32) if isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating) else a
-           for a in args]
+    f32 = [
+        a.astype(jnp.float32) if isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating) else a for a in args
+    ]
     out, vjp = jax.vjp(lambda *d: fn(*_put(args, argnums, d)), *[args[i] for i in argnums])
     ref_out, ref_vjp = jax.vjp(lambda *d: reference(*_put(f32, argnums, d)), *[f32[i] for i in argnums])
     assert_close(out, ref_out, dtype, fwd_tol)

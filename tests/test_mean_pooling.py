@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from harness import assert_close, check_forward_and_grads, randn
 from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._triton.mean_pooling._interface import mean_pooling_triton
@@ -12,6 +11,7 @@ from ejkernel.kernels._xla.mean_pooling._interface import mean_pooling_xla
 from ejkernel.modules import MeanPoolingConfig, mean_pooling
 from ejkernel.ops import FwdParams
 from ejkernel.reference.mean_pooling import mean_pooling_reference
+from harness import assert_close, check_forward_and_grads, randn
 
 SMALL_TILES = MeanPoolingConfig(fwd_params=FwdParams(block_k=8, block_d=32))
 IMPLEMENTATIONS = {"xla": mean_pooling_xla, "triton": mean_pooling_triton}
@@ -56,7 +56,9 @@ def test_sharded_over_batch_equals_unsharded():
     out = mean_pooling(x, mesh=mesh, in_specs=(P("data"),), out_specs=P("data"))
     assert_close(out, mean_pooling(x))
     with jax.set_mesh(mesh):  # reductions of explicitly sharded results need the mesh in context
-        grad = jax.grad(lambda x: jnp.sum(mean_pooling(x, mesh=mesh, in_specs=(P("data"),), out_specs=P("data")) ** 3))(x)
+        grad = jax.grad(lambda x: jnp.sum(mean_pooling(x, mesh=mesh, in_specs=(P("data"),), out_specs=P("data")) ** 3))(
+            x
+        )
     assert_close(grad, jax.grad(lambda x: jnp.sum(mean_pooling_reference(x) ** 3))(x))
 
 

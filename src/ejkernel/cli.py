@@ -28,7 +28,9 @@ def _info(_args) -> int:
         here = {i.platform.value for i in kernel_registry.candidates(op)}
         cells = []
         for platform in PLATFORMS:
-            backends = [i.backend.value for i in kernel_registry.list_implementations(op) if i.platform.value == platform]
+            backends = [
+                i.backend.value for i in kernel_registry.list_implementations(op) if i.platform.value == platform
+            ]
             cells.append("yes" if platform in here else ("/".join(backends) or "-"))
         print(f"  {op.ljust(width)}  " + "  ".join(c.ljust(7) for c in cells))
     return 0

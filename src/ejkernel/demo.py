@@ -39,13 +39,16 @@ def run_demo() -> int:
         args, options = case.make_inputs(jax.random.PRNGKey(index))
         expected = np.asarray(case.reference(*args), np.float64)
         platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates(case.op)]
+        op = getattr(modules, case.op)
         for platform in platforms:
-            fn = jax.jit(lambda *a, p=platform: getattr(modules, case.op)(*a, platform=p, **options))
+            fn = jax.jit(lambda *a, op=op, p=platform, o=options: op(*a, platform=p, **o))
             out = np.asarray(jnp.asarray(fn(*args), jnp.float32), np.float64)
             error = float(np.linalg.norm(out - expected) / max(np.linalg.norm(expected), 1e-30))
             ok = bool(np.isfinite(out).all()) and error < 2e-2
             failures += not ok
-            seconds = time_fn(lambda f=fn: f(*args), repeats=5)
-            rows.append(dict(op=case.op, platform=platform, rel_error=error, ms=1e3 * seconds, ok="yes" if ok else "NO"))
+            seconds = time_fn(lambda f=fn, a=args: f(*a), repeats=5)
+            rows.append(
+                dict(op=case.op, platform=platform, rel_error=error, ms=1e3 * seconds, ok="yes" if ok else "NO")
+            )
     print_table(rows, ["op", "platform", "rel_error", "ms", "ok"])
     return 1 if failures else 0

@@ -76,11 +76,11 @@ class PersistentCache:
     def _read_unlocked(self) -> dict[str, dict]:
         path = self.path
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return {}
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode("utf-8"))
             if data.get("format") != _FORMAT or not isinstance(data.get("entries"), dict):
                 raise ValueError("not an ejkernel config cache")
             if data.get("version") != _FORMAT_VERSION:

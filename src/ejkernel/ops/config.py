@@ -51,7 +51,9 @@ class ConfigBase:
                 continue
             value = data[field.name]
             nested = _nested_config_type(hints[field.name])
-            kwargs[field.name] = nested.from_dict(value) if nested and isinstance(value, dict) else value
+            if nested and isinstance(value, dict):
+                value = nested.from_dict(value)
+            kwargs[field.name] = _tuples(value)
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
@@ -63,10 +65,17 @@ class ConfigBase:
     @staticmethod
     def from_json(text: str) -> ConfigBase:
         data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+            raise ValueError(f"not a serialised config: {text[:80]!r}")
         cls = _CONFIG_TYPES.get(data.get("type", ""))
         if cls is None:
             raise ValueError(f"unknown config type {data.get('type')!r}")
         return cls.from_dict(data["fields"])
+
+
+def _tuples(value: Any) -> Any:
+    """JSON gives lists where the config held tuples: turn them back, so the config stays hashable."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _nested_config_type(hint: Any) -> type[ConfigBase] | None:

@@ -49,7 +49,14 @@ class ConfigSelectorChain:
         key = inv.cache_key(device_fingerprint())
         scoped = overlay_lookup(inv.op_id, key)
         if scoped is not None:
-            return self._checked(kernel, scoped, "overlay config")
+            scoped = self._checked(kernel, scoped, "overlay config")
+            if scoped.platform == "auto" and inv.platform != "auto":
+                scoped = scoped.with_platform(inv.platform)
+            elif inv.platform not in ("auto", scoped.platform):
+                raise ValueError(
+                    f"{inv.op_id}: platform={inv.platform!r} contradicts the overlay's platform={scoped.platform!r}"
+                )
+            return scoped
         cached = self.memory.get(key)
         if cached is not None:
             return cached
@@ -73,14 +80,17 @@ class ConfigSelectorChain:
     @staticmethod
     def _checked(kernel: Kernel, cfg: Any, what: str) -> KernelConfig:
         if not isinstance(cfg, kernel.config_type):
-            raise TypeError(f"{what} for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
+            raise TypeError(
+                f"{what} for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}"
+            )
         return cfg
 
     def _autotune(self, kernel: Kernel, inv: Invocation, key: str) -> KernelConfig | None:
         candidates = list(dict.fromkeys(kernel.candidate_cfgs(inv)))
         if not candidates:
             return None
-        args = inv.sample_args()
+        with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
+            args = inv.sample_args()
 
         def prepare(cfg: KernelConfig):
             fn = jax.jit(lambda *a: kernel.run(*a, cfg=cfg, **inv.kwargs))
@@ -88,7 +98,8 @@ class ConfigSelectorChain:
             return lambda: compiled(*args)
 
         tuner = self.tuner or Tuner()
-        best, timings = tuner.tune(candidates, prepare, label=f"autotune {inv.op_id}")
+        with jax.ensure_compile_time_eval():  # measure eagerly even when called while tracing (under jit)
+            best, timings = tuner.tune(candidates, prepare, label=f"autotune {inv.op_id}")
         self.memory.put(key, best)
         self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
@@ -112,6 +123,8 @@ class Executor:
         out_specs: Any = None,
         **kwargs: Any,
     ) -> Any:
+        if cfg is not None and not isinstance(cfg, kernel.config_type):
+            raise TypeError(f"cfg for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
         platform = resolve_platform(kernel, platform, cfg)
         if cfg is not None and cfg.platform != platform:
             cfg = cfg.with_platform(platform)
@@ -119,9 +132,7 @@ class Executor:
             return self._run(kernel, args, kwargs, cfg, platform)
         if mesh is None or in_specs is None or out_specs is None:
             given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
-            raise ValueError(
-                f"{kernel.op_id}: mesh, in_specs and out_specs go together; got only {', '.join(given)}"
-            )
+            raise ValueError(f"{kernel.op_id}: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
         return self._sharded(kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs)
 
     def _run(self, kernel: Kernel, args, kwargs, cfg, platform):

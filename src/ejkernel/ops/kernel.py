@@ -100,7 +100,9 @@ class Kernel:
                 return self.call_impl(impl, args, kwargs, cfg)
             except NotImplementedError as err:
                 reasons.append(f"{impl.platform.value}: {err}")
-        raise NotImplementedError(f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons))
+        raise NotImplementedError(
+            f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)
+        )
 
     def heuristic_cfg(self, inv: Invocation) -> KernelConfig:
         return self.config_type(platform=inv.platform)

@@ -1,0 +1,106 @@
+"""Flash attention: TFLOP/s of each implementation beside cuDNN and XLA, bf16, forward and forward+backward.
+
+FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× that for forward+backward.
+Rows also time our fastest own kernel with soft cap, sinks and segment ids, which cuDNN cannot do.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.benchmarks._harness import parser, print_table, time_fn, write_results
+from ejkernel.modules import flash_attention
+from ejkernel.registry import kernel_registry
+
+# The eight shapes of anchors.md: 16k tokens per call.
+SHAPES = [(1, 16384, 16, 128), (2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
+QUICK_SHAPES = [(1, 256, 2, 64)]
+
+
+def _reference_fns():
+    """The alternatives a JAX user already has."""
+    return {
+        "jax-cudnn": lambda q, k, v, causal: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="cudnn"
+        ),
+        "jax-xla": lambda q, k, v, causal: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="xla"
+        ),
+    }
+
+
+def _ours(platform, **features):
+    def fn(q, k, v, causal):
+        aux = features.get("sinks")
+        return flash_attention(
+            q, k, v, None, None, None, aux, platform=platform, causal=causal, **features.get("kw", {})
+        )
+
+    return fn
+
+
+def _timed(fn, q, k, v, causal, backward, repeats):
+    if backward:
+        step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, causal).astype(jnp.float32)), argnums=(0, 1, 2)))
+    else:
+        step = jax.jit(lambda q, k, v: fn(q, k, v, causal))
+    return time_fn(lambda: step(q, k, v), repeats=repeats, warmup=2)
+
+
+def main(argv=None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
+    args = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    ours = ["auto"] + [i.platform.value for i in kernel_registry.candidates("flash_attention")]
+    impls = {f"ejkernel-{p}": _ours(p) for p in ours}
+    if on_gpu:
+        impls.update(_reference_fns())
+    rows = []
+    for batch, seq, heads, dim in QUICK_SHAPES if args.quick else SHAPES:
+        keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
+        q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
+        variants = dict(impls)
+        if args.features:
+            segments = jnp.repeat(jnp.arange(4, dtype=jnp.int32), seq // 4)[None].repeat(batch, 0)
+            from ejkernel.types import MaskInfo
+
+            best = "triton" if on_gpu else "xla"
+            variants[f"ejkernel-{best}+softcap"] = _ours(best, kw={"logits_soft_cap": 30.0})
+            variants[f"ejkernel-{best}+sinks"] = _ours(best, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
+            variants[f"ejkernel-{best}+segments"] = _ours(best, kw={"mask_info": MaskInfo.from_segments(segments)})
+        for causal in (False, True):
+            flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+            for backward in (False, True):
+                row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd+bwd" if backward else "fwd")
+                for name, fn in variants.items():
+                    try:
+                        seconds = _timed(fn, q, k, v, causal, backward, args.repeats)
+                        row[name] = flops * (3.5 if backward else 1.0) / seconds / 1e12
+                    except Exception as err:  # an alternative that cannot run this shape (OOM, unsupported)
+                        row[name] = None
+                        where = f"B={batch} S={seq} causal={causal} bwd={backward}"
+                        print(f"{name} {where}: {type(err).__name__}: {str(err)[:160]}")
+                if row.get("jax-cudnn"):
+                    for name in variants:
+                        if name.startswith("ejkernel") and row.get(name):
+                            row[f"{name}/cudnn"] = row[name] / row["jax-cudnn"]
+                rows.append(row)
+                print_table([row], [c for c in row if row[c] is not None])
+    columns = ["B", "S", "H", "D", "causal", "mode", *variants]
+    print_table(rows, columns)
+    print_table(rows, ["B", "S", "H", "D", "causal", "mode", *[c for c in rows[0] if c.endswith("/cudnn")]])
+
+    def plot(ax, rows):
+        labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' c' if r['causal'] else ''} {r['mode']}" for r in rows]
+        for name in variants:
+            ax.plot(range(len(rows)), [r.get(name) or 0 for r in rows], marker="o", label=name)
+        ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s (bf16)")
+        ax.legend(fontsize=7)
+
+    path = write_results(args.out, "flash_attention", rows, {"dtype": "bfloat16"}, plot)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

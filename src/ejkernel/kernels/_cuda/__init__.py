@@ -1,0 +1,1 @@
+"""Routes to vendor libraries reached through XLA (cuDNN fused attention, ...)."""

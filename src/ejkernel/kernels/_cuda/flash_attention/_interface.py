@@ -1,0 +1,70 @@
+"""Flash attention through cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`).
+
+cuDNN's fused kernel is the fastest attention a JAX user has on Hopper for the features it knows:
+causal, a left sliding window, grouped-query heads. Everything else (sinks, soft cap, dropout, segment
+ids, dense masks, bias, other dtypes or head sizes) is declined with `NotImplementedError`, so
+automatic selection moves on to our own kernels.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def flash_attention_cudnn(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params=None,
+    bwd_params=None,
+):
+    declined = [
+        name
+        for name, used in (
+            ("bias", bias is not None),
+            ("softmax_aux", softmax_aux is not None),
+            ("segment ids", q_segment_ids is not None),
+            ("attention_mask", attention_mask is not None),
+            ("logits_soft_cap", logits_soft_cap is not None),
+            ("dropout", dropout_prob > 0.0),
+        )
+        if used
+    ]
+    if declined:
+        raise NotImplementedError(f"cuDNN route does not support {', '.join(declined)}")
+    if query.dtype not in (jnp.bfloat16, jnp.float16):
+        raise NotImplementedError(f"cuDNN attention needs bfloat16/float16, got {query.dtype}")
+    head_dim = query.shape[-1]
+    if head_dim > 256 or head_dim % 8 or value.shape[-1] != head_dim:
+        raise NotImplementedError(f"cuDNN attention needs equal q/k/v head dims <= 256, multiple of 8, got {head_dim}")
+    if sliding_window is not None:
+        left, right = sliding_window
+        if not causal and right != 0:
+            raise NotImplementedError("cuDNN supports a right-side window only together with causal=True")
+        if query.shape[1] != key.shape[1]:
+            raise NotImplementedError("cuDNN sliding window with different query and key lengths")
+        window = (left, 0)
+    else:
+        window = None
+    if jax.default_backend() != "gpu":
+        raise NotImplementedError("cuDNN attention runs on CUDA GPUs only")
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        scale=softmax_scale,
+        is_causal=causal or (window is not None),
+        local_window_size=window,
+        implementation="cudnn",
+    )

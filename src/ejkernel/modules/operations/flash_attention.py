@@ -1,0 +1,229 @@
+"""`flash_attention`: exact attention in O(sequence) memory, on the best implementation for the device.
+
+The public function checks the arguments and normalises them into the canonical form every backend
+receives (see `ejkernel.reference.flash_attention`): scale resolved, windows as `(left, right)`,
+padding (`cum_seqlens_*`) and `MaskInfo` turned into segment ids plus static flags, paged K/V
+gathered into dense rows.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
+from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.types import MaskInfo
+
+# Options only the XLA implementation honours; others decline the call when they differ from these.
+XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionConfig(KernelConfig):
+    """Tiling of the forward (`fwd_params`) and backward (`bwd_params`) kernels, and the platform."""
+
+
+class FlashAttention(Kernel):
+    op_id = "flash_attention"
+    config_type = FlashAttentionConfig
+
+    def call_impl(self, impl, args, kwargs, cfg):
+        if impl.platform.value != "xla":
+            for name, default in XLA_ONLY_DEFAULTS.items():
+                if kwargs.get(name, default) != default:
+                    raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the xla platform only")
+            kwargs = {k: v for k, v in kwargs.items() if k not in XLA_ONLY_DEFAULTS}
+        return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield FlashAttentionConfig(platform=platform)
+        if platform in ("xla", "cuda"):
+            return
+        for block_q, block_k, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 2), (128, 32, 4, 3)):
+            yield FlashAttentionConfig(
+                platform=platform,
+                fwd_params=FwdParams(block_q=block_q, block_k=block_k, num_warps=warps, num_stages=stages),
+            )
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
+        """Segment ids follow the batch and sequence sharding of q and k; a dense mask follows both."""
+        q_spec, k_spec = (tuple(s) + (None,) * 4 for s in in_specs[:2])
+        specs = {}
+        if kwargs.get("q_segment_ids") is not None:
+            specs["q_segment_ids"] = PartitionSpec(q_spec[0], q_spec[1])
+            specs["kv_segment_ids"] = PartitionSpec(k_spec[0], k_spec[1])
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            specs["attention_mask"] = PartitionSpec(
+                q_spec[0] if mask.shape[0] > 1 else None, q_spec[2] if mask.shape[1] > 1 else None, q_spec[1], k_spec[1]
+            )
+        if kwargs.get("dropout_seed") is not None:
+            specs["dropout_seed"] = PartitionSpec()
+        return specs
+
+
+def _window(sliding_window) -> tuple[int, int] | None:
+    if sliding_window is None:
+        return None
+    pair = (sliding_window, sliding_window) if isinstance(sliding_window, int) else tuple(sliding_window)
+    if len(pair) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) for w in pair):
+        raise TypeError(f"sliding_window must be an int or a (left, right) pair of ints, got {sliding_window!r}")
+    if min(pair) < 0:
+        raise ValueError(f"sliding_window must be non-negative, got {sliding_window!r}")
+    return pair
+
+
+def _intersect_windows(a, b):
+    if a is None or b is None:
+        return a if b is None else b
+    return (min(a[0], b[0]), min(a[1], b[1]))
+
+
+def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Array:
+    """Segment ids of a padded batch: row b is valid (0) for its first cum[b+1]-cum[b] tokens, else -1."""
+    require_int(name, cum_seqlens)
+    if cum_seqlens.shape != (batch + 1,):
+        raise ValueError(f"{name} must have shape [batch + 1] = ({batch + 1},), got {cum_seqlens.shape}")
+    lengths = cum_seqlens[1:] - cum_seqlens[:-1]
+    return jnp.where(jnp.arange(length)[None, :] < lengths[:, None], 0, -1).astype(jnp.int32)
+
+
+def _merge_segments(a, b):
+    if a is None or b is None:
+        return a if b is None else b
+    return jnp.where((a < 0) | (b < 0), -1, b)
+
+
+@typechecked
+def flash_attention(
+    query: Float[Array, "batch seq_q heads dim"],
+    key: Float[Array, "_ _ kv_heads dim"],
+    value: Float[Array, "_ _ kv_heads dim_v"],
+    bias: Float[Array, "..."] | None = None,
+    cum_seqlens_q: Int[Array, " batch_plus_1"] | None = None,
+    cum_seqlens_k: Int[Array, " batch_plus_1"] | None = None,
+    softmax_aux: Float[Array, " sinks"] | None = None,
+    block_tables: Int[Array, "batch max_blocks"] | None = None,
+    /,
+    *,
+    mask_info: MaskInfo | None = None,
+    softmax_scale: float | None = None,
+    dropout_prob: float = 0.0,
+    causal: bool = False,
+    dropout_seed: int | Array | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    normalize_output: bool = True,
+    precision: Any = jax.lax.Precision.DEFAULT,
+    logits_dtype: Any = jnp.float32,
+    platform: str | None = None,
+    cfg: FlashAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch seq_q heads dim_v"]:
+    """Softmax attention `softmax(scale · q kᵀ [+ bias], masked) v` per head, without an Sq × Sk tensor.
+
+    Layout `[batch, seq, heads, dim]`; fewer key/value heads than query heads is grouped-query
+    attention (K/V are never repeated). `sliding_window` `(left, right)` keeps keys
+    `q - left <= k <= q + right` (an int `w` is `(w, w)`); `causal` keeps `k <= q` (positions aligned
+    at the start). `cum_seqlens_q/k [B+1]` give each row's valid length (the rest is padding; padded
+    query rows return zeros). `softmax_aux` are sink logits that join the softmax denominator only
+    (length `heads`: one per head; other lengths: shared). With `block_tables [B, max_blocks]`, `key`
+    and `value` are paged caches `[blocks, block_size, kv_heads, dim]`.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        require_float(name, x)
+        require_rank(name, x, (4,), "[batch, seq, heads, dim]")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    batch, q_len, num_heads, _ = query.shape
+    kv_heads = key.shape[2]
+    if num_heads % kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({kv_heads})")
+    if block_tables is not None:
+        if mesh is not None:
+            raise NotImplementedError("flash_attention: block_tables together with mesh= is not supported yet")
+        # Paged caches: gather each row's pages into a dense [B, max_blocks * block_size, Hkv, D] sequence.
+        key = key[block_tables].reshape(batch, -1, *key.shape[2:])
+        value = value[block_tables].reshape(batch, -1, *value.shape[2:])
+    if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
+        raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
+    kv_len = key.shape[1]
+    if not 0.0 <= dropout_prob < 1.0:
+        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+    if dropout_prob > 0.0 and dropout_seed is None:
+        raise ValueError("dropout_prob > 0 needs dropout_seed (dropout is deterministic per seed)")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    if softmax_scale is None:
+        softmax_scale = query.shape[-1] ** -0.5
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape) if bias.ndim < 4 else bias
+        if (
+            bias.ndim != 4
+            or bias.shape[0] not in (1, batch)
+            or bias.shape[1] not in (1, num_heads)
+            or bias.shape[2:] != (q_len, kv_len)
+        ):
+            raise ValueError(f"bias must be [1|{batch}, 1|{num_heads}, {q_len}, {kv_len}], got {bias.shape}")
+
+    window = _window(sliding_window)
+    q_seg = None if cum_seqlens_q is None else _padding_segments("cum_seqlens_q", cum_seqlens_q, batch, q_len)
+    kv_seg = None if cum_seqlens_k is None else _padding_segments("cum_seqlens_k", cum_seqlens_k, batch, kv_len)
+    attention_mask = None
+    if mask_info is not None:
+        canonical = mask_info.canonical(num_heads)
+        causal = causal or canonical.causal
+        window = _intersect_windows(window, canonical.sliding_window)
+        q_seg, kv_seg = (
+            _merge_segments(q_seg, canonical.q_segment_ids),
+            _merge_segments(kv_seg, canonical.kv_segment_ids),
+        )
+        attention_mask = canonical.attention_mask
+    if (q_seg is None) != (kv_seg is None):  # padding on one side only: the other side is all valid
+        q_seg = jnp.zeros((batch, q_len), jnp.int32) if q_seg is None else q_seg
+        kv_seg = jnp.zeros((batch, kv_len), jnp.int32) if kv_seg is None else kv_seg
+
+    options = dict(
+        q_segment_ids=q_seg,
+        kv_segment_ids=kv_seg,
+        attention_mask=attention_mask,
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        sliding_window=window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        dropout_seed=None if dropout_prob == 0.0 else jnp.asarray(dropout_seed).astype(jnp.uint32),
+    )
+    for name, default in XLA_ONLY_DEFAULTS.items():
+        value_given = {"normalize_output": normalize_output, "precision": precision, "logits_dtype": logits_dtype}[name]
+        if value_given != default:
+            options[name] = value_given
+    if in_specs is not None:
+        # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
+        passed = [
+            a is not None for a in (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)
+        ]
+        if len(in_specs) != sum(passed):
+            raise ValueError(f"in_specs needs one spec per tensor argument passed ({sum(passed)}), got {len(in_specs)}")
+        by_position = dict(zip([i for i, p in enumerate(passed) if p], in_specs, strict=True))
+        in_specs = tuple(by_position[i] for i in (0, 1, 2, 3, 6) if i in by_position)
+    return executor(
+        FlashAttention(),
+        query,
+        key,
+        value,
+        bias,
+        softmax_aux,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        **options,
+    )

@@ -1,0 +1,49 @@
+"""The `ejkernel` command: info, demo, cache, bench."""
+
+import json
+
+import pytest
+
+from ejkernel.cli import main
+from ejkernel.modules import MeanPoolingConfig
+from ejkernel.ops import PersistentCache
+
+
+def test_info_lists_ops_and_platforms(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "fingerprint" in out
+    assert "mean_pooling" in out and "flash_attention" in out
+
+
+def test_demo_checks_every_op_against_its_reference(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "mean_pooling" in out and "rel_error" in out and "NO" not in out
+
+
+def test_cache_list_and_clear(capsys):
+    PersistentCache().put("mean_pooling|fp|sig", MeanPoolingConfig(platform="xla"))
+    assert main(["cache", "list"]) == 0
+    assert "1 entries" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert PersistentCache().entries() == {}
+
+
+def test_bench_writes_json_and_plot(tmp_path):
+    assert main(["bench", "mean_pooling", "--quick", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "mean_pooling.json").read_text())
+    assert record["rows"] and record["device"]["device_kind"]
+    assert (tmp_path / "mean_pooling.png").stat().st_size > 0
+
+
+def test_bench_unknown_op_lists_available(capsys):
+    assert main(["bench", "no_such_op"]) == 2
+    assert "mean_pooling" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["cache", "drop"]])
+def test_bad_command_lines_exit_with_usage(argv):
+    with pytest.raises(SystemExit):
+        main(argv)

@@ -1,0 +1,715 @@
+"""Config selection, tier by tier, through the executor, with toy kernels whose output reveals the config.
+
+The toy op multiplies its input by `cfg.fwd_params.block_q`, so the factor in the output names the
+config that ran: 2 heuristics, 4 `cfg=`, 8 overlay, 16 memory cache, 32 persistent cache, and 64, 128,
+256 the autotune candidates (128 is the fastest).
+"""
+
+import contextlib
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from ejkernel import Backend, Platform, kernel_registry
+from ejkernel.modules import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.ops import (
+    AutotunePolicy,
+    ConfigBase,
+    ConfigCache,
+    ConfigSelectorChain,
+    Executor,
+    FwdParams,
+    Invocation,
+    Kernel,
+    KernelConfig,
+    PersistentCache,
+    Tuner,
+    create_default_executor,
+    device_fingerprint,
+    overlay_cache,
+    policy_override,
+    reset_caches,
+)
+
+TOY_OP = "toy_select_op"
+HEURISTIC, OVERRIDE, OVERLAY, MEMORY, PERSISTENT = 2, 4, 8, 16, 32
+SLOW, FAST, MEDIUM = 64, 128, 256
+SLEEP_MS = {SLOW: 20, FAST: 1, MEDIUM: 10}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySelectConfig(KernelConfig):
+    """Config of the toy op: `fwd_params.block_q` is the factor, `num_stages` a sleep in ms."""
+
+
+def toy_cfg(factor: int, platform: str = "auto", sleep_ms: int | None = None) -> ToySelectConfig:
+    return ToySelectConfig(platform=platform, fwd_params=FwdParams(block_q=factor, num_stages=sleep_ms))
+
+
+def _toy_xla(x, cfg):
+    params = cfg.fwd_params
+    if params is not None and params.num_stages:
+        seconds = params.num_stages / 1000
+
+        def slow(v):
+            time.sleep(seconds)
+            return v
+
+        x = jax.pure_callback(slow, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return x * (params.block_q if params is not None and params.block_q else 1)
+
+
+kernel_registry.register(TOY_OP, Platform.XLA, Backend.ANY)(_toy_xla)
+
+
+class ToyKernel(Kernel):
+    op_id = TOY_OP
+    config_type = ToySelectConfig
+
+    def __init__(self, candidates=None):
+        self.runs = 0
+        self.heuristic_calls = 0
+        self.candidates = candidates
+
+    def run(self, *args, cfg, **kwargs):
+        self.runs += 1
+        return super().run(*args, cfg=cfg, **kwargs)
+
+    def heuristic_cfg(self, inv):
+        self.heuristic_calls += 1
+        return toy_cfg(HEURISTIC, inv.platform)
+
+    def candidate_cfgs(self, inv):
+        if self.candidates is not None:
+            return list(self.candidates)
+        return [toy_cfg(n, inv.platform, SLEEP_MS[n]) for n in (SLOW, FAST, MEDIUM)]
+
+
+class CountingTuner(Tuner):
+    """A quick tuner that counts how often it tunes and what it prepares."""
+
+    def __init__(self):
+        super().__init__(warmup=1, repeats=3, progress=False)
+        self.tunes = 0
+        self.prepared = []
+        self.timings = None
+
+    def tune(self, candidates, prepare, label="autotune"):
+        self.tunes += 1
+
+        def counted(candidate):
+            self.prepared.append(candidate)
+            return prepare(candidate)
+
+        best, self.timings = super().tune(candidates, counted, label)
+        return best, self.timings
+
+
+def toy_input():
+    return jnp.arange(1.0, 5.0, dtype=jnp.float32)
+
+
+def factor(out, x) -> float:
+    out, x = np.asarray(out), np.asarray(x)
+    ratio = out / x
+    assert np.allclose(ratio, ratio.flat[0]), f"not a uniform scaling: {out} / {x}"
+    return float(ratio.flat[0])
+
+
+def toy_key(x, platform="auto", op_id=TOY_OP) -> str:
+    return Invocation(op_id, (x,), {}, platform).cache_key(device_fingerprint())
+
+
+def make_executor(policy=None, tuner=None) -> Executor:
+    """An executor with its own memory cache, the (per-test) persistent cache and a counting tuner."""
+    return Executor(ConfigSelectorChain(ConfigCache(), PersistentCache(), tuner or CountingTuner(), policy))
+
+
+# --- tier 1: cfg= override ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["executor", "policy_override", "env"])
+@pytest.mark.parametrize("policy", ["heuristics", "autotune"])
+def test_override_wins_under_every_policy_over_every_tier(source, policy, monkeypatch):
+    tuner = CountingTuner()
+    executor = make_executor(policy if source == "executor" else None, tuner)
+    if source == "env":
+        monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", policy)
+    scope = policy_override(policy) if source == "policy_override" else contextlib.nullcontext()
+    kernel, x = ToyKernel(), toy_input()
+    key = toy_key(x)
+    executor.chain.memory.put(key, toy_cfg(MEMORY))
+    executor.chain.persistent.put(key, toy_cfg(PERSISTENT))
+    before = executor.chain.persistent.entries()
+    with scope, overlay_cache({TOY_OP: toy_cfg(OVERLAY), key: toy_cfg(OVERLAY)}):
+        out = executor(kernel, x, cfg=toy_cfg(OVERRIDE))
+    assert factor(out, x) == OVERRIDE
+    assert tuner.tunes == 0 and kernel.heuristic_calls == 0
+    assert executor.chain.persistent.entries() == before
+    assert executor.chain.memory.get(key) == toy_cfg(MEMORY)
+
+
+@pytest.mark.parametrize("policy", ["heuristics", "autotune"])
+def test_override_is_never_cached(policy):
+    executor = create_default_executor(policy=policy)
+    executor.chain.tuner = CountingTuner()
+    kernel, x = ToyKernel(), toy_input()
+    assert factor(executor(kernel, x, cfg=toy_cfg(OVERRIDE)), x) == OVERRIDE
+    assert executor.chain.tuner.tunes == 0
+    assert PersistentCache().entries() == {}
+    assert not PersistentCache().path.exists()
+    assert len(executor.chain.memory) == 0
+    # The next call without cfg= is not influenced by the one-off override.
+    with policy_override("heuristics"):
+        assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_override_platform_is_filled_in_from_platform_argument():
+    kernel, x = ToyKernel(), toy_input()
+    seen = []
+    kernel.run = lambda *a, cfg, **kw: seen.append(cfg) or Kernel.run(kernel, *a, cfg=cfg, **kw)
+    out = make_executor()(kernel, x, cfg=toy_cfg(OVERRIDE), platform="xla")
+    assert factor(out, x) == OVERRIDE
+    assert seen == [toy_cfg(OVERRIDE, "xla")]
+
+
+def test_platform_contradicting_cfg_is_value_error():
+    kernel, x = ToyKernel(), toy_input()
+    with pytest.raises(ValueError, match="contradicts"):
+        make_executor()(kernel, x, platform="xla", cfg=toy_cfg(OVERRIDE, "triton"))
+    with pytest.raises(ValueError, match="contradicts"):
+        make_executor()(kernel, x, platform=Platform.TRITON, cfg=toy_cfg(OVERRIDE, "xla"))
+    # Agreeing or auto is fine.
+    assert factor(make_executor()(kernel, x, platform="xla", cfg=toy_cfg(OVERRIDE, "xla")), x) == OVERRIDE
+    assert factor(make_executor()(kernel, x, platform="auto", cfg=toy_cfg(OVERRIDE, "xla")), x) == OVERRIDE
+
+
+def test_unknown_platform_is_value_error():
+    with pytest.raises(ValueError, match="platform"):
+        make_executor()(ToyKernel(), toy_input(), platform="tpu")
+
+
+def test_cfg_of_another_kernel_config_type_is_type_error():
+    with pytest.raises(TypeError, match="ToySelectConfig"):
+        make_executor()(ToyKernel(), toy_input(), cfg=MeanPoolingConfig(platform="xla"))
+    with pytest.raises(TypeError, match="ToySelectConfig"):
+        make_executor()(ToyKernel(), toy_input(), cfg=KernelConfig())
+
+
+@pytest.mark.parametrize(
+    "bad", [FwdParams(block_q=4), {"platform": "xla"}, "xla"], ids=["params", "dict", "str"]
+)
+def test_cfg_that_is_not_a_config_is_type_error(bad):
+    with pytest.raises(TypeError, match="ToySelectConfig"):
+        make_executor()(ToyKernel(), toy_input(), cfg=bad)
+
+
+# --- tier 2: overlay ---------------------------------------------------------------------------------
+
+
+def test_overlay_applies_only_inside_its_block():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    assert factor(executor(kernel, x), x) == HEURISTIC
+    with overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        assert factor(executor(kernel, x), x) == OVERLAY
+        assert factor(executor(kernel, 2 * jnp.ones((3, 5))), 2 * jnp.ones((3, 5))) == OVERLAY  # every call
+    assert factor(executor(kernel, x), x) == HEURISTIC
+    assert PersistentCache().entries() == {}
+    assert len(executor.chain.memory) == 0
+
+
+def test_overlay_ends_even_when_block_raises():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    with pytest.raises(KeyError), overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        raise KeyError("boom")
+    assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_overlay_of_other_op_does_not_apply():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    with overlay_cache({"mean_pooling": MeanPoolingConfig(platform="xla")}):
+        assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_nested_overlays_innermost_wins():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    with overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        with overlay_cache({TOY_OP: toy_cfg(MEMORY)}):
+            assert factor(executor(kernel, x), x) == MEMORY
+            with overlay_cache({"some_other_op": toy_cfg(PERSISTENT)}):
+                assert factor(executor(kernel, x), x) == MEMORY  # an unrelated inner overlay changes nothing
+        assert factor(executor(kernel, x), x) == OVERLAY
+    assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_overlay_keyed_by_full_cache_key():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    other = jnp.arange(1.0, 9.0, dtype=jnp.float32)  # another shape: another key
+    with overlay_cache({toy_key(x): toy_cfg(OVERLAY)}):
+        assert factor(executor(kernel, x), x) == OVERLAY
+        assert factor(executor(kernel, other), other) == HEURISTIC
+        # The key names the platform too: the same shapes with platform="xla" are another call.
+        assert factor(executor(kernel, x, platform="xla"), x) == HEURISTIC
+
+
+def test_overlay_full_key_beats_op_id_in_one_overlay_and_inner_beats_outer():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    with overlay_cache({TOY_OP: toy_cfg(OVERLAY), toy_key(x): toy_cfg(MEMORY)}):
+        assert factor(executor(kernel, x), x) == MEMORY
+    with overlay_cache({toy_key(x): toy_cfg(MEMORY)}), overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        assert factor(executor(kernel, x), x) == OVERLAY
+
+
+def test_overlay_of_wrong_type_is_type_error():
+    with overlay_cache({TOY_OP: MeanPoolingConfig()}), pytest.raises(TypeError, match="ToySelectConfig"):
+        make_executor()(ToyKernel(), toy_input())
+
+
+def test_overlay_beats_autotune_and_does_not_tune():
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor("autotune", tuner), ToyKernel(), toy_input()
+    with overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        assert factor(executor(kernel, x), x) == OVERLAY
+    assert tuner.tunes == 0
+    assert PersistentCache().entries() == {}
+
+
+# --- tiers 3 and 4: memory and persistent caches -----------------------------------------------------
+
+
+def test_memory_cache_hit():
+    executor, kernel, x = create_default_executor(), ToyKernel(), toy_input()
+    executor.chain.memory.put(toy_key(x), toy_cfg(MEMORY))
+    assert factor(executor(kernel, x), x) == MEMORY
+    assert kernel.heuristic_calls == 0
+    other = jnp.ones((2, 3))
+    assert factor(executor(kernel, other), other) == HEURISTIC  # another signature misses
+    reset_caches()
+    assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_memory_cache_hit_skips_autotune():
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor("autotune", tuner), ToyKernel(), toy_input()
+    executor.chain.memory.put(toy_key(x), toy_cfg(MEMORY))
+    assert factor(executor(kernel, x), x) == MEMORY
+    assert tuner.tunes == 0
+
+
+def test_persistent_cache_hit_fills_memory():
+    executor, kernel, x = create_default_executor(), ToyKernel(), toy_input()
+    key = toy_key(x)
+    PersistentCache().put(key, toy_cfg(PERSISTENT))
+    assert factor(executor(kernel, x), x) == PERSISTENT
+    assert executor.chain.memory.get(key) == toy_cfg(PERSISTENT)
+    assert kernel.heuristic_calls == 0
+
+
+def test_persistent_cache_hit_skips_autotune():
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor("autotune", tuner), ToyKernel(), toy_input()
+    PersistentCache().put(toy_key(x), toy_cfg(PERSISTENT))
+    assert factor(executor(kernel, x), x) == PERSISTENT
+    assert tuner.tunes == 0
+
+
+def test_persistent_entry_of_another_config_type_is_ignored():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    PersistentCache().put(toy_key(x), MeanPoolingConfig(platform="xla"))
+    assert factor(executor(kernel, x), x) == HEURISTIC
+
+
+def test_each_tier_shadows_the_ones_below():
+    executor, kernel, x = make_executor(), ToyKernel(), toy_input()
+    key = toy_key(x)
+    assert factor(executor(kernel, x), x) == HEURISTIC
+    executor.chain.persistent.put(key, toy_cfg(PERSISTENT))
+    assert factor(executor(kernel, x), x) == PERSISTENT
+    executor.chain.memory.put(key, toy_cfg(MEMORY))
+    assert factor(executor(kernel, x), x) == MEMORY
+    with overlay_cache({TOY_OP: toy_cfg(OVERLAY)}):
+        assert factor(executor(kernel, x), x) == OVERLAY
+        assert factor(executor(kernel, x, cfg=toy_cfg(OVERRIDE)), x) == OVERRIDE
+
+
+def test_persistent_cache_survives_a_new_process():
+    """An autotuned config written here is selected by a fresh process using the same cache dir."""
+    x = jax.random.normal(jax.random.PRNGKey(7), (2, 8, 4), jnp.float32)
+    with policy_override("autotune"):
+        mean_pooling(x)
+    entries = PersistentCache().entries()
+    assert len(entries) == 1
+    (key,) = entries
+    assert key.startswith("mean_pooling|")
+    tuned = ConfigBase.from_json(entries[key]["config"])
+    heuristic = MeanPooling().heuristic_cfg(Invocation("mean_pooling", (x, None), {"chunk_size": 32}))
+    assert tuned != heuristic  # so the child can only have found it on disk
+    code = (
+        "import jax.numpy as jnp\n"
+        "from ejkernel.modules import MeanPooling\n"
+        "from ejkernel.ops import Invocation, create_default_executor\n"
+        "x = jnp.ones((2, 8, 4), jnp.float32)\n"
+        "inv = Invocation('mean_pooling', (x, None), {'chunk_size': 32}, 'auto')\n"
+        "print('CFG=' + create_default_executor().chain.select(MeanPooling(), inv).to_json())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    line = next(s for s in done.stdout.splitlines() if s.startswith("CFG="))
+    assert ConfigBase.from_json(line[4:]) == tuned
+
+
+# --- tier 5: autotune --------------------------------------------------------------------------------
+
+
+def test_autotune_times_candidates_and_stores_the_winner():
+    tuner = CountingTuner()
+    executor = create_default_executor(policy="autotune")
+    executor.chain.tuner = tuner
+    kernel, x = ToyKernel(), toy_input()
+    key = toy_key(x)
+    candidates = [toy_cfg(n, sleep_ms=SLEEP_MS[n]) for n in (SLOW, FAST, MEDIUM)]
+
+    assert factor(executor(kernel, x), x) == FAST
+    assert tuner.tunes == 1
+    assert tuner.prepared == candidates  # each prepared exactly once
+    assert set(tuner.timings) == set(candidates)
+    winner = toy_cfg(FAST, sleep_ms=SLEEP_MS[FAST])
+    assert min(tuner.timings, key=tuner.timings.get) == winner
+    assert kernel.heuristic_calls == 0
+    runs_after_first = kernel.runs
+
+    assert executor.chain.memory.get(key) == winner
+    stored = PersistentCache().entries()[key]
+    assert ConfigBase.from_json(stored["config"]) == winner
+    assert stored["candidates"] == 3 and stored["median_seconds"] > 0
+
+    # Second call: a memory hit, no tuning, one more run.
+    assert factor(executor(kernel, x), x) == FAST
+    assert tuner.tunes == 1 and len(tuner.prepared) == 3
+    assert kernel.runs == runs_after_first + 1
+
+    # The default (heuristics) executor shares the caches and sees the tuned config.
+    assert factor(create_default_executor()(kernel, x), x) == FAST
+
+    # With the memory forgotten, the disk answers: still no tuning.
+    reset_caches()
+    assert factor(executor(kernel, x), x) == FAST
+    assert tuner.tunes == 1
+
+
+@pytest.mark.parametrize("source", ["env", "policy_override"])
+def test_autotune_enabled_by_env_or_override(source, monkeypatch):
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor(None, tuner), ToyKernel(), toy_input()
+    if source == "env":
+        monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
+        scope = contextlib.nullcontext()
+    else:
+        scope = policy_override(AutotunePolicy.AUTOTUNE)
+    with scope:
+        assert factor(executor(kernel, x), x) == FAST
+        assert factor(executor(kernel, x), x) == FAST
+    assert tuner.tunes == 1
+    assert PersistentCache().get(toy_key(x)) == toy_cfg(FAST, sleep_ms=SLEEP_MS[FAST])
+
+
+def test_autotune_under_jit():
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor("autotune", tuner), ToyKernel(), toy_input()
+    out = jax.jit(lambda v: executor(kernel, v))(x)
+    assert factor(out, x) == FAST
+    assert tuner.tunes == 1
+
+
+def test_autotune_skips_a_failing_candidate():
+    broken = toy_cfg(SLOW, platform="cuda")  # no CUDA implementation: preparing it fails
+    kernel = ToyKernel(candidates=[broken, toy_cfg(FAST)])
+    tuner = CountingTuner()
+    executor, x = make_executor("autotune", tuner), toy_input()
+    assert factor(executor(kernel, x), x) == FAST
+    assert set(tuner.timings) == {toy_cfg(FAST)}
+
+
+def test_autotune_with_every_candidate_failing_is_runtime_error_naming_op():
+    kernel = ToyKernel(candidates=[toy_cfg(SLOW, platform="cuda"), toy_cfg(FAST, platform="pallas")])
+    with pytest.raises(RuntimeError, match=TOY_OP):
+        make_executor("autotune")(kernel, toy_input())
+    assert PersistentCache().entries() == {}
+
+
+def test_autotune_without_candidates_falls_back_to_heuristics():
+    kernel, x = ToyKernel(candidates=[]), toy_input()
+    tuner = CountingTuner()
+    assert factor(make_executor("autotune", tuner)(kernel, x), x) == HEURISTIC
+    assert tuner.tunes == 0
+
+
+# --- tier 6: heuristics ------------------------------------------------------------------------------
+
+
+def test_heuristics_by_default_without_tuning():
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor(None, tuner), ToyKernel(), toy_input()
+    assert factor(executor(kernel, x), x) == HEURISTIC
+    assert factor(executor(kernel, x), x) == HEURISTIC
+    assert tuner.tunes == 0 and tuner.prepared == []
+    assert kernel.heuristic_calls >= 1
+    assert PersistentCache().entries() == {}
+    assert factor(create_default_executor()(kernel, x), x) == HEURISTIC
+
+
+def test_heuristics_policy_wins_over_env_and_override_wins_over_executor(monkeypatch):
+    monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
+    tuner = CountingTuner()
+    kernel, x = ToyKernel(), toy_input()
+    assert factor(make_executor("heuristics", tuner)(kernel, x), x) == HEURISTIC
+    with policy_override("heuristics"):
+        assert factor(make_executor("autotune", tuner)(kernel, x), x) == HEURISTIC
+    assert factor(create_default_executor(policy="heuristics")(kernel, x), x) == HEURISTIC
+    assert tuner.tunes == 0
+
+
+def test_heuristic_config_gets_the_requested_platform():
+    kernel, x = ToyKernel(), toy_input()
+    seen = []
+    kernel.run = lambda *a, cfg, **kw: seen.append(cfg) or Kernel.run(kernel, *a, cfg=cfg, **kw)
+    make_executor()(kernel, x, platform="xla")
+    assert seen == [toy_cfg(HEURISTIC, "xla")]
+
+
+# --- tier 7: error -----------------------------------------------------------------------------------
+
+
+class BrokenHeuristicKernel(ToyKernel):
+    def heuristic_cfg(self, inv):
+        raise ValueError("no heuristic for these shapes")
+
+
+class WrongTypeHeuristicKernel(ToyKernel):
+    def heuristic_cfg(self, inv):
+        return MeanPoolingConfig()
+
+
+def test_heuristic_that_raises_is_runtime_error_naming_op():
+    with pytest.raises(RuntimeError, match=TOY_OP) as err:
+        make_executor()(BrokenHeuristicKernel(), toy_input())
+    assert "no heuristic for these shapes" in str(err.value)
+
+
+def test_heuristic_of_wrong_type_is_runtime_error_naming_op():
+    with pytest.raises(RuntimeError, match=TOY_OP):
+        make_executor()(WrongTypeHeuristicKernel(), toy_input())
+
+
+def test_cached_configs_rescue_a_broken_heuristic():
+    executor, x = make_executor(), toy_input()
+    executor.chain.memory.put(toy_key(x), toy_cfg(MEMORY))
+    assert factor(executor(BrokenHeuristicKernel(), x), x) == MEMORY
+
+
+# --- platform "auto": falling through implementations ------------------------------------------------
+
+FALL_OP = "toy_fallthrough_op"
+NONE_OP = "toy_no_accepting_impl_op"
+
+
+def _never_on_cpu(*args, **kwargs):
+    raise AssertionError("a GPU-only implementation was called on the CPU")
+
+
+def _refuses(reason):
+    def impl(x, cfg):
+        raise NotImplementedError(reason)
+
+    return impl
+
+
+kernel_registry.register(FALL_OP, Platform.CUDA, Backend.GPU, priority=100)(_never_on_cpu)
+kernel_registry.register(FALL_OP, Platform.TRITON, Backend.ANY, priority=10)(_refuses("needs head_dim 128"))
+kernel_registry.register(FALL_OP, Platform.PALLAS, Backend.CPU, priority=5)(_refuses("no float32 support"))
+kernel_registry.register(FALL_OP, Platform.XLA, Backend.ANY, priority=0)(lambda x, cfg: x * 7)
+kernel_registry.register(NONE_OP, Platform.CUDA, Backend.GPU, priority=100)(_never_on_cpu)
+kernel_registry.register(NONE_OP, Platform.TRITON, Backend.ANY, priority=10)(_refuses("reason one"))
+kernel_registry.register(NONE_OP, Platform.XLA, Backend.ANY, priority=0)(_refuses("reason two"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyFallConfig(KernelConfig):
+    pass
+
+
+class FallKernel(Kernel):
+    op_id = FALL_OP
+    config_type = ToyFallConfig
+
+
+class NoneKernel(Kernel):
+    op_id = NONE_OP
+    config_type = ToyFallConfig
+
+
+def test_auto_falls_through_not_implemented_to_next():
+    x = toy_input()
+    assert factor(make_executor()(FallKernel(), x), x) == 7
+    assert factor(make_executor()(FallKernel(), x, platform="xla"), x) == 7
+
+
+def test_explicit_platform_does_not_fall_through():
+    with pytest.raises(NotImplementedError, match="needs head_dim 128"):
+        make_executor()(FallKernel(), toy_input(), platform="triton")
+
+
+def test_explicit_platform_without_implementation_lists_what_exists():
+    with pytest.raises(ValueError, match="xla/any"):
+        make_executor()(FallKernel(), toy_input(), platform="cuda")
+
+
+def test_auto_with_no_accepting_impl_lists_every_reason():
+    with pytest.raises(NotImplementedError) as err:
+        make_executor()(NoneKernel(), toy_input())
+    message = str(err.value)
+    assert NONE_OP in message
+    assert "reason one" in message and "reason two" in message
+    assert "triton" in message and "xla" in message
+
+
+# --- platform= with configs from the caches -----------------------------------------------------------
+
+PLAT_OP = "toy_two_platform_op"
+kernel_registry.register(PLAT_OP, Platform.TRITON, Backend.ANY, priority=10)(lambda x, cfg: x * 3)
+kernel_registry.register(PLAT_OP, Platform.XLA, Backend.ANY, priority=0)(lambda x, cfg: x * 5)
+
+
+class TwoPlatformKernel(Kernel):
+    op_id = PLAT_OP
+    config_type = ToyFallConfig
+
+
+def test_platform_argument_picks_the_implementation():
+    x = toy_input()
+    assert factor(make_executor()(TwoPlatformKernel(), x), x) == 3
+    assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(platform="xla")), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(), platform="xla"), x) == 5
+
+
+def test_platform_argument_is_honoured_with_an_overlay_config():
+    """An op-wide overlay config with platform "auto" must not undo `platform="xla"` of the call."""
+    x = toy_input()
+    with overlay_cache({PLAT_OP: ToyFallConfig()}):
+        assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
+
+
+# --- mesh / in_specs / out_specs ---------------------------------------------------------------------
+
+
+def _mesh():
+    return Mesh(np.array(jax.devices()[:2]), ("x",))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ("mesh",),
+        ("in_specs",),
+        ("out_specs",),
+        ("mesh", "in_specs"),
+        ("mesh", "out_specs"),
+        ("in_specs", "out_specs"),
+    ],
+)
+def test_partial_sharding_arguments_are_value_error(given):
+    values = {"mesh": _mesh(), "in_specs": (PartitionSpec("x"),), "out_specs": PartitionSpec("x")}
+    kwargs = {name: values[name] for name in given}
+    with pytest.raises(ValueError, match="mesh, in_specs and out_specs") as err:
+        make_executor()(ToyKernel(), toy_input(), **kwargs)
+    tail = str(err.value).split("got only", 1)[1]
+    for name in ("mesh", "in_specs", "out_specs"):
+        assert (name in tail) == (name in given), (name, str(err.value))
+
+
+def test_full_sharding_arguments_run_under_shard_map():
+    x = jnp.arange(1.0, 9.0, dtype=jnp.float32)
+    spec = PartitionSpec("x")
+    executor = make_executor()
+    out = executor(ToyKernel(), x, cfg=toy_cfg(OVERRIDE), mesh=_mesh(), in_specs=(spec,), out_specs=spec)
+    assert factor(out, x) == OVERRIDE
+    with pytest.raises(ValueError, match="in_specs"):
+        make_executor()(ToyKernel(), x, mesh=_mesh(), in_specs=(spec, spec), out_specs=spec)
+
+
+# --- custom VJP --------------------------------------------------------------------------------------
+
+VJP_OP = "toy_vjp_op"
+kernel_registry.register(VJP_OP, Platform.XLA, Backend.ANY)(lambda x, cfg: x * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyVjpConfig(KernelConfig):
+    pass
+
+
+class VjpKernel(Kernel):
+    """Forward doubles; the custom backward says 3·g, which autodiff of the forward never would."""
+
+    op_id = VJP_OP
+    config_type = ToyVjpConfig
+
+    def __init__(self):
+        self.bwd_cfgs = []
+
+    def fwd_with_residuals(self, x, *, cfg):
+        return self.run(x, cfg=cfg), None
+
+    def vjp(self, residuals, g, *, cfg):
+        self.bwd_cfgs.append(cfg)
+        return (3 * g,)
+
+
+class ForwardOnlyKernel(Kernel):
+    op_id = VJP_OP
+    config_type = ToyVjpConfig
+
+    def fwd_with_residuals(self, x, *, cfg):
+        raise AssertionError("without a vjp the custom rule must not be wired")
+
+
+def test_custom_vjp_is_used_by_grad():
+    kernel, executor, x = VjpKernel(), make_executor(), toy_input()
+    cfg = ToyVjpConfig(platform="xla")
+    assert factor(executor(kernel, x), x) == 2
+    grad = jax.grad(lambda v: executor(kernel, v, cfg=cfg).sum())(x)
+    np.testing.assert_allclose(grad, 3 * np.ones(4))
+    assert kernel.bwd_cfgs == [cfg]  # the backward gets the config the forward ran with
+    grad = jax.jit(jax.grad(lambda v: (executor(kernel, v) * v).sum()))(x)
+    np.testing.assert_allclose(grad, 3 * np.asarray(x) + 2 * np.asarray(x))
+
+
+def test_custom_vjp_with_vjp_function():
+    kernel, executor, x = VjpKernel(), make_executor(), toy_input()
+    cotangent = jnp.asarray([0.5, -1.0, 2.0, 3.0])
+    out, pullback = jax.vjp(lambda v: executor(kernel, v), x)
+    np.testing.assert_allclose(out, 2 * np.asarray(x))
+    np.testing.assert_allclose(pullback(cotangent)[0], 3 * np.asarray(cotangent))
+
+
+def test_without_vjp_autodiff_of_run_is_used():
+    grad = jax.grad(lambda v: make_executor()(ForwardOnlyKernel(), v).sum())(toy_input())
+    np.testing.assert_allclose(grad, 2 * np.ones(4))
+
+
+def test_signature_describes_arrays_by_shape_and_dtype():
+    # The invocation signature describes arrays by shape and dtype only: equal shapes share a key.
+    a, b = toy_input(), toy_input() * 3
+    assert toy_key(a) == toy_key(b)
+    assert toy_key(a) != toy_key(a.astype(jnp.bfloat16))
+    sig = json.loads(Invocation(TOY_OP, (a,), {"scale": 0.5}).signature)
+    assert sig["args"] == [[[4], "float32"]] and sig["kwargs"] == {"scale": 0.5}
