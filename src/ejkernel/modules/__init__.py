@@ -1,16 +1,28 @@
 """The public index: every operation's function, `Kernel` class and config."""
 
 import ejkernel.kernels  # noqa: F401  (registers every implementation)
+from ejkernel.modules.operations.attention import Attention, AttentionConfig, attention
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.modules.operations.scaled_dot_product_attention import (
+    ScaledDotProductAttention,
+    ScaledDotProductAttentionConfig,
+    scaled_dot_product_attention,
+)
 from ejkernel.ops import create_default_executor
 
 __all__ = [
+    "Attention",
+    "AttentionConfig",
     "FlashAttention",
     "FlashAttentionConfig",
     "MeanPooling",
     "MeanPoolingConfig",
+    "ScaledDotProductAttention",
+    "ScaledDotProductAttentionConfig",
+    "attention",
     "create_default_executor",
     "flash_attention",
     "mean_pooling",
+    "scaled_dot_product_attention",
 ]

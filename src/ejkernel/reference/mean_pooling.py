@@ -1,5 +1,7 @@
 """Reference mean pooling: the average over the sequence axis, one sequence at a time, in float32."""
 
+import itertools
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -14,6 +16,6 @@ def mean_pooling_reference(x, cu_seqlens=None):
         return jnp.mean(x, axis=1)
     bounds = np.asarray(cu_seqlens)
     rows = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, end in itertools.pairwise(bounds):
         rows.append(jnp.mean(x[start:end], axis=0) if end > start else jnp.zeros(x.shape[1:], jnp.float32))
     return jnp.stack(rows)

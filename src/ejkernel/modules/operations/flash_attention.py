@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
+from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
+from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
 
@@ -56,25 +57,11 @@ class FlashAttention(Kernel):
         if kwargs.get("q_segment_ids") is not None:
             specs["q_segment_ids"] = PartitionSpec(q_spec[0], q_spec[1])
             specs["kv_segment_ids"] = PartitionSpec(k_spec[0], k_spec[1])
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            specs["attention_mask"] = PartitionSpec(
-                q_spec[0] if mask.shape[0] > 1 else None, q_spec[2] if mask.shape[1] > 1 else None, q_spec[1], k_spec[1]
-            )
+        if kwargs.get("attention_mask") is not None:
+            specs["attention_mask"] = dense_mask_spec(kwargs["attention_mask"], q_spec, k_spec)
         if kwargs.get("dropout_seed") is not None:
             specs["dropout_seed"] = PartitionSpec()
         return specs
-
-
-def _window(sliding_window) -> tuple[int, int] | None:
-    if sliding_window is None:
-        return None
-    pair = (sliding_window, sliding_window) if isinstance(sliding_window, int) else tuple(sliding_window)
-    if len(pair) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) for w in pair):
-        raise TypeError(f"sliding_window must be an int or a (left, right) pair of ints, got {sliding_window!r}")
-    if min(pair) < 0:
-        raise ValueError(f"sliding_window must be non-negative, got {sliding_window!r}")
-    return pair
 
 
 def _intersect_windows(a, b):
@@ -136,15 +123,8 @@ def flash_attention(
     (length `heads`: one per head; other lengths: shared). With `block_tables [B, max_blocks]`, `key`
     and `value` are paged caches `[blocks, block_size, kv_heads, dim]`.
     """
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        require_float(name, x)
-        require_rank(name, x, (4,), "[batch, seq, heads, dim]")
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape
-    kv_heads = key.shape[2]
-    if num_heads % kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({kv_heads})")
     if block_tables is not None:
         if mesh is not None:
             raise NotImplementedError("flash_attention: block_tables together with mesh= is not supported yet")
@@ -162,17 +142,9 @@ def flash_attention(
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
     if softmax_scale is None:
         softmax_scale = query.shape[-1] ** -0.5
-    if bias is not None:
-        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape) if bias.ndim < 4 else bias
-        if (
-            bias.ndim != 4
-            or bias.shape[0] not in (1, batch)
-            or bias.shape[1] not in (1, num_heads)
-            or bias.shape[2:] != (q_len, kv_len)
-        ):
-            raise ValueError(f"bias must be [1|{batch}, 1|{num_heads}, {q_len}, {kv_len}], got {bias.shape}")
+    bias = check_bias(bias, batch, num_heads, q_len, kv_len)
 
-    window = _window(sliding_window)
+    window = parse_window(sliding_window)
     q_seg = None if cum_seqlens_q is None else _padding_segments("cum_seqlens_q", cum_seqlens_q, batch, q_len)
     kv_seg = None if cum_seqlens_k is None else _padding_segments("cum_seqlens_k", cum_seqlens_k, batch, kv_len)
     attention_mask = None

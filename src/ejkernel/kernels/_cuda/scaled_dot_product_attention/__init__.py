@@ -1,0 +1,25 @@
+"""Registers cuDNN's fused attention (through `jax.nn.dot_product_attention`) for scaled dot-product attention."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.registry import Backend, Platform, kernel_registry
+
+
+@functools.wraps(jax.nn.dot_product_attention)
+def sdpa_cudnn(query, key, value, bias=None, *, mask=None, cfg=None, **options):
+    if jax.default_backend() != "gpu":
+        raise NotImplementedError("cuDNN attention runs on CUDA GPUs only")
+    if query.dtype not in (jnp.bfloat16, jnp.float16):
+        raise NotImplementedError(f"cuDNN attention needs bfloat16/float16, got {query.dtype}")
+    if mask is not None:
+        raise NotImplementedError("cuDNN route takes no dense mask")
+    window = options.get("local_window_size")
+    if window is not None and window[1] != 0 and not options.get("is_causal"):
+        raise NotImplementedError("cuDNN supports a right-side window only together with causal=True")
+    return jax.nn.dot_product_attention(query, key, value, bias, mask, implementation="cudnn", **options)
+
+
+kernel_registry.register("scaled_dot_product_attention", Platform.CUDA, Backend.GPU, priority=30)(sdpa_cudnn)

@@ -1,0 +1,50 @@
+"""Argument checks shared by the dense attention ops (`flash_attention`, `attention`, ...)."""
+
+import jax
+from jax.sharding import PartitionSpec
+
+from ejkernel.modules.operations._common import require_float, require_rank
+
+
+def check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
+    """Ranks, a shared float dtype, and query heads a multiple of key/value heads."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        require_float(name, x)
+        require_rank(name, x, (4,), "[batch, seq, heads, dim]")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if query.shape[2] % key.shape[2]:
+        raise ValueError(f"query heads ({query.shape[2]}) must be a multiple of key/value heads ({key.shape[2]})")
+
+
+def parse_window(sliding_window) -> tuple[int, int] | None:
+    """`None`, an int `w` (meaning `(w, w)`) or a `(left, right)` pair of non-negative ints."""
+    if sliding_window is None:
+        return None
+    pair = (sliding_window, sliding_window) if isinstance(sliding_window, int) else tuple(sliding_window)
+    if len(pair) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) for w in pair):
+        raise TypeError(f"sliding_window must be an int or a (left, right) pair of ints, got {sliding_window!r}")
+    if min(pair) < 0:
+        raise ValueError(f"sliding_window must be non-negative, got {sliding_window!r}")
+    return pair
+
+
+def check_bias(bias: jax.Array | None, batch: int, heads: int, q_len: int, kv_len: int) -> jax.Array | None:
+    """A bias of rank <= 4 broadcastable as `[1|B, 1|H, Sq, Sk]`, returned with rank 4."""
+    if bias is None:
+        return None
+    bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape) if bias.ndim < 4 else bias
+    if bias.ndim != 4 or bias.shape[0] not in (1, batch) or bias.shape[1] not in (1, heads) or bias.shape[2:] != (
+        q_len,
+        kv_len,
+    ):
+        raise ValueError(f"bias must be [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {tuple(bias.shape)}")
+    return bias
+
+
+def dense_mask_spec(mask: jax.Array, q_spec, k_spec) -> PartitionSpec:
+    """Shard spec of a `[1|B, 1|H, Sq, Sk]` mask: it follows the query's batch, heads and sequence and the keys'."""
+    q_spec, k_spec = (tuple(s) + (None,) * 4 for s in (q_spec, k_spec))
+    return PartitionSpec(
+        q_spec[0] if mask.shape[0] > 1 else None, q_spec[2] if mask.shape[1] > 1 else None, q_spec[1], k_spec[1]
+    )

@@ -1,0 +1,91 @@
+"""`scaled_dot_product_attention`: `jax.nn.dot_product_attention`'s semantics, routed to cuDNN or XLA."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
+from ejkernel.modules.operations._common import executor, require_int, typechecked
+from ejkernel.ops import Kernel, KernelConfig
+from ejkernel.types import MaskInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledDotProductAttentionConfig(KernelConfig):
+    """Only the platform: both routes are fused library kernels with nothing to tile."""
+
+    allowed_platforms = ("auto", "xla", "cuda")
+
+
+class ScaledDotProductAttention(Kernel):
+    op_id = "scaled_dot_product_attention"
+    config_type = ScaledDotProductAttentionConfig
+
+    def platform_cfgs(self, platform, inv):
+        yield ScaledDotProductAttentionConfig(platform=platform)
+
+    def kwarg_specs(self, kwargs, in_specs):
+        mask = kwargs.get("mask")
+        return {} if mask is None else {"mask": dense_mask_spec(mask, in_specs[0], in_specs[1])}
+
+
+@typechecked
+def scaled_dot_product_attention(
+    query: Float[Array, "batch seq_q heads dim"],
+    key: Float[Array, "batch seq_k kv_heads dim"],
+    value: Float[Array, "batch seq_k kv_heads dim_v"],
+    bias: Float[Array, "..."] | None = None,
+    cum_seqlens_q: Int[Array, " batch"] | None = None,
+    cum_seqlens_k: Int[Array, " batch"] | None = None,
+    /,
+    *,
+    mask_info: MaskInfo | None = None,
+    init_bias: Callable[[], Array] | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    platform: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch seq_q heads dim_v"]:
+    """Attention as `jax.nn.dot_product_attention` defines it, on cuDNN where it can run, else XLA.
+
+    `cum_seqlens_q/k [B]` are the valid lengths of each row (jax.nn's `query_seq_lengths` /
+    `key_value_seq_lengths`). `init_bias()` supplies the bias when `bias` is None. A `mask_info` is
+    applied as a dense mask. No `cfg`: there is nothing to tune.
+    """
+    check_qkv(query, key, value)
+    batch, q_len, heads, _ = query.shape
+    if bias is None and init_bias is not None:
+        bias = init_bias()
+    bias = check_bias(bias, batch, heads, q_len, key.shape[1])
+    for name, lengths in (("cum_seqlens_q", cum_seqlens_q), ("cum_seqlens_k", cum_seqlens_k)):
+        if lengths is not None:
+            require_int(name, lengths)
+    mask = None if mask_info is None else mask_info.get_or_compute_attention_mask()
+    options = dict(
+        scale=softmax_scale,
+        is_causal=bool(causal),
+        query_seq_lengths=cum_seqlens_q,
+        key_value_seq_lengths=cum_seqlens_k,
+        local_window_size=parse_window(sliding_window),
+    )
+    if in_specs is not None and (cum_seqlens_q is not None or cum_seqlens_k is not None):
+        raise NotImplementedError("scaled_dot_product_attention: cum_seqlens together with mesh= is not supported yet")
+    return executor(
+        ScaledDotProductAttention(),
+        query,
+        key,
+        value,
+        bias,
+        mask=mask,
+        platform=platform,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        **options,
+    )

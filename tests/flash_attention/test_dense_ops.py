@@ -1,0 +1,70 @@
+"""`attention` (returns weights) and `scaled_dot_product_attention` against the reference."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ejkernel.modules import attention, scaled_dot_product_attention
+from ejkernel.reference.flash_attention import flash_attention_reference
+from ejkernel.types import MaskInfo
+from harness import assert_close, check_forward_and_grads, randn
+
+B, S, H, HKV, D = 2, 24, 4, 2, 16
+
+
+def qkv(dtype=jnp.float32):
+    return randn((B, S, H, D), dtype), randn((B, S, HKV, D), dtype), randn((B, S, HKV, D), dtype)
+
+
+def test_attention_output_weights_and_grads():
+    q, k, v = qkv()
+    sinks, bias = randn((H,)), randn((1, H, S, S))
+    kw = dict(causal=True, sliding_window=(5, 0), logits_soft_cap=4.0)
+    fn = lambda q, k, v: attention(q, k, v, bias, None, sinks, dtype=jnp.float32, **kw)[0]
+    ref = lambda q, k, v: flash_attention_reference(
+        q, k, v, bias, sinks, softmax_scale=D**-0.5, causal=True, sliding_window=(5, 0), logits_soft_cap=4.0
+    )
+    check_forward_and_grads(fn, ref, [q, k, v], (0, 1, 2), jnp.float32)
+    out, weights = attention(q, k, v, bias, None, sinks, dtype=jnp.float32, **kw)
+    assert weights.shape == (B, H, S, S)
+    grouped_v = jnp.repeat(v, H // HKV, axis=2)
+    assert_close(jnp.einsum("bhqk,bkhd->bqhd", weights, grouped_v), out)
+
+
+def test_attention_mask_info_and_dropout():
+    q, k, v = qkv()
+    seg = jnp.array([[0] * 10 + [1] * 14, [0] * 20 + [-1] * 4])
+    out, _ = attention(q, k, v, mask_info=MaskInfo.from_segments(seg), dtype=jnp.float32)
+    expected = flash_attention_reference(q, k, v, softmax_scale=D**-0.5, q_segment_ids=seg, kv_segment_ids=seg)
+    assert_close(out, expected)
+    assert bool(jnp.all(out[1, 20:] == 0))
+    kept, _ = attention(q, k, v, None, jax.random.PRNGKey(0), dropout_prob=0.5, deterministic=False, dtype=jnp.float32)
+    assert not bool(jnp.allclose(kept, attention(q, k, v, dtype=jnp.float32)[0]))
+    with pytest.raises(ValueError, match="dropout_rng"):
+        attention(q, k, v, dropout_prob=0.5, deterministic=False)
+
+
+def test_sdpa_matches_reference_with_lengths_window_and_mask_info():
+    q, k, v = qkv()
+    lengths = jnp.array([S, 17], jnp.int32)
+    out = scaled_dot_product_attention(q, k, v, None, lengths, lengths, causal=True, sliding_window=(4, 0))
+    seg = jnp.where(jnp.arange(S)[None] < lengths[:, None], 0, -1)
+    expected = flash_attention_reference(
+        q, k, v, softmax_scale=D**-0.5, q_segment_ids=seg, kv_segment_ids=seg, causal=True, sliding_window=(4, 0)
+    )
+    assert_close(out[0], expected[0])
+    assert_close(out[1, :17], expected[1, :17])  # jax.nn leaves padded query rows unspecified
+    mask = MaskInfo.from_segments(jnp.array([[0] * 12 + [1] * 12] * B))
+    got = scaled_dot_product_attention(q, k, v, init_bias=lambda: jnp.zeros((S, S)), mask_info=mask)
+    assert_close(
+        got,
+        flash_attention_reference(q, k, v, softmax_scale=D**-0.5, attention_mask=mask.get_or_compute_attention_mask()),
+    )
+
+
+@pytest.mark.gpu
+def test_sdpa_cuda_matches_xla():
+    q, k, v = qkv(jnp.bfloat16)
+    q, k, v = (jnp.tile(x, (1, 32, 1, 8)) for x in (q, k, v))  # [2, 768, 4|2, 128]
+    out = scaled_dot_product_attention(q, k, v, causal=True, platform="cuda")
+    assert_close(out, scaled_dot_product_attention(q, k, v, causal=True, platform="xla"), jnp.bfloat16)
