@@ -46,6 +46,8 @@ def _cache(args) -> int:
     from ejkernel.ops.cache import PersistentCache
 
     cache = PersistentCache()
+    if args.action == "export":
+        return _export(cache, args.out)
     if args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.path}")
         return 0
@@ -54,6 +56,26 @@ def _cache(args) -> int:
     for key, entry in sorted(entries.items()):
         op, fingerprint, signature = key.split("|", 2)
         print(f"  {op}  {fingerprint}  {signature[:80]}\n    -> {entry['config']}")
+    return 0
+
+
+def _export(cache, out: str | None) -> int:
+    """Write this device's tuned entries in the shipped format (`ops/tuned/<device kind>.json`)."""
+    import json
+    import pathlib
+
+    from ejkernel.ops.executor import shipped_config_name
+    from ejkernel.ops.fingerprint import describe_device, device_fingerprint
+
+    here = device_fingerprint()
+    shipped = {}
+    for key, entry in cache.entries().items():
+        op, fingerprint, signature = key.split("|", 2)
+        if fingerprint == here:
+            shipped[f"{op}|{signature}"] = entry["config"]
+    path = pathlib.Path(out or shipped_config_name(describe_device()["device_kind"]))
+    path.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(shipped)} tuned configs to {path}")
     return 0
 
 
@@ -74,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="device, fingerprint and the registered implementations").set_defaults(fn=_info)
     sub.add_parser("demo", help="run every op here against its reference").set_defaults(fn=_demo)
     cache = sub.add_parser("cache", help="the persistent config cache")
-    cache.add_argument("action", choices=["list", "clear"])
+    cache.add_argument("action", choices=["list", "clear", "export"])
+    cache.add_argument("--out", help="export: file to write (default: ops/tuned/<device kind>.json name)")
     cache.set_defaults(fn=_cache)
     bench = sub.add_parser("bench", help="run ejkernel.benchmarks.<op> (JSON + PNG)")
     bench.add_argument("op")

@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ejkernel.ops.autotune import AutotunePolicy, Tuner, active_policy
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
@@ -20,11 +21,15 @@ from ejkernel.ops.kernel import Invocation, Kernel
 log = logging.getLogger("ejkernel.ops")
 
 
+def shipped_config_name(device_kind: str) -> str:
+    """File name of the tuned configs shipped for a device kind, e.g. `NVIDIA_H200.json`."""
+    return "".join(c if c.isalnum() else "_" for c in device_kind) + ".json"
+
+
 @functools.cache
 def _shipped_configs(device_kind: str) -> dict[str, str]:
-    """Tuned configs shipped for a device kind (`ops/tuned/<kind>.json`: signature key -> config JSON)."""
-    name = "".join(c if c.isalnum() else "_" for c in device_kind) + ".json"
-    path = resources.files("ejkernel.ops").joinpath("tuned", name)
+    """Tuned configs shipped for a device kind (`ops/tuned/<kind>.json`: `op|signature` -> config JSON)."""
+    path = resources.files("ejkernel.ops").joinpath("tuned", shipped_config_name(device_kind))
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -90,12 +95,23 @@ class ConfigSelectorChain:
         if not candidates:
             return None
         with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
-            args = inv.sample_args()
+            args, kwargs = inv.sample_inputs()
+        is_array = lambda value: any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
+        dynamic = {name: value for name, value in kwargs.items() if is_array(value)}
+        static = {name: value for name, value in kwargs.items() if name not in dynamic}
 
         def prepare(cfg: KernelConfig):
-            fn = jax.jit(lambda *a: kernel.run(*a, cfg=cfg, **inv.kwargs))
-            compiled = fn.lower(*args).compile()
-            return lambda: compiled(*args)
+            def call(args, dynamic):
+                return kernel.run(*args, cfg=cfg, **static, **dynamic)
+
+            if kernel.tune_argnums:  # time forward + backward: the configs tile both
+                loss = lambda args, dynamic: jnp.sum(call(args, dynamic).astype(jnp.float32))
+                grad = jax.grad(lambda diff, args, dynamic: loss(_put(args, kernel.tune_argnums, diff), dynamic))
+                fn = jax.jit(lambda args, dynamic: grad(tuple(args[i] for i in kernel.tune_argnums), args, dynamic))
+            else:
+                fn = jax.jit(call)
+            compiled = fn.lower(args, dynamic).compile()
+            return lambda: compiled(args, dynamic)
 
         tuner = self.tuner or Tuner()
         with jax.ensure_compile_time_eval():  # measure eagerly even when called while tracing (under jit)
@@ -104,6 +120,13 @@ class ConfigSelectorChain:
         self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
         return best
+
+
+def _put(args: tuple, positions: tuple[int, ...], values: tuple) -> tuple:
+    out = list(args)
+    for position, value in zip(positions, values, strict=True):
+        out[position] = value
+    return tuple(out)
 
 
 class Executor:

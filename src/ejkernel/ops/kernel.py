@@ -51,19 +51,23 @@ class Invocation:
     def cache_key(self, fingerprint: str) -> str:
         return f"{self.op_id}|{fingerprint}|{self.signature}"
 
-    def sample_args(self, seed: int = 0) -> tuple[Any, ...]:
-        """Concrete arguments for timing: the real ones when concrete, else random stand-ins."""
-        key = jax.random.PRNGKey(seed)
-        out = []
-        for arg in self.args:
-            if arg is None or not hasattr(arg, "shape") or not isinstance(arg, jax.core.Tracer):
-                out.append(arg)
-            elif jnp.issubdtype(arg.dtype, jnp.floating):
-                key, sub = jax.random.split(key)
-                out.append(jax.random.normal(sub, arg.shape, jnp.float32).astype(arg.dtype))
-            else:
-                out.append(jnp.zeros(arg.shape, arg.dtype))
-        return tuple(out)
+    def sample_inputs(self, seed: int = 0) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Concrete `(args, kwargs)` for timing: concrete values as given, traced ones by stand-ins.
+
+        Floats become random normals; integers zeros (one segment, offset 0); booleans True (attend).
+        """
+        keys = iter(jax.random.split(jax.random.PRNGKey(seed), 64))
+
+        def stand_in(leaf):
+            if not isinstance(leaf, jax.core.Tracer):
+                return leaf
+            if jnp.issubdtype(leaf.dtype, jnp.floating):
+                return jax.random.normal(next(keys), leaf.shape, jnp.float32).astype(leaf.dtype)
+            if leaf.dtype == jnp.bool_:
+                return jnp.ones(leaf.shape, bool)
+            return jnp.zeros(leaf.shape, leaf.dtype)
+
+        return jax.tree_util.tree_map(stand_in, (self.args, self.kwargs))
 
 
 class Kernel:
@@ -74,11 +78,14 @@ class Kernel:
     - `candidate_cfgs(inv)`: the configs autotuning may try (across platforms when `inv.platform` is auto);
     - `call_impl(impl, args, kwargs, cfg)`: how a registered implementation receives a config;
     - `fwd_with_residuals` and `vjp`: a custom VJP around `run` (the executor wires it when both exist);
-    - `kwarg_specs(kwargs, in_specs)`: shard specs of array-valued options under `mesh=`.
+    - `kwarg_specs(kwargs, in_specs)`: shard specs of array-valued options under `mesh=`;
+    - `tune_argnums`: positional arguments to differentiate when autotuning, so that configs that tile
+      the backward too are timed forward + backward (empty: time the forward only).
     """
 
     op_id: ClassVar[str]
     config_type: ClassVar[type[KernelConfig]] = KernelConfig
+    tune_argnums: ClassVar[tuple[int, ...]] = ()
 
     def implementations(self, platform: str = "auto") -> list[Implementation]:
         """Registered implementations that can run on this device, best first."""
