@@ -1,0 +1,6 @@
+"""Registers the Pallas-Triton flash attention (forward and backward kernels)."""
+
+from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
+from ejkernel.registry import Backend, Platform, kernel_registry
+
+kernel_registry.register("flash_attention", Platform.TRITON, Backend.GPU, priority=10)(flash_attention_triton)

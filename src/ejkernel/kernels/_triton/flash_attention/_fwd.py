@@ -1,0 +1,282 @@
+"""Flash attention forward: one Pallas-Triton program per (query block, batch, query head).
+
+Each program holds a `[block_q, D]` query tile and streams the key/value blocks that can hold allowed
+keys for it, with an online softmax in float32 and base-2 exponentials (log2(e) is folded into the
+logit scale). Key blocks that are fully allowed by position (causal, window, key length) run without
+any positional masking; only the edge blocks build a mask tile. Outputs are the attention output and
+each row's logsumexp in base 2 (float32 `[B, H, Sq]`, +inf for a row with no allowed key and no sink),
+which is all the backward needs.
+
+Arrays arrive padded by the wrapper: sequence lengths to block multiples and head dims to powers of
+two. `Static` carries the true lengths, so padded keys are masked and padded query rows are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.kernels._triton._helpers import (
+    LOG2E,
+    and_masks,
+    dot,
+    kv_blocks_for_q_block,
+    position_mask,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    block_q: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything about a call that is fixed at trace time (hashable: it keys the custom VJP)."""
+
+    softmax_scale: float
+    causal: bool
+    window: tuple[int, int] | None
+    soft_cap: float | None
+    dropout_prob: float
+    q_len: int  # true lengths, before the wrapper's padding
+    kv_len: int
+    num_heads: int
+    num_kv_heads: int
+    fwd: Tiling
+    bwd: Tiling  # the dK/dV kernel
+    bwd_dq: Tiling  # the dQ (and dBias) kernel
+    interpret: bool
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def dropout(self) -> bool:
+        return self.dropout_prob > 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Operands:
+    """Which optional operands a call has, and how the broadcast ones are laid out."""
+
+    bias: bool = False
+    bias_batch: bool = False  # bias has a batch axis of size B (else 1, broadcast)
+    bias_heads: bool = False  # bias has a head axis of size H (else 1, broadcast)
+    mask: bool = False
+    mask_batch: bool = False
+    mask_heads: bool = False
+    segments: bool = False
+    sinks: bool = False
+    dropout: bool = False
+
+    @staticmethod
+    def of(bias, sinks, q_segment_ids, mask, seed) -> Operands:
+        return Operands(
+            bias=bias is not None,
+            bias_batch=bias is not None and bias.shape[0] != 1,
+            bias_heads=bias is not None and bias.shape[1] != 1,
+            mask=mask is not None,
+            mask_batch=mask is not None and mask.shape[0] != 1,
+            mask_heads=mask is not None and mask.shape[1] != 1,
+            segments=q_segment_ids is not None,
+            sinks=sinks is not None,
+            dropout=seed is not None,
+        )
+
+
+class RefReader:
+    """Pops kernel refs in order, yielding None for operands the call does not have."""
+
+    def __init__(self, refs):
+        self._refs = list(refs)
+
+    def __call__(self, present: bool = True):
+        return self._refs.pop(0) if present else None
+
+    def rest(self):
+        return self._refs
+
+
+def logits_base2(s, bias_tile, st: Static):
+    """Raw `q·k` tile -> (logits in base-2 units, tanh tile of the soft cap or None)."""
+    if st.soft_cap is None:
+        x, t = s * (st.softmax_scale * LOG2E), None
+    else:
+        t = jnp.tanh(s * (st.softmax_scale / st.soft_cap))
+        x = t * (st.soft_cap * LOG2E)
+    if bias_tile is not None:
+        x = x + bias_tile.astype(jnp.float32) * LOG2E
+    return x, t
+
+
+def needs_edges(st: Static, kv_len_padded: int) -> bool:
+    """Whether any block can need a positional mask (else every visited block is interior)."""
+    return st.causal or st.window is not None or st.kv_len != kv_len_padded
+
+
+def query_block_index(pid, num_q_blocks: int, causal: bool):
+    """With causal masking, launch the heaviest (last) query blocks first for a shorter tail."""
+    return num_q_blocks - 1 - pid if causal else pid
+
+
+def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_padded: int):
+    read = RefReader(refs)
+    q_ref, k_ref, v_ref = read(), read(), read()
+    bias_ref, mask_ref = read(ops.bias), read(ops.mask)
+    q_seg_ref, kv_seg_ref = read(ops.segments), read(ops.segments)
+    sink_ref, seed_ref = read(ops.sinks), read(ops.dropout)
+    o_ref, lse_ref = read.rest()
+
+    block_q, block_k = st.fwd.block_q, st.fwd.block_k
+    qi = query_block_index(pl.program_id(0), num_q_blocks, st.causal)
+    b, h = pl.program_id(1), pl.program_id(2)
+    q_start = qi * block_q
+    q_pos = q_start + jnp.arange(block_q, dtype=jnp.int32)[:, None]
+    q = q_ref[...]
+    q_seg = q_seg_ref[...][:, None] if ops.segments else None
+    seed = seed_ref[...] if ops.dropout else None
+    batch_head = b * st.num_heads + h
+
+    def step(kb, carry, edge: bool):
+        acc, m_prev, l_prev = carry
+        k_start = pl.multiple_of(kb * block_k, block_k)
+        cols = pl.ds(k_start, block_k)
+        k = k_ref[cols, :]
+        x, _ = logits_base2(dot(q, k, trans_b=True), bias_ref[:, cols] if ops.bias else None, st)
+        k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
+        allowed = and_masks(
+            position_mask(
+                q_pos, k_pos, kv_len=st.kv_len, kv_len_padded=kv_len_padded, causal=st.causal, window=st.window
+            )
+            if edge
+            else None,
+            ((q_seg == kv_seg_ref[cols][None, :]) & (q_seg >= 0)) if ops.segments else None,
+            (mask_ref[:, cols] != 0) if ops.mask else None,
+        )
+        if allowed is not None:
+            x = jnp.where(allowed, x, -jnp.inf)
+        m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
+        # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
+        shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+        alpha = jnp.exp2(m_prev - shift)
+        p = jnp.exp2(x - shift[:, None])
+        l_next = l_prev * alpha + jnp.sum(p, axis=1)
+        if ops.dropout:
+            p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
+        v = v_ref[cols, :]
+        acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
+        return acc, m_next, l_next
+
+    carry = (
+        jnp.zeros((block_q, o_ref.shape[-1]), jnp.float32),
+        jnp.full((block_q,), -jnp.inf, jnp.float32),
+        jnp.zeros((block_q,), jnp.float32),
+    )
+    edge_step = functools.partial(step, edge=True)
+    interior_step = functools.partial(step, edge=False)
+    if needs_edges(st, kv_len_padded):
+        lo, mid_lo, mid_hi, hi = kv_blocks_for_q_block(
+            q_start, block_q=block_q, block_k=block_k, kv_len=st.kv_len, causal=st.causal, window=st.window
+        )
+        if st.window is not None:  # without a left bound, mid_lo == lo
+            carry = lax.fori_loop(lo, mid_lo, edge_step, carry)
+        carry = lax.fori_loop(mid_lo, mid_hi, interior_step, carry)
+        carry = lax.fori_loop(mid_hi, hi, edge_step, carry)
+    else:
+        carry = lax.fori_loop(0, kv_len_padded // block_k, interior_step, carry)
+    acc, m, denom = carry
+
+    if ops.sinks:  # the sinks join the denominator only
+        sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
+        m_all = jnp.maximum(m, sink)
+        shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
+        alpha = jnp.exp2(m - shift)
+        denom = denom * alpha + jnp.exp2(sink - shift)
+        acc = acc * alpha[:, None]
+        m = shift
+    empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
+    denom = jnp.where(empty, 1.0, denom)
+    keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
+    o_ref[...] = (acc * (keep_scale / denom)[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
+
+
+def bias_like_spec(ops_batch: bool, ops_heads: bool, block, index):
+    """BlockSpec for a `[Bb, Hb, Sq, Sk]` operand broadcast over batch/heads where its axis is 1.
+
+    `index(b, h, *grid)` gives the (query, key) block indices; `block` is the (query, key) block shape.
+    """
+
+    def index_map(*grid):
+        b, h = grid[1], grid[2]
+        qb, kb = index(*grid)
+        return (b if ops_batch else 0, h if ops_heads else 0, qb, kb)
+
+    return pl.BlockSpec((None, None, *block), index_map)
+
+
+def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse2 [B, H, Sqp] float32)."""
+    batch, q_len_padded, num_heads, head_dim = q.shape
+    kv_len_padded, value_dim = k.shape[1], v.shape[3]
+    group = st.group
+    block_q = st.fwd.block_q
+    num_q_blocks = q_len_padded // block_q
+    ops = Operands.of(bias, sinks, q_seg, mask, seed)
+    qmap = functools.partial(query_block_index, num_q_blocks=num_q_blocks, causal=st.causal)
+
+    in_specs = [
+        pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, qmap(i), h, 0)),
+        pl.BlockSpec((None, kv_len_padded, None, head_dim), lambda i, b, h: (b, 0, h // group, 0)),
+        pl.BlockSpec((None, kv_len_padded, None, value_dim), lambda i, b, h: (b, 0, h // group, 0)),
+    ]
+    args = [q, k, v]
+    row_block = lambda i, b, h: (qmap(i), 0)
+    if ops.bias:
+        in_specs.append(bias_like_spec(ops.bias_batch, ops.bias_heads, (block_q, kv_len_padded), row_block))
+        args.append(bias)
+    if ops.mask:
+        in_specs.append(bias_like_spec(ops.mask_batch, ops.mask_heads, (block_q, kv_len_padded), row_block))
+        args.append(mask)
+    if ops.segments:
+        in_specs += [
+            pl.BlockSpec((None, block_q), lambda i, b, h: (b, qmap(i))),
+            pl.BlockSpec((None, kv_len_padded), lambda i, b, h: (b, 0)),
+        ]
+        args += [q_seg, kv_seg]
+    if ops.sinks:
+        in_specs.append(pl.BlockSpec((num_heads,), lambda i, b, h: (0,)))
+        args.append(sinks)
+    if ops.dropout:
+        in_specs.append(pl.BlockSpec((1,), lambda i, b, h: (0,)))
+        args.append(seed)
+
+    kernel = functools.partial(_forward_kernel, st=st, ops=ops, num_q_blocks=num_q_blocks, kv_len_padded=kv_len_padded)
+    return pl.pallas_call(
+        kernel,
+        grid=(num_q_blocks, batch, num_heads),
+        in_specs=in_specs,
+        out_specs=[
+            pl.BlockSpec((None, block_q, None, value_dim), lambda i, b, h: (b, qmap(i), h, 0)),
+            pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((batch, q_len_padded, num_heads, value_dim), q.dtype),
+            jax.ShapeDtypeStruct((batch, num_heads, q_len_padded), jnp.float32),
+        ],
+        compiler_params=plgpu.CompilerParams(num_warps=st.fwd.num_warps, num_stages=st.fwd.num_stages),
+        interpret=st.interpret,
+        name="ejkernel_flash_attention_fwd",
+    )(*args)

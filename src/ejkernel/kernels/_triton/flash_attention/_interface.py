@@ -1,0 +1,267 @@
+"""Flash attention through Pallas-Triton kernels: the canonical entry point and its custom VJP.
+
+`flash_attention_triton` checks what the kernels can serve (raising `NotImplementedError` before any
+kernel is traced, so automatic dispatch can fall back), pads sequence lengths to block multiples and
+head dims to powers of two (only when needed; plain jnp, so autodiff slices the gradients back), folds
+the sink logits into one log-sum-exp per head, and calls the differentiable core.
+
+Layout stays `[B, S, H, D]` throughout; grouped-query heads read their key/value head through the
+kernels' index maps, never through a repeated copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ejkernel.kernels._triton.flash_attention._bwd import backward
+from ejkernel.kernels._triton.flash_attention._fwd import Static, Tiling, forward
+from ejkernel.ops.config import BwdParams, FwdParams
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+MAX_HEAD_DIM = 256
+MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
+
+
+# Shared memory per thread block on H100/H200; the software pipeline keeps `num_stages` copies of each
+# loop step's loaded tiles there. Defaults are shrunk to leave Triton headroom for its own scratch;
+# an explicit tiling is refused only when its tiles alone cannot fit.
+SMEM_BYTES = 227 * 1024
+DEFAULT_SMEM_BUDGET = SMEM_BYTES - 16 * 1024
+
+
+def default_fwd_tiling(head_dim: int) -> Tiling:
+    """Forward (block_q, block_k, num_warps, num_stages): best of a sweep on an H200 (bf16, no bias)."""
+    if head_dim <= 64:
+        return Tiling(64, 64, 4, 3)
+    if head_dim <= 128:
+        return Tiling(128, 128, 8, 3)
+    return Tiling(64, 32, 4, 2)
+
+
+def default_bwd_tiling(head_dim: int) -> Tiling:
+    """Both backward kernels' tiling: best of a sweep on an H200 (bf16, no bias)."""
+    if head_dim <= 128:
+        return Tiling(64, 64, 4, 2)
+    return Tiling(64, 32, 4, 2)
+
+
+def smem_estimate(t: Tiling, *, streamed_q: bool, head_dim: int, value_dim: int, itemsize: int, logit_bytes: int):
+    """Bytes of pipelined tile buffers: per stage, the streamed rows of two operands plus bias/mask tiles.
+
+    The forward and dQ kernels stream key/value rows (`block_k`); the dK/dV kernel streams query and
+    output-gradient rows (`block_q`, with their logsumexp and delta).
+    """
+    rows = t.block_q if streamed_q else t.block_k
+    per_stage = rows * ((head_dim + value_dim) * itemsize + (8 if streamed_q else 0))
+    per_stage += t.block_q * t.block_k * logit_bytes
+    return t.num_stages * per_stage
+
+
+def _tiling(params: FwdParams | None, default: Tiling, q_len: int, kv_len: int, streams: tuple[bool, ...], **sizes):
+    fields = ("block_q", "block_k", "num_warps", "num_stages")
+    given = {f: getattr(params, f) for f in fields if params is not None and getattr(params, f) is not None}
+    t = Tiling(**{f: given.get(f, getattr(default, f)) for f in fields})
+    if min(t.block_q, t.block_k) < MIN_BLOCK:
+        raise NotImplementedError(
+            f"triton flash_attention needs block sizes >= {MIN_BLOCK}, got {t.block_q}x{t.block_k}"
+        )
+    # Short sequences get a smaller tile rather than mostly padding.
+    t = dataclasses.replace(
+        t,
+        block_q=min(t.block_q, max(MIN_BLOCK, pl.next_power_of_2(q_len))),
+        block_k=min(t.block_k, max(MIN_BLOCK, pl.next_power_of_2(kv_len))),
+    )
+
+    def need(t):
+        return max(smem_estimate(t, streamed_q=s, **sizes) for s in streams)
+
+    while need(t) > DEFAULT_SMEM_BUDGET:  # shrink what the caller left to the defaults
+        if t.num_stages > 2 and "num_stages" not in given:
+            t = dataclasses.replace(t, num_stages=t.num_stages - 1)
+        elif t.block_k >= t.block_q and t.block_k > MIN_BLOCK and "block_k" not in given:
+            t = dataclasses.replace(t, block_k=t.block_k // 2)
+        elif t.block_q > MIN_BLOCK and "block_q" not in given:
+            t = dataclasses.replace(t, block_q=t.block_q // 2)
+        elif t.block_k > MIN_BLOCK and "block_k" not in given:
+            t = dataclasses.replace(t, block_k=t.block_k // 2)
+        else:
+            break
+    if need(t) > SMEM_BYTES:
+        raise NotImplementedError(
+            f"triton flash_attention tiling {t} needs about {need(t) // 1024} KiB of shared memory "
+            f"(at most {SMEM_BYTES // 1024} KiB)"
+        )
+    return t
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _pad_axes(x, widths: dict[int, int], value=0):
+    if x is None or not any(widths.values()):
+        return x
+    pads = [(0, widths.get(axis, 0)) for axis in range(x.ndim)]
+    return jnp.pad(x, pads, constant_values=value)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    return forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)[0]
+
+
+def _attention_fwd(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    out, lse = forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
+    return out, (q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
+
+
+def _attention_bwd(st: Static, residuals, do):
+    dq, dk, dv, dbias, dsinks = backward(st, residuals, do)
+    return dq, dk, dv, dbias, dsinks, None, None, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _check_broadcastable(name, x, batch, heads, q_len, kv_len):
+    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, heads) or x.shape[2:] != (q_len, kv_len):
+        raise ValueError(f"{name} must have shape [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
+
+
+def flash_attention_triton(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+    interpret: bool | None = None,
+):
+    """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]`.
+
+    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
+    `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
+    ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
+    sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
+    value, bias and softmax_aux. `interpret=None` runs Pallas interpret mode off GPU.
+
+    Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes).
+    """
+    # ---- what the kernels cannot serve: refuse before tracing anything ----
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"triton flash_attention takes float32/bfloat16/float16, got {name} {x.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise NotImplementedError(
+            f"triton flash_attention needs one dtype for query/key/value, got {query.dtype}/{key.dtype}/{value.dtype}"
+        )
+    batch, q_len, num_heads, head_dim = query.shape
+    kv_len, num_kv_heads, value_dim = key.shape[1], key.shape[2], value.shape[3]
+    if key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != head_dim:
+        raise ValueError(f"incompatible shapes: query {query.shape}, key {key.shape}, value {value.shape}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
+    if max(head_dim, value_dim) > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"triton flash_attention supports head dims up to {MAX_HEAD_DIM}, got {head_dim}/{value_dim}"
+        )
+    if min(q_len, kv_len, batch, num_heads) == 0:
+        raise NotImplementedError("triton flash_attention needs non-empty inputs")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len)):
+        raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
+    if bias is not None:
+        _check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len)
+        if jnp.dtype(bias.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"triton flash_attention takes a float32/bfloat16/float16 bias, got {bias.dtype}")
+    if attention_mask is not None:
+        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, kv_len)
+    if softmax_aux is not None:
+        if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
+            raise ValueError(f"softmax_aux must be a non-empty 1-D array, got shape {softmax_aux.shape}")
+        if jnp.dtype(softmax_aux.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"triton flash_attention takes float sinks, got {softmax_aux.dtype}")
+    if not 0.0 <= dropout_prob < 1.0:
+        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+    if dropout_prob > 0.0 and dropout_seed is None:
+        raise ValueError("dropout_prob > 0 needs a dropout_seed")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    window = None
+    if sliding_window is not None:
+        window = (int(sliding_window[0]), int(sliding_window[1]))
+
+    sizes = dict(
+        head_dim=max(MIN_BLOCK, pl.next_power_of_2(head_dim)),
+        value_dim=max(MIN_BLOCK, pl.next_power_of_2(value_dim)),
+        itemsize=jnp.dtype(query.dtype).itemsize,
+        logit_bytes=(0 if bias is None else jnp.dtype(bias.dtype).itemsize) + (attention_mask is not None),
+    )
+    widest = max(head_dim, value_dim)
+    fwd = _tiling(fwd_params, default_fwd_tiling(widest), q_len, kv_len, (False,), **sizes)
+    bwd = _tiling(bwd_params, default_bwd_tiling(widest), q_len, kv_len, (False, True), **sizes)
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    st = Static(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        window=window,
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        q_len=q_len,
+        kv_len=kv_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        fwd=fwd,
+        bwd=bwd,
+        bwd_dq=bwd,
+        interpret=bool(interpret),
+    )
+
+    # ---- pad to what the tiles need (no copy when shapes already fit) ----
+    q_pad = _round_up(q_len, max(fwd.block_q, bwd.block_q)) - q_len
+    kv_pad = _round_up(kv_len, max(fwd.block_k, bwd.block_k)) - kv_len
+    d_pad = max(MIN_BLOCK, pl.next_power_of_2(head_dim)) - head_dim
+    dv_pad = max(MIN_BLOCK, pl.next_power_of_2(value_dim)) - value_dim
+    q = _pad_axes(query, {1: q_pad, 3: d_pad})
+    k = _pad_axes(key, {1: kv_pad, 3: d_pad})
+    v = _pad_axes(value, {1: kv_pad, 3: dv_pad})
+    bias_p = _pad_axes(bias, {2: q_pad, 3: kv_pad})
+    mask = None
+    if attention_mask is not None:
+        mask = _pad_axes(jnp.asarray(attention_mask, jnp.bool_).astype(jnp.int8), {2: q_pad, 3: kv_pad})
+    q_seg = kv_seg = None
+    if q_segment_ids is not None:
+        q_seg = _pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = _pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+    sinks = None
+    if softmax_aux is not None:  # only each head's log-sum-exp of its sinks matters
+        aux = softmax_aux.astype(jnp.float32)
+        sinks = aux if aux.shape[0] == num_heads else jnp.broadcast_to(jax.nn.logsumexp(aux), (num_heads,))
+    seed = None
+    if dropout_prob > 0.0:
+        seed = jnp.asarray(dropout_seed).astype(jnp.uint32).reshape(1)
+
+    out = _attention(st, q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed)
+    if q_pad or dv_pad:
+        out = out[:, :q_len, :, :value_dim]
+    return out

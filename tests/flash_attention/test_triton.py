@@ -1,0 +1,213 @@
+"""Pallas-Triton flash attention against the float32 reference (interpret mode off GPU).
+
+Small blocks (32) with lengths that are not block multiples, so every case runs several blocks,
+partial blocks and the block-skipping paths; forward and every gradient (q, k, v, bias, sinks).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
+from ejkernel.ops.config import BwdParams, FwdParams
+from ejkernel.reference.flash_attention import flash_attention_reference
+from harness import assert_close, check_forward_and_grads, randn
+
+SMALL = dict(fwd_params=FwdParams(block_q=32, block_k=32), bwd_params=BwdParams(block_q=32, block_k=32))
+
+
+@pytest.fixture(autouse=True)
+def _cheap_compiles():
+    """Interpret-mode kernels run in milliseconds but compile in seconds: skip XLA's optimisations."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def _segments(batch, length, num_segments=3, pad=0, key=0):
+    """Sorted random segment ids in [0, num_segments) with the last `pad` positions set to -1."""
+    rng = np.random.default_rng(key)
+    ids = np.sort(rng.integers(0, num_segments, (batch, length)), axis=1).astype(np.int32)
+    if pad:
+        ids[:, length - pad :] = -1
+    return jnp.asarray(ids)
+
+
+def run_case(
+    *,
+    batch=1,
+    q_len=100,
+    kv_len=63,
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    value_dim=None,
+    dtype=jnp.float32,
+    bias_shape=None,
+    num_sinks=None,
+    segments=None,
+    mask=None,
+    params=SMALL,
+    fwd_tol=None,
+    grad_tol=None,
+    **options,
+):
+    """Random inputs -> check forward and the gradients of every float input against the reference."""
+    value_dim = value_dim or head_dim
+    q = randn((batch, q_len, heads, head_dim), dtype)
+    k = randn((batch, kv_len, kv_heads, head_dim), dtype)
+    v = randn((batch, kv_len, kv_heads, value_dim), dtype)
+    bias = None if bias_shape is None else randn(bias_shape, dtype)
+    aux = None if num_sinks is None else randn((num_sinks,), jnp.float32)
+    static = dict(softmax_scale=head_dim**-0.5, attention_mask=mask, **options)
+    if segments is not None:
+        static.update(q_segment_ids=segments[0], kv_segment_ids=segments[1])
+
+    fn = jax.jit(lambda q, k, v, bias, aux: flash_attention_triton(q, k, v, bias, aux, **static, **params))
+    ref = jax.jit(lambda q, k, v, bias, aux: flash_attention_reference(q, k, v, bias, aux, **static))
+    args = (q, k, v, bias, aux)
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+    check_forward_and_grads(fn, ref, args, argnums, dtype, fwd_tol=fwd_tol, grad_tol=grad_tol)
+    return fn, args
+
+
+@pytest.mark.parametrize(
+    "q_len, kv_len, heads, kv_heads, causal",
+    [
+        (64, 64, 2, 2, False),  # block multiples, MHA
+        (100, 63, 4, 2, False),  # ragged, GQA
+        (1, 100, 4, 1, False),  # single query row, MQA
+        (100, 100, 4, 2, True),  # causal GQA: skipped, edge and interior blocks
+        (63, 100, 2, 1, True),  # causal with more keys than queries (top-left aligned)
+    ],
+)
+def test_shapes(q_len, kv_len, heads, kv_heads, causal):
+    run_case(q_len=q_len, kv_len=kv_len, heads=heads, kv_heads=kv_heads, causal=causal)
+
+
+@pytest.mark.parametrize("window, causal", [((16, 8), False), ((40, 0), True)])
+def test_sliding_window(window, causal):
+    run_case(q_len=100, kv_len=100, sliding_window=window, causal=causal)
+
+
+def test_soft_cap():  # also: fewer keys than one block
+    run_case(logits_soft_cap=2.0, causal=True, batch=2, q_len=63, kv_len=17)
+
+
+def test_bias():
+    run_case(batch=2, bias_shape=(2, 4, 100, 63), causal=True)
+
+
+def test_sinks_per_head():
+    run_case(num_sinks=4, q_len=63, kv_len=100)
+
+
+def test_sinks_shared_with_broadcast_bias():
+    run_case(num_sinks=3, bias_shape=(1, 1, 100, 63), causal=True)
+
+
+def test_segments_with_padding():
+    segments = _segments(2, 100, pad=7, key=1)
+    run_case(batch=2, q_len=100, kv_len=100, segments=(segments, segments))
+
+
+def test_attention_mask_with_right_window():
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.6, (2, 1, 100, 63))
+    run_case(batch=2, mask=mask, sliding_window=(0, 33))
+
+
+def test_head_dims_not_powers_of_two():
+    run_case(head_dim=24, value_dim=40, q_len=50, kv_len=70, causal=True)
+
+
+def test_dropout_matches_reference():
+    """Same seed, same kept entries as the reference, forward and backward."""
+    seed = jnp.asarray(1234, jnp.uint32)
+    run_case(batch=2, q_len=63, kv_len=100, dropout_prob=0.3, dropout_seed=seed, causal=True)
+
+
+def test_fully_masked_rows_are_zero():
+    """Rows with no allowed key (mask row all False, or negative q segment) give 0 and finite grads."""
+    q_len = kv_len = 64
+    mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.7, (1, 4, q_len, kv_len))
+    mask = mask.at[:, :, 5].set(False).at[:, 1, 40:48].set(False)
+    q_seg = _segments(1, q_len, pad=0, key=2).at[:, 20].set(-1)
+    kv_seg = jnp.where(jnp.arange(kv_len) < 33, q_seg, 0)
+    for num_sinks in (None, 4):
+        fn, args = run_case(
+            q_len=q_len,
+            kv_len=kv_len,
+            mask=mask,
+            segments=(q_seg, kv_seg),
+            num_sinks=num_sinks,
+            sliding_window=(32, 32),
+        )
+        out = fn(*args)
+        for row, head in ((5, 0), (5, 3), (44, 1), (20, 2)):
+            assert bool(jnp.all(out[0, row, head] == 0.0)), (row, head)
+
+
+def test_all_features_together():
+    """Causal + window + soft cap + sinks + segments + bias + GQA in one call."""
+    segs = _segments(2, 100, pad=5, key=4)
+    run_case(
+        batch=2,
+        q_len=100,
+        kv_len=100,
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        sliding_window=(48, 0),
+        logits_soft_cap=3.0,
+        num_sinks=4,
+        segments=(segs, segs),
+        bias_shape=(1, 4, 100, 100),
+    )
+
+
+def test_bfloat16():
+    run_case(dtype=jnp.bfloat16, causal=True, num_sinks=4, bias_shape=(1, 1, 100, 63))
+
+
+def test_default_tiles():
+    run_case(q_len=40, kv_len=70, params={}, causal=True)
+
+
+def test_refuses_what_it_cannot_serve():
+    q = jnp.zeros((1, 8, 2, 32), jnp.float32)
+    with pytest.raises(NotImplementedError):
+        flash_attention_triton(q, q, q.astype(jnp.bfloat16), softmax_scale=1.0)
+    big = jnp.zeros((1, 8, 2, 512), jnp.float32)
+    with pytest.raises(NotImplementedError):
+        flash_attention_triton(big, big, big, softmax_scale=1.0)
+    with pytest.raises(NotImplementedError):
+        flash_attention_triton(q, q, q, softmax_scale=1.0, fwd_params=FwdParams(block_q=8))
+    wide = jnp.zeros((1, 256, 1, 256), jnp.float32)  # these tiles cannot fit in shared memory
+    with pytest.raises(NotImplementedError):
+        flash_attention_triton(wide, wide, wide, softmax_scale=1.0, fwd_params=FwdParams(256, 256, num_stages=4))
+    with pytest.raises(ValueError):
+        flash_attention_triton(q, jnp.zeros((1, 8, 3, 32)), jnp.zeros((1, 8, 3, 32)), softmax_scale=1.0)
+    with pytest.raises(ValueError):
+        flash_attention_triton(q, q, q, softmax_scale=1.0, dropout_prob=0.1)
+
+
+@pytest.mark.gpu
+class TestOnGpu:
+    """Real shapes on a CUDA GPU, compiled through Triton, against the XLA implementation."""
+
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_matches_xla(self, causal):
+        xla = pytest.importorskip("ejkernel.kernels._xla.flash_attention._interface")
+        shapes = ((2, 1024, 8, 128), (2, 1024, 2, 128), (2, 1024, 2, 128))
+        q, k, v = (randn(s, jnp.bfloat16) for s in shapes)
+        kw = dict(softmax_scale=128**-0.5, causal=causal)
+        fn = jax.jit(lambda q, k, v: flash_attention_triton(q, k, v, **kw, interpret=False))
+        ref = jax.jit(lambda q, k, v: xla.flash_attention_xla(q, k, v, **kw))
+        out, vjp = jax.vjp(fn, q, k, v)
+        ref_out, ref_vjp = jax.vjp(ref, q, k, v)
+        assert_close(out, ref_out, jnp.bfloat16)
+        cotangent = randn(out.shape, jnp.bfloat16)
+        for name, g, rg in zip("qkv", vjp(cotangent), ref_vjp(cotangent), strict=True):
+            assert_close(g, rg, jnp.bfloat16, tol=4e-2, name=f"d{name}")
