@@ -1,0 +1,186 @@
+"""Entry point of the XLA flash attention: argument checks and the custom VJP.
+
+Semantics are those of `ejkernel.reference.flash_attention.flash_attention_reference`. The forward
+walks [block_q, block_k] tiles with an online softmax (`_kernel.py`); the backward recomputes
+tiles from the saved output and log-sum-exp (`_bwd.py`). Memory is linear in sequence length
+(apart from a bias / mask the caller already holds at Sq x Sk); fully masked tiles under causal
+and sliding-window masking are skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.ops.config import BwdParams, FwdParams
+
+from ._bwd import attention_backward
+from ._kernel import attention_forward
+from ._tiles import AttentionSpec
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(spec: AttentionSpec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed):
+    out, lse, _ = attention_forward(spec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed)
+    return out, lse
+
+
+def _attention_fwd(spec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed):
+    out, lse, m = attention_forward(spec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed)
+    return (out, lse), (q, k, v, bias, aux, q_seg, kv_seg, mask, seed, out, lse, m)
+
+
+def _attention_bwd(spec, residuals, cotangents):
+    d_out, d_lse = cotangents
+    dq, dk, dv, dbias, daux = attention_backward(spec, residuals, d_out, d_lse)
+    return dq, dk, dv, dbias, daux, None, None, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _check_broadcastable(name, x, batch, num_heads, q_len, k_len):
+    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, num_heads):
+        raise ValueError(f"{name} must be [1 or B, 1 or H, Sq, Sk] = [{batch}, {num_heads}, ...], got {x.shape}")
+    if x.shape[2] not in (1, q_len) or x.shape[3] not in (1, k_len):
+        raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {k_len}], got {x.shape}")
+
+
+def flash_attention_xla_with_lse(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+    normalize_output: bool = True,
+    precision=jax.lax.Precision.DEFAULT,
+    logits_dtype=jnp.float32,
+):
+    """`flash_attention_xla` that also returns the log-sum-exp [B, H, Sq] (float32, differentiable).
+
+    The log-sum-exp includes the sinks; it is -inf for a row with nothing to attend and no sinks.
+    """
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise ValueError(f"query, key, value must be 4-D, got {query.shape}, {key.shape}, {value.shape}")
+    batch, q_len, num_heads, head_dim = query.shape
+    _, k_len, num_kv_heads, _ = key.shape
+    if key.shape[0] != batch or key.shape[3] != head_dim:
+        raise ValueError(f"key {key.shape} does not match query {query.shape}")
+    if value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"value {value.shape} does not match key {key.shape}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, k_len)):
+        raise ValueError(
+            f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape} and {kv_segment_ids.shape}"
+        )
+    if not 0.0 <= dropout_prob < 1.0:
+        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+    if dropout_prob > 0.0 and dropout_seed is None:
+        raise ValueError("dropout_prob > 0 needs a dropout_seed")
+    if softmax_aux is not None and softmax_aux.ndim != 1:
+        raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
+    if bias is not None:
+        _check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
+        bias = jnp.broadcast_to(bias, (*bias.shape[:2], q_len, k_len))
+    if attention_mask is not None:
+        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
+        attention_mask = jnp.broadcast_to(attention_mask.astype(bool), (*attention_mask.shape[:2], q_len, k_len))
+    if sliding_window is not None:
+        sliding_window = (int(sliding_window[0]), int(sliding_window[1]))
+
+    if q_len == 0 or k_len == 0:  # nothing to attend: every row is empty
+        out = jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
+        return out, jnp.full((batch, num_heads, q_len), -jnp.inf, jnp.float32)
+
+    fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
+    bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
+    spec = AttentionSpec(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        sliding_window=sliding_window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        normalize_output=bool(normalize_output),
+        precision=precision,
+        logits_dtype=jnp.dtype(logits_dtype),
+        fwd_blocks=fwd_blocks,
+        bwd_blocks=bwd_blocks,
+    )
+    seed = jnp.asarray(dropout_seed).astype(jnp.uint32) if dropout_prob > 0.0 else None
+    return _attention(spec, query, key, value, bias, softmax_aux, q_segment_ids, kv_segment_ids, attention_mask, seed)
+
+
+def flash_attention_xla(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+    normalize_output: bool = True,
+    precision=jax.lax.Precision.DEFAULT,
+    logits_dtype=jnp.float32,
+):
+    """Memory-linear flash attention in plain JAX: [B, Sq, H, D] x [B, Sk, Hkv, D] -> [B, Sq, H, Dv].
+
+    Follows the canonical contract (see `flash_attention_reference` for the exact semantics).
+    Extra keyword-only options:
+      normalize_output: False returns sum_j exp(s_ij - m_i) v_j without dividing by the softmax
+        denominator (m_i the row max including sinks; 0 for empty rows). Still differentiable;
+        m_i is held constant in the gradient, as a shift should be.
+      precision: matmul precision of every dot product.
+      logits_dtype: accumulation dtype of Q K^T (softmax arithmetic is float32 regardless).
+    Block sizes come from `fwd_params` / `bwd_params` (block_q, block_k); `bwd_params` falls back
+    to `fwd_params`. Defaults: 1024 x 2048 forward, 1024 x 1024 backward, halved while
+    B * H * block_q * block_k exceeds 2**25 (forward) / 2**24 (backward), clamped to the lengths.
+    """
+    out, _ = flash_attention_xla_with_lse(
+        query,
+        key,
+        value,
+        bias,
+        softmax_aux,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        attention_mask=attention_mask,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+        normalize_output=normalize_output,
+        precision=precision,
+        logits_dtype=logits_dtype,
+    )
+    return out
