@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
 from ejkernel.modules.operations._common import executor, require_int, typechecked
-from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
@@ -40,15 +40,23 @@ class FlashAttention(Kernel):
             kwargs = {k: v for k, v in kwargs.items() if k not in XLA_ONLY_DEFAULTS}
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
 
+    tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
+
     def platform_cfgs(self, platform: str, inv: Invocation):
-        yield FlashAttentionConfig(platform=platform)
-        if platform in ("xla", "cuda"):
+        yield FlashAttentionConfig(platform=platform)  # the implementation's own defaults
+        if platform != "triton":
             return
-        for block_q, block_k, warps, stages in ((128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 2), (128, 32, 4, 3)):
-            yield FlashAttentionConfig(
-                platform=platform,
-                fwd_params=FwdParams(block_q=block_q, block_k=block_k, num_warps=warps, num_stages=stages),
-            )
+        forward_tilings = [
+            FwdParams(block_q=128, block_k=64, num_warps=4, num_stages=3),
+            FwdParams(block_q=64, block_k=64, num_warps=4, num_stages=3),
+        ]
+        backward_tilings = [
+            BwdParams(block_q=64, block_k=128, num_warps=8, num_stages=2),
+            BwdParams(block_q=32, block_k=64, num_warps=4, num_stages=2),
+        ]
+        for fwd in forward_tilings:
+            for bwd in backward_tilings:
+                yield FlashAttentionConfig(platform=platform, fwd_params=fwd, bwd_params=bwd)
 
     def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
         """Segment ids follow the batch and sequence sharding of q and k; a dense mask follows both."""
