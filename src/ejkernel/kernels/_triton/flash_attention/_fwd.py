@@ -57,6 +57,7 @@ class Static:
     bwd: Tiling  # the dK/dV kernel
     bwd_dq: Tiling  # the dQ (and dBias) kernel
     interpret: bool
+    fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
 
     @property
     def group(self) -> int:
@@ -114,7 +115,8 @@ def logits_base2(s, bias_tile, st: Static):
     if st.soft_cap is None:
         x, t = s * (st.softmax_scale * LOG2E), None
     else:
-        t = jnp.tanh(s * (st.softmax_scale / st.soft_cap))
+        z = s * (st.softmax_scale / st.soft_cap)
+        t = plgpu.approx_tanh(z) if st.fast_tanh else jnp.tanh(z)
         x = t * (st.soft_cap * LOG2E)
     if bias_tile is not None:
         x = x + bias_tile.astype(jnp.float32) * LOG2E
