@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,13 +21,30 @@ class DemoCase:
     reference: Callable[..., Any]
 
 
+def _attention_inputs(key, **options):
+    kq, kk, kv = jax.random.split(key, 3)
+    shape = (2, 1000, 8, 64)
+    q = jax.random.normal(kq, shape, jnp.bfloat16)
+    k, v = (jax.random.normal(x, (*shape[:2], 2, 64), jnp.bfloat16) for x in (kk, kv))
+    return (q, k, v), options
+
+
 def _cases() -> list[DemoCase]:
+    from ejkernel.reference.flash_attention import flash_attention_reference
     from ejkernel.reference.mean_pooling import mean_pooling_reference
 
-    def pooling_inputs(key):
-        return (jax.random.normal(key, (8, 1000, 256), jnp.bfloat16),), {}
-
-    return [DemoCase("mean_pooling", pooling_inputs, mean_pooling_reference)]
+    attention_reference = functools.partial(flash_attention_reference, softmax_scale=64**-0.5, causal=True)
+    return [
+        DemoCase("flash_attention", functools.partial(_attention_inputs, causal=True), attention_reference),
+        DemoCase(
+            "scaled_dot_product_attention", functools.partial(_attention_inputs, causal=True), attention_reference
+        ),
+        DemoCase(
+            "mean_pooling",
+            lambda key: ((jax.random.normal(key, (8, 1000, 256), jnp.bfloat16),), {}),
+            mean_pooling_reference,
+        ),
+    ]
 
 
 def run_demo() -> int:
