@@ -713,3 +713,16 @@ def test_signature_describes_arrays_by_shape_and_dtype():
     assert toy_key(a) != toy_key(a.astype(jnp.bfloat16))
     sig = json.loads(Invocation(TOY_OP, (a,), {"scale": 0.5}).signature)
     assert sig["args"] == [[[4], "float32"]] and sig["kwargs"] == {"scale": 0.5}
+
+
+def test_shipped_tuned_config_beats_the_heuristic(monkeypatch):
+    """Tier 6: a config shipped for this device kind (ops/tuned/<kind>.json) is used before heuristic_cfg."""
+    import ejkernel.ops.executor as executor_module
+
+    x = toy_input()
+    shipped = ToySelectConfig(platform="auto", fwd_params=FwdParams(block_q=8))
+    signature = Invocation(TOY_OP, (x,), {}, "auto").signature
+    monkeypatch.setattr(executor_module, "_shipped_configs", lambda kind: {f"{TOY_OP}|{signature}": shipped.to_json()})
+    assert factor(make_executor()(ToyKernel(), x), x) == 8
+    other = jnp.arange(1.0, 9.0, dtype=jnp.float32)  # another signature: not shipped, heuristics
+    assert factor(make_executor()(ToyKernel(), other), other) == HEURISTIC
