@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453
@@ -125,3 +126,27 @@ def and_masks(*masks):
         if m is not None:
             out = m if out is None else out & m
     return out
+
+
+_NO_SEGMENT = 2**30
+
+
+def segment_span(segment_ids):
+    """(lowest, highest) valid (non-negative) id of a 1-D tile of segment ids; `(2**30, -1)` if none."""
+    valid = segment_ids >= 0
+    return jnp.min(jnp.where(valid, segment_ids, _NO_SEGMENT)), jnp.max(jnp.where(valid, segment_ids, -1))
+
+
+def segment_guarded(step, own_span, other_ids_ref, block: int):
+    """`step(i, carry)`, run only when block `i` of `other_ids_ref` may share a segment with `own_span`.
+
+    Packed documents have sorted segment ids, so a tile pair whose id ranges do not meet is fully masked:
+    skipping it saves its loads and matmuls (a block-diagonal mask then costs only its diagonal).
+    """
+
+    def run(i, carry):
+        lo, hi = segment_span(other_ids_ref[pl.ds(pl.multiple_of(i * block, block), block)])
+        meets = (own_span[0] <= hi) & (lo <= own_span[1])
+        return lax.cond(meets, step, lambda _, unchanged: unchanged, i, carry)
+
+    return run

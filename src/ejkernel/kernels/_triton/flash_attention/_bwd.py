@@ -38,6 +38,8 @@ from ejkernel.kernels._triton._helpers import (
     kv_blocks_for_q_block,
     position_mask,
     q_blocks_for_kv_block,
+    segment_guarded,
+    segment_span,
 )
 from ejkernel.kernels._triton.flash_attention._fwd import (
     Operands,
@@ -109,6 +111,10 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
     dq = jnp.zeros((block_q, q_ref.shape[-1]), jnp.float32)
     edge_step = functools.partial(step, edge=True)
     interior_step = functools.partial(step, edge=False)
+    if ops.segments and not ops.bias:  # with a bias, every visited block must write its dBias tile
+        q_span = segment_span(q_seg_ref[...])
+        edge_step = segment_guarded(edge_step, q_span, kv_seg_ref, block_k)
+        interior_step = segment_guarded(interior_step, q_span, kv_seg_ref, block_k)
     num_k_blocks = kv_len_padded // block_k
     if needs_edges(st, kv_len_padded):
         lo, mid_lo, mid_hi, hi = kv_blocks_for_q_block(
@@ -196,11 +202,17 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
     else:
         lo, mid_lo, mid_hi, hi = 0, 0, num_q_blocks, num_q_blocks
 
+    kv_span = segment_span(kv_seg_ref[...]) if ops.segments else None
+
     def head(g, carry):
         edge_step = functools.partial(step, g=g, edge=True)
+        interior_step = functools.partial(step, g=g, edge=False)
+        if ops.segments:
+            edge_step = segment_guarded(edge_step, kv_span, q_seg_ref, block_q)
+            interior_step = segment_guarded(interior_step, kv_span, q_seg_ref, block_q)
         if needs_edges(st, kv_len_padded):
             carry = lax.fori_loop(lo, mid_lo, edge_step, carry)
-        carry = lax.fori_loop(mid_lo, mid_hi, functools.partial(step, g=g, edge=False), carry)
+        carry = lax.fori_loop(mid_lo, mid_hi, interior_step, carry)
         if needs_edges(st, kv_len_padded):
             carry = lax.fori_loop(mid_hi, hi, edge_step, carry)
         return carry

@@ -29,6 +29,8 @@ from ejkernel.kernels._triton._helpers import (
     dot,
     kv_blocks_for_q_block,
     position_mask,
+    segment_guarded,
+    segment_span,
 )
 
 
@@ -188,6 +190,10 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     )
     edge_step = functools.partial(step, edge=True)
     interior_step = functools.partial(step, edge=False)
+    if ops.segments:
+        q_span = segment_span(q_seg_ref[...])
+        edge_step = segment_guarded(edge_step, q_span, kv_seg_ref, block_k)
+        interior_step = segment_guarded(interior_step, q_span, kv_seg_ref, block_k)
     if needs_edges(st, kv_len_padded):
         lo, mid_lo, mid_hi, hi = kv_blocks_for_q_block(
             q_start, block_q=block_q, block_k=block_k, kv_len=st.kv_len, causal=st.causal, window=st.window
