@@ -49,6 +49,8 @@ def _timed(fn, q, k, v, causal, backward, repeats):
 def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
+    p.add_argument("--shape", action="append", help="B,S,H,D to run instead of the anchor shapes (repeatable)")
+    p.add_argument("--only", help="comma-separated variant names to run (e.g. ejkernel-triton,jax-cudnn)")
     args = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     ours = ["auto"] + [i.platform.value for i in kernel_registry.candidates("flash_attention")]
@@ -56,7 +58,8 @@ def main(argv=None) -> None:
     if on_gpu:
         impls.update(_reference_fns())
     rows = []
-    for batch, seq, heads, dim in QUICK_SHAPES if args.quick else SHAPES:
+    shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
+    for batch, seq, heads, dim in shapes or (QUICK_SHAPES if args.quick else SHAPES):
         keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
         q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
         variants = dict(impls)
@@ -68,6 +71,8 @@ def main(argv=None) -> None:
             variants[f"ejkernel-{best}+softcap"] = _ours(best, kw={"logits_soft_cap": 30.0})
             variants[f"ejkernel-{best}+sinks"] = _ours(best, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
             variants[f"ejkernel-{best}+segments"] = _ours(best, kw={"mask_info": MaskInfo.from_segments(segments)})
+        if args.only:
+            variants = {name: fn for name, fn in variants.items() if name in args.only.split(",")}
         for causal in (False, True):
             flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
             for backward in (False, True):
