@@ -47,3 +47,12 @@ def test_bench_unknown_op_lists_available(capsys):
 def test_bad_command_lines_exit_with_usage(argv):
     with pytest.raises(SystemExit):
         main(argv)
+
+
+def test_autotune_caches_and_exports_the_winners(tmp_path, capsys):
+    exported = tmp_path / "tuned.json"
+    args = ["autotune", "--export", str(exported), "mean_pooling", "--quick", "--repeats", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    shipped = json.loads(exported.read_text())
+    assert shipped and all(key.startswith("mean_pooling|") for key in shipped)
+    assert len(PersistentCache().entries()) == len(shipped)

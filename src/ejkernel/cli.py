@@ -1,4 +1,4 @@
-"""The `ejkernel` command: info, demo, cache list|clear, bench."""
+"""The `ejkernel` command: info, demo, cache list|clear|export, bench, autotune."""
 
 from __future__ import annotations
 
@@ -90,6 +90,17 @@ def _bench(args) -> int:
     return 0
 
 
+def _autotune(args) -> int:
+    """Run an op's benchmark with autotuning on: every call signature it makes is tuned and cached."""
+    from ejkernel.ops import PersistentCache, policy_override
+
+    with policy_override("autotune"):
+        status = _bench(args)
+    if status == 0 and args.export:
+        return _export(PersistentCache(), args.export)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ejkernel", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -103,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("op")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see its --help)")
     bench.set_defaults(fn=_bench)
+    tune = sub.add_parser("autotune", help="run ejkernel.benchmarks.<op> with autotuning on, caching every winner")
+    tune.add_argument("--export", help="then write this device's tuned configs to this file (shipped format)")
+    tune.add_argument("op")
+    tune.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see its --help)")
+    tune.set_defaults(fn=_autotune)
     args = p.parse_args(argv)
     return args.fn(args)
 
