@@ -1,0 +1,234 @@
+"""Flash attention through Pallas Mosaic TPU kernels: the canonical entry point and its custom VJP.
+
+`flash_attention_tpu` checks what the kernels can serve (raising `NotImplementedError` before any
+kernel is traced, so automatic dispatch can fall back), moves the heads ahead of the sequence
+(`[B, S, H, D] -> [B, H, S, D]`: TPU tiles want the sequence and head dims last), pads sequence
+lengths to block multiples (plain jnp, so autodiff slices the gradients back), folds the sink logits
+into one log-sum-exp per head and calls the differentiable core. Grouped-query heads read their
+key/value head through the kernels' index maps, never through a repeated copy.
+
+Off TPU the kernels run in TPU interpret mode (`pltpu.InterpretParams()`), which is how CPU CI
+checks them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
+from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, Static, forward
+from ejkernel.ops.config import BwdParams, FwdParams
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+MAX_HEAD_DIM = 256
+MIN_BLOCK = 8  # one sublane tile
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 128
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _pad_axes(x, widths: dict[int, int], value=0):
+    if x is None or not any(widths.values()):
+        return x
+    return jnp.pad(x, [(0, widths.get(axis, 0)) for axis in range(x.ndim)], constant_values=value)
+
+
+def _requested_blocks(params, fallback: tuple[int, int]) -> tuple[int, int]:
+    block_q = params.block_q if params is not None and params.block_q is not None else fallback[0]
+    block_k = params.block_k if params is not None and params.block_k is not None else fallback[1]
+    if min(block_q, block_k) < MIN_BLOCK:
+        raise NotImplementedError(f"pallas tpu flash_attention needs blocks >= {MIN_BLOCK}, got {block_q}x{block_k}")
+    return block_q, block_k
+
+
+def _fit(block: int, length: int, granule: int) -> int:
+    """A short sequence gets a smaller (power-of-two) block rather than mostly padding."""
+    return min(block, max(granule, pl.next_power_of_2(length)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    return forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)[0]
+
+
+def _attention_fwd(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    out, lse = forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
+    return out, (q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
+
+
+def _attention_bwd(st: Static, residuals, do):
+    dq, dk, dv, dbias, dsinks = backward(st, residuals, do)
+    return dq, dk, dv, dbias, dsinks, None, None, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _check_broadcastable(name, x, batch, heads, q_len, kv_len):
+    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, heads):
+        raise ValueError(f"{name} must be [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
+    if x.shape[2] not in (1, q_len) or x.shape[3] not in (1, kv_len):
+        raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {kv_len}] (or 1s), got {x.shape}")
+
+
+def flash_attention_tpu(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+    interpret=None,
+):
+    """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]` on TPU.
+
+    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
+    `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
+    ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
+    sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
+    value, bias and softmax_aux.
+
+    Tiles come from `fwd_params` / `bwd_params` (block_q, block_k; other fields are ignored); unset
+    fields of `bwd_params` take the forward's, unset forward fields are 128. Blocks shrink to the next
+    power of two of a shorter sequence. On a TPU, a key block must be a multiple of 128 or cover the
+    whole (padded) key axis, and a query block a multiple of the dtype's sublane tile (8 float32,
+    16 bfloat16, 32 with an attention mask).
+
+    `interpret=None` compiles for the TPU when JAX's default backend is a TPU and otherwise runs TPU
+    interpret mode; `True` forces interpret mode, and a `pltpu.InterpretParams` is used as given.
+
+    Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes, empty
+    inputs).
+    """
+    # ---- what the kernels cannot serve: refuse before tracing anything ----
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"pallas tpu flash_attention takes float32/bfloat16, got {name} {x.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise NotImplementedError(
+            f"pallas tpu flash_attention needs one dtype for query/key/value, got "
+            f"{query.dtype}/{key.dtype}/{value.dtype}"
+        )
+    batch, q_len, num_heads, head_dim = query.shape
+    kv_len, num_kv_heads, value_dim = key.shape[1], key.shape[2], value.shape[3]
+    if key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != head_dim:
+        raise ValueError(f"incompatible shapes: query {query.shape}, key {key.shape}, value {value.shape}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
+    if max(head_dim, value_dim) > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"pallas tpu flash_attention supports head dims up to {MAX_HEAD_DIM}, got {head_dim}/{value_dim}"
+        )
+    if min(q_len, kv_len, batch, num_heads, head_dim, value_dim) == 0:
+        raise NotImplementedError("pallas tpu flash_attention needs non-empty inputs")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len)):
+        raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
+    if bias is not None:
+        _check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len)
+        if jnp.dtype(bias.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"pallas tpu flash_attention takes a float32/bfloat16 bias, got {bias.dtype}")
+    if attention_mask is not None:
+        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, kv_len)
+    if softmax_aux is not None:
+        if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
+            raise ValueError(f"softmax_aux must be a non-empty 1-D array, got shape {softmax_aux.shape}")
+        if not jnp.issubdtype(softmax_aux.dtype, jnp.floating):
+            raise NotImplementedError(f"pallas tpu flash_attention takes float sinks, got {softmax_aux.dtype}")
+    if not 0.0 <= dropout_prob < 1.0:
+        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+    if dropout_prob > 0.0 and dropout_seed is None:
+        raise ValueError("dropout_prob > 0 needs a dropout_seed")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    window = None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1]))
+
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
+    if interpret is True:
+        interpret = pltpu.InterpretParams()
+    on_tpu = interpret is False
+
+    # ---- tiles ----
+    granule = 32 if attention_mask is not None else (16 if query.dtype == jnp.bfloat16 else 8)
+    fwd_req = _requested_blocks(fwd_params, (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K))
+    bwd_req = _requested_blocks(bwd_params, fwd_req)
+    fwd_q, bwd_q = (_fit(b[0], q_len, granule) for b in (fwd_req, bwd_req))
+    fwd_k, bwd_k = (_fit(b[1], kv_len, granule) for b in (fwd_req, bwd_req))
+    q_len_padded = _round_up(q_len, max(fwd_q, bwd_q))
+    kv_len_padded = _round_up(kv_len, max(fwd_k, bwd_k))
+    if on_tpu:
+        for block_q, block_k in ((fwd_q, fwd_k), (bwd_q, bwd_k)):
+            if block_q % granule or (block_k % LANES and block_k != kv_len_padded):
+                raise NotImplementedError(
+                    f"pallas tpu flash_attention: tile {block_q}x{block_k} does not fit the TPU tiling "
+                    f"(query block a multiple of {granule}; key block a multiple of {LANES} or the whole "
+                    f"padded key length {kv_len_padded})"
+                )
+    st = Static(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        window=window,
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        q_len=q_len,
+        kv_len=kv_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        block_q=fwd_q,
+        block_k=fwd_k,
+        bwd_block_q=bwd_q,
+        bwd_block_k=bwd_k,
+        interpret=interpret,
+    )
+
+    # ---- layout and padding (plain jnp: autodiff transposes and slices the gradients back) ----
+    q_pad, kv_pad = q_len_padded - q_len, kv_len_padded - kv_len
+    q = _pad_axes(jnp.swapaxes(query, 1, 2), {2: q_pad})
+    k = _pad_axes(jnp.swapaxes(key, 1, 2), {2: kv_pad})
+    v = _pad_axes(jnp.swapaxes(value, 1, 2), {2: kv_pad})
+    bias_p = None
+    if bias is not None:
+        bias_p = _pad_axes(jnp.broadcast_to(bias, (*bias.shape[:2], q_len, kv_len)), {2: q_pad, 3: kv_pad})
+    mask = None
+    if attention_mask is not None:
+        mask = jnp.broadcast_to(jnp.asarray(attention_mask, jnp.bool_), (*attention_mask.shape[:2], q_len, kv_len))
+        mask = _pad_axes(mask.astype(jnp.int8), {2: q_pad, 3: kv_pad})
+    q_seg = kv_seg = None
+    if q_segment_ids is not None:
+        q_seg = _pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = _pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+        q_seg = jnp.broadcast_to(q_seg[:, :, None], (batch, q_len_padded, LANES))  # lane-replicated
+        kv_seg = jnp.broadcast_to(kv_seg[:, None, :], (batch, SUBLANES, kv_len_padded))  # sublane-replicated
+    sinks = None
+    if softmax_aux is not None:  # only each head's log-sum-exp of its sinks matters
+        aux = softmax_aux.astype(jnp.float32)
+        sinks = aux if aux.shape[0] == num_heads else jnp.broadcast_to(jax.nn.logsumexp(aux), (num_heads,))
+    seed = None
+    if dropout_prob > 0.0:
+        seed = jnp.asarray(dropout_seed).astype(jnp.int32).reshape(1)
+
+    out = _attention(st, q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed)
+    return jnp.swapaxes(out[:, :, :q_len], 1, 2)
