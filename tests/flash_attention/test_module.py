@@ -116,6 +116,16 @@ def test_sharded_over_batch_and_heads_equals_unsharded():
     assert_close(out, flash_attention(q, k, v, mask_info=MaskInfo.from_segments(seg), causal=True))
 
 
+def test_sharded_sequence_is_refused_with_a_pointer_to_ring_attention():
+    mesh = jax.make_mesh((2, 4), ("data", "sp"))
+    q, k, v = qkv(q_len=24, kv_len=24)
+    seq = P(None, "sp")
+    with pytest.raises(ValueError, match="ring_attention"):
+        flash_attention(q, k, v, mesh=mesh, in_specs=(P(), seq, seq), out_specs=P())
+    with pytest.raises(ValueError, match="ring_attention"):
+        flash_attention(q, k, v, causal=True, mesh=mesh, in_specs=(seq, P(), P()), out_specs=seq)
+
+
 BAD_INPUTS = [
     ("rank", lambda q, k, v: flash_attention(q[0], k, v), "query"),
     ("head dim mismatch", lambda q, k, v: flash_attention(q, k[..., :8], v), "dim"),

@@ -4,6 +4,7 @@ import ejkernel.kernels  # noqa: F401  (registers every implementation)
 from ejkernel.modules.operations.attention import Attention, AttentionConfig, attention
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.modules.operations.ring_attention import RingAttention, RingAttentionConfig, ring_attention
 from ejkernel.modules.operations.scaled_dot_product_attention import (
     ScaledDotProductAttention,
     ScaledDotProductAttentionConfig,
@@ -18,11 +19,14 @@ __all__ = [
     "FlashAttentionConfig",
     "MeanPooling",
     "MeanPoolingConfig",
+    "RingAttention",
+    "RingAttentionConfig",
     "ScaledDotProductAttention",
     "ScaledDotProductAttentionConfig",
     "attention",
     "create_default_executor",
     "flash_attention",
     "mean_pooling",
+    "ring_attention",
     "scaled_dot_product_attention",
 ]

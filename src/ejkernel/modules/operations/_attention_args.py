@@ -29,14 +29,27 @@ def parse_window(sliding_window) -> tuple[int, int] | None:
     return pair
 
 
+def intersect_windows(a, b):
+    """The window allowed by both of two `(left, right)` windows (None: no window)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return (min(a[0], b[0]), min(a[1], b[1]))
+
+
 def check_bias(bias: jax.Array | None, batch: int, heads: int, q_len: int, kv_len: int) -> jax.Array | None:
     """A bias of rank <= 4 broadcastable as `[1|B, 1|H, Sq, Sk]`, returned with rank 4."""
     if bias is None:
         return None
     bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape) if bias.ndim < 4 else bias
-    if bias.ndim != 4 or bias.shape[0] not in (1, batch) or bias.shape[1] not in (1, heads) or bias.shape[2:] != (
-        q_len,
-        kv_len,
+    if (
+        bias.ndim != 4
+        or bias.shape[0] not in (1, batch)
+        or bias.shape[1] not in (1, heads)
+        or bias.shape[2:]
+        != (
+            q_len,
+            kv_len,
+        )
     ):
         raise ValueError(f"bias must be [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {tuple(bias.shape)}")
     return bias

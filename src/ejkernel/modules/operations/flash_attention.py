@@ -14,7 +14,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
+from ejkernel.modules.operations._attention_args import (
+    check_bias,
+    check_qkv,
+    dense_mask_spec,
+    intersect_windows,
+    parse_window,
+)
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
@@ -59,8 +65,25 @@ class FlashAttention(Kernel):
                 yield FlashAttentionConfig(platform=platform, fwd_params=fwd, bwd_params=bwd)
 
     def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
-        """Segment ids follow the batch and sequence sharding of q and k; a dense mask follows both."""
-        q_spec, k_spec = (tuple(s) + (None,) * 4 for s in in_specs[:2])
+        """Segment ids follow the batch and sequence sharding of q and k; a dense mask follows both.
+
+        Refuses specs under which each shard would silently compute something else: a sharded
+        key/value sequence (every shard would see only its local keys), or a sharded query sequence
+        with causal / window masks (positions would restart at 0 on every shard).
+        """
+        q_spec, k_spec, v_spec = (tuple(s) + (None,) * 4 for s in in_specs[:3])
+        for name, spec in (("key", k_spec), ("value", v_spec)):
+            if spec[1] is not None:
+                raise ValueError(
+                    f"flash_attention: in_specs shard the {name} sequence axis over {spec[1]!r}, so every shard "
+                    "would attend only to its local keys; use ring_attention (sequence parallelism over a mesh "
+                    "axis) instead, or leave the key/value sequence unsharded"
+                )
+        if q_spec[1] is not None and (kwargs.get("causal") or kwargs.get("sliding_window") is not None):
+            raise ValueError(
+                f"flash_attention: in_specs shard the query sequence axis over {q_spec[1]!r} together with a causal "
+                "or sliding-window mask, which would compare shard-local positions; use ring_attention instead"
+            )
         specs = {}
         if kwargs.get("q_segment_ids") is not None:
             specs["q_segment_ids"] = PartitionSpec(q_spec[0], q_spec[1])
@@ -70,12 +93,6 @@ class FlashAttention(Kernel):
         if kwargs.get("dropout_seed") is not None:
             specs["dropout_seed"] = PartitionSpec()
         return specs
-
-
-def _intersect_windows(a, b):
-    if a is None or b is None:
-        return a if b is None else b
-    return (min(a[0], b[0]), min(a[1], b[1]))
 
 
 def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Array:
@@ -159,7 +176,7 @@ def flash_attention(
     if mask_info is not None:
         canonical = mask_info.canonical(num_heads)
         causal = causal or canonical.causal
-        window = _intersect_windows(window, canonical.sliding_window)
+        window = intersect_windows(window, canonical.sliding_window)
         q_seg, kv_seg = (
             _merge_segments(q_seg, canonical.q_segment_ids),
             _merge_segments(kv_seg, canonical.kv_segment_ids),

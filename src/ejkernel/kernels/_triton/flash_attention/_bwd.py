@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
     LOG2E,
     and_masks,
@@ -258,10 +258,10 @@ def dq_and_dbias(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_se
         in_specs.append(pl.BlockSpec((1,), lambda i, b, h: (0,)))
         args.append(seed)
     out_specs = [pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, qmap(i), h, 0))]
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    out_shape = [out_struct(q.shape, q.dtype, *args)]
     if ops.bias:
         out_specs.append(pl.BlockSpec((None, None, block_q, kv_len_padded), lambda i, b, h: (b, h, qmap(i), 0)))
-        out_shape.append(jax.ShapeDtypeStruct((batch, num_heads, q_len_padded, kv_len_padded), jnp.float32))
+        out_shape.append(out_struct((batch, num_heads, q_len_padded, kv_len_padded), jnp.float32, *args))
     outs = pl.pallas_call(
         functools.partial(
             _dq_kernel, st=st, tiling=tiling, ops=ops, num_q_blocks=num_q_blocks, kv_len_padded=kv_len_padded
@@ -321,7 +321,7 @@ def dk_dv(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_seg, kv_s
             pl.BlockSpec((None, block_k, None, head_dim), lambda j, b, g: (b, j, g, 0)),
             pl.BlockSpec((None, block_k, None, value_dim), lambda j, b, g: (b, j, g, 0)),
         ],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        out_shape=[out_struct(k.shape, k.dtype, *args), out_struct(v.shape, v.dtype, *args)],
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
         interpret=st.interpret,
         name="ejkernel_flash_attention_bwd_dkv",

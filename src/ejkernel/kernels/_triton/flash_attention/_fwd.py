@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
     LOG2E,
     and_masks,
@@ -281,8 +281,8 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
             pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((batch, q_len_padded, num_heads, value_dim), q.dtype),
-            jax.ShapeDtypeStruct((batch, num_heads, q_len_padded), jnp.float32),
+            out_struct((batch, q_len_padded, num_heads, value_dim), q.dtype, *args),
+            out_struct((batch, num_heads, q_len_padded), jnp.float32, *args),
         ],
         compiler_params=plgpu.CompilerParams(num_warps=st.fwd.num_warps, num_stages=st.fwd.num_stages),
         interpret=st.interpret,

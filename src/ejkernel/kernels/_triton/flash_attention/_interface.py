@@ -133,7 +133,7 @@ def _check_broadcastable(name, x, batch, heads, q_len, kv_len):
         raise ValueError(f"{name} must have shape [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
 
 
-def flash_attention_triton(
+def plan(
     query,
     key,
     value,
@@ -153,15 +153,11 @@ def flash_attention_triton(
     bwd_params: BwdParams | None = None,
     interpret: bool | None = None,
 ):
-    """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]`.
+    """Checks a call and prepares it for the kernels: `(st, operands, (q_len, value_dim))`.
 
-    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
-    `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
-    ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
-    sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
-    value, bias and softmax_aux. `interpret=None` runs Pallas interpret mode off GPU.
-
-    Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes).
+    `operands` are `(q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)`, padded as the tiles need, for
+    `forward` / `backward` or the custom VJP; the true output is `[:, :q_len, :, :value_dim]` of theirs.
+    Raises NotImplementedError for what the kernels cannot serve, before any kernel is traced.
     """
     # ---- what the kernels cannot serve: refuse before tracing anything ----
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -263,7 +259,59 @@ def flash_attention_triton(
     if dropout_prob > 0.0:
         seed = jnp.asarray(dropout_seed).astype(jnp.uint32).reshape(1)
 
-    out = _attention(st, q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed)
-    if q_pad or dv_pad:
+    return st, (q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed), (q_len, value_dim)
+
+
+def flash_attention_triton(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+    interpret: bool | None = None,
+):
+    """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]`.
+
+    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
+    `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
+    ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
+    sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
+    value, bias and softmax_aux. `interpret=None` runs Pallas interpret mode off GPU.
+
+    Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes).
+    """
+    st, operands, (q_len, value_dim) = plan(
+        query,
+        key,
+        value,
+        bias,
+        softmax_aux,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        attention_mask=attention_mask,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+        interpret=interpret,
+    )
+    out = _attention(st, *operands)
+    if out.shape[1] != q_len or out.shape[3] != value_dim:
         out = out[:, :q_len, :, :value_dim]
     return out

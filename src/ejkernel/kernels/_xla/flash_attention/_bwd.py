@@ -20,13 +20,20 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.kernels._common.vma import vary
+
 from ._tiles import AttentionSpec, Tiling, sink_logits, sum_to_shape, to_rows
 
 
-def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse):
-    """Cotangents (dq, dk, dv, dbias, daux) from the forward residuals and (d_out, d_lse)."""
+def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse, q_offset=None, kv_offset=None, grad_dtype=None):
+    """Cotangents (dq, dk, dv, dbias, daux) from the forward residuals and (d_out, d_lse).
+
+    `q_offset` / `kv_offset`: absolute positions of the first query and key, as in the forward.
+    `grad_dtype` (default: the dtype of each input) is the dtype of dq, dk and dv; float32 keeps the
+    accumulated values unrounded for a caller that sums them further (ring attention).
+    """
     q, k, v, bias, aux, q_seg, kv_seg, mask, seed, out, lse, m = residuals
-    t = Tiling(spec, True, q, k, v, bias, q_seg, kv_seg, mask, seed)
+    t = Tiling(spec, True, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
     batch, hkv, group, bq, bk = t.batch, t.num_kv_heads, t.group, t.block_q, t.block_k
     d_out = d_out.astype(q.dtype)
 
@@ -100,7 +107,8 @@ def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse):
             return dq_buf, dk_acc, dv_acc, db_buf
 
         lo, hi = t.q_block_range(kb)
-        init = (dq_buf, jnp.zeros(dk_shape, jnp.float32), jnp.zeros(dv_shape, jnp.float32), db_buf)
+        zeros = (vary(jnp.zeros(shape, jnp.float32), t.vma) for shape in (dk_shape, dv_shape))
+        init = (dq_buf, *zeros, db_buf)
         dq_buf, dk_acc, dv_acc, db_buf = lax.fori_loop(lo, hi, q_step, init)
         dk_buf = lax.dynamic_update_slice_in_dim(dk_buf, dk_acc.astype(dk_buf.dtype), k0, axis=1)
         dv_buf = lax.dynamic_update_slice_in_dim(dv_buf, dv_acc.astype(dv_buf.dtype), k0, axis=1)
@@ -108,12 +116,13 @@ def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse):
 
     buffers = (
         jnp.zeros(t.q.shape, jnp.float32),
-        jnp.zeros(t.k.shape, k.dtype),
-        jnp.zeros(t.v.shape, v.dtype),
+        jnp.zeros(t.k.shape, k.dtype if grad_dtype is None else grad_dtype),
+        jnp.zeros(t.v.shape, v.dtype if grad_dtype is None else grad_dtype),
         None if t.bias is None else jnp.zeros(t.bias.shape, jnp.float32),
     )
+    buffers = tuple(vary(x, t.vma) for x in buffers)
     dq, dk, dv, dbias = lax.fori_loop(0, t.num_k_blocks, k_step, buffers)
-    dq = dq[:, : t.q_len].reshape(q.shape).astype(q.dtype)
+    dq = dq[:, : t.q_len].reshape(q.shape).astype(q.dtype if grad_dtype is None else grad_dtype)
     dk = dk[:, : t.k_len]
     dv = dv[:, : t.k_len]
     if dbias is not None:

@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.vma import sum_to_vma
 from ejkernel.ops.config import BwdParams, FwdParams
 
 from ._bwd import attention_backward
@@ -35,7 +36,8 @@ def _attention_fwd(spec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed):
 def _attention_bwd(spec, residuals, cotangents):
     d_out, d_lse = cotangents
     dq, dk, dv, dbias, daux = attention_backward(spec, residuals, d_out, d_lse)
-    return dq, dk, dv, dbias, daux, None, None, None, None
+    bias, aux = residuals[3], residuals[4]
+    return dq, dk, dv, sum_to_vma(dbias, bias), sum_to_vma(daux, aux), None, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -11,17 +11,36 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.kernels._common.vma import vary
+
 from ._tiles import AttentionSpec, Tiling, from_rows, sink_logits
 
 
-def attention_forward(spec: AttentionSpec, q, k, v, bias, aux, q_seg, kv_seg, mask, seed):
-    """Returns (out [B, Sq, H, Dv] in q.dtype, lse [B, H, Sq] f32, m [B, H, Sq] f32 or None).
+def attention_forward(
+    spec: AttentionSpec,
+    q,
+    k,
+    v,
+    bias,
+    aux,
+    q_seg,
+    kv_seg,
+    mask,
+    seed,
+    q_offset=None,
+    kv_offset=None,
+    out_dtype=None,
+):
+    """Returns (out [B, Sq, H, Dv] in `out_dtype` (default q.dtype), lse [B, H, Sq] f32, m [B, H, Sq] f32 or None).
 
     `lse` is -inf and `m` is 0 for a row with nothing to attend and no sinks; `m` (the final row
     max, needed by the backward of the unnormalised output only) is None when normalising.
     With `spec.normalize_output` False, out is sum_j exp(s_ij - m_i) v_j (dropout applied).
+    `q_offset` / `kv_offset` (int32 scalars, may be traced) are the absolute positions of the first
+    query and key: causal and window masks compare `q_offset + i` with `kv_offset + j`.
     """
-    t = Tiling(spec, False, q, k, v, bias, q_seg, kv_seg, mask, seed)
+    t = Tiling(spec, False, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
+    out_dtype = q.dtype if out_dtype is None else out_dtype
     batch, hkv, group, bq, bk = t.batch, t.num_kv_heads, t.group, t.block_q, t.block_k
     dv = v.shape[-1]
     row_shape = (batch, hkv, group, bq)
@@ -35,6 +54,7 @@ def attention_forward(spec: AttentionSpec, q, k, v, bias, aux, q_seg, kv_seg, ma
         m_init = jnp.full(row_shape, -jnp.inf, jnp.float32)
         l_init = jnp.zeros(row_shape, jnp.float32)
     acc_init = jnp.zeros((*row_shape, dv), jnp.float32)
+    m_init, l_init, acc_init = (vary(x, t.vma) for x in (m_init, l_init, acc_init))
 
     def q_step(qb, buffers):
         out_buf, lse_buf, m_buf = buffers
@@ -74,7 +94,7 @@ def attention_forward(spec: AttentionSpec, q, k, v, bias, aux, q_seg, kv_seg, ma
             acc = acc * jnp.where(nonempty, 1.0 / denom, 0.0)[..., None]
         lse = jnp.where(nonempty, jnp.where(nonempty, m, 0.0) + jnp.log(denom), -jnp.inf)
         m = jnp.where(nonempty, m, 0.0)
-        out_blk = jnp.moveaxis(acc, 3, 1).astype(q.dtype)  # [B, bq, Hkv, G, Dv]
+        out_blk = jnp.moveaxis(acc, 3, 1).astype(out_dtype)  # [B, bq, Hkv, G, Dv]
         out_buf = lax.dynamic_update_slice_in_dim(out_buf, out_blk, q0, axis=1)
         lse_buf = lax.dynamic_update_slice_in_dim(lse_buf, lse, q0, axis=3)
         if m_buf is not None:
@@ -82,10 +102,11 @@ def attention_forward(spec: AttentionSpec, q, k, v, bias, aux, q_seg, kv_seg, ma
         return out_buf, lse_buf, m_buf
 
     buffers = (
-        jnp.zeros((batch, t.q_pad, hkv, group, dv), q.dtype),
+        jnp.zeros((batch, t.q_pad, hkv, group, dv), out_dtype),
         jnp.zeros((batch, hkv, group, t.q_pad), jnp.float32),
         None if spec.normalize_output else jnp.zeros((batch, hkv, group, t.q_pad), jnp.float32),
     )
+    buffers = tuple(vary(x, t.vma) for x in buffers)
     out, lse, m = lax.fori_loop(0, t.num_q_blocks, q_step, buffers)
     out = out[:, : t.q_len].reshape(batch, t.q_len, t.num_heads, dv)
     m = None if m is None else from_rows(m[..., : t.q_len])

@@ -11,6 +11,11 @@ Layouts inside a pass (G = query heads per key/value head):
     scores / probabilities of a tile  [B, Hkv, G, block_q, block_k]
     per-row statistics (lse, ...)     [B, Hkv, G, Sqp]
     bias / mask                       [Bb, Hb1, Hb2, Sqp, Skp]  with (Hb1, Hb2) = (Hkv, G) or (1, 1)
+
+Positions. Causal and sliding-window masks compare absolute positions `q_offset + i` and
+`kv_offset + j` (int32 scalars, traced or not; both 0 by default): ring attention computes one
+block of a longer sequence at a time and tells the tiles where its queries and keys sit.
+Padding, dropout and segment ids stay in the block's own local indices.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.kernels._common.vma import varying_axes
 
 # Default tiles, and the most elements a [B, H, block_q, block_k] float32 score tile may hold before
 # the default blocks are halved. Measured on an H200 (B=1, S=32k, H=16, D=128, bf16): the forward
@@ -32,6 +38,8 @@ DEFAULT_BWD_BLOCKS = (1024, 1024)
 FWD_TILE_BUDGET = 1 << 25
 BWD_TILE_BUDGET = 1 << 24
 MIN_DEFAULT_BLOCK = 64
+# Windows are clamped to this reach when positions carry offsets (absolute positions stay below it).
+OFFSET_WINDOW_REACH = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +105,27 @@ def sum_to_shape(x, shape):
 class Tiling:
     """Padded inputs of one pass and the per-tile computations both passes share."""
 
-    def __init__(self, spec: AttentionSpec, backward: bool, q, k, v, bias, q_seg, kv_seg, mask, seed):
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        backward: bool,
+        q,
+        k,
+        v,
+        bias,
+        q_seg,
+        kv_seg,
+        mask,
+        seed,
+        q_offset=None,
+        kv_offset=None,
+    ):
         self.spec = spec
+        self.has_offsets = q_offset is not None or kv_offset is not None
+        self.q_offset = jnp.int32(0) if q_offset is None else jnp.asarray(q_offset, jnp.int32)
+        self.kv_offset = jnp.int32(0) if kv_offset is None else jnp.asarray(kv_offset, jnp.int32)
+        # Every loop carry is made varying over the mesh axes the inputs vary over (inside shard_map).
+        self.vma = varying_axes(q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
         self.batch, self.q_len, self.num_heads, self.head_dim = q.shape
         self.k_len, self.num_kv_heads = k.shape[1], k.shape[2]
         self.group = self.num_heads // self.num_kv_heads
@@ -135,7 +162,7 @@ class Tiling:
 
         window = spec.sliding_window
         if window is not None:  # clamp so that block-range arithmetic stays well inside int32
-            reach = self.q_pad + self.k_pad
+            reach = OFFSET_WINDOW_REACH if self.has_offsets else self.q_pad + self.k_pad
             window = tuple(max(-reach, min(reach, int(w))) for w in window)
         self.window = window
 
@@ -183,16 +210,20 @@ class Tiling:
         spec = self.spec
         q_pos = q0 + jnp.arange(self.block_q, dtype=jnp.int32)[:, None]
         k_pos = k0 + jnp.arange(self.block_k, dtype=jnp.int32)[None, :]
+        if self.has_offsets:  # absolute positions for causal / window, local ones for padding below
+            q_abs, k_abs = q_pos + self.q_offset, k_pos + self.kv_offset
+        else:
+            q_abs, k_abs = q_pos, k_pos
         result = None
 
         def both(a, b):
             return b if a is None else a & b
 
         if spec.causal:
-            result = both(result, k_pos <= q_pos)
+            result = both(result, k_abs <= q_abs)
         if self.window is not None:
             left, right = self.window
-            result = both(result, (k_pos >= q_pos - left) & (k_pos <= q_pos + right))
+            result = both(result, (k_abs >= q_abs - left) & (k_abs <= q_abs + right))
         if self.q_seg is not None:
             qs = lax.dynamic_slice_in_dim(self.q_seg, q0, self.block_q, axis=1)[:, None, None, :, None]
             ks = lax.dynamic_slice_in_dim(self.kv_seg, k0, self.block_k, axis=1)[:, None, None, None, :]
@@ -217,7 +248,9 @@ class Tiling:
         if not self.spec.causal and self.window is None:
             return 0, self.num_k_blocks
         bq, bk = self.block_q, self.block_k
-        first_row, last_row = qb * bq, qb * bq + bq - 1
+        # Rows in absolute positions, columns relative to this block's keys (local = absolute - kv_offset).
+        shift = self.q_offset - self.kv_offset if self.has_offsets else 0
+        first_row, last_row = qb * bq + shift, qb * bq + bq - 1 + shift
         lo, hi_col = jnp.int32(0), jnp.int32(self.k_pad - 1)  # hi_col: last column that may be allowed
         if self.spec.causal:
             hi_col = jnp.minimum(hi_col, last_row)
@@ -233,7 +266,9 @@ class Tiling:
         if not self.spec.causal and self.window is None:
             return 0, self.num_q_blocks
         bq, bk = self.block_q, self.block_k
-        first_col, last_col = kb * bk, kb * bk + bk - 1
+        # Columns in this block's query coordinates (local row = absolute row - q_offset).
+        shift = self.kv_offset - self.q_offset if self.has_offsets else 0
+        first_col, last_col = kb * bk + shift, kb * bk + bk - 1 + shift
         lo_row, hi = jnp.int32(0), jnp.int32(self.num_q_blocks)
         if self.spec.causal:
             lo_row = jnp.maximum(lo_row, first_col)

@@ -1,0 +1,111 @@
+"""Ring attention on every visible device against flash attention on one device, same total length.
+
+bf16, causal; forward and forward+backward. FLOPs count 0.5·4·B·H·S²·D for the causal forward and
+3.5× that for forward+backward; the ring's TFLOP/s is the whole computation over the wall time of the
+n devices working together, so the ratio ring / flash is its speed-up over one device (ideal: n).
+`--quick` uses tiny shapes (a CPU smoke run; on one CPU device the ring has n = 1).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ejkernel.benchmarks._harness import parser, print_table, time_fn, write_results
+from ejkernel.modules import flash_attention, ring_attention
+from ejkernel.registry import kernel_registry
+
+SHAPE = (1, 65536, 16, 128)  # B, S, H, D
+QUICK_SHAPE = (1, 256, 2, 32)
+
+
+def _step(fn, backward: bool):
+    if not backward:
+        return jax.jit(fn)
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def main(argv=None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--seq", type=int, help=f"total sequence length (default {SHAPE[1]})")
+    p.add_argument("--heads", type=int, help=f"query heads (default {SHAPE[2]})")
+    p.add_argument("--kv-heads", type=int, help="key/value heads (default: as many as query heads)")
+    p.add_argument("--platform", help="one ring_attention platform (default: auto and every one that runs here)")
+    p.add_argument("--flash-platform", default="auto", help="one-device flash_attention platform")
+    p.add_argument("--no-causal", action="store_true", help="full (non-causal) attention instead")
+    args = p.parse_args(argv)
+    batch, seq, heads, dim = QUICK_SHAPE if args.quick else SHAPE
+    seq, heads = args.seq or seq, args.heads or heads
+    kv_heads = args.kv_heads or heads
+    causal = not args.no_causal
+    devices = jax.devices()
+    n = len(devices)
+    mesh = jax.make_mesh((n,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
+    shapes = [(batch, seq, heads, dim), (batch, seq, kv_heads, dim), (batch, seq, kv_heads, dim)]
+    qkv = [jax.random.normal(key, shape, jnp.bfloat16) for key, shape in zip(keys, shapes, strict=True)]
+    spec = P(None, "sp")
+    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
+    single = [jax.device_put(x, devices[0]) for x in qkv]
+
+    def ring(platform):
+        def fn(q, k, v):
+            return ring_attention(
+                q, k, v, causal=causal, platform=platform, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec
+            )
+
+        return fn
+
+    platforms = (
+        [args.platform]
+        if args.platform
+        else ["auto"] + [i.platform.value for i in kernel_registry.candidates("ring_attention")]
+    )
+    variants = {f"ring-{p} x{n}": (ring(p), sharded) for p in dict.fromkeys(platforms)}
+
+    def flash(q, k, v):
+        return flash_attention(q, k, v, causal=causal, platform=args.flash_platform)
+
+    variants["flash x1"] = (flash, single)
+
+    flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+    rows = []
+    for backward in (False, True):
+        row = dict(B=batch, S=seq, H=heads, Hkv=kv_heads, D=dim, causal=causal, devices=n)
+        row["mode"] = "fwd+bwd" if backward else "fwd"
+        work = flops * (3.5 if backward else 1.0)
+        for name, (fn, inputs) in variants.items():
+            try:
+                step = _step(fn, backward)
+                seconds = time_fn(lambda step=step, inputs=inputs: step(*inputs), repeats=args.repeats, warmup=2)
+                row[name] = work / seconds / 1e12
+            except Exception as err:  # e.g. out of memory on one device: report and go on
+                row[name] = None
+                print(f"{name} {row['mode']}: {type(err).__name__}: {str(err)[:200]}")
+        for name in variants:
+            if name.startswith("ring") and row.get(name) and row.get("flash x1"):
+                row[f"{name.split()[0]} / flash"] = row[name] / row["flash x1"]
+        rows.append(row)
+    ratios = [f"{name.split()[0]} / flash" for name in variants if name.startswith("ring")]
+    print(
+        f"TFLOP/s (bf16) on {n} x {devices[0].device_kind}; flash x1: flash_attention(platform={args.flash_platform!r})"
+    )
+    print_table(rows, ["B", "S", "H", "Hkv", "D", "causal", "mode", *variants, *ratios])
+
+    def plot(ax, rows):
+        names = list(variants)
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            ax.bar([r + i * width for r in range(len(rows))], [row.get(name) or 0 for row in rows], width, label=name)
+        ax.set_xticks([r + 0.4 - width / 2 for r in range(len(rows))], [f"S={row['S']} {row['mode']}" for row in rows])
+        ax.set_ylabel("TFLOP/s (bf16)")
+        ax.legend(fontsize=8)
+
+    meta = {"dtype": "bfloat16", "devices": n, "ring_platforms": platforms, "flash_platform": args.flash_platform}
+    path = write_results(args.out, "ring_attention", rows, meta, plot)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

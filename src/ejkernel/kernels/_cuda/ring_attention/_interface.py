@@ -1,0 +1,144 @@
+"""Ring attention with cuDNN's fused attention as the per-step block computation (GPU only).
+
+cuDNN's flash attention is the fastest a JAX user has on Hopper, but it knows only static masks
+(none, or causal aligned at the top-left), so this route serves calls where every step's block is
+either fully visible or the diagonal block: causal or full attention, without a window, soft cap or
+segment ids, with equal query and key/value lengths; sinks join in the ring's final merge. Everything
+else is declined with `NotImplementedError` (automatic selection then takes another platform).
+
+It uses JAX's cuDNN attention primitives directly (`jax._src.cudnn.fused_attention_stablehlo`, a
+private module of the pinned jax==0.11.2): the forward with its softmax statistics (the row
+log-sum-exp, [B, H, T] float32), and the backward fed with the ring's global output and log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
+from ejkernel.ops.config import BwdParams, FwdParams
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _cudnn():
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    return fused_attention_stablehlo
+
+
+def _static_options(causal: bool) -> dict:
+    cudnn = _cudnn()
+    return dict(
+        seed=0,
+        dropout_rate=0.0,
+        variadic_args=(False, False),  # (has bias, has dbias)
+        mask_type=cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK,
+        layout=cudnn.AttentionLayout.BTNH.value,
+        sliding_window_length=None,
+    )
+
+
+def _unused(dtype):
+    return jnp.zeros(0, dtype)
+
+
+def cudnn_forward(q, k, v, scale: float, causal: bool):
+    """(out [B, T, H, D] in q.dtype, lse [B, H, T] float32) of one cuDNN attention call."""
+    none = _unused(q.dtype)
+    out, stats = _cudnn()._dot_product_attention_fwd_impl(
+        q, k, v, none, none, none, none, none, none, none, scale=scale, is_training=True, **_static_options(causal)
+    )
+    return out, stats
+
+
+def cudnn_backward(q, k, v, out, lse, d_out, scale: float, causal: bool):
+    """(dq, dk, dv) of one cuDNN attention call, recomputing P = exp(S - lse) from the given out / lse."""
+    none = _unused(q.dtype)
+    dq, dk, dv = _cudnn()._dot_product_attention_bwd_impl(
+        q, k, v, none, none, none, none, none, none, none, lse, out, d_out, scale=scale, **_static_options(causal)
+    )[:3]
+    return dq, dk, dv
+
+
+@dataclasses.dataclass(frozen=True)
+class CudnnBlock:
+    """One step. With aligned pieces of equal length, a visible causal block is either the diagonal
+    (same offsets: cuDNN's causal mask) or entirely in the past (no mask)."""
+
+    softmax_scale: float
+    causal: bool
+
+    def _choose(self, q_offset, kv_offset, run):
+        if not self.causal:
+            return run(False)
+        return lax.cond(q_offset == kv_offset, lambda: run(True), lambda: run(False))
+
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
+        def run(causal):
+            out, lse = cudnn_forward(q, k, v, self.softmax_scale, causal)
+            return out.astype(jnp.float32), lse
+
+        return self._choose(q_offset, kv_offset, run)
+
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+        out, d_out = out.astype(q.dtype), d_out.astype(q.dtype)
+
+        def run(causal):
+            grads = cudnn_backward(q, k, v, out, lse, d_out, self.softmax_scale, causal)
+            return tuple(g.astype(jnp.float32) for g in grads)
+
+        return self._choose(q_offset, kv_offset, run)
+
+
+def ring_attention_cudnn(
+    query,
+    key,
+    value,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    axis_name: str,
+    layout: str = "contiguous",
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+):
+    """Ring attention of local shards over the bound mesh axis `axis_name`, cuDNN per step.
+
+    Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` are ignored (cuDNN tiles itself).
+    """
+    declined = [
+        name
+        for name, used in (
+            ("sliding_window", sliding_window is not None),
+            ("logits_soft_cap", logits_soft_cap is not None),
+            ("segment ids", q_segment_ids is not None),
+        )
+        if used
+    ]
+    if declined:
+        raise NotImplementedError(f"cuDNN ring attention does not support {', '.join(declined)}")
+    if jax.default_backend() != "gpu":
+        raise NotImplementedError("cuDNN ring attention runs on a GPU only")
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"cuDNN ring attention needs bfloat16/float16, got {name} {x.dtype}")
+    head_dim = query.shape[-1]
+    if head_dim > 256 or head_dim % 8 or value.shape[-1] != head_dim:
+        raise NotImplementedError(f"cuDNN ring attention needs equal head dims <= 256, multiple of 8, got {head_dim}")
+    if causal and query.shape[1] != key.shape[1]:
+        raise NotImplementedError("cuDNN ring attention with causal=True needs equal query and key/value lengths")
+    check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
+    n = bound_axis_size(axis_name)
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=None)
+    block = CudnnBlock(softmax_scale=float(softmax_scale), causal=bool(causal))
+    return run_ring(block, ring, n, query, key, value, softmax_aux)

@@ -1,0 +1,127 @@
+"""Ring attention with our Pallas-Triton flash attention kernels as the per-step block computation.
+
+The Triton kernels take static masks, so this route serves calls where every visible step block is
+either the diagonal block (cuDNN-style top-left causal mask) or entirely allowed by position: causal
+or full attention with equal query and key/value lengths, and no sliding window (declined with
+`NotImplementedError`; the XLA ring takes those). Soft cap and segment ids are the kernels' own;
+sinks join in the ring's final merge. The kernels' log-sum-exp is base 2 and +inf on rows with
+nothing allowed; the ring's is natural and -inf there: converted both ways here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+
+from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
+from ejkernel.kernels._triton._helpers import LN2, LOG2E
+from ejkernel.kernels._triton.flash_attention._bwd import backward
+from ejkernel.kernels._triton.flash_attention._fwd import forward
+from ejkernel.kernels._triton.flash_attention._interface import plan
+from ejkernel.ops.config import BwdParams, FwdParams
+
+
+def _pad_to(x, axis: int, length: int, value=0):
+    extra = length - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonBlock:
+    """One step: the Triton forward / backward kernels, the diagonal block with the causal mask."""
+
+    softmax_scale: float
+    causal: bool
+    logits_soft_cap: float | None
+    fwd_params: FwdParams | None
+    bwd_params: BwdParams | None
+
+    def plan(self, q, k, v, q_seg, kv_seg, causal: bool):
+        return plan(
+            q,
+            k,
+            v,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
+            softmax_scale=self.softmax_scale,
+            causal=causal,
+            logits_soft_cap=self.logits_soft_cap,
+            fwd_params=self.fwd_params,
+            bwd_params=self.bwd_params,
+        )
+
+    def _choose(self, q_offset, kv_offset, run):
+        if not self.causal:
+            return run(False)
+        return lax.cond(q_offset == kv_offset, lambda: run(True), lambda: run(False))
+
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
+        def run(causal):
+            st, operands, (q_len, value_dim) = self.plan(q, k, v, q_seg, kv_seg, causal)
+            out, lse2 = forward(st, *operands)
+            lse2 = lse2[:, :, :q_len]
+            lse = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
+            return out[:, :q_len, :, :value_dim].astype(jnp.float32), lse
+
+        return self._choose(q_offset, kv_offset, run)
+
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+        def run(causal):
+            st, operands, _ = self.plan(q, k, v, q_seg, kv_seg, causal)
+            rows, cols = operands[0].shape[1], operands[2].shape[3]  # padded query rows, value columns
+            # Padded query rows get lse = +inf (p = 0) and a zero output gradient: they contribute nothing.
+            pad = lambda x: _pad_to(_pad_to(x.astype(q.dtype), 1, rows), 3, cols)
+            lse2 = _pad_to(jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E), 2, rows, jnp.inf)
+            dq, dk, dv, _, _ = backward(st, (*operands, pad(out), lse2), pad(d_out))
+            q_len, k_len = q.shape[1], k.shape[1]
+            dq = dq[:, :q_len, :, : q.shape[3]]
+            dk, dv = dk[:, :k_len, :, : k.shape[3]], dv[:, :k_len, :, : v.shape[3]]
+            return tuple(g.astype(jnp.float32) for g in (dq, dk, dv))
+
+        return self._choose(q_offset, kv_offset, run)
+
+
+def ring_attention_triton(
+    query,
+    key,
+    value,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    axis_name: str,
+    layout: str = "contiguous",
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+):
+    """Ring attention of local shards over the bound mesh axis `axis_name`, Triton kernels per step.
+
+    Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` tile the Triton kernels.
+    """
+    if sliding_window is not None:
+        raise NotImplementedError("triton ring attention does not support sliding_window (the xla ring does)")
+    if causal and query.shape[1] != key.shape[1]:
+        raise NotImplementedError("triton ring attention with causal=True needs equal query and key/value lengths")
+    check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
+    n = bound_axis_size(axis_name)
+    block = TritonBlock(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+    )
+    # What the kernels cannot serve (dtype, head dim, tiles) is refused here, before the ring is traced.
+    block.plan(query, key, value, q_segment_ids, kv_segment_ids, bool(causal))
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=None)
+    return run_ring(block, ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids)

@@ -1,0 +1,87 @@
+"""Entry point of the XLA ring attention: the XLA flash attention as the per-step block computation.
+
+Runs where `axis_name` is bound (inside `shard_map`), on the local sequence shards; the ring itself
+(transfers, merge, layouts, custom VJP) is `ejkernel.kernels._common.ring`. Each step attends a query
+piece to a key/value piece with the XLA flash attention's tiled forward and backward, told the
+absolute positions of both pieces so that causal and window masks hold across devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, ring_window, run_ring
+from ejkernel.kernels._xla.flash_attention._bwd import attention_backward
+from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
+from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
+from ejkernel.ops.config import BwdParams, FwdParams
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaBlock:
+    """One step: the XLA flash attention forward / backward with position offsets, float32 results."""
+
+    spec: AttentionSpec
+
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
+        out, lse, _ = attention_forward(
+            self.spec, q, k, v, None, None, q_seg, kv_seg, None, None, q_offset, kv_offset, out_dtype=jnp.float32
+        )
+        return out, lse
+
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+        residuals = (q, k, v, None, None, q_seg, kv_seg, None, None, out, lse, None)
+        dq, dk, dv, _, _ = attention_backward(
+            self.spec, residuals, d_out, jnp.zeros_like(lse), q_offset, kv_offset, grad_dtype=jnp.float32
+        )
+        return dq, dk, dv
+
+
+def ring_attention_xla(
+    query,
+    key,
+    value,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    axis_name: str,
+    layout: str = "contiguous",
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+):
+    """Ring attention of local shards over the bound mesh axis `axis_name`.
+
+    Shapes (per device): query [B, Lq, H, D], key [B, Lk, Hkv, D], value [B, Lk, Hkv, Dv], softmax_aux
+    1-D sink logits, segment ids [B, Lq] / [B, Lk] (negative: padding). Inputs and output are
+    contiguous shards (device d holds positions [d L, (d + 1) L)); `layout="zigzag"` reorders them
+    internally so that device d computes for chunks d and 2n - 1 - d of 2n (balanced causal work).
+    The result equals `flash_attention_reference` over the whole (unsharded) sequence.
+    Block sizes of the per-step tiles come from `fwd_params` / `bwd_params` (block_q, block_k).
+    """
+    check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
+    n = bound_axis_size(axis_name)
+    window = ring_window(sliding_window, causal, n * max(query.shape[1], key.shape[1]))
+    fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
+    bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
+    spec = AttentionSpec(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        sliding_window=window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=0.0,
+        normalize_output=True,
+        precision=jax.lax.Precision.DEFAULT,
+        logits_dtype=jnp.dtype(jnp.float32),
+        fwd_blocks=fwd_blocks,
+        bwd_blocks=bwd_blocks,
+    )
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=window)
+    return run_ring(XlaBlock(spec), ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids)

@@ -1,0 +1,318 @@
+"""`ring_attention`: exact attention over a sequence sharded across the devices of one mesh axis.
+
+Three ways to call it:
+- inside your own `jax.shard_map` where `axis_name` is bound: `query`/`key`/`value` are the local
+  sequence shards in contiguous order (device i holds positions [i L, (i + 1) L)) and the ring runs
+  over that axis directly;
+- with `mesh=`, `in_specs=`, `out_specs=` and global arrays: the sequence axis is sharded over
+  `axis_name` (the specs' sequence entries may name it or be None), the rest as the specs say;
+- under `with jax.set_mesh(mesh)` (or the older `with mesh:`) and global arrays: the same, with the
+  sequence sharded over `axis_name` and batch / heads as the inputs' shardings say (else replicated).
+In the last two, causal calls use the load-balanced zig-zag layout: the sequence is cut into 2n chunks
+and device i computes for chunks i and 2n - 1 - i, so every device does the same work. The arrays are
+sharded contiguously and the chunks are exchanged inside the sharded computation (two `ppermute`s
+each way), rather than by permuting the global arrays: a gather across a sharded axis is refused on
+meshes of explicit axes, and point-to-point transfers move each chunk once. The output comes back in
+the original order. `axis_name=None` means "sp".
+
+Implementations per platform: XLA (every device; every feature above), Pallas-Triton (GPU; no sliding
+window) and cuDNN (GPU; causal or full attention only, selected with `platform="cuda"` until checked
+on GPUs). Each runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float
+
+from ejkernel.modules.operations._attention_args import check_qkv, intersect_windows, parse_window
+from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.types import MaskInfo
+
+DEFAULT_AXIS = "sp"
+
+
+@dataclasses.dataclass(frozen=True)
+class RingAttentionConfig(KernelConfig):
+    """Tiling of the per-step block computation (`fwd_params`, `bwd_params`: block_q, block_k) and the platform."""
+
+
+class RingAttention(Kernel):
+    op_id = "ring_attention"
+    config_type = RingAttentionConfig
+
+    def call_impl(self, impl, args, kwargs, cfg):
+        kwargs = dict(kwargs)
+        chunk = kwargs.pop("chunk_size", None)
+        fwd, bwd = cfg.fwd_params, cfg.bwd_params
+        if chunk is not None:  # the per-step tile, where the config leaves it open
+            if bwd is None and fwd is not None:  # the backward tiles like the forward unless told otherwise
+                bwd = BwdParams(**fwd.to_dict())
+            fwd, bwd = _with_blocks(fwd, FwdParams, chunk), _with_blocks(bwd, BwdParams, chunk)
+        return impl.fn(*args, fwd_params=fwd, bwd_params=bwd, **kwargs)
+
+    def candidate_cfgs(self, inv: Invocation):
+        # Not autotuned: timing a ring needs its mesh axis bound, which a tuning run outside the
+        # caller's shard_map does not have. Heuristics (the per-step kernel's defaults) or cfg= apply.
+        return ()
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
+        """Segment ids follow the batch and sequence sharding of the query and of the keys."""
+        q_spec, k_spec = (_entries(s) for s in in_specs[:2])
+        if kwargs.get("q_segment_ids") is None:
+            return {}
+        return {
+            "q_segment_ids": PartitionSpec(q_spec[0], q_spec[1]),
+            "kv_segment_ids": PartitionSpec(k_spec[0], k_spec[1]),
+        }
+
+
+def _with_blocks(params, kind, block: int):
+    fields = params.to_dict() if params is not None else {}
+    for name in ("block_q", "block_k"):
+        if fields.get(name) is None:
+            fields[name] = block
+    return kind(**fields)
+
+
+def _entries(spec) -> tuple:
+    spec = () if spec is None else tuple(spec)
+    return spec + (None,) * (4 - len(spec))
+
+
+def _names(entry) -> tuple:
+    """Mesh axis names of one PartitionSpec entry (None, a name, or a tuple of names)."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple | list) else (entry,)
+
+
+def _axis_bound(axis_name: str) -> bool:
+    try:
+        jax.lax.axis_size(axis_name)
+    except NameError:
+        return False
+    return True
+
+
+def _legacy_mesh():
+    """The mesh of the deprecated `with mesh:` context (API.md names it), or None."""
+    try:
+        from jax._src.mesh import thread_resources  # what `with mesh:` sets; JAX deprecates the public alias
+    except ImportError:
+        return None
+    mesh = thread_resources.env.physical_mesh
+    return None if mesh.empty else mesh
+
+
+def _context_mesh():
+    """The mesh of `with jax.set_mesh(...)` (concrete when one is set, else abstract) or of `with mesh:`."""
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract.empty:
+        return _legacy_mesh()
+    try:
+        concrete = jax.sharding.get_mesh()
+    except ValueError:  # under jit only the abstract mesh is known; shard_map takes it
+        return abstract
+    return concrete if not concrete.empty else abstract
+
+
+def _input_spec(x) -> tuple:
+    """The PartitionSpec entries an input already carries in its type (explicit mesh axes), else Nones."""
+    try:
+        spec = jax.typeof(x).sharding.spec
+    except (AttributeError, TypeError):
+        spec = ()
+    return _entries(spec)
+
+
+def _context_specs(mesh, axis_name: str, query, key) -> tuple[list, PartitionSpec]:
+    """Specs for global arrays under a context mesh: the sequence over `axis_name`; batch and heads as
+    the query's sharding says (explicit mesh axes), heads only where the key/value heads divide too."""
+    batch, _, heads, _ = (None if axis_name in _names(e) else e for e in _input_spec(query))
+    if heads is not None and key.shape[2] % math.prod(mesh.shape[a] for a in _names(heads)):
+        heads = None
+    spec = PartitionSpec(batch, axis_name, heads, None)
+    return [spec] * 3, spec
+
+
+def _sequence_specs(axis_name: str, specs: list, out_spec, num_heads: int, aux) -> tuple[list, Any]:
+    """Put `axis_name` on the sequence entry of every spec, after checking that nothing contradicts it."""
+    fixed = []
+    for name, spec in zip(("query", "key", "value"), specs[:3], strict=True):
+        entries = list(_entries(spec))
+        if entries[1] is not None and _names(entries[1]) != (axis_name,):
+            raise ValueError(
+                f"ring_attention: in_specs shard the {name} sequence over {entries[1]!r}; ring_attention shards "
+                f"the sequence over axis_name={axis_name!r} (use None or {axis_name!r} there)"
+            )
+        for dim in (0, 2, 3):
+            if axis_name in _names(entries[dim]):
+                raise ValueError(
+                    f"ring_attention: in_specs use axis_name={axis_name!r} on dimension {dim} of {name}; it is the "
+                    "sequence axis of the ring and may shard dimension 1 only"
+                )
+        entries[1] = axis_name
+        fixed.append(PartitionSpec(*entries))
+    q, k, v = (_entries(s) for s in fixed)
+    if not (q[0] == k[0] == v[0]) or not (q[2] == k[2] == v[2]):
+        raise ValueError(
+            "ring_attention: in_specs must shard the batch and heads of query, key and value alike "
+            f"(got {fixed[0]}, {fixed[1]}, {fixed[2]}); query head h reads key/value head h // group"
+        )
+    if aux is not None:
+        aux_spec = specs[3] if len(specs) > 3 else PartitionSpec()
+        if aux.shape[0] == num_heads and q[2] is not None:
+            aux_spec = PartitionSpec(q[2])  # one sink per head: shard them with the heads
+        fixed.append(aux_spec)
+    out = list(_entries(out_spec))
+    if out[1] is not None and _names(out[1]) != (axis_name,):
+        raise ValueError(f"ring_attention: out_specs shard the sequence over {out[1]!r}, not axis_name={axis_name!r}")
+    out[1] = axis_name
+    return fixed, PartitionSpec(*out)
+
+
+@typechecked
+def ring_attention(
+    query: Float[Array, "batch seq_q heads dim"],
+    key: Float[Array, "batch seq_k kv_heads dim"],
+    value: Float[Array, "batch seq_k kv_heads dim_v"],
+    softmax_aux: Float[Array, " sinks"] | None = None,
+    bias: Float[Array, "..."] | None = None,
+    /,
+    *,
+    mask_info: MaskInfo | None = None,
+    mask_builder: Callable | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    chunk_size: int | None = None,
+    causal: bool = False,
+    logits_soft_cap: float | None = None,
+    softmax_scale: float | None = None,
+    axis_name: str | None = None,
+    fused_backward: bool = False,
+    platform: str | None = None,
+    cfg: RingAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch seq_q heads dim_v"]:
+    """Softmax attention over a sequence sharded along the mesh axis `axis_name` (default "sp").
+
+    Computes exactly `flash_attention` of the whole (unsharded) sequence: `[batch, seq, heads, dim]`
+    layout, fewer key/value heads than query heads for grouped-query attention (never repeated),
+    `causal`, `sliding_window` (`(left, right)` keeps keys `q - left <= k <= q + right`; an int `w` is
+    `(w, w)`), `logits_soft_cap`, `softmax_aux` sink logits (length `heads`: one per head; other
+    lengths: shared), segment ids through `mask_info` (`MaskInfo.from_segments`; with causal / window
+    transforms), `softmax_scale` (default `dim ** -0.5`). Key/value blocks travel around the ring with
+    `ppermute` while the current block is computed; the backward rings too.
+
+    `chunk_size` is the tile size of the per-step block computation (a power of two; it fills the
+    block sizes that `cfg` leaves open). Not supported (NotImplementedError naming the argument):
+    `bias`, `mask_builder`, dense attention masks in `mask_info`, `fused_backward=True`.
+    See the module docstring for the three calling modes and the layouts.
+    """
+    check_qkv(query, key, value)
+    batch, q_len, num_heads, head_dim = query.shape
+    kv_len = key.shape[1]
+    if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
+        raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
+    declined = [
+        name
+        for name, used in (
+            ("bias", bias is not None),
+            ("mask_builder", mask_builder is not None),
+            ("fused_backward=True", fused_backward),
+        )
+        if used
+    ]
+    if declined:
+        raise NotImplementedError(f"ring_attention does not support {', '.join(declined)}")
+    if chunk_size is not None and (
+        not isinstance(chunk_size, int)
+        or isinstance(chunk_size, bool)
+        or chunk_size <= 0
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    if softmax_aux is not None and softmax_aux.shape[0] == 0:
+        raise ValueError("softmax_aux must not be empty")
+    if softmax_scale is None:
+        softmax_scale = head_dim**-0.5
+
+    window = parse_window(sliding_window)
+    q_seg = kv_seg = None
+    if mask_info is not None:
+        canonical = mask_info.canonical(num_heads)
+        if canonical.attention_mask is not None:
+            raise NotImplementedError(
+                "ring_attention does not support a dense attention mask in mask_info (from_attention_mask, "
+                "chunked or token-type masks); use segment ids (MaskInfo.from_segments) with causal / sliding_window"
+            )
+        causal = causal or canonical.causal
+        window = intersect_windows(window, canonical.sliding_window)
+        q_seg, kv_seg = canonical.q_segment_ids, canonical.kv_segment_ids
+
+    if (mesh is None) != (in_specs is None) or (mesh is None) != (out_specs is None):
+        given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
+        raise ValueError(f"ring_attention: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
+
+    axis = DEFAULT_AXIS if axis_name is None else axis_name
+    specs = None
+    if mesh is None and not _axis_bound(axis):  # global arrays under `with jax.set_mesh(mesh)`
+        mesh = _context_mesh()
+        if mesh is None or axis not in mesh.axis_names:
+            where = "no mesh is given" if mesh is None else f"the context mesh has axes {tuple(mesh.axis_names)}"
+            raise ValueError(
+                f"ring_attention: axis_name={axis!r} is not bound here (not inside jax.shard_map over it) and "
+                f"{where}: pass mesh=/in_specs=/out_specs=, call under `with jax.set_mesh(mesh)`, or inside shard_map"
+            )
+        in_specs, out_specs = _context_specs(mesh, axis, query, key)
+    elif mesh is not None:
+        if axis not in mesh.axis_names:
+            what = "axis_name=None means 'sp', which" if axis_name is None else f"axis_name={axis!r}"
+            raise ValueError(f"ring_attention: {what} is not an axis of the mesh (axes: {tuple(mesh.axis_names)})")
+        passed = sum(x is not None for x in (query, key, value, softmax_aux))
+        if len(in_specs) != passed:
+            raise ValueError(f"in_specs needs one spec per tensor argument passed ({passed}), got {len(in_specs)}")
+    if mesh is not None:  # shard the sequence over `axis` ourselves
+        specs, out_specs = _sequence_specs(axis, list(in_specs), out_specs, num_heads, softmax_aux)
+        n = mesh.shape[axis]
+        parts = 2 * n if causal else n
+        why = f"the {n} devices of mesh axis {axis!r}"
+        if causal:
+            why = f"2 x {why} (load-balanced causal layout)"
+        for name, length in (("query", q_len), ("key/value", kv_len)):
+            if length % parts:
+                raise ValueError(f"ring_attention: {name} sequence length {length} must be divisible by {parts}, {why}")
+
+    options = dict(
+        q_segment_ids=q_seg,
+        kv_segment_ids=kv_seg,
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        sliding_window=window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        axis_name=axis,
+        layout="zigzag" if specs is not None and causal else "contiguous",
+        chunk_size=chunk_size,
+    )
+    return executor(
+        RingAttention(),
+        query,
+        key,
+        value,
+        softmax_aux,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=None if specs is None else tuple(specs),
+        out_specs=out_specs,
+        **options,
+    )
