@@ -6,6 +6,7 @@ partial blocks and the block-skipping paths, while grids stay small (TPU interpr
 uninitialised buffers with NaN, so a tile the kernels forget to write fails `assert_close`.
 """
 
+import functools
 import itertools
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attention_cases import cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
 from ejkernel import Backend, Platform, kernel_registry
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     Static,
@@ -22,64 +24,9 @@ from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
 )
 from ejkernel.kernels._pallas.tpu.flash_attention._interface import flash_attention_tpu
 from ejkernel.ops.config import BwdParams, FwdParams
-from ejkernel.reference.flash_attention import flash_attention_reference
-from harness import check_forward_and_grads, randn
 
-SMALL = dict(fwd_params=FwdParams(block_q=32, block_k=32), bwd_params=BwdParams(block_q=32, block_k=32))
-
-
-@pytest.fixture(autouse=True)
-def _cheap_compiles():
-    """Interpret-mode kernels run in milliseconds per step but compile in seconds: skip XLA's optimisations."""
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
-def _segments(batch, length, num_segments=3, pad=0, key=0):
-    """Sorted random segment ids in [0, num_segments) with the last `pad` positions set to -1."""
-    rng = np.random.default_rng(key)
-    ids = np.sort(rng.integers(0, num_segments, (batch, length)), axis=1).astype(np.int32)
-    if pad:
-        ids[:, length - pad :] = -1
-    return jnp.asarray(ids)
-
-
-def run_case(
-    *,
-    batch=1,
-    q_len=100,
-    kv_len=63,
-    heads=2,
-    kv_heads=1,
-    head_dim=32,
-    value_dim=None,
-    dtype=jnp.float32,
-    bias_shape=None,
-    num_sinks=None,
-    segments=None,
-    mask=None,
-    params=SMALL,
-    **options,
-):
-    """Random inputs -> forward and the gradient of every float input checked against the reference."""
-    value_dim = value_dim or head_dim
-    q = randn((batch, q_len, heads, head_dim), dtype)
-    k = randn((batch, kv_len, kv_heads, head_dim), dtype)
-    v = randn((batch, kv_len, kv_heads, value_dim), dtype)
-    bias = None if bias_shape is None else randn(bias_shape, dtype)
-    aux = None if num_sinks is None else randn((num_sinks,), jnp.float32)
-    static = dict(softmax_scale=head_dim**-0.5, attention_mask=mask, **options)
-    if segments is not None:
-        static.update(q_segment_ids=segments[0], kv_segment_ids=segments[1])
-
-    fn = jax.jit(lambda q, k, v, bias, aux: flash_attention_tpu(q, k, v, bias, aux, **static, **params))
-    ref = jax.jit(lambda q, k, v, bias, aux: flash_attention_reference(q, k, v, bias, aux, **static))
-    args = (q, k, v, bias, aux)
-    argnums = tuple(i for i, a in enumerate(args) if a is not None)
-    check_forward_and_grads(fn, ref, args, argnums, dtype)
-    return fn, args
+pytestmark = pytest.mark.usefixtures("cheap_compiles")
+run_case = functools.partial(run_attention_case, flash_attention_tpu, heads=2, kv_heads=1)
 
 
 @pytest.mark.parametrize(
@@ -124,8 +71,8 @@ def test_attention_mask_with_right_window():
 
 def test_segments_with_padding_rows():
     """Padding rows (segment -1) have no key to attend: their output is exactly 0, never NaN."""
-    segments = _segments(2, 63, pad=7, key=1)
-    fn, args = run_case(batch=2, q_len=63, kv_len=63, segments=(segments, segments))
+    seg = segments(2, 63, pad=7, key=1)
+    fn, args = run_case(batch=2, q_len=63, kv_len=63, segments=(seg, seg))
     assert bool(jnp.all(fn(*args)[:, 56:] == 0.0))
 
 
@@ -137,7 +84,7 @@ def test_dropout_matches_reference():
 def test_fully_masked_rows_with_sinks_are_zero():
     """Rows with no allowed key (negative q segment, or no matching key) give 0 and finite grads,
     sinks or not (without sinks: `test_segments_with_padding_rows`)."""
-    q_seg = _segments(1, 64, key=2).at[:, 20].set(-1).at[:, 40:48].set(7)  # segment 7 has no keys
+    q_seg = segments(1, 64, key=2).at[:, 20].set(-1).at[:, 40:48].set(7)  # segment 7 has no keys
     kv_seg = jnp.where(jnp.arange(64) < 33, q_seg, 0)
     fn, args = run_case(q_len=64, kv_len=64, segments=(q_seg, kv_seg), num_sinks=2, sliding_window=(32, 32))
     out = fn(*args)
@@ -147,7 +94,7 @@ def test_fully_masked_rows_with_sinks_are_zero():
 
 def test_all_features_together():
     """Causal + window + soft cap + sinks + segments (with padding) + bias + GQA in one call."""
-    segs = _segments(1, 100, pad=5, key=4)
+    segs = segments(1, 100, pad=5, key=4)
     run_case(
         q_len=100,
         kv_len=100,

@@ -4,73 +4,19 @@ Small blocks (32) with lengths that are not block multiples, so every case runs 
 partial blocks and the block-skipping paths; forward and every gradient (q, k, v, bias, sinks).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+from attention_cases import cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
 from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
-from ejkernel.ops.config import BwdParams, FwdParams
-from ejkernel.reference.flash_attention import flash_attention_reference
-from harness import assert_close, check_forward_and_grads, randn
+from ejkernel.ops.config import FwdParams
+from harness import assert_close, randn
 
-SMALL = dict(fwd_params=FwdParams(block_q=32, block_k=32), bwd_params=BwdParams(block_q=32, block_k=32))
-
-
-@pytest.fixture(autouse=True)
-def _cheap_compiles():
-    """Interpret-mode kernels run in milliseconds but compile in seconds: skip XLA's optimisations."""
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
-def _segments(batch, length, num_segments=3, pad=0, key=0):
-    """Sorted random segment ids in [0, num_segments) with the last `pad` positions set to -1."""
-    rng = np.random.default_rng(key)
-    ids = np.sort(rng.integers(0, num_segments, (batch, length)), axis=1).astype(np.int32)
-    if pad:
-        ids[:, length - pad :] = -1
-    return jnp.asarray(ids)
-
-
-def run_case(
-    *,
-    batch=1,
-    q_len=100,
-    kv_len=63,
-    heads=4,
-    kv_heads=2,
-    head_dim=32,
-    value_dim=None,
-    dtype=jnp.float32,
-    bias_shape=None,
-    num_sinks=None,
-    segments=None,
-    mask=None,
-    params=SMALL,
-    fwd_tol=None,
-    grad_tol=None,
-    **options,
-):
-    """Random inputs -> check forward and the gradients of every float input against the reference."""
-    value_dim = value_dim or head_dim
-    q = randn((batch, q_len, heads, head_dim), dtype)
-    k = randn((batch, kv_len, kv_heads, head_dim), dtype)
-    v = randn((batch, kv_len, kv_heads, value_dim), dtype)
-    bias = None if bias_shape is None else randn(bias_shape, dtype)
-    aux = None if num_sinks is None else randn((num_sinks,), jnp.float32)
-    static = dict(softmax_scale=head_dim**-0.5, attention_mask=mask, **options)
-    if segments is not None:
-        static.update(q_segment_ids=segments[0], kv_segment_ids=segments[1])
-
-    fn = jax.jit(lambda q, k, v, bias, aux: flash_attention_triton(q, k, v, bias, aux, **static, **params))
-    ref = jax.jit(lambda q, k, v, bias, aux: flash_attention_reference(q, k, v, bias, aux, **static))
-    args = (q, k, v, bias, aux)
-    argnums = tuple(i for i, a in enumerate(args) if a is not None)
-    check_forward_and_grads(fn, ref, args, argnums, dtype, fwd_tol=fwd_tol, grad_tol=grad_tol)
-    return fn, args
+pytestmark = pytest.mark.usefixtures("cheap_compiles")
+run_case = functools.partial(run_attention_case, flash_attention_triton, heads=4, kv_heads=2)
 
 
 @pytest.mark.parametrize(
@@ -109,8 +55,8 @@ def test_sinks_shared_with_broadcast_bias():
 
 
 def test_segments_with_padding():
-    segments = _segments(2, 100, pad=7, key=1)
-    run_case(batch=2, q_len=100, kv_len=100, segments=(segments, segments))
+    seg = segments(2, 100, pad=7, key=1)
+    run_case(batch=2, q_len=100, kv_len=100, segments=(seg, seg))
 
 
 def test_attention_mask_with_right_window():
@@ -133,7 +79,7 @@ def test_fully_masked_rows_are_zero():
     q_len = kv_len = 64
     mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.7, (1, 4, q_len, kv_len))
     mask = mask.at[:, :, 5].set(False).at[:, 1, 40:48].set(False)
-    q_seg = _segments(1, q_len, pad=0, key=2).at[:, 20].set(-1)
+    q_seg = segments(1, q_len, pad=0, key=2).at[:, 20].set(-1)
     kv_seg = jnp.where(jnp.arange(kv_len) < 33, q_seg, 0)
     for num_sinks in (None, 4):
         fn, args = run_case(
@@ -151,7 +97,7 @@ def test_fully_masked_rows_are_zero():
 
 def test_all_features_together():
     """Causal + window + soft cap + sinks + segments + bias + GQA in one call."""
-    segs = _segments(2, 100, pad=5, key=4)
+    segs = segments(2, 100, pad=5, key=4)
     run_case(
         batch=2,
         q_len=100,

@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.attention import Operands, RefReader, sum_to_bias_shape
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
@@ -42,12 +43,11 @@ from ejkernel.kernels._triton._helpers import (
     segment_span,
 )
 from ejkernel.kernels._triton.flash_attention._fwd import (
-    Operands,
-    RefReader,
     Static,
     Tiling,
     bias_like_spec,
     logits_base2,
+    mask_logits,
     needs_edges,
     query_block_index,
 )
@@ -80,17 +80,19 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
         k = k_ref[cols, :]
         x, t = logits_base2(dot(q, k, trans_b=True), bias_ref[:, cols] if ops.bias else None, st)
         k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
-        allowed = and_masks(
-            position_mask(
-                q_pos, k_pos, kv_len=st.kv_len, kv_len_padded=kv_len_padded, causal=st.causal, window=st.window
-            )
-            if edge
-            else None,
-            ((q_seg == kv_seg_ref[cols][None, :]) & (q_seg >= 0)) if ops.segments else None,
-            (mask_ref[:, cols] != 0) if ops.mask else None,
+        x = mask_logits(
+            x,
+            st,
+            ops,
+            edge,
+            cols,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            kv_len_padded=kv_len_padded,
+            q_seg=q_seg,
+            kv_seg_ref=kv_seg_ref,
+            mask_ref=mask_ref,
         )
-        if allowed is not None:
-            x = jnp.where(allowed, x, -jnp.inf)
         p = jnp.exp2(x - lse)  # lse = +inf on empty rows: p = 0 there
         dp = dot(do, v_ref[cols, :], trans_b=True)
         if ops.dropout:
@@ -337,11 +339,7 @@ def backward(st: Static, residuals, do):
     dq, dbias = dq_and_dbias(st, st.bwd_dq, *operands)
     dk, dv = dk_dv(st, st.bwd, *operands)
     if dbias is not None:
-        if bias.shape[0] == 1:
-            dbias = jnp.sum(dbias, axis=0, keepdims=True)
-        if bias.shape[1] == 1:
-            dbias = jnp.sum(dbias, axis=1, keepdims=True)
-        dbias = dbias.astype(bias.dtype)
+        dbias = sum_to_bias_shape(dbias, bias)
     dsinks = None
     if sinks is not None:
         # d lse / d sink = P_sink = exp(sink - lse), and d out / d lse = -out: dsink = -Σ P_sink·delta.

@@ -21,6 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.attention import Operands, RefReader
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
@@ -70,48 +71,6 @@ class Static:
         return self.dropout_prob > 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Operands:
-    """Which optional operands a call has, and how the broadcast ones are laid out."""
-
-    bias: bool = False
-    bias_batch: bool = False  # bias has a batch axis of size B (else 1, broadcast)
-    bias_heads: bool = False  # bias has a head axis of size H (else 1, broadcast)
-    mask: bool = False
-    mask_batch: bool = False
-    mask_heads: bool = False
-    segments: bool = False
-    sinks: bool = False
-    dropout: bool = False
-
-    @staticmethod
-    def of(bias, sinks, q_segment_ids, mask, seed) -> Operands:
-        return Operands(
-            bias=bias is not None,
-            bias_batch=bias is not None and bias.shape[0] != 1,
-            bias_heads=bias is not None and bias.shape[1] != 1,
-            mask=mask is not None,
-            mask_batch=mask is not None and mask.shape[0] != 1,
-            mask_heads=mask is not None and mask.shape[1] != 1,
-            segments=q_segment_ids is not None,
-            sinks=sinks is not None,
-            dropout=seed is not None,
-        )
-
-
-class RefReader:
-    """Pops kernel refs in order, yielding None for operands the call does not have."""
-
-    def __init__(self, refs):
-        self._refs = list(refs)
-
-    def __call__(self, present: bool = True):
-        return self._refs.pop(0) if present else None
-
-    def rest(self):
-        return self._refs
-
-
 def logits_base2(s, bias_tile, st: Static):
     """Raw `q·k` tile -> (logits in base-2 units, tanh tile of the soft cap or None)."""
     if st.soft_cap is None:
@@ -123,6 +82,25 @@ def logits_base2(s, bias_tile, st: Static):
     if bias_tile is not None:
         x = x + bias_tile.astype(jnp.float32) * LOG2E
     return x, t
+
+
+def mask_logits(
+    x, st: Static, ops: Operands, edge: bool, cols, *, q_pos, k_pos, kv_len_padded, q_seg, kv_seg_ref, mask_ref
+):
+    """Sets the disallowed pairs of a `[block_q, block_k]` logit tile (key columns `cols`) to -inf.
+
+    Positions count only on edge blocks; segments and the mask wherever the call has them.
+    """
+    allowed = and_masks(
+        position_mask(q_pos, k_pos, kv_len=st.kv_len, kv_len_padded=kv_len_padded, causal=st.causal, window=st.window)
+        if edge
+        else None,
+        ((q_seg == kv_seg_ref[cols][None, :]) & (q_seg >= 0)) if ops.segments else None,
+        (mask_ref[:, cols] != 0) if ops.mask else None,
+    )
+    if allowed is not None:
+        x = jnp.where(allowed, x, -jnp.inf)
+    return x
 
 
 def needs_edges(st: Static, kv_len_padded: int) -> bool:
@@ -160,17 +138,19 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         k = k_ref[cols, :]
         x, _ = logits_base2(dot(q, k, trans_b=True), bias_ref[:, cols] if ops.bias else None, st)
         k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
-        allowed = and_masks(
-            position_mask(
-                q_pos, k_pos, kv_len=st.kv_len, kv_len_padded=kv_len_padded, causal=st.causal, window=st.window
-            )
-            if edge
-            else None,
-            ((q_seg == kv_seg_ref[cols][None, :]) & (q_seg >= 0)) if ops.segments else None,
-            (mask_ref[:, cols] != 0) if ops.mask else None,
+        x = mask_logits(
+            x,
+            st,
+            ops,
+            edge,
+            cols,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            kv_len_padded=kv_len_padded,
+            q_seg=q_seg,
+            kv_seg_ref=kv_seg_ref,
+            mask_ref=mask_ref,
         )
-        if allowed is not None:
-            x = jnp.where(allowed, x, -jnp.inf)
         m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
         # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
         shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)

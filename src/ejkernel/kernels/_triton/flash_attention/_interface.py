@@ -12,12 +12,19 @@ kernels' index maps, never through a repeated copy.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.attention import (
+    attention_vjp,
+    check_options,
+    check_qkv,
+    fold_sinks,
+    pad_axes,
+    round_up,
+)
 from ejkernel.kernels._triton.flash_attention._bwd import backward
 from ejkernel.kernels._triton.flash_attention._fwd import Static, Tiling, forward
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -25,6 +32,7 @@ from ejkernel.ops.config import BwdParams, FwdParams
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_HEAD_DIM = 256
 MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
+WHO = "triton flash_attention"
 
 
 # Shared memory per thread block on H100/H200; the software pipeline keeps `num_stages` copies of each
@@ -99,38 +107,7 @@ def _tiling(params: FwdParams | None, default: Tiling, q_len: int, kv_len: int, 
     return t
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _pad_axes(x, widths: dict[int, int], value=0):
-    if x is None or not any(widths.values()):
-        return x
-    pads = [(0, widths.get(axis, 0)) for axis in range(x.ndim)]
-    return jnp.pad(x, pads, constant_values=value)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    return forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)[0]
-
-
-def _attention_fwd(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    out, lse = forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
-    return out, (q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
-
-
-def _attention_bwd(st: Static, residuals, do):
-    dq, dk, dv, dbias, dsinks = backward(st, residuals, do)
-    return dq, dk, dv, dbias, dsinks, None, None, None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _check_broadcastable(name, x, batch, heads, q_len, kv_len):
-    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, heads) or x.shape[2:] != (q_len, kv_len):
-        raise ValueError(f"{name} must have shape [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
+_attention = attention_vjp(forward, backward)
 
 
 def plan(
@@ -160,48 +137,29 @@ def plan(
     Raises NotImplementedError for what the kernels cannot serve, before any kernel is traced.
     """
     # ---- what the kernels cannot serve: refuse before tracing anything ----
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if getattr(x, "ndim", None) != 4:
-            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
-        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"triton flash_attention takes float32/bfloat16/float16, got {name} {x.dtype}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise NotImplementedError(
-            f"triton flash_attention needs one dtype for query/key/value, got {query.dtype}/{key.dtype}/{value.dtype}"
-        )
-    batch, q_len, num_heads, head_dim = query.shape
-    kv_len, num_kv_heads, value_dim = key.shape[1], key.shape[2], value.shape[3]
-    if key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != head_dim:
-        raise ValueError(f"incompatible shapes: query {query.shape}, key {key.shape}, value {value.shape}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
-    if max(head_dim, value_dim) > MAX_HEAD_DIM:
-        raise NotImplementedError(
-            f"triton flash_attention supports head dims up to {MAX_HEAD_DIM}, got {head_dim}/{value_dim}"
-        )
+    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
+        query, key, value, who=WHO, dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM
+    )
     if min(q_len, kv_len, batch, num_heads) == 0:
         raise NotImplementedError("triton flash_attention needs non-empty inputs")
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len)):
-        raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
-    if bias is not None:
-        _check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len)
-        if jnp.dtype(bias.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"triton flash_attention takes a float32/bfloat16/float16 bias, got {bias.dtype}")
-    if attention_mask is not None:
-        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, kv_len)
-    if softmax_aux is not None:
-        if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
-            raise ValueError(f"softmax_aux must be a non-empty 1-D array, got shape {softmax_aux.shape}")
-        if jnp.dtype(softmax_aux.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"triton flash_attention takes float sinks, got {softmax_aux.dtype}")
-    if not 0.0 <= dropout_prob < 1.0:
-        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
-    if dropout_prob > 0.0 and dropout_seed is None:
-        raise ValueError("dropout_prob > 0 needs a dropout_seed")
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    check_options(
+        batch,
+        num_heads,
+        q_len,
+        kv_len,
+        who=WHO,
+        dtypes=SUPPORTED_DTYPES,
+        sink_dtypes=SUPPORTED_DTYPES,
+        seq_broadcast=False,  # the kernels read bias / mask tiles as they are
+        bias=bias,
+        softmax_aux=softmax_aux,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        attention_mask=attention_mask,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
+        logits_soft_cap=logits_soft_cap,
+    )
     window = None
     if sliding_window is not None:
         window = (int(sliding_window[0]), int(sliding_window[1]))
@@ -236,25 +194,22 @@ def plan(
     )
 
     # ---- pad to what the tiles need (no copy when shapes already fit) ----
-    q_pad = _round_up(q_len, max(fwd.block_q, bwd.block_q)) - q_len
-    kv_pad = _round_up(kv_len, max(fwd.block_k, bwd.block_k)) - kv_len
+    q_pad = round_up(q_len, max(fwd.block_q, bwd.block_q)) - q_len
+    kv_pad = round_up(kv_len, max(fwd.block_k, bwd.block_k)) - kv_len
     d_pad = max(MIN_BLOCK, pl.next_power_of_2(head_dim)) - head_dim
     dv_pad = max(MIN_BLOCK, pl.next_power_of_2(value_dim)) - value_dim
-    q = _pad_axes(query, {1: q_pad, 3: d_pad})
-    k = _pad_axes(key, {1: kv_pad, 3: d_pad})
-    v = _pad_axes(value, {1: kv_pad, 3: dv_pad})
-    bias_p = _pad_axes(bias, {2: q_pad, 3: kv_pad})
+    q = pad_axes(query, {1: q_pad, 3: d_pad})
+    k = pad_axes(key, {1: kv_pad, 3: d_pad})
+    v = pad_axes(value, {1: kv_pad, 3: dv_pad})
+    bias_p = pad_axes(bias, {2: q_pad, 3: kv_pad})
     mask = None
     if attention_mask is not None:
-        mask = _pad_axes(jnp.asarray(attention_mask, jnp.bool_).astype(jnp.int8), {2: q_pad, 3: kv_pad})
+        mask = pad_axes(jnp.asarray(attention_mask, jnp.bool_).astype(jnp.int8), {2: q_pad, 3: kv_pad})
     q_seg = kv_seg = None
     if q_segment_ids is not None:
-        q_seg = _pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
-        kv_seg = _pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
-    sinks = None
-    if softmax_aux is not None:  # only each head's log-sum-exp of its sinks matters
-        aux = softmax_aux.astype(jnp.float32)
-        sinks = aux if aux.shape[0] == num_heads else jnp.broadcast_to(jax.nn.logsumexp(aux), (num_heads,))
+        q_seg = pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+    sinks = fold_sinks(softmax_aux, num_heads)
     seed = None
     if dropout_prob > 0.0:
         seed = jnp.asarray(dropout_seed).astype(jnp.uint32).reshape(1)

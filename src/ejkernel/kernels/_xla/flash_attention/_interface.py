@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.attention import check_broadcastable, check_dropout, check_segments
 from ejkernel.kernels._common.vma import sum_to_vma
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -41,13 +42,6 @@ def _attention_bwd(spec, residuals, cotangents):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _check_broadcastable(name, x, batch, num_heads, q_len, k_len):
-    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, num_heads):
-        raise ValueError(f"{name} must be [1 or B, 1 or H, Sq, Sk] = [{batch}, {num_heads}, ...], got {x.shape}")
-    if x.shape[2] not in (1, q_len) or x.shape[3] not in (1, k_len):
-        raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {k_len}], got {x.shape}")
 
 
 def flash_attention_xla_with_lse(
@@ -86,23 +80,15 @@ def flash_attention_xla_with_lse(
         raise ValueError(f"value {value.shape} does not match key {key.shape}")
     if num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, k_len)):
-        raise ValueError(
-            f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape} and {kv_segment_ids.shape}"
-        )
-    if not 0.0 <= dropout_prob < 1.0:
-        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
-    if dropout_prob > 0.0 and dropout_seed is None:
-        raise ValueError("dropout_prob > 0 needs a dropout_seed")
+    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, k_len)
+    check_dropout(dropout_prob, dropout_seed)
     if softmax_aux is not None and softmax_aux.ndim != 1:
         raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
     if bias is not None:
-        _check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
+        check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
         bias = jnp.broadcast_to(bias, (*bias.shape[:2], q_len, k_len))
     if attention_mask is not None:
-        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
+        check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
         attention_mask = jnp.broadcast_to(attention_mask.astype(bool), (*attention_mask.shape[:2], q_len, k_len))
     if sliding_window is not None:
         sliding_window = (int(sliding_window[0]), int(sliding_window[1]))

@@ -28,19 +28,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.kernels._common.attention import Operands, RefReader, sum_to_bias_shape
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     LANES,
-    Operands,
-    RefReader,
     Static,
-    allowed_tile,
     block_state,
     clamp_block,
     compiler_params,
     keep_tile,
     kv_block_range,
     lanes,
-    logits,
+    masked_logits,
     q_block_range,
     run_tile,
     side_args,
@@ -57,21 +55,8 @@ def _tile_grads(st: Static, ops: Operands, positional: bool, refs, *, q_start, k
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, bias_ref, mask_ref, q_seg_ref, kv_seg_ref, seed_ref = refs
     block_q, block_k = q_ref.shape[0], k_ref.shape[0]
     shape = (block_q, block_k)
-    s, t = logits(q_ref[...], k_ref[...], bias_ref[...] if ops.bias else None, st)
-    allowed = allowed_tile(
-        st,
-        ops,
-        positional,
-        q_start,
-        k_start,
-        shape,
-        kv_len_padded=kv_len_padded,
-        q_seg_ref=q_seg_ref,
-        kv_seg_ref=kv_seg_ref,
-        mask_ref=mask_ref,
-    )
-    if allowed is not True:
-        s = jnp.where(allowed, s, -jnp.inf)
+    logit_refs = (q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref)
+    s, t = masked_logits(st, ops, positional, q_start, k_start, shape, kv_len_padded=kv_len_padded, refs=logit_refs)
     p = jnp.exp(s - lanes(lse_ref[...], block_k))  # lse = +inf on empty rows: p = 0 there
     dp = lax.dot_general(do_ref[...], v_ref[...], NT_DIMS, preferred_element_type=jnp.float32)
     p_kept = p
@@ -281,11 +266,7 @@ def backward(st: Static, residuals, do):
     dq, dbias = dq_and_dbias(st, *operands)
     dk, dv = dk_dv(st, *operands)
     if dbias is not None:
-        if bias.shape[0] == 1:
-            dbias = jnp.sum(dbias, axis=0, keepdims=True)
-        if bias.shape[1] == 1:
-            dbias = jnp.sum(dbias, axis=1, keepdims=True)
-        dbias = dbias.astype(bias.dtype)
+        dbias = sum_to_bias_shape(dbias, bias)
     dsinks = None
     if sinks is not None:
         # d lse / d sink = exp(sink - lse) and d out / d lse = -out, so dsink = -Σ exp(sink - lse)·delta.

@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.kernels._common.attention import Operands, RefReader
 from ejkernel.kernels._common.dropout import dropout_keep
 
 LANES = 128  # TPU vreg lanes: width of the replicated per-row statistics and query segment ids
@@ -56,48 +57,6 @@ class Static:
     @property
     def group(self) -> int:
         return self.num_heads // self.num_kv_heads
-
-
-@dataclasses.dataclass(frozen=True)
-class Operands:
-    """Which optional operands a call has, and whether bias/mask carry a batch / head axis."""
-
-    bias: bool = False
-    bias_batch: bool = False
-    bias_heads: bool = False
-    mask: bool = False
-    mask_batch: bool = False
-    mask_heads: bool = False
-    segments: bool = False
-    sinks: bool = False
-    dropout: bool = False
-
-    @staticmethod
-    def of(bias, sinks, q_seg, mask, seed) -> Operands:
-        return Operands(
-            bias=bias is not None,
-            bias_batch=bias is not None and bias.shape[0] != 1,
-            bias_heads=bias is not None and bias.shape[1] != 1,
-            mask=mask is not None,
-            mask_batch=mask is not None and mask.shape[0] != 1,
-            mask_heads=mask is not None and mask.shape[1] != 1,
-            segments=q_seg is not None,
-            sinks=sinks is not None,
-            dropout=seed is not None,
-        )
-
-
-class RefReader:
-    """Pops kernel refs in order; `read(False)` yields None for an operand the call does not have."""
-
-    def __init__(self, refs):
-        self._refs = list(refs)
-
-    def __call__(self, present: bool = True):
-        return self._refs.pop(0) if present else None
-
-    def rest(self):
-        return self._refs
 
 
 def compiler_params(num_axes: int, sequential: int = 1):
@@ -262,6 +221,30 @@ def allowed_tile(
     return _and(*conds)
 
 
+def masked_logits(st: Static, ops: Operands, positional: bool, q_start, k_start, shape, *, kv_len_padded, refs):
+    """`logits` of the tile with disallowed pairs at -inf: (s, tanh tile of the cap or None).
+
+    `refs` are `(q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref)` (None where absent).
+    """
+    q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref = refs
+    s, t = logits(q_ref[...], k_ref[...], bias_ref[...] if ops.bias else None, st)
+    allowed = allowed_tile(
+        st,
+        ops,
+        positional,
+        q_start,
+        k_start,
+        shape,
+        kv_len_padded=kv_len_padded,
+        q_seg_ref=q_seg_ref,
+        kv_seg_ref=kv_seg_ref,
+        mask_ref=mask_ref,
+    )
+    if allowed is not True:
+        s = jnp.where(allowed, s, -jnp.inf)
+    return s, t
+
+
 def keep_tile(st: Static, seed_ref, batch_head, q_start, k_start, shape):
     """Dropout keep mask of the tile (absolute positions, as in the reference)."""
     rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -329,21 +312,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_
 
     def body(positional: bool):
         shape = (block_q, block_k)
-        s, _ = logits(q_ref[...], k_ref[...], bias_ref[...] if ops.bias else None, st)
-        allowed = allowed_tile(
-            st,
-            ops,
-            positional,
-            q_start,
-            k_start,
-            shape,
-            kv_len_padded=kv_len_padded,
-            q_seg_ref=q_seg_ref,
-            kv_seg_ref=kv_seg_ref,
-            mask_ref=mask_ref,
-        )
-        if allowed is not True:
-            s = jnp.where(allowed, s, -jnp.inf)
+        refs = (q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref)
+        s, _ = masked_logits(st, ops, positional, q_start, k_start, shape, kv_len_padded=kv_len_padded, refs=refs)
         m_prev, l_prev = m_scratch[...], l_scratch[...]  # [block_q, 128]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         # A row with nothing allowed so far keeps m = -inf; shifting it by 0 keeps inf - inf away.

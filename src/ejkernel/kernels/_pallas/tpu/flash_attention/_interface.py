@@ -13,13 +13,19 @@ checks them.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.kernels._common.attention import (
+    attention_vjp,
+    check_options,
+    check_qkv,
+    fold_sinks,
+    pad_axes,
+    round_up,
+)
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, Static, forward
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -29,16 +35,7 @@ MAX_HEAD_DIM = 256
 MIN_BLOCK = 8  # one sublane tile
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 128
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _pad_axes(x, widths: dict[int, int], value=0):
-    if x is None or not any(widths.values()):
-        return x
-    return jnp.pad(x, [(0, widths.get(axis, 0)) for axis in range(x.ndim)], constant_values=value)
+WHO = "pallas tpu flash_attention"
 
 
 def _requested_blocks(params, fallback: tuple[int, int]) -> tuple[int, int]:
@@ -54,29 +51,7 @@ def _fit(block: int, length: int, granule: int) -> int:
     return min(block, max(granule, pl.next_power_of_2(length)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    return forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)[0]
-
-
-def _attention_fwd(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    out, lse = forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
-    return out, (q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
-
-
-def _attention_bwd(st: Static, residuals, do):
-    dq, dk, dv, dbias, dsinks = backward(st, residuals, do)
-    return dq, dk, dv, dbias, dsinks, None, None, None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _check_broadcastable(name, x, batch, heads, q_len, kv_len):
-    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, heads):
-        raise ValueError(f"{name} must be [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
-    if x.shape[2] not in (1, q_len) or x.shape[3] not in (1, kv_len):
-        raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {kv_len}] (or 1s), got {x.shape}")
+_attention = attention_vjp(forward, backward)
 
 
 def flash_attention_tpu(
@@ -120,49 +95,27 @@ def flash_attention_tpu(
     inputs).
     """
     # ---- what the kernels cannot serve: refuse before tracing anything ----
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if getattr(x, "ndim", None) != 4:
-            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
-        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"pallas tpu flash_attention takes float32/bfloat16, got {name} {x.dtype}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise NotImplementedError(
-            f"pallas tpu flash_attention needs one dtype for query/key/value, got "
-            f"{query.dtype}/{key.dtype}/{value.dtype}"
-        )
-    batch, q_len, num_heads, head_dim = query.shape
-    kv_len, num_kv_heads, value_dim = key.shape[1], key.shape[2], value.shape[3]
-    if key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != head_dim:
-        raise ValueError(f"incompatible shapes: query {query.shape}, key {key.shape}, value {value.shape}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
-    if max(head_dim, value_dim) > MAX_HEAD_DIM:
-        raise NotImplementedError(
-            f"pallas tpu flash_attention supports head dims up to {MAX_HEAD_DIM}, got {head_dim}/{value_dim}"
-        )
+    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
+        query, key, value, who=WHO, dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM
+    )
     if min(q_len, kv_len, batch, num_heads, head_dim, value_dim) == 0:
         raise NotImplementedError("pallas tpu flash_attention needs non-empty inputs")
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len)):
-        raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
-    if bias is not None:
-        _check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len)
-        if jnp.dtype(bias.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"pallas tpu flash_attention takes a float32/bfloat16 bias, got {bias.dtype}")
-    if attention_mask is not None:
-        _check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, kv_len)
-    if softmax_aux is not None:
-        if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
-            raise ValueError(f"softmax_aux must be a non-empty 1-D array, got shape {softmax_aux.shape}")
-        if not jnp.issubdtype(softmax_aux.dtype, jnp.floating):
-            raise NotImplementedError(f"pallas tpu flash_attention takes float sinks, got {softmax_aux.dtype}")
-    if not 0.0 <= dropout_prob < 1.0:
-        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
-    if dropout_prob > 0.0 and dropout_seed is None:
-        raise ValueError("dropout_prob > 0 needs a dropout_seed")
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    check_options(
+        batch,
+        num_heads,
+        q_len,
+        kv_len,
+        who=WHO,
+        dtypes=SUPPORTED_DTYPES,
+        bias=bias,
+        softmax_aux=softmax_aux,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        attention_mask=attention_mask,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
+        logits_soft_cap=logits_soft_cap,
+    )
     window = None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1]))
 
     if interpret is None:
@@ -177,8 +130,8 @@ def flash_attention_tpu(
     bwd_req = _requested_blocks(bwd_params, fwd_req)
     fwd_q, bwd_q = (_fit(b[0], q_len, granule) for b in (fwd_req, bwd_req))
     fwd_k, bwd_k = (_fit(b[1], kv_len, granule) for b in (fwd_req, bwd_req))
-    q_len_padded = _round_up(q_len, max(fwd_q, bwd_q))
-    kv_len_padded = _round_up(kv_len, max(fwd_k, bwd_k))
+    q_len_padded = round_up(q_len, max(fwd_q, bwd_q))
+    kv_len_padded = round_up(kv_len, max(fwd_k, bwd_k))
     if on_tpu:
         for block_q, block_k in ((fwd_q, fwd_k), (bwd_q, bwd_k)):
             if block_q % granule or (block_k % LANES and block_k != kv_len_padded):
@@ -206,26 +159,23 @@ def flash_attention_tpu(
 
     # ---- layout and padding (plain jnp: autodiff transposes and slices the gradients back) ----
     q_pad, kv_pad = q_len_padded - q_len, kv_len_padded - kv_len
-    q = _pad_axes(jnp.swapaxes(query, 1, 2), {2: q_pad})
-    k = _pad_axes(jnp.swapaxes(key, 1, 2), {2: kv_pad})
-    v = _pad_axes(jnp.swapaxes(value, 1, 2), {2: kv_pad})
+    q = pad_axes(jnp.swapaxes(query, 1, 2), {2: q_pad})
+    k = pad_axes(jnp.swapaxes(key, 1, 2), {2: kv_pad})
+    v = pad_axes(jnp.swapaxes(value, 1, 2), {2: kv_pad})
     bias_p = None
     if bias is not None:
-        bias_p = _pad_axes(jnp.broadcast_to(bias, (*bias.shape[:2], q_len, kv_len)), {2: q_pad, 3: kv_pad})
+        bias_p = pad_axes(jnp.broadcast_to(bias, (*bias.shape[:2], q_len, kv_len)), {2: q_pad, 3: kv_pad})
     mask = None
     if attention_mask is not None:
         mask = jnp.broadcast_to(jnp.asarray(attention_mask, jnp.bool_), (*attention_mask.shape[:2], q_len, kv_len))
-        mask = _pad_axes(mask.astype(jnp.int8), {2: q_pad, 3: kv_pad})
+        mask = pad_axes(mask.astype(jnp.int8), {2: q_pad, 3: kv_pad})
     q_seg = kv_seg = None
     if q_segment_ids is not None:
-        q_seg = _pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
-        kv_seg = _pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+        q_seg = pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
         q_seg = jnp.broadcast_to(q_seg[:, :, None], (batch, q_len_padded, LANES))  # lane-replicated
         kv_seg = jnp.broadcast_to(kv_seg[:, None, :], (batch, SUBLANES, kv_len_padded))  # sublane-replicated
-    sinks = None
-    if softmax_aux is not None:  # only each head's log-sum-exp of its sinks matters
-        aux = softmax_aux.astype(jnp.float32)
-        sinks = aux if aux.shape[0] == num_heads else jnp.broadcast_to(jax.nn.logsumexp(aux), (num_heads,))
+    sinks = fold_sinks(softmax_aux, num_heads)
     seed = None
     if dropout_prob > 0.0:
         seed = jnp.asarray(dropout_seed).astype(jnp.int32).reshape(1)

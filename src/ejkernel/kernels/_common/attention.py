@@ -1,0 +1,222 @@
+"""Python-level plumbing the flash attention implementations share (trace time only, no kernel math).
+
+Argument checks of the canonical contract, padding helpers, the bookkeeping of which optional
+operands a call has, and the custom-VJP wiring of a padded `forward` / `backward` pair. Kept in one
+place so the Pallas-Triton, Pallas TPU and XLA implementations refuse the same calls with the same
+words; each implementation still spells out its own public signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+# ---- argument checks ----
+
+
+def check_broadcastable(name, x, batch, heads, q_len, kv_len, *, seq_broadcast: bool = True):
+    """`x` is `[1|B, 1|H, Sq, Sk]`; with `seq_broadcast` its last two axes may also be 1."""
+    if x.ndim != 4 or x.shape[0] not in (1, batch) or x.shape[1] not in (1, heads):
+        raise ValueError(f"{name} must be [1|{batch}, 1|{heads}, {q_len}, {kv_len}], got {x.shape}")
+    if seq_broadcast:
+        if x.shape[2] not in (1, q_len) or x.shape[3] not in (1, kv_len):
+            raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {kv_len}] (or 1s), got {x.shape}")
+    elif x.shape[2:] != (q_len, kv_len):
+        raise ValueError(f"{name} must end in [Sq, Sk] = [{q_len}, {kv_len}], got {x.shape}")
+
+
+def check_segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len):
+    """Segment ids come both or neither, as `[B, Sq]` and `[B, Sk]`."""
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None and (q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len)):
+        raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
+
+
+def check_dropout(dropout_prob, dropout_seed):
+    """A rate in [0, 1), and a seed whenever the rate is positive."""
+    if not 0.0 <= dropout_prob < 1.0:
+        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+    if dropout_prob > 0.0 and dropout_seed is None:
+        raise ValueError("dropout_prob > 0 needs a dropout_seed")
+
+
+def _dtype_names(dtypes) -> str:
+    return "/".join(jnp.dtype(d).name for d in dtypes)
+
+
+def check_qkv(query, key, value, *, who: str, dtypes, max_head_dim: int):
+    """Checks what a kernel implementation `who` takes of query/key/value; returns their sizes.
+
+    Returns `(batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim)`. Shape errors are
+    ValueError; what the kernels merely cannot serve (dtype, head dim) is NotImplementedError, so
+    automatic dispatch can fall back.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
+        if jnp.dtype(x.dtype) not in dtypes:
+            raise NotImplementedError(f"{who} takes {_dtype_names(dtypes)}, got {name} {x.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise NotImplementedError(
+            f"{who} needs one dtype for query/key/value, got {query.dtype}/{key.dtype}/{value.dtype}"
+        )
+    batch, q_len, num_heads, head_dim = query.shape
+    kv_len, num_kv_heads, value_dim = key.shape[1], key.shape[2], value.shape[3]
+    if key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != head_dim:
+        raise ValueError(f"incompatible shapes: query {query.shape}, key {key.shape}, value {value.shape}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
+    if max(head_dim, value_dim) > max_head_dim:
+        raise NotImplementedError(f"{who} supports head dims up to {max_head_dim}, got {head_dim}/{value_dim}")
+    return batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim
+
+
+def check_options(
+    batch,
+    num_heads,
+    q_len,
+    kv_len,
+    *,
+    who: str,
+    dtypes,
+    sink_dtypes=None,
+    seq_broadcast: bool = True,
+    bias,
+    softmax_aux,
+    q_segment_ids,
+    kv_segment_ids,
+    attention_mask,
+    dropout_prob,
+    dropout_seed,
+    logits_soft_cap,
+):
+    """Checks the optional operands and options of the canonical contract for kernel implementation `who`.
+
+    `dtypes` are the bias dtypes taken; `sink_dtypes` those of the sinks (None: any float).
+    `seq_broadcast` lets bias / mask broadcast over their query and key axes too.
+    """
+    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
+    if bias is not None:
+        check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len, seq_broadcast=seq_broadcast)
+        if jnp.dtype(bias.dtype) not in dtypes:
+            raise NotImplementedError(f"{who} takes a {_dtype_names(dtypes)} bias, got {bias.dtype}")
+    if attention_mask is not None:
+        check_broadcastable(
+            "attention_mask", attention_mask, batch, num_heads, q_len, kv_len, seq_broadcast=seq_broadcast
+        )
+    if softmax_aux is not None:
+        if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
+            raise ValueError(f"softmax_aux must be a non-empty 1-D array, got shape {softmax_aux.shape}")
+        if sink_dtypes is None:
+            float_sinks = jnp.issubdtype(softmax_aux.dtype, jnp.floating)
+        else:
+            float_sinks = jnp.dtype(softmax_aux.dtype) in sink_dtypes
+        if not float_sinks:
+            raise NotImplementedError(f"{who} takes float sinks, got {softmax_aux.dtype}")
+    check_dropout(dropout_prob, dropout_seed)
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+
+
+# ---- operand preparation (plain jnp outside the kernels) ----
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pad_axes(x, widths: dict[int, int], value=0):
+    """Pads axis `a` of `x` by `widths[a]` at the end; None and zero widths pass through uncopied."""
+    if x is None or not any(widths.values()):
+        return x
+    return jnp.pad(x, [(0, widths.get(axis, 0)) for axis in range(x.ndim)], constant_values=value)
+
+
+def fold_sinks(softmax_aux, num_heads: int):
+    """Sink logits -> one float32 logit per head: only each head's log-sum-exp of its sinks matters."""
+    if softmax_aux is None:
+        return None
+    aux = softmax_aux.astype(jnp.float32)
+    return aux if aux.shape[0] == num_heads else jnp.broadcast_to(jax.nn.logsumexp(aux), (num_heads,))
+
+
+def sum_to_bias_shape(dbias, bias):
+    """The dense `[B, H, Sq, Sk]` dS -> the gradient of a bias broadcast over batch and/or heads."""
+    if bias.shape[0] == 1:
+        dbias = jnp.sum(dbias, axis=0, keepdims=True)
+    if bias.shape[1] == 1:
+        dbias = jnp.sum(dbias, axis=1, keepdims=True)
+    return dbias.astype(bias.dtype)
+
+
+# ---- kernel bookkeeping ----
+
+
+@dataclasses.dataclass(frozen=True)
+class Operands:
+    """Which optional operands a call has, and how the broadcast ones are laid out (hashable, static)."""
+
+    bias: bool = False
+    bias_batch: bool = False  # bias has a batch axis of size B (else 1, broadcast)
+    bias_heads: bool = False  # bias has a head axis of size H (else 1, broadcast)
+    mask: bool = False
+    mask_batch: bool = False
+    mask_heads: bool = False
+    segments: bool = False
+    sinks: bool = False
+    dropout: bool = False
+
+    @staticmethod
+    def of(bias, sinks, q_segment_ids, mask, seed) -> Operands:
+        return Operands(
+            bias=bias is not None,
+            bias_batch=bias is not None and bias.shape[0] != 1,
+            bias_heads=bias is not None and bias.shape[1] != 1,
+            mask=mask is not None,
+            mask_batch=mask is not None and mask.shape[0] != 1,
+            mask_heads=mask is not None and mask.shape[1] != 1,
+            segments=q_segment_ids is not None,
+            sinks=sinks is not None,
+            dropout=seed is not None,
+        )
+
+
+class RefReader:
+    """Pops kernel refs in order; `read(False)` yields None for an operand the call does not have."""
+
+    def __init__(self, refs):
+        self._refs = list(refs)
+
+    def __call__(self, present: bool = True):
+        return self._refs.pop(0) if present else None
+
+    def rest(self):
+        return self._refs
+
+
+def attention_vjp(forward, backward):
+    """The differentiable core `(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed) -> out`.
+
+    `forward(st, *operands) -> (out, lse)` and `backward(st, residuals, do) -> (dq, dk, dv, dbias,
+    dsinks)` are a kernel implementation's padded forward and backward; the residuals are the
+    operands followed by `out, lse`. Segment ids, mask and seed get no gradient.
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def _attention(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+        return forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)[0]
+
+    def _attention_fwd(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+        out, lse = forward(st, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
+        return out, (q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
+
+    def _attention_bwd(st, residuals, do):
+        dq, dk, dv, dbias, dsinks = backward(st, residuals, do)
+        return dq, dk, dv, dbias, dsinks, None, None, None, None
+
+    _attention.defvjp(_attention_fwd, _attention_bwd)
+    return _attention
