@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from ejkernel.modules import attention, scaled_dot_product_attention
 from ejkernel.reference.flash_attention import flash_attention_reference
@@ -68,3 +69,12 @@ def test_sdpa_cuda_matches_xla():
     q, k, v = (jnp.tile(x, (1, 32, 1, 8)) for x in (q, k, v))  # [2, 768, 4|2, 128]
     out = scaled_dot_product_attention(q, k, v, causal=True, platform="cuda")
     assert_close(out, scaled_dot_product_attention(q, k, v, causal=True, platform="xla"), jnp.bfloat16)
+
+
+def test_sdpa_sharded_over_batch_and_heads_equals_unsharded():
+    mesh = jax.make_mesh((2, 2), ("data", "model"))
+    q, k, v = qkv()
+    mask = MaskInfo.from_segments(jnp.array([[0] * 12 + [1] * 12, [0] * 20 + [-1] * 4]))
+    spec = P("data", None, "model", None)
+    out = scaled_dot_product_attention(q, k, v, mask_info=mask, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    assert_close(out, scaled_dot_product_attention(q, k, v, mask_info=mask))
