@@ -90,3 +90,13 @@ def test_gpu_triton_matches_xla(packed):
     g = randn(expected.shape, jnp.bfloat16)
     grad = jax.grad(lambda x: jnp.vdot(mean_pooling(x, cu, platform="triton"), g).real)(x)
     assert_close(grad, jax.grad(lambda x: jnp.vdot(mean_pooling(x, cu, platform="xla"), g).real)(x))
+
+
+def test_packed_mode_shards_features_and_refuses_split_tokens():
+    mesh = jax.make_mesh((8,), ("model",))
+    cu = jnp.array([0, 5, 5, 40], jnp.int32)
+    x = randn((40, 16))
+    out = mean_pooling(x, cu, mesh=mesh, in_specs=(P(None, "model"), P()), out_specs=P(None, "model"))
+    assert_close(out, mean_pooling_reference(x, cu))
+    with pytest.raises(ValueError, match="token axis"):
+        mean_pooling(x, cu, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))

@@ -161,3 +161,26 @@ def test_fully_masked_rows_are_zero_with_finite_grads():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
     assert bool(jnp.all(grads[0][:, 10:] == 0))
     np.testing.assert_array_equal(np.asarray(out.shape), (B, S, H, D))
+
+
+def test_paged_kv_sharded_over_batch_and_heads():
+    mesh = jax.make_mesh((2, 2), ("data", "model"))
+    q = randn((B, 8, H, D))
+    k_cache, v_cache = randn((12, 4, HKV, D)), randn((12, 4, HKV, D))
+    tables = jnp.array([[3, 0, 7], [11, 5, 2]], jnp.int32)
+    spec, cache_spec = P("data", None, "model", None), P(None, None, "model", None)
+    out = flash_attention(
+        q,
+        k_cache,
+        v_cache,
+        None,
+        None,
+        None,
+        None,
+        tables,
+        causal=True,
+        mesh=mesh,
+        in_specs=(spec, cache_spec, cache_spec, P("data", None)),
+        out_specs=spec,
+    )
+    assert_close(out, flash_attention(q, k_cache, v_cache, None, None, None, None, tables, causal=True))

@@ -151,8 +151,6 @@ def flash_attention(
     check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape
     if block_tables is not None:
-        if mesh is not None:
-            raise NotImplementedError("flash_attention: block_tables together with mesh= is not supported yet")
         # Paged caches: gather each row's pages into a dense [B, max_blocks * block_size, Hkv, D] sequence.
         key = key[block_tables].reshape(batch, -1, *key.shape[2:])
         value = value[block_tables].reshape(batch, -1, *value.shape[2:])
@@ -209,6 +207,13 @@ def flash_attention(
         if len(in_specs) != sum(passed):
             raise ValueError(f"in_specs needs one spec per tensor argument passed ({sum(passed)}), got {len(in_specs)}")
         by_position = dict(zip([i for i, p in enumerate(passed) if p], in_specs, strict=True))
+        if block_tables is not None:
+            # The pages were gathered into dense rows above: those follow the query's batch sharding and
+            # keep the caches' head sharding (a sharded page or page-slot axis has no meaning there).
+            q_spec = tuple(by_position[0]) + (None,) * 4
+            for position in (1, 2):
+                cache_spec = tuple(by_position[position]) + (None,) * 4
+                by_position[position] = PartitionSpec(q_spec[0], None, *cache_spec[2:4])
         in_specs = tuple(by_position[i] for i in (0, 1, 2, 3, 6) if i in by_position)
     return executor(
         FlashAttention(),

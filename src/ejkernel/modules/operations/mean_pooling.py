@@ -63,6 +63,12 @@ def mean_pooling(
         require_int("cu_seqlens", cu_seqlens)
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must hold at least 2 bounds [0, n1, ...], got shape {cu_seqlens.shape}")
+    if cu_seqlens is not None and in_specs is not None and len(in_specs) > 0 and tuple(in_specs[0])[:1] != (None,):
+        # Each device would pool its own slice of tokens with the global bounds: a silent wrong answer.
+        raise ValueError(
+            f"mean_pooling with cu_seqlens cannot shard the token axis of x (in_specs[0]={in_specs[0]}); "
+            "shard the feature axes instead"
+        )
     if not isinstance(chunk_size, int) or chunk_size <= 0 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     return executor(
