@@ -56,14 +56,17 @@ class PersistentCache:
     """Configs on disk as one JSON file, shared by processes.
 
     Each write takes a file lock, re-reads the file, adds its key and replaces the file atomically,
-    so concurrent writers never lose each other's keys or leave a partial file. A file that is not
-    valid cache JSON (truncated, foreign) is renamed aside with a warning and treated as empty.
+    so concurrent writers never lose each other's keys or leave a partial file. Readers need no lock
+    (they always see a whole file) and re-parse only when the file changed, so a lookup on every eager
+    call costs one `stat`. A file that is not valid cache JSON (truncated, foreign) is renamed aside
+    with a warning and treated as empty.
     """
 
     FILE_NAME = "configs.json"
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self._directory = pathlib.Path(directory) if directory is not None else None
+        self._snapshot: tuple[tuple, dict[str, dict]] | None = None  # (file identity, its entries)
 
     @property
     def path(self) -> pathlib.Path:
@@ -95,10 +98,17 @@ class PersistentCache:
 
     def entries(self) -> dict[str, dict]:
         """Every stored entry: key -> {"config": json text, ...metadata}."""
-        if not self.path.exists():
+        path = self.path
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
             return {}
-        with self._lock():
-            return self._read_unlocked()
+        identity = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        snapshot = self._snapshot
+        if snapshot is None or snapshot[0] != identity:
+            snapshot = (identity, self._read_unlocked())
+            self._snapshot = snapshot
+        return dict(snapshot[1])
 
     def get(self, key: str) -> ConfigBase | None:
         entry = self.entries().get(key)
