@@ -58,7 +58,7 @@ def _positive_int(name: str, value: object) -> int:
     return int(value)
 
 
-def _window_pair(window: int | tuple[int, int]) -> Window:
+def window_pair(window: int | tuple[int, int], name: str = "window") -> Window:
     """An int `w` means `(w, w)`; a pair is `(left, right)`; both sides must be non-negative ints."""
     pair = (window, window) if isinstance(window, int | np.integer) else window
     if (
@@ -66,13 +66,20 @@ def _window_pair(window: int | tuple[int, int]) -> Window:
         or len(pair) != 2
         or any(not isinstance(w, int | np.integer) or isinstance(w, bool) for w in pair)
     ):
-        raise TypeError(f"window must be an int or a (left, right) pair of ints, got {window!r}")
+        raise TypeError(f"{name} must be an int or a (left, right) pair of ints, got {window!r}")
     if min(pair) < 0:
-        raise ValueError(f"window must be non-negative, got {window!r}")
+        raise ValueError(f"{name} must be non-negative, got {window!r}")
     return int(pair[0]), int(pair[1])
 
 
-def _cu_to_segments(name: str, cu: ArrayLike, length: int) -> jax.Array:
+def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
+    """The window allowed by both of two `(left, right)` windows (None: no window)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return (min(a[0], b[0]), min(a[1], b[1]))
+
+
+def padding_segment_ids(name: str, cu: ArrayLike, length: int) -> jax.Array:
     """Segment ids [B, length] of a padded batch: row b is valid (0) for its first cu[b+1]-cu[b] tokens."""
     cu = _int_array(name, cu, (None,), "[batch + 1]")
     if cu.shape[0] < 2:
@@ -165,17 +172,16 @@ class MaskInfo:
             raise ValueError("q_len (the length of the query sequence axis) is required, got None")
         q_len = _positive_int("q_len", q_len)
         kv_len = q_len if kv_len is None else _positive_int("kv_len", kv_len)
-        q = _cu_to_segments("cu_seqlens_q", cu_seqlens_q, q_len)
+        q = padding_segment_ids("cu_seqlens_q", cu_seqlens_q, q_len)
         if cu_seqlens_k is None and kv_len == q_len:
             return cls(q_segment_ids=q, kv_segment_ids=q)
         if cu_seqlens_k is None:
-            kv = _cu_to_segments("cu_seqlens_q", cu_seqlens_q, kv_len)
+            kv = padding_segment_ids("cu_seqlens_q", cu_seqlens_q, kv_len)
         else:
-            kv = _cu_to_segments("cu_seqlens_k", cu_seqlens_k, kv_len)
+            kv = padding_segment_ids("cu_seqlens_k", cu_seqlens_k, kv_len)
         if kv.shape[0] != q.shape[0]:
             raise ValueError(
-                f"cu_seqlens_k must have batch + 1 = {q.shape[0] + 1} entries like cu_seqlens_q, "
-                f"got {kv.shape[0] + 1}"
+                f"cu_seqlens_k must have batch + 1 = {q.shape[0] + 1} entries like cu_seqlens_q, got {kv.shape[0] + 1}"
             )
         return cls(q_segment_ids=q, kv_segment_ids=kv)
 
@@ -206,10 +212,7 @@ class MaskInfo:
 
     def apply_sliding_window(self, window: int | tuple[int, int]) -> Self:
         """Keep keys `i - left <= j <= i + right`; an int `w` means `(w, w)`. Windows intersect."""
-        left, right = _window_pair(window)
-        if self.sliding_window is not None:
-            left, right = min(left, self.sliding_window[0]), min(right, self.sliding_window[1])
-        return dataclasses.replace(self, sliding_window=(left, right))
+        return dataclasses.replace(self, sliding_window=intersect_windows(window_pair(window), self.sliding_window))
 
     def apply_chunked(self, chunk_size: int) -> Self:
         """Chunked local attention (Llama 4): keep keys with `i // chunk_size == j // chunk_size`."""

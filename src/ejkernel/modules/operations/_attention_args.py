@@ -4,6 +4,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from ejkernel.modules.operations._common import require_float, require_rank
+from ejkernel.types.mask_info import window_pair
 
 
 def check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
@@ -19,21 +20,7 @@ def check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
 
 def parse_window(sliding_window) -> tuple[int, int] | None:
     """`None`, an int `w` (meaning `(w, w)`) or a `(left, right)` pair of non-negative ints."""
-    if sliding_window is None:
-        return None
-    pair = (sliding_window, sliding_window) if isinstance(sliding_window, int) else tuple(sliding_window)
-    if len(pair) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) for w in pair):
-        raise TypeError(f"sliding_window must be an int or a (left, right) pair of ints, got {sliding_window!r}")
-    if min(pair) < 0:
-        raise ValueError(f"sliding_window must be non-negative, got {sliding_window!r}")
-    return pair
-
-
-def intersect_windows(a, b):
-    """The window allowed by both of two `(left, right)` windows (None: no window)."""
-    if a is None or b is None:
-        return a if b is None else b
-    return (min(a[0], b[0]), min(a[1], b[1]))
+    return None if sliding_window is None else window_pair(sliding_window, "sliding_window")
 
 
 def check_bias(bias: jax.Array | None, batch: int, heads: int, q_len: int, kv_len: int) -> jax.Array | None:

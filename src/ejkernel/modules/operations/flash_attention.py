@@ -18,12 +18,12 @@ from ejkernel.modules.operations._attention_args import (
     check_bias,
     check_qkv,
     dense_mask_spec,
-    intersect_windows,
     parse_window,
 )
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
+from ejkernel.types.mask_info import intersect_windows, padding_segment_ids
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
 XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}
@@ -40,10 +40,9 @@ class FlashAttention(Kernel):
 
     def call_impl(self, impl, args, kwargs, cfg):
         if impl.platform.value != "xla":
-            for name, default in XLA_ONLY_DEFAULTS.items():
-                if kwargs.get(name, default) != default:
-                    raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the xla platform only")
-            kwargs = {k: v for k, v in kwargs.items() if k not in XLA_ONLY_DEFAULTS}
+            # The public function passes these options only when they differ from the defaults.
+            for name in XLA_ONLY_DEFAULTS.keys() & kwargs.keys():
+                raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the xla platform only")
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
 
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
@@ -100,8 +99,7 @@ def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Ar
     require_int(name, cum_seqlens)
     if cum_seqlens.shape != (batch + 1,):
         raise ValueError(f"{name} must have shape [batch + 1] = ({batch + 1},), got {cum_seqlens.shape}")
-    lengths = cum_seqlens[1:] - cum_seqlens[:-1]
-    return jnp.where(jnp.arange(length)[None, :] < lengths[:, None], 0, -1).astype(jnp.int32)
+    return padding_segment_ids(name, cum_seqlens, length)
 
 
 def _merge_segments(a, b):
@@ -195,10 +193,8 @@ def flash_attention(
         dropout_prob=float(dropout_prob),
         dropout_seed=None if dropout_prob == 0.0 else jnp.asarray(dropout_seed).astype(jnp.uint32),
     )
-    for name, default in XLA_ONLY_DEFAULTS.items():
-        value_given = {"normalize_output": normalize_output, "precision": precision, "logits_dtype": logits_dtype}[name]
-        if value_given != default:
-            options[name] = value_given
+    given = {"normalize_output": normalize_output, "precision": precision, "logits_dtype": logits_dtype}
+    options.update({name: value for name, value in given.items() if value != XLA_ONLY_DEFAULTS[name]})
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
         passed = [

@@ -29,10 +29,11 @@ import jax
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
-from ejkernel.modules.operations._attention_args import check_qkv, intersect_windows, parse_window
+from ejkernel.modules.operations._attention_args import check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
+from ejkernel.types.mask_info import intersect_windows
 
 DEFAULT_AXIS = "sp"
 
