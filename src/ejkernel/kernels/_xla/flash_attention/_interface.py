@@ -14,13 +14,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import check_broadcastable, check_dropout, check_segments
+from ejkernel.kernels._common.attention import check_broadcastable, check_dropout, check_qkv, check_segments
 from ejkernel.kernels._common.vma import sum_to_vma
 from ejkernel.ops.config import BwdParams, FwdParams
 
 from ._bwd import attention_backward
 from ._kernel import attention_forward
 from ._tiles import AttentionSpec
+
+FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -42,77 +44,6 @@ def _attention_bwd(spec, residuals, cotangents):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def flash_attention_xla_with_lse(
-    query,
-    key,
-    value,
-    bias=None,
-    softmax_aux=None,
-    *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
-    normalize_output: bool = True,
-    precision=jax.lax.Precision.DEFAULT,
-    logits_dtype=jnp.float32,
-):
-    """`flash_attention_xla` that also returns the log-sum-exp [B, H, Sq] (float32, differentiable).
-
-    The log-sum-exp includes the sinks; it is -inf for a row with nothing to attend and no sinks.
-    """
-    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
-        raise ValueError(f"query, key, value must be 4-D, got {query.shape}, {key.shape}, {value.shape}")
-    batch, q_len, num_heads, head_dim = query.shape
-    _, k_len, num_kv_heads, _ = key.shape
-    if key.shape[0] != batch or key.shape[3] != head_dim:
-        raise ValueError(f"key {key.shape} does not match query {query.shape}")
-    if value.shape[:3] != key.shape[:3]:
-        raise ValueError(f"value {value.shape} does not match key {key.shape}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
-    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, k_len)
-    check_dropout(dropout_prob, dropout_seed)
-    if softmax_aux is not None and softmax_aux.ndim != 1:
-        raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
-    if bias is not None:
-        check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
-        bias = jnp.broadcast_to(bias, (*bias.shape[:2], q_len, k_len))
-    if attention_mask is not None:
-        check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
-        attention_mask = jnp.broadcast_to(attention_mask.astype(bool), (*attention_mask.shape[:2], q_len, k_len))
-    if sliding_window is not None:
-        sliding_window = (int(sliding_window[0]), int(sliding_window[1]))
-
-    if q_len == 0 or k_len == 0:  # nothing to attend: every row is empty
-        out = jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
-        return out, jnp.full((batch, num_heads, q_len), -jnp.inf, jnp.float32)
-
-    fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
-    bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
-    spec = AttentionSpec(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
-        sliding_window=sliding_window,
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        dropout_prob=float(dropout_prob),
-        normalize_output=bool(normalize_output),
-        precision=precision,
-        logits_dtype=jnp.dtype(logits_dtype),
-        fwd_blocks=fwd_blocks,
-        bwd_blocks=bwd_blocks,
-    )
-    seed = jnp.asarray(dropout_seed).astype(jnp.uint32) if dropout_prob > 0.0 else None
-    return _attention(spec, query, key, value, bias, softmax_aux, q_segment_ids, kv_segment_ids, attention_mask, seed)
 
 
 def flash_attention_xla(
@@ -150,25 +81,39 @@ def flash_attention_xla(
     to `fwd_params`. Defaults: 1024 x 2048 forward, 1024 x 1024 backward, halved while
     B * H * block_q * block_k exceeds 2**25 (forward) / 2**24 (backward), clamped to the lengths.
     """
-    out, _ = flash_attention_xla_with_lse(
-        query,
-        key,
-        value,
-        bias,
-        softmax_aux,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        attention_mask=attention_mask,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap,
-        dropout_prob=dropout_prob,
-        dropout_seed=dropout_seed,
-        fwd_params=fwd_params,
-        bwd_params=bwd_params,
-        normalize_output=normalize_output,
-        precision=precision,
-        logits_dtype=logits_dtype,
+    batch, q_len, k_len, num_heads, *_ = check_qkv(
+        query, key, value, who="xla flash_attention", dtypes=FLOAT_DTYPES, max_head_dim=2**31 - 1
     )
+    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, k_len)
+    check_dropout(dropout_prob, dropout_seed)
+    if softmax_aux is not None and softmax_aux.ndim != 1:
+        raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
+    if bias is not None:
+        check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
+        bias = jnp.broadcast_to(bias, (*bias.shape[:2], q_len, k_len))
+    if attention_mask is not None:
+        check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
+        attention_mask = jnp.broadcast_to(attention_mask.astype(bool), (*attention_mask.shape[:2], q_len, k_len))
+    if sliding_window is not None:
+        sliding_window = (int(sliding_window[0]), int(sliding_window[1]))
+
+    if q_len == 0 or k_len == 0:  # nothing to attend: every row is empty
+        return jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
+
+    fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
+    bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
+    spec = AttentionSpec(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        sliding_window=sliding_window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        normalize_output=bool(normalize_output),
+        precision=precision,
+        logits_dtype=jnp.dtype(logits_dtype),
+        fwd_blocks=fwd_blocks,
+        bwd_blocks=bwd_blocks,
+    )
+    seed = jnp.asarray(dropout_seed).astype(jnp.uint32) if dropout_prob > 0.0 else None
+    out, _ = _attention(spec, query, key, value, bias, softmax_aux, q_segment_ids, kv_segment_ids, attention_mask, seed)
     return out
