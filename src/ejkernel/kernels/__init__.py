@@ -3,6 +3,7 @@
 from ejkernel.kernels._cuda import flash_attention as _cuda_flash_attention  # noqa: F401
 from ejkernel.kernels._cuda import ring_attention as _cuda_ring_attention  # noqa: F401
 from ejkernel.kernels._cuda import scaled_dot_product_attention as _cuda_sdpa  # noqa: F401
+from ejkernel.kernels._pallas.gpu import flash_attention as _mosaic_gpu_flash_attention  # noqa: F401
 from ejkernel.kernels._pallas.tpu import flash_attention as _tpu_flash_attention  # noqa: F401
 from ejkernel.kernels._triton import flash_attention as _triton_flash_attention  # noqa: F401
 from ejkernel.kernels._triton import mean_pooling as _triton_mean_pooling  # noqa: F401

@@ -224,7 +224,7 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
         return following, merged
 
     init = ((k, v, kv_seg), [empty(size) for _, size in q_chunks])
-    _, results = lax.fori_loop(0, n, step, init)
+    _, results = lax.fori_loop(0, n, step, init, unroll=True)  # unrolled: lets XLA overlap each transfer with compute across steps
     out = _join([o for o, _ in results], axis=1)
     lse = _join([lse for _, lse in results], axis=2)
     if aux is not None:  # sinks join the denominator once, here
@@ -283,7 +283,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
         return following, (dk_acc + _join(dk_parts), dv_acc + _join(dv_parts)), dq_parts
 
     init = ((k, v, kv_seg), (zeros(k), zeros(v)), [zeros(x) for x in q_parts])
-    _, pending, dq_parts = lax.fori_loop(0, n, step, init)
+    _, pending, dq_parts = lax.fori_loop(0, n, step, init, unroll=True)
     # After n steps a device holds the complete dK / dV of the block of the next device: send it home.
     dk, dv = lax.ppermute(pending, spec.axis_name, ring)
     dq = _join(dq_parts)

@@ -1,0 +1,168 @@
+"""Flash attention through Pallas Mosaic GPU kernels (Hopper): checks, padding, sinks and the custom VJP.
+
+Serves 16-bit query/key/value with head dim 64 or 128, any query/key lengths (padded to tile
+multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads and sink
+logits. Sinks never enter the kernels: one extra column of the softmax only rescales each row, so
+the output and log-sum-exp are corrected outside and the sink gradient is a reduction over rows.
+Bias, masks, segment ids, soft cap and dropout are declined (`NotImplementedError`), so automatic
+selection falls through to the Triton kernels that serve them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.attention import attention_vjp, check_qkv, fold_sinks, pad_axes, round_up
+from ejkernel.kernels._pallas.gpu.flash_attention._kernels import (
+    COMPUTE_WGS,
+    LOG2E,
+    ROWS,
+    Static,
+    backward_dkv,
+    backward_dq,
+    forward,
+)
+from ejkernel.ops.config import BwdParams, FwdParams
+
+WHO = "mosaic gpu flash_attention"
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+HEAD_DIMS = (64, 128)
+CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per dK/dV CTA
+
+
+def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    out, lse = forward(st, q, k, v)
+    if sinks is None:
+        return out, lse
+    # A sink is one more softmax column with no value: lse' = log2(2^lse + 2^sink), out' = out * 2^(lse - lse').
+    with_sinks = jnp.logaddexp2(lse, (sinks * LOG2E)[None, :, None])
+    out = out * jnp.exp2(lse - with_sinks).transpose(0, 2, 1)[..., None].astype(out.dtype)
+    return out, with_sinks
+
+
+def _backward(st: Static, residuals, do):
+    q, k, v, _, sinks, _, _, _, _, out, lse = residuals
+    delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
+    lse_b = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows with no allowed key: probabilities 0
+    dq = backward_dq(st, q, k, v, do, lse_b, delta)
+    dk, dv = backward_dkv(st, q, k, v, do, lse_b, delta)
+    dsinks = None
+    if sinks is not None:
+        # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
+        weight = jnp.exp2((sinks * LOG2E)[None, :, None] - lse)
+        dsinks = -jnp.sum(weight * delta, axis=(0, 2))
+    return dq, dk, dv, None, dsinks
+
+
+_attention = attention_vjp(_forward, _backward)
+
+
+def _param(params, name: str, default: int) -> int:
+    value = None if params is None else getattr(params, name)
+    return default if value is None else value
+
+
+def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params):
+    """Checks what the kernels serve; returns `(Static, padded q, k, v, folded sinks)`."""
+    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
+        query, key, value, who=WHO, dtypes=DTYPES, max_head_dim=max(HEAD_DIMS)
+    )
+    if head_dim != value_dim or head_dim not in HEAD_DIMS:
+        raise NotImplementedError(f"{WHO} needs query/key/value head dims in {HEAD_DIMS}, got {head_dim}/{value_dim}")
+    if min(batch, q_len, kv_len, num_heads) == 0:
+        raise NotImplementedError(f"{WHO} needs non-empty inputs")
+    if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
+        raise NotImplementedError(f"{WHO}: each compute warpgroup owns {ROWS} query rows; got block_q={fwd_params.block_q}")
+    block_k = _param(fwd_params, "block_k", 128)
+    block_k_dq = _param(bwd_params, "block_k", 64)
+    block_q_dkv = _param(bwd_params, "block_q", 64)
+    for name, block in (("fwd_params.block_k", block_k), ("bwd_params.block_k", block_k_dq), ("bwd_params.block_q", block_q_dkv)):
+        if block not in (64, 128):
+            raise NotImplementedError(f"{WHO} takes tiles of 64 or 128 rows, got {name}={block}")
+    stages = _param(fwd_params, "num_stages", 2)
+    stages_bwd = _param(bwd_params, "num_stages", 2)
+    if min(stages, stages_bwd) < 2:
+        raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
+    st = Static(
+        softmax_scale=float(softmax_scale),
+        causal=bool(causal),
+        window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
+        q_len=q_len,
+        kv_len=kv_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        block_k=block_k,
+        stages=stages,
+        block_k_dq=block_k_dq,
+        block_q_dkv=block_q_dkv,
+        stages_bwd=stages_bwd,
+    )
+    q = pad_axes(query, {1: round_up(q_len, CTA_ROWS) - q_len})
+    kv_pad = round_up(kv_len, CTA_ROWS) - kv_len  # CTA_ROWS is a multiple of every key tile
+    k, v = pad_axes(key, {1: kv_pad}), pad_axes(value, {1: kv_pad})
+    return st, q, k, v, fold_sinks(softmax_aux, num_heads)
+
+
+def mosaic_attention(query, key, value, softmax_aux=None, *, fwd_params=None, bwd_params=None, **options):
+    """The kernels' differentiable attention without the device check (lets CPU tests lower it for CUDA)."""
+    st, q, k, v, sinks = plan(query, key, value, softmax_aux, fwd_params=fwd_params, bwd_params=bwd_params, **options)
+    out = _attention(st, q, k, v, None, sinks, None, None, None, None)
+    return out if out.shape[1] == st.q_len else out[:, : st.q_len]
+
+
+def is_hopper() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
+
+
+def flash_attention_mosaic_gpu(
+    query,
+    key,
+    value,
+    bias=None,
+    softmax_aux=None,
+    *,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    attention_mask=None,
+    softmax_scale: float,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed=None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+):
+    """Canonical flash-attention contract (see `ejkernel.reference.flash_attention`) on Hopper GPUs.
+
+    Differentiable in query, key, value and softmax_aux. Raises NotImplementedError for what the
+    kernels do not serve, before anything is traced.
+    """
+    declined = [
+        name
+        for name, used in (
+            ("bias", bias is not None),
+            ("segment ids", q_segment_ids is not None or kv_segment_ids is not None),
+            ("attention_mask", attention_mask is not None),
+            ("logits_soft_cap", logits_soft_cap is not None),
+            ("dropout", dropout_prob > 0.0),
+        )
+        if used
+    ]
+    if declined:
+        raise NotImplementedError(f"{WHO} does not support {', '.join(declined)}")
+    if not is_hopper():
+        raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), got {jax.devices()[0].device_kind}")
+    return mosaic_attention(
+        query,
+        key,
+        value,
+        softmax_aux,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+    )

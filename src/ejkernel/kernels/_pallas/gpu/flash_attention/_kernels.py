@@ -1,0 +1,585 @@
+"""Mosaic GPU (Hopper) flash attention kernels in the FlashAttention-3 style.
+
+Every kernel runs three warpgroups per CTA: one memory warpgroup that streams tiles from HBM into a
+ring of shared-memory slots with TMA (`feed`), and two compute warpgroups that own 64 rows each,
+multiply with `wgmma` from shared memory, and hand each slot back through "consumed" barriers. In
+the forward the two compute warpgroups ping-pong on a schedule barrier, so one runs its softmax
+while the other's matmuls occupy the tensor cores.
+
+Causal and sliding-window calls visit only the tiles that hold an allowed (query, key) pair; tiles
+fully inside the allowed band run without a mask. Both compute warpgroups walk the CTA's whole
+range of tiles (each waits on every slot: barrier phases are counted per thread) and merely hand
+back the slots outside their own rows' range.
+
+Scores live in base-2 units (`q·k · scale · log2 e`) so each exponential is one `exp2`. The forward
+writes the log-sum-exp in the same units; the backward kernels take it back (+inf for rows with no
+allowed key, so their probabilities are 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+LOG2E = math.log2(math.e)
+MASKED = -1e30  # finite, so a row whose tiles are all masked never computes inf - inf
+ROWS = 64  # rows per compute warpgroup: the M of one wgmma
+COMPUTE_WGS = 2
+COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
+MEMORY_REGISTERS = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """What is fixed at trace time (hashable: it keys the custom VJP)."""
+
+    softmax_scale: float
+    causal: bool
+    window: tuple[int, int] | None
+    q_len: int  # true lengths; the arrays the kernels see are padded to tile multiples
+    kv_len: int
+    num_heads: int
+    num_kv_heads: int
+    block_k: int  # key/value rows per streamed tile of the forward
+    stages: int  # shared-memory slots per stream in the forward
+    block_k_dq: int  # key/value rows per streamed tile of the dQ kernel
+    block_q_dkv: int  # query rows per streamed tile of the dK/dV kernel
+    stages_bwd: int
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def scale2(self) -> float:
+        return self.softmax_scale * LOG2E
+
+
+# ---- which key tiles a block of query rows needs (and the converse) ----
+
+
+def _cdiv(a, b: int):
+    return lax.div(a + (b - 1), jnp.int32(b))
+
+
+def key_ranges(st: Static, row0, rows: int, block: int):
+    """Key tiles of query rows [row0, row0+rows): `(lo, hi, full_lo, full_hi)`.
+
+    Tiles [lo, hi) hold at least one allowed key of some row; [full_lo, full_hi) ⊆ [lo, hi) hold
+    only keys every row may see (no mask needed).
+    """
+    last = row0 + rows - 1
+    key_lo, key_hi = jnp.int32(0), jnp.int32(st.kv_len)  # allowed keys of some row: [key_lo, key_hi)
+    full_lo, full_hi = jnp.int32(0), jnp.int32(st.kv_len)  # allowed for every row
+    right = 0 if st.causal else None
+    if st.window is not None:
+        left, w_right = st.window
+        key_lo, full_lo = jnp.maximum(row0 - left, 0), jnp.maximum(last - left, 0)
+        right = w_right if right is None else min(right, w_right)
+    if right is not None:
+        key_hi = jnp.minimum(key_hi, last + right + 1)
+        full_hi = jnp.minimum(full_hi, row0 + right + 1)
+    lo = lax.div(key_lo, jnp.int32(block))
+    hi = jnp.maximum(_cdiv(key_hi, block), lo)
+    f_lo = jnp.clip(_cdiv(full_lo, block), lo, hi)
+    f_hi = jnp.clip(lax.div(full_hi, jnp.int32(block)), f_lo, hi)
+    return lo, hi, f_lo, f_hi
+
+
+def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
+    """Query tiles that see keys [col0, col0+cols): `(lo, hi, full_lo, full_hi)` as in `key_ranges`."""
+    last = col0 + cols - 1
+    q_lo, q_hi = jnp.int32(0), jnp.int32(num_blocks * block)
+    full_lo, full_hi = jnp.int32(0), jnp.int32(num_blocks * block)
+    right = 0 if st.causal else None
+    if st.window is not None:
+        left, w_right = st.window
+        q_hi, full_hi = jnp.minimum(q_hi, last + left + 1), jnp.minimum(full_hi, col0 + left + 1)
+        right = w_right if right is None else min(right, w_right)
+    if right is not None:  # key <= query + right  <=>  query >= key - right
+        q_lo, full_lo = jnp.maximum(col0 - right, 0), jnp.maximum(last - right, 0)
+    lo = lax.div(q_lo, jnp.int32(block))
+    hi = jnp.maximum(_cdiv(q_hi, block), lo)
+    f_lo = jnp.clip(_cdiv(full_lo, block), lo, hi)
+    f_hi = jnp.clip(lax.div(full_hi, jnp.int32(block)), f_lo, hi)
+    return lo, hi, f_lo, f_hi
+
+
+def allowed(st: Static, rows, cols):
+    """Boolean tile: may query `rows` see key `cols` (int32 tiles of the same shape)?"""
+    ok = cols < st.kv_len
+    if st.causal:
+        ok = ok & (cols <= rows)
+    if st.window is not None:
+        left, right = st.window
+        ok = ok & (cols >= rows - left) & (cols <= rows + right)
+    return ok
+
+
+def _iota(shape, dim):
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+
+def _rows(vector, shape):
+    """A per-row vector (WGMMA row layout) broadcast over the tile's columns."""
+    return lax.broadcast_in_dim(vector, shape, [0])
+
+
+def _cols(vector, shape):
+    return lax.broadcast_in_dim(vector, shape, [1])
+
+
+def _zeros(shape):
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+
+
+# ---- warp specialisation ----
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """Tiles the memory warpgroup copies step by step into slot `step % stages` of each buffer.
+
+    `copies` pairs `source(step)` (an HBM slice) with its `(stages, ...)` shared-memory buffer; all
+    copies of a step complete `ready[slot]` (one arrival per copy). The compute warpgroups arrive on
+    `consumed[slot]` (two arrivals) when done with the slot, and only then is it refilled.
+    """
+
+    copies: tuple[tuple[Callable[[Any], Any], Any], ...]
+    ready: Any
+    consumed: Any
+
+    @staticmethod
+    def barriers(copies: int, stages: int):
+        """Scratch types of `ready` and `consumed`."""
+        return (
+            plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+        )
+
+
+def feed(streams: list[Stream], steps, stages: int):
+    """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `step % stages`."""
+    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+    @pl.loop(0, steps)
+    def _(step):
+        slot = lax.rem(step, jnp.int32(stages))
+        for s in streams:
+
+            @pl.when(step >= stages)
+            def _():
+                plgpu.barrier_wait(s.consumed.at[slot])
+
+            for source, buffers in s.copies:
+                plgpu.copy_gmem_to_smem(source(step), buffers.at[slot], s.ready.at[slot])
+
+
+def skip_step(streams: list[Stream], slot):
+    """A step outside this warpgroup's rows: keep the barrier phases in step, hand the slot back."""
+    for s in streams:
+        plgpu.barrier_wait(s.ready.at[slot])
+        plgpu.barrier_arrive(s.consumed.at[slot])
+
+
+def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi):
+    """Runs `step_fn(mode, t, carry)` over the CTA's steps [lo, hi) for one warpgroup.
+
+    Steps outside [own_lo, own_hi) are "skip"; those in [full_lo, full_hi) need no mask ("full");
+    the rest are "masked".
+    """
+    runs = [
+        (lo, own_lo, "skip"),
+        (own_lo, full_lo, "masked"),
+        (full_lo, full_hi, "full"),
+        (full_hi, own_hi, "masked"),
+        (own_hi, hi, "skip"),
+    ]
+    for start, end, mode in runs:
+        carry = lax.fori_loop(start, end, lambda t, c, mode=mode: step_fn(mode, t, c), carry)
+    return carry
+
+
+def _smem(shape, dtype):
+    """Shared memory in the swizzled layout wgmma and TMA use for 16-bit tiles of 64-element rows."""
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+
+
+def _launch(body, out_type, scratch, grid, grid_names, *args):
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=grid,
+        grid_names=grid_names,
+        num_threads=COMPUTE_WGS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(*args)
+
+
+def _mask(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
+    """`s` with the disallowed (query, key) pairs set to `fill`; `transposed` tiles are [key, query]."""
+    rows = _iota(s.shape, 0) + row0
+    cols = _iota(s.shape, 1) + col0
+    ok = allowed(st, cols, rows) if transposed else allowed(st, rows, cols)
+    return jnp.where(ok, s, fill)
+
+
+def _key_tiles(st: Static, cta_row, block: int):
+    """The key tiles a CTA of two warpgroups' query rows needs: the first's `lo`, the second's `hi`."""
+    return key_ranges(st, cta_row, ROWS, block)[0], key_ranges(st, cta_row + ROWS, ROWS, block)[1]
+
+
+# ---- forward ----
+
+
+def forward(st: Static, q, k, v):
+    """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2)."""
+    batch, q_pad_len, heads, head_dim = q.shape
+    bk, stages, dtype = st.block_k, st.stages, q.dtype
+    cta_rows = COMPUTE_WGS * ROWS
+    num_q_tiles = q_pad_len // cta_rows
+
+    def body(q_ref, k_ref, v_ref, out_ref, lse_ref, smem, barriers):
+        q_smem, k_smem, v_smem, lse_smem = smem
+        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
+        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+        cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows  # longest causal rows first
+        kv_h = lax.div(h, jnp.int32(st.group))
+        lo, hi = _key_tiles(st, cta_row, bk)
+
+        def tile(ref):
+            return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
+
+        k_stream = Stream(((tile(k_ref), k_smem),), k_ready, k_consumed)
+        v_stream = Stream(((tile(v_ref), v_smem),), v_ready, v_consumed)
+
+        def schedule_sync():
+            plgpu.barrier_arrive(schedule)
+            plgpu.barrier_wait(schedule)
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            feed([k_stream, v_stream], hi - lo, stages)
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            row0 = cta_row + wg * ROWS
+            qo = q_smem.at[wg]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
+
+            def step(mode, t, carry):
+                slot = lax.rem(t - lo, jnp.int32(stages))
+                if mode == "skip":
+                    skip_step([k_stream, v_stream], slot)
+                    schedule_sync()
+                    schedule_sync()
+                    return carry
+                acc, m, l = carry
+                plgpu.barrier_wait(k_ready.at[slot])
+
+                def qk(acc_ref):
+                    plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                    schedule_sync()  # the other warpgroup's softmax runs while this matmul does
+                    return acc_ref[...]
+
+                s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32)) * st.scale2
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                if mode == "masked":
+                    s = _mask(st, s, row0, t * bk)
+                m_new = jnp.maximum(m, s.max(axis=1))
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s - _rows(m_new, s.shape))
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * _rows(alpha, acc.shape)
+                p16 = p.astype(dtype)
+                acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+                plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
+                plgpu.barrier_wait(v_ready.at[slot])
+                plgpu.barrier_wait(schedule)
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                return acc, m_new, l
+
+            m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            pl.when(wg == 1)(schedule_sync)
+            own = key_ranges(st, row0, ROWS, bk)
+            acc, m, l = run_segments(step, (_zeros((ROWS, head_dim)), m, l), lo, own[0], own[2], own[3], own[1], hi)
+            pl.when(wg == 0)(schedule_sync)
+
+            empty = m < MASKED / 2  # no allowed key in the row: output 0, log-sum-exp -inf
+            l_safe = jnp.where(empty, 1.0, l)
+            inv = jnp.where(empty, 0.0, 1.0 / l_safe)
+            qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
+            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe) * LOG2E)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, ROWS)])
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        (
+            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            _smem((stages, bk, head_dim), dtype),
+            _smem((stages, bk, head_dim), dtype),
+            plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+        ),
+        (
+            plgpu.Barrier(num_barriers=COMPUTE_WGS),
+            *Stream.barriers(1, stages),
+            *Stream.barriers(1, stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+        ),
+    )
+    out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
+    return _launch(body, out_type, scratch, (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch"), q, k, v)
+
+
+# ---- backward ----
+
+
+def backward_dq(st: Static, q, k, v, do, lse, delta):
+    """dQ: per CTA 128 query rows (two warpgroups); key/value tiles streamed as in the forward.
+
+    `lse` (base 2, +inf for rows with no allowed key) and `delta = rowsum(dO · O)` are `[B, H, Sq]`.
+    """
+    batch, q_pad_len, heads, head_dim = q.shape
+    bk, stages, dtype = st.block_k_dq, st.stages_bwd, q.dtype
+    cta_rows = COMPUTE_WGS * ROWS
+    num_q_tiles = q_pad_len // cta_rows
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers):
+        q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem = smem
+        row_ready, k_ready, k_consumed, v_ready, v_consumed = barriers
+        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+        cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows
+        kv_h = lax.div(h, jnp.int32(st.group))
+        lo, hi = _key_tiles(st, cta_row, bk)
+
+        def tile(ref):
+            return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
+
+        k_stream = Stream(((tile(k_ref), k_smem),), k_ready, k_consumed)
+        v_stream = Stream(((tile(v_ref), v_smem),), v_ready, v_consumed)
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            feed([k_stream, v_stream], hi - lo, stages)
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            row0 = cta_row + wg * ROWS
+            qs, dos = q_smem.at[wg], do_smem.at[wg]
+            rows_at, vec_at = (b, pl.ds(row0, ROWS), h), (b, h, pl.ds(row0, ROWS))
+            for src, dst in (
+                (q_ref.at[rows_at], qs),
+                (do_ref.at[rows_at], dos),
+                (lse_ref.at[vec_at], lse_smem.at[wg]),
+                (delta_ref.at[vec_at], delta_smem.at[wg]),
+            ):
+                plgpu.copy_gmem_to_smem(src, dst, row_ready.at[wg])
+            plgpu.barrier_wait(row_ready.at[wg])
+            lse_w = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+            delta_w = plgpu.load(delta_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+
+            def step(mode, t, dq):
+                slot = lax.rem(t - lo, jnp.int32(stages))
+                if mode == "skip":
+                    skip_step([k_stream, v_stream], slot)
+                    return dq
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[slot])
+
+                def scores(refs):
+                    s_ref, dp_ref = refs
+                    plgpu.wgmma(s_ref, qs, k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(dp_ref, dos, v_smem.at[slot].transpose((1, 0)))
+
+                zeros = _zeros((ROWS, bk))
+                s, dp = pl.run_state(scores)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros)))
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                p = jnp.exp2(s * st.scale2 - _rows(lse_w, s.shape))
+                if mode == "masked":
+                    p = _mask(st, p, row0, t * bk, fill=0.0)
+                ds = (p * (dp - _rows(delta_w, dp.shape))).astype(dtype)
+
+                def dq_mma(acc_ref):
+                    plgpu.wgmma(acc_ref, ds, k_smem.at[slot])
+
+                dq = pl.run_state(dq_mma)(plgpu.ACC.init(dq))
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return dq
+
+            own = key_ranges(st, row0, ROWS, bk)
+            dq = run_segments(step, _zeros((ROWS, head_dim)), lo, own[0], own[2], own[3], own[1], hi)
+            qs[...] = (dq * st.softmax_scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qs, dq_ref.at[rows_at])
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        (
+            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+            plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+            _smem((stages, bk, head_dim), dtype),
+            _smem((stages, bk, head_dim), dtype),
+        ),
+        (
+            plgpu.Barrier(num_arrivals=4, num_barriers=COMPUTE_WGS),
+            *Stream.barriers(1, stages),
+            *Stream.barriers(1, stages),
+        ),
+    )
+    grid, names = (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch")
+    return _launch(body, q, scratch, grid, names, q, k, v, do, lse, delta)
+
+
+def backward_dkv(st: Static, q, k, v, do, lse, delta):
+    """dK, dV: per CTA 128 key rows (two warpgroups) of one key/value head.
+
+    Streams the query tiles of every query head of the head's group, so grouped-query gradients
+    are summed in registers, never through a per-query-head copy.
+    """
+    batch, q_pad_len, heads, head_dim = q.shape
+    kv_pad_len, kv_heads = k.shape[1], k.shape[2]
+    bq, stages, dtype, group = st.block_q_dkv, st.stages_bwd, q.dtype, st.group
+    cta_rows = COMPUTE_WGS * ROWS
+    num_q_blocks = q_pad_len // bq
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers):
+        k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem = smem
+        kv_ready, q_ready, q_consumed, do_ready, do_consumed = barriers
+        b, kv_h, wg = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("wg")
+        cta_col = lax.axis_index("kv_tiles") * cta_rows
+        lo = query_ranges(st, cta_col, ROWS, bq, num_q_blocks)[0]
+        hi = query_ranges(st, cta_col + ROWS, ROWS, bq, num_q_blocks)[1]
+        per_head = jnp.maximum(hi - lo, 1)
+
+        def position(i):
+            """Stream step -> (query head, first query row)."""
+            return kv_h * group + lax.div(i, per_head), (lo + lax.rem(i, per_head)) * bq
+
+        def rows_of(ref):
+            def source(i):
+                head, row = position(i)
+                return ref.at[b, pl.ds(row, bq), head]
+
+            return source
+
+        def vec_of(ref):
+            def source(i):
+                head, row = position(i)
+                return ref.at[b, head, pl.ds(row, bq)]
+
+            return source
+
+        q_stream = Stream(((rows_of(q_ref), q_smem),), q_ready, q_consumed)
+        do_stream = Stream(
+            ((rows_of(do_ref), do_smem), (vec_of(lse_ref), lse_smem), (vec_of(delta_ref), delta_smem)),
+            do_ready,
+            do_consumed,
+        )
+        streams = [q_stream, do_stream]
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            feed(streams, group * (hi - lo), stages)
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            col0 = cta_col + wg * ROWS
+            ks, vs = k_smem.at[wg], v_smem.at[wg]
+            rows_at = (b, pl.ds(col0, ROWS), kv_h)
+            plgpu.copy_gmem_to_smem(k_ref.at[rows_at], ks, kv_ready.at[wg])
+            plgpu.copy_gmem_to_smem(v_ref.at[rows_at], vs, kv_ready.at[wg])
+            plgpu.barrier_wait(kv_ready.at[wg])
+
+            def step(head_start, mode, t, carry):
+                dk, dv = carry
+                slot = lax.rem(head_start + t - lo, jnp.int32(stages))
+                if mode == "skip":
+                    skip_step(streams, slot)
+                    return carry
+                plgpu.barrier_wait(q_ready.at[slot])
+                plgpu.barrier_wait(do_ready.at[slot])
+
+                def scores_t(acc_ref):
+                    plgpu.wgmma(acc_ref, ks, q_smem.at[slot].transpose((1, 0)))
+                    return acc_ref[...]
+
+                s_t = pl.run_scoped(scores_t, plgpu.ACC((ROWS, bq), jnp.float32))
+                lse_t = plgpu.load(lse_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                delta_t = plgpu.load(delta_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                p_t = jnp.exp2(s_t * st.scale2 - _cols(lse_t, s_t.shape))
+                if mode == "masked":
+                    p_t = _mask(st, p_t, col0, t * bq, transposed=True, fill=0.0)
+
+                def dv_and_dp(refs):
+                    dv_ref, dp_ref = refs
+                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(dp_ref, vs, do_smem.at[slot].transpose((1, 0)))
+
+                dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((ROWS, bq)))))
+                plgpu.barrier_arrive(do_consumed.at[slot])
+                ds_t = (p_t * (dp_t - _cols(delta_t, dp_t.shape))).astype(dtype)
+
+                def dk_mma(acc_ref):
+                    plgpu.wgmma(acc_ref, ds_t, q_smem.at[slot])
+
+                dk = pl.run_state(dk_mma)(plgpu.ACC.init(dk))
+                plgpu.barrier_arrive(q_consumed.at[slot])
+                return dk, dv
+
+            own = query_ranges(st, col0, ROWS, bq, num_q_blocks)
+
+            def head(g, carry):
+                head_start = g * (hi - lo)  # steps of the earlier heads
+                fn = lambda mode, t, c: step(head_start, mode, t, c)  # noqa: E731
+                return run_segments(fn, carry, lo, own[0], own[2], own[3], own[1], hi)
+
+            zeros = _zeros((ROWS, head_dim))
+            dk, dv = lax.fori_loop(0, group, head, (zeros, zeros))
+            ks[...] = (dk * st.softmax_scale).astype(dtype)
+            vs[...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(ks, dk_ref.at[rows_at])
+            plgpu.copy_smem_to_gmem(vs, dv_ref.at[rows_at])
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        (
+            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            _smem((stages, bq, head_dim), dtype),
+            _smem((stages, bq, head_dim), dtype),
+            plgpu.SMEM((stages, bq), jnp.float32),
+            plgpu.SMEM((stages, bq), jnp.float32),
+        ),
+        (
+            plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),
+            *Stream.barriers(1, stages),
+            *Stream.barriers(3, stages),
+        ),
+    )
+    grid, names = (kv_heads, kv_pad_len // cta_rows, batch), ("kv_heads", "kv_tiles", "batch")
+    return _launch(body, (k, v), scratch, grid, names, q, k, v, do, lse, delta)
