@@ -85,9 +85,7 @@ def test_persistent_file_is_readable_json(tmp_path):
 
 
 def test_persistent_round_trips_nested_params(tmp_path):
-    cfg = MeanPoolingConfig(
-        platform="pallas", fwd_params=FwdParams(block_k=8), bwd_params=BwdParams(block_k=4)
-    )
+    cfg = MeanPoolingConfig(platform="pallas", fwd_params=FwdParams(block_k=8), bwd_params=BwdParams(block_k=4))
     cache = PersistentCache(tmp_path)
     cache.put("k", cfg)
     back = PersistentCache(tmp_path).get("k")

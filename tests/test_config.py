@@ -166,9 +166,7 @@ def test_platform_accepts_known(platform):
 
 
 # ids spelled out: a bare "gpu" id would be taken for the `gpu` marker by conftest and skipped.
-@pytest.mark.parametrize(
-    "platform", ["XLA", "gpu", "cpu", "", None, "mosaic"], ids=lambda v: f"platform={v!r}"
-)
+@pytest.mark.parametrize("platform", ["XLA", "gpu", "cpu", "", None, "mosaic"], ids=lambda v: f"platform={v!r}")
 def test_platform_rejects_unknown(platform):
     with pytest.raises(ValueError, match="platform"):
         MeanPoolingConfig(platform=platform)

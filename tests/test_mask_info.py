@@ -13,8 +13,7 @@ from ejkernel.types import CanonicalMask, MaskInfo
 from harness import fresh_key
 
 
-def oracle(q_seg=None, kv_seg=None, dense=None, *, causal=False, window=None, chunk=None, kv_lens=None,
-           types=None):
+def oracle(q_seg=None, kv_seg=None, dense=None, *, causal=False, window=None, chunk=None, kv_lens=None, types=None):
     """The expected mask [B, 1|H, Sq, Sk], decided one (query, key) pair at a time."""
     if dense is not None:
         dense = np.asarray(dense, bool)
@@ -325,9 +324,7 @@ def test_vmap():
     np.testing.assert_array_equal(rows, oracle(seg, seg, kv_lens=np.asarray(lengths)))
     # The MaskInfo broadcast (in_axes=None) over a batched argument.
     scores = random_ints((4, 3, 1, 8, 8), -50, 50).astype(np.float32)
-    masked = jax.vmap(lambda s, m: jnp.where(m.get_or_compute_attention_mask(), s, 0.0), in_axes=(0, None))(
-        scores, mi
-    )
+    masked = jax.vmap(lambda s, m: jnp.where(m.get_or_compute_attention_mask(), s, 0.0), in_axes=(0, None))(scores, mi)
     np.testing.assert_array_equal(masked, np.where(full, scores, 0.0))
 
 
@@ -356,61 +353,131 @@ def test_shard_map():
 SEG = np.zeros((2, 5), np.int32)
 SEGMENTS = MaskInfo.from_segments(SEG)
 ERRORS = {
-    "float segment ids": (lambda: MaskInfo.from_segments(np.zeros((2, 5), np.float32)), TypeError,
-                          r"q_segment_ids must hold integers, got dtype float32"),
-    "bool segment ids": (lambda: MaskInfo.from_segments(SEG, np.ones((2, 5), bool)), TypeError,
-                         r"kv_segment_ids must hold integers"),
-    "segment rank": (lambda: MaskInfo.from_segments(np.zeros(5, np.int32)), ValueError,
-                     r"q_segment_ids must have shape \[batch, q_len\] = \(\?, \?\), got \(5,\)"),
-    "segment batch": (lambda: MaskInfo.from_segments(SEG, np.zeros((3, 5), np.int32)), ValueError,
-                      r"kv_segment_ids must have shape \[batch, kv_len\] = \(2, \?\), got \(3, 5\)"),
-    "float mask": (lambda: MaskInfo.from_attention_mask(np.ones((2, 4, 4), np.float32)), TypeError,
-                   r"mask must be boolean or integer.*float32"),
-    "mask rank": (lambda: MaskInfo.from_attention_mask(np.ones((1, 2, 1, 4, 4), bool)), ValueError,
-                  r"mask must have shape .*got \(1, 2, 1, 4, 4\)"),
-    "cu decreasing": (lambda: MaskInfo.from_cu_seqlens(np.array([0, 3, 2]), q_len=4), ValueError,
-                      r"cu_seqlens_q must be non-decreasing, got \[0, 3, 2\]"),
-    "cu too long": (lambda: MaskInfo.from_cu_seqlens(np.array([0, 2, 7]), q_len=4), ValueError,
-                    r"cu_seqlens_q gives lengths \[2, 5\], longer than the axis \(4\)"),
-    "cu rank": (lambda: MaskInfo.from_cu_seqlens(np.zeros((2, 3), np.int32), q_len=4), ValueError,
-                r"cu_seqlens_q must have shape \[batch \+ 1\]"),
-    "cu float": (lambda: MaskInfo.from_cu_seqlens(np.array([0.0, 2.0]), q_len=4), TypeError,
-                 r"cu_seqlens_q must hold integers"),
-    "cu batch": (lambda: MaskInfo.from_cu_seqlens(np.array([0, 2, 3]), np.array([0, 1]), q_len=4), ValueError,
-                 r"cu_seqlens_k must have batch \+ 1 = 3 entries like cu_seqlens_q, got 2"),
+    "float segment ids": (
+        lambda: MaskInfo.from_segments(np.zeros((2, 5), np.float32)),
+        TypeError,
+        r"q_segment_ids must hold integers, got dtype float32",
+    ),
+    "bool segment ids": (
+        lambda: MaskInfo.from_segments(SEG, np.ones((2, 5), bool)),
+        TypeError,
+        r"kv_segment_ids must hold integers",
+    ),
+    "segment rank": (
+        lambda: MaskInfo.from_segments(np.zeros(5, np.int32)),
+        ValueError,
+        r"q_segment_ids must have shape \[batch, q_len\] = \(\?, \?\), got \(5,\)",
+    ),
+    "segment batch": (
+        lambda: MaskInfo.from_segments(SEG, np.zeros((3, 5), np.int32)),
+        ValueError,
+        r"kv_segment_ids must have shape \[batch, kv_len\] = \(2, \?\), got \(3, 5\)",
+    ),
+    "float mask": (
+        lambda: MaskInfo.from_attention_mask(np.ones((2, 4, 4), np.float32)),
+        TypeError,
+        r"mask must be boolean or integer.*float32",
+    ),
+    "mask rank": (
+        lambda: MaskInfo.from_attention_mask(np.ones((1, 2, 1, 4, 4), bool)),
+        ValueError,
+        r"mask must have shape .*got \(1, 2, 1, 4, 4\)",
+    ),
+    "cu decreasing": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([0, 3, 2]), q_len=4),
+        ValueError,
+        r"cu_seqlens_q must be non-decreasing, got \[0, 3, 2\]",
+    ),
+    "cu too long": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([0, 2, 7]), q_len=4),
+        ValueError,
+        r"cu_seqlens_q gives lengths \[2, 5\], longer than the axis \(4\)",
+    ),
+    "cu rank": (
+        lambda: MaskInfo.from_cu_seqlens(np.zeros((2, 3), np.int32), q_len=4),
+        ValueError,
+        r"cu_seqlens_q must have shape \[batch \+ 1\]",
+    ),
+    "cu float": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([0.0, 2.0]), q_len=4),
+        TypeError,
+        r"cu_seqlens_q must hold integers",
+    ),
+    "cu batch": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([0, 2, 3]), np.array([0, 1]), q_len=4),
+        ValueError,
+        r"cu_seqlens_k must have batch \+ 1 = 3 entries like cu_seqlens_q, got 2",
+    ),
     "cu no q_len": (lambda: MaskInfo.from_cu_seqlens(np.array([0, 2])), ValueError, r"q_len .* is required"),
-    "cu bad kv_len": (lambda: MaskInfo.from_cu_seqlens(np.array([0, 2]), q_len=4, kv_len=0), ValueError,
-                      r"kv_len must be a positive integer, got 0"),
-    "negative window": (lambda: SEGMENTS.apply_sliding_window(-1), ValueError,
-                        r"window must be non-negative, got -1"),
-    "negative window side": (lambda: SEGMENTS.apply_sliding_window((1, -2)), ValueError,
-                             r"window must be non-negative, got \(1, -2\)"),
-    "window triple": (lambda: SEGMENTS.apply_sliding_window((1, 2, 3)), TypeError,
-                      r"window must be an int or a \(left, right\) pair"),
+    "cu bad kv_len": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([0, 2]), q_len=4, kv_len=0),
+        ValueError,
+        r"kv_len must be a positive integer, got 0",
+    ),
+    "negative window": (lambda: SEGMENTS.apply_sliding_window(-1), ValueError, r"window must be non-negative, got -1"),
+    "negative window side": (
+        lambda: SEGMENTS.apply_sliding_window((1, -2)),
+        ValueError,
+        r"window must be non-negative, got \(1, -2\)",
+    ),
+    "window triple": (
+        lambda: SEGMENTS.apply_sliding_window((1, 2, 3)),
+        TypeError,
+        r"window must be an int or a \(left, right\) pair",
+    ),
     "window bool": (lambda: SEGMENTS.apply_sliding_window(True), TypeError, r"window must be an int"),
     "chunk zero": (lambda: SEGMENTS.apply_chunked(0), ValueError, r"chunk_size must be a positive integer"),
-    "chunk twice": (lambda: SEGMENTS.apply_chunked(4).apply_chunked(8), ValueError,
-                    r"chunk_size 4 is already applied, got 8"),
-    "kv_lengths batch": (lambda: SEGMENTS.apply_kv_lengths(np.array([1, 2, 3])), ValueError,
-                         r"kv_lengths must have shape \[batch\] = \(2\), got \(3,\)"),
-    "kv_lengths float": (lambda: SEGMENTS.apply_kv_lengths(np.array([1.0, 2.0])), TypeError,
-                         r"kv_lengths must hold integers"),
-    "kv_lengths negative": (lambda: SEGMENTS.apply_kv_lengths(np.array([1, -2])), ValueError,
-                            r"kv_lengths must be non-negative, got \[1, -2\]"),
-    "types shape": (lambda: SEGMENTS.apply_token_type_ids(np.zeros((2, 6), np.int32)), ValueError,
-                    r"token_type_ids must have shape \[batch, seq\] = \(2, 5\), got \(2, 6\)"),
-    "types cross": (lambda: MaskInfo.from_segments(SEG, np.zeros((2, 7), np.int32)).apply_token_type_ids(SEG),
-                    ValueError, r"token_type_ids need q_len == kv_len, got 5 and 7"),
-    "types twice": (lambda: SEGMENTS.apply_token_type_ids(SEG).apply_token_type_ids(SEG), ValueError,
-                    r"token_type_ids are already applied"),
-    "canonical heads": (lambda: MaskInfo.from_attention_mask(np.ones((2, 3, 4, 4), bool)).canonical(2),
-                        ValueError, r"attention_mask has 3 heads, expected 1 or num_heads=2"),
-    "canonical zero heads": (lambda: SEGMENTS.canonical(0), ValueError,
-                             r"num_heads must be a positive integer"),
-    "random sparsity": (lambda: MaskInfo.from_random(jax.random.PRNGKey(0), 1, 4, sparsity=1.5), ValueError,
-                        r"sparsity must be in \[0, 1\], got 1.5"),
-    "random batch": (lambda: MaskInfo.from_random(jax.random.PRNGKey(0), 0, 4), ValueError,
-                     r"batch must be a positive integer, got 0"),
+    "chunk twice": (
+        lambda: SEGMENTS.apply_chunked(4).apply_chunked(8),
+        ValueError,
+        r"chunk_size 4 is already applied, got 8",
+    ),
+    "kv_lengths batch": (
+        lambda: SEGMENTS.apply_kv_lengths(np.array([1, 2, 3])),
+        ValueError,
+        r"kv_lengths must have shape \[batch\] = \(2\), got \(3,\)",
+    ),
+    "kv_lengths float": (
+        lambda: SEGMENTS.apply_kv_lengths(np.array([1.0, 2.0])),
+        TypeError,
+        r"kv_lengths must hold integers",
+    ),
+    "kv_lengths negative": (
+        lambda: SEGMENTS.apply_kv_lengths(np.array([1, -2])),
+        ValueError,
+        r"kv_lengths must be non-negative, got \[1, -2\]",
+    ),
+    "types shape": (
+        lambda: SEGMENTS.apply_token_type_ids(np.zeros((2, 6), np.int32)),
+        ValueError,
+        r"token_type_ids must have shape \[batch, seq\] = \(2, 5\), got \(2, 6\)",
+    ),
+    "types cross": (
+        lambda: MaskInfo.from_segments(SEG, np.zeros((2, 7), np.int32)).apply_token_type_ids(SEG),
+        ValueError,
+        r"token_type_ids need q_len == kv_len, got 5 and 7",
+    ),
+    "types twice": (
+        lambda: SEGMENTS.apply_token_type_ids(SEG).apply_token_type_ids(SEG),
+        ValueError,
+        r"token_type_ids are already applied",
+    ),
+    "canonical heads": (
+        lambda: MaskInfo.from_attention_mask(np.ones((2, 3, 4, 4), bool)).canonical(2),
+        ValueError,
+        r"attention_mask has 3 heads, expected 1 or num_heads=2",
+    ),
+    "canonical zero heads": (lambda: SEGMENTS.canonical(0), ValueError, r"num_heads must be a positive integer"),
+    "random sparsity": (
+        lambda: MaskInfo.from_random(jax.random.PRNGKey(0), 1, 4, sparsity=1.5),
+        ValueError,
+        r"sparsity must be in \[0, 1\], got 1.5",
+    ),
+    "random batch": (
+        lambda: MaskInfo.from_random(jax.random.PRNGKey(0), 0, 4),
+        ValueError,
+        r"batch must be a positive integer, got 0",
+    ),
     "no source": (lambda: MaskInfo().get_or_compute_attention_mask(), ValueError, r"MaskInfo has no source"),
 }
 

@@ -204,9 +204,7 @@ def test_cfg_of_another_kernel_config_type_is_type_error():
         make_executor()(ToyKernel(), toy_input(), cfg=KernelConfig())
 
 
-@pytest.mark.parametrize(
-    "bad", [FwdParams(block_q=4), {"platform": "xla"}, "xla"], ids=["params", "dict", "str"]
-)
+@pytest.mark.parametrize("bad", [FwdParams(block_q=4), {"platform": "xla"}, "xla"], ids=["params", "dict", "str"])
 def test_cfg_that_is_not_a_config_is_type_error(bad):
     with pytest.raises(TypeError, match="ToySelectConfig"):
         make_executor()(ToyKernel(), toy_input(), cfg=bad)

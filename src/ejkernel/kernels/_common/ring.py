@@ -224,7 +224,8 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
         return following, merged
 
     init = ((k, v, kv_seg), [empty(size) for _, size in q_chunks])
-    _, results = lax.fori_loop(0, n, step, init, unroll=True)  # unrolled: lets XLA overlap each transfer with compute across steps
+    # Unrolled (n is small): lets XLA overlap each transfer with compute across steps.
+    _, results = lax.fori_loop(0, n, step, init, unroll=True)
     out = _join([o for o, _ in results], axis=1)
     lse = _join([lse for _, lse in results], axis=2)
     if aux is not None:  # sinks join the denominator once, here

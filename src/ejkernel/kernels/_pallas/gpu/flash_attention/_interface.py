@@ -73,11 +73,12 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
     if min(batch, q_len, kv_len, num_heads) == 0:
         raise NotImplementedError(f"{WHO} needs non-empty inputs")
     if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
-        raise NotImplementedError(f"{WHO}: each compute warpgroup owns {ROWS} query rows; got block_q={fwd_params.block_q}")
+        raise NotImplementedError(f"{WHO}: a warpgroup owns {ROWS} query rows, got block_q={fwd_params.block_q}")
     block_k = _param(fwd_params, "block_k", 128)
     block_k_dq = _param(bwd_params, "block_k", 64)
     block_q_dkv = _param(bwd_params, "block_q", 64)
-    for name, block in (("fwd_params.block_k", block_k), ("bwd_params.block_k", block_k_dq), ("bwd_params.block_q", block_q_dkv)):
+    blocks = {"fwd_params.block_k": block_k, "bwd_params.block_k": block_k_dq, "bwd_params.block_q": block_q_dkv}
+    for name, block in blocks.items():
         if block not in (64, 128):
             raise NotImplementedError(f"{WHO} takes tiles of 64 or 128 rows, got {name}={block}")
     stages = _param(fwd_params, "num_stages", 2)
@@ -154,7 +155,8 @@ def flash_attention_mosaic_gpu(
     if declined:
         raise NotImplementedError(f"{WHO} does not support {', '.join(declined)}")
     if not is_hopper():
-        raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), got {jax.devices()[0].device_kind}")
+        device = jax.devices()[0].device_kind
+        raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), not {device}")
     return mosaic_attention(
         query,
         key,

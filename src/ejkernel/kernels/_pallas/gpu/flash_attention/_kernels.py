@@ -19,6 +19,7 @@ allowed key, so their probabilities are 0).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -174,11 +175,7 @@ def feed(streams: list[Stream], steps, stages: int):
     def _(step):
         slot = lax.rem(step, jnp.int32(stages))
         for s in streams:
-
-            @pl.when(step >= stages)
-            def _():
-                plgpu.barrier_wait(s.consumed.at[slot])
-
+            pl.when(step >= stages)(lambda s=s: plgpu.barrier_wait(s.consumed.at[slot]))
             for source, buffers in s.copies:
                 plgpu.copy_gmem_to_smem(source(step), buffers.at[slot], s.ready.at[slot])
 
@@ -206,6 +203,12 @@ def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi):
     for start, end, mode in runs:
         carry = lax.fori_loop(start, end, lambda t, c, mode=mode: step_fn(mode, t, c), carry)
     return carry
+
+
+def own_order(ranges):
+    """`(lo, hi, full_lo, full_hi)` of `key_ranges` / `query_ranges` in `run_segments` order."""
+    lo, hi, full_lo, full_hi = ranges
+    return lo, full_lo, full_hi, hi
 
 
 def _smem(shape, dtype):
@@ -286,7 +289,7 @@ def forward(st: Static, q, k, v):
                     schedule_sync()
                     schedule_sync()
                     return carry
-                acc, m, l = carry
+                acc, m, denom = carry
                 plgpu.barrier_wait(k_ready.at[slot])
 
                 def qk(acc_ref):
@@ -301,10 +304,10 @@ def forward(st: Static, q, k, v):
                 m_new = jnp.maximum(m, s.max(axis=1))
                 alpha = jnp.exp2(m - m_new)
                 p = jnp.exp2(s - _rows(m_new, s.shape))
-                l = l * alpha + p.sum(axis=1)
+                denom = denom * alpha + p.sum(axis=1)
                 acc = acc * _rows(alpha, acc.shape)
                 p16 = p.astype(dtype)
-                acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
+                acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
@@ -314,20 +317,20 @@ def forward(st: Static, q, k, v):
 
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
                 plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, m_new, l
+                return acc, m_new, denom
 
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             pl.when(wg == 1)(schedule_sync)
             own = key_ranges(st, row0, ROWS, bk)
-            acc, m, l = run_segments(step, (_zeros((ROWS, head_dim)), m, l), lo, own[0], own[2], own[3], own[1], hi)
+            acc, m, denom = run_segments(step, (_zeros((ROWS, head_dim)), m, denom), lo, *own_order(own), hi)
             pl.when(wg == 0)(schedule_sync)
 
             empty = m < MASKED / 2  # no allowed key in the row: output 0, log-sum-exp -inf
-            l_safe = jnp.where(empty, 1.0, l)
-            inv = jnp.where(empty, 0.0, 1.0 / l_safe)
+            denom = jnp.where(empty, 1.0, denom)
+            inv = jnp.where(empty, 0.0, 1.0 / denom)
             qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
-            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe) * LOG2E)
+            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
             plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, ROWS)])
@@ -428,7 +431,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 return dq
 
             own = key_ranges(st, row0, ROWS, bk)
-            dq = run_segments(step, _zeros((ROWS, head_dim)), lo, own[0], own[2], own[3], own[1], hi)
+            dq = run_segments(step, _zeros((ROWS, head_dim)), lo, *own_order(own), hi)
             qs[...] = (dq * st.softmax_scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qs, dq_ref.at[rows_at])
@@ -459,7 +462,7 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
     Streams the query tiles of every query head of the head's group, so grouped-query gradients
     are summed in registers, never through a per-query-head copy.
     """
-    batch, q_pad_len, heads, head_dim = q.shape
+    batch, q_pad_len, _, head_dim = q.shape
     kv_pad_len, kv_heads = k.shape[1], k.shape[2]
     bq, stages, dtype, group = st.block_q_dkv, st.stages_bwd, q.dtype, st.group
     cta_rows = COMPUTE_WGS * ROWS
@@ -554,8 +557,7 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
 
             def head(g, carry):
                 head_start = g * (hi - lo)  # steps of the earlier heads
-                fn = lambda mode, t, c: step(head_start, mode, t, c)  # noqa: E731
-                return run_segments(fn, carry, lo, own[0], own[2], own[3], own[1], hi)
+                return run_segments(functools.partial(step, head_start), carry, lo, *own_order(own), hi)
 
             zeros = _zeros((ROWS, head_dim))
             dk, dv = lax.fori_loop(0, group, head, (zeros, zeros))
