@@ -17,7 +17,7 @@ CASES = {
     "plain": ((1, 256, 2, 128), (1, 256, 2, 128), {}, False, None),
     "gqa-causal-odd-lengths-sinks": ((2, 300, 4, 64), (2, 200, 2, 64), {"causal": True}, True, None),
     "window-both-sides": ((1, 512, 4, 128), (1, 512, 1, 128), {"sliding_window": (100, 20)}, False, None),
-    "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (128, 128, 128, 3)),
+    "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3)),
 }
 
 

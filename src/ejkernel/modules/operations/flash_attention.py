@@ -49,6 +49,8 @@ class FlashAttention(Kernel):
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield FlashAttentionConfig(platform=platform)  # the implementation's own defaults
+        if platform == "pallas":
+            yield from _mosaic_gpu_cfgs(inv.args[0].shape[-1])
         if platform != "triton":
             return
         forward_tilings = [
@@ -92,6 +94,15 @@ class FlashAttention(Kernel):
         if kwargs.get("dropout_seed") is not None:
             specs["dropout_seed"] = PartitionSpec()
         return specs
+
+
+def _mosaic_gpu_cfgs(head_dim: int):
+    """Tilings of the Mosaic GPU kernels worth timing beside their defaults (on a TPU: more tilings to time)."""
+    yield FlashAttentionConfig(platform="pallas", fwd_params=FwdParams(block_k=64, num_stages=3))
+    yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(num_stages=3))
+    if head_dim == 64:
+        yield FlashAttentionConfig(platform="pallas", fwd_params=FwdParams(block_k=256))
+        yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(block_k=128, block_q=128))
 
 
 def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Array:

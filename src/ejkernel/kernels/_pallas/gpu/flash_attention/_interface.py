@@ -79,8 +79,10 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
     block_q_dkv = _param(bwd_params, "block_q", 64)
     blocks = {"fwd_params.block_k": block_k, "bwd_params.block_k": block_k_dq, "bwd_params.block_q": block_q_dkv}
     for name, block in blocks.items():
-        if block not in (64, 128):
-            raise NotImplementedError(f"{WHO} takes tiles of 64 or 128 rows, got {name}={block}")
+        # 256-row key tiles fit the registers only beside the small accumulators of head dim 64
+        allowed_sizes = (64, 128, 256) if name == "fwd_params.block_k" and head_dim == 64 else (64, 128)
+        if block not in allowed_sizes:
+            raise NotImplementedError(f"{WHO} takes tiles of {allowed_sizes} rows here, got {name}={block}")
     stages = _param(fwd_params, "num_stages", 2)
     stages_bwd = _param(bwd_params, "num_stages", 2)
     if min(stages, stages_bwd) < 2:
@@ -100,7 +102,7 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
         stages_bwd=stages_bwd,
     )
     q = pad_axes(query, {1: round_up(q_len, CTA_ROWS) - q_len})
-    kv_pad = round_up(kv_len, CTA_ROWS) - kv_len  # CTA_ROWS is a multiple of every key tile
+    kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
     k, v = pad_axes(key, {1: kv_pad}), pad_axes(value, {1: kv_pad})
     return st, q, k, v, fold_sinks(softmax_aux, num_heads)
 

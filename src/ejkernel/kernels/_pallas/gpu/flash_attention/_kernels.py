@@ -297,13 +297,16 @@ def forward(st: Static, q, k, v):
                     schedule_sync()  # the other warpgroup's softmax runs while this matmul does
                     return acc_ref[...]
 
-                s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32)) * st.scale2
+                s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                if mode == "masked":
-                    s = _mask(st, s, row0, t * bk)
-                m_new = jnp.maximum(m, s.max(axis=1))
+                if mode == "masked" or st.scale2 <= 0:
+                    s = s * st.scale2 if mode != "masked" else _mask(st, s * st.scale2, row0, t * bk)
+                    m_new = jnp.maximum(m, s.max(axis=1))
+                    p = jnp.exp2(s - _rows(m_new, s.shape))
+                else:  # scale inside the exponent's argument: one fused multiply-add per score
+                    m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
+                    p = jnp.exp2(s * st.scale2 - _rows(m_new, s.shape))
                 alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s - _rows(m_new, s.shape))
                 denom = denom * alpha + p.sum(axis=1)
                 acc = acc * _rows(alpha, acc.shape)
                 p16 = p.astype(dtype)
