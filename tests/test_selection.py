@@ -427,6 +427,35 @@ def test_autotune_under_jit():
     assert tuner.tunes == 1
 
 
+PALLAS_TOY_OP = "toy_pallas_tune_op"
+
+
+def _toy_pallas(x, cfg):
+    """A Pallas (interpret-mode) kernel whose body uses grid indices and in-kernel constants."""
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32) + jnp.ones(x_ref.shape, jnp.float32)
+
+    return pl.pallas_call(body, out_shape=x, grid=(2,), interpret=True)(x) * cfg.fwd_params.block_q
+
+
+kernel_registry.register(PALLAS_TOY_OP, Platform.XLA, Backend.ANY)(_toy_pallas)
+
+
+class PallasToyKernel(ToyKernel):
+    op_id = PALLAS_TOY_OP
+
+
+def test_autotune_under_jit_times_pallas_kernels():
+    """Candidates that run Pallas kernels are compiled normally (not under eager constant evaluation)."""
+    tuner = CountingTuner()
+    kernel = PallasToyKernel(candidates=[toy_cfg(FAST), toy_cfg(MEDIUM)])
+    executor, x = make_executor("autotune", tuner), toy_input()
+    jax.jit(lambda v: executor(kernel, v))(x)
+    assert set(tuner.timings) == {toy_cfg(FAST), toy_cfg(MEDIUM)}
+
+
 def test_autotune_skips_a_failing_candidate():
     broken = toy_cfg(SLOW, platform="cuda")  # no CUDA implementation: preparing it fails
     kernel = ToyKernel(candidates=[broken, toy_cfg(FAST)])

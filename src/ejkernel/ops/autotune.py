@@ -105,7 +105,8 @@ class Tuner:
                 timings[candidate] = self.measure(run)
             except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
                 failures.append(f"{candidate}: {type(err).__name__}: {err}")
-                log.info("%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
+                level = logging.WARNING if os.environ.get(LOG_ENV) == "1" else logging.INFO
+                log.log(level, "%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
                 continue
             if os.environ.get(LOG_ENV) == "1":
                 log.warning("%s: %s took %.3f ms", label, candidate, 1e3 * timings[candidate])

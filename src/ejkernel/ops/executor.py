@@ -111,11 +111,16 @@ class ConfigSelectorChain:
             else:
                 fn = jax.jit(call)
             compiled = fn.lower(args, dynamic).compile()
-            return lambda: compiled(args, dynamic)
 
-        tuner = self.tuner or Tuner()
-        with jax.ensure_compile_time_eval():  # measure eagerly even when called while tracing (under jit)
-            best, timings = tuner.tune(candidates, prepare, label=f"autotune {inv.op_id}")
+            def run():
+                with jax.ensure_compile_time_eval():  # eagerly, even while an outer jit traces
+                    return compiled(args, dynamic)
+
+            return run
+
+        # Lowering runs outside `ensure_compile_time_eval`: under it, the constants inside kernel bodies
+        # would be evaluated eagerly and captured, which Pallas kernels refuse.
+        best, timings = (self.tuner or Tuner()).tune(candidates, prepare, label=f"autotune {inv.op_id}")
         self.memory.put(key, best)
         self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
