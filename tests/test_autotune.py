@@ -49,26 +49,41 @@ def test_picks_the_fastest(order):
     assert timings[10] >= 0.010 and timings[20] >= 0.020  # real durations, in seconds
 
 
-def test_each_candidate_prepared_once_and_run_warmup_plus_repeats():
+def test_default_kept_unless_beaten_by_more_than_the_margin():
+    """The first candidate (the default) survives a win within the margin; a clear win replaces it."""
     cands = Candidates()
-    Tuner(warmup=2, repeats=5, progress=False).tune([1, 5, 10], cands.prepare)
+    generous = Tuner(warmup=0, repeats=3, progress=False, margin=1.5)  # 10 ms is within 150% of 5 ms
+    assert generous.tune([10, 5], cands.prepare)[0] == 10
+    strict = Tuner(warmup=0, repeats=3, progress=False, margin=0.5)
+    assert strict.tune([10, 5], cands.prepare)[0] == 5
+
+
+def test_each_candidate_prepared_once_and_run_warmup_calibration_and_repeats():
+    cands = Candidates()
+    Tuner(warmup=2, repeats=5, progress=False, min_sample_s=0).tune([1, 5, 10], cands.prepare)
     assert sorted(cands.prepared) == [1, 5, 10]
-    assert cands.runs == {1: 7, 5: 7, 10: 7}
+    assert cands.runs == {1: 8, 5: 8, 10: 8}  # 2 warm-up, 1 to size the samples, 5 timed
+
+
+def test_short_runs_are_queued_to_fill_a_sample():
+    cands = Candidates()
+    Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], cands.prepare)
+    assert cands.runs[1] >= 1 + 2 * 10  # 1 ms calls: about 20 per 20 ms sample
 
 
 def test_zero_warmup():
     cands = Candidates()
-    Tuner(warmup=0, repeats=1, progress=False).tune([1], cands.prepare)
-    assert cands.runs == {1: 1}
+    Tuner(warmup=0, repeats=1, progress=False, min_sample_s=0).tune([1], cands.prepare)
+    assert cands.runs == {1: 2}
 
 
 def test_measure_takes_the_median():
-    durations = iter([0.0, 0.001, 0.030, 0.001])  # warm-up, then an outlier among three repeats
+    durations = iter([0.0, 0.0, 0.001, 0.030, 0.001])  # warm-up, sizing, then an outlier among three repeats
 
     def run():
         time.sleep(next(durations))
 
-    median = Tuner(warmup=1, repeats=3, progress=False).measure(run)
+    median = Tuner(warmup=1, repeats=3, progress=False, min_sample_s=0).measure(run)
     assert 0.001 <= median < 0.025
 
 

@@ -5,38 +5,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import pathlib
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
+from ejkernel.ops.autotune import time_fn
 from ejkernel.ops.fingerprint import describe_device
 
-
-def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, min_sample_s: float = 0.02) -> float:
-    """Median seconds per call of `fn()`.
-
-    Each sample queues enough back-to-back calls to last about `min_sample_s` before waiting for the
-    device, so host dispatch overlaps device work and short kernels are not timed as launch latency.
-    """
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    inner = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-6)))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn()
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+__all__ = ["parser", "print_table", "time_fn", "write_results"]
 
 
 def parser(description: str) -> argparse.ArgumentParser:
