@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 gpu-test: $(STAMP)
-	$(PY) -m pytest -q -m gpu
+	XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 $(PY) -m pytest -q -m gpu -n 4
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
