@@ -4,12 +4,21 @@ The kernels themselves run only on a Hopper GPU (`test_gpu.py`); lowering them f
 catches shape, layout and barrier-bookkeeping errors of every code path without one.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import export
 
-from ejkernel.kernels._pallas.gpu.flash_attention._interface import flash_attention_mosaic_gpu, mosaic_attention
+from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
+    _exp2_unless_empty,
+    flash_attention_mosaic_gpu,
+    mosaic_attention,
+    plan,
+)
+from ejkernel.kernels._pallas.gpu.flash_attention._kernels import ROWS, Static, allowed, key_ranges, query_ranges
 from ejkernel.ops import BwdParams, FwdParams
 
 # (query shape, key/value shape, options, sinks, (fwd block_k, dQ block_k, dK/dV block_q, stages) or None)
@@ -54,3 +63,49 @@ def test_declines_what_it_cannot_serve():
     with pytest.raises(NotImplementedError, match="float32"):
         x = q.astype(jnp.float32)
         mosaic_attention(x, x, x, softmax_scale=1.0, causal=False, sliding_window=None)
+
+
+def _tile_sets(ranges, n):
+    lo, hi, full_lo, full_hi = (int(x) for x in ranges)
+    assert 0 <= lo <= full_lo <= full_hi <= hi <= n
+    return set(range(lo, hi)), set(range(full_lo, full_hi))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
+    """The kernels' tile bounds, checked against `allowed` pair by pair on random masks and lengths."""
+    rng = np.random.default_rng(seed)
+    for _ in range(12):
+        q_len, kv_len = (int(x) for x in rng.integers(1, 400, 2))
+        window = None if rng.random() < 0.3 else tuple(int(x) for x in rng.choice([0, 1, 37, 64, 100, 1000], 2))
+        block = int(rng.choice([64, 128, 256]))
+        st = Static(1.0, bool(rng.random() < 0.5), window, q_len, kv_len, 1, 1, block, 2, 64, 64, 2)
+        q_pad, kv_pad = -(-q_len // 128) * 128, -(-kv_len // max(128, block)) * max(128, block)
+        rows, cols = np.arange(q_pad)[:, None], np.arange(kv_pad)[None, :]
+        ok = np.broadcast_to(np.asarray(allowed(st, rows, cols)), (q_pad, kv_pad))
+        key_tile = np.arange(kv_pad) // block
+        for row0 in range(0, q_pad, ROWS):  # forward / dQ: key tiles of 64 query rows
+            needed, full = _tile_sets(key_ranges(st, jnp.int32(row0), ROWS, block, kv_pad // block), kv_pad // block)
+            band = ok[row0 : row0 + ROWS]
+            assert set(key_tile[band.any(axis=0)]) <= needed
+            assert all(band[:, key_tile == t].all() for t in full)
+        # the dK/dV kernel never masks padded keys (their gradients are dropped)
+        ok_keys = np.broadcast_to(np.asarray(allowed(dataclasses.replace(st, kv_len=kv_pad), rows, cols)), ok.shape)
+        q_tile = np.arange(q_pad) // 64
+        for col0 in range(0, kv_pad, ROWS):  # dK/dV: query tiles of 64 key rows
+            needed, full = _tile_sets(query_ranges(st, jnp.int32(col0), ROWS, 64, q_pad // 64), q_pad // 64)
+            band = ok_keys[:, col0 : col0 + ROWS]
+            assert set(q_tile[band.any(axis=1)]) <= needed
+            assert all(band[q_tile == t].all() for t in full)
+
+
+def test_huge_windows_are_clamped_and_empty_rows_with_minus_inf_sinks_stay_finite():
+    q = jnp.ones((1, 100, 2, 64), jnp.bfloat16)
+    window = (2**40, 2**31 - 1)
+    st = plan(q, q, q, None, softmax_scale=1.0, causal=False, sliding_window=window, fwd_params=None, bwd_params=None)[
+        0
+    ]
+    assert max(st.window) <= 256  # beyond both padded lengths a window masks nothing more
+    lse = jnp.array([-jnp.inf, 2.0])
+    with_sinks = jnp.logaddexp2(lse, -jnp.inf)
+    assert np.isfinite(np.asarray(_exp2_unless_empty(lse - with_sinks, with_sinks))).all()

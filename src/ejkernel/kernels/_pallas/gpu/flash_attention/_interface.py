@@ -37,8 +37,14 @@ def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
         return out, lse
     # A sink is one more softmax column with no value: lse' = log2(2^lse + 2^sink), out' = out * 2^(lse - lse').
     with_sinks = jnp.logaddexp2(lse, (sinks * LOG2E)[None, :, None])
-    out = out * jnp.exp2(lse - with_sinks).transpose(0, 2, 1)[..., None].astype(out.dtype)
+    rescale = _exp2_unless_empty(lse - with_sinks, with_sinks)  # 0 for a row with no key and a -inf sink
+    out = (out.astype(jnp.float32) * rescale.transpose(0, 2, 1)[..., None]).astype(out.dtype)
     return out, with_sinks
+
+
+def _exp2_unless_empty(x, lse):
+    """`2^x`, and 0 on rows whose log-sum-exp is -inf (nothing to weigh: avoids -inf - -inf)."""
+    return jnp.where(lse == -jnp.inf, 0.0, jnp.exp2(jnp.where(lse == -jnp.inf, 0.0, x)))
 
 
 def _backward(st: Static, residuals, do):
@@ -50,7 +56,7 @@ def _backward(st: Static, residuals, do):
     dsinks = None
     if sinks is not None:
         # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
-        weight = jnp.exp2((sinks * LOG2E)[None, :, None] - lse)
+        weight = _exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
         dsinks = -jnp.sum(weight * delta, axis=(0, 2))
     return dq, dk, dv, None, dsinks
 
@@ -87,10 +93,17 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
     stages_bwd = _param(bwd_params, "num_stages", 2)
     if min(stages, stages_bwd) < 2:
         raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
+    q_pad = round_up(q_len, CTA_ROWS) - q_len
+    kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
+    window = None
+    if sliding_window is not None:
+        # Wider than both sequences masks nothing more; clamped so the kernels' int32 positions cannot overflow.
+        reach = q_len + q_pad + kv_len + kv_pad
+        window = (min(int(sliding_window[0]), reach), min(int(sliding_window[1]), reach))
     st = Static(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
-        window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
+        window=window,
         q_len=q_len,
         kv_len=kv_len,
         num_heads=num_heads,
@@ -101,8 +114,7 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
         block_q_dkv=block_q_dkv,
         stages_bwd=stages_bwd,
     )
-    q = pad_axes(query, {1: round_up(q_len, CTA_ROWS) - q_len})
-    kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
+    q = pad_axes(query, {1: q_pad})
     k, v = pad_axes(key, {1: kv_pad}), pad_axes(value, {1: kv_pad})
     return st, q, k, v, fold_sinks(softmax_aux, num_heads)
 

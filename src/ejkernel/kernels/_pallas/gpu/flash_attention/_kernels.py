@@ -71,8 +71,21 @@ def _cdiv(a, b: int):
     return lax.div(a + (b - 1), jnp.int32(b))
 
 
-def key_ranges(st: Static, row0, rows: int, block: int):
-    """Key tiles of query rows [row0, row0+rows): `(lo, hi, full_lo, full_hi)`.
+def _tile_range(lo_elem, hi_elem, full_lo_elem, full_hi_elem, block: int, num_blocks: int):
+    """Element bounds -> tile bounds `(lo, hi, full_lo, full_hi)`, all within [0, num_blocks].
+
+    Monotone in the element bounds, so the ranges of a CTA's two warpgroups nest as `run_segments`
+    needs; capped at `num_blocks` so no tile past the padded array is ever streamed.
+    """
+    lo = jnp.minimum(lax.div(lo_elem, jnp.int32(block)), num_blocks)
+    hi = jnp.minimum(jnp.maximum(_cdiv(hi_elem, block), lo), num_blocks)
+    f_lo = jnp.clip(_cdiv(full_lo_elem, block), lo, hi)
+    f_hi = jnp.clip(lax.div(full_hi_elem, jnp.int32(block)), f_lo, hi)
+    return lo, hi, f_lo, f_hi
+
+
+def key_ranges(st: Static, row0, rows: int, block: int, num_blocks: int):
+    """Key tiles of query rows [row0, row0+rows) among `num_blocks`: `(lo, hi, full_lo, full_hi)`.
 
     Tiles [lo, hi) hold at least one allowed key of some row; [full_lo, full_hi) ⊆ [lo, hi) hold
     only keys every row may see (no mask needed).
@@ -88,11 +101,7 @@ def key_ranges(st: Static, row0, rows: int, block: int):
     if right is not None:
         key_hi = jnp.minimum(key_hi, last + right + 1)
         full_hi = jnp.minimum(full_hi, row0 + right + 1)
-    lo = lax.div(key_lo, jnp.int32(block))
-    hi = jnp.maximum(_cdiv(key_hi, block), lo)
-    f_lo = jnp.clip(_cdiv(full_lo, block), lo, hi)
-    f_hi = jnp.clip(lax.div(full_hi, jnp.int32(block)), f_lo, hi)
-    return lo, hi, f_lo, f_hi
+    return _tile_range(key_lo, key_hi, full_lo, full_hi, block, num_blocks)
 
 
 def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
@@ -107,11 +116,7 @@ def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
         right = w_right if right is None else min(right, w_right)
     if right is not None:  # key <= query + right  <=>  query >= key - right
         q_lo, full_lo = jnp.maximum(col0 - right, 0), jnp.maximum(last - right, 0)
-    lo = lax.div(q_lo, jnp.int32(block))
-    hi = jnp.maximum(_cdiv(q_hi, block), lo)
-    f_lo = jnp.clip(_cdiv(full_lo, block), lo, hi)
-    f_hi = jnp.clip(lax.div(full_hi, jnp.int32(block)), f_lo, hi)
-    return lo, hi, f_lo, f_hi
+    return _tile_range(q_lo, q_hi, full_lo, full_hi, block, num_blocks)
 
 
 def allowed(st: Static, rows, cols):
@@ -237,9 +242,10 @@ def _mask(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
     return jnp.where(ok, s, fill)
 
 
-def _key_tiles(st: Static, cta_row, block: int):
+def _key_tiles(st: Static, cta_row, block: int, num_blocks: int):
     """The key tiles a CTA of two warpgroups' query rows needs: the first's `lo`, the second's `hi`."""
-    return key_ranges(st, cta_row, ROWS, block)[0], key_ranges(st, cta_row + ROWS, ROWS, block)[1]
+    first, second = (key_ranges(st, row, ROWS, block, num_blocks) for row in (cta_row, cta_row + ROWS))
+    return first[0], second[1]
 
 
 # ---- forward ----
@@ -250,7 +256,7 @@ def forward(st: Static, q, k, v):
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k, st.stages, q.dtype
     cta_rows = COMPUTE_WGS * ROWS
-    num_q_tiles = q_pad_len // cta_rows
+    num_q_tiles, num_k_tiles = q_pad_len // cta_rows, k.shape[1] // bk
 
     def body(q_ref, k_ref, v_ref, out_ref, lse_ref, smem, barriers):
         q_smem, k_smem, v_smem, lse_smem = smem
@@ -258,7 +264,7 @@ def forward(st: Static, q, k, v):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows  # longest causal rows first
         kv_h = lax.div(h, jnp.int32(st.group))
-        lo, hi = _key_tiles(st, cta_row, bk)
+        lo, hi = _key_tiles(st, cta_row, bk, num_k_tiles)
 
         def tile(ref):
             return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
@@ -325,7 +331,7 @@ def forward(st: Static, q, k, v):
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             pl.when(wg == 1)(schedule_sync)
-            own = key_ranges(st, row0, ROWS, bk)
+            own = key_ranges(st, row0, ROWS, bk, num_k_tiles)
             acc, m, denom = run_segments(step, (_zeros((ROWS, head_dim)), m, denom), lo, *own_order(own), hi)
             pl.when(wg == 0)(schedule_sync)
 
@@ -368,7 +374,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k_dq, st.stages_bwd, q.dtype
     cta_rows = COMPUTE_WGS * ROWS
-    num_q_tiles = q_pad_len // cta_rows
+    num_q_tiles, num_k_tiles = q_pad_len // cta_rows, k.shape[1] // bk
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers):
         q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem = smem
@@ -376,7 +382,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows
         kv_h = lax.div(h, jnp.int32(st.group))
-        lo, hi = _key_tiles(st, cta_row, bk)
+        lo, hi = _key_tiles(st, cta_row, bk, num_k_tiles)
 
         def tile(ref):
             return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
@@ -433,7 +439,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
 
-            own = key_ranges(st, row0, ROWS, bk)
+            own = key_ranges(st, row0, ROWS, bk, num_k_tiles)
             dq = run_segments(step, _zeros((ROWS, head_dim)), lo, *own_order(own), hi)
             qs[...] = (dq * st.softmax_scale).astype(dtype)
             plgpu.commit_smem()
