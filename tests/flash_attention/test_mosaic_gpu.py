@@ -79,7 +79,18 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
         q_len, kv_len = (int(x) for x in rng.integers(1, 400, 2))
         window = None if rng.random() < 0.3 else tuple(int(x) for x in rng.choice([0, 1, 37, 64, 100, 1000], 2))
         block = int(rng.choice([64, 128, 256]))
-        st = Static(1.0, bool(rng.random() < 0.5), window, q_len, kv_len, 1, 1, block, 2, 64, 64, 2)
+        tiles = dict(block_k=block, stages=2, block_k_dq=64, block_q_dkv=64, stages_bwd=2)
+        causal = bool(rng.random() < 0.5)
+        st = Static(
+            **tiles,
+            softmax_scale=1.0,
+            causal=causal,
+            window=window,
+            q_len=q_len,
+            kv_len=kv_len,
+            num_heads=1,
+            num_kv_heads=1,
+        )
         q_pad, kv_pad = -(-q_len // 128) * 128, -(-kv_len // max(128, block)) * max(128, block)
         rows, cols = np.arange(q_pad)[:, None], np.arange(kv_pad)[None, :]
         ok = np.broadcast_to(np.asarray(allowed(st, rows, cols)), (q_pad, kv_pad))
