@@ -36,6 +36,13 @@ def check_segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len):
         raise ValueError(f"segment ids must be [B, Sq] and [B, Sk], got {q_segment_ids.shape}, {kv_segment_ids.shape}")
 
 
+def decline(who: str, used: dict[str, bool]) -> None:
+    """NotImplementedError naming every option of the call that implementation `who` does not serve."""
+    names = [name for name, is_used in used.items() if is_used]
+    if names:
+        raise NotImplementedError(f"{who} does not support {', '.join(names)}")
+
+
 def check_dropout(dropout_prob, dropout_seed):
     """A rate in [0, 1), and a seed whenever the rate is positive."""
     if not 0.0 <= dropout_prob < 1.0:

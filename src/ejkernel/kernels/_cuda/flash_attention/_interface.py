@@ -9,6 +9,8 @@ automatic selection moves on to our own kernels.
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.attention import decline
+
 
 def flash_attention_cudnn(
     query,
@@ -29,20 +31,17 @@ def flash_attention_cudnn(
     fwd_params=None,
     bwd_params=None,
 ):
-    declined = [
-        name
-        for name, used in (
-            ("bias", bias is not None),
-            ("softmax_aux", softmax_aux is not None),
-            ("segment ids", q_segment_ids is not None),
-            ("attention_mask", attention_mask is not None),
-            ("logits_soft_cap", logits_soft_cap is not None),
-            ("dropout", dropout_prob > 0.0),
-        )
-        if used
-    ]
-    if declined:
-        raise NotImplementedError(f"cuDNN route does not support {', '.join(declined)}")
+    decline(
+        "cuDNN route",
+        {
+            "bias": bias is not None,
+            "softmax_aux": softmax_aux is not None,
+            "segment ids": q_segment_ids is not None,
+            "attention_mask": attention_mask is not None,
+            "logits_soft_cap": logits_soft_cap is not None,
+            "dropout": dropout_prob > 0.0,
+        },
+    )
     if query.dtype not in (jnp.bfloat16, jnp.float16):
         raise NotImplementedError(f"cuDNN attention needs bfloat16/float16, got {query.dtype}")
     head_dim = query.shape[-1]

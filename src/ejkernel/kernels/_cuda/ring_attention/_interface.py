@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.kernels._common.attention import decline
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -116,17 +117,14 @@ def ring_attention_cudnn(
 
     Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` are ignored (cuDNN tiles itself).
     """
-    declined = [
-        name
-        for name, used in (
-            ("sliding_window", sliding_window is not None),
-            ("logits_soft_cap", logits_soft_cap is not None),
-            ("segment ids", q_segment_ids is not None),
-        )
-        if used
-    ]
-    if declined:
-        raise NotImplementedError(f"cuDNN ring attention does not support {', '.join(declined)}")
+    decline(
+        "cuDNN ring attention",
+        {
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": logits_soft_cap is not None,
+            "segment ids": q_segment_ids is not None,
+        },
+    )
     if jax.default_backend() != "gpu":
         raise NotImplementedError("cuDNN ring attention runs on a GPU only")
     for name, x in (("query", query), ("key", key), ("value", value)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import attention_vjp, check_qkv, fold_sinks, pad_axes, round_up
+from ejkernel.kernels._common.attention import attention_vjp, check_qkv, decline, fold_sinks, pad_axes, round_up
 from ejkernel.kernels._pallas.gpu.flash_attention._kernels import (
     COMPUTE_WGS,
     LOG2E,
@@ -155,19 +155,16 @@ def flash_attention_mosaic_gpu(
     Differentiable in query, key, value and softmax_aux. Raises NotImplementedError for what the
     kernels do not serve, before anything is traced.
     """
-    declined = [
-        name
-        for name, used in (
-            ("bias", bias is not None),
-            ("segment ids", q_segment_ids is not None or kv_segment_ids is not None),
-            ("attention_mask", attention_mask is not None),
-            ("logits_soft_cap", logits_soft_cap is not None),
-            ("dropout", dropout_prob > 0.0),
-        )
-        if used
-    ]
-    if declined:
-        raise NotImplementedError(f"{WHO} does not support {', '.join(declined)}")
+    decline(
+        WHO,
+        {
+            "bias": bias is not None,
+            "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
+            "attention_mask": attention_mask is not None,
+            "logits_soft_cap": logits_soft_cap is not None,
+            "dropout": dropout_prob > 0.0,
+        },
+    )
     if not is_hopper():
         device = jax.devices()[0].device_kind
         raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), not {device}")
