@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import attention_vjp, check_qkv, decline, fold_sinks, pad_axes, round_up
 from ejkernel.kernels._pallas.gpu.flash_attention._kernels import (
-    COMPUTE_WGS,
+    CTA_ROWS,
     LOG2E,
     ROWS,
     Static,
@@ -28,7 +28,6 @@ from ejkernel.ops.config import BwdParams, FwdParams
 WHO = "mosaic gpu flash_attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_DIMS = (64, 128)
-CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per dK/dV CTA
 
 
 def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):

@@ -34,6 +34,7 @@ LOG2E = math.log2(math.e)
 MASKED = -1e30  # finite, so a row whose tiles are all masked never computes inf - inf
 ROWS = 64  # rows per compute warpgroup: the M of one wgmma
 COMPUTE_WGS = 2
+CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per dK/dV CTA
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40
 
@@ -242,10 +243,43 @@ def _mask(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
     return jnp.where(ok, s, fill)
 
 
-def _key_tiles(st: Static, cta_row, block: int, num_blocks: int):
-    """The key tiles a CTA of two warpgroups' query rows needs: the first's `lo`, the second's `hi`."""
-    first, second = (key_ranges(st, row, ROWS, block, num_blocks) for row in (cta_row, cta_row + ROWS))
-    return first[0], second[1]
+@dataclasses.dataclass(frozen=True)
+class QueryCta:
+    """A CTA of the forward / dQ kernels: 128 query rows of one head, key/value tiles [lo, hi) streamed."""
+
+    batch: Any
+    head: Any
+    wg: Any
+    row: Any  # first query row of the CTA
+    lo: Any
+    hi: Any
+    num_blocks: int  # key tiles in the padded key/value arrays
+    streams: tuple[Stream, Stream]  # key, value
+
+
+def stream_key_tiles(st: Static, k_ref, v_ref, smem, barriers, block: int, stages: int, num_q_tiles: int) -> QueryCta:
+    """Places the CTA (longest causal rows first) and starts its memory warpgroup feeding K/V tiles.
+
+    `smem` are the `(stages, block, D)` key and value buffers, `barriers` their ready/consumed pairs.
+    The CTA needs the tiles from its first warpgroup's `lo` to its second's `hi`.
+    """
+    b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * CTA_ROWS
+    kv_h = lax.div(h, jnp.int32(st.group))
+    num_blocks = k_ref.shape[1] // block
+    lo = key_ranges(st, cta_row, ROWS, block, num_blocks)[0]
+    hi = key_ranges(st, cta_row + ROWS, ROWS, block, num_blocks)[1]
+
+    def tile(ref):
+        return lambda i: ref.at[b, pl.ds((lo + i) * block, block), kv_h]
+
+    k_ready, k_consumed, v_ready, v_consumed = barriers
+    streams = (
+        Stream(((tile(k_ref), smem[0]),), k_ready, k_consumed),
+        Stream(((tile(v_ref), smem[1]),), v_ready, v_consumed),
+    )
+    pl.when(wg == COMPUTE_WGS)(lambda: feed(list(streams), hi - lo, stages))
+    return QueryCta(b, h, wg, cta_row, lo, hi, num_blocks, streams)
 
 
 # ---- forward ----
@@ -255,35 +289,22 @@ def forward(st: Static, q, k, v):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2)."""
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k, st.stages, q.dtype
-    cta_rows = COMPUTE_WGS * ROWS
-    num_q_tiles, num_k_tiles = q_pad_len // cta_rows, k.shape[1] // bk
+    num_q_tiles = q_pad_len // CTA_ROWS
 
     def body(q_ref, k_ref, v_ref, out_ref, lse_ref, smem, barriers):
         q_smem, k_smem, v_smem, lse_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
-        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows  # longest causal rows first
-        kv_h = lax.div(h, jnp.int32(st.group))
-        lo, hi = _key_tiles(st, cta_row, bk, num_k_tiles)
-
-        def tile(ref):
-            return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
-
-        k_stream = Stream(((tile(k_ref), k_smem),), k_ready, k_consumed)
-        v_stream = Stream(((tile(v_ref), v_smem),), v_ready, v_consumed)
+        cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], bk, stages, num_q_tiles)
+        b, h, wg, lo, hi, streams = cta.batch, cta.head, cta.wg, cta.lo, cta.hi, list(cta.streams)
 
         def schedule_sync():
             plgpu.barrier_arrive(schedule)
             plgpu.barrier_wait(schedule)
 
-        @pl.when(wg == COMPUTE_WGS)
-        def _():
-            feed([k_stream, v_stream], hi - lo, stages)
-
         @pl.when(wg < COMPUTE_WGS)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-            row0 = cta_row + wg * ROWS
+            row0 = cta.row + wg * ROWS
             qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
@@ -291,7 +312,7 @@ def forward(st: Static, q, k, v):
             def step(mode, t, carry):
                 slot = lax.rem(t - lo, jnp.int32(stages))
                 if mode == "skip":
-                    skip_step([k_stream, v_stream], slot)
+                    skip_step(streams, slot)
                     schedule_sync()
                     schedule_sync()
                     return carry
@@ -331,7 +352,7 @@ def forward(st: Static, q, k, v):
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             pl.when(wg == 1)(schedule_sync)
-            own = key_ranges(st, row0, ROWS, bk, num_k_tiles)
+            own = key_ranges(st, row0, ROWS, bk, cta.num_blocks)
             acc, m, denom = run_segments(step, (_zeros((ROWS, head_dim)), m, denom), lo, *own_order(own), hi)
             pl.when(wg == 0)(schedule_sync)
 
@@ -373,31 +394,18 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
     """
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k_dq, st.stages_bwd, q.dtype
-    cta_rows = COMPUTE_WGS * ROWS
-    num_q_tiles, num_k_tiles = q_pad_len // cta_rows, k.shape[1] // bk
+    num_q_tiles = q_pad_len // CTA_ROWS
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers):
         q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem = smem
         row_ready, k_ready, k_consumed, v_ready, v_consumed = barriers
-        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * cta_rows
-        kv_h = lax.div(h, jnp.int32(st.group))
-        lo, hi = _key_tiles(st, cta_row, bk, num_k_tiles)
-
-        def tile(ref):
-            return lambda i: ref.at[b, pl.ds((lo + i) * bk, bk), kv_h]
-
-        k_stream = Stream(((tile(k_ref), k_smem),), k_ready, k_consumed)
-        v_stream = Stream(((tile(v_ref), v_smem),), v_ready, v_consumed)
-
-        @pl.when(wg == COMPUTE_WGS)
-        def _():
-            feed([k_stream, v_stream], hi - lo, stages)
+        cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:], bk, stages, num_q_tiles)
+        b, h, wg, lo, hi, streams = cta.batch, cta.head, cta.wg, cta.lo, cta.hi, list(cta.streams)
 
         @pl.when(wg < COMPUTE_WGS)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-            row0 = cta_row + wg * ROWS
+            row0 = cta.row + wg * ROWS
             qs, dos = q_smem.at[wg], do_smem.at[wg]
             rows_at, vec_at = (b, pl.ds(row0, ROWS), h), (b, h, pl.ds(row0, ROWS))
             for src, dst in (
@@ -414,7 +422,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
             def step(mode, t, dq):
                 slot = lax.rem(t - lo, jnp.int32(stages))
                 if mode == "skip":
-                    skip_step([k_stream, v_stream], slot)
+                    skip_step(streams, slot)
                     return dq
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -439,7 +447,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
 
-            own = key_ranges(st, row0, ROWS, bk, num_k_tiles)
+            own = key_ranges(st, row0, ROWS, bk, cta.num_blocks)
             dq = run_segments(step, _zeros((ROWS, head_dim)), lo, *own_order(own), hi)
             qs[...] = (dq * st.softmax_scale).astype(dtype)
             plgpu.commit_smem()
@@ -474,14 +482,13 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
     batch, q_pad_len, _, head_dim = q.shape
     kv_pad_len, kv_heads = k.shape[1], k.shape[2]
     bq, stages, dtype, group = st.block_q_dkv, st.stages_bwd, q.dtype, st.group
-    cta_rows = COMPUTE_WGS * ROWS
     num_q_blocks = q_pad_len // bq
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers):
         k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem = smem
         kv_ready, q_ready, q_consumed, do_ready, do_consumed = barriers
         b, kv_h, wg = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("wg")
-        cta_col = lax.axis_index("kv_tiles") * cta_rows
+        cta_col = lax.axis_index("kv_tiles") * CTA_ROWS
         lo = query_ranges(st, cta_col, ROWS, bq, num_q_blocks)[0]
         hi = query_ranges(st, cta_col + ROWS, ROWS, bq, num_q_blocks)[1]
         per_head = jnp.maximum(hi - lo, 1)
@@ -592,5 +599,5 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
             *Stream.barriers(3, stages),
         ),
     )
-    grid, names = (kv_heads, kv_pad_len // cta_rows, batch), ("kv_heads", "kv_tiles", "batch")
+    grid, names = (kv_heads, kv_pad_len // CTA_ROWS, batch), ("kv_heads", "kv_tiles", "batch")
     return _launch(body, (k, v), scratch, grid, names, q, k, v, do, lse, delta)
