@@ -326,8 +326,9 @@ def forward(st: Static, q, k, v):
 
                 s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                if mode == "masked" or st.scale2 <= 0:
-                    s = s * st.scale2 if mode != "masked" else _mask(st, s * st.scale2, row0, t * bk)
+                if mode == "masked" or st.scale2 <= 0:  # (a max commutes with a positive scale only)
+                    s = s * st.scale2
+                    s = _mask(st, s, row0, t * bk) if mode == "masked" else s
                     m_new = jnp.maximum(m, s.max(axis=1))
                     p = jnp.exp2(s - _rows(m_new, s.shape))
                 else:  # scale inside the exponent's argument: one fused multiply-add per score
