@@ -18,7 +18,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     mosaic_attention,
     plan,
 )
-from ejkernel.kernels._pallas.gpu.flash_attention._kernels import ROWS, Static, allowed, key_ranges, query_ranges
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import ROWS, Static, allowed, key_ranges, query_ranges
 from ejkernel.ops import BwdParams, FwdParams
 
 # (query shape, key/value shape, options, sinks, (fwd block_k, dQ block_k, dK/dV block_q, stages) or None)

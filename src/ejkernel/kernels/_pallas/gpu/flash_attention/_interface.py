@@ -14,15 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import attention_vjp, check_qkv, decline, fold_sinks, pad_axes, round_up
-from ejkernel.kernels._pallas.gpu.flash_attention._kernels import (
-    CTA_ROWS,
-    LOG2E,
-    ROWS,
-    Static,
-    backward_dkv,
-    backward_dq,
-    forward,
-)
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, LOG2E, ROWS, Static
 from ejkernel.ops.config import BwdParams, FwdParams
 
 WHO = "mosaic gpu flash_attention"
@@ -31,6 +23,8 @@ HEAD_DIMS = (64, 128)
 
 
 def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import forward  # loads Mosaic GPU (~0.35 s)
+
     out, lse = forward(st, q, k, v)
     if sinks is None:
         return out, lse
@@ -47,6 +41,8 @@ def _exp2_unless_empty(x, lse):
 
 
 def _backward(st: Static, residuals, do):
+    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import backward_dkv, backward_dq
+
     q, k, v, _, sinks, _, _, _, _, out, lse = residuals
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
     lse_b = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows with no allowed key: probabilities 0

@@ -1,0 +1,110 @@
+"""What a Mosaic GPU flash attention call fixes at trace time, and which tiles each block of rows needs.
+
+Plain `jnp`/`lax`: importable (and testable) without loading Mosaic GPU, which `_kernels` does only
+when a kernel is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+LOG2E = math.log2(math.e)
+ROWS = 64  # rows per compute warpgroup: the M of one wgmma
+COMPUTE_WGS = 2
+CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per dK/dV CTA
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """What is fixed at trace time (hashable: it keys the custom VJP)."""
+
+    softmax_scale: float
+    causal: bool
+    window: tuple[int, int] | None
+    q_len: int  # true lengths; the arrays the kernels see are padded to tile multiples
+    kv_len: int
+    num_heads: int
+    num_kv_heads: int
+    block_k: int  # key/value rows per streamed tile of the forward
+    stages: int  # shared-memory slots per stream in the forward
+    block_k_dq: int  # key/value rows per streamed tile of the dQ kernel
+    block_q_dkv: int  # query rows per streamed tile of the dK/dV kernel
+    stages_bwd: int
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def scale2(self) -> float:
+        return self.softmax_scale * LOG2E
+
+
+# ---- which key tiles a block of query rows needs (and the converse) ----
+
+
+def _cdiv(a, b: int):
+    return lax.div(a + (b - 1), jnp.int32(b))
+
+
+def _tile_range(lo_elem, hi_elem, full_lo_elem, full_hi_elem, block: int, num_blocks: int):
+    """Element bounds -> tile bounds `(lo, hi, full_lo, full_hi)`, all within [0, num_blocks].
+
+    Monotone in the element bounds, so the ranges of a CTA's two warpgroups nest as `run_segments`
+    needs; capped at `num_blocks` so no tile past the padded array is ever streamed.
+    """
+    lo = jnp.minimum(lax.div(lo_elem, jnp.int32(block)), num_blocks)
+    hi = jnp.minimum(jnp.maximum(_cdiv(hi_elem, block), lo), num_blocks)
+    f_lo = jnp.clip(_cdiv(full_lo_elem, block), lo, hi)
+    f_hi = jnp.clip(lax.div(full_hi_elem, jnp.int32(block)), f_lo, hi)
+    return lo, hi, f_lo, f_hi
+
+
+def key_ranges(st: Static, row0, rows: int, block: int, num_blocks: int):
+    """Key tiles of query rows [row0, row0+rows) among `num_blocks`: `(lo, hi, full_lo, full_hi)`.
+
+    Tiles [lo, hi) hold at least one allowed key of some row; [full_lo, full_hi) ⊆ [lo, hi) hold
+    only keys every row may see (no mask needed).
+    """
+    last = row0 + rows - 1
+    key_lo, key_hi = jnp.int32(0), jnp.int32(st.kv_len)  # allowed keys of some row: [key_lo, key_hi)
+    full_lo, full_hi = jnp.int32(0), jnp.int32(st.kv_len)  # allowed for every row
+    right = 0 if st.causal else None
+    if st.window is not None:
+        left, w_right = st.window
+        key_lo, full_lo = jnp.maximum(row0 - left, 0), jnp.maximum(last - left, 0)
+        right = w_right if right is None else min(right, w_right)
+    if right is not None:
+        key_hi = jnp.minimum(key_hi, last + right + 1)
+        full_hi = jnp.minimum(full_hi, row0 + right + 1)
+    return _tile_range(key_lo, key_hi, full_lo, full_hi, block, num_blocks)
+
+
+def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
+    """Query tiles that see keys [col0, col0+cols): `(lo, hi, full_lo, full_hi)` as in `key_ranges`."""
+    last = col0 + cols - 1
+    q_lo, q_hi = jnp.int32(0), jnp.int32(num_blocks * block)
+    full_lo, full_hi = jnp.int32(0), jnp.int32(num_blocks * block)
+    right = 0 if st.causal else None
+    if st.window is not None:
+        left, w_right = st.window
+        q_hi, full_hi = jnp.minimum(q_hi, last + left + 1), jnp.minimum(full_hi, col0 + left + 1)
+        right = w_right if right is None else min(right, w_right)
+    if right is not None:  # key <= query + right  <=>  query >= key - right
+        q_lo, full_lo = jnp.maximum(col0 - right, 0), jnp.maximum(last - right, 0)
+    return _tile_range(q_lo, q_hi, full_lo, full_hi, block, num_blocks)
+
+
+def allowed(st: Static, rows, cols):
+    """Boolean tile: may query `rows` see key `cols` (int32 tiles of the same shape)?"""
+    ok = cols < st.kv_len
+    if st.causal:
+        ok = ok & (cols <= rows)
+    if st.window is not None:
+        left, right = st.window
+        ok = ok & (cols >= rows - left) & (cols <= rows + right)
+    return ok
