@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from ejkernel.benchmarks._harness import parser, print_table, time_fn, write_results
 from ejkernel.modules import flash_attention
 from ejkernel.registry import kernel_registry
+from ejkernel.types import MaskInfo
 
 # The eight shapes of anchors.md: 16k tokens per call.
 SHAPES = [(1, 16384, 16, 128), (2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
@@ -65,8 +66,6 @@ def main(argv=None) -> None:
         variants = dict(impls)
         if args.features:
             segments = jnp.repeat(jnp.arange(4, dtype=jnp.int32), seq // 4)[None].repeat(batch, 0)
-            from ejkernel.types import MaskInfo
-
             # Each feature on the fastest of our kernels that serves it (cuDNN serves none of them).
             fast, fastest_with_sinks = ("triton", "pallas") if on_gpu else ("xla", "xla")
             variants[f"ejkernel-{fast}+softcap"] = _ours(fast, kw={"logits_soft_cap": 30.0})
