@@ -184,3 +184,23 @@ def test_paged_kv_sharded_over_batch_and_heads():
         out_specs=spec,
     )
     assert_close(out, flash_attention(q, k_cache, v_cache, None, None, None, None, tables, causal=True))
+
+
+def test_huge_windows_reach_every_backend_clamped_to_the_lengths(monkeypatch):
+    """Kernels compute positions in int32: a window side like 2**40 arrives as at most Sq + Sk."""
+    from ejkernel import Backend, Platform, kernel_registry
+    from ejkernel.registry import Implementation
+
+    seen = []
+    xla = kernel_registry.get("flash_attention", "xla")
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["sliding_window"])
+        return xla(*args, **kwargs)
+
+    spy_impl = Implementation("flash_attention", Platform.XLA, Backend.ANY, 1000, spy)
+    monkeypatch.setitem(kernel_registry._impls, "flash_attention", [spy_impl])
+    q, k, v = qkv()
+    out = flash_attention(q, k, v, causal=True, sliding_window=(2**40, 2**31 - 1), platform="xla")
+    assert seen == [(2 * S, 2 * S)]
+    assert_close(out, reference(q, k, v, causal=True))

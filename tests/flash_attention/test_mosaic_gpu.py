@@ -16,7 +16,6 @@ from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     _exp2_unless_empty,
     flash_attention_mosaic_gpu,
     mosaic_attention,
-    plan,
 )
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import ROWS, Static, allowed, key_ranges, query_ranges
 from ejkernel.ops import BwdParams, FwdParams
@@ -110,13 +109,7 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
             assert all(band[q_tile == t].all() for t in full)
 
 
-def test_huge_windows_are_clamped_and_empty_rows_with_minus_inf_sinks_stay_finite():
-    q = jnp.ones((1, 100, 2, 64), jnp.bfloat16)
-    window = (2**40, 2**31 - 1)
-    st = plan(q, q, q, None, softmax_scale=1.0, causal=False, sliding_window=window, fwd_params=None, bwd_params=None)[
-        0
-    ]
-    assert max(st.window) <= 256  # beyond both padded lengths a window masks nothing more
+def test_empty_rows_with_minus_inf_sinks_stay_finite():
     lse = jnp.array([-jnp.inf, 2.0])
     with_sinks = jnp.logaddexp2(lse, -jnp.inf)
     assert np.isfinite(np.asarray(_exp2_unless_empty(lse - with_sinks, with_sinks))).all()

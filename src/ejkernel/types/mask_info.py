@@ -72,6 +72,12 @@ def window_pair(window: int | tuple[int, int], name: str = "window") -> Window:
     return int(pair[0]), int(pair[1])
 
 
+def clamp_window(window: Window | None, reach: int) -> Window | None:
+    """`(left, right)` with each side at most `reach`: past every position a window masks nothing more,
+    and kernels computing positions in int32 must not see sides like 2**40."""
+    return None if window is None else (min(window[0], reach), min(window[1], reach))
+
+
 def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
     """The window allowed by both of two `(left, right)` windows (None: no window)."""
     if a is None or b is None:

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.kernels._common.vma import sum_to_vma, vary, varying_axes
+from ejkernel.types.mask_info import clamp_window
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -371,7 +372,7 @@ def ring_window(sliding_window, causal: bool, total_len: int) -> tuple[int, int]
     """The window as the ring applies it: sides clamped to the whole length, None when it masks nothing."""
     if sliding_window is None:
         return None
-    left, right = (min(int(w), total_len) for w in sliding_window)
+    left, right = clamp_window((int(sliding_window[0]), int(sliding_window[1])), total_len)
     if causal:
         right = 0
     if left == total_len and (causal or right == total_len):

@@ -23,7 +23,7 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import intersect_windows, padding_segment_ids
+from ejkernel.types.mask_info import clamp_window, intersect_windows, padding_segment_ids
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
 XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}
@@ -199,7 +199,7 @@ def flash_attention(
         attention_mask=attention_mask,
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
-        sliding_window=window,
+        sliding_window=clamp_window(window, q_len + kv_len),
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         dropout_prob=float(dropout_prob),
         dropout_seed=None if dropout_prob == 0.0 else jnp.asarray(dropout_seed).astype(jnp.uint32),

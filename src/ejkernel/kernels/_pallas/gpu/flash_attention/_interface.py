@@ -90,15 +90,10 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
         raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
     q_pad = round_up(q_len, CTA_ROWS) - q_len
     kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
-    window = None
-    if sliding_window is not None:
-        # Wider than both sequences masks nothing more; clamped so the kernels' int32 positions cannot overflow.
-        reach = q_len + q_pad + kv_len + kv_pad
-        window = (min(int(sliding_window[0]), reach), min(int(sliding_window[1]), reach))
     st = Static(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
-        window=window,
+        window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
         q_len=q_len,
         kv_len=kv_len,
         num_heads=num_heads,
