@@ -84,6 +84,7 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
         st = Static(
             **tiles,
             softmax_scale=1.0,
+            soft_cap=None,
             causal=causal,
             window=window,
             q_len=q_len,
