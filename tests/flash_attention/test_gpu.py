@@ -56,6 +56,7 @@ def test_matches_xla_forward_and_backward(platform, feature):
 MOSAIC_CASES = {
     "gqa-odd-lengths-sinks": ((2, 1000, 8, 128), (2, 1000, 2, 128), {"causal": True}, True),
     "window-both-sides": ((1, 777, 4, 128), (1, 777, 4, 128), {"sliding_window": (100, 37)}, False),
+    "soft-cap-gqa-sinks": ((2, 512, 8, 128), (2, 512, 2, 128), {"causal": True, "logits_soft_cap": 5.0}, True),
     "sq-ne-sk-causal": ((2, 300, 4, 64), (2, 650, 1, 64), {"causal": True}, True),
     "mqa-d64-window": ((1, 2048, 8, 64), (1, 2048, 1, 64), {"causal": True, "sliding_window": (300, 300)}, False),
 }

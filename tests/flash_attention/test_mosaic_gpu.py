@@ -25,6 +25,7 @@ CASES = {
     "plain": ((1, 256, 2, 128), (1, 256, 2, 128), {}, False, None),
     "gqa-causal-odd-lengths-sinks": ((2, 300, 4, 64), (2, 200, 2, 64), {"causal": True}, True, None),
     "window-both-sides": ((1, 512, 4, 128), (1, 512, 1, 128), {"sliding_window": (100, 20)}, False, None),
+    "soft-cap-causal": ((1, 384, 4, 128), (1, 384, 2, 128), {"causal": True, "soft_cap": 5.0}, True, None),
     "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3)),
 }
 
@@ -53,8 +54,8 @@ def test_forward_and_backward_lower_for_cuda(case):
 
 def test_declines_what_it_cannot_serve():
     q = jnp.ones((1, 128, 2, 128), jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="soft_cap"):
-        flash_attention_mosaic_gpu(q, q, q, softmax_scale=1.0, logits_soft_cap=5.0)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flash_attention_mosaic_gpu(q, q, q, softmax_scale=1.0, dropout_prob=0.1, dropout_seed=1)
     with pytest.raises(NotImplementedError, match="Hopper"):
         flash_attention_mosaic_gpu(q, q, q, softmax_scale=1.0)
     with pytest.raises(NotImplementedError, match="head dims"):
@@ -83,6 +84,7 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
         st = Static(
             **tiles,
             softmax_scale=1.0,
+            soft_cap=None,
             causal=causal,
             window=window,
             q_len=q_len,

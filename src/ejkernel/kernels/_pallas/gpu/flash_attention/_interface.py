@@ -1,10 +1,10 @@
 """Flash attention through Pallas Mosaic GPU kernels (Hopper): checks, padding, sinks and the custom VJP.
 
 Serves 16-bit query/key/value with head dim 64 or 128, any query/key lengths (padded to tile
-multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads and sink
-logits. Sinks never enter the kernels: one extra column of the softmax only rescales each row, so
+multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads, tanh
+soft cap and sink logits. Sinks never enter the kernels: one extra column of the softmax only rescales each row, so
 the output and log-sum-exp are corrected outside and the sink gradient is a reduction over rows.
-Bias, masks, segment ids, soft cap and dropout are declined (`NotImplementedError`), so automatic
+Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
 selection falls through to the Triton kernels that serve them.
 """
 
@@ -64,7 +64,9 @@ def _param(params, name: str, default: int) -> int:
     return default if value is None else value
 
 
-def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params):
+def plan(
+    query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params, soft_cap=None
+):
     """Checks what the kernels serve; returns `(Static, padded q, k, v, folded sinks)`."""
     batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
         query, key, value, who=WHO, dtypes=DTYPES, max_head_dim=max(HEAD_DIMS)
@@ -92,6 +94,7 @@ def plan(query, key, value, softmax_aux, *, softmax_scale, causal, sliding_windo
     kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
     st = Static(
         softmax_scale=float(softmax_scale),
+        soft_cap=None if soft_cap is None else float(soft_cap),
         causal=bool(causal),
         window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
         q_len=q_len,
@@ -151,7 +154,6 @@ def flash_attention_mosaic_gpu(
             "bias": bias is not None,
             "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
             "attention_mask": attention_mask is not None,
-            "logits_soft_cap": logits_soft_cap is not None,
             "dropout": dropout_prob > 0.0,
         },
     )
@@ -166,6 +168,7 @@ def flash_attention_mosaic_gpu(
         softmax_scale=softmax_scale,
         causal=causal,
         sliding_window=sliding_window,
+        soft_cap=logits_soft_cap,
         fwd_params=fwd_params,
         bwd_params=bwd_params,
     )

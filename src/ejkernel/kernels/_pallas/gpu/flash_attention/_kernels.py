@@ -45,6 +45,19 @@ COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K regis
 MEMORY_REGISTERS = 40
 
 
+def logits2(st: Static, qk):
+    """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None)."""
+    if st.soft_cap is None:
+        return qk * st.scale2, None
+    t = jnp.tanh(qk * (st.softmax_scale / st.soft_cap))
+    return t * (st.soft_cap * LOG2E), t
+
+
+def score_grad(st: Static, ds, t):
+    """dS with respect to the scaled logits -> with respect to `scale · q·k` (through the soft cap)."""
+    return ds if t is None else ds * (1.0 - t * t)
+
+
 def _iota(shape, dim):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
@@ -240,8 +253,8 @@ def forward(st: Static, q, k, v):
 
                 s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                if mode == "masked" or st.scale2 <= 0:  # (a max commutes with a positive scale only)
-                    s = s * st.scale2
+                if mode == "masked" or not st.fused_scale:  # (a max commutes with a positive scale only)
+                    s = logits2(st, s)[0]
                     s = _mask(st, s, row0, t * bk) if mode == "masked" else s
                     m_new = jnp.maximum(m, s.max(axis=1))
                     p = jnp.exp2(s - _rows(m_new, s.shape))
@@ -350,10 +363,11 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 zeros = _zeros((ROWS, bk))
                 s, dp = pl.run_state(scores)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros)))
                 plgpu.barrier_arrive(v_consumed.at[slot])
-                p = jnp.exp2(s * st.scale2 - _rows(lse_w, s.shape))
+                s, tanh = logits2(st, s)
+                p = jnp.exp2(s - _rows(lse_w, s.shape))
                 if mode == "masked":
                     p = _mask(st, p, row0, t * bk, fill=0.0)
-                ds = (p * (dp - _rows(delta_w, dp.shape))).astype(dtype)
+                ds = score_grad(st, p * (dp - _rows(delta_w, dp.shape)), tanh).astype(dtype)
 
                 def dq_mma(acc_ref):
                     plgpu.wgmma(acc_ref, ds, k_smem.at[slot])
@@ -464,7 +478,8 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
                 s_t = pl.run_scoped(scores_t, plgpu.ACC((ROWS, bq), jnp.float32))
                 lse_t = plgpu.load(lse_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
                 delta_t = plgpu.load(delta_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-                p_t = jnp.exp2(s_t * st.scale2 - _cols(lse_t, s_t.shape))
+                s_t, tanh_t = logits2(st, s_t)
+                p_t = jnp.exp2(s_t - _cols(lse_t, s_t.shape))
                 if mode == "masked":
                     p_t = _mask(st, p_t, col0, t * bq, transposed=True, fill=0.0)
 
@@ -475,7 +490,7 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
 
                 dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((ROWS, bq)))))
                 plgpu.barrier_arrive(do_consumed.at[slot])
-                ds_t = (p_t * (dp_t - _cols(delta_t, dp_t.shape))).astype(dtype)
+                ds_t = score_grad(st, p_t * (dp_t - _cols(delta_t, dp_t.shape)), tanh_t).astype(dtype)
 
                 def dk_mma(acc_ref):
                     plgpu.wgmma(acc_ref, ds_t, q_smem.at[slot])

@@ -23,6 +23,7 @@ class Static:
     """What is fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
+    soft_cap: float | None  # logits become cap · tanh(logits / cap)
     causal: bool
     window: tuple[int, int] | None
     q_len: int  # true lengths; the arrays the kernels see are padded to tile multiples
@@ -42,6 +43,11 @@ class Static:
     @property
     def scale2(self) -> float:
         return self.softmax_scale * LOG2E
+
+    @property
+    def fused_scale(self) -> bool:
+        """Unmasked tiles may scale inside the exponent (`exp2(qk·c - m)`, one FMA per score)."""
+        return self.soft_cap is None and self.scale2 > 0
 
 
 # ---- which key tiles a block of query rows needs (and the converse) ----
