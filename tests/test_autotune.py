@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from ejkernel.ops import AutotunePolicy, Tuner, policy_override
+from ejkernel.ops import autotune
 from ejkernel.ops.autotune import active_policy
 
 LOGGER = "ejkernel.autotune"
@@ -65,10 +66,21 @@ def test_each_candidate_prepared_once_and_run_warmup_calibration_and_repeats():
     assert cands.runs == {1: 8, 5: 8, 10: 8}  # 2 warm-up, 1 to size the samples, 5 timed
 
 
-def test_short_runs_are_queued_to_fill_a_sample():
-    cands = Candidates()
-    Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], cands.prepare)
-    assert cands.runs[1] >= 1 + 2 * 10  # 1 ms calls: about 20 per 20 ms sample
+def test_short_runs_are_queued_to_fill_a_sample(monkeypatch):
+    """1 ms calls, 20 ms samples: one sizing call, then 20 calls per sample (a fake clock: no load flakes)."""
+    clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+    runs = []
+
+    def prepare(ms):
+        def run():
+            runs.append(ms)
+            clock[0] += ms / 1000
+
+        return run
+
+    Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], prepare)
+    assert len(runs) == 1 + 2 * 20
 
 
 def test_zero_warmup():

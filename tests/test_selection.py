@@ -22,6 +22,7 @@ from ejkernel import Backend, Platform, kernel_registry
 from ejkernel.modules import MeanPooling, MeanPoolingConfig, mean_pooling
 from ejkernel.ops import (
     AutotunePolicy,
+    BwdParams,
     ConfigBase,
     ConfigCache,
     ConfigSelectorChain,
@@ -477,6 +478,56 @@ def test_autotune_without_candidates_falls_back_to_heuristics():
     tuner = CountingTuner()
     assert factor(make_executor("autotune", tuner)(kernel, x), x) == HEURISTIC
     assert tuner.tunes == 0
+
+
+# --- forward-only and training calls ------------------------------------------------------------------
+
+
+class TrainedToyKernel(ToyKernel):
+    """A toy op whose configs would tile a backward: one config per mode."""
+
+    tune_argnums = (0,)
+
+
+def mode_key(x, mode) -> str:
+    return Invocation(TOY_OP, (x,), {}, "auto", mode).cache_key(device_fingerprint())
+
+
+def test_differentiated_calls_run_the_train_config_the_others_the_forward_config():
+    executor, kernel, x = make_executor(), TrainedToyKernel(), toy_input()
+    executor.chain.memory.put(mode_key(x, "forward"), toy_cfg(MEMORY))
+    executor.chain.memory.put(mode_key(x, "train"), toy_cfg(PERSISTENT))
+    call = lambda v: executor(kernel, v)
+    slope = lambda f: float(jax.grad(lambda v: jnp.sum(f(v)))(x)[0])
+    assert factor(call(x), x) == MEMORY
+    assert factor(jax.jit(call)(x), x) == MEMORY
+    assert factor(jax.vmap(call)(x[None]), x[None]) == MEMORY
+    assert slope(call) == PERSISTENT
+    assert slope(jax.jit(call)) == PERSISTENT
+    assert slope(jax.checkpoint(call)) == PERSISTENT
+    assert float(jax.jit(jax.grad(lambda v: jnp.sum(call(v))))(x)[0]) == PERSISTENT
+    second = jax.grad(lambda v: jnp.sum(jax.grad(lambda w: jnp.sum(call(w) ** 2))(v)))(x)
+    np.testing.assert_allclose(second, 2 * PERSISTENT**2)  # the train config's pullback is differentiable
+
+
+def test_forward_calls_tune_forward_tilings_only_training_calls_every_candidate():
+    with_backward = lambda n, b: dataclasses.replace(toy_cfg(n), bwd_params=BwdParams(block_q=b))
+    candidates = [with_backward(FAST, 16), with_backward(FAST, 32), with_backward(MEDIUM, 16)]
+    tuner = CountingTuner()
+    executor, kernel, x = make_executor("autotune", tuner), TrainedToyKernel(candidates), toy_input()
+    executor(kernel, x)
+    assert tuner.prepared == [toy_cfg(FAST), toy_cfg(MEDIUM)]  # the backward's tiling stripped, then deduplicated
+    tuner.prepared.clear()
+    jax.grad(lambda v: jnp.sum(executor(kernel, v)))(x)
+    assert tuner.prepared == candidates
+    assert tuner.tunes == 2
+    stored = PersistentCache().entries()
+    assert mode_key(x, "forward") in stored and mode_key(x, "train") in stored
+
+
+def test_invocation_mode_is_checked():
+    with pytest.raises(ValueError, match="mode"):
+        Invocation(TOY_OP, (), {}, "auto", "inference")
 
 
 # --- tier 6: heuristics ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -11,12 +12,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ejkernel.ops.autotune import AutotunePolicy, Tuner, active_policy
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
 from ejkernel.ops.config import ConfigBase, KernelConfig
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
-from ejkernel.ops.kernel import Invocation, Kernel
+from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel
 
 log = logging.getLogger("ejkernel.ops")
 
@@ -92,6 +94,8 @@ class ConfigSelectorChain:
 
     def _autotune(self, kernel: Kernel, inv: Invocation, key: str) -> KernelConfig | None:
         candidates = list(dict.fromkeys(kernel.candidate_cfgs(inv)))
+        if inv.mode == FORWARD:  # the backward's tiling plays no part: time each forward once
+            candidates = list(dict.fromkeys(dataclasses.replace(c, bwd_params=None) for c in candidates))
         if not candidates:
             return None
         with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
@@ -104,7 +108,7 @@ class ConfigSelectorChain:
             def call(args, dynamic):
                 return kernel.run(*args, cfg=cfg, **static, **dynamic)
 
-            if kernel.tune_argnums:  # time forward + backward: the configs tile both
+            if kernel.tune_argnums and inv.mode != FORWARD:  # a training call: time forward + backward
                 loss = lambda args, dynamic: jnp.sum(call(args, dynamic).astype(jnp.float32))
                 grad = jax.grad(lambda diff, args, dynamic: loss(_put(args, kernel.tune_argnums, diff), dynamic))
                 fn = jax.jit(lambda args, dynamic: grad(tuple(args[i] for i in kernel.tune_argnums), args, dynamic))
@@ -164,8 +168,45 @@ class Executor:
         return self._sharded(kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs)
 
     def _run(self, kernel: Kernel, args, kwargs, cfg, platform):
+        if cfg is None and kernel.tune_argnums:
+            return self._run_by_mode(kernel, args, kwargs, platform)
         inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
-        chosen = self.chain.select(kernel, inv, cfg)
+        return self._run_with(kernel, args, kwargs, self.chain.select(kernel, inv, cfg))
+
+    def _run_by_mode(self, kernel: Kernel, args, kwargs, platform):
+        """Run the FORWARD config when the call is not differentiated, the TRAIN config when it is.
+
+        The fastest forward is not always part of the fastest forward + backward (e.g. one kernel's
+        forward beside another's backward). `jax.custom_vjp` tells the two cases apart at trace time:
+        its primal runs only where no derivative is taken (also under jit, vmap and checkpoint), its
+        forward rule where one is; the rule keeps the TRAIN implementation's own pullback as residual.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
+        dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array | np.ndarray)]
+
+        def run(mode: str, arrays: list) -> Any:
+            full = list(leaves)
+            for i, array in zip(dynamic, arrays, strict=True):
+                full[i] = array
+            a, kw = jax.tree_util.tree_unflatten(treedef, full)
+            chosen = self.chain.select(kernel, Invocation(kernel.op_id, a, kw, platform, mode))
+            return self._run_with(kernel, a, kw, chosen)
+
+        @jax.custom_vjp
+        def call(arrays):
+            return run(FORWARD, arrays)
+
+        def fwd(arrays):
+            return jax.vjp(functools.partial(run, TRAIN), arrays)
+
+        def bwd(pullback, g):
+            return pullback(g)
+
+        call.defvjp(fwd, bwd)
+        return call([leaves[i] for i in dynamic])
+
+    @staticmethod
+    def _run_with(kernel: Kernel, args, kwargs, chosen: KernelConfig):
         if kernel.fwd_with_residuals is None or kernel.vjp is None:
             return kernel.run(*args, cfg=chosen, **kwargs)
 

@@ -30,23 +30,35 @@ def _describe(value: Any) -> Any:
     return repr(value)
 
 
+FORWARD, TRAIN = "forward", "train"
+
+
 @dataclasses.dataclass(frozen=True)
 class Invocation:
-    """One call of an op: its positional tensors, its keyword options and the requested platform."""
+    """One call of an op: its positional tensors, its keyword options and the requested platform.
+
+    `mode` is set for ops whose configs tile a backward too (`Kernel.tune_argnums`): `FORWARD` for a
+    call that is not differentiated, `TRAIN` for one whose backward will run. Each has its own config,
+    tuned on what it runs (the forward alone, or forward + backward).
+    """
 
     op_id: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     platform: str = "auto"
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in (None, FORWARD, TRAIN):
+            raise ValueError(f"Invocation.mode must be None, {FORWARD!r} or {TRAIN!r}, got {self.mode!r}")
 
     @property
     def signature(self) -> str:
-        """Shapes, dtypes and options: calls with equal signatures can share a config."""
-        return json.dumps(
-            {"args": _describe(self.args), "kwargs": _describe(self.kwargs), "platform": self.platform},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        """Shapes, dtypes, options and mode: calls with equal signatures can share a config."""
+        described = {"args": _describe(self.args), "kwargs": _describe(self.kwargs), "platform": self.platform}
+        if self.mode is not None:
+            described["mode"] = self.mode
+        return json.dumps(described, sort_keys=True, separators=(",", ":"))
 
     def cache_key(self, fingerprint: str) -> str:
         return f"{self.op_id}|{fingerprint}|{self.signature}"
@@ -79,8 +91,9 @@ class Kernel:
     - `call_impl(impl, args, kwargs, cfg)`: how a registered implementation receives a config;
     - `fwd_with_residuals` and `vjp`: a custom VJP around `run` (the executor wires it when both exist);
     - `kwarg_specs(kwargs, in_specs)`: shard specs of array-valued options under `mesh=`;
-    - `tune_argnums`: positional arguments to differentiate when autotuning, so that configs that tile
-      the backward too are timed forward + backward (empty: time the forward only).
+    - `tune_argnums`: positional arguments to differentiate when autotuning a training call, for ops
+      whose configs tile the backward too; such ops get one config for calls that are not
+      differentiated and one for calls that are (`Invocation.mode`). Empty: one config, forward timed.
     """
 
     op_id: ClassVar[str]
