@@ -66,13 +66,12 @@ def main(argv=None) -> None:
         variants = dict(impls)
         if args.features:
             segments = jnp.repeat(jnp.arange(4, dtype=jnp.int32), seq // 4)[None].repeat(batch, 0)
-            # Each feature on the fastest of our kernels that serves it (cuDNN serves none of them).
-            fast, fastest_with_sinks = ("triton", "pallas") if on_gpu else ("xla", "xla")
-            variants[f"ejkernel-{fast}+softcap"] = _ours(fast, kw={"logits_soft_cap": 30.0})
-            variants[f"ejkernel-{fastest_with_sinks}+sinks"] = _ours(
-                fastest_with_sinks, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5
-            )
-            variants[f"ejkernel-{fast}+segments"] = _ours(fast, kw={"mask_info": MaskInfo.from_segments(segments)})
+            # Each feature on the fastest of our kernels that serves it (cuDNN serves none of them):
+            # soft cap and sinks on the Mosaic GPU kernels, segment ids on Triton.
+            hopper, masked = ("pallas", "triton") if on_gpu else ("xla", "xla")
+            variants[f"ejkernel-{hopper}+softcap"] = _ours(hopper, kw={"logits_soft_cap": 30.0})
+            variants[f"ejkernel-{hopper}+sinks"] = _ours(hopper, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
+            variants[f"ejkernel-{masked}+segments"] = _ours(masked, kw={"mask_info": MaskInfo.from_segments(segments)})
         if args.only:
             variants = {name: fn for name, fn in variants.items() if name in args.only.split(",")}
         for causal in (False, True):
