@@ -6,9 +6,8 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from ejkernel.ops import AutotunePolicy, Tuner, policy_override
-from ejkernel.ops import autotune
-from ejkernel.ops.autotune import active_policy
+from ejkernel.ops import AutotunePolicy, Tuner, autotune, policy_override
+from ejkernel.ops.autotune import active_policy, time_fns
 
 LOGGER = "ejkernel.autotune"
 
@@ -81,6 +80,15 @@ def test_short_runs_are_queued_to_fill_a_sample(monkeypatch):
 
     Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], prepare)
     assert len(runs) == 1 + 2 * 20
+
+
+def test_samples_of_several_fns_are_interleaved_in_rotating_order():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    timings = time_fns(fns, warmup=1, repeats=3, min_sample_s=0)
+    assert set(timings) == set("abc")
+    warm_and_size = ["a", "a", "b", "b", "c", "c"]
+    assert calls == [*warm_and_size, "a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
 def test_zero_warmup():

@@ -9,10 +9,10 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
-from ejkernel.ops.autotune import time_fn
+from ejkernel.ops.autotune import time_fn, time_fns
 from ejkernel.ops.fingerprint import describe_device
 
-__all__ = ["parser", "print_table", "time_fn", "write_results"]
+__all__ = ["parser", "print_table", "time_fn", "time_fns", "write_results"]
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.benchmarks._harness import parser, print_table, time_fn, write_results
+from ejkernel.benchmarks._harness import parser, print_table, time_fns, write_results
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.registry import kernel_registry
 
@@ -75,14 +75,17 @@ def main(argv=None) -> None:
         row = dict(B=batch, S=seq, H=heads, Hkv=kv_heads, D=dim, causal=causal, devices=n)
         row["mode"] = "fwd+bwd" if backward else "fwd"
         work = flops * (3.5 if backward else 1.0)
+        steps = {}
         for name, (fn, inputs) in variants.items():
+            row[name] = None
             try:
                 step = _step(fn, backward)
-                seconds = time_fn(lambda step=step, inputs=inputs: step(*inputs), repeats=args.repeats, warmup=2)
-                row[name] = work / seconds / 1e12
+                jax.block_until_ready(step(*inputs))  # compile, and fail here rather than while timing
+                steps[name] = lambda step=step, inputs=inputs: step(*inputs)
             except Exception as err:  # e.g. out of memory on one device: report and go on
-                row[name] = None
                 print(f"{name} {row['mode']}: {type(err).__name__}: {str(err)[:200]}")
+        for name, seconds in time_fns(steps, repeats=args.repeats, warmup=2).items():
+            row[name] = work / seconds / 1e12
         for name in variants:
             if name.startswith("ring") and row.get(name) and row.get("flash x1"):
                 row[f"{name.split()[0]} / flash"] = row[name] / row["flash x1"]

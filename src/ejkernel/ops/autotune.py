@@ -10,7 +10,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -62,30 +62,56 @@ def active_policy(executor_policy: AutotunePolicy | None = None) -> AutotunePoli
 C = TypeVar("C")
 
 
-def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, min_sample_s: float = 0.02) -> float:
-    """Median seconds per call of `fn()` (the tuner's and the benchmarks' one way of timing).
-
-    Each sample queues enough back-to-back calls to last about `min_sample_s` before waiting for the
-    device, so host dispatch overlaps device work and short kernels are not timed as launch latency.
-    """
+def _calibrate(fn: Callable[[], Any], warmup: int, min_sample_s: float) -> int:
+    """Warm `fn` up; return how many back-to-back calls fill a sample of about `min_sample_s`."""
     for _ in range(warmup):
         jax.block_until_ready(fn())
     start = time.perf_counter()
     jax.block_until_ready(fn())
-    inner = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-6)))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn()
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+    return max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-6)))
+
+
+def _interleaved[K](fns: Mapping[K, Callable[[], Any]], inner: Mapping[K, int], repeats: int) -> dict[K, float]:
+    """Median seconds per call of each fn over `repeats` rounds, every round one sample of each.
+
+    The order rotates from round to round, so that drift of the device (clocks, heat) and the
+    position in a round fall on every fn alike.
+    """
+    keys = list(fns)
+    samples: dict[K, list[float]] = {key: [] for key in keys}
+    for round_ in range(repeats):
+        shift = round_ % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            start = time.perf_counter()
+            out = None
+            for _ in range(inner[key]):
+                out = fns[key]()
+            jax.block_until_ready(out)
+            samples[key].append((time.perf_counter() - start) / inner[key])
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def time_fns[K](
+    fns: Mapping[K, Callable[[], Any]], *, warmup: int = 3, repeats: int = 20, min_sample_s: float = 0.02
+) -> dict[K, float]:
+    """Median seconds per call of each `fn()` (the tuner's and the benchmarks' one way of timing).
+
+    Each sample queues enough back-to-back calls to last about `min_sample_s` before waiting for the
+    device, so host dispatch overlaps device work and short kernels are not timed as launch latency.
+    The fns' samples are interleaved round by round, so their ratios do not depend on when each ran.
+    """
+    inner = {key: _calibrate(fn, warmup, min_sample_s) for key, fn in fns.items()}
+    return _interleaved(fns, inner, repeats)
+
+
+def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, min_sample_s: float = 0.02) -> float:
+    """`time_fns` of one fn."""
+    return time_fns({0: fn}, warmup=warmup, repeats=repeats, min_sample_s=min_sample_s)[0]
 
 
 class Tuner:
-    """Times candidates: each is prepared (compiled) once, warmed up, then timed `repeats` times.
+    """Times candidates: each is prepared (compiled) once and warmed up, then all are timed `repeats`
+    times, interleaved (`time_fns`).
 
     A candidate whose preparation or run raises is skipped and the reason logged. The first candidate
     (the default: the highest-priority implementation's own config) stays the choice unless another is
@@ -117,7 +143,8 @@ class Tuner:
         self, candidates: Sequence[C], prepare: Callable[[C], Callable[[], Any]], label: str = "autotune"
     ) -> tuple[C, dict[C, float]]:
         """Return the fastest candidate and every successful candidate's median time."""
-        timings: dict[C, float] = {}
+        runs: dict[C, Callable[[], Any]] = {}
+        inner: dict[C, int] = {}
         failures: list[str] = []
         iterator: Any = candidates
         if self.progress:
@@ -127,16 +154,18 @@ class Tuner:
         for candidate in iterator:
             try:
                 run = prepare(candidate)
-                timings[candidate] = self.measure(run)
+                inner[candidate] = _calibrate(run, self.warmup, self.min_sample_s)
+                runs[candidate] = run
             except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
                 failures.append(f"{candidate}: {type(err).__name__}: {err}")
                 level = logging.WARNING if os.environ.get(LOG_ENV) == "1" else logging.INFO
                 log.log(level, "%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
-                continue
-            if os.environ.get(LOG_ENV) == "1":
-                log.warning("%s: %s took %.3f ms", label, candidate, 1e3 * timings[candidate])
-        if not timings:
+        if not runs:
             raise RuntimeError(f"{label}: every candidate failed:\n  " + "\n  ".join(failures or ["(none given)"]))
+        timings = _interleaved(runs, inner, self.repeats)
+        if os.environ.get(LOG_ENV) == "1":
+            for candidate, seconds in timings.items():
+                log.warning("%s: %s took %.3f ms", label, candidate, 1e3 * seconds)
         best = min(timings, key=timings.__getitem__)
         default = next(c for c in candidates if c in timings)
         if timings[default] <= timings[best] * (1 + self.margin):
