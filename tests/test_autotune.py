@@ -82,13 +82,15 @@ def test_short_runs_are_queued_to_fill_a_sample(monkeypatch):
     assert len(runs) == 1 + 2 * 20
 
 
-def test_samples_of_several_fns_are_interleaved_in_rotating_order():
+def test_samples_of_several_fns_are_interleaved_round_by_round():
     calls = []
-    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    timings = time_fns(fns, warmup=1, repeats=3, min_sample_s=0)
-    assert set(timings) == set("abc")
-    warm_and_size = ["a", "a", "b", "b", "c", "c"]
-    assert calls == [*warm_and_size, "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    timings = time_fns(fns, warmup=1, repeats=6, min_sample_s=0)
+    assert set(timings) == set("abcd")
+    assert calls[:8] == ["a", "a", "b", "b", "c", "c", "d", "d"]  # warm-up and sizing, one fn after another
+    rounds = [calls[i : i + 4] for i in range(8, len(calls), 4)]
+    assert len(rounds) == 6 and all(sorted(r) == list("abcd") for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
 
 
 def test_zero_warmup():

@@ -7,6 +7,7 @@ import contextvars
 import logging
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -74,14 +75,14 @@ def _calibrate(fn: Callable[[], Any], warmup: int, min_sample_s: float) -> int:
 def _interleaved[K](fns: Mapping[K, Callable[[], Any]], inner: Mapping[K, int], repeats: int) -> dict[K, float]:
     """Median seconds per call of each fn over `repeats` rounds, every round one sample of each.
 
-    The order rotates from round to round, so that drift of the device (clocks, heat) and the
-    position in a round fall on every fn alike.
+    Each round runs the fns in a fresh (seeded) random order, so that drift of the device (clocks,
+    heat) and the state a predecessor leaves (power headroom, caches) fall on every fn alike.
     """
     keys = list(fns)
+    order = random.Random(0)
     samples: dict[K, list[float]] = {key: [] for key in keys}
-    for round_ in range(repeats):
-        shift = round_ % len(keys)
-        for key in keys[shift:] + keys[:shift]:
+    for _ in range(repeats):
+        for key in order.sample(keys, len(keys)):
             start = time.perf_counter()
             out = None
             for _ in range(inner[key]):
