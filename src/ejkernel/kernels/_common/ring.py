@@ -237,19 +237,20 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     q_offsets = spec.offsets(me, size, n)
     zeros = lambda x: vary(jnp.zeros(x.shape, jnp.float32), axes)
 
-    # Gradients start as their diagonal block's (None until then); unequal lengths have none: zeros.
+    # dQ starts as its diagonal block's (None until then); unequal lengths have none: zeros.
     dq = [None if diagonal(0, a, a) else zeros(x) for a, x in enumerate(q)]
-    dk = [None if diagonal(0, b, b) else zeros(x) for b, x in enumerate(k)]
-    dv = [None if diagonal(0, b, b) else zeros(x) for b, x in enumerate(v)]
+    dk = dv = None
     block = (k, v, kv_seg)
     for s in range(n):
         # Both transfers start before this step's compute: the next block, and the gradients the previous
         # device accumulated for the block held now (sent at the start of a step, not at the end of the
-        # last one, so that they too travel while this step computes).
+        # last one, so that they too travel while this step computes). This step's dK / dV are summed
+        # apart and added to the arrived ones last, so that no kernel waits for that transfer.
         following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
-        if s > 0:
-            dk, dv = lax.ppermute((dk, dv), spec.axis_name, ring)
+        arrived = lax.ppermute((dk, dv), spec.axis_name, ring) if s > 0 else None
         k_cur, v_cur, seg_cur = block
+        step_dk = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(k_cur)]
+        step_dv = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(v_cur)]
         k_offsets = spec.offsets((me - s) % n, k_cur[0].shape[1], n)
         for a, b in _pairs(s, n, len(q)):
             diag = diagonal(s, a, b)
@@ -260,9 +261,13 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
                 diagonal=diag,
             )
             visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
-            acc = None if diag else (dq[a], dk[b], dv[b])
-            dq[a], dk[b], dv[b] = _fold(acc, visible, compute, _add, axes)
+            acc = None if diag else (dq[a], step_dk[b], step_dv[b])
+            dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, compute, _add, axes)
         block = following
+        if arrived is None:
+            dk, dv = step_dk, step_dv
+        else:
+            dk, dv = (_add(old, new) for old, new in zip(arrived, (step_dk, step_dv), strict=True))
     # After n steps a device holds the complete dK / dV of the block of the next device: send it home.
     dk, dv = lax.ppermute((dk, dv), spec.axis_name, ring)
 
