@@ -1,7 +1,7 @@
 """Ring attention on 8 simulated CPU devices against the dense reference: forward and every gradient.
 
 Covers the three calling modes (inside a user's shard_map, mesh=/in_specs=/out_specs=, `with
-jax.set_mesh`), both layouts (contiguous; zig-zag for causal calls that shard the sequence themselves),
+jax.set_mesh`), both layouts (contiguous; mirrored for causal calls that shard the sequence themselves),
 MHA / GQA / MQA, causal, windows, soft cap, sinks, segments with padding, and the errors.
 """
 
@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.kernels._common.ring import from_zigzag, to_zigzag
+from ejkernel.kernels._common.ring import from_mirrored, to_mirrored
 from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
 from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
 from ejkernel.modules import RingAttentionConfig, ring_attention
@@ -97,8 +97,8 @@ def test_inside_user_shard_map(case):
 # ---- mesh= / in_specs= / out_specs= ----------------------------------------------------------------
 
 
-def test_mesh_causal_zigzag_gqa_segments_sinks():
-    """Causal: zig-zag layout; batch over "dp" as the specs say, the sequence over "sp"."""
+def test_mesh_causal_mirrored_gqa_segments_sinks():
+    """Causal: mirrored layout; batch over "dp" as the specs say, the sequence over "sp"."""
     mesh = jax.make_mesh((2, 4), ("dp", "sp"), axis_types=(AxisType.Auto,) * 2)
     q, k, v = qkv(2, length=128)
     aux = randn((H,))
@@ -156,17 +156,19 @@ def test_legacy_mesh_context():
 # ---- layouts and the per-step kernel ---------------------------------------------------------------
 
 
-def test_zigzag_reorder_places_chunks_and_inverts():
-    n, chunk = 8, 3
+@pytest.mark.parametrize("n", [8, 5])
+def test_mirrored_reorder_places_chunks_and_inverts(n):
+    chunk = 3
     x = jnp.arange(2 * n * chunk, dtype=jnp.float32).reshape(1, -1)
+    mesh = jax.make_mesh((n,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
 
     def body(x):
-        z = to_zigzag(x, "sp", n)
-        return z, from_zigzag(z, "sp", n)
+        pieces = to_mirrored(x, "sp", n)
+        return jnp.concatenate(pieces, axis=1), from_mirrored(pieces, "sp", n)
 
-    z, back = jax.shard_map(body, mesh=ring_mesh(), in_specs=SEQ, out_specs=(SEQ, SEQ))(x)
+    z, back = jax.shard_map(body, mesh=mesh, in_specs=SEQ, out_specs=(SEQ, SEQ))(x)
     chunks = np.asarray(z).reshape(n, 2, chunk)[:, :, 0] // chunk
-    np.testing.assert_array_equal(chunks, [[d, 2 * n - 1 - d] for d in range(n)])
+    np.testing.assert_array_equal(chunks, [[2 * d, 2 * n - 1 - 2 * d] for d in range(n)])
     np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
 
 
@@ -187,7 +189,7 @@ def test_block_forward_with_position_offsets():
     assert bool(jnp.all(lse[~rows] == -jnp.inf))
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("layout", ["contiguous", "mirrored"])
 def test_triton_per_step_kernels_in_interpret_mode(layout):
     """The Triton ring (a GPU implementation) called directly on 4 devices, its kernels interpreted.
 
@@ -197,7 +199,7 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     from ejkernel.kernels._triton.ring_attention._interface import ring_attention_triton
 
     mesh = jax.make_mesh((4,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
-    causal = layout == "zigzag"
+    causal = layout == "mirrored"
     q, k, v = randn((1, 64, 2, D)), randn((1, 64, 1, D)), randn((1, 64, 1, D))
     q = q * 3.0
     aux = randn((2,))

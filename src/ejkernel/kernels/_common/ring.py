@@ -9,19 +9,24 @@ flash attention, told the absolute positions of its queries and keys), and folds
     lse = log(exp(lse_a) + exp(lse_b)),   out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse).
 
 The transfer of the next block is issued before the current block is computed, so that XLA can run
-both at once. Blocks that causal or window masking hide entirely are skipped (`lax.cond`). Sinks
-(`softmax_aux`) join once, in the final merge.
+both at once. Blocks that causal or window masking hide entirely are skipped, merge included
+(`lax.cond`). With equal query and key lengths each result starts as its diagonal block's (same
+positions: always visible) rather than empty. Sinks (`softmax_aux`) join once, in the final merge.
 
 The backward rings too. With the global output O and log-sum-exp L of the forward, the gradient of
 one block is the flash-attention backward of that block with P = exp(S - L) and
 delta = rowsum(dO * O): dQ accumulates where the queries live; dK and dV accumulate in buffers that
 travel one step behind their key/value block and are sent home after the n-th step.
 
-Layouts (n devices, device d, local lengths Lq / Lk):
-- "contiguous": device d holds positions [d L, (d + 1) L).
-- "zigzag": the sequence is cut into 2n chunks of L / 2 and device d holds chunks d and 2n - 1 - d,
-  so that under a causal mask every device has the same amount of work. Inputs arrive contiguous;
-  `to_zigzag` / `from_zigzag` move the chunks between the two layouts with two `ppermute`s.
+Layouts (n devices, device d, local lengths Lq / Lk). A device's shard is held as a tuple of pieces,
+kept apart through the ring (and travelling as tuples): work on local pieces need not wait for a
+transfer, and only the caller's output is joined.
+- "contiguous": one piece, positions [d L, (d + 1) L).
+- "mirrored": the sequence is cut into 2n chunks of L / 2; device d keeps its first half (chunk 2d) and
+  swaps its second (chunk 2d + 1) with device n - 1 - d, so that it holds chunks 2d and 2n - 1 - 2d.
+  Every device then holds a pair {i, 2n - 1 - i} mirrored about the middle, and under a causal mask
+  every device has the same work at every step. Inputs arrive contiguous; `to_mirrored` /
+  `from_mirrored` move the second halves with one `ppermute` each way.
 """
 
 from __future__ import annotations
@@ -37,21 +42,23 @@ from jax import lax
 from ejkernel.kernels._common.vma import sum_to_vma, vary, varying_axes
 from ejkernel.types.mask_info import clamp_window
 
-LAYOUTS = ("contiguous", "zigzag")
+LAYOUTS = ("contiguous", "mirrored")
 
 
 class BlockKernel(Protocol):
-    """One step's attention of a query block to a key/value block (hashable: it keys the custom VJP).
+    """One step's attention of a query piece to a key/value piece (hashable: it keys the custom VJP).
 
     Positions: query row i sits at `q_offset + i`, key j at `kv_offset + j` (int32 scalars, traced);
     the kernel applies its causal / window mask to those absolute positions, and segment ids as given.
+    `diagonal` (static) says the two pieces hold the same positions (step 0, a piece with itself): the
+    block a causal mask cuts along its diagonal. Otherwise no key shares a position with a query.
     """
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal: bool):
         """(out [B, Sq, H, Dv] float32, lse [B, H, Sq] float32, -inf for a row with nothing allowed)."""
         ...
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal: bool):
         """(dq, dk, dv) in float32 for P = exp(S - lse), delta = rowsum(d_out * out): `out` and `lse`
         are the global results of the whole ring, not this block's."""
         ...
@@ -70,20 +77,12 @@ class RingSpec:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
-    def chunks(self, length: int) -> list[tuple[int, int]]:
-        """Static (start, size) of each contiguous piece of a device's local sequence."""
-        if self.layout == "contiguous":
-            return [(0, length)]
-        half = length // 2
-        return [(0, half), (half, half)]
-
-    def offsets(self, device, length: int, n: int) -> list:
-        """Absolute position of the first element of each piece held by `device` (traced int32)."""
+    def offsets(self, device, size: int, n: int) -> list:
+        """Absolute position of the first element of each piece (of `size`) held by `device` (traced int32)."""
         device = jnp.asarray(device, jnp.int32)
         if self.layout == "contiguous":
-            return [device * length]
-        half = length // 2
-        return [device * half, (2 * n - 1 - device) * half]
+            return [device * size]
+        return [2 * device * size, (2 * n - 1 - 2 * device) * size]
 
     def visible(self, q_offset, q_len: int, kv_offset, kv_len: int):
         """Traced bool: may any query of the piece see any key of the other by position (None: always)."""
@@ -100,65 +99,53 @@ class RingSpec:
 # ---- layouts ---------------------------------------------------------------------------------------
 
 
-def _zigzag_home(chunk: int, n: int) -> int:
-    """The device that holds global chunk `chunk` (of 2n) in the zig-zag layout."""
-    return chunk if chunk < n else 2 * n - 1 - chunk
+def _mirror(n: int) -> list[tuple[int, int]]:
+    """Device d <-> device n - 1 - d (its own inverse; for odd n the middle device keeps its half)."""
+    return [(d, n - 1 - d) for d in range(n)]
 
 
-def to_zigzag(x, axis_name: str, n: int):
-    """[B, L, ...] contiguous shards (device d: chunks 2d, 2d + 1) -> zig-zag (chunks d, 2n - 1 - d)."""
-    if x is None or n == 1:
-        return x
+def to_mirrored(x, axis_name: str, n: int):
+    """[B, L, ...] contiguous shard (device d: chunks 2d, 2d + 1 of 2n) -> the mirrored pieces (chunk 2d,
+    chunk 2n - 1 - 2d): the first half stays, the second is swapped with device n - 1 - d."""
+    if x is None:
+        return None
     half = x.shape[1] // 2
-    first, second = x[:, :half], x[:, half:]
-    # Chunk 2m goes from device m to its zig-zag home, and so does chunk 2m + 1: two permutations.
-    from_even = lax.ppermute(first, axis_name, [(m, _zigzag_home(2 * m, n)) for m in range(n)])
-    from_odd = lax.ppermute(second, axis_name, [(m, _zigzag_home(2 * m + 1, n)) for m in range(n)])
-    # Device d needs chunks d and 2n - 1 - d; one is even, the other odd; chunk d comes first.
-    even_device = lax.axis_index(axis_name) % 2 == 0
-    return jnp.where(
-        even_device, jnp.concatenate([from_even, from_odd], axis=1), jnp.concatenate([from_odd, from_even], axis=1)
-    )
+    return x[:, :half], lax.ppermute(x[:, half:], axis_name, _mirror(n))
 
 
-def from_zigzag(x, axis_name: str, n: int):
-    """The inverse of `to_zigzag`."""
-    if x is None or n == 1:
-        return x
-    half = x.shape[1] // 2
-    first, second = x[:, :half], x[:, half:]
-    even_device = lax.axis_index(axis_name) % 2 == 0
-    even_chunk = jnp.where(even_device, first, second)
-    odd_chunk = jnp.where(even_device, second, first)
-    home_even = lax.ppermute(even_chunk, axis_name, [(_zigzag_home(2 * m, n), m) for m in range(n)])
-    home_odd = lax.ppermute(odd_chunk, axis_name, [(_zigzag_home(2 * m + 1, n), m) for m in range(n)])
-    return jnp.concatenate([home_even, home_odd], axis=1)
+def from_mirrored(pieces, axis_name: str, n: int):
+    """The inverse of `to_mirrored`: the contiguous shard [B, L, ...]."""
+    first, second = pieces
+    return jnp.concatenate([first, lax.ppermute(second, axis_name, _mirror(n))], axis=1)
 
 
 # ---- the ring --------------------------------------------------------------------------------------
 
 
-def _pieces(x, chunks, axis: int = 1):
-    if x is None:
-        return [None] * len(chunks)
-    return [lax.slice_in_dim(x, start, start + size, axis=axis) for start, size in chunks]
+def _pairs(step: int, n: int, pieces: int) -> list[tuple[int, int]]:
+    """The (query piece, key piece) pairs of one step, in the order they are computed. Step 0 starts with
+    the diagonal pairs, piece 0's first (local data: no transfer to wait for; they start every result);
+    the last step with query piece 1, whose result travels home and can then overlap piece 0's work."""
+    pairs = [(a, b) for a in range(pieces) for b in range(pieces)]
+    if step == 0:
+        return sorted(pairs, key=lambda pair: pair[0] != pair[1])
+    return pairs[::-1] if step == n - 1 else pairs
 
 
-def _join(parts, axis: int = 1):
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=axis)
+def _fold(acc, pred, block, combine, axes):
+    """The accumulator after one block: `block()` itself when `acc` is None (the first block, visible),
+    else `combine(acc, block())` where `pred` holds (None: always) and `acc` unchanged where it does not,
+    so that a hidden block costs neither its kernel nor the combine. Typed varying over `axes`."""
+    typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
+    if acc is None:
+        return typed(block())
+    update = lambda acc: typed(combine(acc, block()))
+    return update(acc) if pred is None else lax.cond(pred, update, typed, acc)
 
 
-def _when(pred, compute, skip, axes, *operands):
-    """`compute(*operands)`, or `skip(*operands)` where `pred` is False; both typed varying over `axes`."""
-    run = lambda *ops: jax.tree_util.tree_map(lambda x: vary(x, axes), compute(*ops))
-    if pred is None:
-        return run(*operands)
-    rest = lambda *ops: jax.tree_util.tree_map(lambda x: vary(x, axes), skip(*ops))
-    return lax.cond(pred, run, rest, *operands)
-
-
-def _merge(out, lse, out_b, lse_b):
-    """Log-sum-exp merge of two partial softmax results (out [B, S, H, D] f32, lse [B, H, S] f32)."""
+def _merge(acc, new):
+    """Log-sum-exp merge of two partial softmax results, each (out [B, S, H, D] f32, lse [B, H, S] f32)."""
+    (out, lse), (out_b, lse_b) = acc, new
     top = jnp.maximum(lse, lse_b)
     top = jnp.where(top == -jnp.inf, 0.0, top)
     w, w_b = jnp.exp(lse - top), jnp.exp(lse_b - top)
@@ -170,6 +157,10 @@ def _merge(out, lse, out_b, lse_b):
     return out * scale(w) + out_b * scale(w_b), merged_lse
 
 
+def _add(acc, new):
+    return tuple(x + y for x, y in zip(acc, new, strict=True))
+
+
 def _sink_logits(aux, num_heads: int):
     """[H, n] float32: [aux[h]] per head when len(aux) == H, else every head shares all of aux."""
     aux = aux.astype(jnp.float32)
@@ -178,129 +169,119 @@ def _sink_logits(aux, num_heads: int):
     return jnp.broadcast_to(aux, (num_heads, aux.shape[0]))
 
 
-def _ring_setup(spec: RingSpec, *arrays):
+def _with_sinks(out, lse, sink_lse):
+    """One piece's (out, lse) with the sinks joined to its denominator."""
+    total = jnp.logaddexp(lse, sink_lse)
+    return out * jnp.swapaxes(jnp.exp(lse - total), 1, 2)[..., None], total
+
+
+def _sink_grad(sinks, out, lse, d_out):
+    """[H, n_sinks] from one piece's rows: sinks only add to the denominator, so
+    d sink_m = -sum_i exp(sink_m - lse_i) delta_i."""
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, Sq, H]
+    p_sink = jnp.exp(sinks[None, :, None, :] - lse[..., None])  # [B, H, Sq, n_sinks]
+    return -jnp.sum(p_sink * jnp.swapaxes(delta, 1, 2)[..., None], axis=(0, 2))
+
+
+def _ring_setup(spec: RingSpec, q, k, *pieces):
+    """Ring size, this device, the axes results vary over, the ring permutation, and `diagonal(step, a, b)`:
+    whether query piece a and key piece b hold the same positions at that step."""
     n = lax.axis_size(spec.axis_name)
     me = lax.axis_index(spec.axis_name)
-    return n, me, varying_axes(me, *arrays), [(i, (i + 1) % n) for i in range(n)]
+    axes = varying_axes(me, *jax.tree_util.tree_leaves((q, k, pieces)))
+    diagonal = lambda step, a, b: step == 0 and a == b and q[a].shape[1] == k[b].shape[1]
+    return n, me, axes, [(i, (i + 1) % n) for i in range(n)], diagonal
 
 
 def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
-    n, me, axes, ring = _ring_setup(spec, q, k, v, q_seg, kv_seg)
-    batch, q_len, num_heads, _ = q.shape
-    k_len, dv = k.shape[1], v.shape[-1]
-    q_chunks, k_chunks = spec.chunks(q_len), spec.chunks(k_len)
-    q_parts, q_seg_parts = _pieces(q, q_chunks), _pieces(q_seg, q_chunks)
-    q_offsets = spec.offsets(me, q_len, n)
+    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg)
+    q_seg = (None,) * len(q) if q_seg is None else q_seg
+    kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
+    batch, size, num_heads, _ = q[0].shape
+    dv = v[0].shape[-1]
+    q_offsets = spec.offsets(me, size, n)
 
-    def empty(size):
+    def empty():
         out = jnp.zeros((batch, size, num_heads, dv), jnp.float32)
         return vary(out, axes), vary(jnp.full((batch, num_heads, size), -jnp.inf, jnp.float32), axes)
 
-    def step(s, carry):
-        block, results = carry
+    # Each result starts as its diagonal block's (None until then); unequal lengths have none: empty.
+    results = [None if diagonal(0, a, a) else empty() for a in range(len(q))]
+    block = (k, v, kv_seg)
+    for s in range(n):  # unrolled (n is small): lets XLA overlap each transfer with compute across steps
         # Issue the transfer of the next block first: it runs while this block is computed.
-        following = lax.ppermute(block, spec.axis_name, ring)
+        following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
         k_cur, v_cur, seg_cur = block
-        k_offsets = spec.offsets((me - s) % n, k_len, n)
-        k_parts, v_parts, seg_parts = (_pieces(x, k_chunks) for x in (k_cur, v_cur, seg_cur))
-        merged = []
-        for a, (_, q_size) in enumerate(q_chunks):
-            out, lse = results[a]
-            for b, (_, k_size) in enumerate(k_chunks):
-                out_b, lse_b = _when(
-                    spec.visible(q_offsets[a], q_size, k_offsets[b], k_size),
-                    kernel.forward,
-                    lambda *_, size=q_size: empty(size),
-                    axes,
-                    q_parts[a],
-                    k_parts[b],
-                    v_parts[b],
-                    q_seg_parts[a],
-                    seg_parts[b],
-                    q_offsets[a],
-                    k_offsets[b],
-                )
-                out, lse = _merge(out, lse, out_b, lse_b)
-            merged.append((out, lse))
-        return following, merged
-
-    init = ((k, v, kv_seg), [empty(size) for _, size in q_chunks])
-    # Unrolled (n is small): lets XLA overlap each transfer with compute across steps.
-    _, results = lax.fori_loop(0, n, step, init, unroll=True)
-    out = _join([o for o, _ in results], axis=1)
-    lse = _join([lse for _, lse in results], axis=2)
+        k_offsets = spec.offsets((me - s) % n, k_cur[0].shape[1], n)
+        for a, b in _pairs(s, n, len(q)):
+            diag = diagonal(s, a, b)
+            offsets = (q_offsets[a], k_offsets[b])
+            compute = functools.partial(
+                kernel.forward, q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets, diagonal=diag
+            )
+            visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
+            results[a] = _fold(results[a], visible, compute, _merge, axes)
+        block = following
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
-        total = jnp.logaddexp(lse, sink_lse)
-        out = out * jnp.swapaxes(jnp.exp(lse - total), 1, 2)[..., None]
-        lse = total
-    return out.astype(q.dtype), lse
+        results = [_with_sinks(out, lse, sink_lse) for out, lse in results]
+    return tuple(out.astype(q[0].dtype) for out, _ in results), tuple(lse for _, lse in results)
 
 
 def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     q, k, v, aux, q_seg, kv_seg, out, lse = residuals
-    n, me, axes, ring = _ring_setup(spec, q, k, v, q_seg, kv_seg, out, d_out)
-    q_len, num_heads = q.shape[1], q.shape[2]
-    k_len = k.shape[1]
-    q_chunks, k_chunks = spec.chunks(q_len), spec.chunks(k_len)
-    q_parts, q_seg_parts, out_parts, do_parts = (_pieces(x, q_chunks) for x in (q, q_seg, out, d_out))
-    lse_parts = _pieces(lse, q_chunks, axis=2)
-    q_offsets = spec.offsets(me, q_len, n)
+    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, out, d_out)
+    q_seg = (None,) * len(q) if q_seg is None else q_seg
+    kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
+    size, num_heads = q[0].shape[1], q[0].shape[2]
+    q_offsets = spec.offsets(me, size, n)
     zeros = lambda x: vary(jnp.zeros(x.shape, jnp.float32), axes)
 
-    def step(s, carry):
-        block, pending, dq_parts = carry
+    # dQ starts as its diagonal block's (None until then); unequal lengths have none: zeros.
+    dq = [None if diagonal(0, a, a) else zeros(x) for a, x in enumerate(q)]
+    dk = dv = None
+    block = (k, v, kv_seg)
+    for s in range(n):
         # Both transfers start before this step's compute: the next block, and the gradients the previous
         # device accumulated for the block held now (sent at the start of a step, not at the end of the
-        # last one, so that they too travel while this step computes).
-        following = lax.ppermute(block, spec.axis_name, ring)
-        dk_acc, dv_acc = lax.ppermute(pending, spec.axis_name, ring)
+        # last one, so that they too travel while this step computes). This step's dK / dV are summed
+        # apart and added to the arrived ones last, so that no kernel waits for that transfer.
+        following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
+        arrived = lax.ppermute((dk, dv), spec.axis_name, ring) if s > 0 else None
         k_cur, v_cur, seg_cur = block
-        k_offsets = spec.offsets((me - s) % n, k_len, n)
-        k_parts, v_parts, seg_parts = (_pieces(x, k_chunks) for x in (k_cur, v_cur, seg_cur))
-        dk_parts = [zeros(x) for x in k_parts]
-        dv_parts = [zeros(x) for x in v_parts]
-        dq_parts = list(dq_parts)
-        for a, (_, q_size) in enumerate(q_chunks):
-            for b, (_, k_size) in enumerate(k_chunks):
-                dq, dk, dv = _when(
-                    spec.visible(q_offsets[a], q_size, k_offsets[b], k_size),
-                    kernel.backward,
-                    lambda q_, k_, v_, *_: (zeros(q_), zeros(k_), zeros(v_)),
-                    axes,
-                    q_parts[a],
-                    k_parts[b],
-                    v_parts[b],
-                    q_seg_parts[a],
-                    seg_parts[b],
-                    out_parts[a],
-                    lse_parts[a],
-                    do_parts[a],
-                    q_offsets[a],
-                    k_offsets[b],
-                )
-                dq_parts[a] = dq_parts[a] + dq
-                dk_parts[b] = dk_parts[b] + dk
-                dv_parts[b] = dv_parts[b] + dv
-        return following, (dk_acc + _join(dk_parts), dv_acc + _join(dv_parts)), dq_parts
-
-    init = ((k, v, kv_seg), (zeros(k), zeros(v)), [zeros(x) for x in q_parts])
-    _, pending, dq_parts = lax.fori_loop(0, n, step, init, unroll=True)
+        step_dk = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(k_cur)]
+        step_dv = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(v_cur)]
+        k_offsets = spec.offsets((me - s) % n, k_cur[0].shape[1], n)
+        for a, b in _pairs(s, n, len(q)):
+            diag = diagonal(s, a, b)
+            offsets = (q_offsets[a], k_offsets[b])
+            compute = functools.partial(
+                kernel.backward,
+                *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], out[a], lse[a], d_out[a], *offsets),
+                diagonal=diag,
+            )
+            visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
+            acc = None if diag else (dq[a], step_dk[b], step_dv[b])
+            dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, compute, _add, axes)
+        block = following
+        if arrived is None:
+            dk, dv = step_dk, step_dv
+        else:
+            dk, dv = (_add(old, new) for old, new in zip(arrived, (step_dk, step_dv), strict=True))
     # After n steps a device holds the complete dK / dV of the block of the next device: send it home.
-    dk, dv = lax.ppermute(pending, spec.axis_name, ring)
-    dq = _join(dq_parts)
+    dk, dv = lax.ppermute((dk, dv), spec.axis_name, ring)
 
     d_aux = None
     if aux is not None:
-        # Sinks only add to the denominator: d aux_n = -sum_i exp(aux_n - lse_i) delta_i.
-        delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, Sq, H]
         sinks = _sink_logits(aux, num_heads)  # [H, n_sinks]
-        p_sink = jnp.exp(sinks[None, :, None, :] - lse[..., None])  # [B, H, Sq, n_sinks]
-        d_sinks = -jnp.sum(p_sink * jnp.swapaxes(delta, 1, 2)[..., None], axis=(0, 2))  # [H, n_sinks]
+        d_sinks = sum(_sink_grad(sinks, *piece) for piece in zip(out, lse, d_out, strict=True))
         d_aux = d_sinks[:, 0] if aux.shape[0] == num_heads else jnp.sum(d_sinks, axis=0)
         d_aux = sum_to_vma(d_aux, aux).astype(aux.dtype)
     # Summed over the mesh axes an input is replicated on (no-ops for the usual sharded q, k, v).
-    grads = (sum_to_vma(g.astype(x.dtype), x) for g, x in ((dq, q), (dk, k), (dv, v)))
+    grads = (
+        tuple(sum_to_vma(g.astype(x.dtype), x) for g, x in zip(gs, xs, strict=True))
+        for gs, xs in ((dq, q), (dk, k), (dv, v))
+    )
     return *grads, d_aux
 
 
@@ -325,9 +306,10 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 def ring_attention(kernel: BlockKernel, spec: RingSpec, q, k, v, aux=None, q_seg=None, kv_seg=None):
     """Attention of the local query shard to the whole ring's keys, inside `shard_map` over `spec.axis_name`.
 
-    Shapes (local shards): q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], aux 1-D sink logits,
-    q_seg [B, Lq] / kv_seg [B, Lk] int segment ids (both or neither), laid out as `spec.layout` says.
-    Returns [B, Lq, H, Dv] in q.dtype. Differentiable in q, k, v and aux.
+    q, k, v, q_seg, kv_seg are tuples of the pieces `spec.layout` holds (one for "contiguous", two for
+    "mirrored"), each piece q [B, Lq', H, D], k [B, Lk', Hkv, D], v [B, Lk', Hkv, Dv], q_seg [B, Lq'] /
+    kv_seg [B, Lk'] int segment ids (both or neither); aux 1-D sink logits. Returns the output pieces
+    [B, Lq', H, Dv] in q.dtype. Differentiable in q, k, v and aux.
     """
     return _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg)
 
@@ -364,8 +346,8 @@ def check_local_inputs(query, key, value, softmax_aux, q_seg, kv_seg, layout: st
         raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "zigzag" and (q_len % 2 or k_len % 2):
-        raise ValueError(f"the zig-zag layout needs even local lengths, got {q_len} and {k_len}")
+    if layout == "mirrored" and (q_len % 2 or k_len % 2):
+        raise ValueError(f"the mirrored layout needs even local lengths, got {q_len} and {k_len}")
 
 
 def ring_window(sliding_window, causal: bool, total_len: int) -> tuple[int, int] | None:
@@ -381,8 +363,12 @@ def ring_window(sliding_window, causal: bool, total_len: int) -> tuple[int, int]
 
 
 def run_ring(kernel: BlockKernel, spec: RingSpec, n: int, q, k, v, aux=None, q_seg=None, kv_seg=None):
-    """`ring_attention` on contiguous shards, moving them to and from `spec.layout` around the ring."""
-    if spec.layout == "zigzag":
-        q, k, v, q_seg, kv_seg = (to_zigzag(x, spec.axis_name, n) for x in (q, k, v, q_seg, kv_seg))
-    out = ring_attention(kernel, spec, q, k, v, aux, q_seg, kv_seg)
-    return from_zigzag(out, spec.axis_name, n) if spec.layout == "zigzag" else out
+    """`ring_attention` on contiguous shards: they enter as the pieces of `spec.layout`, the output leaves joined."""
+    if spec.layout == "mirrored":
+        split = lambda x: to_mirrored(x, spec.axis_name, n)
+        join = lambda pieces: from_mirrored(pieces, spec.axis_name, n)
+    else:
+        split = lambda x: None if x is None else (x,)
+        join = lambda pieces: pieces[0]
+    q, k, v, q_seg, kv_seg = (split(x) for x in (q, k, v, q_seg, kv_seg))
+    return join(ring_attention(kernel, spec, q, k, v, aux, q_seg, kv_seg))

@@ -8,12 +8,13 @@ Three ways to call it:
   `axis_name` (the specs' sequence entries may name it or be None), the rest as the specs say;
 - under `with jax.set_mesh(mesh)` (or the older `with mesh:`) and global arrays: the same, with the
   sequence sharded over `axis_name` and batch / heads as the inputs' shardings say (else replicated).
-In the last two, causal calls use the load-balanced zig-zag layout: the sequence is cut into 2n chunks
-and device i computes for chunks i and 2n - 1 - i, so every device does the same work. The arrays are
-sharded contiguously and the chunks are exchanged inside the sharded computation (two `ppermute`s
-each way), rather than by permuting the global arrays: a gather across a sharded axis is refused on
-meshes of explicit axes, and point-to-point transfers move each chunk once. The output comes back in
-the original order. `axis_name=None` means "sp".
+In the last two, causal calls use the load-balanced mirrored layout: the sequence is cut into 2n chunks,
+device i keeps the first half of its shard (chunk 2i) and swaps the second with device n - 1 - i, so it
+computes for chunks 2i and 2n - 1 - 2i, a pair mirrored about the middle: every device does the same
+work. The arrays are sharded contiguously and the halves are exchanged inside the sharded computation
+(one `ppermute` each way), rather than by permuting the global arrays: a gather across a sharded axis
+is refused on meshes of explicit axes, and point-to-point transfers move each chunk once. The output
+comes back in the original order. `axis_name=None` means "sp".
 
 Implementations per platform: XLA (every device; every feature above), Pallas-Triton (GPU; no sliding
 window) and cuDNN (GPU; causal or full attention only, selected with `platform="cuda"` until checked
@@ -301,7 +302,7 @@ def ring_attention(
         sliding_window=window,
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         axis_name=axis,
-        layout="zigzag" if specs is not None and causal else "contiguous",
+        layout="mirrored" if specs is not None and causal else "contiguous",
         chunk_size=chunk_size,
     )
     return executor(

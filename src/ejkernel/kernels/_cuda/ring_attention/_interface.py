@@ -17,7 +17,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from ejkernel.kernels._common.attention import decline
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
@@ -69,31 +68,19 @@ def cudnn_backward(q, k, v, out, lse, d_out, scale: float, causal: bool):
 @dataclasses.dataclass(frozen=True)
 class CudnnBlock:
     """One step. With aligned pieces of equal length, a visible causal block is either the diagonal
-    (same offsets: cuDNN's causal mask) or entirely in the past (no mask)."""
+    (the ring says so statically: cuDNN's causal mask) or entirely in the past (no mask)."""
 
     softmax_scale: float
     causal: bool
 
-    def _choose(self, q_offset, kv_offset, run):
-        if not self.causal:
-            return run(False)
-        return lax.cond(q_offset == kv_offset, lambda: run(True), lambda: run(False))
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
+        out, lse = cudnn_forward(q, k, v, self.softmax_scale, self.causal and diagonal)
+        return out.astype(jnp.float32), lse
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
-        def run(causal):
-            out, lse = cudnn_forward(q, k, v, self.softmax_scale, causal)
-            return out.astype(jnp.float32), lse
-
-        return self._choose(q_offset, kv_offset, run)
-
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
         out, d_out = out.astype(q.dtype), d_out.astype(q.dtype)
-
-        def run(causal):
-            grads = cudnn_backward(q, k, v, out, lse, d_out, self.softmax_scale, causal)
-            return tuple(g.astype(jnp.float32) for g in grads)
-
-        return self._choose(q_offset, kv_offset, run)
+        grads = cudnn_backward(q, k, v, out, lse, d_out, self.softmax_scale, self.causal and diagonal)
+        return tuple(g.astype(jnp.float32) for g in grads)
 
 
 def ring_attention_cudnn(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jax import lax
 
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.kernels._triton._helpers import LN2, LOG2E
@@ -34,7 +33,8 @@ def _pad_to(x, axis: int, length: int, value=0):
 
 @dataclasses.dataclass(frozen=True)
 class TritonBlock:
-    """One step: the Triton forward / backward kernels, the diagonal block with the causal mask."""
+    """One step: the Triton forward / backward kernels, the diagonal block (the ring says which) with the
+    causal mask, every other visible block without one."""
 
     softmax_scale: float
     causal: bool
@@ -56,35 +56,24 @@ class TritonBlock:
             bwd_params=self.bwd_params,
         )
 
-    def _choose(self, q_offset, kv_offset, run):
-        if not self.causal:
-            return run(False)
-        return lax.cond(q_offset == kv_offset, lambda: run(True), lambda: run(False))
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
+        st, operands, (q_len, value_dim) = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
+        out, lse2 = forward(st, *operands)
+        lse2 = lse2[:, :, :q_len]
+        lse = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
+        return out[:, :q_len, :, :value_dim].astype(jnp.float32), lse
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
-        def run(causal):
-            st, operands, (q_len, value_dim) = self.plan(q, k, v, q_seg, kv_seg, causal)
-            out, lse2 = forward(st, *operands)
-            lse2 = lse2[:, :, :q_len]
-            lse = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
-            return out[:, :q_len, :, :value_dim].astype(jnp.float32), lse
-
-        return self._choose(q_offset, kv_offset, run)
-
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
-        def run(causal):
-            st, operands, _ = self.plan(q, k, v, q_seg, kv_seg, causal)
-            rows, cols = operands[0].shape[1], operands[2].shape[3]  # padded query rows, value columns
-            # Padded query rows get lse = +inf (p = 0) and a zero output gradient: they contribute nothing.
-            pad = lambda x: _pad_to(_pad_to(x.astype(q.dtype), 1, rows), 3, cols)
-            lse2 = _pad_to(jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E), 2, rows, jnp.inf)
-            dq, dk, dv, _, _ = backward(st, (*operands, pad(out), lse2), pad(d_out))
-            q_len, k_len = q.shape[1], k.shape[1]
-            dq = dq[:, :q_len, :, : q.shape[3]]
-            dk, dv = dk[:, :k_len, :, : k.shape[3]], dv[:, :k_len, :, : v.shape[3]]
-            return tuple(g.astype(jnp.float32) for g in (dq, dk, dv))
-
-        return self._choose(q_offset, kv_offset, run)
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
+        st, operands, _ = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
+        rows, cols = operands[0].shape[1], operands[2].shape[3]  # padded query rows, value columns
+        # Padded query rows get lse = +inf (p = 0) and a zero output gradient: they contribute nothing.
+        pad = lambda x: _pad_to(_pad_to(x.astype(q.dtype), 1, rows), 3, cols)
+        lse2 = _pad_to(jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E), 2, rows, jnp.inf)
+        dq, dk, dv, _, _ = backward(st, (*operands, pad(out), lse2), pad(d_out))
+        q_len, k_len = q.shape[1], k.shape[1]
+        dq = dq[:, :q_len, :, : q.shape[3]]
+        dk, dv = dk[:, :k_len, :, : k.shape[3]], dv[:, :k_len, :, : v.shape[3]]
+        return tuple(g.astype(jnp.float32) for g in (dq, dk, dv))
 
 
 def ring_attention_triton(

@@ -22,17 +22,18 @@ from ejkernel.ops.config import BwdParams, FwdParams
 
 @dataclasses.dataclass(frozen=True)
 class XlaBlock:
-    """One step: the XLA flash attention forward / backward with position offsets, float32 results."""
+    """One step: the XLA flash attention forward / backward with position offsets, float32 results (it masks
+    by absolute position, so it needs no `diagonal`)."""
 
     spec: AttentionSpec
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset):
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
         out, lse, _ = attention_forward(
             self.spec, q, k, v, None, None, q_seg, kv_seg, None, None, q_offset, kv_offset, out_dtype=jnp.float32
         )
         return out, lse
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset):
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
         residuals = (q, k, v, None, None, q_seg, kv_seg, None, None, out, lse, None)
         dq, dk, dv, _, _ = attention_backward(
             self.spec, residuals, d_out, jnp.zeros_like(lse), q_offset, kv_offset, grad_dtype=jnp.float32
@@ -61,8 +62,8 @@ def ring_attention_xla(
 
     Shapes (per device): query [B, Lq, H, D], key [B, Lk, Hkv, D], value [B, Lk, Hkv, Dv], softmax_aux
     1-D sink logits, segment ids [B, Lq] / [B, Lk] (negative: padding). Inputs and output are
-    contiguous shards (device d holds positions [d L, (d + 1) L)); `layout="zigzag"` reorders them
-    internally so that device d computes for chunks d and 2n - 1 - d of 2n (balanced causal work).
+    contiguous shards (device d holds positions [d L, (d + 1) L)); `layout="mirrored"` reorders them
+    internally so that device d computes for chunks 2d and 2n - 1 - 2d of 2n (balanced causal work).
     The result equals `flash_attention_reference` over the whole (unsharded) sequence.
     Block sizes of the per-step tiles come from `fwd_params` / `bwd_params` (block_q, block_k).
     """
