@@ -1,7 +1,6 @@
 """The tuner (timing, preparation, failures) and the autotune policy (env, default, scoping)."""
 
 import logging
-import time
 
 import jax.numpy as jnp
 import pytest
@@ -10,10 +9,16 @@ from ejkernel.ops import AutotunePolicy, Tuner, autotune, policy_override
 from ejkernel.ops.autotune import active_policy, time_fns
 
 LOGGER = "ejkernel.autotune"
+CLOCK = [0.0]  # seconds on the fake clock the tuner reads: timings here do not depend on the machine's load
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(monkeypatch):
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: CLOCK[0])
 
 
 class Candidates:
-    """Candidates named by how long one run sleeps (ms); records what was prepared and run."""
+    """Candidates named by how long one run takes (ms, on the fake clock); records what was prepared and run."""
 
     def __init__(self, fail_prepare=(), fail_run=()):
         self.prepared = []
@@ -29,7 +34,7 @@ class Candidates:
             self.runs[ms] = self.runs.get(ms, 0) + 1
             if ms in self.fail_run:
                 raise RuntimeError(f"crashed at run {ms}")
-            time.sleep(ms / 1000)
+            CLOCK[0] += ms / 1000
             return jnp.float32(ms)
 
         return run
@@ -46,7 +51,7 @@ def test_picks_the_fastest(order):
     assert best == 1
     assert set(timings) == set(order)
     assert timings[1] == min(timings.values())
-    assert timings[10] >= 0.010 and timings[20] >= 0.020  # real durations, in seconds
+    assert timings[10] == pytest.approx(0.010) and timings[20] == pytest.approx(0.020)  # seconds per call
 
 
 def test_default_kept_unless_beaten_by_more_than_the_margin():
@@ -65,21 +70,11 @@ def test_each_candidate_prepared_once_and_run_warmup_calibration_and_repeats():
     assert cands.runs == {1: 8, 5: 8, 10: 8}  # 2 warm-up, 1 to size the samples, 5 timed
 
 
-def test_short_runs_are_queued_to_fill_a_sample(monkeypatch):
-    """1 ms calls, 20 ms samples: one sizing call, then 20 calls per sample (a fake clock: no load flakes)."""
-    clock = [0.0]
-    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
-    runs = []
-
-    def prepare(ms):
-        def run():
-            runs.append(ms)
-            clock[0] += ms / 1000
-
-        return run
-
-    Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], prepare)
-    assert len(runs) == 1 + 2 * 20
+def test_short_runs_are_queued_to_fill_a_sample():
+    """1 ms calls, 20 ms samples: one sizing call, then 20 calls per sample."""
+    cands = Candidates()
+    Tuner(warmup=0, repeats=2, progress=False, min_sample_s=0.02).tune([1], cands.prepare)
+    assert cands.runs[1] == 1 + 2 * 20
 
 
 def test_samples_of_several_fns_are_interleaved_round_by_round():
@@ -103,7 +98,7 @@ def test_measure_takes_the_median():
     durations = iter([0.0, 0.0, 0.001, 0.030, 0.001])  # warm-up, sizing, then an outlier among three repeats
 
     def run():
-        time.sleep(next(durations))
+        CLOCK[0] += next(durations)
 
     median = Tuner(warmup=1, repeats=3, progress=False, min_sample_s=0).measure(run)
     assert 0.001 <= median < 0.025
