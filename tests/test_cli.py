@@ -56,3 +56,16 @@ def test_autotune_caches_and_exports_the_winners(tmp_path, capsys):
     shipped = json.loads(exported.read_text())
     assert shipped and all(key.startswith("mean_pooling|") for key in shipped)
     assert len(PersistentCache().entries()) == len(shipped)
+
+
+def test_ring_bench_reports_speed_up_and_scaling_efficiency(tmp_path):
+    """On the simulated CPU devices: both one-device baselines (total and per-device length) and their ratios."""
+    argv = ["bench", "ring_attention", "--quick", "--repeats", "1", "--platform", "xla", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "ring_attention.json").read_text())
+    n = record["devices"]
+    assert n > 1
+    for row in record["rows"]:
+        ring, whole, per_device = row[f"ring-xla x{n}"], row["flash x1"], row["flash x1 S/n"]
+        assert row["ring-xla / flash"] == pytest.approx(ring / whole)
+        assert row["ring-xla efficiency"] == pytest.approx(ring / (n * per_device))

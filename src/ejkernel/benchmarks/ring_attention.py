@@ -1,9 +1,11 @@
-"""Ring attention on every visible device against flash attention on one device, same total length.
+"""Ring attention on every visible device against flash attention on one device.
 
 bf16, causal; forward and forward+backward. FLOPs count 0.5·4·B·H·S²·D for the causal forward and
 3.5× that for forward+backward; the ring's TFLOP/s is the whole computation over the wall time of the
-n devices working together, so the ratio ring / flash is its speed-up over one device (ideal: n).
-`--quick` uses tiny shapes (a CPU smoke run; on one CPU device the ring has n = 1).
+n devices working together. Two one-device baselines: flash attention at the same total length S
+(ring / flash is the speed-up over one device, ideal n) and at the per-device length S / n (scaling
+efficiency = ring / (n · that), ideal 1). `--quick` uses tiny shapes (a CPU smoke run; on one CPU
+device the ring has n = 1).
 """
 
 import jax
@@ -62,12 +64,15 @@ def main(argv=None) -> None:
         if args.platform
         else ["auto"] + [i.platform.value for i in kernel_registry.candidates("ring_attention")]
     )
-    variants = {f"ring-{p} x{n}": (ring(p), sharded) for p in dict.fromkeys(platforms)}
+    # name -> (function, inputs, fraction of the whole sequence's FLOPs it computes)
+    variants = {f"ring-{p} x{n}": (ring(p), sharded, 1.0) for p in dict.fromkeys(platforms)}
 
     def flash(q, k, v):
         return flash_attention(q, k, v, causal=causal, platform=args.flash_platform)
 
-    variants["flash x1"] = (flash, single)
+    variants["flash x1"] = (flash, single, 1.0)
+    if n > 1:
+        variants["flash x1 S/n"] = (flash, [x[:, : seq // n] for x in single], 1.0 / n**2)
 
     flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
     rows = []
@@ -76,7 +81,7 @@ def main(argv=None) -> None:
         row["mode"] = "fwd+bwd" if backward else "fwd"
         work = flops * (3.5 if backward else 1.0)
         steps = {}
-        for name, (fn, inputs) in variants.items():
+        for name, (fn, inputs, _) in variants.items():
             row[name] = None
             try:
                 step = _step(fn, backward)
@@ -85,12 +90,16 @@ def main(argv=None) -> None:
             except Exception as err:  # e.g. out of memory on one device: report and go on
                 print(f"{name} {row['mode']}: {type(err).__name__}: {str(err)[:200]}")
         for name, seconds in time_fns(steps, repeats=args.repeats, warmup=2).items():
-            row[name] = work / seconds / 1e12
+            row[name] = work * variants[name][2] / seconds / 1e12
         for name in variants:
-            if name.startswith("ring") and row.get(name) and row.get("flash x1"):
-                row[f"{name.split()[0]} / flash"] = row[name] / row["flash x1"]
+            if name.startswith("ring") and row.get(name):
+                ring_name = name.split()[0]
+                if row.get("flash x1"):
+                    row[f"{ring_name} / flash"] = row[name] / row["flash x1"]
+                if row.get("flash x1 S/n"):
+                    row[f"{ring_name} efficiency"] = row[name] / (n * row["flash x1 S/n"])
         rows.append(row)
-    ratios = [f"{name.split()[0]} / flash" for name in variants if name.startswith("ring")]
+    ratios = [c for c in dict.fromkeys(k for r in rows for k in r) if c.endswith((" / flash", " efficiency"))]
     print(
         f"TFLOP/s (bf16) on {n} x {devices[0].device_kind}; flash x1: flash_attention(platform={args.flash_platform!r})"
     )
