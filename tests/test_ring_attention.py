@@ -115,6 +115,18 @@ def test_mesh_causal_mirrored_gqa_segments_sinks():
     check(fn, lambda q, k, v, aux: reference(q, k, v, aux, seg, causal=True), [q, k, v, aux])
 
 
+def test_mesh_causal_mirrored_on_an_odd_ring_with_window():
+    """Three devices: the middle one keeps both its halves (its mirror is itself)."""
+    mesh = jax.make_mesh((3,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:3])
+    q, k, v = qkv(2, length=48)
+    kw = dict(causal=True, sliding_window=(20, 0))
+
+    def fn(q, k, v):
+        return ring_attention(q, k, v, mesh=mesh, in_specs=(SEQ,) * 3, out_specs=SEQ, **kw)
+
+    check(fn, lambda q, k, v: reference(q, k, v, **kw), [q, k, v])
+
+
 def test_mesh_non_causal_contiguous_mqa_int_window_chunk_size():
     """Specs that leave the sequence unsharded: ring_attention shards it over "sp" itself."""
     mesh = jax.make_mesh((8,), ("sp",), axis_types=(AxisType.Explicit,))
