@@ -9,10 +9,31 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from ejkernel.ops.autotune import time_fn, time_fns
 from ejkernel.ops.fingerprint import describe_device
 
-__all__ = ["parser", "print_table", "time_fn", "time_fns", "write_results"]
+__all__ = ["parser", "print_table", "time_fn", "time_variants", "write_results"]
+
+
+def time_variants(
+    builders: dict[str, Callable[[], Callable[[], Any]]], *, repeats: int, where: str
+) -> dict[str, float]:
+    """Seconds per call of each variant, all timed together (`time_fns`: interleaved samples).
+
+    Each builder returns a variant's zero-argument call; it is built and run once first (compiling it),
+    and a variant whose build or first run raises (out of memory, unsupported) is reported and left out.
+    """
+    ready = {}
+    for name, build in builders.items():
+        try:
+            call = build()
+            jax.block_until_ready(call())
+            ready[name] = call
+        except Exception as err:  # an alternative that cannot run here: report it and time the others
+            print(f"{name} {where}: {type(err).__name__}: {str(err)[:200]}")
+    return time_fns(ready, repeats=repeats, warmup=2)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -4,10 +4,12 @@ FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× th
 Rows also time our fastest own kernel with soft cap, sinks and segment ids, which cuDNN cannot do.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_fns, write_results
+from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
 from ejkernel.modules import flash_attention
 from ejkernel.registry import kernel_registry
 from ejkernel.types import MaskInfo
@@ -40,12 +42,11 @@ def _ours(platform, **features):
 
 
 def _step(fn, q, k, v, causal, backward):
-    """A zero-argument call of the jitted forward (or gradient), compiled and run once."""
+    """A zero-argument call of the jitted forward (or gradient)."""
     if backward:
         step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, causal).astype(jnp.float32)), argnums=(0, 1, 2)))
     else:
         step = jax.jit(lambda q, k, v: fn(q, k, v, causal))
-    jax.block_until_ready(step(q, k, v))
     return lambda: step(q, k, v)
 
 
@@ -80,16 +81,13 @@ def main(argv=None) -> None:
             flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
             for backward in (False, True):
                 row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd+bwd" if backward else "fwd")
-                steps = {}
-                for name, fn in variants.items():
-                    row[name] = None
-                    try:
-                        steps[name] = _step(fn, q, k, v, causal, backward)
-                    except Exception as err:  # an alternative that cannot run this shape (OOM, unsupported)
-                        where = f"B={batch} S={seq} causal={causal} bwd={backward}"
-                        print(f"{name} {where}: {type(err).__name__}: {str(err)[:160]}")
-                for name, seconds in time_fns(steps, repeats=args.repeats, warmup=2).items():
-                    row[name] = flops * (3.5 if backward else 1.0) / seconds / 1e12
+                builders = {
+                    name: functools.partial(_step, fn, q, k, v, causal, backward) for name, fn in variants.items()
+                }
+                where = f"B={batch} S={seq} causal={causal} bwd={backward}"
+                timings = time_variants(builders, repeats=args.repeats, where=where)
+                for name in variants:
+                    row[name] = flops * (3.5 if backward else 1.0) / timings[name] / 1e12 if name in timings else None
                 if row.get("jax-cudnn"):
                     for name in variants:
                         if name.startswith("ejkernel") and row.get(name):

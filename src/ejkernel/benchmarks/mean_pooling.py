@@ -4,15 +4,22 @@ Pooling reads every input byte once and writes almost nothing, so its bandwidth 
 is compared with a copy `x + 1` (bytes read + written / time) measured in the same run.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_fn, write_results
+from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
 from ejkernel.modules import mean_pooling
 from ejkernel.registry import kernel_registry
 
 SHAPES = [(64, 4096, 4096), (8, 8192, 2048), (256, 512, 1024)]
 QUICK_SHAPES = [(4, 128, 64)]
+
+
+def _call(fn, x):
+    """A zero-argument call of `fn` jitted, on `x`."""
+    return functools.partial(jax.jit(fn), x)
 
 
 def main(argv=None) -> None:
@@ -21,13 +28,14 @@ def main(argv=None) -> None:
     for batch, seq, dim in QUICK_SHAPES if args.quick else SHAPES:
         x = jax.random.normal(jax.random.PRNGKey(0), (batch, seq, dim), jnp.bfloat16)
         nbytes = x.size * x.dtype.itemsize
-        copy = jax.jit(lambda a: a + 1)
-        copy_s = time_fn(lambda c=copy, a=x: c(a), repeats=args.repeats)
-        copy_bw = 2 * nbytes / copy_s
         platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates("mean_pooling")]
+        builders = {"copy": functools.partial(_call, lambda a: a + 1, x)}
         for platform in platforms:
-            fn = jax.jit(lambda a, p=platform: mean_pooling(a, platform=p))
-            seconds = time_fn(lambda f=fn, a=x: f(a), repeats=args.repeats)
+            builders[platform] = functools.partial(_call, functools.partial(mean_pooling, platform=platform), x)
+        timings = time_variants(builders, repeats=args.repeats, where=f"B={batch} S={seq} D={dim}")
+        copy_bw = 2 * nbytes / timings["copy"]
+        for platform in platforms:
+            seconds = timings[platform]
             bandwidth = (nbytes + batch * dim * x.dtype.itemsize) / seconds
             rows.append(
                 dict(

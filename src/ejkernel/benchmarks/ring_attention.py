@@ -8,12 +8,14 @@ efficiency = ring / (n · that), ideal 1). `--quick` uses tiny shapes (a CPU smo
 device the ring has n = 1).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.benchmarks._harness import parser, print_table, time_fns, write_results
+from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.registry import kernel_registry
 
@@ -21,11 +23,13 @@ SHAPE = (1, 65536, 16, 128)  # B, S, H, D
 QUICK_SHAPE = (1, 256, 2, 32)
 
 
-def _step(fn, backward: bool):
+def _step(fn, inputs, backward: bool):
+    """A zero-argument call of the jitted forward (or gradient) on `inputs`."""
     if not backward:
-        return jax.jit(fn)
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        step = jax.jit(fn)
+    else:
+        step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
+    return functools.partial(step, *inputs)
 
 
 def main(argv=None) -> None:
@@ -80,17 +84,10 @@ def main(argv=None) -> None:
         row = dict(B=batch, S=seq, H=heads, Hkv=kv_heads, D=dim, causal=causal, devices=n)
         row["mode"] = "fwd+bwd" if backward else "fwd"
         work = flops * (3.5 if backward else 1.0)
-        steps = {}
-        for name, (fn, inputs, _) in variants.items():
-            row[name] = None
-            try:
-                step = _step(fn, backward)
-                jax.block_until_ready(step(*inputs))  # compile, and fail here rather than while timing
-                steps[name] = lambda step=step, inputs=inputs: step(*inputs)
-            except Exception as err:  # e.g. out of memory on one device: report and go on
-                print(f"{name} {row['mode']}: {type(err).__name__}: {str(err)[:200]}")
-        for name, seconds in time_fns(steps, repeats=args.repeats, warmup=2).items():
-            row[name] = work * variants[name][2] / seconds / 1e12
+        builders = {name: functools.partial(_step, fn, inputs, backward) for name, (fn, inputs, _) in variants.items()}
+        timings = time_variants(builders, repeats=args.repeats, where=row["mode"])
+        for name, (_, _, share) in variants.items():
+            row[name] = work * share / timings[name] / 1e12 if name in timings else None
         for name in variants:
             if name.startswith("ring") and row.get(name):
                 ring_name = name.split()[0]
