@@ -136,10 +136,6 @@ class Tuner:
             progress = env == "1" if env is not None else sys.stderr.isatty()
         self.progress = progress
 
-    def measure(self, run: Callable[[], Any]) -> float:
-        """Median seconds per call of `run()`, timed as the benchmarks time (`time_fn`)."""
-        return time_fn(run, warmup=self.warmup, repeats=self.repeats, min_sample_s=self.min_sample_s)
-
     def tune(
         self, candidates: Sequence[C], prepare: Callable[[C], Callable[[], Any]], label: str = "autotune"
     ) -> tuple[C, dict[C, float]]:
