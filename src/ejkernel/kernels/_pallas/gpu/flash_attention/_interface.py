@@ -1,10 +1,10 @@
 """Flash attention through Pallas Mosaic GPU kernels (Hopper): checks, padding, sinks and the custom VJP.
 
 Serves 16-bit query/key/value with head dim 64 or 128, any query/key lengths (padded to tile
-multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads, tanh
-soft cap and sink logits. Sinks never enter the kernels: one extra column of the softmax only rescales each row, so
-the output and log-sum-exp are corrected outside and the sink gradient is a reduction over rows.
-Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
+multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads, tanh soft
+cap and sink logits. Sinks never enter the kernels: one extra column of the softmax only rescales
+each row, so the output and log-sum-exp are corrected outside and the sink gradient is a reduction
+over rows. Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
 selection falls through to the Triton kernels that serve them.
 """
 
