@@ -20,19 +20,28 @@ from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import ROWS, Static, allowed, key_ranges, query_ranges
 from ejkernel.ops import BwdParams, FwdParams
 
-# (query shape, key/value shape, options, sinks, (fwd block_k, dQ block_k, dK/dV block_q, stages) or None)
+# (query shape, key/value shape, options, sinks, (fwd block_k, dQ block_k, dK/dV block_q, stages) or None,
+#  kernels: 3 = forward, dQ, dK/dV; 2 = forward and the fused backward)
 CASES = {
-    "plain": ((1, 256, 2, 128), (1, 256, 2, 128), {}, False, None),
-    "gqa-causal-odd-lengths-sinks": ((2, 300, 4, 64), (2, 200, 2, 64), {"causal": True}, True, None),
-    "window-both-sides": ((1, 512, 4, 128), (1, 512, 1, 128), {"sliding_window": (100, 20)}, False, None),
-    "soft-cap-causal": ((1, 384, 4, 128), (1, 384, 2, 128), {"causal": True, "soft_cap": 5.0}, True, None),
-    "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3)),
+    "plain": ((1, 256, 2, 128), (1, 256, 2, 128), {}, False, None, 3),
+    "gqa-causal-odd-lengths-sinks": ((2, 300, 4, 64), (2, 200, 2, 64), {"causal": True}, True, None, 2),
+    "window-both-sides": ((1, 512, 4, 128), (1, 512, 1, 128), {"sliding_window": (100, 20)}, False, None, 3),
+    "soft-cap-causal": ((1, 384, 4, 128), (1, 384, 2, 128), {"causal": True, "soft_cap": 5.0}, True, None, 2),
+    "soft-cap-window-d64": (
+        (1, 300, 2, 64),
+        (1, 500, 1, 64),
+        {"sliding_window": (64, 9), "soft_cap": 30.0},
+        False,
+        None,
+        2,
+    ),
+    "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3), 3),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_forward_and_backward_lower_for_cuda(case):
-    q_shape, kv_shape, options, sinks, tiles = CASES[case]
+    q_shape, kv_shape, options, sinks, tiles, kernels = CASES[case]
     params = {}
     if tiles:
         params = {
@@ -49,7 +58,7 @@ def test_forward_and_backward_lower_for_cuda(case):
     shapes = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in (q_shape, kv_shape, kv_shape)]
     aux = jax.ShapeDtypeStruct((q_shape[2],), jnp.float32) if sinks else None
     module = export.export(jax.jit(jax.value_and_grad(loss, argnums)), platforms=["cuda"])(*shapes, aux).mlir_module()
-    assert module.count("@mosaic_gpu") >= 3  # forward, dQ and dK/dV kernels
+    assert module.count("@mosaic_gpu") == kernels
 
 
 def test_declines_what_it_cannot_serve():

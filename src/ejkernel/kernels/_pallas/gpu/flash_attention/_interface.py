@@ -10,6 +10,8 @@ selection falls through to the Triton kernels that serve them.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -41,13 +43,17 @@ def _exp2_unless_empty(x, lse):
 
 
 def _backward(st: Static, residuals, do):
-    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import backward_dkv, backward_dq
+    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import backward_dkv, backward_dq, backward_fused
 
     q, k, v, _, sinks, _, _, _, _, out, lse = residuals
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
     lse_b = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows with no allowed key: probabilities 0
-    dq = backward_dq(st, q, k, v, do, lse_b, delta)
-    dk, dv = backward_dkv(st, q, k, v, do, lse_b, delta)
+    if st.fused_bwd:
+        dq, dk, dv = backward_fused(st, q, k, v, do, lse_b, delta)
+        dq = (dq * st.softmax_scale).astype(q.dtype)
+    else:
+        dq = backward_dq(st, q, k, v, do, lse_b, delta)
+        dk, dv = backward_dkv(st, q, k, v, do, lse_b, delta)
     dsinks = None
     if sinks is not None:
         # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
@@ -90,6 +96,13 @@ def plan(
     stages_bwd = _param(bwd_params, "num_stages", 2)
     if min(stages, stages_bwd) < 2:
         raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
+    # Soft-capped logits lie within ±cap·log2(e) (base 2): with bfloat16's exponent range the forward
+    # needs no running max while the sum of all 2^logit stays a finite float32.
+    bounded = soft_cap is not None and query.dtype == jnp.bfloat16 and abs(soft_cap) * LOG2E + math.log2(kv_len) < 120
+    # The fused backward computes each score tile once, not twice: it wins where the softmax work
+    # (the soft cap's tanh) or the small head dim makes that recomputation dear. It streams 64-row
+    # query tiles; at head dim 128 its float32 dQ staging leaves shared memory for two stages only.
+    fused_bwd = block_q_dkv == 64 and (soft_cap is not None or head_dim == 64) and (head_dim == 64 or stages_bwd == 2)
     q_pad = round_up(q_len, CTA_ROWS) - q_len
     kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
     st = Static(
@@ -106,6 +119,8 @@ def plan(
         block_k_dq=block_k_dq,
         block_q_dkv=block_q_dkv,
         stages_bwd=stages_bwd,
+        bounded=bounded,
+        fused_bwd=fused_bwd,
     )
     q = pad_axes(query, {1: q_pad})
     k, v = pad_axes(key, {1: kv_pad}), pad_axes(value, {1: kv_pad})

@@ -35,6 +35,8 @@ class Static:
     block_k_dq: int  # key/value rows per streamed tile of the dQ kernel
     block_q_dkv: int  # query rows per streamed tile of the dK/dV kernel
     stages_bwd: int
+    bounded: bool = False  # soft-capped bfloat16: 2^logit never overflows, so no running max, no rescaling
+    fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
 
     @property
     def group(self) -> int:
