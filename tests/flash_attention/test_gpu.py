@@ -52,11 +52,18 @@ def test_matches_xla_forward_and_backward(platform, feature):
 
 
 # Mosaic GPU cases beyond the shared ones: lengths off the tile grid, Sq != Sk, windows open on the
-# right, MQA, head dim 64, sinks (folded outside the kernels).
+# right, MQA, head dim 64, sinks (folded outside the kernels), soft cap (bounded forward, exp2 partly
+# on the FMA units, fused backward).
 MOSAIC_CASES = {
     "gqa-odd-lengths-sinks": ((2, 1000, 8, 128), (2, 1000, 2, 128), {"causal": True}, True),
     "window-both-sides": ((1, 777, 4, 128), (1, 777, 4, 128), {"sliding_window": (100, 37)}, False),
     "soft-cap-gqa-sinks": ((2, 512, 8, 128), (2, 512, 2, 128), {"causal": True, "logits_soft_cap": 5.0}, True),
+    "soft-cap-d64-window": (
+        (1, 1500, 8, 64),
+        (1, 1500, 2, 64),
+        {"sliding_window": (400, 100), "logits_soft_cap": 30.0},
+        False,
+    ),
     "sq-ne-sk-causal": ((2, 300, 4, 64), (2, 650, 1, 64), {"causal": True}, True),
     "mqa-d64-window": ((1, 2048, 8, 64), (1, 2048, 1, 64), {"causal": True, "sliding_window": (300, 300)}, False),
 }

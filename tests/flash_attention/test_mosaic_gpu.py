@@ -27,6 +27,7 @@ CASES = {
     "gqa-causal-odd-lengths-sinks": ((2, 300, 4, 64), (2, 200, 2, 64), {"causal": True}, True, None, 2),
     "window-both-sides": ((1, 512, 4, 128), (1, 512, 1, 128), {"sliding_window": (100, 20)}, False, None, 3),
     "soft-cap-causal": ((1, 384, 4, 128), (1, 384, 2, 128), {"causal": True, "soft_cap": 5.0}, True, None, 2),
+    "soft-cap-small-tiles": ((1, 256, 2, 128), (1, 256, 2, 128), {"soft_cap": 30.0}, False, (64, 64, 64, 3), 3),
     "soft-cap-window-d64": (
         (1, 300, 2, 64),
         (1, 500, 1, 64),
@@ -59,6 +60,18 @@ def test_forward_and_backward_lower_for_cuda(case):
     aux = jax.ShapeDtypeStruct((q_shape[2],), jnp.float32) if sinks else None
     module = export.export(jax.jit(jax.value_and_grad(loss, argnums)), platforms=["cuda"])(*shapes, aux).mlir_module()
     assert module.count("@mosaic_gpu") == kernels
+
+
+def test_exp2_on_fma_units_matches_exp2():
+    """The cubic exp2 the forward runs on part of each soft-capped tile (eager ops: see `exp2_fma`)."""
+    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import exp2_fma
+
+    x = np.concatenate([np.linspace(-125.0, 127.0, 20011), -np.abs(np.random.default_rng(0).normal(0, 9, 4096))])
+    with jax.disable_jit():
+        got = np.asarray(exp2_fma(jnp.asarray(x, jnp.float32)), np.float64)
+    np.testing.assert_allclose(got, np.exp2(x), rtol=8e-5)
+    with jax.disable_jit():
+        assert 0 < float(exp2_fma(jnp.float32(-jnp.inf))) < 2.0**-125
 
 
 def test_declines_what_it_cannot_serve():

@@ -45,6 +45,38 @@ COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K regis
 MEMORY_REGISTERS = 40
 
 
+# 2^f on [-1/2, 1/2] (relative error < 7.5e-5, far under bfloat16 rounding), and 1.5 · 2^23: adding it
+# to a float32 of magnitude < 2^22 rounds it to an integer held in the low mantissa bits.
+EXP2_POLY = (0.9999281093641528, 0.6932609856052565, 0.24261054228172088, 0.05517132143403896)
+ROUND_MAGIC = 12582912.0
+
+
+def exp2_fma(x):
+    """2^x for -125 <= x <= 127 on the FMA and integer units instead of the special-function unit (MUFU).
+
+    x = n + f with n = round(x) and |f| <= 1/2: a cubic gives 2^f, and n is added to its exponent
+    bits. Below -125 (and for -inf) it gives under 2^-125 rather than 0, a weight no softmax row can
+    notice. (XLA on a CPU
+    simplifies `(x + M) - M` to `x`, so this holds only where such rewrites do not run: the kernels,
+    or eager CPU ops.)
+    """
+    x = jnp.maximum(x, -126.0)
+    shifted = x + ROUND_MAGIC
+    frac = x - (shifted - ROUND_MAGIC)
+    c0, c1, c2, c3 = EXP2_POLY
+    mantissa = ((c3 * frac + c2) * frac + c1) * frac + c0
+    whole = lax.shift_left(lax.bitcast_convert_type(shifted, jnp.int32), jnp.int32(23))
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(mantissa, jnp.int32) + whole, jnp.float32)
+
+
+def exp2_tile(x, fma_cols: int):
+    """2^x of a score tile, its last `fma_cols` columns by `exp2_fma`, so that both kinds of unit share the work."""
+    if not fma_cols:
+        return jnp.exp2(x)
+    split = x.shape[1] - fma_cols
+    return jnp.concatenate([jnp.exp2(x[:, :split]), exp2_fma(x[:, split:])], axis=1)
+
+
 def logits2(st: Static, qk):
     """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None)."""
     if st.soft_cap is None:
@@ -254,7 +286,7 @@ def forward(st: Static, q, k, v):
                 s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
-                    p = jnp.exp2(logits2(st, s)[0])
+                    p = exp2_tile(logits2(st, s)[0], st.exp2_fma_cols)
                     p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
                     m_new, denom = m, denom + p.sum(axis=1)
                 else:
@@ -262,10 +294,10 @@ def forward(st: Static, q, k, v):
                         s = logits2(st, s)[0]
                         s = _mask(st, s, row0, t * bk) if mode == "masked" else s
                         m_new = jnp.maximum(m, s.max(axis=1))
-                        p = jnp.exp2(s - _rows(m_new, s.shape))
+                        p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
                     else:  # scale inside the exponent's argument: one fused multiply-add per score
                         m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
-                        p = jnp.exp2(s * st.scale2 - _rows(m_new, s.shape))
+                        p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
                     alpha = jnp.exp2(m - m_new)
                     denom = denom * alpha + p.sum(axis=1)
                     acc = acc * _rows(alpha, acc.shape)

@@ -36,6 +36,7 @@ class Static:
     block_q_dkv: int  # query rows per streamed tile of the dK/dV kernel
     stages_bwd: int
     bounded: bool = False  # soft-capped bfloat16: 2^logit never overflows, so no running max, no rescaling
+    exp2_fma_cols: int = 0  # columns of each forward score tile whose exp2 runs on the FMA units
     fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
 
     @property
