@@ -106,7 +106,7 @@ def plan(
     # The fused backward computes each score tile once, not twice: it wins where the softmax work
     # (the soft cap's tanh) or the small head dim makes that recomputation dear. It streams 64-row
     # query tiles; at head dim 128 its float32 dQ staging leaves shared memory for two stages only.
-    fused_bwd = block_q_dkv == 64 and (soft_cap is not None or head_dim == 64) and (head_dim == 64 or stages_bwd == 2)
+    fused_bwd = block_q_dkv == 64 and (head_dim == 64 or (soft_cap is not None and stages_bwd == 2))
     q_pad = round_up(q_len, CTA_ROWS) - q_len
     kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
     st = Static(
