@@ -66,6 +66,9 @@ MOSAIC_CASES = {
     ),
     "sq-ne-sk-causal": ((2, 300, 4, 64), (2, 650, 1, 64), {"causal": True}, True),
     "mqa-d64-window": ((1, 2048, 8, 64), (1, 2048, 1, 64), {"causal": True, "sliding_window": (300, 300)}, False),
+    # the overlapped forward (head dim 128): free-running with odd lengths, taking turns with empty rows
+    "sq-ne-sk-sinks": ((2, 333, 4, 128), (2, 900, 2, 128), {}, True),
+    "window-empty-rows": ((1, 700, 2, 128), (1, 200, 2, 128), {"sliding_window": (30, 0)}, False),
 }
 
 

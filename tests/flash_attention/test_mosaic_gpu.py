@@ -37,6 +37,16 @@ CASES = {
         2,
     ),
     "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3), 3),
+    # head dim 128 without soft cap runs the overlapped forward: free-running ("plain") or taking
+    # turns ("window-both-sides", and here with rows that own no key tile)
+    "overlap-empty-rows-small-tiles": (
+        (1, 700, 2, 128),
+        (1, 200, 2, 128),
+        {"sliding_window": (30, 0)},
+        False,
+        (64, 64, 64, 2),
+        3,
+    ),
 }
 
 

@@ -3,8 +3,11 @@
 Every kernel runs three warpgroups per CTA: one memory warpgroup that streams tiles from HBM into a
 ring of shared-memory slots with TMA (`feed`), and two compute warpgroups that own 64 rows each,
 multiply with `wgmma` from shared memory, and hand each slot back through "consumed" barriers. In
-the forward the two compute warpgroups ping-pong on a schedule barrier, so one runs its softmax
-while the other's matmuls occupy the tensor cores.
+the forward the tensor cores are kept busy during the softmax in one of two ways (`Static.overlap`):
+the two compute warpgroups ping-pong on a schedule barrier, so one runs its softmax while the
+other's matmuls run; or each warpgroup issues tile t's Q·Kᵀ together with tile t-1's P·V and runs
+the softmax of tile t while its own P·V is in flight (optionally still taking turns with the other
+warpgroup at issuing, `Static.overlap_schedule`).
 
 Causal and sliding-window calls visit only the tiles that hold an allowed (query, key) pair; tiles
 fully inside the allowed band run without a mask. Both compute warpgroups walk the CTA's whole
@@ -274,6 +277,15 @@ def forward(st: Static, q, k, v):
             plgpu.barrier_arrive(schedule)
             plgpu.barrier_wait(schedule)
 
+        def take_turn():
+            """Overlapped forward: wait until the other warpgroup has issued its matmuls (`schedule` = turns)."""
+            if st.overlap_schedule:
+                plgpu.barrier_wait(schedule.at[wg])
+
+        def pass_turn():
+            if st.overlap_schedule:
+                plgpu.barrier_arrive(schedule.at[1 - wg])
+
         @pl.when(wg < COMPUTE_WGS)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
@@ -282,7 +294,48 @@ def forward(st: Static, q, k, v):
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
 
+            def softmax(mode, t, s, m, denom):
+                """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
+                if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
+                    p = exp2_tile(logits2(st, s)[0], st.exp2_fma_cols)
+                    p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
+                    return p.astype(dtype), m, denom + p.sum(axis=1), None
+                if mode == "masked" or not st.fused_scale:  # (a max commutes with a positive scale only)
+                    s = logits2(st, s)[0]
+                    s = _mask(st, s, row0, t * bk) if mode == "masked" else s
+                    m_new = jnp.maximum(m, s.max(axis=1))
+                    p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
+                else:  # scale inside the exponent's argument: one fused multiply-add per score
+                    m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
+                    p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
+                alpha = jnp.exp2(m - m_new)
+                return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
+
+            def rescale(acc, alpha):
+                return acc if alpha is None else acc * _rows(alpha, acc.shape)
+
+            def scores(slot):
+                """S = Q·K_slotᵀ; the other warpgroup's softmax runs while this matmul does."""
+
+                def qk(acc_ref):
+                    plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                    schedule_sync()
+                    return acc_ref[...]
+
+                return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+
+            def add_pv(acc, p16, slot):
+                """acc + P·V_slot (the caller has waited for V_slot)."""
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                return acc
+
             def step(mode, t, carry):
+                """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
                 slot = lax.rem(t - lo, jnp.int32(stages))
                 if mode == "skip":
                     skip_step(streams, slot)
@@ -291,56 +344,99 @@ def forward(st: Static, q, k, v):
                     return carry
                 acc, m, denom = carry
                 plgpu.barrier_wait(k_ready.at[slot])
-
-                def qk(acc_ref):
-                    plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    schedule_sync()  # the other warpgroup's softmax runs while this matmul does
-                    return acc_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+                s = scores(slot)
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
-                    p = exp2_tile(logits2(st, s)[0], st.exp2_fma_cols)
-                    p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
-                    m_new, denom = m, denom + p.sum(axis=1)
-                else:
-                    if mode == "masked" or not st.fused_scale:  # (a max commutes with a positive scale only)
-                        s = logits2(st, s)[0]
-                        s = _mask(st, s, row0, t * bk) if mode == "masked" else s
-                        m_new = jnp.maximum(m, s.max(axis=1))
-                        p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
-                    else:  # scale inside the exponent's argument: one fused multiply-add per score
-                        m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
-                        p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
-                    alpha = jnp.exp2(m - m_new)
-                    denom = denom * alpha + p.sum(axis=1)
-                    acc = acc * _rows(alpha, acc.shape)
-                p16 = p.astype(dtype)
-                acc, denom, m_new, p16 = lax.optimization_barrier((acc, denom, m_new, p16))
+                p16, m, denom, alpha = softmax(mode, t, s, m, denom)
+                acc = rescale(acc, alpha)
+                acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
+                return add_pv(acc, p16, slot), m, denom
 
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+            def overlapped_step(mode, t, carry):
+                """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
+                acc, m, denom, p16 = carry
+                slot, prev = lax.rem(t - lo, jnp.int32(stages)), lax.rem(t - 1 - lo, jnp.int32(stages))
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[prev])
 
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, m_new, denom
+                def matmuls(refs):
+                    s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
+                    take_turn()
+                    plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(acc_ref, p16, v_smem.at[prev])
+                    pass_turn()
+                    # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
+                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    p_ref[...], m_ref[...], denom_ref[...], alpha = softmax(mode, t, s, m, denom)
+                    if alpha is not None:
+                        alpha_ref[...] = alpha
+
+                state = (plgpu.ACC.init(_zeros((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
+                _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                plgpu.barrier_arrive(v_consumed.at[prev])
+                return rescale(acc, None if st.bounded else alpha), m_new, denom, p16
 
             m0 = 0.0 if st.bounded else MASKED
             m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            pl.when(wg == 1)(schedule_sync)
-            own = key_ranges(st, row0, ROWS, bk, cta.num_blocks)
-            acc, m, denom = run_segments(step, (_zeros((ROWS, head_dim)), m, denom), lo, *own_order(own), hi)
-            pl.when(wg == 0)(schedule_sync)
+            acc = _zeros((ROWS, head_dim))
+            own = own_order(key_ranges(st, row0, ROWS, bk, cta.num_blocks))
 
-            empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
-            denom = jnp.where(empty, 1.0, denom)
-            inv = jnp.where(empty, 0.0, 1.0 / denom)
-            qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
-            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
+            def write(acc, m, denom):
+                """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
+                denom = jnp.where(empty, 1.0, denom)
+                inv = jnp.where(empty, 0.0, 1.0 / denom)
+                qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
+                lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
+
+            if not st.overlap:
+                pl.when(wg == 1)(schedule_sync)
+                write(*run_segments(step, (acc, m, denom), lo, *own, hi))
+                pl.when(wg == 0)(schedule_sync)
+            else:
+                own_lo, full_lo, full_hi, own_hi = own
+                if st.overlap_schedule:  # warpgroup 0 issues first
+                    pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
+
+                def skip(t, _):
+                    # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
+                    take_turn()
+                    pass_turn()
+                    skip_step(streams, lax.rem(t - lo, jnp.int32(stages)))
+
+                lax.fori_loop(lo, own_lo, skip, None)
+
+                @pl.when(own_lo < own_hi)
+                def _():
+                    first = lax.rem(own_lo - lo, jnp.int32(stages))
+                    plgpu.barrier_wait(k_ready.at[first])
+
+                    def qk(acc_ref):
+                        take_turn()
+                        plgpu.wgmma(acc_ref, qo, k_smem.at[first].transpose((1, 0)))
+                        pass_turn()
+                        return acc_ref[...]
+
+                    s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+                    plgpu.barrier_arrive(k_consumed.at[first])
+                    p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
+                    t1 = own_lo + 1
+                    clip = lambda t: jnp.clip(t, t1, own_hi)
+                    carry = (acc, m1, denom1, p16)
+                    acc1, m1, denom1, p16 = run_segments(
+                        overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
+                    )
+                    last = lax.rem(own_hi - 1 - lo, jnp.int32(stages))
+                    plgpu.barrier_wait(v_ready.at[last])
+                    write(add_pv(acc1, p16, last), m1, denom1)
+
+                pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
+                lax.fori_loop(own_hi, hi, skip, None)
+
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
             plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, ROWS)])
@@ -357,7 +453,8 @@ def forward(st: Static, q, k, v):
             plgpu.Barrier(num_barriers=COMPUTE_WGS),
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
-            plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+            # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
+            plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
         ),
     )
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
