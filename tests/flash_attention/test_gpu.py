@@ -69,6 +69,9 @@ MOSAIC_CASES = {
     # the overlapped forward (head dim 128): free-running with odd lengths, taking turns with empty rows
     "sq-ne-sk-sinks": ((2, 333, 4, 128), (2, 900, 2, 128), {}, True),
     "window-empty-rows": ((1, 700, 2, 128), (1, 200, 2, 128), {"sliding_window": (30, 0)}, False),
+    # head dim 64 without a mask streams 256-key tiles by default
+    "d64-wide-tiles-sinks": ((2, 333, 4, 64), (2, 1000, 2, 64), {}, True),
+    "soft-cap-d64-wide-tiles": ((1, 500, 4, 64), (1, 700, 4, 64), {"logits_soft_cap": 30.0}, False),
 }
 
 

@@ -101,7 +101,8 @@ def _mosaic_gpu_cfgs(head_dim: int):
     yield FlashAttentionConfig(platform="pallas", fwd_params=FwdParams(block_k=64, num_stages=3))
     yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(num_stages=3))
     if head_dim == 64:
-        yield FlashAttentionConfig(platform="pallas", fwd_params=FwdParams(block_k=256))
+        for block_k in (128, 256):  # (one of them is the default)
+            yield FlashAttentionConfig(platform="pallas", fwd_params=FwdParams(block_k=block_k))
         yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(block_k=128, block_q=128))
 
 

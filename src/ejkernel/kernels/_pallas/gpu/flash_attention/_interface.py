@@ -83,7 +83,11 @@ def plan(
         raise NotImplementedError(f"{WHO} needs non-empty inputs")
     if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
         raise NotImplementedError(f"{WHO}: a warpgroup owns {ROWS} query rows, got block_q={fwd_params.block_q}")
-    block_k = _param(fwd_params, "block_k", 128)
+    # At head dim 64 the forward is bound by its exp2s: 256-key tiles halve the per-tile overheads
+    # (measured on an H200: non-causal forward 0.92 -> 0.98x cuDNN), but waste work on masked
+    # diagonal tiles (causal 0.91 -> 0.84x).
+    wide = head_dim == 64 and not causal and sliding_window is None
+    block_k = _param(fwd_params, "block_k", 256 if wide else 128)
     block_k_dq = _param(bwd_params, "block_k", 64)
     block_q_dkv = _param(bwd_params, "block_q", 64)
     blocks = {"fwd_params.block_k": block_k, "bwd_params.block_k": block_k_dq, "bwd_params.block_q": block_q_dkv}
