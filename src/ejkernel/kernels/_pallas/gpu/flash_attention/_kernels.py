@@ -79,11 +79,14 @@ def exp2_tile(x, fma_cols: int):
     return jnp.concatenate([jnp.exp2(x[:, :split]), exp2_fma(x[:, split:])], axis=1)
 
 
-def logits2(st: Static, qk):
-    """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None)."""
+def logits2(st: Static, qk, q_prescaled: bool = False):
+    """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None).
+
+    `q_prescaled`: q was already multiplied by the tanh's input scale (`scale / cap`).
+    """
     if st.soft_cap is None:
         return qk * st.scale2, None
-    t = jnp.tanh(qk * (st.softmax_scale / st.soft_cap))
+    t = jnp.tanh(qk if q_prescaled else qk * (st.softmax_scale / st.soft_cap))
     return t * (st.soft_cap * LOG2E), t
 
 
@@ -293,11 +296,14 @@ def forward(st: Static, q, k, v):
             qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
+            if st.q_prescaled:
+                qo[...] = (qo[...].astype(jnp.float32) * (st.softmax_scale / st.soft_cap)).astype(dtype)
+                plgpu.commit_smem()
 
             def softmax(mode, t, s, m, denom):
                 """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
                 if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
-                    p = exp2_tile(logits2(st, s)[0], st.exp2_fma_cols)
+                    p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols)
                     p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
                     return p.astype(dtype), m, denom + p.sum(axis=1), None
                 if mode == "masked" or not st.fused_scale:  # (a max commutes with a positive scale only)
