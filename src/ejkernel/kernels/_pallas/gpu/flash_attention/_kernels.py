@@ -82,11 +82,11 @@ def exp2_tile(x, fma_cols: int):
 def logits2(st: Static, qk, q_prescaled: bool = False):
     """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None).
 
-    `q_prescaled`: q was already multiplied by the tanh's input scale (`scale / cap`).
+    `q_prescaled`: q was already multiplied by `st.tanh_scale`.
     """
     if st.soft_cap is None:
         return qk * st.scale2, None
-    t = jnp.tanh(qk if q_prescaled else qk * (st.softmax_scale / st.soft_cap))
+    t = jnp.tanh(qk if q_prescaled else qk * st.tanh_scale)
     return t * (st.soft_cap * LOG2E), t
 
 
@@ -297,7 +297,7 @@ def forward(st: Static, q, k, v):
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
             if st.q_prescaled:
-                qo[...] = (qo[...].astype(jnp.float32) * (st.softmax_scale / st.soft_cap)).astype(dtype)
+                qo[...] = (qo[...].astype(jnp.float32) * st.tanh_scale).astype(dtype)
                 plgpu.commit_smem()
 
             def softmax(mode, t, s, m, denom):

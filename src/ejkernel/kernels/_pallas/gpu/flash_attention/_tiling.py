@@ -51,6 +51,11 @@ class Static:
         return self.softmax_scale * LOG2E
 
     @property
+    def tanh_scale(self) -> float:
+        """The soft cap's tanh input per raw score: `tanh(q·k · scale / cap)`."""
+        return self.softmax_scale / self.soft_cap
+
+    @property
     def fused_scale(self) -> bool:
         """Unmasked tiles may scale inside the exponent (`exp2(qk·c - m)`, one FMA per score)."""
         return self.soft_cap is None and self.scale2 > 0
