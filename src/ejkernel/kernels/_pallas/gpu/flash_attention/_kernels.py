@@ -320,12 +320,20 @@ def forward(st: Static, q, k, v):
             def rescale(acc, alpha):
                 return acc if alpha is None else acc * _rows(alpha, acc.shape)
 
-            def scores(slot):
-                """S = Q·K_slotᵀ; the other warpgroup's softmax runs while this matmul does."""
+            def slot_of(t):
+                """The shared-memory slot that holds key/value tile t."""
+                return lax.rem(t - lo, jnp.int32(stages))
+
+            def scores(slot, before=lambda: None, after=schedule_sync):
+                """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
+
+                Ping-pong (the default `after`): the other warpgroup's softmax runs while this matmul does.
+                """
 
                 def qk(acc_ref):
+                    before()
                     plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    schedule_sync()
+                    after()
                     return acc_ref[...]
 
                 return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
@@ -342,7 +350,7 @@ def forward(st: Static, q, k, v):
 
             def step(mode, t, carry):
                 """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
-                slot = lax.rem(t - lo, jnp.int32(stages))
+                slot = slot_of(t)
                 if mode == "skip":
                     skip_step(streams, slot)
                     schedule_sync()
@@ -363,7 +371,7 @@ def forward(st: Static, q, k, v):
             def overlapped_step(mode, t, carry):
                 """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
                 acc, m, denom, p16 = carry
-                slot, prev = lax.rem(t - lo, jnp.int32(stages)), lax.rem(t - 1 - lo, jnp.int32(stages))
+                slot, prev = slot_of(t), slot_of(t - 1)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[prev])
 
@@ -412,22 +420,15 @@ def forward(st: Static, q, k, v):
                     # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
                     take_turn()
                     pass_turn()
-                    skip_step(streams, lax.rem(t - lo, jnp.int32(stages)))
+                    skip_step(streams, slot_of(t))
 
                 lax.fori_loop(lo, own_lo, skip, None)
 
                 @pl.when(own_lo < own_hi)
                 def _():
-                    first = lax.rem(own_lo - lo, jnp.int32(stages))
+                    first = slot_of(own_lo)
                     plgpu.barrier_wait(k_ready.at[first])
-
-                    def qk(acc_ref):
-                        take_turn()
-                        plgpu.wgmma(acc_ref, qo, k_smem.at[first].transpose((1, 0)))
-                        pass_turn()
-                        return acc_ref[...]
-
-                    s = pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+                    s = scores(first, take_turn, pass_turn)
                     plgpu.barrier_arrive(k_consumed.at[first])
                     p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
                     t1 = own_lo + 1
@@ -436,7 +437,7 @@ def forward(st: Static, q, k, v):
                     acc1, m1, denom1, p16 = run_segments(
                         overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
                     )
-                    last = lax.rem(own_hi - 1 - lo, jnp.int32(stages))
+                    last = slot_of(own_hi - 1)
                     plgpu.barrier_wait(v_ready.at[last])
                     write(add_pv(acc1, p16, last), m1, denom1)
 
