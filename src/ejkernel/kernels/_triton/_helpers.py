@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453
@@ -24,6 +25,27 @@ def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = Fa
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def exp2(x: jax.Array, *, interpret: bool) -> jax.Array:
+    """2**x of a float32 tile; compiled for a GPU, one `ex2.approx.ftz` per element.
+
+    `jnp.exp2` lowers to libdevice's exp2f, which wraps the same hardware instruction in handling for
+    subnormal results; softmax weights below 2**-126 may as well be 0, and the saved instructions are
+    a tenth of the forward's time where it is bound by instruction issue (head dim 64).
+    """
+    if interpret:
+        return jnp.exp2(x)
+    if x.dtype != jnp.float32:
+        raise TypeError(f"exp2 expects a float32 tile, got {x.dtype}")
+    [y] = plgpu.elementwise_inline_asm(
+        "ex2.approx.ftz.f32 $0, $1;",
+        args=[x],
+        constraints="=f,f",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, x.dtype)],
+    )
+    return y
 
 
 def _floor_div(x, d: int):

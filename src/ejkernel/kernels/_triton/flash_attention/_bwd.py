@@ -36,6 +36,7 @@ from ejkernel.kernels._triton._helpers import (
     LOG2E,
     and_masks,
     dot,
+    exp2,
     kv_blocks_for_q_block,
     position_mask,
     q_blocks_for_kv_block,
@@ -93,7 +94,7 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
             kv_seg_ref=kv_seg_ref,
             mask_ref=mask_ref,
         )
-        p = jnp.exp2(x - lse)  # lse = +inf on empty rows: p = 0 there
+        p = exp2(x - lse, interpret=st.interpret)  # lse = +inf on empty rows: p = 0 there
         dp = dot(do, v_ref[cols, :], trans_b=True)
         if ops.dropout:
             keep = dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob)
@@ -175,7 +176,7 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
         )
         if allowed is not None:
             x = jnp.where(allowed, x, -jnp.inf)
-        p = jnp.exp2(x - lse)
+        p = exp2(x - lse, interpret=st.interpret)
         dp = dot(v, do, trans_b=True)
         if ops.dropout:
             keep = dropout_keep(seed, b * st.num_heads + hkv * group + g, q_pos, k_pos, st.dropout_prob)

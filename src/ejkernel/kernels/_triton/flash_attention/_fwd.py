@@ -1,9 +1,11 @@
 """Flash attention forward: one Pallas-Triton program per (query block, batch, query head).
 
 Each program holds a `[block_q, D]` query tile and streams the key/value blocks that can hold allowed
-keys for it, with an online softmax in float32 and base-2 exponentials (log2(e) is folded into the
-logit scale). Key blocks that are fully allowed by position (causal, window, key length) run without
-any positional masking; only the edge blocks build a mask tile. Outputs are the attention output and
+keys for it, with an online softmax in float32 and base-2 exponentials. Without soft cap or bias the
+running max is kept in raw `q·k` units and the scale (times log2(e)) is folded into the exponent's
+FMA, one multiply per score fewer: the forward is bound by instruction issue. Key blocks that are
+fully allowed by position (causal, window, key length) run without any positional masking; only the
+edge blocks build a mask tile. Outputs are the attention output and
 each row's logsumexp in base 2 (float32 `[B, H, Sq]`, +inf for a row with no allowed key and no sink),
 which is all the backward needs.
 
@@ -28,6 +30,7 @@ from ejkernel.kernels._triton._helpers import (
     LOG2E,
     and_masks,
     dot,
+    exp2,
     kv_blocks_for_q_block,
     position_mask,
     segment_guarded,
@@ -130,13 +133,20 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     q_seg = q_seg_ref[...][:, None] if ops.segments else None
     seed = seed_ref[...] if ops.dropout else None
     batch_head = b * st.num_heads + h
+    raw = st.soft_cap is None and not ops.bias  # the running max is of raw scores
+
+    def base2(x):
+        """Running-max units -> base-2 logits."""
+        return x * (st.softmax_scale * LOG2E) if raw else x
 
     def step(kb, carry, edge: bool):
         acc, m_prev, l_prev = carry
         k_start = pl.multiple_of(kb * block_k, block_k)
         cols = pl.ds(k_start, block_k)
         k = k_ref[cols, :]
-        x, _ = logits_base2(dot(q, k, trans_b=True), bias_ref[:, cols] if ops.bias else None, st)
+        x = dot(q, k, trans_b=True)
+        if not raw:
+            x, _ = logits_base2(x, bias_ref[:, cols] if ops.bias else None, st)
         k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
         x = mask_logits(
             x,
@@ -154,8 +164,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
         # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
         shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
-        alpha = jnp.exp2(m_prev - shift)
-        p = jnp.exp2(x - shift[:, None])
+        alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
+        p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
         l_next = l_prev * alpha + jnp.sum(p, axis=1)
         if ops.dropout:
             p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
@@ -185,13 +195,14 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     else:
         carry = lax.fori_loop(0, kv_len_padded // block_k, interior_step, carry)
     acc, m, denom = carry
+    m = base2(m)
 
     if ops.sinks:  # the sinks join the denominator only
         sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
         m_all = jnp.maximum(m, sink)
         shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
-        alpha = jnp.exp2(m - shift)
-        denom = denom * alpha + jnp.exp2(sink - shift)
+        alpha = exp2(m - shift, interpret=st.interpret)
+        denom = denom * alpha + exp2(sink - shift, interpret=st.interpret)
         acc = acc * alpha[:, None]
         m = shift
     empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
