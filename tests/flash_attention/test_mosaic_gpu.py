@@ -98,6 +98,12 @@ def test_declines_what_it_cannot_serve():
         mosaic_attention(x, x, x, softmax_scale=1.0, causal=False, sliding_window=None)
 
 
+def allowed_or_all(st, rows, cols):
+    """The kernels' mask predicate at absolute positions, all True where it needs no mask."""
+    ok = allowed(st, cols - rows, cols, 0, 0)
+    return True if ok is None else ok
+
+
 def _tile_sets(ranges, n):
     lo, hi, full_lo, full_hi = (int(x) for x in ranges)
     assert 0 <= lo <= full_lo <= full_hi <= hi <= n
@@ -127,7 +133,11 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
         )
         q_pad, kv_pad = -(-q_len // 128) * 128, -(-kv_len // max(128, block)) * max(128, block)
         rows, cols = np.arange(q_pad)[:, None], np.arange(kv_pad)[None, :]
-        ok = np.broadcast_to(np.asarray(allowed(st, rows, cols)), (q_pad, kv_pad))
+        ok = np.broadcast_to(np.asarray(allowed_or_all(st, rows, cols)), (q_pad, kv_pad))
+        want = (cols < kv_len) & ((cols <= rows) if causal else True)
+        if window is not None:
+            want = want & (cols >= rows - window[0]) & (cols <= rows + window[1])
+        assert kv_pad == st.kv_len_padded and (ok == want).all()
         key_tile = np.arange(kv_pad) // block
         for row0 in range(0, q_pad, ROWS):  # forward / dQ: key tiles of 64 query rows
             needed, full = _tile_sets(key_ranges(st, jnp.int32(row0), ROWS, block, kv_pad // block), kv_pad // block)
@@ -135,7 +145,9 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
             assert set(key_tile[band.any(axis=0)]) <= needed
             assert all(band[:, key_tile == t].all() for t in full)
         # the dK/dV kernel never masks padded keys (their gradients are dropped)
-        ok_keys = np.broadcast_to(np.asarray(allowed(dataclasses.replace(st, kv_len=kv_pad), rows, cols)), ok.shape)
+        ok_keys = np.broadcast_to(
+            np.asarray(allowed_or_all(dataclasses.replace(st, kv_len=kv_pad), rows, cols)), ok.shape
+        )
         q_tile = np.arange(q_pad) // 64
         for col0 in range(0, kv_pad, ROWS):  # dK/dV: query tiles of 64 key rows
             needed, full = _tile_sets(query_ranges(st, jnp.int32(col0), ROWS, 64, q_pad // 64), q_pad // 64)

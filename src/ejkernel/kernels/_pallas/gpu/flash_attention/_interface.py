@@ -122,7 +122,6 @@ def plan(
     overlap = head_dim == 128 and soft_cap is None
     overlap_schedule = bool(causal) or sliding_window is not None
     q_pad = round_up(q_len, CTA_ROWS) - q_len
-    kv_pad = round_up(kv_len, max(CTA_ROWS, block_k)) - kv_len  # a multiple of every key tile
     st = Static(
         softmax_scale=float(softmax_scale),
         soft_cap=None if soft_cap is None else float(soft_cap),
@@ -145,6 +144,7 @@ def plan(
         overlap_schedule=overlap_schedule,
     )
     q = pad_axes(query, {1: q_pad})
+    kv_pad = st.kv_len_padded - kv_len
     k, v = pad_axes(key, {1: kv_pad}), pad_axes(value, {1: kv_pad})
     return st, q, k, v, fold_sinks(softmax_aux, num_heads)
 

@@ -215,11 +215,14 @@ def _two_products(a, b, c, d):
 
 
 def _mask(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
-    """`s` with the disallowed (query, key) pairs set to `fill`; `transposed` tiles are [key, query]."""
-    rows = _iota(s.shape, 0) + row0
-    cols = _iota(s.shape, 1) + col0
-    ok = allowed(st, cols, rows) if transposed else allowed(st, rows, cols)
-    return jnp.where(ok, s, fill)
+    """`s` with the disallowed (query, key) pairs set to `fill`; `transposed` tiles are [key, query].
+
+    `row0`, `col0`: the absolute positions of the tile's first row and column.
+    """
+    q_axis, k_axis, q0, k0 = (1, 0, col0, row0) if transposed else (0, 1, row0, col0)
+    key = _iota(s.shape, k_axis)
+    ok = allowed(st, key - _iota(s.shape, q_axis), key, q0, k0)
+    return s if ok is None else jnp.where(ok, s, fill)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,12 +309,13 @@ def forward(st: Static, q, k, v):
                     p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols)
                     p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
                     return p.astype(dtype), m, denom + p.sum(axis=1), None
-                if mode == "masked" or not st.fused_scale:  # (a max commutes with a positive scale only)
+                if not st.fused_scale:
                     s = logits2(st, s)[0]
                     s = _mask(st, s, row0, t * bk) if mode == "masked" else s
                     m_new = jnp.maximum(m, s.max(axis=1))
                     p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
-                else:  # scale inside the exponent's argument: one fused multiply-add per score
+                else:  # scale inside the exponent's argument (a max commutes with a positive scale): one FMA per score
+                    s = _mask(st, s, row0, t * bk, fill=MASKED / st.scale2) if mode == "masked" else s
                     m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
                     p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)

@@ -7,7 +7,9 @@ when a kernel is traced.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 
 import jax.numpy as jnp
 from jax import lax
@@ -54,6 +56,12 @@ class Static:
     def tanh_scale(self) -> float:
         """The soft cap's tanh input per raw score: `tanh(q·k · scale / cap)`."""
         return self.softmax_scale / self.soft_cap
+
+    @property
+    def kv_len_padded(self) -> int:
+        """Key/value length the kernels see: a multiple of every key tile and of a CTA's rows."""
+        multiple = max(CTA_ROWS, self.block_k)
+        return -(-self.kv_len // multiple) * multiple
 
     @property
     def fused_scale(self) -> bool:
@@ -116,12 +124,20 @@ def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
     return _tile_range(q_lo, q_hi, full_lo, full_hi, block, num_blocks)
 
 
-def allowed(st: Static, rows, cols):
-    """Boolean tile: may query `rows` see key `cols` (int32 tiles of the same shape)?"""
-    ok = cols < st.kv_len
+def allowed(st: Static, key_minus_query, key, q0, k0):
+    """Boolean tile: may each (query, key) pair attend? None: every pair may.
+
+    Positions are tile offsets (`key - query` and `key`, int32 tiles) plus the tile's origin `(q0, k0)`,
+    so each condition is one compare of a tile with a scalar. Keys past `kv_len` need a test only
+    where the arrays hold padded keys.
+    """
+    d0 = q0 - k0  # key - query = key_minus_query - d0
+    tests = []
+    if st.kv_len < st.kv_len_padded:
+        tests.append(key < st.kv_len - k0)
     if st.causal:
-        ok = ok & (cols <= rows)
+        tests.append(key_minus_query <= d0)
     if st.window is not None:
         left, right = st.window
-        ok = ok & (cols >= rows - left) & (cols <= rows + right)
-    return ok
+        tests += [key_minus_query >= d0 - left, key_minus_query <= d0 + right]
+    return functools.reduce(operator.and_, tests) if tests else None
