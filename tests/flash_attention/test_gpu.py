@@ -52,8 +52,8 @@ def test_matches_xla_forward_and_backward(platform, feature):
 
 
 # Mosaic GPU cases beyond the shared ones: lengths off the tile grid, Sq != Sk, windows open on the
-# right, MQA, head dim 64, sinks (folded outside the kernels), soft cap (bounded forward, exp2 partly
-# on the FMA units, fused backward).
+# right, MQA, head dim 64, sinks (joined as the forward writes each row, also rows with no allowed
+# key), soft cap (bounded forward, exp2 partly on the FMA units, fused backward).
 MOSAIC_CASES = {
     "gqa-odd-lengths-sinks": ((2, 1000, 8, 128), (2, 1000, 2, 128), {"causal": True}, True),
     "window-both-sides": ((1, 777, 4, 128), (1, 777, 4, 128), {"sliding_window": (100, 37)}, False),
@@ -68,7 +68,13 @@ MOSAIC_CASES = {
     "mqa-d64-window": ((1, 2048, 8, 64), (1, 2048, 1, 64), {"causal": True, "sliding_window": (300, 300)}, False),
     # the overlapped forward (head dim 128): free-running with odd lengths, taking turns with empty rows
     "sq-ne-sk-sinks": ((2, 333, 4, 128), (2, 900, 2, 128), {}, True),
-    "window-empty-rows": ((1, 700, 2, 128), (1, 200, 2, 128), {"sliding_window": (30, 0)}, False),
+    "window-empty-rows-sinks": ((1, 700, 2, 128), (1, 200, 2, 128), {"sliding_window": (30, 0)}, True),
+    "soft-cap-d64-empty-rows-sinks": (
+        (1, 500, 2, 64),
+        (1, 150, 2, 64),
+        {"sliding_window": (20, 0), "logits_soft_cap": 30.0},
+        True,
+    ),
     # head dim 64 without a mask streams 256-key tiles by default
     "d64-wide-tiles-sinks": ((2, 333, 4, 64), (2, 1000, 2, 64), {}, True),
     "soft-cap-d64-wide-tiles": ((1, 500, 4, 64), (1, 700, 4, 64), {"logits_soft_cap": 30.0}, False),

@@ -2,9 +2,9 @@
 
 Serves 16-bit query/key/value with head dim 64 or 128, any query/key lengths (padded to tile
 multiples, padded keys masked), causal and `(left, right)` windows, grouped-query heads, tanh soft
-cap and sink logits. Sinks never enter the kernels: one extra column of the softmax only rescales
-each row, so the output and log-sum-exp are corrected outside and the sink gradient is a reduction
-over rows. Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
+cap and sink logits. A sink is one more softmax column without a value: the forward adds it to each
+row's denominator as it writes the row, and its gradient is a reduction over rows outside the
+kernels. Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
 selection falls through to the Triton kernels that serve them.
 """
 
@@ -27,14 +27,7 @@ HEAD_DIMS = (64, 128)
 def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     from ejkernel.kernels._pallas.gpu.flash_attention._kernels import forward  # loads Mosaic GPU (~0.35 s)
 
-    out, lse = forward(st, q, k, v)
-    if sinks is None:
-        return out, lse
-    # A sink is one more softmax column with no value: lse' = log2(2^lse + 2^sink), out' = out * 2^(lse - lse').
-    with_sinks = jnp.logaddexp2(lse, (sinks * LOG2E)[None, :, None])
-    rescale = _exp2_unless_empty(lse - with_sinks, with_sinks)  # 0 for a row with no key and a -inf sink
-    out = (out.astype(jnp.float32) * rescale.transpose(0, 2, 1)[..., None]).astype(out.dtype)
-    return out, with_sinks
+    return forward(st, q, k, v, sinks)
 
 
 def _exp2_unless_empty(x, lse):

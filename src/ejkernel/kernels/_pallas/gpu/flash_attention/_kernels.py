@@ -267,13 +267,20 @@ def stream_key_tiles(st: Static, k_ref, v_ref, smem, barriers, block: int, stage
 # ---- forward ----
 
 
-def forward(st: Static, q, k, v):
-    """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2)."""
+def forward(st: Static, q, k, v, sinks=None):
+    """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
+
+    `sinks`: optional `[H]` float32 sink logit per head (natural units), one more softmax column
+    without a value: it joins each row's denominator and log-sum-exp when the row is written.
+    """
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k, st.stages, q.dtype
     num_q_tiles = q_pad_len // CTA_ROWS
+    has_sinks = sinks is not None
 
-    def body(q_ref, k_ref, v_ref, out_ref, lse_ref, smem, barriers):
+    def body(q_ref, k_ref, v_ref, *refs):
+        sink_ref = refs[0] if has_sinks else None
+        out_ref, lse_ref, smem, barriers = refs[has_sinks:]
         q_smem, k_smem, v_smem, lse_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], bk, stages, num_q_tiles)
@@ -298,7 +305,11 @@ def forward(st: Static, q, k, v):
             row0 = cta.row + wg * ROWS
             qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
+            if has_sinks:  # this head's sink in every row, base 2, through the lse buffer
+                plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
+            if has_sinks:
+                sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
             if st.q_prescaled:
                 qo[...] = (qo[...].astype(jnp.float32) * st.tanh_scale).astype(dtype)
                 plgpu.commit_smem()
@@ -405,9 +416,14 @@ def forward(st: Static, q, k, v):
 
             def write(acc, m, denom):
                 """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
+                if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
+                    m_all = jnp.maximum(m, sink)
+                    weight = jnp.exp2(m - m_all)
+                    denom, m = denom * weight + jnp.exp2(sink - m_all), m_all
                 empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
                 denom = jnp.where(empty, 1.0, denom)
-                inv = jnp.where(empty, 0.0, 1.0 / denom)
+                inv = jnp.where(empty, 0.0, weight / denom)
                 qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
                 lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
 
@@ -469,7 +485,8 @@ def forward(st: Static, q, k, v):
         ),
     )
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
-    return _launch(body, out_type, scratch, (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch"), q, k, v)
+    args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
+    return _launch(body, out_type, scratch, (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch"), *args)
 
 
 # ---- backward ----
