@@ -477,7 +477,7 @@ def forward(st: Static, q, k, v, sinks=None):
             plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
         ),
         (
-            plgpu.Barrier(num_barriers=COMPUTE_WGS),
+            plgpu.Barrier(num_arrivals=1 + has_sinks, num_barriers=COMPUTE_WGS),  # each warpgroup's q (and sink)
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
