@@ -399,14 +399,14 @@ def forward(st: Static, q, k, v, sinks=None):
                     # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
                     plgpu.barrier_arrive(k_consumed.at[slot])
-                    p_ref[...], m_ref[...], denom_ref[...], alpha = softmax(mode, t, s, m, denom)
-                    if alpha is not None:
-                        alpha_ref[...] = alpha
+                    p_ref[...], m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
 
+                # (never `bounded`, which has no alpha: the overlapped forward runs without soft cap;
+                # the alpha slot starts as a copy of m, which has its shape and layout)
                 state = (plgpu.ACC.init(_zeros((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
                 _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
                 plgpu.barrier_arrive(v_consumed.at[prev])
-                return rescale(acc, None if st.bounded else alpha), m_new, denom, p16
+                return rescale(acc, alpha), m_new, denom, p16
 
             m0 = 0.0 if st.bounded else MASKED
             m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))

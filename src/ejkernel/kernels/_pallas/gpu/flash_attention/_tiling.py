@@ -14,6 +14,8 @@ import operator
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.kernels._common.attention import round_up
+
 LOG2E = math.log2(math.e)
 ROWS = 64  # rows per compute warpgroup: the M of one wgmma
 COMPUTE_WGS = 2
@@ -41,7 +43,7 @@ class Static:
     exp2_fma_cols: int = 0  # columns of each forward score tile whose exp2 runs on the FMA units
     q_prescaled: bool = False  # forward with `bounded`: q times the tanh's input scale once, in shared memory
     fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
-    overlap: bool = False  # forward: tile t's Q·Kᵀ issued with tile t-1's P·V; softmax runs beside P·V
+    overlap: bool = False  # forward without soft cap: tile t's Q·Kᵀ issued with tile t-1's P·V, softmax beside P·V
     overlap_schedule: bool = True  # with `overlap`: the two warpgroups still take turns issuing matmuls
 
     @property
@@ -60,8 +62,7 @@ class Static:
     @property
     def kv_len_padded(self) -> int:
         """Key/value length the kernels see: a multiple of every key tile and of a CTA's rows."""
-        multiple = max(CTA_ROWS, self.block_k)
-        return -(-self.kv_len // multiple) * multiple
+        return round_up(self.kv_len, max(CTA_ROWS, self.block_k))
 
     @property
     def fused_scale(self) -> bool:
