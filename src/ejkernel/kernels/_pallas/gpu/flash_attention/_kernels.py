@@ -137,17 +137,30 @@ class Stream:
         )
 
 
-def feed(streams: list[Stream], steps, stages: int):
-    """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `step % stages`."""
-    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+def feed(streams: list[Stream], steps, stages: int, start=None):
+    """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `(start + step) % stages`.
+
+    `start` counts the steps fed before (a CTA's earlier query tile), if any: the ring of slots goes on.
+    """
 
     @pl.loop(0, steps)
     def _(step):
-        slot = lax.rem(step, jnp.int32(stages))
+        n = step + start if start is not None else step
+        slot = lax.rem(n, jnp.int32(stages))
         for s in streams:
-            pl.when(step >= stages)(lambda s=s: plgpu.barrier_wait(s.consumed.at[slot]))
+            pl.when(n >= stages)(lambda s=s: plgpu.barrier_wait(s.consumed.at[slot]))
             for source, buffers in s.copies:
                 plgpu.copy_gmem_to_smem(source(step), buffers.at[slot], s.ready.at[slot])
+
+
+def memory_warpgroup(run):
+    """`run()` on the memory warpgroup, which gives its registers to the compute warpgroups."""
+
+    def body():
+        plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+        run()
+
+    pl.when(lax.axis_index("wg") == COMPUTE_WGS)(body)
 
 
 def skip_step(streams: list[Stream], slot):
@@ -246,22 +259,44 @@ def stream_key_tiles(st: Static, k_ref, v_ref, smem, barriers, block: int, stage
     The CTA needs the tiles from its first warpgroup's `lo` to its second's `hi`.
     """
     b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta_row = (num_q_tiles - 1 - lax.axis_index("q_tiles")) * CTA_ROWS
-    kv_h = lax.div(h, jnp.int32(st.group))
+    cta_row = query_tile_row(lax.axis_index("q_tiles"), 0, num_q_tiles, 1)
     num_blocks = k_ref.shape[1] // block
+    lo, hi = cta_key_tiles(st, cta_row, block, num_blocks)
+    streams = key_value_streams(st, k_ref, v_ref, smem, barriers, b, h, lo, block)
+    memory_warpgroup(lambda: feed(list(streams), hi - lo, stages))
+    return QueryCta(b, h, wg, cta_row, lo, hi, num_blocks, streams)
+
+
+def query_tile_row(cta, j, num_q_tiles: int, tiles_per_cta: int):
+    """First query row of a CTA's j-th query tile (of `tiles_per_cta`, 1 or 2).
+
+    One tile: N-1-cta, so causal calls launch their longest rows first. Two: N-1-cta, then cta, so
+    every CTA of a causal call does the same work, and the second tile's first key/value tiles load
+    while the first tile finishes.
+    """
+    last = num_q_tiles - 1 - cta
+    return (last if tiles_per_cta == 1 else jnp.where(j == 0, last, cta)) * CTA_ROWS
+
+
+def cta_key_tiles(st: Static, cta_row, block: int, num_blocks: int):
+    """Key tiles `[lo, hi)` a CTA streams for query rows [cta_row, cta_row + CTA_ROWS): both warpgroups' needs."""
     lo = key_ranges(st, cta_row, ROWS, block, num_blocks)[0]
     hi = key_ranges(st, cta_row + ROWS, ROWS, block, num_blocks)[1]
+    return lo, hi
+
+
+def key_value_streams(st: Static, k_ref, v_ref, smem, barriers, b, h, lo, block: int) -> tuple[Stream, Stream]:
+    """Query head h's key and value tiles from tile `lo` on (`smem`, `barriers` as in `stream_key_tiles`)."""
+    kv_h = lax.div(h, jnp.int32(st.group))
 
     def tile(ref):
         return lambda i: ref.at[b, pl.ds((lo + i) * block, block), kv_h]
 
     k_ready, k_consumed, v_ready, v_consumed = barriers
-    streams = (
+    return (
         Stream(((tile(k_ref), smem[0]),), k_ready, k_consumed),
         Stream(((tile(v_ref), smem[1]),), v_ready, v_consumed),
     )
-    pl.when(wg == COMPUTE_WGS)(lambda: feed(list(streams), hi - lo, stages))
-    return QueryCta(b, h, wg, cta_row, lo, hi, num_blocks, streams)
 
 
 # ---- forward ----
@@ -275,7 +310,8 @@ def forward(st: Static, q, k, v, sinks=None):
     """
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k, st.stages, q.dtype
-    num_q_tiles = q_pad_len // CTA_ROWS
+    num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
+    tiles = st.q_tiles_per_cta if num_q_tiles % st.q_tiles_per_cta == 0 else 1
     has_sinks = sinks is not None
 
     def body(q_ref, k_ref, v_ref, *refs):
@@ -283,8 +319,25 @@ def forward(st: Static, q, k, v, sinks=None):
         out_ref, lse_ref, smem, barriers = refs[has_sinks:]
         q_smem, k_smem, v_smem, lse_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
-        cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], bk, stages, num_q_tiles)
-        b, h, wg, lo, hi, streams = cta.batch, cta.head, cta.wg, cta.lo, cta.hi, list(cta.streams)
+        b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
+
+        def query_tile(j):
+            """The CTA's j-th query tile: its first row, its key tiles [lo, hi) and their K/V streams."""
+            row = query_tile_row(cta, j, num_q_tiles, tiles)
+            lo, hi = cta_key_tiles(st, row, bk, num_blocks)
+            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, lo, bk)
+            return row, lo, hi, list(streams)
+
+        def over_tiles(fn):
+            """`start = fn(j, start)` for each query tile j; `start` counts the key tiles streamed before (None: 0)."""
+            return fn(0, None) if tiles == 1 else lax.fori_loop(0, tiles, fn, jnp.int32(0))
+
+        def feed_tile(j, start):
+            _, lo, hi, streams = query_tile(j)
+            feed(streams, hi - lo, stages, start)
+            return None if start is None else start + hi - lo
+
+        memory_warpgroup(lambda: over_tiles(feed_tile))
 
         def schedule_sync():
             plgpu.barrier_arrive(schedule)
@@ -302,182 +355,194 @@ def forward(st: Static, q, k, v, sinks=None):
         @pl.when(wg < COMPUTE_WGS)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-            row0 = cta.row + wg * ROWS
-            qo = q_smem.at[wg]
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
-            if has_sinks:  # this head's sink in every row, base 2, through the lse buffer
+            for j in range(tiles):  # every query tile at once: the later ones load while the first runs
+                rows = pl.ds(query_tile_row(cta, j, num_q_tiles, tiles) + wg * ROWS, ROWS)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
+            if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
             if has_sinks:
                 sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
             if st.q_prescaled:
-                qo[...] = (qo[...].astype(jnp.float32) * st.tanh_scale).astype(dtype)
+                for j in range(tiles):
+                    qj = q_smem.at[j * COMPUTE_WGS + wg]
+                    qj[...] = (qj[...].astype(jnp.float32) * st.tanh_scale).astype(dtype)
                 plgpu.commit_smem()
+            if st.overlap and st.overlap_schedule:  # warpgroup 0 issues first (once: turns run on across tiles)
+                pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
 
-            def softmax(mode, t, s, m, denom):
-                """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
-                if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
-                    p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols)
-                    p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
-                    return p.astype(dtype), m, denom + p.sum(axis=1), None
-                if not st.fused_scale:
-                    s = logits2(st, s)[0]
-                    s = _mask(st, s, row0, t * bk) if mode == "masked" else s
-                    m_new = jnp.maximum(m, s.max(axis=1))
-                    p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
-                else:  # scale inside the exponent's argument (a max commutes with a positive scale): one FMA per score
-                    s = _mask(st, s, row0, t * bk, fill=MASKED / st.scale2) if mode == "masked" else s
-                    m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
-                    p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
-                alpha = jnp.exp2(m - m_new)
-                return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
+            def run_tile(j, start):
+                """Query tile j of the CTA, whose key tiles follow the `start` streamed before."""
+                cta_row, lo, hi, streams = query_tile(j)
+                row0 = cta_row + wg * ROWS
+                # (buffers indexed by tile and warpgroup in one traced index: a literal one fails inside run_state)
+                qo, lse_out = q_smem.at[j * COMPUTE_WGS + wg], lse_smem.at[j * COMPUTE_WGS + wg]
 
-            def rescale(acc, alpha):
-                return acc if alpha is None else acc * _rows(alpha, acc.shape)
+                def softmax(mode, t, s, m, denom):
+                    """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
+                    if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
+                        p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols)
+                        p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
+                        return p.astype(dtype), m, denom + p.sum(axis=1), None
+                    if not st.fused_scale:
+                        s = logits2(st, s)[0]
+                        s = _mask(st, s, row0, t * bk) if mode == "masked" else s
+                        m_new = jnp.maximum(m, s.max(axis=1))
+                        p = exp2_tile(s - _rows(m_new, s.shape), st.exp2_fma_cols)
+                    else:  # scale inside the exponent (a max commutes with a positive scale): one FMA per score
+                        s = _mask(st, s, row0, t * bk, fill=MASKED / st.scale2) if mode == "masked" else s
+                        m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
+                        p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
+                    alpha = jnp.exp2(m - m_new)
+                    return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
 
-            def slot_of(t):
-                """The shared-memory slot that holds key/value tile t."""
-                return lax.rem(t - lo, jnp.int32(stages))
+                def rescale(acc, alpha):
+                    return acc if alpha is None else acc * _rows(alpha, acc.shape)
 
-            def scores(slot, before=lambda: None, after=schedule_sync):
-                """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
+                def slot_of(t):
+                    """The shared-memory slot that holds key/value tile t."""
+                    return lax.rem(t - lo if start is None else start + t - lo, jnp.int32(stages))
 
-                Ping-pong (the default `after`): the other warpgroup's softmax runs while this matmul does.
-                """
+                def scores(slot, before=lambda: None, after=schedule_sync):
+                    """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
 
-                def qk(acc_ref):
-                    before()
-                    plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    after()
-                    return acc_ref[...]
+                    Ping-pong (the default `after`): the other warpgroup's softmax runs while this matmul does.
+                    """
 
-                return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+                    def qk(acc_ref):
+                        before()
+                        plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                        after()
+                        return acc_ref[...]
 
-            def add_pv(acc, p16, slot):
-                """acc + P·V_slot (the caller has waited for V_slot)."""
+                    return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
 
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                def add_pv(acc, p16, slot):
+                    """acc + P·V_slot (the caller has waited for V_slot)."""
 
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc
+                    def pv(acc_ref):
+                        plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
 
-            def step(mode, t, carry):
-                """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
-                slot = slot_of(t)
-                if mode == "skip":
-                    skip_step(streams, slot)
-                    schedule_sync()
-                    schedule_sync()
-                    return carry
-                acc, m, denom = carry
-                plgpu.barrier_wait(k_ready.at[slot])
-                s = scores(slot)
-                plgpu.barrier_arrive(k_consumed.at[slot])
-                p16, m, denom, alpha = softmax(mode, t, s, m, denom)
-                acc = rescale(acc, alpha)
-                acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
-                plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
-                plgpu.barrier_wait(v_ready.at[slot])
-                plgpu.barrier_wait(schedule)
-                return add_pv(acc, p16, slot), m, denom
+                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                    plgpu.barrier_arrive(v_consumed.at[slot])
+                    return acc
 
-            def overlapped_step(mode, t, carry):
-                """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
-                acc, m, denom, p16 = carry
-                slot, prev = slot_of(t), slot_of(t - 1)
-                plgpu.barrier_wait(k_ready.at[slot])
-                plgpu.barrier_wait(v_ready.at[prev])
-
-                def matmuls(refs):
-                    s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
-                    take_turn()
-                    plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.wgmma(acc_ref, p16, v_smem.at[prev])
-                    pass_turn()
-                    # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
-                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
+                def step(mode, t, carry):
+                    """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
+                    slot = slot_of(t)
+                    if mode == "skip":
+                        skip_step(streams, slot)
+                        schedule_sync()
+                        schedule_sync()
+                        return carry
+                    acc, m, denom = carry
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    s = scores(slot)
                     plgpu.barrier_arrive(k_consumed.at[slot])
-                    p_ref[...], m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
+                    p16, m, denom, alpha = softmax(mode, t, s, m, denom)
+                    acc = rescale(acc, alpha)
+                    acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
+                    plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_wait(schedule)
+                    return add_pv(acc, p16, slot), m, denom
 
-                # (never `bounded`, which has no alpha: the overlapped forward runs without soft cap;
-                # the alpha slot starts as a copy of m, which has its shape and layout)
-                state = (plgpu.ACC.init(_zeros((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
-                _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
-                plgpu.barrier_arrive(v_consumed.at[prev])
-                return rescale(acc, alpha), m_new, denom, p16
+                def overlapped_step(mode, t, carry):
+                    """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
+                    acc, m, denom, p16 = carry
+                    slot, prev = slot_of(t), slot_of(t - 1)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[prev])
 
-            m0 = 0.0 if st.bounded else MASKED
-            m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            acc = _zeros((ROWS, head_dim))
-            own = own_order(key_ranges(st, row0, ROWS, bk, cta.num_blocks))
+                    def matmuls(refs):
+                        s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
+                        take_turn()
+                        plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(acc_ref, p16, v_smem.at[prev])
+                        pass_turn()
+                        # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
+                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
+                        plgpu.barrier_arrive(k_consumed.at[slot])
+                        p_ref[...], m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
 
-            def write(acc, m, denom):
-                """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
-                weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
-                if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
-                    m_all = jnp.maximum(m, sink)
-                    weight = jnp.exp2(m - m_all)
-                    denom, m = denom * weight + jnp.exp2(sink - m_all), m_all
-                empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
-                denom = jnp.where(empty, 1.0, denom)
-                inv = jnp.where(empty, 0.0, weight / denom)
-                qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
-                lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
+                    # (never `bounded`, which has no alpha: the overlapped forward runs without soft cap;
+                    # the alpha slot starts as a copy of m, which has its shape and layout)
+                    state = (plgpu.ACC.init(_zeros((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
+                    _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                    plgpu.barrier_arrive(v_consumed.at[prev])
+                    return rescale(acc, alpha), m_new, denom, p16
 
-            if not st.overlap:
-                pl.when(wg == 1)(schedule_sync)
-                write(*run_segments(step, (acc, m, denom), lo, *own, hi))
-                pl.when(wg == 0)(schedule_sync)
-            else:
-                own_lo, full_lo, full_hi, own_hi = own
-                if st.overlap_schedule:  # warpgroup 0 issues first
-                    pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
+                m0 = 0.0 if st.bounded else MASKED
+                m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                acc = _zeros((ROWS, head_dim))
+                own = own_order(key_ranges(st, row0, ROWS, bk, num_blocks))
 
-                def skip(t, _):
-                    # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
-                    take_turn()
-                    pass_turn()
-                    skip_step(streams, slot_of(t))
+                def write(acc, m, denom):
+                    """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                    weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
+                    if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
+                        m_all = jnp.maximum(m, sink)
+                        weight = jnp.exp2(m - m_all)
+                        denom, m = denom * weight + jnp.exp2(sink - m_all), m_all
+                    empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
+                    denom = jnp.where(empty, 1.0, denom)
+                    inv = jnp.where(empty, 0.0, weight / denom)
+                    qo[...] = (acc * _rows(inv, acc.shape)).astype(dtype)
+                    lse_out[...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
 
-                lax.fori_loop(lo, own_lo, skip, None)
+                if not st.overlap:
+                    pl.when(wg == 1)(schedule_sync)
+                    write(*run_segments(step, (acc, m, denom), lo, *own, hi))
+                    pl.when(wg == 0)(schedule_sync)
+                else:
+                    own_lo, full_lo, full_hi, own_hi = own
 
-                @pl.when(own_lo < own_hi)
-                def _():
-                    first = slot_of(own_lo)
-                    plgpu.barrier_wait(k_ready.at[first])
-                    s = scores(first, take_turn, pass_turn)
-                    plgpu.barrier_arrive(k_consumed.at[first])
-                    p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
-                    t1 = own_lo + 1
-                    clip = lambda t: jnp.clip(t, t1, own_hi)
-                    carry = (acc, m1, denom1, p16)
-                    acc1, m1, denom1, p16 = run_segments(
-                        overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
-                    )
-                    last = slot_of(own_hi - 1)
-                    plgpu.barrier_wait(v_ready.at[last])
-                    write(add_pv(acc1, p16, last), m1, denom1)
+                    def skip(t, _):
+                        # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
+                        take_turn()
+                        pass_turn()
+                        skip_step(streams, slot_of(t))
 
-                pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
-                lax.fori_loop(own_hi, hi, skip, None)
+                    lax.fori_loop(lo, own_lo, skip, None)
 
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
-            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, ROWS)])
+                    @pl.when(own_lo < own_hi)
+                    def _():
+                        first = slot_of(own_lo)
+                        plgpu.barrier_wait(k_ready.at[first])
+                        s = scores(first, take_turn, pass_turn)
+                        plgpu.barrier_arrive(k_consumed.at[first])
+                        p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
+                        t1 = own_lo + 1
+                        clip = lambda t: jnp.clip(t, t1, own_hi)
+                        carry = (acc, m1, denom1, p16)
+                        acc1, m1, denom1, p16 = run_segments(
+                            overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
+                        )
+                        last = slot_of(own_hi - 1)
+                        plgpu.barrier_wait(v_ready.at[last])
+                        write(add_pv(acc1, p16, last), m1, denom1)
+
+                    pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
+                    lax.fori_loop(own_hi, hi, skip, None)
+
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
+                plgpu.copy_smem_to_gmem(lse_out, lse_ref.at[b, h, pl.ds(row0, ROWS)])
+                return None if start is None else start + hi - lo
+
+            over_tiles(run_tile)
             plgpu.wait_smem_to_gmem(0)
 
     scratch = (
         (
-            _smem((COMPUTE_WGS, ROWS, head_dim), dtype),
+            _smem((tiles * COMPUTE_WGS, ROWS, head_dim), dtype),
             _smem((stages, bk, head_dim), dtype),
             _smem((stages, bk, head_dim), dtype),
-            plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+            plgpu.SMEM((tiles * COMPUTE_WGS, ROWS), jnp.float32),
         ),
         (
-            plgpu.Barrier(num_arrivals=1 + has_sinks, num_barriers=COMPUTE_WGS),  # each warpgroup's q (and sink)
+            plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),  # a warpgroup's q tiles (+ sink)
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
@@ -486,7 +551,8 @@ def forward(st: Static, q, k, v, sinks=None):
     )
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
-    return _launch(body, out_type, scratch, (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch"), *args)
+    grid = (heads, num_q_tiles // tiles, batch)
+    return _launch(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
 
 
 # ---- backward ----
@@ -651,7 +717,7 @@ def stream_query_tiles(st: Static, q_ref, do_ref, lse_ref, delta_ref, smem, barr
             do_consumed,
         ),
     )
-    pl.when(wg == COMPUTE_WGS)(lambda: feed(list(streams), group * (hi - lo), st.stages_bwd))
+    memory_warpgroup(lambda: feed(list(streams), group * (hi - lo), st.stages_bwd))
     return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], lo, hi, num_blocks, streams)
 
 

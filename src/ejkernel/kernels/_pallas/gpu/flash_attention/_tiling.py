@@ -45,6 +45,7 @@ class Static:
     fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
     overlap: bool = False  # forward without soft cap: tile t's Q·Kᵀ issued with tile t-1's P·V, softmax beside P·V
     overlap_schedule: bool = True  # with `overlap`: the two warpgroups still take turns issuing matmuls
+    q_tiles_per_cta: int = 1  # forward: 1, or 2 (a long and a short causal tile; needs an even tile count)
 
     @property
     def group(self) -> int:
