@@ -1,7 +1,7 @@
 """Flash attention: TFLOP/s of each implementation beside cuDNN and XLA, bf16, forward and forward+backward.
 
 FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× that for forward+backward.
-Rows also time our fastest own kernel with soft cap, sinks and segment ids, which cuDNN cannot do.
+With --features, rows also time each of our kernels with soft cap, sinks and segment ids, which cuDNN cannot do.
 """
 
 import functools
@@ -69,11 +69,13 @@ def main(argv=None) -> None:
         variants = dict(impls)
         if args.features:
             segments = jnp.repeat(jnp.arange(4, dtype=jnp.int32), seq // 4)[None].repeat(batch, 0)
-            # Each feature on the fastest of our kernels that serves it (cuDNN serves none of them):
-            # soft cap and sinks on the Mosaic GPU kernels, segment ids on Triton.
-            hopper, masked = ("pallas", "triton") if on_gpu else ("xla", "xla")
-            variants[f"ejkernel-{hopper}+softcap"] = _ours(hopper, kw={"logits_soft_cap": 30.0})
-            variants[f"ejkernel-{hopper}+sinks"] = _ours(hopper, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
+            # Each feature (cuDNN serves none of them) on each of our kernels that serves it; its cost is
+            # the ratio to the same kernel without it. The Mosaic GPU kernels decline segment ids.
+            kernels = ("pallas", "triton") if on_gpu else ("xla",)
+            for kernel in kernels:
+                variants[f"ejkernel-{kernel}+softcap"] = _ours(kernel, kw={"logits_soft_cap": 30.0})
+                variants[f"ejkernel-{kernel}+sinks"] = _ours(kernel, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
+            masked = kernels[-1]
             variants[f"ejkernel-{masked}+segments"] = _ours(masked, kw={"mask_info": MaskInfo.from_segments(segments)})
         if args.only:
             variants = {name: fn for name, fn in variants.items() if name in args.only.split(",")}
