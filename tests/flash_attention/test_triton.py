@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from attention_cases import cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
-from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
+from attention_cases import SMALL, cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
+from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton, plan
 from ejkernel.ops.config import FwdParams
-from harness import assert_close, randn
+from ejkernel.reference.flash_attention import flash_attention_reference
+from harness import assert_close, check_forward_and_grads, randn
 
 pytestmark = pytest.mark.usefixtures("cheap_compiles")
 run_case = functools.partial(run_attention_case, flash_attention_triton, heads=4, kv_heads=2)
@@ -115,6 +116,19 @@ def test_all_features_together():
 
 def test_bfloat16():
     run_case(dtype=jnp.bfloat16, causal=True, num_sinks=4, bias_shape=(1, 1, 100, 63))
+
+
+def test_bfloat16_soft_cap_without_running_max():
+    """bf16 + soft cap, no bias: the forward exponentiates each logit as it is (`Static.bounded`). Here q is
+    scaled so the logits press against a cap of 50 (terms up to 2^72), with sinks and causal rows of one key."""
+    q = randn((2, 70, 4, 32), jnp.bfloat16) * 40
+    k, v = randn((2, 70, 2, 32), jnp.bfloat16), randn((2, 70, 2, 32), jnp.bfloat16)
+    aux = randn((4,), jnp.float32)
+    static = dict(softmax_scale=32**-0.5, causal=True, logits_soft_cap=50.0)
+    assert plan(q, k, v, None, aux, **static)[0].bounded
+    fn = jax.jit(lambda q, k, v, aux: flash_attention_triton(q, k, v, None, aux, **static, **SMALL))
+    ref = lambda q, k, v, aux: flash_attention_reference(q, k, v, None, aux, **static)
+    check_forward_and_grads(fn, ref, (q, k, v, aux), (0, 1, 2, 3), jnp.bfloat16)
 
 
 def test_default_tiles():

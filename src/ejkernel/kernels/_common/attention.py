@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+
+LOG2E = math.log2(math.e)  # exp(x) == exp2(x · LOG2E): the kernels' logits are in base 2
 
 # ---- argument checks ----
 
@@ -127,6 +130,18 @@ def check_options(
     check_dropout(dropout_prob, dropout_seed)
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+
+
+def bounded_soft_cap(soft_cap: float | None, dtype, kv_len: int) -> bool:
+    """Whether a soft-capped forward may take 2^logit with no running max (offset 0, no rescaling).
+
+    Soft-capped logits lie within ±c, c = |cap|·log2(e) in base 2. With c + log2(kv_len) < 100 no
+    term underflows float32 (each is at least 2^-c) and a row's sums stay under 2^100, which leaves
+    2^28 for |v| in P·V. P is rounded to the input dtype for P·V: bfloat16 holds 2^±c, float16 does not.
+    """
+    if soft_cap is None or jnp.dtype(dtype) != jnp.bfloat16:
+        return False
+    return abs(soft_cap) * LOG2E + math.log2(kv_len) < 100
 
 
 # ---- operand preparation (plain jnp outside the kernels) ----

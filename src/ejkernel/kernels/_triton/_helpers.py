@@ -13,7 +13,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453
 
 

@@ -29,11 +29,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.attention import Operands, RefReader, sum_to_bias_shape
+from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, sum_to_bias_shape
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
-    LOG2E,
     and_masks,
     dot,
     exp2,

@@ -3,11 +3,12 @@
 Each program holds a `[block_q, D]` query tile and streams the key/value blocks that can hold allowed
 keys for it, with an online softmax in float32 and base-2 exponentials. Without soft cap or bias the
 running max is kept in raw `q·k` units and the scale (times log2(e)) is folded into the exponent's
-FMA, one multiply per score fewer: the forward is bound by instruction issue. Key blocks that are
-fully allowed by position (causal, window, key length) run without any positional masking; only the
-edge blocks build a mask tile. Outputs are the attention output and
-each row's logsumexp in base 2 (float32 `[B, H, Sq]`, +inf for a row with no allowed key and no sink),
-which is all the backward needs.
+FMA, one multiply per score fewer: the forward is bound by instruction issue. With a soft cap (and
+`Static.bounded`) the logits lie within ±cap·log2(e), so each is exponentiated as it is, with no
+running max and no rescaling of the accumulator. Key blocks that are fully allowed by position
+(causal, window, key length) run without any positional masking; only the edge blocks build a mask
+tile. Outputs are the attention output and each row's logsumexp in base 2 (float32 `[B, H, Sq]`,
++inf for a row with no allowed key and no sink), which is all the backward needs.
 
 Arrays arrive padded by the wrapper: sequence lengths to block multiples and head dims to powers of
 two. `Static` carries the true lengths, so padded keys are masked and padded query rows are ignored.
@@ -23,11 +24,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.attention import Operands, RefReader
+from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
-    LOG2E,
     and_masks,
     dot,
     exp2,
@@ -64,6 +64,7 @@ class Static:
     bwd_dq: Tiling  # the dQ (and dBias) kernel
     interpret: bool
     fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
+    bounded: bool = False  # soft-capped bfloat16 without bias: the forward's 2^logit needs no running max
 
     @property
     def group(self) -> int:
@@ -161,21 +162,26 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
             kv_seg_ref=kv_seg_ref,
             mask_ref=mask_ref,
         )
-        m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
-        # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
-        shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
-        alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
-        p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
-        l_next = l_prev * alpha + jnp.sum(p, axis=1)
+        if st.bounded:  # offset 0 for every row (m stays 0): nothing to rescale
+            p = exp2(x, interpret=st.interpret)
+            m_next, l_next = m_prev, l_prev + jnp.sum(p, axis=1)
+        else:
+            m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
+            # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
+            shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+            alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
+            p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
+            l_next = l_prev * alpha + jnp.sum(p, axis=1)
+            acc = acc * alpha[:, None]
         if ops.dropout:
             p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
         v = v_ref[cols, :]
-        acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
+        acc = acc + dot(p.astype(v.dtype), v)
         return acc, m_next, l_next
 
     carry = (
         jnp.zeros((block_q, o_ref.shape[-1]), jnp.float32),
-        jnp.full((block_q,), -jnp.inf, jnp.float32),
+        jnp.full((block_q,), 0.0 if st.bounded else -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
     edge_step = functools.partial(step, edge=True)

@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import (
     attention_vjp,
+    bounded_soft_cap,
     check_options,
     check_qkv,
     fold_sinks,
@@ -191,6 +192,7 @@ def plan(
         interpret=bool(interpret),
         # tanh.approx's ~5e-4 relative error is below 16-bit input precision; float32 keeps the exact tanh.
         fast_tanh=not interpret and query.dtype != jnp.float32,
+        bounded=bias is None and bounded_soft_cap(logits_soft_cap, query.dtype, kv_len),
     )
 
     # ---- pad to what the tiles need (no copy when shapes already fit) ----

@@ -10,12 +10,18 @@ selection falls through to the Triton kernels that serve them.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import attention_vjp, check_qkv, decline, fold_sinks, pad_axes, round_up
+from ejkernel.kernels._common.attention import (
+    attention_vjp,
+    bounded_soft_cap,
+    check_qkv,
+    decline,
+    fold_sinks,
+    pad_axes,
+    round_up,
+)
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, LOG2E, ROWS, Static
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -93,9 +99,7 @@ def plan(
     stages_bwd = _param(bwd_params, "num_stages", 2)
     if min(stages, stages_bwd) < 2:
         raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
-    # Soft-capped logits lie within ±cap·log2(e) (base 2): with bfloat16's exponent range the forward
-    # needs no running max while the sum of all 2^logit stays a finite float32.
-    bounded = soft_cap is not None and query.dtype == jnp.bfloat16 and abs(soft_cap) * LOG2E + math.log2(kv_len) < 120
+    bounded = bounded_soft_cap(soft_cap, query.dtype, kv_len)
     # The soft cap's tanh doubles the forward's special-function work; moving part of the exp2 to the
     # FMA units pays where that unit is the bottleneck (measured on an H200: 3-9% faster with soft cap,
     # 5% slower without).

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import operator
 
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels._common.attention import round_up
+from ejkernel.kernels._common.attention import LOG2E, round_up
 
-LOG2E = math.log2(math.e)
 ROWS = 64  # rows per compute warpgroup: the M of one wgmma
 COMPUTE_WGS = 2
 CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per dK/dV CTA
