@@ -75,7 +75,7 @@ def main(argv=None) -> None:
             for kernel in kernels:
                 variants[f"ejkernel-{kernel}+softcap"] = _ours(kernel, kw={"logits_soft_cap": 30.0})
                 variants[f"ejkernel-{kernel}+sinks"] = _ours(kernel, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
-            masked = kernels[-1]
+            masked = "triton" if on_gpu else "xla"
             variants[f"ejkernel-{masked}+segments"] = _ours(masked, kw={"mask_info": MaskInfo.from_segments(segments)})
         if args.only:
             variants = {name: fn for name, fn in variants.items() if name in args.only.split(",")}

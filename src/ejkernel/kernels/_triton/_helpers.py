@@ -13,8 +13,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-LN2 = 0.6931471805599453
-
 
 def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
     """2-D matmul `op(a) @ op(b)` accumulated in float32 (op = transpose when asked).

@@ -14,9 +14,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import LOG2E
+from ejkernel.kernels._common.attention import LN2, LOG2E
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
-from ejkernel.kernels._triton._helpers import LN2
 from ejkernel.kernels._triton.flash_attention._bwd import backward
 from ejkernel.kernels._triton.flash_attention._fwd import forward
 from ejkernel.kernels._triton.flash_attention._interface import plan
