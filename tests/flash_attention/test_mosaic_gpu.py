@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax import export
 
+from ejkernel.benchmarks.flash_attention import kernels_called
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     _exp2_unless_empty,
     flash_attention_mosaic_gpu,
@@ -71,6 +72,7 @@ def test_forward_and_backward_lower_for_cuda(case):
     aux = jax.ShapeDtypeStruct((q_shape[2],), jnp.float32) if sinks else None
     module = export.export(jax.jit(jax.value_and_grad(loss, argnums)), platforms=["cuda"])(*shapes, aux).mlir_module()
     assert module.count("@mosaic_gpu") == kernels
+    assert kernels_called(module) == "pallas"  # how the flash_attention bench tells what auto ran
 
 
 def test_exp2_on_fma_units_matches_exp2():
