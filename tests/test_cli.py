@@ -38,6 +38,16 @@ def test_bench_writes_json_and_plot(tmp_path):
     assert (tmp_path / "mean_pooling.png").stat().st_size > 0
 
 
+def test_flash_attention_bench_times_each_feature_and_names_what_auto_ran(tmp_path):
+    argv = ["bench", "flash_attention", "--quick", "--features", "--repeats", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "flash_attention.json").read_text())["rows"]
+    assert len(rows) == 4  # causal or not, forward or forward + backward
+    for row in rows:
+        assert row["auto ran"] == "xla"  # the only kernel on the CPU
+        assert all(row[f"ejkernel-xla+{feature}"] > 0 for feature in ("softcap", "sinks", "segments"))
+
+
 def test_bench_unknown_op_lists_available(capsys):
     assert main(["bench", "no_such_op"]) == 2
     assert "mean_pooling" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× that for forward+backward.
 With --features, rows also time each of our kernels with soft cap, sinks and segment ids, which cuDNN cannot do.
+Each row names the kernels `platform="auto"` ran ("auto ran").
 """
 
 import functools
@@ -41,13 +42,30 @@ def _ours(platform, **features):
     return fn
 
 
+def _jitted(fn, causal, backward):
+    """The jitted forward (or gradient) of `fn(q, k, v)`."""
+    if backward:
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, causal).astype(jnp.float32)), argnums=(0, 1, 2)))
+    return jax.jit(lambda q, k, v: fn(q, k, v, causal))
+
+
 def _step(fn, q, k, v, causal, backward):
     """A zero-argument call of the jitted forward (or gradient)."""
-    if backward:
-        step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, causal).astype(jnp.float32)), argnums=(0, 1, 2)))
-    else:
-        step = jax.jit(lambda q, k, v: fn(q, k, v, causal))
+    step = _jitted(fn, causal, backward)
     return lambda: step(q, k, v)
+
+
+# How each GPU kernel shows in a lowered program: the custom call it is made of.
+KERNEL_CALLS = {"cudnn": "__cudnn$fmha", "pallas": "mosaic_gpu", "triton": "__gpu$xla.gpu.triton"}
+
+
+def kernels_called(lowered_text: str) -> str:
+    """Which kernels a lowered program calls ("cudnn", "pallas", "triton", joined by +), else "xla".
+
+    This names what `platform="auto"` ran in a row: where it is cuDNN's own kernel, its ratio to cuDNN
+    is that of one program timed twice.
+    """
+    return "+".join(name for name, call in KERNEL_CALLS.items() if call in lowered_text) or "xla"
 
 
 def main(argv=None) -> None:
@@ -90,15 +108,20 @@ def main(argv=None) -> None:
                 timings = time_variants(builders, repeats=args.repeats, where=where)
                 for name in variants:
                     row[name] = flops * (3.5 if backward else 1.0) / timings[name] / 1e12 if name in timings else None
+                if "ejkernel-auto" in timings:
+                    row["auto ran"] = kernels_called(
+                        _jitted(variants["ejkernel-auto"], causal, backward).lower(q, k, v).as_text()
+                    )
                 if row.get("jax-cudnn"):
                     for name in variants:
                         if name.startswith("ejkernel") and row.get(name):
                             row[f"{name}/cudnn"] = row[name] / row["jax-cudnn"]
                 rows.append(row)
                 print_table([row], [c for c in row if row[c] is not None])
-    columns = ["B", "S", "H", "D", "causal", "mode", *variants]
+    columns = ["B", "S", "H", "D", "causal", "mode", *variants, "auto ran"]
     print_table(rows, columns)
-    print_table(rows, ["B", "S", "H", "D", "causal", "mode", *[c for c in rows[0] if c.endswith("/cudnn")]])
+    ratios = [c for c in rows[0] if c.endswith("/cudnn")]
+    print_table(rows, ["B", "S", "H", "D", "causal", "mode", *ratios, "auto ran"])
 
     def plot(ax, rows):
         labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' c' if r['causal'] else ''} {r['mode']}" for r in rows]
