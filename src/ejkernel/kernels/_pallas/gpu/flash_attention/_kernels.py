@@ -287,8 +287,8 @@ def forward(st: Static, q, k, v, sinks=None):
     num_q_tiles = q_pad_len // CTA_ROWS
     has_sinks = sinks is not None
     row_sums = st.row_sums_on_tc
-    if row_sums and not st.bounded:
-        raise ValueError("row_sums_on_tc needs the bounded forward (a running max would rescale the sums)")
+    if row_sums and st.overlap:
+        raise ValueError("row_sums_on_tc: the overlapped forward keeps its row sums as a vector")
 
     def body(q_ref, k_ref, v_ref, *refs):
         sink_ref = refs[0] if has_sinks else None
@@ -345,6 +345,8 @@ def forward(st: Static, q, k, v, sinks=None):
                     m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
                     p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
+                if row_sums:  # the caller rescales the row sums tile with the accumulator
+                    return p.astype(dtype), m_new, denom, alpha
                 return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
 
             def rescale(acc, alpha):
@@ -398,6 +400,7 @@ def forward(st: Static, q, k, v, sinks=None):
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 p16, m, denom, alpha = softmax(mode, t, s, m, denom)
                 acc = rescale(acc, alpha)
+                denom = rescale(denom, alpha) if row_sums else denom
                 acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
                 plgpu.barrier_wait(v_ready.at[slot])
