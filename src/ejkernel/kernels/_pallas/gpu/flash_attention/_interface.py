@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import (
+    LOG2E,
     attention_vjp,
     bounded_soft_cap,
     check_qkv,
@@ -22,7 +23,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, LOG2E, ROWS, Static
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, Static
 from ejkernel.ops.config import BwdParams, FwdParams
 
 WHO = "mosaic gpu flash_attention"

@@ -31,10 +31,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ejkernel.kernels._common.attention import LOG2E
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     COMPUTE_WGS,
     CTA_ROWS,
-    LOG2E,
     ROWS,
     Static,
     allowed,
