@@ -37,8 +37,6 @@ from ejkernel.kernels._triton._helpers import (
     segment_span,
 )
 
-SUM_COLS = 16  # columns of the ones tile whose P·1 gives the row sums (`Static.row_sums_on_tc`)
-
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
@@ -67,7 +65,6 @@ class Static:
     interpret: bool
     fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
     bounded: bool = False  # soft-capped bfloat16 without bias: the forward's 2^logit needs no running max
-    row_sums_on_tc: bool = False  # forward without dropout: row sums as P·1 on the tensor cores, not an add per score
 
     @property
     def group(self) -> int:
@@ -138,9 +135,6 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     seed = seed_ref[...] if ops.dropout else None
     batch_head = b * st.num_heads + h
     raw = st.soft_cap is None and not ops.bias  # the running max is of raw scores
-    # Row sums as P·1 (every column of a [block_q, SUM_COLS] tile holds them): one small matmul per
-    # step instead of one float add per score. Dropout zeroes P after its sum is taken: adds there.
-    tc_sums = st.row_sums_on_tc and not ops.dropout
 
     def base2(x):
         """Running-max units -> base-2 logits."""
@@ -168,29 +162,27 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
             kv_seg_ref=kv_seg_ref,
             mask_ref=mask_ref,
         )
-        v = v_ref[cols, :]
         if st.bounded:  # offset 0 for every row (m stays 0): nothing to rescale
             p = exp2(x, interpret=st.interpret)
-            m_next, l_next = m_prev, l_prev
+            m_next, l_next = m_prev, l_prev + jnp.sum(p, axis=1)
         else:
             m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
             # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
             shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
             alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
             p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
-            l_next = l_prev * (alpha[:, None] if tc_sums else alpha)
+            l_next = l_prev * alpha + jnp.sum(p, axis=1)
             acc = acc * alpha[:, None]
-        p16 = p.astype(v.dtype)
-        l_next += dot(p16, jnp.ones((block_k, SUM_COLS), v.dtype)) if tc_sums else jnp.sum(p, axis=1)
         if ops.dropout:
-            p16 = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0).astype(v.dtype)
-        acc = acc + dot(p16, v)
+            p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
+        v = v_ref[cols, :]
+        acc = acc + dot(p.astype(v.dtype), v)
         return acc, m_next, l_next
 
     carry = (
         jnp.zeros((block_q, o_ref.shape[-1]), jnp.float32),
         jnp.full((block_q,), 0.0 if st.bounded else -jnp.inf, jnp.float32),
-        jnp.zeros((block_q, SUM_COLS) if tc_sums else (block_q,), jnp.float32),
+        jnp.zeros((block_q,), jnp.float32),
     )
     edge_step = functools.partial(step, edge=True)
     interior_step = functools.partial(step, edge=False)
@@ -210,8 +202,6 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         carry = lax.fori_loop(0, kv_len_padded // block_k, interior_step, carry)
     acc, m, denom = carry
     m = base2(m)
-    if tc_sums:
-        denom = jnp.sum(denom, axis=1) * (1.0 / SUM_COLS)
 
     if ops.sinks:  # the sinks join the denominator only
         sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
