@@ -107,7 +107,8 @@ def plan(
     # tensor cores, which frees the FMA units for a larger share (measured on an H100: 0.81 -> 0.85x of
     # the plain kernel non-causal, 0.82 -> 0.83x causal; slower at head dim 128 and without soft cap).
     row_sums_on_tc = soft_cap is not None and head_dim == 64
-    exp2_fma_cols = 0 if soft_cap is None else block_k * 5 // 8 if row_sums_on_tc else block_k // 4
+    fma_share = 0.0 if soft_cap is None else 5 / 8 if row_sums_on_tc else 1 / 4
+    exp2_fma_cols = int(block_k * fma_share)
     # At head dim 128 that forward is bound by instruction issue: multiplying q by the tanh's input
     # scale once (rounded to bfloat16, like the inputs themselves) instead of every score measured
     # 6-9% faster on an H200; at head dim 64 (bound by the special-function unit) no faster.
