@@ -294,7 +294,8 @@ def forward(st: Static, q, k, v, sinks=None):
         sink_ref = refs[0] if has_sinks else None
         ones_ref = refs[has_sinks] if row_sums else None
         out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums :]
-        q_smem, k_smem, v_smem, lse_smem, *ones_smem = smem
+        q_smem, k_smem, v_smem, lse_smem, *ones = smem
+        ones_smem = ones[0] if row_sums else None
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], bk, stages, num_q_tiles)
         b, h, wg, lo, hi, streams = cta.batch, cta.head, cta.wg, cta.lo, cta.hi, list(cta.streams)
@@ -321,7 +322,7 @@ def forward(st: Static, q, k, v, sinks=None):
             if has_sinks:  # this head's sink in every row, base 2, through the lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
             if row_sums:
-                plgpu.copy_gmem_to_smem(ones_ref, ones_smem[0].at[wg], q_ready.at[wg])
+                plgpu.copy_gmem_to_smem(ones_ref, ones_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
             if has_sinks:
                 sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
@@ -379,7 +380,7 @@ def forward(st: Static, q, k, v, sinks=None):
                 def pv(refs):
                     plgpu.wgmma(refs[0], p16, v_smem.at[slot])
                     if row_sums:
-                        plgpu.wgmma(refs[1], p16, ones_smem[0].at[wg])
+                        plgpu.wgmma(refs[1], p16, ones_smem.at[wg])
 
                 state = (plgpu.ACC.init(acc), plgpu.ACC.init(denom)) if row_sums else (plgpu.ACC.init(acc),)
                 acc, *sums = pl.run_state(pv)(state)
