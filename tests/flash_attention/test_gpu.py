@@ -53,7 +53,8 @@ def test_matches_xla_forward_and_backward(platform, feature):
 
 # Mosaic GPU cases beyond the shared ones: lengths off the tile grid, Sq != Sk, windows open on the
 # right, MQA, head dim 64, sinks (joined as the forward writes each row, also rows with no allowed
-# key), soft cap (bounded forward, exp2 partly on the FMA units, fused backward).
+# key), soft cap (bounded forward, exp2 partly on the FMA units, row sums on the tensor cores at head
+# dim 64, fused backward).
 MOSAIC_CASES = {
     "gqa-odd-lengths-sinks": ((2, 1000, 8, 128), (2, 1000, 2, 128), {"causal": True}, True),
     "window-both-sides": ((1, 777, 4, 128), (1, 777, 4, 128), {"sliding_window": (100, 37)}, False),
@@ -78,6 +79,17 @@ MOSAIC_CASES = {
     # head dim 64 without a mask streams 256-key tiles by default
     "d64-wide-tiles-sinks": ((2, 333, 4, 64), (2, 1000, 2, 64), {}, True),
     "soft-cap-d64-wide-tiles": ((1, 500, 4, 64), (1, 700, 4, 64), {"logits_soft_cap": 30.0}, False),
+    # a cap too large for the bounded forward: the running max, its row sums as P·1 rescaled like the output
+    "soft-cap-d64-unbounded": ((2, 600, 4, 64), (2, 900, 2, 64), {"causal": True, "logits_soft_cap": 80.0}, True),
+    # short causal calls at head dim 64: two query tiles per CTA, one key/value stream through both
+    "d64-causal-paired-sinks": ((2, 1024, 4, 64), (2, 1024, 2, 64), {"causal": True}, True),
+    "soft-cap-d64-causal-paired-sq-ne-sk": (
+        (1, 768, 4, 64),
+        (1, 1000, 2, 64),
+        {"causal": True, "logits_soft_cap": 30.0},
+        True,
+    ),
+    "soft-cap-d64-unbounded-paired": ((2, 512, 4, 64), (2, 512, 2, 64), {"causal": True, "logits_soft_cap": 80.0}, False),
 }
 
 

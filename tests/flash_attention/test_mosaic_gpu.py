@@ -17,6 +17,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     _exp2_unless_empty,
     flash_attention_mosaic_gpu,
     mosaic_attention,
+    plan,
 )
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import ROWS, Static, allowed, key_ranges, query_ranges
 from ejkernel.ops import BwdParams, FwdParams
@@ -39,6 +40,25 @@ CASES = {
     ),
     "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3), 3),
     "soft-cap-d64-default-wide-tiles": ((1, 300, 2, 64), (1, 600, 2, 64), {"soft_cap": 30.0}, False, None, 2),
+    # a cap too large for the bounded forward: the running max, with the row sums tile rescaled
+    "soft-cap-d64-unbounded-sinks": (
+        (2, 300, 4, 64),
+        (2, 300, 2, 64),
+        {"causal": True, "soft_cap": 80.0},
+        True,
+        None,
+        2,
+    ),
+    # short causal calls at head dim 64 run two query tiles per CTA (see `test_which_calls_pair_query_tiles`)
+    "paired-causal-d64-sinks": ((2, 1024, 4, 64), (2, 1024, 2, 64), {"causal": True}, True, None, 2),
+    "paired-soft-cap-d64-sq-ne-sk": (
+        (1, 768, 4, 64),
+        (1, 1000, 2, 64),
+        {"causal": True, "soft_cap": 30.0},
+        True,
+        None,
+        2,
+    ),
     # head dim 128 without soft cap runs the overlapped forward: free-running ("plain") or taking
     # turns ("window-both-sides", and here with rows that own no key tile)
     "overlap-empty-rows-small-tiles": (
@@ -73,6 +93,27 @@ def test_forward_and_backward_lower_for_cuda(case):
     module = export.export(jax.jit(jax.value_and_grad(loss, argnums)), platforms=["cuda"])(*shapes, aux).mlir_module()
     assert module.count("@mosaic_gpu") == kernels
     assert kernels_called(module) == "pallas"  # how the flash_attention bench tells what auto ran
+
+
+@pytest.mark.parametrize(
+    "q_len, head_dim, options, paired",
+    [
+        (1024, 64, {"causal": True}, True),
+        (768, 64, {"causal": True, "soft_cap": 30.0}, True),
+        (2048, 64, {"causal": True}, True),
+        (8192, 64, {"causal": True}, False),  # long CTAs: the pairing measured slower
+        (640, 64, {"causal": True}, False),  # an odd number of 128-row tiles
+        (1024, 64, {"causal": True, "sliding_window": (100, 0)}, False),  # windowed CTAs do equal work
+        (1024, 64, {}, False),
+        (1024, 128, {"causal": True}, False),
+        (1024, 64, {"causal": True, "fwd_params": FwdParams(block_k=256, num_stages=3)}, False),  # no room
+    ],
+)
+def test_which_calls_pair_query_tiles(q_len, head_dim, options, paired):
+    q = jax.ShapeDtypeStruct((1, q_len, 2, head_dim), jnp.bfloat16)
+    options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
+    st = plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
+    assert st.q_tiles_per_cta == (2 if paired else 1)
 
 
 def test_exp2_on_fma_units_matches_exp2():

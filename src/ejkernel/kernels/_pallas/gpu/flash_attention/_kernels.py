@@ -42,6 +42,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     query_ranges,
 )
 
+SUM_COLS = 16  # width of the ones tile whose P·1 gives row sums on the tensor cores (32-byte rows)
 MASKED = -1e30  # finite, so a row whose tiles are all masked never computes inf - inf
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40
@@ -201,6 +202,12 @@ def _smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
 
 
+def _ones_smem(rows: int, dtype):
+    """Each compute warpgroup's `(rows, SUM_COLS)` tile of ones, a wgmma B operand of 32-byte rows."""
+    transforms = (plgpu.TilingTransform((8, SUM_COLS)), plgpu.SwizzleTransform(32))
+    return plgpu.SMEM((COMPUTE_WGS, rows, SUM_COLS), dtype, transforms=transforms)
+
+
 def _launch(body, out_type, scratch, grid, grid_names, *args):
     return plgpu.kernel(
         body,
@@ -313,13 +320,20 @@ def forward(st: Static, q, k, v, sinks=None):
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages, dtype = st.block_k, st.stages, q.dtype
     num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
-    tiles = st.q_tiles_per_cta if num_q_tiles % st.q_tiles_per_cta == 0 else 1
+    tiles = st.q_tiles_per_cta
+    if num_q_tiles % tiles:
+        raise ValueError(f"q_tiles_per_cta={tiles} needs a multiple of it in query tiles, got {num_q_tiles}")
     has_sinks = sinks is not None
+    row_sums = st.row_sums_on_tc
+    if row_sums and st.overlap:
+        raise ValueError("row_sums_on_tc: the overlapped forward keeps its row sums as a vector")
 
     def body(q_ref, k_ref, v_ref, *refs):
         sink_ref = refs[0] if has_sinks else None
-        out_ref, lse_ref, smem, barriers = refs[has_sinks:]
-        q_smem, k_smem, v_smem, lse_smem = smem
+        ones_ref = refs[has_sinks] if row_sums else None
+        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums :]
+        q_smem, k_smem, v_smem, lse_smem, *ones = smem
+        ones_smem = ones[0] if row_sums else None
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
 
@@ -362,6 +376,8 @@ def forward(st: Static, q, k, v, sinks=None):
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
             if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
+            if row_sums:
+                plgpu.copy_gmem_to_smem(ones_ref, ones_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
             if has_sinks:
                 sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
@@ -385,7 +401,7 @@ def forward(st: Static, q, k, v, sinks=None):
                     if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
                         p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols, in_range=True)
                         p = _mask(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
-                        return p.astype(dtype), m, denom + p.sum(axis=1), None
+                        return p.astype(dtype), m, denom if row_sums else denom + p.sum(axis=1), None
                     if not st.fused_scale:
                         s = logits2(st, s)[0]
                         s = _mask(st, s, row0, t * bk) if mode == "masked" else s
@@ -396,6 +412,8 @@ def forward(st: Static, q, k, v, sinks=None):
                         m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
                         p = exp2_tile(s * st.scale2 - _rows(m_new, s.shape), st.exp2_fma_cols)
                     alpha = jnp.exp2(m - m_new)
+                    if row_sums:  # the caller rescales the row sums tile with the accumulator
+                        return p.astype(dtype), m_new, denom, alpha
                     return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
 
                 def rescale(acc, alpha):
@@ -419,15 +437,21 @@ def forward(st: Static, q, k, v, sinks=None):
 
                     return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
 
-                def add_pv(acc, p16, slot):
-                    """acc + P·V_slot (the caller has waited for V_slot)."""
+                def add_pv(acc, p16, slot, denom):
+                    """(acc + P·V_slot, denom), and with `row_sums` denom is a tile of row sums that adds P·1.
 
-                    def pv(acc_ref):
-                        plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                    (The caller has waited for V_slot.)
+                    """
 
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                    def pv(refs):
+                        plgpu.wgmma(refs[0], p16, v_smem.at[slot])
+                        if row_sums:
+                            plgpu.wgmma(refs[1], p16, ones_smem.at[wg])
+
+                    state = (plgpu.ACC.init(acc), plgpu.ACC.init(denom)) if row_sums else (plgpu.ACC.init(acc),)
+                    acc, *sums = pl.run_state(pv)(state)
                     plgpu.barrier_arrive(v_consumed.at[slot])
-                    return acc
+                    return acc, sums[0] if row_sums else denom
 
                 def step(mode, t, carry):
                     """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
@@ -443,11 +467,13 @@ def forward(st: Static, q, k, v, sinks=None):
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     p16, m, denom, alpha = softmax(mode, t, s, m, denom)
                     acc = rescale(acc, alpha)
+                    denom = rescale(denom, alpha) if row_sums else denom
                     acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
                     plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
                     plgpu.barrier_wait(v_ready.at[slot])
                     plgpu.barrier_wait(schedule)
-                    return add_pv(acc, p16, slot), m, denom
+                    acc, denom = add_pv(acc, p16, slot, denom)
+                    return acc, m, denom
 
                 def overlapped_step(mode, t, carry):
                     """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
@@ -476,12 +502,17 @@ def forward(st: Static, q, k, v, sinks=None):
 
                 m0 = 0.0 if st.bounded else MASKED
                 m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-                denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                if row_sums:  # every column of the P·1 tile holds the row sums
+                    denom = _zeros((ROWS, SUM_COLS))
+                else:
+                    denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 acc = _zeros((ROWS, head_dim))
                 own = own_order(key_ranges(st, row0, ROWS, bk, num_blocks))
 
                 def write(acc, m, denom):
                     """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                    if row_sums:
+                        denom = denom.sum(axis=1) * (1.0 / SUM_COLS)
                     weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
                     if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
                         m_all = jnp.maximum(m, sink)
@@ -523,7 +554,8 @@ def forward(st: Static, q, k, v, sinks=None):
                         )
                         last = slot_of(own_hi - 1)
                         plgpu.barrier_wait(v_ready.at[last])
-                        write(add_pv(acc1, p16, last), m1, denom1)
+                        acc1, denom1 = add_pv(acc1, p16, last, denom1)
+                        write(acc1, m1, denom1)
 
                     pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
                     lax.fori_loop(own_hi, hi, skip, None)
@@ -542,9 +574,11 @@ def forward(st: Static, q, k, v, sinks=None):
             _smem((stages, bk, head_dim), dtype),
             _smem((stages, bk, head_dim), dtype),
             plgpu.SMEM((tiles * COMPUTE_WGS, ROWS), jnp.float32),
+            *((_ones_smem(bk, dtype),) if row_sums else ()),
         ),
         (
-            plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),  # a warpgroup's q tiles (+ sink)
+            # a warpgroup's q tiles (and sink, and ones tile)
+            plgpu.Barrier(num_arrivals=tiles + has_sinks + row_sums, num_barriers=COMPUTE_WGS),
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
@@ -553,6 +587,7 @@ def forward(st: Static, q, k, v, sinks=None):
     )
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
+    args += (jnp.ones((bk, SUM_COLS), dtype),) if row_sums else ()
     grid = (heads, num_q_tiles // tiles, batch)
     return _launch(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
 
