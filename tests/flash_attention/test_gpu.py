@@ -89,7 +89,12 @@ MOSAIC_CASES = {
         {"causal": True, "logits_soft_cap": 30.0},
         True,
     ),
-    "soft-cap-d64-unbounded-paired": ((2, 512, 4, 64), (2, 512, 2, 64), {"causal": True, "logits_soft_cap": 80.0}, False),
+    "soft-cap-d64-unbounded-paired": (
+        (2, 512, 4, 64),
+        (2, 512, 2, 64),
+        {"causal": True, "logits_soft_cap": 80.0},
+        False,
+    ),
 }
 
 
