@@ -126,9 +126,9 @@ def plan(
     q_pad = round_up(q_len, CTA_ROWS) - q_len
     # Two query tiles per CTA (the longest and the shortest rows of a causal head) give every CTA the
     # same work and load the second tile while the first ends. That pays where CTAs are short: at head
-    # dim 64 and up to 16 tiles per head (measured on an H100, S=2048 causal forward 0.95 -> 0.99x
-    # cuDNN; at S=8192 and at head dim 128, 0-4% slower). The second tile's 32 KiB of shared memory
-    # fits beside a key/value ring of up to 512 keys.
+    # dim 64 and up to 16 tiles per head (measured on an H100, causal forward: S=1024 0.90 -> 0.98x
+    # cuDNN, S=2048 0.95 -> 0.98x; S=4096 and 8192 1-3% slower, head dim 128 up to 5% slower). The
+    # second tile's 32 KiB of shared memory fits beside a key/value ring of up to 512 keys.
     num_q_tiles = (q_len + q_pad) // CTA_ROWS
     short_causal = causal and sliding_window is None and head_dim == 64 and num_q_tiles <= 16
     paired = short_causal and num_q_tiles % 2 == 0 and stages * block_k <= 512

@@ -12,7 +12,9 @@ warpgroup at issuing, `Static.overlap_schedule`).
 Causal and sliding-window calls visit only the tiles that hold an allowed (query, key) pair; tiles
 fully inside the allowed band run without a mask. Both compute warpgroups walk the CTA's whole
 range of tiles (each waits on every slot: barrier phases are counted per thread) and merely hand
-back the slots outside their own rows' range.
+back the slots outside their own rows' range. A short causal forward may run two query tiles per
+CTA (`Static.q_tiles_per_cta`), a head's longest and shortest rows through one key/value stream, so
+that every CTA does the same work.
 
 Scores live in base-2 units (`q·k · scale · log2 e`) so each exponential is one `exp2`. The forward
 writes the log-sum-exp in the same units; the backward kernels take it back (+inf for rows with no
