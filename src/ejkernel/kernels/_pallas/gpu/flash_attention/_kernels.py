@@ -251,7 +251,10 @@ def _mask(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
 
 @dataclasses.dataclass(frozen=True)
 class QueryCta:
-    """A CTA of the forward / dQ kernels: 128 query rows of one head, key/value tiles [lo, hi) streamed."""
+    """A CTA of the dQ kernel: 128 query rows of one head, key/value tiles [lo, hi) streamed.
+
+    (The forward places its one or two query tiles itself: `query_tile_row`, `cta_key_tiles`.)
+    """
 
     batch: Any
     head: Any
