@@ -41,24 +41,10 @@ CASES = {
     "big-tiles": ((1, 512, 2, 64), (1, 512, 2, 64), {"causal": True}, False, (256, 128, 128, 3), 3),
     "soft-cap-d64-default-wide-tiles": ((1, 300, 2, 64), (1, 600, 2, 64), {"soft_cap": 30.0}, False, None, 2),
     # a cap too large for the bounded forward: the running max, with the row sums tile rescaled
-    "soft-cap-d64-unbounded-sinks": (
-        (2, 300, 4, 64),
-        (2, 300, 2, 64),
-        {"causal": True, "soft_cap": 80.0},
-        True,
-        None,
-        2,
-    ),
+    "unbounded-cap-d64-sinks": ((2, 300, 4, 64), (2, 300, 2, 64), {"causal": True, "soft_cap": 80.0}, True, None, 2),
     # short causal calls at head dim 64 run two query tiles per CTA (see `test_which_calls_pair_query_tiles`)
     "paired-causal-d64-sinks": ((2, 1024, 4, 64), (2, 1024, 2, 64), {"causal": True}, True, None, 2),
-    "paired-soft-cap-d64-sq-ne-sk": (
-        (1, 768, 4, 64),
-        (1, 1000, 2, 64),
-        {"causal": True, "soft_cap": 30.0},
-        True,
-        None,
-        2,
-    ),
+    "paired-cap-d64-sq-ne-sk": ((1, 768, 4, 64), (1, 1000, 2, 64), {"causal": True, "soft_cap": 30.0}, True, None, 2),
     # head dim 128 without soft cap runs the overlapped forward: free-running ("plain") or taking
     # turns ("window-both-sides", and here with rows that own no key tile)
     "overlap-empty-rows-small-tiles": (
