@@ -62,6 +62,11 @@ def kernels_called(lowered_text: str) -> str:
     return "+".join(name for name, call in KERNEL_CALLS.items() if call in lowered_text) or "xla"
 
 
+def _builder(step, *args):
+    """A `time_variants` builder of the zero-argument call `step(*args)` (`step` is jitted already)."""
+    return lambda: functools.partial(step, *args)
+
+
 def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
@@ -96,8 +101,7 @@ def main(argv=None) -> None:
             for backward in (False, True):
                 row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd+bwd" if backward else "fwd")
                 steps = {name: _jitted(fn, causal, backward) for name, fn in variants.items()}
-                # each builder gives the zero-argument call `step(q, k, v)`
-                builders = {name: functools.partial(functools.partial, step, q, k, v) for name, step in steps.items()}
+                builders = {name: _builder(step, q, k, v) for name, step in steps.items()}
                 where = f"B={batch} S={seq} causal={causal} bwd={backward}"
                 timings = time_variants(builders, repeats=args.repeats, where=where)
                 for name in variants:

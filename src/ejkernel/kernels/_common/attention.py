@@ -1,9 +1,10 @@
-"""Python-level plumbing the flash attention implementations share (trace time only, no kernel math).
+"""What the flash attention implementations share.
 
 Argument checks of the canonical contract, padding helpers, the bookkeeping of which optional
-operands a call has, and the custom-VJP wiring of a padded `forward` / `backward` pair. Kept in one
-place so the Pallas-Triton, Pallas TPU and XLA implementations refuse the same calls with the same
-words; each implementation still spells out its own public signature.
+operands a call has, the custom-VJP wiring of a padded `forward` / `backward` pair, and the one
+piece of kernel math every forward ends with (`join_sink`). Kept in one place so the Pallas-Triton,
+Mosaic GPU, Pallas TPU and XLA implementations refuse the same calls with the same words; each
+implementation still spells out its own public signature.
 """
 
 from __future__ import annotations
@@ -177,6 +178,19 @@ def sum_to_bias_shape(dbias, bias):
 
 
 # ---- kernel bookkeeping ----
+
+
+def join_sink(m, denom, sink, exp):
+    """Joins a sink logit to softmax rows of running max `m` and denominator `denom` (units of `exp`).
+
+    A sink is one more softmax column without a value: it raises the denominator only. Returns the
+    new max, the weight that rescales what the rows accumulated, and the new denominator. A max of
+    -inf (no allowed key and a -inf sink) shifts by 0, so no inf - inf appears.
+    """
+    m_all = jnp.maximum(m, sink)
+    shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
+    weight = exp(m - shift)
+    return shift, weight, denom * weight + exp(sink - shift)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader
+from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, join_sink
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
@@ -205,12 +205,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
 
     if ops.sinks:  # the sinks join the denominator only
         sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
-        m_all = jnp.maximum(m, sink)
-        shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
-        alpha = exp2(m - shift, interpret=st.interpret)
-        denom = denom * alpha + exp2(sink - shift, interpret=st.interpret)
+        m, alpha, denom = join_sink(m, denom, sink, functools.partial(exp2, interpret=st.interpret))
         acc = acc * alpha[:, None]
-        m = shift
     empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
     denom = jnp.where(empty, 1.0, denom)
     keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0

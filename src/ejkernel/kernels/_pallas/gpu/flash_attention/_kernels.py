@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ejkernel.kernels._common.attention import LOG2E
+from ejkernel.kernels._common.attention import LOG2E, join_sink
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     COMPUTE_WGS,
     CTA_ROWS,
@@ -44,7 +44,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     query_ranges,
 )
 
-SUM_COLS = 16  # width of the ones tile whose P·1 gives row sums on the tensor cores (32-byte rows)
+SUM_COLS = 16  # width of the unit-column tile whose P·e₀ gives row sums on the tensor cores (32-byte rows)
 MASKED = -1e30  # finite, so a row whose tiles are all masked never computes inf - inf
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40
@@ -142,15 +142,15 @@ class Stream:
         )
 
 
-def feed(streams: list[Stream], steps, stages: int, start=None):
+def feed(streams: list[Stream], steps, stages: int, start=0):
     """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `(start + step) % stages`.
 
-    `start` counts the steps fed before (a CTA's earlier query tile), if any: the ring of slots goes on.
+    `start` counts the steps fed before (a CTA's earlier query tile): the ring of slots goes on.
     """
 
     @pl.loop(0, steps)
     def _(step):
-        n = step + start if start is not None else step
+        n = start + step
         slot = lax.rem(n, jnp.int32(stages))
         for s in streams:
             pl.when(n >= stages)(lambda s=s: plgpu.barrier_wait(s.consumed.at[slot]))
@@ -204,10 +204,10 @@ def _smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
 
 
-def _ones_smem(rows: int, dtype):
-    """Each compute warpgroup's `(rows, SUM_COLS)` tile of ones, a wgmma B operand of 32-byte rows."""
+def _unit_col_smem(rows: int, dtype):
+    """The compute warpgroups' `(rows, SUM_COLS)` unit-column tile e₀, a wgmma B operand of 32-byte rows."""
     transforms = (plgpu.TilingTransform((8, SUM_COLS)), plgpu.SwizzleTransform(32))
-    return plgpu.SMEM((COMPUTE_WGS, rows, SUM_COLS), dtype, transforms=transforms)
+    return plgpu.SMEM((rows, SUM_COLS), dtype, transforms=transforms)
 
 
 def _launch(body, out_type, scratch, grid, grid_names, *args):
@@ -335,11 +335,11 @@ def forward(st: Static, q, k, v, sinks=None):
 
     def body(q_ref, k_ref, v_ref, *refs):
         sink_ref = refs[0] if has_sinks else None
-        ones_ref = refs[has_sinks] if row_sums else None
+        unit_col_ref = refs[has_sinks] if row_sums else None
         out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums :]
-        q_smem, k_smem, v_smem, lse_smem, *ones = smem
-        ones_smem = ones[0] if row_sums else None
-        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
+        q_smem, k_smem, v_smem, lse_smem, *unit_col = smem
+        unit_col_smem = unit_col[0] if row_sums else None
+        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *unit_col_ready = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
 
         def query_tile(j):
@@ -350,15 +350,20 @@ def forward(st: Static, q, k, v, sinks=None):
             return row, lo, hi, list(streams)
 
         def over_tiles(fn):
-            """`start = fn(j, start)` for each query tile j; `start` counts the key tiles streamed before (None: 0)."""
-            return fn(0, None) if tiles == 1 else lax.fori_loop(0, tiles, fn, jnp.int32(0))
+            """`start = fn(j, start)` for each query tile j; `start` counts the key tiles streamed before."""
+            return fn(0, 0) if tiles == 1 else lax.fori_loop(0, tiles, fn, jnp.int32(0))
 
         def feed_tile(j, start):
             _, lo, hi, streams = query_tile(j)
             feed(streams, hi - lo, stages, start)
-            return None if start is None else start + hi - lo
+            return start + hi - lo
 
-        memory_warpgroup(lambda: over_tiles(feed_tile))
+        def feed_all():
+            if row_sums:  # e₀ first: the compute warpgroups need it for their first P·V
+                plgpu.copy_gmem_to_smem(unit_col_ref, unit_col_smem, unit_col_ready[0])
+            over_tiles(feed_tile)
+
+        memory_warpgroup(feed_all)
 
         def schedule_sync():
             plgpu.barrier_arrive(schedule)
@@ -381,9 +386,9 @@ def forward(st: Static, q, k, v, sinks=None):
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
             if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
-            if row_sums:
-                plgpu.copy_gmem_to_smem(ones_ref, ones_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
+            if row_sums:
+                plgpu.barrier_wait(unit_col_ready[0])
             if has_sinks:
                 sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
             if st.q_prescaled:
@@ -426,7 +431,7 @@ def forward(st: Static, q, k, v, sinks=None):
 
                 def slot_of(t):
                     """The shared-memory slot that holds key/value tile t."""
-                    return lax.rem(t - lo if start is None else start + t - lo, jnp.int32(stages))
+                    return lax.rem(start + t - lo, jnp.int32(stages))
 
                 def scores(slot, before=lambda: None, after=schedule_sync):
                     """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
@@ -443,7 +448,7 @@ def forward(st: Static, q, k, v, sinks=None):
                     return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
 
                 def add_pv(acc, p16, slot, denom):
-                    """(acc + P·V_slot, denom), and with `row_sums` denom is a tile of row sums that adds P·1.
+                    """(acc + P·V_slot, denom), and with `row_sums` denom is a tile of row sums that adds P·e₀.
 
                     (The caller has waited for V_slot.)
                     """
@@ -451,7 +456,7 @@ def forward(st: Static, q, k, v, sinks=None):
                     def pv(refs):
                         plgpu.wgmma(refs[0], p16, v_smem.at[slot])
                         if row_sums:
-                            plgpu.wgmma(refs[1], p16, ones_smem.at[wg])
+                            plgpu.wgmma(refs[1], p16, unit_col_smem)
 
                     state = (plgpu.ACC.init(acc), plgpu.ACC.init(denom)) if row_sums else (plgpu.ACC.init(acc),)
                     acc, *sums = pl.run_state(pv)(state)
@@ -507,7 +512,7 @@ def forward(st: Static, q, k, v, sinks=None):
 
                 m0 = 0.0 if st.bounded else MASKED
                 m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-                if row_sums:  # every column of the P·1 tile holds the row sums
+                if row_sums:  # column 0 of the P·e₀ tile holds the row sums, the others 0
                     denom = _zeros((ROWS, SUM_COLS))
                 else:
                     denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -517,12 +522,10 @@ def forward(st: Static, q, k, v, sinks=None):
                 def write(acc, m, denom):
                     """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
                     if row_sums:
-                        denom = denom.sum(axis=1) * (1.0 / SUM_COLS)
+                        denom = denom.sum(axis=1)  # (column 0 plus zeros: exact)
                     weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
                     if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
-                        m_all = jnp.maximum(m, sink)
-                        weight = jnp.exp2(m - m_all)
-                        denom, m = denom * weight + jnp.exp2(sink - m_all), m_all
+                        m, weight, denom = join_sink(m, denom, sink, jnp.exp2)
                     empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
                     denom = jnp.where(empty, 1.0, denom)
                     inv = jnp.where(empty, 0.0, weight / denom)
@@ -568,7 +571,7 @@ def forward(st: Static, q, k, v, sinks=None):
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
                 plgpu.copy_smem_to_gmem(lse_out, lse_ref.at[b, h, pl.ds(row0, ROWS)])
-                return None if start is None else start + hi - lo
+                return start + hi - lo
 
             over_tiles(run_tile)
             plgpu.wait_smem_to_gmem(0)
@@ -579,20 +582,21 @@ def forward(st: Static, q, k, v, sinks=None):
             _smem((stages, bk, head_dim), dtype),
             _smem((stages, bk, head_dim), dtype),
             plgpu.SMEM((tiles * COMPUTE_WGS, ROWS), jnp.float32),
-            *((_ones_smem(bk, dtype),) if row_sums else ()),
+            *((_unit_col_smem(bk, dtype),) if row_sums else ()),
         ),
         (
-            # a warpgroup's q tiles (and sink, and ones tile)
-            plgpu.Barrier(num_arrivals=tiles + has_sinks + row_sums, num_barriers=COMPUTE_WGS),
+            # a warpgroup's q tiles (and sink)
+            plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
             plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+            *((plgpu.Barrier(),) if row_sums else ()),  # e₀, fed once by the memory warpgroup
         ),
     )
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
-    args += (jnp.ones((bk, SUM_COLS), dtype),) if row_sums else ()
+    args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
     grid = (heads, num_q_tiles // tiles, batch)
     return _launch(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
 

@@ -39,7 +39,7 @@ class Static:
     stages_bwd: int
     bounded: bool = False  # soft-capped bfloat16: 2^logit never overflows, so no running max, no rescaling
     exp2_fma_cols: int = 0  # columns of each forward score tile whose exp2 runs on the FMA units
-    row_sums_on_tc: bool = False  # ping-pong forward: row sums as P·1 on the tensor cores, not an add per score
+    row_sums_on_tc: bool = False  # ping-pong forward: row sums as P·e₀ on the tensor cores, not an add per score
     q_prescaled: bool = False  # forward with `bounded`: q times the tanh's input scale once, in shared memory
     fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
     overlap: bool = False  # forward without soft cap: tile t's Q·Kᵀ issued with tile t-1's P·V, softmax beside P·V

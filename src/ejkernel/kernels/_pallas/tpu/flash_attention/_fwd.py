@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ejkernel.kernels._common.attention import Operands, RefReader
+from ejkernel.kernels._common.attention import Operands, RefReader, join_sink
 from ejkernel.kernels._common.dropout import dropout_keep
 
 LANES = 128  # TPU vreg lanes: width of the replicated per-row statistics and query segment ids
@@ -340,12 +340,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_
         value_dim = acc.shape[-1]
         if ops.sinks:  # the sinks join the denominator only
             sink = sinks_ref[0, h]  # this head's log-sum-exp of its sink logits
-            m_all = jnp.maximum(m, sink)
-            shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
-            alpha = jnp.exp(m - shift)
-            denom = denom * alpha + jnp.exp(sink - shift)
+            m, alpha, denom = join_sink(m, denom, sink, jnp.exp)
             acc = acc * lanes(alpha, value_dim)
-            m = shift
         empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
         denom = jnp.where(empty, 1.0, denom)
         keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
