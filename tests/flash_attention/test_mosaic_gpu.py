@@ -102,6 +102,23 @@ def test_which_calls_pair_query_tiles(q_len, head_dim, options, paired):
     assert st.q_tiles_per_cta == (2 if paired else 1)
 
 
+@pytest.mark.parametrize(
+    "head_dim, options, prescaled",
+    [
+        (128, {"soft_cap": 30.0}, True),
+        (64, {"soft_cap": 30.0, "causal": True}, True),
+        (64, {"soft_cap": 30.0}, False),  # non-causal at head dim 64: measured no faster
+        (128, {"soft_cap": 80.0}, False),  # too large a cap for the bounded forward, which the prescale serves
+        (128, {}, False),
+    ],
+)
+def test_which_calls_prescale_q(head_dim, options, prescaled):
+    q = jax.ShapeDtypeStruct((1, 1024, 2, head_dim), jnp.bfloat16)
+    options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
+    st = plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
+    assert st.q_prescaled == prescaled
+
+
 def test_exp2_on_fma_units_matches_exp2():
     """The cubic exp2 the forward runs on part of each soft-capped tile (eager ops: see `exp2_fma`)."""
     from ejkernel.kernels._pallas.gpu.flash_attention._kernels import exp2_fma
