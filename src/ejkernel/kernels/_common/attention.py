@@ -177,7 +177,7 @@ def sum_to_bias_shape(dbias, bias):
     return dbias.astype(bias.dtype)
 
 
-# ---- kernel bookkeeping ----
+# ---- kernel math ----
 
 
 def join_sink(m, denom, sink, exp):
@@ -191,6 +191,9 @@ def join_sink(m, denom, sink, exp):
     shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
     weight = exp(m - shift)
     return shift, weight, denom * weight + exp(sink - shift)
+
+
+# ---- kernel bookkeeping ----
 
 
 @dataclasses.dataclass(frozen=True)
