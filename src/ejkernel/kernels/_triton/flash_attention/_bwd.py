@@ -45,11 +45,11 @@ from ejkernel.kernels._triton._helpers import (
 from ejkernel.kernels._triton.flash_attention._fwd import (
     Static,
     Tiling,
-    bias_like_spec,
     logits_base2,
     mask_logits,
     needs_edges,
     query_block_index,
+    query_block_operands,
 )
 
 
@@ -243,19 +243,9 @@ def dq_and_dbias(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_se
         pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
     ]
     args = [q, k, v, do, lse, delta]
-    row_block = lambda i, b, h: (qmap(i), 0)
-    if ops.bias:
-        in_specs.append(bias_like_spec(ops.bias_batch, ops.bias_heads, (block_q, kv_len_padded), row_block))
-        args.append(bias)
-    if ops.mask:
-        in_specs.append(bias_like_spec(ops.mask_batch, ops.mask_heads, (block_q, kv_len_padded), row_block))
-        args.append(mask)
-    if ops.segments:
-        in_specs += [
-            pl.BlockSpec((None, block_q), lambda i, b, h: (b, qmap(i))),
-            pl.BlockSpec((None, kv_len_padded), lambda i, b, h: (b, 0)),
-        ]
-        args += [q_seg, kv_seg]
+    row_specs, row_args = query_block_operands(ops, block_q, kv_len_padded, qmap, bias, mask, q_seg, kv_seg)
+    in_specs += row_specs
+    args += row_args
     if ops.dropout:
         in_specs.append(pl.BlockSpec((1,), lambda i, b, h: (0,)))
         args.append(seed)

@@ -228,6 +228,28 @@ def bias_like_spec(ops_batch: bool, ops_heads: bool, block, index):
     return pl.BlockSpec((None, None, *block), index_map)
 
 
+def query_block_operands(ops: Operands, block_q: int, kv_len_padded: int, qmap, bias, mask, q_seg, kv_seg):
+    """(BlockSpecs, arrays) of the optional bias, mask and segment ids for a grid over (query block, batch, head).
+
+    Each program sees its `block_q` query rows against every key; `qmap(i)` is the i-th program's query block.
+    """
+    specs, arrays = [], []
+    row_block = lambda i, b, h: (qmap(i), 0)
+    if ops.bias:
+        specs.append(bias_like_spec(ops.bias_batch, ops.bias_heads, (block_q, kv_len_padded), row_block))
+        arrays.append(bias)
+    if ops.mask:
+        specs.append(bias_like_spec(ops.mask_batch, ops.mask_heads, (block_q, kv_len_padded), row_block))
+        arrays.append(mask)
+    if ops.segments:
+        specs += [
+            pl.BlockSpec((None, block_q), lambda i, b, h: (b, qmap(i))),
+            pl.BlockSpec((None, kv_len_padded), lambda i, b, h: (b, 0)),
+        ]
+        arrays += [q_seg, kv_seg]
+    return specs, arrays
+
+
 def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse2 [B, H, Sqp] float32)."""
     batch, q_len_padded, num_heads, head_dim = q.shape
@@ -244,19 +266,9 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
         pl.BlockSpec((None, kv_len_padded, None, value_dim), lambda i, b, h: (b, 0, h // group, 0)),
     ]
     args = [q, k, v]
-    row_block = lambda i, b, h: (qmap(i), 0)
-    if ops.bias:
-        in_specs.append(bias_like_spec(ops.bias_batch, ops.bias_heads, (block_q, kv_len_padded), row_block))
-        args.append(bias)
-    if ops.mask:
-        in_specs.append(bias_like_spec(ops.mask_batch, ops.mask_heads, (block_q, kv_len_padded), row_block))
-        args.append(mask)
-    if ops.segments:
-        in_specs += [
-            pl.BlockSpec((None, block_q), lambda i, b, h: (b, qmap(i))),
-            pl.BlockSpec((None, kv_len_padded), lambda i, b, h: (b, 0)),
-        ]
-        args += [q_seg, kv_seg]
+    row_specs, row_args = query_block_operands(ops, block_q, kv_len_padded, qmap, bias, mask, q_seg, kv_seg)
+    in_specs += row_specs
+    args += row_args
     if ops.sinks:
         in_specs.append(pl.BlockSpec((num_heads,), lambda i, b, h: (0,)))
         args.append(sinks)
