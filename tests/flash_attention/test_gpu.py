@@ -79,7 +79,7 @@ MOSAIC_CASES = {
     # head dim 64 without a mask streams 256-key tiles by default
     "d64-wide-tiles-sinks": ((2, 333, 4, 64), (2, 1000, 2, 64), {}, True),
     "soft-cap-d64-wide-tiles": ((1, 500, 4, 64), (1, 700, 4, 64), {"logits_soft_cap": 30.0}, False),
-    # a cap too large for the bounded forward: the running max, its row sums as P·1 rescaled like the output
+    # a cap too large for the bounded forward: the running max, its row sums as P·e₀ rescaled like the output
     "soft-cap-d64-unbounded": ((2, 600, 4, 64), (2, 900, 2, 64), {"causal": True, "logits_soft_cap": 80.0}, True),
     # short causal calls at head dim 64: two query tiles per CTA, one key/value stream through both
     "d64-causal-paired-sinks": ((2, 1024, 4, 64), (2, 1024, 2, 64), {"causal": True}, True),

@@ -81,6 +81,13 @@ def test_forward_and_backward_lower_for_cuda(case):
     assert kernels_called(module) == "pallas"  # how the flash_attention bench tells what auto ran
 
 
+def _planned(q_len: int, head_dim: int, options: dict) -> Static:
+    """The `Static` that `plan` chooses for a bf16 self-attention call of two heads."""
+    q = jax.ShapeDtypeStruct((1, q_len, 2, head_dim), jnp.bfloat16)
+    options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
+    return plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
+
+
 @pytest.mark.parametrize(
     "q_len, head_dim, options, paired",
     [
@@ -96,10 +103,7 @@ def test_forward_and_backward_lower_for_cuda(case):
     ],
 )
 def test_which_calls_pair_query_tiles(q_len, head_dim, options, paired):
-    q = jax.ShapeDtypeStruct((1, q_len, 2, head_dim), jnp.bfloat16)
-    options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
-    st = plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
-    assert st.q_tiles_per_cta == (2 if paired else 1)
+    assert _planned(q_len, head_dim, options).q_tiles_per_cta == (2 if paired else 1)
 
 
 @pytest.mark.parametrize(
@@ -113,10 +117,7 @@ def test_which_calls_pair_query_tiles(q_len, head_dim, options, paired):
     ],
 )
 def test_which_calls_prescale_q(head_dim, options, prescaled):
-    q = jax.ShapeDtypeStruct((1, 1024, 2, head_dim), jnp.bfloat16)
-    options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
-    st = plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
-    assert st.q_prescaled == prescaled
+    assert _planned(1024, head_dim, options).q_prescaled == prescaled
 
 
 def test_exp2_on_fma_units_matches_exp2():

@@ -103,7 +103,7 @@ def plan(
     bounded = bounded_soft_cap(soft_cap, query.dtype, kv_len)
     # The soft cap's tanh doubles the forward's special-function work; moving part of the exp2 to the
     # FMA units pays where that unit is the bottleneck (measured on an H200: 3-9% faster with soft cap,
-    # 5% slower without). At head dim 64 the soft-capped forward also takes its row sums as P·1 on the
+    # 5% slower without). At head dim 64 the soft-capped forward also takes its row sums as P·e₀ on the
     # tensor cores, which frees the FMA units for a larger share (measured on an H100: 0.81 -> 0.85x of
     # the plain kernel non-causal, 0.82 -> 0.83x causal; slower at head dim 128 and without soft cap).
     row_sums_on_tc = soft_cap is not None and head_dim == 64
