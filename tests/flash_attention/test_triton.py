@@ -131,6 +131,40 @@ def test_bfloat16_soft_cap_without_running_max():
     check_forward_and_grads(fn, ref, (q, k, v, aux), (0, 1, 2, 3), jnp.bfloat16)
 
 
+def wide_logits(kind: str, dtype):
+    """q, k, v whose logits leave the checked zero offset's range: "high" reaches ~100, "low" stays near -106."""
+    q, k, v = randn((2, 70, 4, 32), dtype), randn((2, 70, 2, 32), dtype), randn((2, 70, 2, 32), dtype)
+    if kind == "high":
+        return q * 40, k, v
+    # One shared direction puts every logit near -100 * 6 / sqrt(32), where 2^logit underflows float32; the
+    # other directions keep the gradients well posed.
+    return q.at[..., 0].set(-100), k.at[..., 0].set(6), v
+
+
+@pytest.mark.parametrize(
+    "kind, dtype, params", [("high", jnp.float32, SMALL), ("low", jnp.bfloat16, SMALL), ("low", jnp.float32, {})]
+)
+def test_zero_offset_redone_with_running_max(kind, dtype, params):
+    """Without soft cap the forward tries offset 0 (`Static.checked_zero_offset`); logits far outside its
+    range send the rows' blocks to the redo pass (with smaller blocks than the first pass's by default),
+    which recomputes them with the running max: the same answer."""
+    q, k, v = wide_logits(kind, dtype)
+    static = dict(softmax_scale=32**-0.5, causal=True)
+    assert plan(q, k, v, **static)[0].checked_zero_offset
+    fn = jax.jit(lambda q, k, v: flash_attention_triton(q, k, v, **static, **params))
+    ref = lambda q, k, v: flash_attention_reference(q, k, v, **static)
+    check_forward_and_grads(fn, ref, (q, k, v), (0, 1, 2), dtype)
+
+
+def test_zero_offset_only_where_every_row_has_a_key():
+    q, k = randn((1, 70, 2, 32)), randn((1, 50, 2, 32))
+    eligible = lambda q, k, **kw: plan(q, k, k, softmax_scale=1.0, **kw)[0].checked_zero_offset
+    assert eligible(q, k, causal=True) and eligible(q, q, sliding_window=(4, 4))
+    assert not eligible(q, k, sliding_window=(4, 4))  # queries past the last key may see none
+    assert not eligible(q, k, logits_soft_cap=5.0)
+    assert not eligible(q.astype(jnp.float16), k.astype(jnp.float16))  # P in float16 cannot hold 2^100
+
+
 def test_default_tiles():
     run_case(q_len=40, kv_len=70, params={}, causal=True)
 
@@ -171,3 +205,12 @@ class TestOnGpu:
         cotangent = randn(out.shape, jnp.bfloat16)
         for name, g, rg in zip("qkv", vjp(cotangent), ref_vjp(cotangent), strict=True):
             assert_close(g, rg, jnp.bfloat16, tol=4e-2, name=f"d{name}")
+
+    @pytest.mark.parametrize("kind", ["high", "low"])
+    def test_zero_offset_redone_with_running_max(self, kind):
+        """The redo branch (a second key loop under a branch) compiled through Triton."""
+        q, k, v = wide_logits(kind, jnp.bfloat16)
+        static = dict(softmax_scale=32**-0.5, causal=kind == "low")
+        fn = jax.jit(lambda q, k, v: flash_attention_triton(q, k, v, **static, interpret=False))
+        ref = lambda q, k, v: flash_attention_reference(q, k, v, **static)
+        check_forward_and_grads(fn, ref, (q, k, v), (0, 1, 2), jnp.bfloat16)

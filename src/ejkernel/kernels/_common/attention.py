@@ -146,6 +146,22 @@ def bounded_soft_cap(soft_cap: float | None, dtype, kv_len: int) -> bool:
     return abs(soft_cap) * LOG2E + math.log2(kv_len) < 100
 
 
+# A forward may also try offset 0 on unbounded logits and check afterwards: the result is exact while
+# every row's sum of weights l lies within ZERO_OFFSET_SUMS. Its largest weight is then at least
+# 2^-80 / kv_len >= 2^-102, so what float32 flushes to zero (< 2^-126) is under 2^-24 of it, and no
+# weight nears overflow (2^28 of room is left for |v| in P·V; an overflow there shows as a non-finite
+# accumulator). A row outside the range, or with no allowed key, is redone with a running max.
+ZERO_OFFSET_SUMS = (2.0**-80, 2.0**100)
+
+
+def checked_zero_offset(dtype, kv_len: int) -> bool:
+    """Whether a forward of this dtype and key length may try offset 0 and check its row sums.
+
+    P is rounded to the input dtype for P·V: bfloat16 and float32 hold 2^±100, float16 does not.
+    """
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) and kv_len <= 2**22
+
+
 # ---- operand preparation (plain jnp outside the kernels) ----
 
 

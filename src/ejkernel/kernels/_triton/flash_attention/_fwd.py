@@ -1,14 +1,18 @@
 """Flash attention forward: one Pallas-Triton program per (query block, batch, query head).
 
 Each program holds a `[block_q, D]` query tile and streams the key/value blocks that can hold allowed
-keys for it, with an online softmax in float32 and base-2 exponentials. Without soft cap or bias the
-running max is kept in raw `q·k` units and the scale (times log2(e)) is folded into the exponent's
-FMA, one multiply per score fewer: the forward is bound by instruction issue. With a soft cap (and
-`Static.bounded`) the logits lie within ±cap·log2(e), so each is exponentiated as it is, with no
-running max and no rescaling of the accumulator. Key blocks that are fully allowed by position
-(causal, window, key length) run without any positional masking; only the edge blocks build a mask
-tile. Outputs are the attention output and each row's logsumexp in base 2 (float32 `[B, H, Sq]`,
-+inf for a row with no allowed key and no sink), which is all the backward needs.
+keys for it, accumulating in float32 with base-2 exponentials. Without soft cap or bias the logits
+stay raw `q·k` and the scale (times log2(e)) is folded into the exponent's multiply: the forward is
+bound by instruction issue. Where it is safe there is no running max at all: each logit is
+exponentiated against offset 0, so nothing is rescaled. With a soft cap (`Static.bounded`) the cap
+proves it (|logit| <= cap·log2(e)). Otherwise (`Static.checked_zero_offset`) the first pass marks
+the rows whose sums of weights left `ZERO_OFFSET_SUMS` (largest logit under about -55, or logits
+near 69), and a second, light pass recomputes the blocks that hold such rows with the running max
+of the online softmax. Dropping the max and the rescale saved 2-15% of the forward on an H100.
+Key blocks that are fully allowed by position (causal, window, key length) run without any
+positional masking; only the edge blocks build a mask tile. Outputs are the attention output and
+each row's logsumexp in base 2 (float32 `[B, H, Sq]`, +inf for a row with no allowed key and no
+sink), which is all the backward needs.
 
 Arrays arrive padded by the wrapper: sequence lengths to block multiples and head dims to powers of
 two. `Static` carries the true lengths, so padded keys are masked and padded query rows are ignored.
@@ -24,7 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, join_sink
+from ejkernel.kernels._common.attention import LOG2E, ZERO_OFFSET_SUMS, Operands, RefReader, join_sink
 from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
@@ -65,6 +69,8 @@ class Static:
     interpret: bool
     fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
     bounded: bool = False  # soft-capped bfloat16 without bias: the forward's 2^logit needs no running max
+    # No running max either, but checked: a program whose row sums leave ZERO_OFFSET_SUMS redoes its loop with one.
+    checked_zero_offset: bool = False
 
     @property
     def group(self) -> int:
@@ -117,12 +123,21 @@ def query_block_index(pid, num_q_blocks: int, causal: bool):
     return num_q_blocks - 1 - pid if causal else pid
 
 
-def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_padded: int):
+def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_padded: int, redo: bool):
+    """One query block's output and base-2 logsumexp.
+
+    With `st.checked_zero_offset` the forward launches this twice. The first pass uses offset 0 and
+    marks each row whose sum of weights left `ZERO_OFFSET_SUMS` with a NaN logsumexp. In the second
+    (`redo`, outputs aliased to the first's) a program whose block holds a marked row recomputes the
+    block with the running max, and the others return at once. The redo is a launch of its own because
+    a second key loop in the same kernel slowed the first by up to 15% on an H100.
+    """
     read = RefReader(refs)
     q_ref, k_ref, v_ref = read(), read(), read()
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
     q_seg_ref, kv_seg_ref = read(ops.segments), read(ops.segments)
     sink_ref, seed_ref = read(ops.sinks), read(ops.dropout)
+    _, marked_lse_ref = read(redo), read(redo)  # the first pass's outputs (aliased to o_ref, lse_ref)
     o_ref, lse_ref = read.rest()
 
     block_q, block_k = st.fwd.block_q, st.fwd.block_k
@@ -130,9 +145,6 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     b, h = pl.program_id(1), pl.program_id(2)
     q_start = qi * block_q
     q_pos = q_start + jnp.arange(block_q, dtype=jnp.int32)[:, None]
-    q = q_ref[...]
-    q_seg = q_seg_ref[...][:, None] if ops.segments else None
-    seed = seed_ref[...] if ops.dropout else None
     batch_head = b * st.num_heads + h
     raw = st.soft_cap is None and not ops.bias  # the running max is of raw scores
 
@@ -140,78 +152,96 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         """Running-max units -> base-2 logits."""
         return x * (st.softmax_scale * LOG2E) if raw else x
 
-    def step(kb, carry, edge: bool):
-        acc, m_prev, l_prev = carry
-        k_start = pl.multiple_of(kb * block_k, block_k)
-        cols = pl.ds(k_start, block_k)
-        k = k_ref[cols, :]
-        x = dot(q, k, trans_b=True)
-        if not raw:
-            x, _ = logits_base2(x, bias_ref[:, cols] if ops.bias else None, st)
-        k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
-        x = mask_logits(
-            x,
-            st,
-            ops,
-            edge,
-            cols,
-            q_pos=q_pos,
-            k_pos=k_pos,
-            kv_len_padded=kv_len_padded,
-            q_seg=q_seg,
-            kv_seg_ref=kv_seg_ref,
-            mask_ref=mask_ref,
-        )
-        if st.bounded:  # offset 0 for every row (m stays 0): nothing to rescale
-            p = exp2(x, interpret=st.interpret)
-            m_next, l_next = m_prev, l_prev + jnp.sum(p, axis=1)
-        else:
-            m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
-            # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
-            shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
-            alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
-            p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
-            l_next = l_prev * alpha + jnp.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-        if ops.dropout:
-            p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
-        v = v_ref[cols, :]
-        acc = acc + dot(p.astype(v.dtype), v)
-        return acc, m_next, l_next
+    def key_loop(zero_offset: bool):
+        """Accumulates every key block this query block may see: (acc, running max, row sums)."""
+        q = q_ref[...]
+        q_seg = q_seg_ref[...][:, None] if ops.segments else None
+        seed = seed_ref[...] if ops.dropout else None
 
-    carry = (
-        jnp.zeros((block_q, o_ref.shape[-1]), jnp.float32),
-        jnp.full((block_q,), 0.0 if st.bounded else -jnp.inf, jnp.float32),
-        jnp.zeros((block_q,), jnp.float32),
-    )
-    edge_step = functools.partial(step, edge=True)
-    interior_step = functools.partial(step, edge=False)
-    if ops.segments:
-        q_span = segment_span(q_seg_ref[...])
-        edge_step = segment_guarded(edge_step, q_span, kv_seg_ref, block_k)
-        interior_step = segment_guarded(interior_step, q_span, kv_seg_ref, block_k)
-    if needs_edges(st, kv_len_padded):
+        def step(kb, carry, edge: bool):
+            acc, m_prev, l_prev = carry
+            k_start = pl.multiple_of(kb * block_k, block_k)
+            cols = pl.ds(k_start, block_k)
+            k = k_ref[cols, :]
+            x = dot(q, k, trans_b=True)
+            if not raw:
+                x, _ = logits_base2(x, bias_ref[:, cols] if ops.bias else None, st)
+            k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
+            x = mask_logits(
+                x,
+                st,
+                ops,
+                edge,
+                cols,
+                q_pos=q_pos,
+                k_pos=k_pos,
+                kv_len_padded=kv_len_padded,
+                q_seg=q_seg,
+                kv_seg_ref=kv_seg_ref,
+                mask_ref=mask_ref,
+            )
+            if zero_offset:  # offset 0 for every row (m stays 0): nothing to rescale
+                p = exp2(base2(x), interpret=st.interpret)
+                m_next, l_next = m_prev, l_prev + jnp.sum(p, axis=1)
+            else:
+                m_next = jnp.maximum(m_prev, jnp.max(x, axis=1))
+                # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
+                shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+                alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
+                p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
+                l_next = l_prev * alpha + jnp.sum(p, axis=1)
+                acc = acc * alpha[:, None]
+            if ops.dropout:
+                p = jnp.where(dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob), p, 0.0)
+            v = v_ref[cols, :]
+            acc = acc + dot(p.astype(v.dtype), v)
+            return acc, m_next, l_next
+
+        carry = (
+            jnp.zeros((block_q, o_ref.shape[-1]), jnp.float32),
+            jnp.full((block_q,), 0.0 if zero_offset else -jnp.inf, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32),
+        )
+        edge_step = functools.partial(step, edge=True)
+        interior_step = functools.partial(step, edge=False)
+        if ops.segments:
+            q_span = segment_span(q_seg_ref[...])
+            edge_step = segment_guarded(edge_step, q_span, kv_seg_ref, block_k)
+            interior_step = segment_guarded(interior_step, q_span, kv_seg_ref, block_k)
+        if not needs_edges(st, kv_len_padded):
+            return lax.fori_loop(0, kv_len_padded // block_k, interior_step, carry)
         lo, mid_lo, mid_hi, hi = kv_blocks_for_q_block(
             q_start, block_q=block_q, block_k=block_k, kv_len=st.kv_len, causal=st.causal, window=st.window
         )
         if st.window is not None:  # without a left bound, mid_lo == lo
             carry = lax.fori_loop(lo, mid_lo, edge_step, carry)
         carry = lax.fori_loop(mid_lo, mid_hi, interior_step, carry)
-        carry = lax.fori_loop(mid_hi, hi, edge_step, carry)
-    else:
-        carry = lax.fori_loop(0, kv_len_padded // block_k, interior_step, carry)
-    acc, m, denom = carry
-    m = base2(m)
+        return lax.fori_loop(mid_hi, hi, edge_step, carry)
 
-    if ops.sinks:  # the sinks join the denominator only
-        sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
-        m, alpha, denom = join_sink(m, denom, sink, functools.partial(exp2, interpret=st.interpret))
-        acc = acc * alpha[:, None]
-    empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
-    denom = jnp.where(empty, 1.0, denom)
-    keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
-    o_ref[...] = (acc * (keep_scale / denom)[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
+    def attend(zero_offset: bool, mark: bool):
+        acc, m, denom = key_loop(zero_offset)
+        if mark:  # x * 0 is NaN where x is not finite; padded query rows may be empty
+            low, high = ZERO_OFFSET_SUMS
+            row_ok = (denom >= low) & (denom <= high) & (jnp.sum(acc, axis=1) * 0.0 == 0.0)
+            row_ok = row_ok | (q_pos[:, 0] >= st.q_len)
+        m = base2(m)
+        if ops.sinks:  # the sinks join the denominator only
+            sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
+            m, alpha, denom = join_sink(m, denom, sink, functools.partial(exp2, interpret=st.interpret))
+            acc = acc * alpha[:, None]
+        empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
+        denom = jnp.where(empty, 1.0, denom)
+        keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
+        o_ref[...] = (acc * (keep_scale / denom)[:, None]).astype(o_ref.dtype)
+        lse = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
+        lse_ref[...] = jnp.where(row_ok, lse, jnp.nan) if mark else lse
+
+    if redo:
+        marked = marked_lse_ref[...]
+        pl.when(jnp.max(jnp.where(marked != marked, 1, 0)) > 0)(lambda: attend(zero_offset=False, mark=False))
+    else:
+        zero_offset = st.bounded or st.checked_zero_offset
+        attend(zero_offset=zero_offset, mark=st.checked_zero_offset)
 
 
 def bias_like_spec(ops_batch: bool, ops_heads: bool, block, index):
@@ -250,8 +280,28 @@ def query_block_operands(ops: Operands, block_q: int, kv_len_padded: int, qmap, 
     return specs, arrays
 
 
+# The redo pass's tiling. Its programs mostly check a few rows and return, so it keeps shared memory
+# small (no pipeline stages) and many of them share an SM; the redo itself is rare and may be slow.
+REDO_TILING = Tiling(block_q=64, block_k=32, num_warps=4, num_stages=1)
+
+
 def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse2 [B, H, Sqp] float32)."""
+    out, lse = _launch(st, False, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
+    if st.checked_zero_offset:
+        redo_tiling = Tiling(
+            block_q=min(REDO_TILING.block_q, st.fwd.block_q),
+            block_k=min(REDO_TILING.block_k, st.fwd.block_k),
+            num_warps=REDO_TILING.num_warps,
+            num_stages=REDO_TILING.num_stages,
+        )
+        redo_st = dataclasses.replace(st, fwd=redo_tiling)
+        out, lse = _launch(redo_st, True, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
+    return out, lse
+
+
+def _launch(st: Static, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, *marked):
+    """One pass of the forward kernel over every (query block, batch, head); `marked` = the first pass's outputs."""
     batch, q_len_padded, num_heads, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[1], v.shape[3]
     group = st.group
@@ -275,21 +325,24 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     if ops.dropout:
         in_specs.append(pl.BlockSpec((1,), lambda i, b, h: (0,)))
         args.append(seed)
-
-    kernel = functools.partial(_forward_kernel, st=st, ops=ops, num_q_blocks=num_q_blocks, kv_len_padded=kv_len_padded)
+    out_specs = [
+        pl.BlockSpec((None, block_q, None, value_dim), lambda i, b, h: (b, qmap(i), h, 0)),
+        pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
+    ]
+    kernel = functools.partial(
+        _forward_kernel, st=st, ops=ops, num_q_blocks=num_q_blocks, kv_len_padded=kv_len_padded, redo=redo
+    )
     return pl.pallas_call(
         kernel,
         grid=(num_q_blocks, batch, num_heads),
-        in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, block_q, None, value_dim), lambda i, b, h: (b, qmap(i), h, 0)),
-            pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
-        ],
+        in_specs=in_specs + (out_specs if redo else []),
+        out_specs=out_specs,
         out_shape=[
             out_struct((batch, q_len_padded, num_heads, value_dim), q.dtype, *args),
             out_struct((batch, num_heads, q_len_padded), jnp.float32, *args),
         ],
+        input_output_aliases={len(args): 0, len(args) + 1: 1} if redo else {},
         compiler_params=plgpu.CompilerParams(num_warps=st.fwd.num_warps, num_stages=st.fwd.num_stages),
         interpret=st.interpret,
-        name="ejkernel_flash_attention_fwd",
-    )(*args)
+        name="ejkernel_flash_attention_fwd_redo" if redo else "ejkernel_flash_attention_fwd",
+    )(*args, *marked)

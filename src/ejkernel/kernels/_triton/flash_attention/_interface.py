@@ -22,6 +22,7 @@ from ejkernel.kernels._common.attention import (
     bounded_soft_cap,
     check_options,
     check_qkv,
+    checked_zero_offset,
     fold_sinks,
     pad_axes,
     round_up,
@@ -193,6 +194,14 @@ def plan(
         # tanh.approx's ~5e-4 relative error is below 16-bit input precision; float32 keeps the exact tanh.
         fast_tanh=not interpret and query.dtype != jnp.float32,
         bounded=bias is None and bounded_soft_cap(logits_soft_cap, query.dtype, kv_len),
+        # Only where every real query row has an allowed key (key 0, or its own position in a window):
+        # an empty row would send every program to the redo.
+        checked_zero_offset=logits_soft_cap is None
+        and bias is None
+        and q_segment_ids is None
+        and attention_mask is None
+        and (window is None or q_len <= kv_len)
+        and checked_zero_offset(query.dtype, kv_len),
     )
 
     # ---- pad to what the tiles need (no copy when shapes already fit) ----
