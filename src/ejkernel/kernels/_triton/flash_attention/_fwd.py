@@ -69,7 +69,7 @@ class Static:
     interpret: bool
     fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
     bounded: bool = False  # soft-capped bfloat16 without bias: the forward's 2^logit needs no running max
-    # No running max either, but checked: a program whose row sums leave ZERO_OFFSET_SUMS redoes its loop with one.
+    # No running max either, but checked: blocks with a row whose sums leave ZERO_OFFSET_SUMS are redone with one.
     checked_zero_offset: bool = False
 
     @property
@@ -289,11 +289,11 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse2 [B, H, Sqp] float32)."""
     out, lse = _launch(st, False, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
     if st.checked_zero_offset:
-        redo_tiling = Tiling(
+        # Divisors of the first pass's blocks, so the padded lengths hold a whole number of them.
+        redo_tiling = dataclasses.replace(
+            REDO_TILING,
             block_q=min(REDO_TILING.block_q, st.fwd.block_q),
             block_k=min(REDO_TILING.block_k, st.fwd.block_k),
-            num_warps=REDO_TILING.num_warps,
-            num_stages=REDO_TILING.num_stages,
         )
         redo_st = dataclasses.replace(st, fwd=redo_tiling)
         out, lse = _launch(redo_st, True, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
