@@ -45,8 +45,8 @@ from ejkernel.kernels._triton._helpers import (
 from ejkernel.kernels._triton.flash_attention._fwd import (
     Static,
     Tiling,
+    key_block_logits,
     logits_base2,
-    mask_logits,
     needs_edges,
     query_block_index,
     query_block_operands,
@@ -74,25 +74,20 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
     batch_head = b * st.num_heads + h
     keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
 
+    logits = functools.partial(
+        key_block_logits,
+        st=st,
+        ops=ops,
+        raw=False,
+        block_k=block_k,
+        q_pos=q_pos,
+        q_seg=q_seg,
+        kv_len_padded=kv_len_padded,
+        refs=(k_ref, bias_ref, kv_seg_ref, mask_ref),
+    )
+
     def step(kb, dq, edge: bool):
-        k_start = pl.multiple_of(kb * block_k, block_k)
-        cols = pl.ds(k_start, block_k)
-        k = k_ref[cols, :]
-        x, t = logits_base2(dot(q, k, trans_b=True), bias_ref[:, cols] if ops.bias else None, st)
-        k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
-        x = mask_logits(
-            x,
-            st,
-            ops,
-            edge,
-            cols,
-            q_pos=q_pos,
-            k_pos=k_pos,
-            kv_len_padded=kv_len_padded,
-            q_seg=q_seg,
-            kv_seg_ref=kv_seg_ref,
-            mask_ref=mask_ref,
-        )
+        cols, k_pos, k, x, t = logits(kb, q, edge)
         p = exp2(x - lse, interpret=st.interpret)  # lse = +inf on empty rows: p = 0 there
         dp = dot(do, v_ref[cols, :], trans_b=True)
         if ops.dropout:

@@ -94,13 +94,23 @@ def logits_base2(s, bias_tile, st: Static):
     return x, t
 
 
-def mask_logits(
-    x, st: Static, ops: Operands, edge: bool, cols, *, q_pos, k_pos, kv_len_padded, q_seg, kv_seg_ref, mask_ref
+def key_block_logits(
+    kb, q, edge: bool, *, st: Static, ops: Operands, raw: bool, block_k: int, q_pos, q_seg, kv_len_padded: int, refs
 ):
-    """Sets the disallowed pairs of a `[block_q, block_k]` logit tile (key columns `cols`) to -inf.
+    """Key block `kb` against a `[block_q, D]` query tile: `(cols, k_pos, k, x, t)`.
 
-    Positions count only on edge blocks; segments and the mask wherever the call has them.
+    `x` is the logit tile, raw `q·k` when `raw` (no soft cap, no bias), else in base-2 units with `t`
+    the soft cap's tanh tile (or None). Disallowed pairs are -inf: positions count only on edge blocks;
+    segments and the mask wherever the call has them. `refs` = (k, bias, kv segment ids, mask).
     """
+    k_ref, bias_ref, kv_seg_ref, mask_ref = refs
+    k_start = pl.multiple_of(kb * block_k, block_k)
+    cols = pl.ds(k_start, block_k)
+    k = k_ref[cols, :]
+    x, t = dot(q, k, trans_b=True), None
+    if not raw:
+        x, t = logits_base2(x, bias_ref[:, cols] if ops.bias else None, st)
+    k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
     allowed = and_masks(
         position_mask(q_pos, k_pos, kv_len=st.kv_len, kv_len_padded=kv_len_padded, causal=st.causal, window=st.window)
         if edge
@@ -110,7 +120,7 @@ def mask_logits(
     )
     if allowed is not None:
         x = jnp.where(allowed, x, -jnp.inf)
-    return x
+    return cols, k_pos, k, x, t
 
 
 def needs_edges(st: Static, kv_len_padded: int) -> bool:
@@ -158,28 +168,21 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         q_seg = q_seg_ref[...][:, None] if ops.segments else None
         seed = seed_ref[...] if ops.dropout else None
 
+        logits = functools.partial(
+            key_block_logits,
+            st=st,
+            ops=ops,
+            raw=raw,
+            block_k=block_k,
+            q_pos=q_pos,
+            q_seg=q_seg,
+            kv_len_padded=kv_len_padded,
+            refs=(k_ref, bias_ref, kv_seg_ref, mask_ref),
+        )
+
         def step(kb, carry, edge: bool):
             acc, m_prev, l_prev = carry
-            k_start = pl.multiple_of(kb * block_k, block_k)
-            cols = pl.ds(k_start, block_k)
-            k = k_ref[cols, :]
-            x = dot(q, k, trans_b=True)
-            if not raw:
-                x, _ = logits_base2(x, bias_ref[:, cols] if ops.bias else None, st)
-            k_pos = k_start + jnp.arange(block_k, dtype=jnp.int32)[None, :]
-            x = mask_logits(
-                x,
-                st,
-                ops,
-                edge,
-                cols,
-                q_pos=q_pos,
-                k_pos=k_pos,
-                kv_len_padded=kv_len_padded,
-                q_seg=q_seg,
-                kv_seg_ref=kv_seg_ref,
-                mask_ref=mask_ref,
-            )
+            cols, k_pos, _, x, _ = logits(kb, q, edge)
             if zero_offset:  # offset 0 for every row (m stays 0): nothing to rescale
                 p = exp2(base2(x), interpret=st.interpret)
                 m_next, l_next = m_prev, l_prev + jnp.sum(p, axis=1)
@@ -238,7 +241,7 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
 
     if redo:
         marked = marked_lse_ref[...]
-        pl.when(jnp.max(jnp.where(marked != marked, 1, 0)) > 0)(lambda: attend(zero_offset=False, mark=False))
+        pl.when(jnp.max(jnp.isnan(marked).astype(jnp.int32)) > 0)(lambda: attend(zero_offset=False, mark=False))
     else:
         zero_offset = st.bounded or st.checked_zero_offset
         attend(zero_offset=zero_offset, mark=st.checked_zero_offset)
