@@ -240,8 +240,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
         lse_ref[...] = jnp.where(row_ok, lse, jnp.nan) if mark else lse
 
     if redo:
-        marked = marked_lse_ref[...]
-        pl.when(jnp.max(jnp.isnan(marked).astype(jnp.int32)) > 0)(lambda: attend(zero_offset=False, mark=False))
+        marked = marked_lse_ref[...]  # NaN != NaN marks a row
+        pl.when(jnp.max(jnp.where(marked != marked, 1, 0)) > 0)(lambda: attend(zero_offset=False, mark=False))
     else:
         zero_offset = st.bounded or st.checked_zero_offset
         attend(zero_offset=zero_offset, mark=st.checked_zero_offset)
