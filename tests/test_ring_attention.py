@@ -242,10 +242,15 @@ def _mesh_call(q, k, v, **kw):
     return ring_attention(q, k, v, mesh=mesh, in_specs=specs, out_specs=SEQ, **kw)
 
 
+def _under_mesh_without_sp(q, k, v):
+    with jax.set_mesh(jax.make_mesh((8,), ("x",))):
+        return ring_attention(q, k, v, axis_name="sp")
+
+
 ERRORS = [
     ("axis not in mesh", lambda q, k, v: _mesh_call(q, k, v, axis_name="seq"), ValueError, "axis_name='seq'"),
     ("no sp axis", lambda q, k, v: _mesh_call(q, k, v, mesh=jax.make_mesh((8,), ("x",))), ValueError, "axis_name"),
-    ("unbound, no mesh", lambda q, k, v: ring_attention(q, k, v, axis_name="sp"), ValueError, "not bound"),
+    ("unbound, context mesh without it", lambda q, k, v: _under_mesh_without_sp(q, k, v), ValueError, "not bound"),
     ("length % n", lambda q, k, v: _mesh_call(q[:, :60], k[:, :60], v[:, :60]), ValueError, "divisible by 8"),
     ("length % 2n causal", lambda q, k, v: _mesh_call(q[:, :56], k, v, causal=True), ValueError, "divisible by 16"),
     ("partial mesh", lambda q, k, v: ring_attention(q, k, v, mesh=ring_mesh()), ValueError, "in_specs"),
@@ -257,7 +262,20 @@ ERRORS = [
         ValueError,
         "sequence",
     ),
-    ("bias", lambda q, k, v: ring_attention(q, k, v, None, jnp.zeros((1, 1, S, S))), NotImplementedError, "bias"),
+    (
+        "bias over a ring",
+        lambda q, k, v: ring_attention(
+            q, k, v, None, jnp.zeros((1, 1, S, S)), mesh=ring_mesh(), in_specs=(SEQ,) * 3 + (None, P()), out_specs=SEQ
+        ),
+        NotImplementedError,
+        "bias",
+    ),
+    (
+        "spec for a tensor not passed",
+        lambda q, k, v: _mesh_call(q, k, v, in_specs=(SEQ,) * 3 + (P(),)),
+        ValueError,
+        "not passed",
+    ),
     (
         "mask_builder",
         lambda q, k, v: ring_attention(q, k, v, mask_builder=lambda *a: None),
@@ -272,7 +290,7 @@ ERRORS = [
     ),
     (
         "dense mask",
-        lambda q, k, v: ring_attention(q, k, v, mask_info=MaskInfo.from_attention_mask(jnp.ones((B, 1, S, S), bool))),
+        lambda q, k, v: _mesh_call(q, k, v, mask_info=MaskInfo.from_attention_mask(jnp.ones((B, 1, S, S), bool))),
         NotImplementedError,
         "mask_info",
     ),

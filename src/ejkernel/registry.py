@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import threading
 from collections.abc import Callable
 from enum import StrEnum
 
@@ -27,9 +29,9 @@ class Backend(StrEnum):
     ANY = "any"
 
 
-def current_backend() -> Backend:
-    """The backend of JAX's default device (`cuda`/`rocm` count as `GPU`)."""
-    platform = jax.default_backend()
+def current_backend(device: jax.Device | None = None) -> Backend:
+    """The backend of `device` (default: JAX's default device); `cuda`/`rocm` count as `GPU`."""
+    platform = jax.default_backend() if device is None else device.platform
     if platform in ("gpu", "cuda", "rocm"):
         return Backend.GPU
     return Backend(platform) if platform in Backend._value2member_map_ else Backend.CPU
@@ -52,17 +54,51 @@ class Implementation:
         return f"{self.platform.value}/{self.backend.value} (priority {self.priority})"
 
 
-class KernelRegistry:
-    """Maps an algorithm name to its implementations; `get` picks the highest priority that matches."""
+ALIASES = {
+    "kda": "kernel_delta_attention",
+    "mamba1": "state_space_v1",
+    "ssm1": "state_space_v1",
+    "mamba2": "state_space_v2",
+    "ssm2": "state_space_v2",
+}
+"""Other names upstream ejkernel gives an algorithm; lookups accept them, listings show the canonical name."""
 
-    def __init__(self) -> None:
+
+class KernelRegistry:
+    """Maps an algorithm name to its implementations; `get` picks the highest priority that matches.
+
+    `loader`, if given, is called once before the first lookup: the global registry uses it to import
+    every implementation, so `from ejkernel import kernel_registry` alone knows them all.
+    """
+
+    def __init__(self, loader: Callable[[], object] | None = None) -> None:
         self._impls: dict[str, list[Implementation]] = {}
+        self._loader = loader
+        self._load_lock = threading.RLock()
+
+    def _loaded(self) -> dict[str, list[Implementation]]:
+        if self._loader is not None:
+            with self._load_lock:
+                loader, self._loader = self._loader, None
+                if loader is not None:
+                    try:
+                        loader()
+                    except BaseException:
+                        self._loader = loader
+                        raise
+        return self._impls
+
+    @staticmethod
+    def canonical_name(algorithm: str) -> str:
+        """The registered name of `algorithm` (aliases such as `kda` or `mamba2` resolved)."""
+        return ALIASES.get(algorithm, algorithm)
 
     def register(
         self, algorithm: str, platform: Platform | str, backend: Backend | str, priority: int = 0
     ) -> Callable[[Callable], Callable]:
         """Decorator: register `fn` as the `platform`/`backend` implementation of `algorithm`."""
         platform, backend = Platform(platform), Backend(backend)
+        algorithm = self.canonical_name(algorithm)
 
         def decorate(fn: Callable) -> Callable:
             impls = self._impls.setdefault(algorithm, [])
@@ -80,11 +116,13 @@ class KernelRegistry:
 
         With no `backend`, only implementations that can run on the current device are returned.
         """
-        if algorithm not in self._impls:
-            known = ", ".join(sorted(self._impls)) or "none"
+        registered = self._loaded()
+        name = self.canonical_name(algorithm)
+        if name not in registered:
+            known = ", ".join(sorted(registered)) or "none"
             raise ValueError(f"unknown algorithm {algorithm!r}; registered algorithms: {known}")
-        impls = self._impls[algorithm]
-        if platform is not None:
+        impls = registered[name]
+        if platform is not None and platform != "auto":
             impls = [i for i in impls if i.platform == Platform(platform)]
         if backend is None:
             here = current_backend()
@@ -99,7 +137,7 @@ class KernelRegistry:
         """The highest-priority implementation matching the filters; `ValueError` listing what exists."""
         found = self.candidates(algorithm, platform, backend)
         if not found:
-            listed = ", ".join(i.describe() for i in self._impls[algorithm])
+            listed = ", ".join(i.describe() for i in self._impls[self.canonical_name(algorithm)])
             where = f"platform={platform!r}, backend={backend!r}"
             if backend is None:
                 where += f" (current device backend: {current_backend().value})"
@@ -107,11 +145,11 @@ class KernelRegistry:
         return found[0].fn
 
     def list_algorithms(self) -> list[str]:
-        return sorted(self._impls)
+        return sorted(self._loaded())
 
     def list_implementations(self, algorithm: str) -> list[Implementation]:
         """Every implementation of `algorithm`, best first, whatever device it runs on."""
-        return list(self._impls.get(algorithm, []))
+        return list(self._loaded().get(self.canonical_name(algorithm), []))
 
 
-kernel_registry = KernelRegistry()
+kernel_registry = KernelRegistry(loader=lambda: importlib.import_module("ejkernel.kernels"))

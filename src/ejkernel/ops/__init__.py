@@ -9,7 +9,7 @@ from ejkernel.ops.executor import (
     create_default_executor,
     reset_caches,
 )
-from ejkernel.ops.fingerprint import device_fingerprint
+from ejkernel.ops.fingerprint import device_fingerprint, get_device_platform
 from ejkernel.ops.kernel import Invocation, Kernel
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Tuner",
     "create_default_executor",
     "device_fingerprint",
+    "get_device_platform",
     "overlay_cache",
     "policy_override",
     "reset_caches",

@@ -85,48 +85,98 @@ def _nested_config_type(hint: Any) -> type[ConfigBase] | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
+UPSTREAM_PARAM_NAMES = {
+    "q_blocksize": "block_q",
+    "kv_blocksize": "block_k",
+    "blocksize_keys": "block_k",
+    "blocksize_k": "block_k",
+    "blocksize_m": "block_m",
+    "blocksize_n": "block_n",
+    "blocksize_heads": "block_h",
+    "num_key_splits": "num_splits",
+}
+"""Upstream ejkernel's names of the tiling fields -> ours. Both are accepted and readable."""
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class FwdParams(ConfigBase):
-    """Tiling of a forward kernel. `None` leaves a field to the implementation's default."""
+    """Tiling of a forward kernel. `None` leaves a field to the implementation's default.
+
+    Attention tiles queries by `block_q` and keys by `block_k` (and the head dim by `block_d`); matmuls
+    tile rows, the reduction and columns by `block_m`, `block_k`, `block_n`; `block_h` groups heads,
+    `num_splits` splits the keys of a decode step. Upstream's names (`q_blocksize`, `kv_blocksize`,
+    `blocksize_m`, ... see `UPSTREAM_PARAM_NAMES`) are accepted as keywords and readable as attributes.
+    """
 
     block_q: int | None = None
     block_k: int | None = None
     block_d: int | None = None
+    block_m: int | None = None
+    block_n: int | None = None
+    block_h: int | None = None
+    num_splits: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("block_q", "block_k", "block_d", "num_warps"):
+    def __init__(self, **fields: int | None) -> None:
+        for upstream, ours in UPSTREAM_PARAM_NAMES.items():
+            if upstream not in fields:
+                continue
+            value = fields.pop(upstream)
+            if fields.get(ours) not in (None, value):
+                raise ValueError(f"{type(self).__name__}: {upstream}={value!r} contradicts {ours}={fields[ours]!r}")
+            fields[ours] = value if value is not None else fields.get(ours)
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown fields {unknown}; fields: {names}")
+        for name in names:
+            object.__setattr__(self, name, fields.get(name))
+        for name in ("block_q", "block_k", "block_d", "block_m", "block_n", "block_h", "num_warps"):
             _positive_power_of_two(f"{type(self).__name__}.{name}", getattr(self, name))
-        _positive_int(f"{type(self).__name__}.num_stages", self.num_stages)
+        for name in ("num_splits", "num_stages"):
+            _positive_int(f"{type(self).__name__}.{name}", getattr(self, name))
+
+    def __repr__(self) -> str:  # only the fields that are set: tilings read at a glance in logs
+        set_fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if v is not None)
+        return f"{type(self).__name__}({set_fields})"
 
 
-@dataclasses.dataclass(frozen=True)
+for _upstream, _ours in UPSTREAM_PARAM_NAMES.items():
+    setattr(FwdParams, _upstream, property(lambda self, name=_ours: getattr(self, name)))
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class BwdParams(FwdParams):
     """Tiling of a backward kernel (same fields as the forward's)."""
 
 
 PLATFORMS = ("auto", "xla", "triton", "pallas", "cuda")
+BACKENDS = ("any", "gpu", "tpu", "cpu")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig(ConfigBase):
-    """Base of every op's config: which platform runs it and how its kernels are tiled.
+    """Base of every op's config: which platform runs it, on which backend, and how its kernels are tiled.
 
     `platform="auto"` lets the executor choose among the implementations that run on this device.
+    `backend` (`"any"`, `"gpu"`, `"tpu"`, `"cpu"`) pins the device kind the config was meant for: a
+    config for another device kind than the current one is refused when it runs, never ignored.
     """
 
     platform: str = "auto"
     fwd_params: FwdParams | None = None
     bwd_params: BwdParams | None = None
+    backend: str = "any"
 
     allowed_platforms: ClassVar[tuple[str, ...]] = PLATFORMS
 
     def __post_init__(self) -> None:
-        if self.platform not in self.allowed_platforms:
-            raise ValueError(
-                f"{type(self).__name__}.platform must be one of {self.allowed_platforms}, got {self.platform!r}"
-            )
+        for name, allowed in (("platform", self.allowed_platforms), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{type(self).__name__}.{name} must be one of {allowed}, got {value!r}")
+            object.__setattr__(self, name, str(value))  # enum members (Platform.XLA) as their plain names
         for name, kind in (("fwd_params", FwdParams), ("bwd_params", BwdParams)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):

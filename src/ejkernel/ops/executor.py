@@ -44,7 +44,13 @@ class ConfigSelectorChain:
         persistent: PersistentCache | None = None,
         tuner: Tuner | None = None,
         policy: AutotunePolicy | str | None = None,
+        *,
+        cache: ConfigCache | None = None,
     ) -> None:
+        """`cache` is upstream's name for `memory` (the in-memory tier); give one or the other."""
+        if cache is not None and memory is not None and cache is not memory:
+            raise ValueError("ConfigSelectorChain: give the in-memory cache as memory= or cache=, not both")
+        memory = cache if cache is not None else memory
         self.memory = memory if memory is not None else ConfigCache()
         self.persistent = persistent if persistent is not None else PersistentCache()
         self.tuner = tuner
@@ -153,8 +159,14 @@ class Executor:
         mesh: jax.sharding.Mesh | None = None,
         in_specs: Sequence[Any] | None = None,
         out_specs: Any = None,
+        _cfg: KernelConfig | None = None,
         **kwargs: Any,
     ) -> Any:
+        """Run `kernel` on `args`; `_cfg` is upstream's spelling of `cfg`."""
+        if _cfg is not None:
+            if cfg is not None:
+                raise ValueError(f"{kernel.op_id}: give the config as cfg= or _cfg=, not both")
+            cfg = _cfg
         if cfg is not None and not isinstance(cfg, kernel.config_type):
             raise TypeError(f"cfg for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
         platform = resolve_platform(kernel, platform, cfg)
@@ -224,13 +236,9 @@ class Executor:
         return call(*args)
 
     def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
-        present = [i for i, a in enumerate(args) if a is not None]
-        in_specs = tuple(in_specs)
-        if len(in_specs) != len(present):
-            raise ValueError(
-                f"{kernel.op_id}: in_specs needs one spec per tensor argument passed ({len(present)}), "
-                f"got {len(in_specs)}"
-            )
+        by_slot = specs_by_slot(kernel.op_id, args, in_specs)
+        present = sorted(by_slot)
+        in_specs = tuple(by_slot[i] for i in present)
         array_kwargs = kernel.kwarg_specs(kwargs, in_specs)
         static_kwargs = {k: v for k, v in kwargs.items() if k not in array_kwargs}
 
@@ -258,6 +266,33 @@ class Executor:
             return mapped(tensors, dynamic)
 
         return jax.jit(laid_out)(tuple(args[i] for i in present), {k: kwargs[k] for k in array_kwargs})
+
+
+def specs_by_slot(op_id: str, args: Sequence[Any], in_specs: Sequence[Any]) -> dict[int, Any]:
+    """`{position: spec}` of the tensor arguments passed (`args[i] is not None`).
+
+    `in_specs` holds one spec per tensor passed, or, as upstream code writes it, one per positional
+    slot from the first up to at least the last tensor passed, with None for the slots not passed. A
+    non-None spec for a tensor that was not passed is an error; None for one passed means replicated.
+    """
+    in_specs = tuple(in_specs)
+    present = [i for i, a in enumerate(args) if a is not None]
+    replicated = lambda spec: jax.sharding.PartitionSpec() if spec is None else spec
+    if len(in_specs) == len(present):
+        return {i: replicated(spec) for i, spec in zip(present, in_specs, strict=True)}
+    if present and present[-1] < len(in_specs) <= len(args):
+        stray = [i for i, spec in enumerate(in_specs) if spec is not None and args[i] is None]
+        if stray:
+            raise ValueError(
+                f"{op_id}: in_specs[{stray[0]}] = {in_specs[stray[0]]} is given for a tensor argument that was "
+                f"not passed (positional slot {stray[0]} is None)"
+            )
+        return {i: replicated(in_specs[i]) for i in present}
+    raise ValueError(
+        f"{op_id}: in_specs needs one spec per tensor argument passed ({len(present)}), or one per positional "
+        f"slot up to the last tensor passed (at least {present[-1] + 1 if present else 0}, at most {len(args)}), "
+        f"got {len(in_specs)}"
+    )
 
 
 def resolve_platform(kernel: Kernel, platform: str | None, cfg: KernelConfig | None) -> str:

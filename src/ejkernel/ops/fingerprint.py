@@ -24,6 +24,13 @@ def _memory_bytes(device) -> int:
     return int(stats.get("bytes_limit", 0))
 
 
+def get_device_platform(device=None) -> str:
+    """`"gpu"`, `"tpu"` or `"cpu"`: the kind of `device` (default: JAX's default device)."""
+    from ejkernel.registry import current_backend
+
+    return current_backend(device).value
+
+
 def describe_device(device=None) -> dict[str, str]:
     """The fields of the fingerprint, readable (shown by `ejkernel info`)."""
     from ejkernel import __version__

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 import jax
 import jax.numpy as jnp
 
 from ejkernel.ops.config import FwdParams, KernelConfig
-from ejkernel.registry import Implementation, kernel_registry
+from ejkernel.registry import Implementation, current_backend, kernel_registry
 
 
 def _describe(value: Any) -> Any:
@@ -82,10 +82,16 @@ class Invocation:
         return jax.tree_util.tree_map(stand_in, (self.args, self.kwargs))
 
 
-class Kernel:
+Cfg = TypeVar("Cfg", bound=KernelConfig)
+Out = TypeVar("Out")
+
+
+class Kernel(Generic[Cfg, Out]):
     """An operation as the executor sees it.
 
-    Subclasses set `op_id` and `config_type`, and may override:
+    Subclasses set `op_id` and `config_type` (or write `class MyKernel(Kernel[MyConfig, Array])`, which
+    sets `config_type = MyConfig`, and pass the op id to `super().__init__("my_op")`; without one the
+    op id is the class name), and may override:
     - `heuristic_cfg(inv)`: the config to use when nothing was measured;
     - `candidate_cfgs(inv)`: the configs autotuning may try (across platforms when `inv.platform` is auto);
     - `call_impl(impl, args, kwargs, cfg)`: how a registered implementation receives a config;
@@ -96,9 +102,27 @@ class Kernel:
       differentiated and one for calls that are (`Invocation.mode`). Empty: one config, forward timed.
     """
 
-    op_id: ClassVar[str]
+    op_id: str
     config_type: ClassVar[type[KernelConfig]] = KernelConfig
     tune_argnums: ClassVar[tuple[int, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if get_origin(base) is Kernel and get_args(base) and isinstance(get_args(base)[0], type):
+                config = get_args(base)[0]
+                if not issubclass(config, KernelConfig):
+                    raise TypeError(
+                        f"{cls.__name__}: the config type of Kernel[...] must derive from "
+                        f"ejkernel.ops.KernelConfig, got {config.__name__}"
+                    )
+                cls.config_type = config
+
+    def __init__(self, op_id: str | None = None) -> None:
+        if op_id is not None:
+            self.op_id = op_id
+        elif not hasattr(self, "op_id"):
+            self.op_id = type(self).__name__
 
     def implementations(self, platform: str = "auto") -> list[Implementation]:
         """Registered implementations that can run on this device, best first."""
@@ -109,6 +133,12 @@ class Kernel:
 
     def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
         """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
+        here = current_backend().value
+        if cfg.backend not in ("any", here):
+            raise ValueError(
+                f"{self.op_id}: {type(cfg).__name__}.backend={cfg.backend!r} cannot run on this device ({here}); "
+                f"use backend='any' or '{here}'"
+            )
         if cfg.platform != "auto":
             impl = next(iter(self.implementations(cfg.platform)), None)
             if impl is None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 
 import jax
 import jax.numpy as jnp
+
+from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
+from ejkernel.types.mask_info import window_pair
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x · LOG2E): the kernels' logits are in base 2
 LN2 = math.log(2.0)  # base-2 log-sum-exp back to natural units
@@ -160,6 +164,49 @@ def checked_zero_offset(dtype, kv_len: int) -> bool:
     P is rounded to the input dtype for P·V: bfloat16 and float32 hold 2^±100, float16 does not.
     """
     return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) and kv_len <= 2**22
+
+
+def canonical_sinks(softmax_aux, num_heads: int, name: str = "softmax_aux"):
+    """Sinks as every kernel takes them, 1-D: as given (length H: one per head, else shared by all
+    heads); `[H, n]` (n sinks per head) -> each head's log-sum-exp of its n, which is all a softmax
+    denominator sees of them; `[1, n]` -> n sinks shared by all heads."""
+    if softmax_aux is None or softmax_aux.ndim == 1:
+        return softmax_aux
+    if softmax_aux.ndim == 2 and softmax_aux.shape[0] == 1:
+        return softmax_aux[0]
+    if softmax_aux.ndim == 2 and softmax_aux.shape[0] == num_heads:
+        return jax.nn.logsumexp(softmax_aux.astype(jnp.float32), axis=-1).astype(softmax_aux.dtype)
+    raise ValueError(
+        f"{name} must be [sinks], [heads={num_heads}, sinks] or [1, sinks], got shape {softmax_aux.shape}"
+    )
+
+
+def public_defaults(impl):
+    """An attention implementation callable as users call it: `kernel_registry.get(...)(q, k, v, causal=True)`.
+
+    Fills what the public functions normally resolve before calling an implementation: the default
+    `softmax_scale` (1/sqrt(head dim)), an int `sliding_window` w as (w, w), the default dropout seed,
+    and several sinks per head folded to one (`canonical_sinks`). Canonical calls pass through unchanged.
+    """
+    signature = inspect.signature(impl)
+    takes = signature.parameters
+
+    @functools.wraps(impl)
+    def call(*args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs)
+        given = bound.arguments
+        query = given["query"]
+        if "softmax_scale" in takes and given.get("softmax_scale") is None:
+            given["softmax_scale"] = query.shape[-1] ** -0.5
+        if given.get("sliding_window") is not None:
+            given["sliding_window"] = window_pair(given["sliding_window"], "sliding_window")
+        if "dropout_seed" in takes and given.get("dropout_prob", 0.0) > 0.0 and given.get("dropout_seed") is None:
+            given["dropout_seed"] = jnp.uint32(DEFAULT_DROPOUT_SEED)
+        if given.get("softmax_aux") is not None:
+            given["softmax_aux"] = canonical_sinks(given["softmax_aux"], query.shape[2])
+        return impl(*bound.args, **bound.kwargs)
+
+    return call
 
 
 # ---- operand preparation (plain jnp outside the kernels) ----

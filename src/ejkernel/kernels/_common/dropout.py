@@ -10,6 +10,10 @@ comparison, so it means the same whether a backend's shifts and compares are sig
 import jax.numpy as jnp
 import numpy as np
 
+DEFAULT_DROPOUT_SEED = 0
+"""The seed of dropout called without one: the same keep mask at every call. Training should pass a
+different `dropout_seed` per step (e.g. drawn from its PRNG key); each seed draws its own mask."""
+
 
 def _i32(constant: int):
     return jnp.int32(np.array(constant, np.uint32).view(np.int32))

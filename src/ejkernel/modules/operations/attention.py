@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ejkernel.kernels._common.attention import canonical_sinks
 from ejkernel.modules.operations._attention_args import check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import Kernel, KernelConfig
@@ -36,7 +37,7 @@ def attention(
     value: Float[Array, "batch seq_k kv_heads dim_v"],
     bias: Float[Array, "..."] | None = None,
     dropout_rng: jax.Array | None = None,
-    softmax_aux: Float[Array, " sinks"] | None = None,
+    softmax_aux: Float[Array, "..."] | None = None,
     /,
     *,
     mask_info: MaskInfo | None = None,
@@ -54,7 +55,8 @@ def attention(
 
     Same masking semantics as `flash_attention` (a `mask_info` is applied as a dense mask); dropout
     (`dropout_prob` with `deterministic=False`) draws from `dropout_rng`. Results are in `dtype`, the
-    softmax in `softmax_dtype` (default float32).
+    softmax in `softmax_dtype` (default float32). `softmax_aux` are sink logits as in `flash_attention`
+    (1-D, or `[heads, n]` for n sinks per head).
     """
     check_qkv(query, key, value)
     batch, q_len, heads, dim = query.shape
@@ -74,7 +76,7 @@ def attention(
         value,
         bias,
         dropout_rng,
-        softmax_aux,
+        canonical_sinks(softmax_aux, heads),
         attention_mask=None if mask_info is None else mask_info.get_or_compute_attention_mask(),
         softmax_scale=float(dim**-0.5 if softmax_scale is None else softmax_scale),
         logits_soft_cap=logits_soft_cap,

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.modules.operations._attention_args import (
     check_bias,
     check_qkv,
@@ -22,6 +24,7 @@ from ejkernel.modules.operations._attention_args import (
 )
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.executor import specs_by_slot
 from ejkernel.types import MaskInfo
 from ejkernel.types.mask_info import clamp_window, intersect_windows, padding_segment_ids
 
@@ -128,7 +131,7 @@ def flash_attention(
     bias: Float[Array, "..."] | None = None,
     cum_seqlens_q: Int[Array, " batch_plus_1"] | None = None,
     cum_seqlens_k: Int[Array, " batch_plus_1"] | None = None,
-    softmax_aux: Float[Array, " sinks"] | None = None,
+    softmax_aux: Float[Array, "..."] | None = None,
     block_tables: Int[Array, "batch max_blocks"] | None = None,
     /,
     *,
@@ -155,8 +158,10 @@ def flash_attention(
     `q - left <= k <= q + right` (an int `w` is `(w, w)`); `causal` keeps `k <= q` (positions aligned
     at the start). `cum_seqlens_q/k [B+1]` give each row's valid length (the rest is padding; padded
     query rows return zeros). `softmax_aux` are sink logits that join the softmax denominator only
-    (length `heads`: one per head; other lengths: shared). With `block_tables [B, max_blocks]`, `key`
-    and `value` are paged caches `[blocks, block_size, kv_heads, dim]`.
+    (1-D of length `heads`: one per head; other lengths: shared by all heads; `[heads, n]`: n per head).
+    Dropout without `dropout_seed` uses seed 0 (the same mask at every call: pass a seed per training
+    step). With `block_tables [B, max_blocks]`, `key` and `value` are paged caches
+    `[blocks, block_size, kv_heads, dim]`.
     """
     check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape
@@ -170,12 +175,13 @@ def flash_attention(
     if not 0.0 <= dropout_prob < 1.0:
         raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
     if dropout_prob > 0.0 and dropout_seed is None:
-        raise ValueError("dropout_prob > 0 needs dropout_seed (dropout is deterministic per seed)")
+        dropout_seed = DEFAULT_DROPOUT_SEED
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
     if softmax_scale is None:
         softmax_scale = query.shape[-1] ** -0.5
     bias = check_bias(bias, batch, num_heads, q_len, kv_len)
+    softmax_aux = canonical_sinks(softmax_aux, num_heads)
 
     window = parse_window(sliding_window)
     q_seg = None if cum_seqlens_q is None else _padding_segments("cum_seqlens_q", cum_seqlens_q, batch, q_len)
@@ -209,12 +215,8 @@ def flash_attention(
     options.update({name: value for name, value in given.items() if value != XLA_ONLY_DEFAULTS[name]})
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
-        passed = [
-            a is not None for a in (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)
-        ]
-        if len(in_specs) != sum(passed):
-            raise ValueError(f"in_specs needs one spec per tensor argument passed ({sum(passed)}), got {len(in_specs)}")
-        by_position = dict(zip([i for i, p in enumerate(passed) if p], in_specs, strict=True))
+        slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)
+        by_position = specs_by_slot("flash_attention", slots, in_specs)
         if block_tables is not None:
             # The pages were gathered into dense rows above: those follow the query's batch sharding and
             # keep the caches' head sharding (a sharded page or page-slot axis has no meaning there).

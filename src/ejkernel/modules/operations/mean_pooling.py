@@ -22,7 +22,8 @@ class MeanPooling(Kernel):
         return impl.fn(*args, cfg=cfg)  # chunk_size only seeds the heuristic tiling
 
     def heuristic_cfg(self, inv: Invocation) -> MeanPoolingConfig:
-        return MeanPoolingConfig(platform=inv.platform, fwd_params=FwdParams(block_k=inv.kwargs["chunk_size"]))
+        # Through the executor directly, `chunk_size` may be absent: the implementation's own tiling then.
+        return MeanPoolingConfig(platform=inv.platform, fwd_params=FwdParams(block_k=inv.kwargs.get("chunk_size")))
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         if platform != "triton":

@@ -30,9 +30,12 @@ import jax
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
-from ejkernel.modules.operations._attention_args import check_qkv, parse_window
+from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.modules.operations._attention_args import check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, flash_attention
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.executor import specs_by_slot
 from ejkernel.types import MaskInfo
 from ejkernel.types.mask_info import intersect_windows
 
@@ -50,12 +53,7 @@ class RingAttention(Kernel):
 
     def call_impl(self, impl, args, kwargs, cfg):
         kwargs = dict(kwargs)
-        chunk = kwargs.pop("chunk_size", None)
-        fwd, bwd = cfg.fwd_params, cfg.bwd_params
-        if chunk is not None:  # the per-step tile, where the config leaves it open
-            if bwd is None and fwd is not None:  # the backward tiles like the forward unless told otherwise
-                bwd = BwdParams(**fwd.to_dict())
-            fwd, bwd = _with_blocks(fwd, FwdParams, chunk), _with_blocks(bwd, BwdParams, chunk)
+        fwd, bwd = _tiles(cfg, kwargs.pop("chunk_size", None))
         return impl.fn(*args, fwd_params=fwd, bwd_params=bwd, **kwargs)
 
     def candidate_cfgs(self, inv: Invocation):
@@ -72,6 +70,16 @@ class RingAttention(Kernel):
             "q_segment_ids": PartitionSpec(q_spec[0], q_spec[1]),
             "kv_segment_ids": PartitionSpec(k_spec[0], k_spec[1]),
         }
+
+
+def _tiles(cfg: RingAttentionConfig, chunk: int | None) -> tuple:
+    """(fwd_params, bwd_params) of the per-step attention: `chunk_size` fills the block sizes `cfg` leaves open."""
+    fwd, bwd = cfg.fwd_params, cfg.bwd_params
+    if chunk is None:
+        return fwd, bwd
+    if bwd is None and fwd is not None:  # the backward tiles like the forward unless told otherwise
+        bwd = BwdParams(**fwd.to_dict())
+    return _with_blocks(fwd, FwdParams, chunk), _with_blocks(bwd, BwdParams, chunk)
 
 
 def _with_blocks(params, kind, block: int):
@@ -184,7 +192,7 @@ def ring_attention(
     query: Float[Array, "batch seq_q heads dim"],
     key: Float[Array, "batch seq_k kv_heads dim"],
     value: Float[Array, "batch seq_k kv_heads dim_v"],
-    softmax_aux: Float[Array, " sinks"] | None = None,
+    softmax_aux: Float[Array, "..."] | None = None,
     bias: Float[Array, "..."] | None = None,
     /,
     *,
@@ -214,8 +222,11 @@ def ring_attention(
     `ppermute` while the current block is computed; the backward rings too.
 
     `chunk_size` is the tile size of the per-step block computation (a power of two; it fills the
-    block sizes that `cfg` leaves open). Not supported (NotImplementedError naming the argument):
-    `bias`, `mask_builder`, dense attention masks in `mask_info`, `fused_backward=True`.
+    block sizes that `cfg` leaves open). With no `axis_name` bound and no mesh (given or in context),
+    there is no ring: the call is flash attention of the whole sequence on this device, with every
+    feature of `flash_attention` (bias and dense masks included). Not supported over a ring
+    (NotImplementedError naming the argument): `bias`, dense attention masks in `mask_info`; nor
+    anywhere: `mask_builder`, `fused_backward=True`.
     See the module docstring for the three calling modes and the layouts.
     """
     check_qkv(query, key, value)
@@ -224,13 +235,7 @@ def ring_attention(
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
         raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
     declined = [
-        name
-        for name, used in (
-            ("bias", bias is not None),
-            ("mask_builder", mask_builder is not None),
-            ("fused_backward=True", fused_backward),
-        )
-        if used
+        name for name, used in (("mask_builder", mask_builder is not None), ("fused_backward=True", fused_backward)) if used
     ]
     if declined:
         raise NotImplementedError(f"ring_attention does not support {', '.join(declined)}")
@@ -243,11 +248,53 @@ def ring_attention(
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
-    if softmax_aux is not None and softmax_aux.shape[0] == 0:
+    if softmax_aux is not None and softmax_aux.shape[-1] == 0:
         raise ValueError("softmax_aux must not be empty")
+    softmax_aux = canonical_sinks(softmax_aux, num_heads)
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
+    bias = check_bias(bias, batch, num_heads, q_len, kv_len)
 
+    if (mesh is None) != (in_specs is None) or (mesh is None) != (out_specs is None):
+        given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
+        raise ValueError(f"ring_attention: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
+
+    axis = DEFAULT_AXIS if axis_name is None else axis_name
+    specs = None
+    if mesh is None and not _axis_bound(axis):  # global arrays under `with jax.set_mesh(mesh)`
+        mesh = _context_mesh()
+        if mesh is None or (axis_name is None and axis not in mesh.axis_names):
+            # No ring to run over: the whole sequence is here, and ring attention is flash attention.
+            fwd, bwd = _tiles(cfg or RingAttentionConfig(), chunk_size)
+            single = FlashAttentionConfig(platform=cfg.platform, fwd_params=fwd, bwd_params=bwd) if cfg else None
+            return flash_attention(
+                query,
+                key,
+                value,
+                bias,
+                None,
+                None,
+                softmax_aux,
+                mask_info=mask_info,
+                softmax_scale=float(softmax_scale),
+                causal=causal,
+                sliding_window=sliding_window,
+                logits_soft_cap=logits_soft_cap,
+                platform=platform,
+                cfg=single,
+            )
+        if axis not in mesh.axis_names:
+            raise ValueError(
+                f"ring_attention: axis_name={axis!r} is not bound here (not inside jax.shard_map over it) and the "
+                f"context mesh has axes {tuple(mesh.axis_names)}: name one of them, or pass mesh=/in_specs=/out_specs="
+            )
+        in_specs, out_specs = _context_specs(mesh, axis, query, key)
+    elif mesh is not None:
+        if axis not in mesh.axis_names:
+            what = "axis_name=None means 'sp', which" if axis_name is None else f"axis_name={axis!r}"
+            raise ValueError(f"ring_attention: {what} is not an axis of the mesh (axes: {tuple(mesh.axis_names)})")
+        by_slot = specs_by_slot("ring_attention", (query, key, value, softmax_aux, bias), in_specs)
+        in_specs = [by_slot[i] for i in sorted(by_slot)]
     window = parse_window(sliding_window)
     q_seg = kv_seg = None
     if mask_info is not None:
@@ -261,28 +308,11 @@ def ring_attention(
         window = intersect_windows(window, canonical.sliding_window)
         q_seg, kv_seg = canonical.q_segment_ids, canonical.kv_segment_ids
 
-    if (mesh is None) != (in_specs is None) or (mesh is None) != (out_specs is None):
-        given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
-        raise ValueError(f"ring_attention: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
-
-    axis = DEFAULT_AXIS if axis_name is None else axis_name
-    specs = None
-    if mesh is None and not _axis_bound(axis):  # global arrays under `with jax.set_mesh(mesh)`
-        mesh = _context_mesh()
-        if mesh is None or axis not in mesh.axis_names:
-            where = "no mesh is given" if mesh is None else f"the context mesh has axes {tuple(mesh.axis_names)}"
-            raise ValueError(
-                f"ring_attention: axis_name={axis!r} is not bound here (not inside jax.shard_map over it) and "
-                f"{where}: pass mesh=/in_specs=/out_specs=, call under `with jax.set_mesh(mesh)`, or inside shard_map"
-            )
-        in_specs, out_specs = _context_specs(mesh, axis, query, key)
-    elif mesh is not None:
-        if axis not in mesh.axis_names:
-            what = "axis_name=None means 'sp', which" if axis_name is None else f"axis_name={axis!r}"
-            raise ValueError(f"ring_attention: {what} is not an axis of the mesh (axes: {tuple(mesh.axis_names)})")
-        passed = sum(x is not None for x in (query, key, value, softmax_aux))
-        if len(in_specs) != passed:
-            raise ValueError(f"in_specs needs one spec per tensor argument passed ({passed}), got {len(in_specs)}")
+    if bias is not None:
+        raise NotImplementedError(
+            "ring_attention over a mesh axis does not support bias yet (on one device it does: call it without "
+            "a mesh or axis)"
+        )
     if mesh is not None:  # shard the sequence over `axis` ourselves
         specs, out_specs = _sequence_specs(axis, list(in_specs), out_specs, num_heads, softmax_aux)
         n = mesh.shape[axis]

@@ -1,0 +1,1 @@
+"""Upstream's module path for the tiling parameter carriers (`ejkernel.ops.utils.datacarrier`)."""
