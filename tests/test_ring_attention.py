@@ -220,7 +220,7 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
 
     def body(seg, q, k, v, aux):
         return ring_attention_triton(
-            q, k, v, aux, q_segment_ids=seg, kv_segment_ids=seg, axis_name="sp", layout=layout, **kw
+            q, k, v, aux, q_segment_ids=seg, kv_segment_ids=seg, axis_name="sp", layout=layout, interpret=True, **kw
         )
 
     def fn(q, k, v, aux):

@@ -167,7 +167,7 @@ def test_tile_bookkeeping_matches_masks():
 
 
 def test_registered_for_tpu_only():
-    assert kernel_registry.get("flash_attention", Platform.PALLAS, Backend.TPU) is flash_attention_tpu
+    assert kernel_registry.get("flash_attention", Platform.PALLAS, Backend.TPU).__wrapped__ is flash_attention_tpu
     if jax.default_backend() != "tpu":
         assert all(i.fn is not flash_attention_tpu for i in kernel_registry.candidates("flash_attention"))
 

@@ -1,4 +1,7 @@
-"""Implementations of every op, per platform. Importing this package registers them all."""
+"""Implementations of every op, per platform. Importing this package registers them all.
+
+`kernel_registry` is re-exported here because upstream code imports it from `ejkernel.kernels`.
+"""
 
 from ejkernel.kernels._cuda import flash_attention as _cuda_flash_attention  # noqa: F401
 from ejkernel.kernels._cuda import ring_attention as _cuda_ring_attention  # noqa: F401
@@ -13,3 +16,4 @@ from ejkernel.kernels._xla import flash_attention as _xla_flash_attention  # noq
 from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401
 from ejkernel.kernels._xla import ring_attention as _xla_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import scaled_dot_product_attention as _xla_sdpa  # noqa: F401
+from ejkernel.registry import kernel_registry  # noqa: F401  (upstream imports it from here)

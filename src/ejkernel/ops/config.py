@@ -118,7 +118,14 @@ class FwdParams(ConfigBase):
     num_warps: int | None = None
     num_stages: int | None = None
 
-    def __init__(self, **fields: int | None) -> None:
+    def __init__(self, *positional: int | None, **fields: int | None) -> None:
+        names = [f.name for f in dataclasses.fields(self)]
+        if len(positional) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional fields, got {len(positional)}")
+        for name, value in zip(names, positional, strict=False):
+            if name in fields:
+                raise TypeError(f"{type(self).__name__} got {name} both by position and by keyword")
+            fields[name] = value
         for upstream, ours in UPSTREAM_PARAM_NAMES.items():
             if upstream not in fields:
                 continue
@@ -126,7 +133,6 @@ class FwdParams(ConfigBase):
             if fields.get(ours) not in (None, value):
                 raise ValueError(f"{type(self).__name__}: {upstream}={value!r} contradicts {ours}={fields[ours]!r}")
             fields[ours] = value if value is not None else fields.get(ours)
-        names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(fields) - set(names))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown fields {unknown}; fields: {names}")

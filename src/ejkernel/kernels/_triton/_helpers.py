@@ -14,6 +14,23 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
+def resolve_interpret(interpret: bool | None, who: str) -> bool:
+    """Whether to run Pallas interpret mode: as asked, else compiled on a GPU.
+
+    Off a GPU, `interpret=None` is an error rather than a silent switch to interpret mode (orders of
+    magnitude slower): a GPU kernel called on a CPU host says so, and tests ask for interpretation.
+    """
+    if interpret is not None:
+        return bool(interpret)
+    backend = jax.default_backend()
+    if backend != "gpu":
+        raise RuntimeError(
+            f"{who} is a GPU kernel and this device is {backend}: use the xla platform here, or call it with "
+            "interpret=True to run it in Pallas interpret mode (slow; meant for tests)"
+        )
+    return False
+
+
 def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
     """2-D matmul `op(a) @ op(b)` accumulated in float32 (op = transpose when asked).
 

@@ -4,4 +4,5 @@ from ejkernel.kernels._common.attention import public_defaults
 from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
 from ejkernel.registry import Backend, Platform, kernel_registry
 
-kernel_registry.register("flash_attention", Platform.TRITON, Backend.GPU, priority=10)(public_defaults(flash_attention_triton))
+register = kernel_registry.register("flash_attention", Platform.TRITON, Backend.GPU, priority=10)
+register(public_defaults(flash_attention_triton))

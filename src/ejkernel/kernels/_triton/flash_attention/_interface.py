@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
@@ -27,6 +26,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
+from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_attention._bwd import backward
 from ejkernel.kernels._triton.flash_attention._fwd import Static, Tiling, forward
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -175,8 +175,7 @@ def plan(
     widest = max(head_dim, value_dim)
     fwd = _tiling(fwd_params, default_fwd_tiling(widest), q_len, kv_len, (False,), **sizes)
     bwd = _tiling(bwd_params, default_bwd_tiling(widest), q_len, kv_len, (False, True), **sizes)
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = resolve_interpret(interpret, WHO)
     st = Static(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
@@ -254,7 +253,8 @@ def flash_attention_triton(
     `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
     ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
     sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
-    value, bias and softmax_aux. `interpret=None` runs Pallas interpret mode off GPU.
+    value, bias and softmax_aux. `interpret=None` compiles for the GPU (off a GPU: an error; pass
+    `interpret=True` for Pallas interpret mode).
 
     Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes).
     """

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._xla.mean_pooling._interface import pool_with_vjp
 
 DEFAULT_BLOCK_S = 32
@@ -88,7 +89,7 @@ def mean_pooling_triton(x: jax.Array, cu_seqlens: jax.Array | None = None, *, cf
         block_d=(params and params.block_d) or DEFAULT_BLOCK_D,
         num_warps=(params and params.num_warps) or 4,
         num_stages=(params and params.num_stages) or 3,
-        interpret=jax.default_backend() != "gpu" if interpret is None else interpret,
+        interpret=resolve_interpret(interpret, "triton mean_pooling"),
     )
 
     def forward(x, cu_seqlens):

@@ -41,6 +41,7 @@ class TritonBlock:
     logits_soft_cap: float | None
     fwd_params: FwdParams | None
     bwd_params: BwdParams | None
+    interpret: bool | None = None
 
     def plan(self, q, k, v, q_seg, kv_seg, causal: bool):
         return plan(
@@ -54,6 +55,7 @@ class TritonBlock:
             logits_soft_cap=self.logits_soft_cap,
             fwd_params=self.fwd_params,
             bwd_params=self.bwd_params,
+            interpret=self.interpret,
         )
 
     def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
@@ -92,10 +94,12 @@ def ring_attention_triton(
     layout: str = "contiguous",
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
+    interpret: bool | None = None,
 ):
     """Ring attention of local shards over the bound mesh axis `axis_name`, Triton kernels per step.
 
-    Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` tile the Triton kernels.
+    Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` tile the Triton kernels;
+    `interpret=True` runs them in Pallas interpret mode (off a GPU, None is an error).
     """
     if sliding_window is not None:
         raise NotImplementedError("triton ring attention does not support sliding_window (the xla ring does)")
@@ -109,6 +113,7 @@ def ring_attention_triton(
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         fwd_params=fwd_params,
         bwd_params=bwd_params,
+        interpret=interpret,
     )
     # What the kernels cannot serve (dtype, head dim, tiles) is refused here, before the ring is traced.
     block.plan(query, key, value, q_segment_ids, kv_segment_ids, bool(causal))

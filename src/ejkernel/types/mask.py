@@ -1,0 +1,10 @@
+"""Upstream's module path for `MaskInfo` and the mask helpers (`ejkernel.types.mask`)."""
+
+from ejkernel.types.mask_info import (
+    MaskInfo,
+    mask_to_segment_ids,
+    segment_ids_to_mask,
+    segment_ids_to_qkv_masks,
+)
+
+__all__ = ["MaskInfo", "mask_to_segment_ids", "segment_ids_to_mask", "segment_ids_to_qkv_masks"]
