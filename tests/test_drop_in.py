@@ -164,7 +164,7 @@ def dense_with_sinks(q, k, v, sinks, causal=False):
     logits = jnp.einsum("bihd,bjhd->bhij", q, k) * D**-0.5
     if causal:
         logits = jnp.where(jnp.tril(jnp.ones((S, S), bool)), logits, -jnp.inf)
-    columns = jnp.concatenate([logits, jnp.broadcast_to(sinks[None, :, None, :], (*logits.shape[:3], -1))], -1)
+    columns = jnp.concatenate([logits, jnp.broadcast_to(sinks[None, :, None, :], (*logits.shape[:3], sinks.shape[-1]))], -1)
     weights = jax.nn.softmax(columns, axis=-1)[..., :S]
     return jnp.einsum("bhij,bjhd->bihd", weights, v)
 
@@ -175,13 +175,13 @@ def test_several_sinks_per_head():
     q, k, v = qkv()
     sinks = randn((H, 3), scale=2.0)
     expected = dense_with_sinks(q, k, v, sinks, causal=True)
-    assert_close(flash_attention(q, k, v, softmax_aux=sinks, causal=True), expected)
+    assert_close(flash_attention(q, k, v, None, None, None, sinks, causal=True), expected)
     out, _ = attention(q, k, v, None, None, sinks, causal=True, dtype=jnp.float32)
     assert_close(out, expected, tol=1e-4)
-    grad = jax.grad(lambda s: jnp.sum(flash_attention(q, k, v, softmax_aux=s, causal=True) ** 2))(sinks)
+    grad = jax.grad(lambda s: jnp.sum(flash_attention(q, k, v, None, None, None, s, causal=True) ** 2))(sinks)
     assert_close(grad, jax.grad(lambda s: jnp.sum(dense_with_sinks(q, k, v, s, causal=True) ** 2))(sinks), tol=1e-4)
     with pytest.raises(ValueError, match="softmax_aux must be"):
-        flash_attention(q, k, v, softmax_aux=randn((3, 2)))
+        flash_attention(q, k, v, None, None, None, randn((3, 2)))
 
 
 # --------------------------------------------------------------------------------- ring attention
