@@ -21,6 +21,10 @@ travel one step behind their key/value block and are sent home after the n-th st
 Layouts (n devices, device d, local lengths Lq / Lk). A device's shard is held as a tuple of pieces,
 kept apart through the ring (and travelling as tuples): work on local pieces need not wait for a
 transfer, and only the caller's output is joined.
+
+An additive bias stays put too: each query piece holds its rows of it for every key in global order
+`[1|B, 1|H, Lq', S]`, and each step slices the columns of the key piece it holds (by the piece's
+absolute position); the backward places each block's gradient back at those columns.
 - "contiguous": one piece, positions [d L, (d + 1) L).
 - "mirrored": the sequence is cut into 2n chunks of L / 2; device d keeps its first half (chunk 2d) and
   swaps its second (chunk 2d + 1) with device n - 1 - d, so that it holds chunks 2d and 2n - 1 - 2d.
@@ -54,13 +58,14 @@ class BlockKernel(Protocol):
     block a causal mask cuts along its diagonal. Otherwise no key shares a position with a query.
     """
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal: bool):
-        """(out [B, Sq, H, Dv] float32, lse [B, H, Sq] float32, -inf for a row with nothing allowed)."""
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal: bool, bias=None):
+        """(out [B, Sq, H, Dv] float32, lse [B, H, Sq] float32, -inf for a row with nothing allowed).
+        `bias` is this block's `[1|B, 1|H, Sq, Sk]` additive bias, or None."""
         ...
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal: bool):
-        """(dq, dk, dv) in float32 for P = exp(S - lse), delta = rowsum(d_out * out): `out` and `lse`
-        are the global results of the whole ring, not this block's."""
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal: bool, bias=None):
+        """(dq, dk, dv, dbias) in float32 for P = exp(S - lse), delta = rowsum(d_out * out): `out` and
+        `lse` are the global results of the whole ring, not this block's; dbias is None without bias."""
         ...
 
 
@@ -192,8 +197,13 @@ def _ring_setup(spec: RingSpec, q, k, *pieces):
     return n, me, axes, [(i, (i + 1) % n) for i in range(n)], diagonal
 
 
-def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
-    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg)
+def _bias_block(bias, piece: int, kv_offset, kv_len: int):
+    """The columns of query piece `piece`'s bias rows that a key piece at `kv_offset` holds (None: no bias)."""
+    return None if bias is None else lax.dynamic_slice_in_dim(bias[piece], kv_offset, kv_len, axis=3)
+
+
+def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, bias=None):
+    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, bias)
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     batch, size, num_heads, _ = q[0].shape
@@ -216,7 +226,10 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
             diag = diagonal(s, a, b)
             offsets = (q_offsets[a], k_offsets[b])
             compute = functools.partial(
-                kernel.forward, q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets, diagonal=diag
+                kernel.forward,
+                *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets),
+                diagonal=diag,
+                bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
             visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
             results[a] = _fold(results[a], visible, compute, _merge, axes)
@@ -228,8 +241,8 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg):
 
 
 def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
-    q, k, v, aux, q_seg, kv_seg, out, lse = residuals
-    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, out, d_out)
+    q, k, v, aux, q_seg, kv_seg, bias, out, lse = residuals
+    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, bias, out, d_out)
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     size, num_heads = q[0].shape[1], q[0].shape[2]
@@ -238,6 +251,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
 
     # dQ starts as its diagonal block's (None until then); unequal lengths have none: zeros.
     dq = [None if diagonal(0, a, a) else zeros(x) for a, x in enumerate(q)]
+    dbias = None if bias is None else [zeros(x) for x in bias]  # blocks are placed into it, each once
     dk = dv = None
     block = (k, v, kv_seg)
     for s in range(n):
@@ -254,14 +268,24 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
         for a, b in _pairs(s, len(q)):
             diag = diagonal(s, a, b)
             offsets = (q_offsets[a], k_offsets[b])
-            compute = functools.partial(
+            grads = functools.partial(
                 kernel.backward,
                 *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], out[a], lse[a], d_out[a], *offsets),
                 diagonal=diag,
+                bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
             visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
-            acc = None if diag else (dq[a], step_dk[b], step_dv[b])
-            dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, compute, _add, axes)
+            if bias is None:
+                acc = None if diag else (dq[a], step_dk[b], step_dv[b])
+                dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, lambda g=grads: g()[:3], _add, axes)
+                continue
+            place = functools.partial(_place, at=offsets[1])
+            if diag:  # the first block of this query piece: its dbias starts as zeros with the block placed
+                compute, acc = functools.partial(_placed_first, grads, dbias[a], place), None
+            else:
+                compute, acc = grads, (dq[a], step_dk[b], step_dv[b], dbias[a])
+            combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
+            dq[a], step_dk[b], step_dv[b], dbias[a] = _fold(acc, visible, compute, combine, axes)
         block = following
         if arrived is None:
             dk, dv = step_dk, step_dv
@@ -277,40 +301,50 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
         d_aux = d_sinks[:, 0] if aux.shape[0] == num_heads else jnp.sum(d_sinks, axis=0)
         d_aux = sum_to_vma(d_aux, aux).astype(aux.dtype)
     # Summed over the mesh axes an input is replicated on (no-ops for the usual sharded q, k, v).
-    grads = (
-        tuple(sum_to_vma(g.astype(x.dtype), x) for g, x in zip(gs, xs, strict=True))
-        for gs, xs in ((dq, q), (dk, k), (dv, v))
-    )
-    return *grads, d_aux
+    pairs = [(dq, q), (dk, k), (dv, v)] + ([] if bias is None else [(dbias, bias)])
+    grads = [tuple(sum_to_vma(g.astype(x.dtype), x) for g, x in zip(gs, xs, strict=True)) for gs, xs in pairs]
+    return *grads[:3], d_aux, grads[3] if bias is not None else None
+
+
+def _placed_first(grads, zeros, place):
+    """A diagonal block's (dq, dk, dv) and its bias gradient placed into the piece's zero dbias."""
+    dq, dk, dv, dbias = grads()
+    return dq, dk, dv, place(zeros, dbias)
+
+
+def _place(full, block, *, at):
+    """`full` [..., S] with `block` [..., Sk] written at columns [at, at + Sk)."""
+    return lax.dynamic_update_slice_in_dim(full, block.astype(full.dtype), at, axis=full.ndim - 1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg):
-    return _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg)[0]
+def _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias):
+    return _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias)[0]
 
 
-def _ring_fwd(kernel, spec, q, k, v, aux, q_seg, kv_seg):
-    out, lse = _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg)
-    return out, (q, k, v, aux, q_seg, kv_seg, out, lse)
+def _ring_fwd(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias):
+    out, lse = _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias)
+    return out, (q, k, v, aux, q_seg, kv_seg, bias, out, lse)
 
 
 def _ring_bwd(kernel, spec, residuals, d_out):
-    dq, dk, dv, d_aux = _backward(kernel, spec, residuals, d_out)
-    return dq, dk, dv, d_aux, None, None
+    dq, dk, dv, d_aux, dbias = _backward(kernel, spec, residuals, d_out)
+    return dq, dk, dv, d_aux, None, None, dbias
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def ring_attention(kernel: BlockKernel, spec: RingSpec, q, k, v, aux=None, q_seg=None, kv_seg=None):
+def ring_attention(kernel: BlockKernel, spec: RingSpec, q, k, v, aux=None, q_seg=None, kv_seg=None, bias=None):
     """Attention of the local query shard to the whole ring's keys, inside `shard_map` over `spec.axis_name`.
 
-    q, k, v, q_seg, kv_seg are tuples of the pieces `spec.layout` holds (one for "contiguous", two for
-    "mirrored"), each piece q [B, Lq', H, D], k [B, Lk', Hkv, D], v [B, Lk', Hkv, Dv], q_seg [B, Lq'] /
-    kv_seg [B, Lk'] int segment ids (both or neither); aux 1-D sink logits. Returns the output pieces
-    [B, Lq', H, Dv] in q.dtype. Differentiable in q, k, v and aux.
+    q, k, v, q_seg, kv_seg, bias are tuples of the pieces `spec.layout` holds (one for "contiguous",
+    two for "mirrored"), each piece q [B, Lq', H, D], k [B, Lk', Hkv, D], v [B, Lk', Hkv, Dv], q_seg
+    [B, Lq'] / kv_seg [B, Lk'] int segment ids (both or neither), bias [1|B, 1|H, Lq', S] (the piece's
+    query rows, every key of the ring); aux 1-D sink logits. Returns the output pieces [B, Lq', H, Dv]
+    in q.dtype. Differentiable in q, k, v, aux and bias.
     """
-    return _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg)
+    return _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias)
 
 
 # ---- what every platform's entry point shares -------------------------------------------------------
@@ -325,6 +359,28 @@ def bound_axis_size(axis_name: str) -> int:
             f"ring_attention: axis_name={axis_name!r} is not bound here: call it inside jax.shard_map over that "
             "mesh axis, or pass mesh=/in_specs=/out_specs= (or use `with jax.set_mesh(mesh)`)"
         ) from err
+
+
+def check_local_bias(bias, query, key, n: int) -> None:
+    """A local bias holds this device's query rows against every key of the ring: `[1|B, 1|H, Lq, n Lk]`."""
+    if bias is None:
+        return
+    batch, q_len, heads, _ = query.shape
+    total = n * key.shape[1]
+    if (
+        bias.ndim != 4
+        or bias.shape[0] not in (1, batch)
+        or bias.shape[1] not in (1, heads)
+        or bias.shape[2:]
+        != (
+            q_len,
+            total,
+        )
+    ):
+        raise ValueError(
+            f"bias must be this device's rows against every key of the ring, [1|{batch}, 1|{heads}, {q_len}, "
+            f"{total}], got {bias.shape}"
+        )
 
 
 def check_local_inputs(query, key, value, softmax_aux, q_seg, kv_seg, layout: str) -> None:
@@ -361,8 +417,10 @@ def ring_window(sliding_window, causal: bool, total_len: int) -> tuple[int, int]
     return left, right
 
 
-def run_ring(kernel: BlockKernel, spec: RingSpec, n: int, q, k, v, aux=None, q_seg=None, kv_seg=None):
-    """`ring_attention` on contiguous shards: they enter as the pieces of `spec.layout`, the output leaves joined."""
+def run_ring(kernel: BlockKernel, spec: RingSpec, n: int, q, k, v, aux=None, q_seg=None, kv_seg=None, bias=None):
+    """`ring_attention` on contiguous shards: they enter as the pieces of `spec.layout`, the output leaves joined.
+
+    `bias` is `[1|B, 1|H, Lq, S]`: the local query rows against every key of the ring."""
     if spec.layout == "mirrored":
         split = lambda x: to_mirrored(x, spec.axis_name, n)
         join = lambda pieces: from_mirrored(pieces, spec.axis_name, n)
@@ -370,4 +428,6 @@ def run_ring(kernel: BlockKernel, spec: RingSpec, n: int, q, k, v, aux=None, q_s
         split = lambda x: None if x is None else (x,)
         join = lambda pieces: pieces[0]
     q, k, v, q_seg, kv_seg = (split(x) for x in (q, k, v, q_seg, kv_seg))
-    return join(ring_attention(kernel, spec, q, k, v, aux, q_seg, kv_seg))
+    if bias is not None:  # its query axis is 2: split it there
+        bias = tuple(jnp.moveaxis(piece, 1, 2) for piece in split(jnp.moveaxis(bias, 2, 1)))
+    return join(ring_attention(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias))

@@ -224,9 +224,11 @@ def ring_attention(
     `chunk_size` is the tile size of the per-step block computation (a power of two; it fills the
     block sizes that `cfg` leaves open). With no `axis_name` bound and no mesh (given or in context),
     there is no ring: the call is flash attention of the whole sequence on this device, with every
-    feature of `flash_attention` (bias and dense masks included). Not supported over a ring
-    (NotImplementedError naming the argument): `bias`, dense attention masks in `mask_info`; nor
-    anywhere: `mask_builder`, `fused_backward=True`.
+    feature of `flash_attention` (dense masks included). An additive `bias [1|B, 1|H, Sq, Sk]` is sliced
+    per step: each device keeps its query rows and applies the columns of the key block it holds
+    (inside your own `shard_map`, pass the local rows against every key, `[1|B, 1|H, Lq, Sk]`; the XLA
+    steps serve it). Not supported over a ring (NotImplementedError naming the argument): dense
+    attention masks in `mask_info`; nor anywhere: `mask_builder`, `fused_backward=True`.
     See the module docstring for the three calling modes and the layouts.
     """
     check_qkv(query, key, value)
@@ -235,7 +237,9 @@ def ring_attention(
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
         raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
     declined = [
-        name for name, used in (("mask_builder", mask_builder is not None), ("fused_backward=True", fused_backward)) if used
+        name
+        for name, used in (("mask_builder", mask_builder is not None), ("fused_backward=True", fused_backward))
+        if used
     ]
     if declined:
         raise NotImplementedError(f"ring_attention does not support {', '.join(declined)}")
@@ -308,13 +312,11 @@ def ring_attention(
         window = intersect_windows(window, canonical.sliding_window)
         q_seg, kv_seg = canonical.q_segment_ids, canonical.kv_segment_ids
 
-    if bias is not None:
-        raise NotImplementedError(
-            "ring_attention over a mesh axis does not support bias yet (on one device it does: call it without "
-            "a mesh or axis)"
-        )
     if mesh is not None:  # shard the sequence over `axis` ourselves
         specs, out_specs = _sequence_specs(axis, list(in_specs), out_specs, num_heads, softmax_aux)
+        if bias is not None:  # the rows of the local queries, against every key
+            q = _entries(specs[0])
+            specs.append(PartitionSpec(q[0] if bias.shape[0] > 1 else None, q[2] if bias.shape[1] > 1 else None, axis))
         n = mesh.shape[axis]
         parts = 2 * n if causal else n
         why = f"the {n} devices of mesh axis {axis!r}"
@@ -341,6 +343,7 @@ def ring_attention(
         key,
         value,
         softmax_aux,
+        bias,
         platform=platform,
         cfg=cfg,
         mesh=mesh,

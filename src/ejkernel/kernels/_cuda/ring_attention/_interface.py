@@ -73,14 +73,14 @@ class CudnnBlock:
     softmax_scale: float
     causal: bool
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal, bias=None):
         out, lse = cudnn_forward(q, k, v, self.softmax_scale, self.causal and diagonal)
         return out.astype(jnp.float32), lse
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal, bias=None):
         out, d_out = out.astype(q.dtype), d_out.astype(q.dtype)
         grads = cudnn_backward(q, k, v, out, lse, d_out, self.softmax_scale, self.causal and diagonal)
-        return tuple(g.astype(jnp.float32) for g in grads)
+        return (*(g.astype(jnp.float32) for g in grads), None)
 
 
 def ring_attention_cudnn(
@@ -88,6 +88,7 @@ def ring_attention_cudnn(
     key,
     value,
     softmax_aux=None,
+    bias=None,
     *,
     q_segment_ids=None,
     kv_segment_ids=None,
@@ -110,6 +111,7 @@ def ring_attention_cudnn(
             "sliding_window": sliding_window is not None,
             "logits_soft_cap": logits_soft_cap is not None,
             "segment ids": q_segment_ids is not None,
+            "bias": bias is not None,
         },
     )
     if jax.default_backend() != "gpu":

@@ -58,14 +58,14 @@ class TritonBlock:
             interpret=self.interpret,
         )
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal, bias=None):
         st, operands, (q_len, value_dim) = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
         out, lse2 = forward(st, *operands)
         lse2 = lse2[:, :, :q_len]
         lse = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
         return out[:, :q_len, :, :value_dim].astype(jnp.float32), lse
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal, bias=None):
         st, operands, _ = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
         rows, cols = operands[0].shape[1], operands[2].shape[3]  # padded query rows, value columns
         # Padded query rows get lse = +inf (p = 0) and a zero output gradient: they contribute nothing.
@@ -75,7 +75,7 @@ class TritonBlock:
         q_len, k_len = q.shape[1], k.shape[1]
         dq = dq[:, :q_len, :, : q.shape[3]]
         dk, dv = dk[:, :k_len, :, : k.shape[3]], dv[:, :k_len, :, : v.shape[3]]
-        return tuple(g.astype(jnp.float32) for g in (dq, dk, dv))
+        return (*(g.astype(jnp.float32) for g in (dq, dk, dv)), None)
 
 
 def ring_attention_triton(
@@ -83,6 +83,7 @@ def ring_attention_triton(
     key,
     value,
     softmax_aux=None,
+    bias=None,
     *,
     q_segment_ids=None,
     kv_segment_ids=None,
@@ -101,8 +102,8 @@ def ring_attention_triton(
     Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` tile the Triton kernels;
     `interpret=True` runs them in Pallas interpret mode (off a GPU, None is an error).
     """
-    if sliding_window is not None:
-        raise NotImplementedError("triton ring attention does not support sliding_window (the xla ring does)")
+    if sliding_window is not None or bias is not None:
+        raise NotImplementedError("triton ring attention does not support sliding_window or bias (the xla ring does)")
     if causal and query.shape[1] != key.shape[1]:
         raise NotImplementedError("triton ring attention with causal=True needs equal query and key/value lengths")
     check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)

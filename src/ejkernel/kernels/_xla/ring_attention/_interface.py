@@ -13,7 +13,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, ring_window, run_ring
+from ejkernel.kernels._common.ring import (
+    RingSpec,
+    bound_axis_size,
+    check_local_bias,
+    check_local_inputs,
+    ring_window,
+    run_ring,
+)
 from ejkernel.kernels._xla.flash_attention._bwd import attention_backward
 from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
 from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
@@ -27,18 +34,18 @@ class XlaBlock:
 
     spec: AttentionSpec
 
-    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal):
+    def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal, bias=None):
         out, lse, _ = attention_forward(
-            self.spec, q, k, v, None, None, q_seg, kv_seg, None, None, q_offset, kv_offset, out_dtype=jnp.float32
+            self.spec, q, k, v, bias, None, q_seg, kv_seg, None, None, q_offset, kv_offset, out_dtype=jnp.float32
         )
         return out, lse
 
-    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal):
-        residuals = (q, k, v, None, None, q_seg, kv_seg, None, None, out, lse, None)
-        dq, dk, dv, _, _ = attention_backward(
+    def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal, bias=None):
+        residuals = (q, k, v, bias, None, q_seg, kv_seg, None, None, out, lse, None)
+        dq, dk, dv, dbias, _ = attention_backward(
             self.spec, residuals, d_out, jnp.zeros_like(lse), q_offset, kv_offset, grad_dtype=jnp.float32
         )
-        return dq, dk, dv
+        return dq, dk, dv, dbias
 
 
 def ring_attention_xla(
@@ -46,6 +53,7 @@ def ring_attention_xla(
     key,
     value,
     softmax_aux=None,
+    bias=None,
     *,
     q_segment_ids=None,
     kv_segment_ids=None,
@@ -61,7 +69,8 @@ def ring_attention_xla(
     """Ring attention of local shards over the bound mesh axis `axis_name`.
 
     Shapes (per device): query [B, Lq, H, D], key [B, Lk, Hkv, D], value [B, Lk, Hkv, Dv], softmax_aux
-    1-D sink logits, segment ids [B, Lq] / [B, Lk] (negative: padding). Inputs and output are
+    1-D sink logits, bias [1|B, 1|H, Lq, n Lk] (the local query rows against every key of the ring,
+    keys in sequence order), segment ids [B, Lq] / [B, Lk] (negative: padding). Inputs and output are
     contiguous shards (device d holds positions [d L, (d + 1) L)); `layout="mirrored"` reorders them
     internally so that device d computes for chunks 2d and 2n - 1 - 2d of 2n (balanced causal work).
     The result equals `flash_attention_reference` over the whole (unsharded) sequence.
@@ -69,6 +78,7 @@ def ring_attention_xla(
     """
     check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
     n = bound_axis_size(axis_name)
+    check_local_bias(bias, query, key, n)
     window = ring_window(sliding_window, causal, n * max(query.shape[1], key.shape[1]))
     fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
     bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
@@ -85,4 +95,4 @@ def ring_attention_xla(
         bwd_blocks=bwd_blocks,
     )
     ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=window)
-    return run_ring(XlaBlock(spec), ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids)
+    return run_ring(XlaBlock(spec), ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, bias)
