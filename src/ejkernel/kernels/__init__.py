@@ -7,13 +7,18 @@ from ejkernel.kernels._cuda import flash_attention as _cuda_flash_attention  # n
 from ejkernel.kernels._cuda import ring_attention as _cuda_ring_attention  # noqa: F401
 from ejkernel.kernels._cuda import scaled_dot_product_attention as _cuda_sdpa  # noqa: F401
 from ejkernel.kernels._pallas.gpu import flash_attention as _mosaic_gpu_flash_attention  # noqa: F401
+from ejkernel.kernels._pallas.tpu import blocksparse_attention as _tpu_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._pallas.tpu import flash_attention as _tpu_flash_attention  # noqa: F401
+from ejkernel.kernels._triton import blocksparse_attention as _triton_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._triton import flash_attention as _triton_flash_attention  # noqa: F401
 from ejkernel.kernels._triton import mean_pooling as _triton_mean_pooling  # noqa: F401
+from ejkernel.kernels._triton import native_sparse_attention as _triton_native_sparse_attention  # noqa: F401
 from ejkernel.kernels._triton import ring_attention as _triton_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import attention as _xla_attention  # noqa: F401
+from ejkernel.kernels._xla import blocksparse_attention as _xla_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._xla import flash_attention as _xla_flash_attention  # noqa: F401
 from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401
+from ejkernel.kernels._xla import native_sparse_attention as _xla_native_sparse_attention  # noqa: F401
 from ejkernel.kernels._xla import ring_attention as _xla_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import scaled_dot_product_attention as _xla_sdpa  # noqa: F401
 from ejkernel.registry import kernel_registry  # noqa: F401  (upstream imports it from here)

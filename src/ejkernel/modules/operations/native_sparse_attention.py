@@ -1,0 +1,141 @@
+"""`native_sparse_attention` (NSA): a compressed branch over block means and a selected branch over chosen blocks.
+
+The block size is the config's (`NativeSparseAttentionConfig.block_size`, default 64). The public
+function checks the arguments; every implementation shares the compressed branch and the choice of
+blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and computes the selected branch,
+whose cost follows the number of selected blocks.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
+from ejkernel.ops import Invocation, Kernel, KernelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeSparseAttentionConfig(KernelConfig):
+    """`block_size`: tokens per block (of the compressed means and of the selection; part of the op's
+    meaning, so autotuning never changes it); `fwd_params`/`bwd_params`: the kernels' warps and stages."""
+
+    block_size: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size <= 0:
+            raise ValueError(
+                f"NativeSparseAttentionConfig.block_size must be a positive integer, got {self.block_size!r}"
+            )
+
+
+class NativeSparseAttention(Kernel):
+    op_id = "native_sparse_attention"
+    config_type = NativeSparseAttentionConfig
+
+    def call_impl(self, impl, args, kwargs, cfg):
+        kwargs = dict(kwargs)
+        counts = kwargs.pop("block_counts", None)  # an int travels as an option, an array as a tensor
+        args = list(args)
+        if counts is not None:
+            args[6] = counts
+        return impl.fn(*args, block_size=cfg.block_size, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield NativeSparseAttentionConfig(platform=platform)
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
+        """No array options; refuses a sharded sequence (blocks and causality span the whole sequence)."""
+        for spec in in_specs[:3]:
+            if spec is not None and len(tuple(spec)) > 1 and tuple(spec)[1] is not None:
+                raise ValueError(
+                    f"native_sparse_attention: in_specs shard the sequence axis over {tuple(spec)[1]!r}; blocks and "
+                    "causality span the whole sequence: shard batch or heads instead"
+                )
+        return {}
+
+
+@typechecked
+def native_sparse_attention(
+    query: Float[Array, "batch seq heads dim"],
+    key: Float[Array, "batch seq kv_heads dim"],
+    value: Float[Array, "batch seq kv_heads dim_v"],
+    g_cmp: Float[Array, "batch seq heads"] | None = None,
+    g_slc: Float[Array, "batch seq heads"] | None = None,
+    block_indices: Int[Array, "batch seq kv_heads num_selected"] | None = None,
+    block_counts: Int[Array, "batch seq kv_heads"] | int = 16,
+    cu_seqlens: Int[Array, " n_plus_1"] | None = None,
+    /,
+    *,
+    softmax_scale: float | None = None,
+    platform: str | None = None,
+    cfg: NativeSparseAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch seq heads dim_v"]:
+    """`g_slc · selected + g_cmp · compressed` attention of `[batch, seq, heads, dim]` queries (any head ratio).
+
+    Per sequence (a batch row, or with `cu_seqlens [N+1]` and batch 1 each packed sequence), keys in
+    blocks of `cfg.block_size` tokens counted from the sequence's start, query head h reading
+    key/value head h // (heads // kv_heads):
+    - compressed branch (only with `g_cmp`): query t attends the means of the complete blocks that
+      end at or before it;
+    - selected branch: query t attends the keys s <= t of the blocks listed for it and its key/value
+      head: the first `block_counts` (int, or per token `[batch, seq, kv_heads]`) entries of
+      `block_indices [batch, seq, kv_heads, n]` (-1 lists nothing; repeats count once), or without
+      indices the top `block_counts` blocks by the compressed branch's probability summed over the
+      head's query heads, with the query's own block always first;
+    - no gate `g_slc` means the selected branch enters ungated. There is no sliding-window branch (the
+      signature has no window or gate for it). Default scale `dim ** -0.5`.
+    Differentiable in query, key, value and the gates; the block choice is not differentiated.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        require_float(name, x)
+        require_rank(name, x, (4,), "[batch, seq, heads, dim]")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    batch, seq_len, heads, _ = query.shape
+    if heads % key.shape[2]:
+        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({key.shape[2]})")
+    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc)):
+        if g is not None:
+            require_float(name, g)
+    if block_indices is not None:
+        require_int("block_indices", block_indices)
+    if isinstance(block_counts, int):
+        if block_counts < 0:
+            raise ValueError(f"block_counts must be non-negative, got {block_counts}")
+    else:
+        require_int("block_counts", block_counts)
+    if cu_seqlens is not None:
+        require_int("cu_seqlens", cu_seqlens)
+        if batch != 1:
+            raise ValueError(f"with cu_seqlens the sequences are packed into one row: batch must be 1, got {batch}")
+        if not isinstance(cu_seqlens, jax.core.Tracer):
+            cu = np.asarray(cu_seqlens)
+            if cu.shape[0] < 2 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != seq_len:
+                raise ValueError(f"cu_seqlens must rise from 0 to seq={seq_len}, got {cu.tolist()}")
+    counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
+    counts_tensor = None if isinstance(block_counts, int) else block_counts
+    tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens)
+    if in_specs is not None:
+        passed = [x is not None for x in tensors]
+        if len(in_specs) != sum(passed):
+            raise ValueError(f"in_specs needs one spec per tensor argument passed ({sum(passed)}), got {len(in_specs)}")
+        in_specs = tuple(PartitionSpec() if s is None else s for s in in_specs)
+    return executor(
+        NativeSparseAttention(),
+        *tensors,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        **counts_option,
+    )

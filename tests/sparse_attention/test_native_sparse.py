@@ -1,0 +1,134 @@
+"""native_sparse_attention: the XLA implementation and the public function against the reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from ejkernel.kernels._common.block_sparse import clean_selection, packing
+from ejkernel.kernels._xla.native_sparse_attention import native_sparse_attention_xla
+from ejkernel.modules import NativeSparseAttentionConfig, native_sparse_attention
+from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
+from harness import assert_close, check_forward_and_grads, randn
+
+B, S, H, HKV, D = 2, 37, 6, 2, 16  # three query heads per key/value head
+
+
+def inputs(batch=B, seq=S, heads=H, kv_heads=HKV, dim=D, value_dim=None, dtype=jnp.float32):
+    q = randn((batch, seq, heads, dim), dtype)
+    k = randn((batch, seq, kv_heads, dim), dtype)
+    v = randn((batch, seq, kv_heads, value_dim or dim), dtype)
+    return q, k, v
+
+
+def random_selection(batch, seq, kv_heads, n, blocks, seed=0):
+    """Indices with -1s, later blocks and repeats in them, and per-token counts (some 0)."""
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(-1, blocks, (batch, seq, kv_heads, n)).astype(np.int32)
+    counts = rng.integers(0, n + 1, (batch, seq, kv_heads)).astype(np.int32)
+    return jnp.asarray(indices), jnp.asarray(counts)
+
+
+def _check(floats, rest=(), dtype=jnp.float32, block_size=8):
+    """XLA vs reference, forward and the gradient of every float input; `rest` (indices, counts, cu_seqlens)
+    are closed over, as they are not differentiated."""
+    n = len(floats)
+    fn = lambda *a: native_sparse_attention_xla(*a, *(None,) * (5 - n), *rest, block_size=block_size)
+    ref = lambda *a: native_sparse_attention_reference(*a, *(None,) * (5 - n), *rest, block_size=block_size)
+    check_forward_and_grads(jax.jit(fn), jax.jit(ref), floats, tuple(range(n)), dtype)
+
+
+def test_xla_chosen_blocks_both_gates_grouped_heads():
+    q, k, v = inputs()
+    _check([q, k, v, randn((B, S, H)), randn((B, S, H))], (None, 3))
+
+
+def test_xla_given_blocks_with_counts_minus_ones_and_repeats():
+    q, k, v = inputs(heads=4, kv_heads=4, value_dim=32, dtype=jnp.bfloat16)
+    indices, counts = random_selection(B, S, 4, 4, -(-S // 8))
+    _check([q, k, v], (indices, counts), jnp.bfloat16)
+
+
+def test_xla_packed_sequences_with_counts_array_and_chosen_blocks():
+    q, k, v = inputs(batch=1, heads=4, kv_heads=1)
+    cu = jnp.array([0, 5, 20, 21, 37], jnp.int32)  # a sequence shorter than a block, and one of length 1
+    counts = jnp.asarray(np.random.default_rng(1).integers(1, 4, (1, S, 1)).astype(np.int32))
+    _check([q, k, v, randn((1, S, 4))], (None, counts, cu), block_size=4)
+
+
+def test_clean_selection_drops_what_is_not_visited():
+    pack = packing(1, 12, 4)
+    indices = jnp.array([[[[0, 2, 0, -1]]] * 12], jnp.int32).reshape(1, 12, 1, 4)
+    cleaned = np.asarray(clean_selection(indices, 3, pack))[0, :, 0]
+    assert cleaned[0].tolist() == [0, -1, -1, -1]  # block 2 lies after token 0's block; the repeat of 0 drops
+    assert cleaned[11].tolist() == [0, 2, -1, -1]  # the count cuts the list after three entries
+    with pytest.raises(ValueError, match="block_indices"):
+        clean_selection(indices.at[0, 0, 0, 0].set(3), 3, pack)  # 12 tokens hold blocks 0..2 only
+
+
+# ---- the public function ----
+
+
+def test_public_default_block_size_jit_and_sharding():
+    q, k, v = inputs(batch=2, seq=100, heads=8, kv_heads=4)
+    g = randn((2, 100, 8))
+    expected = native_sparse_attention_reference(q, k, v, g, g, None, 1)
+    assert_close(jax.jit(lambda *a: native_sparse_attention(*a, None, 1))(q, k, v, g, g), expected)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    spec, gate = P("data", None, "model"), P("data", None, "model")
+    out = native_sparse_attention(
+        q, k, v, g, g, None, 1, mesh=mesh, in_specs=(spec, spec, spec, gate, gate), out_specs=spec
+    )
+    assert_close(out, expected)
+    with pytest.raises(ValueError, match="sequence"):
+        native_sparse_attention(q, k, v, mesh=mesh, in_specs=(P(None, "data"),) * 3, out_specs=P())
+
+
+def test_public_block_size_from_config_and_checkpointed_gradient():
+    q, k, v = inputs()
+    indices, counts = random_selection(B, S, HKV, 3, -(-S // 16), seed=2)
+    cfg = NativeSparseAttentionConfig(platform="xla", block_size=16)
+    fn = lambda q: jnp.sum(
+        jax.checkpoint(lambda q: native_sparse_attention(q, k, v, None, None, indices, counts, cfg=cfg))(q) ** 2
+    )
+    ref = lambda q: jnp.sum(native_sparse_attention_reference(q, k, v, None, None, indices, counts, block_size=16) ** 2)
+    assert_close(jax.grad(fn)(q), jax.grad(ref)(q), tol=1e-4)
+
+
+BAD_INPUTS = [
+    ("rank", lambda q, k, v: native_sparse_attention(q[0], k, v), "query"),
+    ("integer dtype", lambda q, k, v: native_sparse_attention(q, k.astype(jnp.int32), v), "key"),
+    ("heads not divisible", lambda q, k, v: native_sparse_attention(q[:, :, :5], k, v), "multiple"),
+    ("gate shape", lambda q, k, v: native_sparse_attention(q, k, v, jnp.ones((B, S, 2))), "g_cmp"),
+    (
+        "float indices",
+        lambda q, k, v: native_sparse_attention(q, k, v, None, None, jnp.zeros((B, S, HKV, 2))),
+        "block_indices",
+    ),
+    (
+        "index out of range",
+        lambda q, k, v: native_sparse_attention(q, k, v, None, None, jnp.full((B, S, HKV, 2), 9)),
+        "block_indices",
+    ),
+    ("negative count", lambda q, k, v: native_sparse_attention(q, k, v, block_counts=-1), "block_counts"),
+    (
+        "packed batch",
+        lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, 2, jnp.array([0, S])),
+        "batch must be 1",
+    ),
+    (
+        "packed bounds",
+        lambda q, k, v: native_sparse_attention(q[:1], k[:1], v[:1], None, None, None, 2, jnp.array([0, 9])),
+        "cu_seqlens",
+    ),
+    ("block size", lambda q, k, v: NativeSparseAttentionConfig(block_size=0), "block_size"),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "words"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_inputs_name_the_argument(case, call, words):
+    q, k, v = inputs()
+    with pytest.raises((ValueError, TypeError)) as info:
+        call(q, k, v)
+    assert words in str(info.value), str(info.value)[:500]
