@@ -12,8 +12,8 @@ from sparse_cases import block_mask, qkv, sorted_segments
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._pallas.tpu.blocksparse_attention import blocksparse_attention_tpu
-from ejkernel.kernels._triton.blocksparse_attention import blocksparse_attention_triton
-from ejkernel.kernels._triton.native_sparse_attention import native_sparse_attention_triton
+from ejkernel.kernels._triton import blocksparse_attention as _triton_blocksparse
+from ejkernel.kernels._triton import native_sparse_attention as _triton_native_sparse
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
 from ejkernel.kernels._xla.native_sparse_attention import native_sparse_attention_xla
 from ejkernel.modules import (
@@ -26,6 +26,10 @@ from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
 from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
 from harness import check_forward_and_grads, randn
+
+# Off a GPU the Triton kernels run only when interpretation is asked for (the lowering tests ask for none).
+blocksparse_attention_triton = functools.partial(_triton_blocksparse.blocksparse_attention_triton, interpret=True)
+native_sparse_attention_triton = functools.partial(_triton_native_sparse.native_sparse_attention_triton, interpret=True)
 
 TILES = FwdParams(block_q=16, block_k=16)
 

@@ -16,6 +16,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes, round_up
 from ejkernel.kernels._common.block_sparse import blocksparse_call, build_block_table, padded_mask_operands
+from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.blocksparse_attention._bwd import backward
 from ejkernel.kernels._triton.blocksparse_attention._fwd import Static, forward
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -77,7 +78,8 @@ def blocksparse_attention_triton(
     `_common.block_sparse.blocksparse_call`), plus canonical segment ids.
     Tiles: `fwd_params.block_q x block_k` for the table and every kernel (defaults by head dim);
     warps and stages from `fwd_params` (forward) and `bwd_params` (both backward kernels).
-    `interpret=None` runs Pallas interpret mode off GPU. Refuses (NotImplementedError) other dtypes,
+    `interpret=None` compiles for the GPU (off a GPU: an error; `interpret=True` interprets).
+    Refuses (NotImplementedError) other dtypes,
     head dims over 256, tiles under 16 and `fused_backward=True` (its backward is two kernels).
     """
     call = blocksparse_call(
@@ -105,8 +107,7 @@ def blocksparse_attention_triton(
 
     mask = call.mask
     table = build_block_table(mask, q_len=call.q_len, kv_len=call.kv_len, block_q=block_q, block_k=block_k)
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = resolve_interpret(interpret, WHO)
     st = Static(
         softmax_scale=call.softmax_scale,
         soft_cap=call.soft_cap,

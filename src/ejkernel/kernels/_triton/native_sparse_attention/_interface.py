@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes
 from ejkernel.kernels._common.block_sparse import gate_branches, native_selection
+from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.native_sparse_attention import _kernels
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -108,7 +109,7 @@ def native_sparse_attention_triton(
     Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` is the
     config's and must be a power of two >= 16 here. Warps and stages from `fwd_params` (forward) and
     `bwd_params` (dQ and dK/dV). Any head ratio (the query heads of a key/value head are padded to 16
-    rows). `interpret=None` runs Pallas interpret mode off GPU.
+    rows). `interpret=None` compiles for the GPU (off a GPU: an error; `interpret=True` interprets).
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         if jnp.dtype(getattr(x, "dtype", None)) not in SUPPORTED_DTYPES:
@@ -143,7 +144,7 @@ def native_sparse_attention_triton(
         fwd_stages=stages(fwd_params, 2),
         bwd_warps=warps(bwd_params, 4),
         bwd_stages=stages(bwd_params, 2),
-        interpret=jax.default_backend() != "gpu" if interpret is None else bool(interpret),
+        interpret=resolve_interpret(interpret, WHO),
     )
 
     # Valid entries first, in their order; `count` of them.
