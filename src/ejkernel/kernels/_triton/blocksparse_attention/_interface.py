@@ -79,8 +79,8 @@ def blocksparse_attention_triton(
     Tiles: `fwd_params.block_q x block_k` for the table and every kernel (defaults by head dim);
     warps and stages from `fwd_params` (forward) and `bwd_params` (both backward kernels).
     `interpret=None` compiles for the GPU (off a GPU: an error; `interpret=True` interprets).
-    Refuses (NotImplementedError) other dtypes,
-    head dims over 256, tiles under 16 and `fused_backward=True` (its backward is two kernels).
+    Refuses (NotImplementedError) other dtypes, head dims over 256, tiles under 16 and
+    `fused_backward=True` (its backward is two kernels).
     """
     call = blocksparse_call(
         WHO,
