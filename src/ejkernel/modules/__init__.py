@@ -8,6 +8,8 @@ from ejkernel.modules.operations.blocksparse_attention import (
     blocksparse_attention,
 )
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
+from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
+from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
 from ejkernel.modules.operations.native_sparse_attention import (
     NativeSparseAttention,
@@ -29,6 +31,10 @@ __all__ = [
     "BlockSparseAttentionConfig",
     "FlashAttention",
     "FlashAttentionConfig",
+    "FlashMLA",
+    "FlashMLAConfig",
+    "GroupedMatmul",
+    "GroupedMatmulConfig",
     "MeanPooling",
     "MeanPoolingConfig",
     "NativeSparseAttention",
@@ -41,6 +47,8 @@ __all__ = [
     "blocksparse_attention",
     "create_default_executor",
     "flash_attention",
+    "flash_mla",
+    "grouped_matmul",
     "mean_pooling",
     "native_sparse_attention",
     "ring_attention",

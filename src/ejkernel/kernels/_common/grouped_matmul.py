@@ -1,0 +1,391 @@
+"""What every grouped matmul implementation shares: argument checks, the tile schedule, the VJP wiring.
+
+A grouped matmul multiplies the rows of `lhs [M, K]` group by group: rows `[start_g, end_g)` (groups
+laid out back to back by `group_sizes`) with `rhs[g] [K, N]`. With `group_offset = o` and an `rhs` of
+`L` groups, this call owns groups `o .. o + L - 1` (an expert-parallel shard); every other row is
+left to `existing_out` (or zeros).
+
+The tile schedule maps groups to `block_m`-row tiles of `lhs` WITHOUT padding each group to a tile:
+the work items are the (tile, group) pairs that meet, in tile order. A tile inside one group is one
+item; a tile that straddles a group boundary is one item per group, each keeping only its own rows
+(the masking costs at most one extra tile per group). Tiles holding no owned row are `fill` items
+(group -1) that write zeros, so a kernel that writes whole tiles leaves no row unwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# ---- argument checks ----
+
+
+def _is_concrete(x) -> bool:
+    return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def _float(name: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+
+
+def _integer(name: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """Sizes of one grouped matmul call."""
+
+    m: int
+    k: int
+    n: int
+    num_groups: int  # groups in group_sizes (all shards)
+    num_local: int  # groups of rhs (this call's)
+
+
+def check_args(
+    lhs,
+    rhs,
+    group_sizes,
+    group_offset=None,
+    existing_out=None,
+    *,
+    preferred_element_type=jnp.float32,
+    rhs_scale=None,
+    rhs_bias=None,
+    transpose_rhs: bool = False,
+    use_v2: bool = False,
+    use_v3: bool = False,
+) -> Dims:
+    """Checks a call of the public contract (see `grouped_matmul_reference`) and returns its sizes.
+
+    Shapes, ranks and option conflicts raise ValueError, dtypes TypeError; the values of
+    `group_sizes` and `group_offset` are checked where they are concrete (outside `jit`).
+    """
+    if use_v2 and use_v3:
+        raise ValueError("grouped_matmul: use_v2 and use_v3 select different kernels; set at most one")
+    if not use_v3:
+        for name, x in (("rhs_scale", rhs_scale), ("rhs_bias", rhs_bias)):
+            if x is not None:
+                raise ValueError(f"grouped_matmul: {name} is a v3 option; pass use_v3=True with it")
+    if getattr(lhs, "ndim", None) != 2:
+        raise ValueError(f"lhs must be [M, K], got shape {getattr(lhs, 'shape', None)}")
+    if getattr(rhs, "ndim", None) != 3:
+        layout = "[groups, N, K] (transpose_rhs=True)" if transpose_rhs else "[groups, K, N]"
+        raise ValueError(f"rhs must be {layout}, got shape {getattr(rhs, 'shape', None)}")
+    _float("lhs", lhs)
+    quantized = rhs_scale is not None and not jnp.issubdtype(rhs.dtype, jnp.floating)
+    if quantized:
+        if not jnp.issubdtype(rhs.dtype, jnp.integer):
+            raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
+    elif rhs.dtype != lhs.dtype:
+        raise TypeError(f"lhs and rhs must share a float dtype, got {lhs.dtype} and {rhs.dtype}")
+    m, k = lhs.shape
+    num_local = rhs.shape[0]
+    n, rhs_k = (rhs.shape[1], rhs.shape[2]) if transpose_rhs else (rhs.shape[2], rhs.shape[1])
+    if rhs_k != k:
+        where = "rhs.shape[2] (transpose_rhs=True)" if transpose_rhs else "rhs.shape[1]"
+        raise ValueError(f"{where} must equal lhs.shape[1] = {k} (the contraction), got {rhs_k}")
+    if num_local == 0:
+        raise ValueError("rhs must hold at least one group, got shape {rhs.shape}")
+    if getattr(group_sizes, "ndim", None) != 1:
+        raise ValueError(f"group_sizes must be [groups], got shape {getattr(group_sizes, 'shape', None)}")
+    _integer("group_sizes", group_sizes)
+    num_groups = group_sizes.shape[0]
+    if num_groups < num_local:
+        raise ValueError(f"group_sizes must have at least rhs.shape[0] = {num_local} entries, got {num_groups}")
+    if group_offset is not None:
+        group_offset = jnp.asarray(group_offset) if isinstance(group_offset, int) else group_offset
+        if group_offset.shape not in ((), (1,)):
+            raise ValueError(f"group_offset must be a scalar or shape [1], got shape {group_offset.shape}")
+        _integer("group_offset", group_offset)
+        if _is_concrete(group_offset):
+            offset = int(np.asarray(group_offset).reshape(()))
+            if not 0 <= offset <= num_groups - num_local:
+                raise ValueError(
+                    f"group_offset must be in [0, {num_groups - num_local}] (groups {num_groups}, rhs holds "
+                    f"{num_local}), got {offset}"
+                )
+    elif num_groups != num_local:
+        raise ValueError(
+            f"group_sizes has {num_groups} groups but rhs holds {num_local}: pass group_offset to say which it holds"
+        )
+    if _is_concrete(group_sizes):
+        sizes = np.asarray(group_sizes)
+        if (sizes < 0).any():
+            raise ValueError(f"group_sizes must be non-negative, got {sizes.tolist()}")
+        if sizes.sum() > m:
+            raise ValueError(f"group_sizes must sum to at most lhs.shape[0] = {m}, got {int(sizes.sum())}")
+    if not jnp.issubdtype(jnp.dtype(preferred_element_type), jnp.floating):
+        raise TypeError(f"preferred_element_type must be a float dtype, got {preferred_element_type}")
+    if existing_out is not None:
+        if existing_out.shape != (m, n):
+            raise ValueError(f"existing_out must be [M, N] = [{m}, {n}], got {existing_out.shape}")
+        if existing_out.dtype != jnp.dtype(preferred_element_type):
+            raise TypeError(
+                f"existing_out must have dtype preferred_element_type={jnp.dtype(preferred_element_type)}, "
+                f"got {existing_out.dtype}"
+            )
+    if rhs_scale is not None:
+        _float("rhs_scale", rhs_scale)
+        blocks = rhs_scale.shape[1] if rhs_scale.ndim == 4 else 0
+        if rhs_scale.ndim != 4 or rhs_scale.shape[0] != num_local or rhs_scale.shape[2:] != (1, n) or blocks == 0:
+            raise ValueError(f"rhs_scale must be [groups={num_local}, blocks, 1, N={n}], got {rhs_scale.shape}")
+        if k % blocks:
+            raise ValueError(f"rhs_scale's {blocks} blocks must divide K = {k}")
+    if rhs_bias is not None:
+        _float("rhs_bias", rhs_bias)
+        if rhs_bias.shape != (num_local, 1, n):
+            raise ValueError(f"rhs_bias must be [groups={num_local}, 1, N={n}], got {rhs_bias.shape}")
+    return Dims(m=m, k=k, n=n, num_groups=num_groups, num_local=num_local)
+
+
+def offset_scalar(group_offset) -> jax.Array:
+    """`group_offset` (None, an int, shape () or [1]) as an int32 scalar."""
+    if group_offset is None:
+        return jnp.int32(0)
+    return jnp.asarray(group_offset).reshape(()).astype(jnp.int32)
+
+
+# ---- the tile schedule ----
+
+
+def local_group_bounds(group_sizes, group_offset, num_local: int, m: int):
+    """Row ranges `[starts[l], ends[l])` of the local groups `l = 0 .. num_local - 1` (int32, clamped to M)."""
+    sizes = group_sizes.astype(jnp.int32)
+    ends = jnp.minimum(jnp.cumsum(sizes), m)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    local = offset_scalar(group_offset) + jnp.arange(num_local, dtype=jnp.int32)
+    return starts[local], ends[local]
+
+
+def row_groups(group_sizes, group_offset, num_local: int, m: int):
+    """Local group of every row of lhs (int32 [M]); -1 for rows this call does not own."""
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    rows = jnp.arange(m, dtype=jnp.int32)
+    group = jnp.searchsorted(ends, rows, side="right").astype(jnp.int32)
+    owned = (rows >= starts[0]) & (rows < ends[-1])
+    return jnp.where(owned, jnp.minimum(group, num_local - 1), -1)
+
+
+def max_work_items(m: int, block_m: int, num_local: int) -> int:
+    """Static bound on the work items: every tile once, plus one per boundary between local groups."""
+    return -(-m // block_m) + num_local - 1
+
+
+class WorkItems(NamedTuple):
+    """The schedule, int32 arrays of `max_work_items` entries in tile order.
+
+    Item `w` computes `lhs[tile rows] @ rhs[group]` and keeps rows `[row_lo, row_hi)`; it writes rows
+    `[write_lo, write_hi)` (its own plus, for the items at either end of the owned rows, the unowned rows
+    of their tile, as zeros). `group` is -1 for fill items (no owned row) and for the padding items past
+    the schedule's end (which write nothing and repeat the last tile).
+    """
+
+    tile: jax.Array
+    group: jax.Array
+    row_lo: jax.Array
+    row_hi: jax.Array
+    write_lo: jax.Array
+    write_hi: jax.Array
+
+
+def work_items(group_sizes, group_offset, num_local: int, m: int, block_m: int) -> WorkItems:
+    """The tile schedule of one call (plain jnp: runs under jit with traced group sizes)."""
+    num_tiles = -(-m // block_m)
+    count = max_work_items(m, block_m, num_local)
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    owned_lo, owned_hi = starts[0], ends[-1]
+    any_owned = owned_hi > owned_lo
+    first_tile = starts // block_m
+    last_tile = (ends - 1) // block_m
+    per_group = jnp.where(ends > starts, last_tile - first_tile + 1, 0)
+    group_end = jnp.cumsum(per_group)  # items of group l end here (exclusive), counted from the first group item
+    group_begin = group_end - per_group
+    num_group_items = group_end[-1]
+    lead = jnp.where(any_owned, owned_lo // block_m, num_tiles)  # fill tiles before the owned rows
+    tail = jnp.where(any_owned, -(-owned_hi // block_m), num_tiles)  # first fill tile after them
+
+    w = jnp.arange(count, dtype=jnp.int32)
+    k = w - lead
+    group = jnp.clip(jnp.searchsorted(group_end, k, side="right"), 0, num_local - 1).astype(jnp.int32)
+    group_tile = first_tile[group] + (k - group_begin[group])
+    tail_tile = tail + (k - num_group_items)
+    in_lead = w < lead
+    in_groups = (k >= 0) & (k < num_group_items)
+    in_tail = (k >= num_group_items) & (tail_tile < num_tiles)
+    tile = jnp.where(in_lead, w, jnp.where(in_groups, group_tile, jnp.where(in_tail, tail_tile, num_tiles - 1)))
+    tile_lo = tile * block_m
+    tile_hi = jnp.minimum(tile_lo + block_m, m)
+    row_lo = jnp.where(in_groups, jnp.maximum(starts[group], tile_lo), tile_lo)
+    row_hi = jnp.where(in_groups, jnp.minimum(ends[group], tile_hi), tile_lo)
+    write_lo = jnp.where(in_groups & (row_lo == owned_lo), tile_lo, row_lo)
+    write_hi = jnp.where(in_groups & (row_hi == owned_hi), tile_hi, row_hi)
+    fill = in_lead | in_tail
+    write_hi = jnp.where(fill, tile_hi, write_hi)
+    padding = ~(in_lead | in_groups | in_tail)
+    write_lo = jnp.where(padding, tile_hi, write_lo)
+    write_hi = jnp.where(padding, tile_hi, write_hi)
+    row_lo, row_hi = jnp.where(padding, tile_hi, row_lo), jnp.where(padding, tile_hi, row_hi)
+    group = jnp.where(in_groups, group, -1)
+    return WorkItems(tile, group, row_lo, row_hi, write_lo, write_hi)
+
+
+# ---- v3 options, applied around the core ----
+
+
+def dequantize(rhs, rhs_scale, transpose_rhs: bool, dtype):
+    """`rhs` with each K block of each output column multiplied by its `rhs_scale [G, blocks, 1, N]`, in `dtype`."""
+    if rhs_scale is None:
+        return rhs
+    blocks = rhs_scale.shape[1]
+    k = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+    scale = jnp.repeat(rhs_scale[:, :, 0, :], k // blocks, axis=1)  # [G, K, N]
+    if transpose_rhs:
+        scale = jnp.swapaxes(scale, 1, 2)
+    return (rhs.astype(jnp.float32) * scale.astype(jnp.float32)).astype(dtype)
+
+
+def add_group_bias(out, rhs_bias, groups):
+    """`out [M, N]` plus each owned row's group bias `rhs_bias [G, 1, N]` (`groups`: `row_groups`)."""
+    if rhs_bias is None:
+        return out
+    bias = jnp.where((groups >= 0)[:, None], rhs_bias[jnp.maximum(groups, 0), 0], 0)
+    return (out.astype(jnp.float32) + bias.astype(jnp.float32)).astype(out.dtype)
+
+
+def keep_unowned(out, existing_out, groups):
+    """Rows this call does not own come from `existing_out` (the core left zeros there)."""
+    if existing_out is None:
+        return out
+    return jnp.where((groups >= 0)[:, None], out, existing_out)
+
+
+# ---- the differentiable core ----
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Static part of a core call (hashable): it keys the custom VJP.
+
+    `fwd`, `dlhs` and `drhs` are what the implementation's products take as `tiling=` in the forward and
+    in the two backward products (any hashable value: block sizes, warps, precision).
+    """
+
+    transpose_rhs: bool
+    out_dtype: jnp.dtype
+    num_local: int
+    fwd: object = None
+    dlhs: object = None
+    drhs: object = None
+
+
+def grouped_vjp(gmm, tgmm):
+    """The differentiable core `(st, lhs, rhs, group_sizes, group_offset) -> out [M, N]` (zeros on unowned rows).
+
+    `gmm(lhs, rhs, group_sizes, group_offset, transpose_rhs=, out_dtype=, tiling=)` is an implementation's
+    forward product and `tgmm(x, y, group_sizes, group_offset, num_local=, out_dtype=, tiling=)` its
+    transposed product `[L, Kx, Ny]` (per local group, `x_lᵀ · y_l` over the group's rows). The backward
+    is `dlhs = gmm(dout, rhs)` with the other transpose (unowned rows get zeros) and
+    `drhs = tgmm(lhs, dout)` (`tgmm(dout, lhs)` for a `[G, N, K]` rhs). The cotangent is cast to the
+    inputs' dtype first.
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def core(st: Static, lhs, rhs, group_sizes, group_offset):
+        return gmm(
+            lhs, rhs, group_sizes, group_offset, transpose_rhs=st.transpose_rhs, out_dtype=st.out_dtype, tiling=st.fwd
+        )
+
+    def core_fwd(st, lhs, rhs, group_sizes, group_offset):
+        return core(st, lhs, rhs, group_sizes, group_offset), (lhs, rhs, group_sizes, group_offset)
+
+    def core_bwd(st, residuals, dout):
+        lhs, rhs, group_sizes, group_offset = residuals
+        dout = dout.astype(lhs.dtype)
+        dlhs = gmm(
+            dout,
+            rhs,
+            group_sizes,
+            group_offset,
+            transpose_rhs=not st.transpose_rhs,
+            out_dtype=lhs.dtype,
+            tiling=st.dlhs,
+        )
+        x, y = (dout, lhs) if st.transpose_rhs else (lhs, dout)
+        drhs = tgmm(x, y, group_sizes, group_offset, num_local=st.num_local, out_dtype=rhs.dtype, tiling=st.drhs)
+        return dlhs, drhs, None, None
+
+    core.defvjp(core_fwd, core_bwd)
+    return core
+
+
+def implementation(gmm, tgmm, tilings, doc: str):
+    """A registered implementation with the public contract, from an implementation's two products.
+
+    `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=)`
+    returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises NotImplementedError for a
+    call the implementation does not serve. Around the core: the checks, v3 dequantisation and bias,
+    and `existing_out`.
+    """
+    core = grouped_vjp(gmm, tgmm)
+
+    def grouped_matmul(
+        lhs,
+        rhs,
+        group_sizes,
+        group_offset=None,
+        existing_out=None,
+        *,
+        preferred_element_type=jnp.float32,
+        rhs_scale=None,
+        rhs_bias=None,
+        transpose_rhs: bool = False,
+        precision=jax.lax.Precision.DEFAULT,
+        use_v2: bool = False,
+        use_v3: bool = False,
+        interpret=None,
+        do_padding: bool = True,
+        cfg=None,
+    ):
+        dims = check_args(
+            lhs,
+            rhs,
+            group_sizes,
+            group_offset,
+            existing_out,
+            preferred_element_type=preferred_element_type,
+            rhs_scale=rhs_scale,
+            rhs_bias=rhs_bias,
+            transpose_rhs=transpose_rhs,
+            use_v2=use_v2,
+            use_v3=use_v3,
+        )
+        out_dtype = jnp.dtype(preferred_element_type)
+        st = Static(
+            bool(transpose_rhs),
+            out_dtype,
+            dims.num_local,
+            *tilings(dims, lhs, cfg=cfg, interpret=interpret, precision=precision),
+        )
+        rhs = dequantize(rhs, rhs_scale, transpose_rhs, lhs.dtype)
+        group_sizes = group_sizes.astype(jnp.int32)
+        offset = offset_scalar(group_offset)
+        if min(dims.m, dims.n, dims.k) == 0:
+            out = jnp.zeros((dims.m, dims.n), out_dtype)
+        else:
+            out = core(st, lhs, rhs, group_sizes, offset)
+        if rhs_bias is None and existing_out is None:
+            return out
+        groups = row_groups(group_sizes, offset, dims.num_local, dims.m)
+        return keep_unowned(add_group_bias(out, rhs_bias, groups), existing_out, groups)
+
+    grouped_matmul.__doc__ = doc
+    return grouped_matmul

@@ -1,0 +1,66 @@
+"""Grouped matmul through Pallas-Triton kernels: the public-contract entry point and its tilings.
+
+The forward is `_kernel.gmm` over the tile schedule; the backward is `gmm` again with the other
+transpose (dlhs) and `_kernel.tgmm` (drhs), wired by `_common.grouped_matmul.grouped_vjp`; v3 scales
+and biases, `existing_out` and the checks are the shared wrapping of `_common.grouped_matmul.implementation`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ejkernel.kernels._common.grouped_matmul import implementation
+from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm, tgmm
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
+# (block_m, block_k, block_n, num_warps, num_stages) of the forward and of both backward products.
+DEFAULT_FWD = (128, 64, 256, 8, 3)
+DEFAULT_BWD = (128, 64, 128, 8, 3)
+WHO = "triton grouped_matmul"
+
+
+def _fit(block: int, size: int) -> int:
+    """A small dimension gets a smaller (power-of-two) tile rather than mostly padding."""
+    return min(block, max(MIN_BLOCK, pl.next_power_of_2(size)))
+
+
+def tiling(params, default, rows: int, contraction: int, cols: int, interpret: bool) -> Tiling:
+    """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes."""
+    fields = ("block_q", "block_k", "block_d", "num_warps", "num_stages")
+    given = [None if params is None else getattr(params, f) for f in fields]
+    bm, bk, bn, warps, stages = (d if g is None else g for g, d in zip(given, default, strict=True))
+    if min(bm, bk, bn) < MIN_BLOCK:
+        raise NotImplementedError(f"{WHO} needs blocks >= {MIN_BLOCK}, got {bm}x{bk}x{bn}")
+    return Tiling(_fit(bm, rows), _fit(bk, contraction), _fit(bn, cols), warps, stages, interpret)
+
+
+def _tilings(dims, lhs, *, cfg, interpret, precision):
+    """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
+    if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {lhs.dtype}")
+    interpret = resolve_interpret(interpret, WHO)
+    fwd, bwd = getattr(cfg, "fwd_params", None), getattr(cfg, "bwd_params", None)
+    return (
+        tiling(fwd, DEFAULT_FWD, dims.m, dims.k, dims.n, interpret),
+        tiling(bwd, DEFAULT_BWD, dims.m, dims.n, dims.k, interpret),
+        tiling(bwd, DEFAULT_BWD, dims.k, dims.m, dims.n, interpret),
+    )
+
+
+grouped_matmul_triton = implementation(
+    gmm,
+    tgmm,
+    _tilings,
+    """Grouped matmul `[M, K] x [G, K, N] -> [M, N]` (semantics: `grouped_matmul_reference`) on a GPU.
+
+    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products): `block_q`
+    output rows, `block_k` contraction step, `block_d` output columns, `num_warps`, `num_stages`.
+    Products accumulate in float32 at full input precision, whatever `precision` asks. `interpret=None`
+    compiles for the GPU (off a GPU that is an error: ask for `interpret=True`). Raises
+    NotImplementedError for dtypes the kernels do not take (an integer rhs with `rhs_scale` is dequantised
+    to lhs's dtype first).
+    """,
+)

@@ -1,0 +1,160 @@
+"""Grouped matmul kernels (Pallas-Triton): the forward product over the tile schedule, and the transposed product.
+
+`gmm`: one program per (work item, column tile). An item of the schedule (`_common.grouped_matmul`)
+names a `block_m`-row tile of lhs and the group whose rows it keeps; the program streams that tile and
+its group's weights along K in `block_k` steps into a float32 `[block_m, block_n]` accumulator, then
+stores the rows it owns (and zeros on the unowned rows it is told to write). A tile that straddles two
+groups is computed once per group, each program masking the other's rows, so no group is padded to a
+tile. Programs of one item run next to each other (column tiles fastest), so the item's lhs tile is
+read from memory once and its group's weights stay in L2 across the group's items.
+
+`tgmm`: one program per (group, `block_m` x `block_n` output tile); it walks its group's rows in
+`block_k`-row steps from wherever the group starts, masking the rows past its end, and accumulates
+`x_stepᵀ · y_step`. An empty group writes zeros.
+
+Both take whole arrays (no BlockSpecs) and load with masks only where a size is not a tile multiple.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ejkernel.kernels._common.grouped_matmul import local_group_bounds, work_items
+from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._triton._helpers import dot
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages."""
+
+    block_m: int
+    block_k: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    interpret: bool
+
+
+def _tile_mask(row_mask, col_mask):
+    """The 2-D mask of a tile from its row and column masks (None: nothing masked)."""
+    if row_mask is None:
+        return None if col_mask is None else col_mask[None, :]
+    return row_mask[:, None] if col_mask is None else row_mask[:, None] & col_mask[None, :]
+
+
+def _load(ref, index, row_mask, col_mask):
+    """The 2-D tile `ref[index]` (index ends in two `pl.ds`), zeros where a given mask is False."""
+    mask = _tile_mask(row_mask, col_mask)
+    if mask is None:
+        return ref[index]
+    return plgpu.load(ref.at[index], mask=mask, other=0)
+
+
+def _gmm_kernel(
+    tile_ref,
+    group_ref,
+    row_lo_ref,
+    row_hi_ref,
+    write_lo_ref,
+    write_hi_ref,
+    lhs_ref,
+    rhs_ref,
+    out_ref,
+    *,
+    t: Tiling,
+    m: int,
+    k: int,
+    n: int,
+    transpose_rhs: bool,
+):
+    bm, bk, bn = t.block_m, t.block_k, t.block_n
+    col_tiles = pl.cdiv(n, bn)
+    pid = pl.program_id(0)
+    item, col_tile = lax.div(pid, jnp.int32(col_tiles)), lax.rem(pid, jnp.int32(col_tiles))
+    tile, group = tile_ref[item], group_ref[item]
+    row0 = pl.multiple_of(tile * bm, bm)
+    col0 = pl.multiple_of(col_tile * bn, bn)
+    row_ids = row0 + jnp.arange(bm, dtype=jnp.int32)
+    col_ids = col0 + jnp.arange(bn, dtype=jnp.int32)
+    rows, cols = pl.ds(row0, bm), pl.ds(col0, bn)
+    row_mask = row_ids < m if m % bm else None
+    col_mask = col_ids < n if n % bn else None
+    group_index = jnp.maximum(group, 0)  # fill and padding items run no step
+
+    def step(i, acc):
+        k0 = pl.multiple_of(i * bk, bk)
+        ks = pl.ds(k0, bk)
+        k_mask = k0 + jnp.arange(bk, dtype=jnp.int32) < k if k % bk else None
+        a = _load(lhs_ref, (rows, ks), row_mask, k_mask)
+        if transpose_rhs:
+            return acc + dot(a, _load(rhs_ref, (group_index, cols, ks), col_mask, k_mask), trans_b=True)
+        return acc + dot(a, _load(rhs_ref, (group_index, ks, cols), k_mask, col_mask))
+
+    steps = jnp.where(group >= 0, pl.cdiv(k, bk), 0)
+    acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
+    keep = (row_ids >= row_lo_ref[item]) & (row_ids < row_hi_ref[item])
+    write = (row_ids >= write_lo_ref[item]) & (row_ids < write_hi_ref[item])
+    mask = _tile_mask(write, col_mask)
+    value = jnp.where(keep[:, None], acc, 0.0).astype(out_ref.dtype)
+    plgpu.store(out_ref.at[rows, cols], value, mask=mask)
+
+
+def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
+    """`out [M, N]`: each owned row of lhs times its group's rhs, zeros on every other row."""
+    m, k = lhs.shape
+    num_local = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    items = work_items(group_sizes, group_offset, num_local, m, tiling.block_m)
+    kernel = functools.partial(_gmm_kernel, t=tiling, m=m, k=k, n=n, transpose_rhs=transpose_rhs)
+    return pl.pallas_call(
+        kernel,
+        grid=(items.tile.shape[0] * pl.cdiv(n, tiling.block_n),),
+        out_shape=out_struct((m, n), out_dtype, lhs, rhs),
+        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
+        interpret=tiling.interpret,
+        name="ejkernel_grouped_matmul",
+    )(*items, lhs, rhs)
+
+
+def _tgmm_kernel(starts_ref, ends_ref, x_ref, y_ref, out_ref, *, t: Tiling, kx: int, ny: int):
+    bk, bm, bn = t.block_k, t.block_m, t.block_n  # bk: rows per step; the output tile is bm x bn
+    group, a_tile, b_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    start, end = starts_ref[group], ends_ref[group]
+    a0, b0 = pl.multiple_of(a_tile * bm, bm), pl.multiple_of(b_tile * bn, bn)
+    a_cols, b_cols = pl.ds(a0, bm), pl.ds(b0, bn)
+    a_mask = a0 + jnp.arange(bm, dtype=jnp.int32) < kx if kx % bm else None
+    b_mask = b0 + jnp.arange(bn, dtype=jnp.int32) < ny if ny % bn else None
+
+    def step(i, acc):
+        r0 = start + i * bk
+        row_mask = r0 + jnp.arange(bk, dtype=jnp.int32) < end
+        x = _load(x_ref, (pl.ds(r0, bk), a_cols), row_mask, a_mask)
+        y = _load(y_ref, (pl.ds(r0, bk), b_cols), row_mask, b_mask)
+        return acc + dot(x, y, trans_a=True)
+
+    steps = lax.div(end - start + (bk - 1), jnp.int32(bk))
+    acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
+    plgpu.store(out_ref.at[group, a_cols, b_cols], acc.astype(out_ref.dtype), mask=_tile_mask(a_mask, b_mask))
+
+
+def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: Tiling):
+    """`[L, Kx, Ny]`: per local group l, `x_lᵀ · y_l` over its rows; zeros for an empty group."""
+    m, kx = x.shape
+    ny = y.shape[1]
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    kernel = functools.partial(_tgmm_kernel, t=tiling, kx=kx, ny=ny)
+    return pl.pallas_call(
+        kernel,
+        grid=(num_local, pl.cdiv(kx, tiling.block_m), pl.cdiv(ny, tiling.block_n)),
+        out_shape=out_struct((num_local, kx, ny), out_dtype, x, y),
+        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
+        interpret=tiling.interpret,
+        name="ejkernel_grouped_matmul_transposed",
+    )(starts, ends, x, y)

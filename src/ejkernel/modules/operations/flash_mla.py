@@ -1,0 +1,121 @@
+"""`flash_mla`: multi-head latent attention over a compressed key/value cache, in the weight-absorbed form."""
+
+import dataclasses
+from typing import Any
+
+import jax
+from jaxtyping import Array, Float, Int, Shaped
+
+from ejkernel.kernels._common.mla import canonical_call
+from ejkernel.modules.operations._attention_args import check_bias, parse_window
+from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashMLAConfig(KernelConfig):
+    """Tiling of the attention over latent rows: `fwd_params` / `bwd_params` (`block_q` query rows,
+    `block_k` latent rows per step, `num_warps`, `num_stages`), and `num_splits`, the pieces a kernel
+    splits the context into when few queries leave the GPU idle (None: the kernel's choice).
+    """
+
+    num_splits: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_splits is not None and (
+            not isinstance(self.num_splits, int) or isinstance(self.num_splits, bool) or self.num_splits <= 0
+        ):
+            raise ValueError(f"FlashMLAConfig.num_splits must be a positive integer, got {self.num_splits!r}")
+
+
+class FlashMLA(Kernel):
+    op_id = "flash_mla"
+    config_type = FlashMLAConfig
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield FlashMLAConfig(platform=platform)  # the implementation's own defaults
+        if platform != "triton":
+            return
+        for block_q, block_k, warps in ((16, 64, 4), (32, 32, 4), (64, 32, 8)):
+            for splits in (None, 1):
+                yield FlashMLAConfig(
+                    platform=platform,
+                    fwd_params=FwdParams(block_q=block_q, block_k=block_k, num_warps=warps, num_stages=2),
+                    num_splits=splits,
+                )
+
+
+@typechecked
+def flash_mla(
+    query: Float[Array, "batch seq_q heads q_dim"],
+    key_value: Float[Array, "batch seq_k rank"],
+    w_kc: Float[Array, "rank kv_heads d_nope"],
+    w_vc: Float[Array, "rank kv_heads d_v"],
+    b_q: Float[Array, "batch seq_q ..."] | None = None,
+    b_k: Float[Array, "batch seq_k d_rope"] | None = None,
+    cu_seqlens: Int[Array, " n_plus_1"] | None = None,
+    /,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    attention_mask: Shaped[Array, "..."] | None = None,
+    bias: Float[Array, "..."] | None = None,
+    softmax_aux: Float[Array, " sinks"] | None = None,
+    logits_soft_cap: float | None = None,
+    deterministic: bool = True,
+    dropout_rng: jax.Array | None = None,
+    dropout_prob: float = 0.0,
+    sliding_window: int | tuple[int, int] | None = None,
+    softmax_dtype: Any = None,
+    platform: str | None = None,
+    cfg: FlashMLAConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch seq_q heads d_v"]:
+    """Attention whose keys and values are decompressed from one latent row per token, without decompressing.
+
+    `key_value [B, Sk, rank]` holds the latent rows; key/value head g decompresses them with
+    `w_kc[:, g] [rank, d_nope]` and `w_vc[:, g] [rank, Dv]`, and query head h reads head h // (Hq / Hkv).
+    RoPE mode by which of `b_q`, `b_k` are given: neither (`query [.., d_nope]`); only `b_k [B, Sk, d_rope]`
+    (`query [.., d_nope + d_rope]`, its last d_rope dims meet `b_k`); both (decoupled: `query [.., d_nope]`
+    and `b_q [B, Sq, d_rope]`, or per head `[B, Sq, Hq, d_rope]`, meeting `b_k`).
+
+    Options as in `flash_attention`: scale (default `1/sqrt(d_nope + d_rope)`), `causal` (top-left
+    aligned: for decoding one token against its whole context, leave it False), `sliding_window`
+    `(left, right)` or int, `logits_soft_cap`, sinks `softmax_aux`, additive `bias` and boolean
+    `attention_mask` (`[1|B, 1|Hq, Sq, Sk]`). `cu_seqlens [N+1]` packs N sequences along the sequence
+    axis (query and key_value of equal length; positions past the last bound are padding with zero
+    output). Dropout applies with `dropout_prob > 0` and `deterministic=False` and needs `dropout_rng`.
+    The softmax runs in float32 whatever `softmax_dtype` says. Returns `[B, Sq, Hq, Dv]` in query's dtype.
+    `mesh=`/`in_specs=`/`out_specs=` run it under `jax.shard_map` (shard batch, or heads with `w_kc`/`w_vc`
+    sharded on their head axis alike; array options such as `bias` are replicated).
+    """
+    batch, q_len, heads, _ = query.shape
+    bias = check_bias(bias, batch, heads, q_len, key_value.shape[1])
+    options = dict(
+        softmax_scale=softmax_scale,
+        causal=bool(causal),
+        attention_mask=attention_mask,
+        bias=bias,
+        softmax_aux=softmax_aux,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        deterministic=bool(deterministic),
+        dropout_rng=dropout_rng,
+        dropout_prob=float(dropout_prob),
+        sliding_window=parse_window(sliding_window),
+        softmax_dtype=softmax_dtype,
+    )
+    call = canonical_call(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens, **options)  # checks everything
+    options["softmax_scale"] = call.attention["softmax_scale"]
+    return executor(
+        FlashMLA(),
+        *(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens),
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        **options,
+    )

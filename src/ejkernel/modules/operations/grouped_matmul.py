@@ -1,0 +1,153 @@
+"""`grouped_matmul`: the MoE expert matmul, rows of `lhs` grouped by `group_sizes`, one `rhs` per group."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float, Int, Shaped
+
+from ejkernel.kernels._common.grouped_matmul import check_args
+from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulConfig(KernelConfig):
+    """Tiling of the forward product (`fwd_params`) and of both backward products (`bwd_params`).
+
+    In matmul terms: `block_q` rows of lhs per tile (M), `block_k` the contraction step (K), `block_d`
+    output columns per tile (N), plus `num_warps` and `num_stages`.
+    """
+
+
+class GroupedMatmul(Kernel):
+    op_id = "grouped_matmul"
+    config_type = GroupedMatmulConfig
+    tune_argnums = (0, 1)  # configs tile the backward products too
+
+    def __init__(self, out_shard_callback: Callable[[jax.Array], jax.Array] | None = None):
+        self.out_shard_callback = out_shard_callback
+
+    def call_impl(self, impl, args, kwargs, cfg):
+        out = impl.fn(*args, cfg=cfg, **kwargs)
+        return out if self.out_shard_callback is None else self.out_shard_callback(out)
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield GroupedMatmulConfig(platform=platform)  # the implementation's own defaults
+        if platform == "xla":
+            for block in (256, 1024):
+                yield GroupedMatmulConfig(platform=platform, fwd_params=FwdParams(block_q=block))
+        if platform != "triton":
+            return
+        forward = [
+            FwdParams(block_q=128, block_k=64, block_d=256, num_warps=8, num_stages=3),
+            FwdParams(block_q=128, block_k=64, block_d=128, num_warps=4, num_stages=4),
+            FwdParams(block_q=64, block_k=64, block_d=256, num_warps=4, num_stages=4),
+        ]
+        backward = [
+            BwdParams(block_q=128, block_k=128, block_d=128, num_warps=8, num_stages=3),
+            BwdParams(block_q=64, block_k=128, block_d=128, num_warps=4, num_stages=3),
+        ]
+        for fwd in forward:
+            for bwd in backward:
+                yield GroupedMatmulConfig(platform=platform, fwd_params=fwd, bwd_params=bwd)
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
+        """`rhs_scale` and `rhs_bias` follow rhs's group and output-column sharding."""
+        rhs_spec = tuple(in_specs[1]) + (None,) * 3
+        groups, columns = rhs_spec[0], rhs_spec[1] if kwargs.get("transpose_rhs") else rhs_spec[2]
+        specs = {}
+        if kwargs.get("rhs_scale") is not None:
+            specs["rhs_scale"] = PartitionSpec(groups, None, None, columns)
+        if kwargs.get("rhs_bias") is not None:
+            specs["rhs_bias"] = PartitionSpec(groups, None, columns)
+        return specs
+
+
+@typechecked
+def grouped_matmul(
+    lhs: Float[Array, "m k"],
+    rhs: Shaped[Array, "groups _ _"],
+    group_sizes: Int[Array, " num_groups"],
+    group_offset: Int[Array, "..."] | int | None = None,
+    existing_out: Float[Array, "m _"] | None = None,
+    /,
+    *,
+    preferred_element_type: Any = jnp.float32,
+    rhs_scale: Float[Array, "groups blocks 1 _"] | None = None,
+    rhs_bias: Float[Array, "groups 1 _"] | None = None,
+    transpose_rhs: bool = False,
+    interpret: bool = False,
+    do_padding: bool = True,
+    precision: Any = jax.lax.Precision.DEFAULT,
+    use_v2: bool = False,
+    use_v3: bool = False,
+    out_shard_callback: Callable[[jax.Array], jax.Array] | None = None,
+    platform: str | None = None,
+    cfg: GroupedMatmulConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "m _"]:
+    """`out [M, N]`: rows `[start_g, end_g)` of `lhs [M, K]` times `rhs[g] [K, N]`, group by group.
+
+    `group_sizes [G]` lays the groups out back to back along M (empty groups allowed, sum at most M).
+    `rhs` is `[L, K, N]`, or `[L, N, K]` with `transpose_rhs`; it holds groups `o .. o + L - 1` with
+    `o = group_offset` (default 0; an expert-parallel shard). Rows of other groups, and rows past the
+    last group, are `existing_out`'s (`[M, N]`, dtype `preferred_element_type`), else zeros. The result
+    has dtype `preferred_element_type` (float32 by default; products accumulate in float32).
+
+    v3 options (need `use_v3=True`): `rhs_scale [L, blocks, 1, N]` multiplies each K block of each output
+    column of `rhs` (which may then be int8), and `rhs_bias [L, 1, N]` is added to each owned row.
+    `use_v2` names upstream's second kernel and computes the same; at most one of the two may be set.
+    `interpret` runs Pallas kernels in interpret mode; `do_padding` is accepted for compatibility (every
+    implementation takes any M). `out_shard_callback` is applied to the output (of each shard, under
+    `mesh=`), e.g. a `psum` over a tensor-parallel axis. Differentiable in lhs, rhs, existing_out,
+    rhs_scale and rhs_bias.
+    """
+    if use_v2 and use_v3:
+        raise ValueError("grouped_matmul: use_v2 and use_v3 select different kernels; set at most one")
+    if not isinstance(do_padding, bool) or not isinstance(interpret, bool):
+        raise TypeError(f"do_padding and interpret must be bools, got {do_padding!r}, {interpret!r}")
+    options = dict(
+        preferred_element_type=jnp.dtype(preferred_element_type),
+        rhs_scale=rhs_scale,
+        rhs_bias=rhs_bias,
+        transpose_rhs=bool(transpose_rhs),
+        precision=precision,
+        use_v3=bool(use_v3),
+    )
+    if interpret:
+        options["interpret"] = True
+    if isinstance(group_offset, int):
+        group_offset = jnp.asarray(group_offset, jnp.int32)
+    if mesh is None:  # under a mesh each shard's implementation checks its own (local) shapes
+        check_args(
+            lhs,
+            rhs,
+            group_sizes,
+            group_offset,
+            existing_out,
+            preferred_element_type=preferred_element_type,
+            rhs_scale=rhs_scale,
+            rhs_bias=rhs_bias,
+            transpose_rhs=transpose_rhs,
+            use_v3=use_v3,
+        )
+    return executor(
+        GroupedMatmul(out_shard_callback),
+        lhs,
+        rhs,
+        group_sizes,
+        group_offset,
+        existing_out,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        **options,
+    )

@@ -1,0 +1,52 @@
+"""Reference grouped matmul: one float32 matmul per group, in a Python loop over concrete group sizes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def grouped_matmul_reference(
+    lhs,
+    rhs,
+    group_sizes,
+    group_offset=None,
+    existing_out=None,
+    *,
+    preferred_element_type=jnp.float32,
+    rhs_scale=None,
+    rhs_bias=None,
+    transpose_rhs: bool = False,
+):
+    """`out [M, N]`: the rows of each group of `lhs [M, K]` times that group's `rhs`, in float32.
+
+    Groups are laid out back to back: group g holds rows `[sum(sizes[:g]), sum(sizes[:g+1]))`.
+    `rhs` is `[L, K, N]` (`[L, N, K]` with `transpose_rhs`) and holds groups `o .. o + L - 1` of
+    `group_sizes`, `o = group_offset` (default 0). For each held group g (local index l = g - o):
+
+        w = rhs[l]  (transposed when transpose_rhs)
+        w[k, n] *= rhs_scale[l, k // (K / blocks), 0, n]    when rhs_scale is given
+        out[rows of g] = lhs[rows of g] @ w + rhs_bias[l, 0]  (bias when given)
+
+    Every other row (groups not held, rows past the last group) is `existing_out`'s, or 0.
+    The result has dtype `preferred_element_type`. `group_sizes` and `group_offset` must be concrete.
+    """
+    x = jnp.asarray(lhs, jnp.float32)
+    w = jnp.asarray(rhs, jnp.float32)
+    if transpose_rhs:
+        w = jnp.swapaxes(w, 1, 2)
+    if rhs_scale is not None:
+        scale = jnp.asarray(rhs_scale, jnp.float32)[:, :, 0, :]  # [L, blocks, N]
+        w = w * jnp.repeat(scale, w.shape[1] // scale.shape[1], axis=1)
+    sizes = np.asarray(group_sizes)
+    offset = 0 if group_offset is None else int(np.asarray(group_offset).reshape(()))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    out = jnp.zeros((x.shape[0], w.shape[2]), jnp.float32)
+    if existing_out is not None:
+        out = jnp.asarray(existing_out, jnp.float32)
+    for local in range(w.shape[0]):
+        start, end = int(bounds[offset + local]), int(bounds[offset + local + 1])
+        rows = jnp.matmul(x[start:end], w[local], precision=jax.lax.Precision.HIGHEST)
+        if rhs_bias is not None:
+            rows = rows + jnp.asarray(rhs_bias, jnp.float32)[local, 0]
+        out = out.at[start:end].set(rows)
+    return out.astype(preferred_element_type)
