@@ -115,7 +115,7 @@ class ConfigSelectorChain:
                 return kernel.run(*args, cfg=cfg, **static, **dynamic)
 
             if kernel.tune_argnums and inv.mode != FORWARD:  # a training call: time forward + backward
-                loss = lambda args, dynamic: jnp.sum(call(args, dynamic).astype(jnp.float32))
+                loss = lambda args, dynamic: _float_sum(call(args, dynamic))
                 grad = jax.grad(lambda diff, args, dynamic: loss(_put(args, kernel.tune_argnums, diff), dynamic))
                 fn = jax.jit(lambda args, dynamic: grad(tuple(args[i] for i in kernel.tune_argnums), args, dynamic))
             else:
@@ -135,6 +135,12 @@ class ConfigSelectorChain:
         self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
         return best
+
+
+def _float_sum(result) -> jax.Array:
+    """A scalar that every float output of an op feeds (ops may return tuples: `(out, state)`)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(result) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
 
 
 def _put(args: tuple, positions: tuple[int, ...], values: tuple) -> tuple:
