@@ -14,16 +14,22 @@ from ejkernel.kernels._triton import blocksparse_attention as _triton_blockspars
 from ejkernel.kernels._triton import flash_attention as _triton_flash_attention  # noqa: F401
 from ejkernel.kernels._triton import flash_mla as _triton_flash_mla  # noqa: F401
 from ejkernel.kernels._triton import grouped_matmul as _triton_grouped_matmul  # noqa: F401
+from ejkernel.kernels._triton import linear_attention as _triton_linear_attention  # noqa: F401
 from ejkernel.kernels._triton import mean_pooling as _triton_mean_pooling  # noqa: F401
 from ejkernel.kernels._triton import native_sparse_attention as _triton_native_sparse_attention  # noqa: F401
 from ejkernel.kernels._triton import ring_attention as _triton_ring_attention  # noqa: F401
+from ejkernel.kernels._triton import state_space_v1 as _triton_state_space_v1  # noqa: F401
+from ejkernel.kernels._triton import state_space_v2 as _triton_state_space_v2  # noqa: F401
 from ejkernel.kernels._xla import attention as _xla_attention  # noqa: F401
 from ejkernel.kernels._xla import blocksparse_attention as _xla_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._xla import flash_attention as _xla_flash_attention  # noqa: F401
 from ejkernel.kernels._xla import flash_mla as _xla_flash_mla  # noqa: F401
 from ejkernel.kernels._xla import grouped_matmul as _xla_grouped_matmul  # noqa: F401
+from ejkernel.kernels._xla import linear_attention as _xla_linear_attention  # noqa: F401
 from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401
 from ejkernel.kernels._xla import native_sparse_attention as _xla_native_sparse_attention  # noqa: F401
 from ejkernel.kernels._xla import ring_attention as _xla_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import scaled_dot_product_attention as _xla_sdpa  # noqa: F401
+from ejkernel.kernels._xla import state_space_v1 as _xla_state_space_v1  # noqa: F401
+from ejkernel.kernels._xla import state_space_v2 as _xla_state_space_v2  # noqa: F401
 from ejkernel.registry import kernel_registry  # noqa: F401  (upstream imports it from here)

@@ -1,0 +1,367 @@
+"""What the linear-attention implementations share: argument checks and the chunked building blocks.
+
+Every op of the family (GLA, lightning, recurrent, the delta rules, and Mamba-2's SSD) is a linear
+recurrence on a `[Dk, Dv]` state per head. The chunked form cuts the sequence into chunks of C tokens:
+inside a chunk the recurrence unrolls into a masked product (parallel), and only chunk-entry states
+pass from chunk to chunk (sequential). The blocks here are plain `jnp` on the trailing axes
+(`[..., C, D]` chunks, `[..., Dk, Dv]` states), with any leading batch axes:
+
+- `decay_matrix` / `gated_scores`: the intra-chunk masked product, for a per-head or a per-key-channel gate;
+- `diagonal_chunk` / `delta_chunk`: a chunk reduced to `ChunkParts` (the delta rule through the WY/UT
+  transform, `wy_transform`);
+- `chunk_output` / `chunk_carry` / `carry_transpose`: what a chunk's entry state gives (outputs, exit state);
+- `diagonal_step` / `delta_step`: one token of each recurrence (the recurrent form and decoding).
+
+Gates are log decays, summed cumulatively inside a chunk only (`b_t = Σ_{u<=t} a_u`), and used only
+through differences `b_t − b_s` with `s <= t`: for decaying gates (`a <= 0`) every exponent is <= 0, so
+nothing overflows however long the sequence, and no decay is ever divided by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ejkernel.ops.config import KernelConfig
+
+L2_EPS = 1e-6  # q and k are divided by sqrt(Σ x² + L2_EPS) when `use_qk_l2norm` is on
+SUB_CHUNK = 16  # per-key-channel gates: tokens per sub-chunk of the exact intra-chunk product
+
+# ---- argument checks (public functions and implementations raise the same words) ----
+
+
+def require_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
+    if x is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {layout} = {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def check_qkv(query, key, value, *, grouped: bool) -> tuple[int, int, int, int, int, int]:
+    """Layout `[B, S, H, D]` for all three, one float dtype; returns `(B, S, H, Hkv, Dk, Dv)`.
+
+    `grouped`: key/value may have fewer heads than the query (a divisor of it); else the same.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {tuple(x.shape)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    batch, seq_len, num_heads, dk = query.shape
+    kv_heads = key.shape[2]
+    if key.shape[:2] != (batch, seq_len) or key.shape[3] != dk:
+        raise ValueError(f"key must be [batch, seq, kv_heads, dim_k] = [{batch}, {seq_len}, _, {dk}], got {key.shape}")
+    if value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"value must be [batch, seq, kv_heads, dim_v] = {key.shape[:3]} + [_], got {value.shape}")
+    if grouped and num_heads % kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({kv_heads})")
+    if not grouped and kv_heads != num_heads:
+        raise ValueError(f"key and value must have as many heads as the query ({num_heads}), got {kv_heads}")
+    return batch, seq_len, num_heads, kv_heads, dk, value.shape[3]
+
+
+def check_float(name: str, x) -> None:
+    if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+
+
+def check_g_gamma(g_gamma, batch: int, num_heads: int) -> None:
+    """A constant log decay per head: `[H]`, or `[B, H]` / `[1, H]`."""
+    if g_gamma is None:
+        return
+    check_float("g_gamma", g_gamma)
+    if (
+        g_gamma.ndim not in (1, 2)
+        or g_gamma.shape[-1] != num_heads
+        or (g_gamma.ndim == 2 and g_gamma.shape[0] not in (1, batch))
+    ):
+        raise ValueError(f"g_gamma must be [heads] = ({num_heads},) or [1|batch, heads], got {tuple(g_gamma.shape)}")
+
+
+def check_cu_seqlens(cu_seqlens, batch: int, total: int) -> int:
+    """Packed sequences: batch 1, `cu_seqlens [N+1]` integer from 0 to the token count; returns N.
+
+    Values are checked when concrete (outside `jit`).
+    """
+    if cu_seqlens is None:
+        return batch
+    if not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
+        raise TypeError(f"cu_seqlens must be an integer array, got dtype {cu_seqlens.dtype}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got shape {cu_seqlens.shape}")
+    if batch != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along axis 1: batch must be 1, got {batch}")
+    if not isinstance(cu_seqlens, jax.core.Tracer):
+        bounds = np.asarray(cu_seqlens)
+        if bounds[0] != 0 or bounds[-1] != total or np.any(np.diff(bounds) < 0):
+            raise ValueError(
+                f"cu_seqlens must rise from 0 to the packed length {total} without decreasing, got {bounds.tolist()}"
+            )
+    return cu_seqlens.shape[0] - 1
+
+
+def check_state(initial_state, num_states: int, num_heads: int, dk: int, dv: int) -> None:
+    check_float("initial_state", initial_state)
+    require_shape(
+        "initial_state", initial_state, (num_states, num_heads, dk, dv), "[batch or num_seqs, heads, dim_k, dim_v]"
+    )
+
+
+def check_chunk_size(name: str, chunk_size) -> None:
+    if chunk_size is not None and (
+        not isinstance(chunk_size, int)
+        or isinstance(chunk_size, bool)
+        or chunk_size <= 0
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise ValueError(f"{name} must be a positive power of two, got {chunk_size!r}")
+
+
+def check_linear_call(
+    query, key, value, *, grouped: bool, gates=None, g_gamma=None, initial_state=None, cu_seqlens=None
+) -> tuple[int, int]:
+    """Every check of a linear-attention call; returns `(dim_k, number of states)`.
+
+    `gates` maps a name to `(array or None, kind)`, kind "head" (`[B, S, H]`), "dim_k" (`[B, S, H, Dk]`)
+    or "dim_v" (`[B, S, H, Dv]`); beta counts as a gate of kind "head".
+    """
+    batch, seq_len, num_heads, _, dk, dv = check_qkv(query, key, value, grouped=grouped)
+    trailing = {"head": (), "dim_k": (dk,), "dim_v": (dv,)}
+    for name, (x, kind) in (gates or {}).items():
+        check_float(name, x)
+        layout = "[batch, seq, heads]" if kind == "head" else f"[batch, seq, heads, {kind}]"
+        require_shape(name, x, (batch, seq_len, num_heads, *trailing[kind]), layout)
+    check_g_gamma(g_gamma, batch, num_heads)
+    num_states = check_cu_seqlens(cu_seqlens, batch, seq_len)
+    check_state(initial_state, num_states, num_heads, dk, dv)
+    return dk, num_states
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedConfig(KernelConfig):
+    """Base of the family's configs: `chunk_size`, tokens per chunk of the chunked form (None: the
+    implementation's default); `fwd_params.block_d` / `num_warps` / `num_stages`: the Triton kernels' tiling."""
+
+    chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_chunk_size(f"{type(self).__name__}.chunk_size", self.chunk_size)
+
+
+def chunk_configs(config_type, platform: str, sizes=(32, 64, 128)):
+    """The configs autotuning tries on one platform: the default and a few chunk sizes."""
+    yield config_type(platform=platform)
+    for size in sizes:
+        yield config_type(platform=platform, chunk_size=size)
+
+
+# ---- inputs ----
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+    """`x / sqrt(Σ x² + L2_EPS)` over the last axis, in float32."""
+    x = x.astype(jnp.float32)
+    return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+
+
+def lightning_gamma(num_heads: int, layer_idx: int, num_layers: int) -> np.ndarray:
+    """Lightning attention's fixed log decay per head: `-(8 / H)·(1 - layer_idx / num_layers)·h`."""
+    return (-(8.0 / num_heads) * (1.0 - layer_idx / num_layers) * np.arange(num_heads)).astype(np.float32)
+
+
+def segment_restarts(seg_ids: jax.Array) -> jax.Array:
+    """`[B, S]` bool: the tokens where the state restarts from zeros.
+
+    Those are the non-padding tokens (id >= 0) whose id differs from that of the row's previous
+    non-padding token; the first one of a row continues from the initial state.
+    """
+    positions = jnp.arange(seg_ids.shape[1], dtype=jnp.int32)
+    last_valid = lax.cummax(jnp.where(seg_ids >= 0, positions, -1), axis=1)
+    previous = jnp.pad(last_valid[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    previous_id = jnp.take_along_axis(seg_ids, jnp.maximum(previous, 0), axis=1)
+    return (seg_ids >= 0) & (previous >= 0) & (previous_id != seg_ids)
+
+
+# ---- intra-chunk masked product ----
+
+
+def _lower(n: int, strict: bool = False) -> jax.Array:
+    i = jnp.arange(n)
+    return i[:, None] > i[None, :] if strict else i[:, None] >= i[None, :]
+
+
+def decay_matrix(b: jax.Array, strict: bool = False) -> jax.Array:
+    """`[..., C] -> [..., C, C]`: `exp(b_t − b_s)` for `s <= t` (`s < t` if strict), else 0 (masked before exp)."""
+    mask = _lower(b.shape[-1], strict)
+    diff = jnp.where(mask, b[..., :, None] - b[..., None, :], 0.0)
+    return jnp.where(mask, jnp.exp(diff), 0.0)
+
+
+def gated_scores(q: jax.Array, k: jax.Array, b: jax.Array, sub: int = SUB_CHUNK) -> jax.Array:
+    """`[..., C, D]` x3 -> `[..., C, C]`: `Σ_d q_td k_sd exp(b_td − b_sd)` for `s <= t`, else 0.
+
+    `b` is the cumulative per-channel log gate. Computed exactly per sub-chunk of `sub` tokens on the
+    diagonal, and through the boundary `r` before the query's sub-chunk elsewhere:
+    `(q_t e^{b_t − b_r}) · (k_s e^{b_r − b_s})`, both exponents <= 0 for decaying gates.
+    """
+    *lead, c, d = q.shape
+    sub = min(sub, c)
+    n = c // sub
+    qs, ks, bs = (x.reshape(*lead, n, sub, d) for x in (q, k, b))
+    causal = _lower(sub)[..., None]  # [t, s, 1]
+    diff = bs[..., :, None, :] - bs[..., None, :, :]  # [.., n, t, s, D]
+    weights = jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
+    diagonal = jnp.einsum("...ntd,...nsd,...ntsd->...nts", qs, ks, weights)
+    # Boundary before each query sub-chunk: the last cumulative gate of the sub-chunk before it.
+    ref = jnp.concatenate([jnp.zeros_like(bs[..., :1, -1, :]), bs[..., :-1, -1, :]], axis=-2)  # [.., n, D]
+    q_ref = qs * jnp.exp(bs - ref[..., :, None, :])
+    earlier = _lower(n, strict=True)[:, :, None, None]  # [i, j, 1, 1]: key sub-chunk j before query sub-chunk i
+    k_exp = jnp.where(earlier, ref[..., :, None, None, :] - bs[..., None, :, :, :], 0.0)  # [.., i, j, s, D]
+    k_ref = jnp.where(earlier, ks[..., None, :, :, :] * jnp.exp(k_exp), 0.0)
+    off = jnp.einsum("...itd,...ijsd->...itjs", q_ref, k_ref)
+    scores = off + jnp.eye(n, dtype=q.dtype)[:, None, :, None] * diagonal[..., :, :, None, :]
+    return scores.reshape(*lead, c, c)
+
+
+# ---- a chunk, reduced to what its entry state needs ----
+
+
+class ChunkParts(NamedTuple):
+    """One chunk of a linear recurrence, as linear maps of its entry state `h` (`[..., Dk, Dv]`).
+
+    With `U = u − w h` (the chunk's effective values; `w` is None except for the delta rule):
+    outputs `o = q h + scores U` and exit state `decay[:, None] ⊙ h + kᵀ U`.
+    """
+
+    q: jax.Array  # [..., C, Dk] queries (scale and the decay since the chunk start applied)
+    scores: jax.Array  # [..., C, C] intra-chunk weights (lower triangular)
+    k: jax.Array  # [..., C, Dk] keys, decayed to the chunk end
+    decay: jax.Array  # [..., Dk] decay of each state row over the chunk
+    u: jax.Array  # [..., C, Dv]
+    w: jax.Array | None  # [..., C, Dk]
+
+
+def diagonal_chunk(q, k, v, a_head=None, a_key=None, *, sub: int = SUB_CHUNK) -> ChunkParts:
+    """A chunk of `h_t = h_{t-1} ⊙ exp(a_head_t + a_key_t)[:, None] + k_t v_tᵀ`, `o_t = q_tᵀ h_t`.
+
+    q, k `[..., C, Dk]` (q already scaled), v `[..., C, Dv]`; log gates a_head `[..., C]` per head
+    and a_key `[..., C, Dk]` per key channel, each optional.
+    """
+    if a_key is None and a_head is None:
+        ones = jnp.ones(q.shape[:-2] + q.shape[-1:], q.dtype)
+        return ChunkParts(q, jnp.tril(q @ jnp.swapaxes(k, -1, -2)), k, ones, v, None)
+    if a_key is None:
+        b = jnp.cumsum(a_head, axis=-1)  # [..., C]
+        scores = (q @ jnp.swapaxes(k, -1, -2)) * decay_matrix(b)
+        q_in = q * jnp.exp(b)[..., None]
+        k_out = k * jnp.exp(b[..., -1:] - b)[..., None]
+        decay = jnp.broadcast_to(jnp.exp(b[..., -1:]), q_in.shape[:-2] + q_in.shape[-1:])
+        return ChunkParts(q_in, scores, k_out, decay, v, None)
+    b = jnp.cumsum(a_key if a_head is None else a_key + a_head[..., None], axis=-2)  # [..., C, Dk]
+    return ChunkParts(
+        q * jnp.exp(b), gated_scores(q, k, b, sub), k * jnp.exp(b[..., -1:, :] - b), jnp.exp(b[..., -1, :]), v, None
+    )
+
+
+def wy_transform(k, v, beta, b, same_run=None, from_entry=None):
+    """The delta rule's chunk in closed form: effective values `U = u − w h` from the entry state `h`.
+
+    With `L[t,s] = beta_t exp(b_t − b_s) (k_t·k_s)` for `s < t` (same run), the chunk's values solve
+    `(I + L) U = beta ⊙ (v − exp(b) ⊙ hᵀ k)`, so `u = (I + L)⁻¹ (beta ⊙ v)` and
+    `w = (I + L)⁻¹ (beta exp(b) ⊙ k)` (a unit lower-triangular solve). `from_entry [..., C]` masks the
+    tokens that see the entry state; `same_run [..., C, C]` the pairs not separated by a restart.
+    """
+    lower = decay_matrix(b, strict=True)
+    if same_run is not None:
+        lower = lower * same_run
+    system = beta[..., :, None] * (k @ jnp.swapaxes(k, -1, -2)) * lower
+    entry = beta * jnp.exp(b) * (1.0 if from_entry is None else from_entry)
+    rhs = jnp.concatenate([beta[..., None] * v, entry[..., None] * k], axis=-1)
+    c = system.shape[-1]
+    solved = lax.linalg.triangular_solve(
+        system + jnp.eye(c, dtype=system.dtype), rhs, left_side=True, lower=True, unit_diagonal=True
+    )
+    return solved[..., : v.shape[-1]], solved[..., v.shape[-1] :]
+
+
+def delta_chunk(q, k, v, beta, a_head=None, restarts=None) -> ChunkParts:
+    """A chunk of the delta rule (`h ← h·exp(a_t)`, `u_t = beta_t (v_t − hᵀk_t)`, `h ← h + k_t u_tᵀ`).
+
+    q, k `[..., C, Dk]` (q scaled), v `[..., C, Dv]`, beta and a_head `[..., C]`; `restarts [..., C]`
+    (1 where the state is reset to zeros before the token, else 0) is optional.
+    """
+    b = jnp.zeros_like(beta) if a_head is None else jnp.cumsum(a_head, axis=-1)
+    same_run = from_entry = to_exit = None
+    if restarts is not None:
+        run = jnp.cumsum((restarts > 0).astype(jnp.int32), axis=-1)  # restarts seen so far in the chunk
+        same_run = (run[..., :, None] == run[..., None, :]).astype(q.dtype)
+        from_entry = (run == 0).astype(q.dtype)
+        to_exit = (run == run[..., -1:]).astype(q.dtype)
+    u, w = wy_transform(k, v, beta, b, same_run, from_entry)
+    scores = (q @ jnp.swapaxes(k, -1, -2)) * decay_matrix(b)
+    q_in = q * jnp.exp(b)[..., None]
+    k_out = k * jnp.exp(b[..., -1:] - b)[..., None]
+    decay = jnp.exp(b[..., -1:])
+    if restarts is not None:
+        scores, q_in, k_out = scores * same_run, q_in * from_entry[..., None], k_out * to_exit[..., None]
+        decay = decay * from_entry[..., -1:]
+    return ChunkParts(q_in, scores, k_out, jnp.broadcast_to(decay, q.shape[:-2] + q.shape[-1:]), u, w)
+
+
+# ---- inter-chunk state passing ----
+
+
+def _values(p: ChunkParts, h):
+    return p.u if p.w is None else p.u - p.w @ h
+
+
+def chunk_output(p: ChunkParts, h: jax.Array) -> jax.Array:
+    """Outputs `[..., C, Dv]` of a chunk entered with state `h`."""
+    return p.q @ h + p.scores @ _values(p, h)
+
+
+def chunk_carry(p: ChunkParts, h: jax.Array) -> jax.Array:
+    """Exit state of a chunk entered with state `h`."""
+    return p.decay[..., :, None] * h + jnp.swapaxes(p.k, -1, -2) @ _values(p, h)
+
+
+def carry_transpose(p: ChunkParts, g: jax.Array) -> jax.Array:
+    """Gradient w.r.t. the entry state, of the exit state's gradient `g` (`chunk_carry` is linear in `h`)."""
+    dh = p.decay[..., :, None] * g
+    return dh if p.w is None else dh - jnp.swapaxes(p.w, -1, -2) @ (p.k @ g)
+
+
+# ---- one token (recurrent form, decoding) ----
+
+
+def diagonal_step(h, q, k, v, a_key=None, a_value=None):
+    """`h ← h ⊙ exp(a_key)[:, None] ⊙ exp(a_value)[None, :] + k vᵀ`; returns `(h, qᵀ h)`.
+
+    h `[..., Dk, Dv]`; q, k, a_key `[..., Dk]`; v, a_value `[..., Dv]` (q already scaled).
+    """
+    if a_key is not None:
+        h = h * jnp.exp(a_key)[..., :, None]
+    if a_value is not None:
+        h = h * jnp.exp(a_value)[..., None, :]
+    h = h + k[..., :, None] * v[..., None, :]
+    return h, jnp.sum(q[..., :, None] * h, axis=-2)
+
+
+def delta_step(h, q, k, v, beta, a_head=None, restarts=None):
+    """One delta-rule token: restart, decay, `u = beta (v − hᵀk)`, `h ← h + k uᵀ`; returns `(h, qᵀ h)`.
+
+    h `[..., Dk, Dv]`; q, k `[..., Dk]`; v `[..., Dv]`; beta, a_head and restarts (1 = reset) `[...]`.
+    """
+    if restarts is not None:
+        h = jnp.where(restarts[..., None, None] > 0, 0.0, h)
+    if a_head is not None:
+        h = h * jnp.exp(a_head)[..., None, None]
+    u = beta[..., None] * (v - jnp.sum(h * k[..., :, None], axis=-2))
+    h = h + k[..., :, None] * u[..., None, :]
+    return h, jnp.sum(q[..., :, None] * h, axis=-2)

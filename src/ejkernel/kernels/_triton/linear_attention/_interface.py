@@ -1,0 +1,109 @@
+"""Linear attention on the Triton platform: the shared entry points with the heavy parts in GPU kernels.
+
+The gated recurrence (GLA, lightning, recurrent) runs in fused chunk kernels (`_gla`: outputs and
+gradients per chunk, the intra-chunk weights never in memory). Every op's chunk-to-chunk state
+passes, which XLA runs as a `lax.scan` (one small launch per chunk), run as one kernel per direction
+(`_kernels.exit_states`, `_kernels.entry_grads`); the delta rule's chunk parts (WY transform) and
+pullbacks stay in XLA. A one-token call (decoding) is one fused step kernel. Calls it does not serve
+(the recurrent form, head dims that are not powers of two in [16, 256]) raise NotImplementedError
+before any kernel is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+
+from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.linear_attention._gla import gla_scan
+from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, fused_step
+from ejkernel.kernels._xla.linear_attention._interface import (
+    Engine,
+    gated_delta_rule_xla,
+    gla_attention_xla,
+    kernel_delta_attention_xla,
+    lightning_attention_xla,
+    recurrent_attention_xla,
+)
+from ejkernel.kernels._xla.linear_attention._scan import ScanPasses
+
+WHO = "triton linear attention"
+MIN_CHUNK = 16  # smallest matmul edge Triton takes
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonPasses(ScanPasses):
+    tiling: Tiling
+
+    def exit_states(self, p, init, starts):
+        return exit_states(p, init, starts, self.tiling)
+
+    def entry_grads(self, p, dh_own, d_exit, starts):
+        return entry_grads(p, dh_own, d_exit, starts, self.tiling)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonEngine(Engine):
+    tiling: Tiling
+    min_chunk = MIN_CHUNK
+
+    @property
+    def passes(self):
+        return TritonPasses(self.tiling)
+
+    def chunked(self, xs: dict, init, starts, *, delta: bool, sub: int, dtype):
+        engine = dataclasses.replace(self, tiling=dataclasses.replace(self.tiling, precise=dtype == jnp.float32))
+        if delta:  # the delta rule's chunk parts (WY transform) stay in XLA; its state passes run in kernels
+            return Engine.chunked(engine, xs, init, starts, delta=delta, sub=sub, dtype=dtype)
+        q, k, v = xs["q"], xs["k"], xs["v"]
+        gate = xs.get("a_key", jnp.zeros_like(k))
+        if "a_head" in xs:
+            gate = gate + xs["a_head"][..., None]
+        return gla_scan(engine.tiling, q, k, v, jnp.cumsum(gate, axis=-2), init, starts)
+
+    def decode(self, step, tokens, init):
+        return fused_step(step, tokens, init, self.tiling)
+
+    def check(self, *, dk: int, dv: int, chunk: int, recurrent: bool, one_token: bool) -> None:
+        del chunk
+        if recurrent and not one_token:
+            raise NotImplementedError(
+                f"{WHO} runs the chunked form and one-token steps of an unpacked batch; the token-by-token form "
+                "(per-value-channel gates, use_chunked=False, packed decoding) runs on xla"
+            )
+        for name, size in (("dim_k", dk), ("dim_v", dv)):
+            if size < 16 or size > 256 or size & (size - 1):
+                raise NotImplementedError(f"{WHO} takes {name} a power of two in [16, 256], got {size}")
+
+
+def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
+    """The engine for `cfg`: `fwd_params.block_d` value columns per program (default 32), warps, stages."""
+    params = getattr(cfg, "fwd_params", None)
+    return TritonEngine(
+        Tiling(
+            block_v=(params and params.block_d) or 32,
+            num_warps=(params and params.num_warps) or 4,
+            num_stages=(params and params.num_stages) or 2,
+            interpret=resolve_interpret(interpret, "triton linear attention"),
+        )
+    )
+
+
+def _on_triton(entry):
+    """`entry` (a shared entry point) with its sequential parts in Triton kernels; `interpret` forces interpret mode."""
+
+    @functools.wraps(entry)
+    def run(*args, cfg=None, interpret: bool | None = None, **options):
+        return entry(*args, cfg=cfg, engine=functools.partial(triton_engine, interpret=interpret), **options)
+
+    run.__doc__ = f"`{entry.__name__}` with its heavy parts in Pallas-Triton kernels (see this module)."
+    return run
+
+
+gla_attention_triton = _on_triton(gla_attention_xla)
+lightning_attention_triton = _on_triton(lightning_attention_xla)
+recurrent_attention_triton = _on_triton(recurrent_attention_xla)
+kernel_delta_attention_triton = _on_triton(kernel_delta_attention_xla)
+gated_delta_rule_triton = _on_triton(gated_delta_rule_xla)

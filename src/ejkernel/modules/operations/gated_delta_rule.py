@@ -1,0 +1,98 @@
+"""`gated_delta_rule`: the delta rule with a per-head decay (Gated DeltaNet), with packed segments and sharding.
+
+Per token: `h ← h·exp(decay_t)`, `u_t = beta_t (v_t − hᵀ k_t)`, `h ← h + k_t u_tᵀ`, `o_t = (Dk^-½ · q_t)ᵀ h`,
+with q and k L2-normalised along `Dk` by default (`ejkernel.reference.linear_attention.delta_rule_reference`).
+"""
+
+import dataclasses
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_chunk_size, check_linear_call, chunk_configs
+from ejkernel.modules.operations._common import executor, require_int, typechecked
+from ejkernel.ops import Invocation, Kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaRuleConfig(ChunkedConfig):
+    """The tiling of the chunked form (see `ChunkedConfig`)."""
+
+
+class GatedDeltaRule(Kernel):
+    op_id = "gated_delta_rule"
+    config_type = GatedDeltaRuleConfig
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        return chunk_configs(self.config_type, platform, inv.kwargs["autotune_chunk_candidates"] or (32, 64, 128))
+
+
+@typechecked
+def gated_delta_rule(
+    query: Float[Array, "batch seq heads dim_k"],
+    key: Float[Array, "batch seq heads dim_k"],
+    value: Float[Array, "batch seq heads dim_v"],
+    beta: Float[Array, "batch seq heads"],
+    decay: Float[Array, "batch seq heads"] | None = None,
+    seg_ids: Int[Array, "batch seq"] | None = None,
+    initial_state: Float[Array, "batch heads dim_k dim_v"] | None = None,
+    /,
+    *,
+    autotune_chunk_candidates: tuple[int, ...] | list[int] | None = None,
+    use_qk_l2norm: bool = True,
+    use_chunked: bool = True,
+    return_state: bool = False,
+    platform: str | None = None,
+    cfg: GatedDeltaRuleConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs=None,
+    out_specs=None,
+):
+    """The gated delta rule over `[batch, seq, heads, dim]` inputs; `beta` is the per-token write strength.
+
+    `decay [B,S,H]` is a per-head log decay (the factor is `exp(decay)`), optional. `seg_ids [B,S]`
+    packs sequences into a row: the state restarts from zeros where the id changes, and tokens with a
+    negative id are padding (zeros out, state untouched). `initial_state [B,H,Dk,Dv]` seeds each row's
+    first sequence. `use_chunked=False` runs the XLA recurrent form; a one-token call with an
+    `initial_state` is a decode step. `autotune_chunk_candidates` are the chunk sizes autotuning tries.
+    Returns `out [B,S,H,Dv]`, or `(out, final_state float32)` with `return_state`. With `mesh`,
+    `in_specs` (one per tensor passed) may shard batch and heads, never the sequence.
+    """
+    check_linear_call(
+        query,
+        key,
+        value,
+        grouped=False,
+        gates={"beta": (beta, "head"), "decay": (decay, "head")},
+        initial_state=initial_state,
+    )
+    if seg_ids is not None:
+        require_int("seg_ids", seg_ids)
+    if autotune_chunk_candidates is not None:
+        autotune_chunk_candidates = tuple(autotune_chunk_candidates)
+        for size in autotune_chunk_candidates:
+            check_chunk_size("autotune_chunk_candidates", size)
+    per_token_specs = () if in_specs is None else tuple(in_specs)[: len(in_specs) - (initial_state is not None)]
+    if any(spec is not None and tuple(spec)[1:2] not in ((), (None,)) for spec in per_token_specs):
+        raise ValueError(
+            f"gated_delta_rule runs a recurrence along the sequence: in_specs must not shard axis 1, got {in_specs}"
+        )
+    return executor(
+        GatedDeltaRule(),
+        query,
+        key,
+        value,
+        beta,
+        decay,
+        seg_ids,
+        initial_state,
+        autotune_chunk_candidates=autotune_chunk_candidates,
+        use_qk_l2norm=bool(use_qk_l2norm),
+        use_chunked=bool(use_chunked),
+        return_state=bool(return_state),
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

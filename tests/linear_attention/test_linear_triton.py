@@ -1,0 +1,185 @@
+"""Linear attention on the Triton platform: interpret mode on CPU against the reference, CUDA lowering, GPU suite.
+
+Interpret-mode cases stay small (head dims 16, the smallest the Triton matmuls take; a few chunks): the
+kernels loop over chunks inside one program per (row, head, column block), so the grids are tiny.
+"""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strength
+
+from ejkernel.kernels._triton.linear_attention._interface import (
+    gated_delta_rule_triton,
+    gla_attention_triton,
+    kernel_delta_attention_triton,
+    lightning_attention_triton,
+    recurrent_attention_triton,
+)
+from ejkernel.modules import (
+    GatedDeltaRuleConfig,
+    GLAttentionConfig,
+    gated_delta_rule,
+    gla_attention,
+    lightning_attention,
+)
+from ejkernel.ops import FwdParams
+from ejkernel.reference.linear_attention import delta_rule_reference, gla_reference, linear_recurrence_reference
+from harness import check_forward_and_grads
+
+D = 16
+SMALL = FwdParams(block_d=16)  # two column blocks per state
+
+
+def inputs(batch=2, seq=40, heads=2, kv_heads=2):
+    q, k, v = (rand((batch, seq, h, D)) for h in (heads, kv_heads, kv_heads))
+    return q, k, v
+
+
+def test_gla_packed_reversed_grouped():
+    cu = jnp.array([0, 7, 7, 40], jnp.int32)
+    q, k, v = inputs(batch=1, heads=4)
+    args = [q, k, v, log_decay(1, 40, 4, D), log_decay(4, strength=0.1), rand((3, 4, D, D))]
+    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)  # two sub-chunks per chunk
+    fn = lambda q, k, v, g, gamma, h0: gla_attention_triton(
+        q, k, v, g, gamma, h0, cu, reverse=True, return_state=True, cfg=cfg, interpret=True
+    )
+    ref = lambda q, k, v, g, gamma, h0: gla_reference(q, k, v, g, gamma, h0, cu, reverse=True)
+    check(fn, ref, args)
+
+
+def test_gated_delta_rule_segments():
+    seq = SEGMENTS.shape[1]
+    q, k, v = inputs(seq=seq)
+    seg = jnp.asarray(SEGMENTS, jnp.int32)
+    args = [q, k, v, write_strength(2, seq, 2), log_decay(2, seq, 2), rand((2, 2, D, D))]
+    cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
+    fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
+        q, k, v, b, d, seg, h0, return_state=True, cfg=cfg, interpret=True
+    )
+    ref = lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0, seg)
+    check(fn, ref, args)
+
+
+def test_decode_step_kernel():
+    """One token with a state (per-key and per-value gates; the delta rule): the fused step kernel."""
+    q, k, v = inputs(seq=1)
+    gk, gv, h0 = log_decay(2, 1, 2, D), log_decay(2, 1, 2, D), rand((2, 2, D, D))
+    fn = lambda q, k, v, gk, gv, h0: recurrent_attention_triton(
+        q, k, v, None, None, gk, gv, h0, return_state=True, interpret=True
+    )
+    check(
+        fn,
+        lambda q, k, v, gk, gv, h0: linear_recurrence_reference(q, k, v, None, None, gk, gv, h0),
+        [q, k, v, gk, gv, h0],
+    )
+    beta, decay = write_strength(2, 1, 2), log_decay(2, 1, 2)
+    fn = lambda q, k, v, b, d, h0: kernel_delta_attention_triton(q, k, v, b, d, h0, return_state=True, interpret=True)
+    check(fn, delta_rule_reference, [q, k, v, beta, decay, h0])
+
+
+def test_calls_it_does_not_serve_fall_back():
+    q, k, v = inputs(seq=20)
+    with pytest.raises(NotImplementedError, match="xla"):
+        recurrent_attention_triton(q, k, v, None, None, None, log_decay(2, 20, 2, D), interpret=True)
+    with pytest.raises(NotImplementedError, match="xla"):
+        gated_delta_rule_triton(q, k, v, write_strength(2, 20, 2), use_chunked=False, interpret=True)
+    with pytest.raises(NotImplementedError, match="dim_k"):
+        lightning_attention_triton(q[..., :12], k[..., :12], v, layer_idx=0, num_layers=1, interpret=True)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_kernels_lower_for_cuda(monkeypatch):
+    """Forward + backward of GLA and the delta rule, and a decode step, lower to Triton IR for an H100."""
+    from jax._src.pallas.triton import pallas_call_registration
+
+    monkeypatch.setattr(
+        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
+    )
+    shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
+    x, gate, per_head = (
+        shape(2, 128, 4, 128),
+        shape(2, 128, 4, 128, dtype=jnp.float32),
+        shape(2, 128, 4, dtype=jnp.float32),
+    )
+
+    def train(fn, *args):
+        out = fn(*args)
+        return jax.vjp(fn, *args)[1](jnp.ones(out.shape, out.dtype))
+
+    def lowered(fn, *args):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    passes = ["ejkernel_linear_attention_exit_states", "ejkernel_linear_attention_entry_grads"]
+    for fn, args, kernels in (
+        (
+            functools.partial(gla_attention_triton, interpret=False),
+            (x, x, x, gate),
+            [*passes, "ejkernel_gla_chunk_outputs", "ejkernel_gla_chunk_grads"],
+        ),
+        (
+            lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False),
+            (x, x, x, per_head, per_head),
+            passes,
+        ),
+    ):
+        text = lowered(functools.partial(train, fn), *args)
+        assert all(name in text for name in kernels)
+    token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)
+    decode = lambda q, k, v, h: lightning_attention_triton(q, k, v, h, layer_idx=1, num_layers=2, interpret=False)
+    assert "ejkernel_linear_attention_step" in lowered(decode, token, token, token, state)
+
+
+# ---- GPU suite: the Triton implementation against the XLA one (in float32) on the device, realistic shapes ----
+
+
+def versus_xla(call, args):
+    """`call(*args, platform=...) -> (out, state)` on Triton (bf16) vs XLA (float32): forward, state, every VJP."""
+    on = lambda platform: jax.jit(joined(functools.partial(call, platform=platform)))
+    check_forward_and_grads(on("triton"), on("xla"), args, tuple(range(len(args))), jnp.bfloat16)
+
+
+def big(*shape):
+    return rand(shape, jnp.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpu_gla_matches_xla(packed):
+    batch, seq = (1, 8192) if packed else (2, 4096)
+    cu = jnp.array([0, 1000, 1000, 5000, 8192], jnp.int32) if packed else None
+    states = 4 if packed else batch
+    args = [big(batch, seq, 8, 128), big(batch, seq, 4, 128), big(batch, seq, 4, 128)]
+    args += [log_decay(batch, seq, 8, 128, strength=0.05), rand((states, 8, 128, 128))]
+    call = lambda q, k, v, g, h0, platform: gla_attention(
+        q, k, v, g, None, h0, cu, reverse=packed, return_state=True, platform=platform
+    )
+    versus_xla(call, args)
+
+
+@pytest.mark.gpu
+def test_gpu_gated_delta_rule_matches_xla():
+    seg = jnp.asarray(jnp.arange(4096) // 1500, jnp.int32)[None].repeat(2, 0)
+    args = [big(2, 4096, 8, 128) for _ in range(3)]
+    args += [write_strength(2, 4096, 8), log_decay(2, 4096, 8, strength=0.05), rand((2, 8, 128, 128))]
+    call = lambda q, k, v, b, d, h0, platform: gated_delta_rule(
+        q, k, v, b, d, seg, h0, return_state=True, platform=platform
+    )
+    versus_xla(call, args)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_steps_match_xla():
+    q, k, v = (big(32, 1, 16, 128) for _ in range(3))
+    h0 = rand((32, 16, 128, 128))
+    call = lambda q, k, v, h0, platform: lightning_attention(
+        q, k, v, h0, layer_idx=3, num_layers=8, return_state=True, platform=platform
+    )
+    versus_xla(call, [q, k, v, h0])
+    call = lambda q, k, v, b, h0, platform: gated_delta_rule(
+        q, k, v, b, None, None, h0, return_state=True, platform=platform
+    )
+    versus_xla(call, [q, k, v, write_strength(32, 1, 16), h0])
