@@ -1,0 +1,6 @@
+"""Registers the Pallas-Triton Mamba-2 SSD scan (chunked scalar-decay linear-attention kernels)."""
+
+from ejkernel.kernels._triton.state_space_v2._interface import state_space_v2_triton
+from ejkernel.registry import Backend, Platform, kernel_registry
+
+kernel_registry.register("state_space_v2", Platform.TRITON, Backend.GPU, priority=10)(state_space_v2_triton)

@@ -1,0 +1,105 @@
+"""Pallas-Triton state-space kernels: interpret mode against the references (few grid steps), lowering
+for CUDA on this host, and the GPU suite against the XLA implementations at realistic shapes."""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from state_space_cases import check_scan, packed, v1_inputs, v2_inputs
+
+from ejkernel import kernel_registry
+from ejkernel.kernels._triton.state_space_v1._interface import state_space_v1_triton
+from ejkernel.kernels._triton.state_space_v2._interface import state_space_v2_triton
+from ejkernel.kernels._xla.state_space_v1._interface import state_space_v1_xla
+from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
+from ejkernel.modules import StateSpaceV1Config, StateSpaceV2Config, state_space_v1, state_space_v2
+from ejkernel.ops import BwdParams, FwdParams
+from ejkernel.reference.state_space import state_space_v1_reference, state_space_v2_reference
+from harness import check_forward_and_grads
+
+# 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
+# 37 tokens to 48: a grid of 2 x 3 programs per batch row.
+SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
+# v2: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial); P = 8 pads to 16.
+SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
+
+
+def test_v1_interpret_matches_reference():
+    args = v1_inputs(batch=1, seq=37, channels=24, state=6)
+    fn = functools.partial(state_space_v1_triton, cfg=SMALL, interpret=True)
+    check_scan(fn, state_space_v1_reference, args)
+
+
+def test_v2_interpret_matches_reference():
+    """Forward and the whole backward (three more runs of the chunked kernels, two of them reversed)."""
+    args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=16)
+    fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
+    check_scan(fn, functools.partial(state_space_v2_reference, n_groups=2), args)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("op", ["v1", "v2"])
+def test_kernels_lower_for_cuda(monkeypatch, op):
+    """Forward and backward lower to Triton IR for an H100 (compute capability 9.0) without a GPU."""
+    from jax._src.pallas.triton import pallas_call_registration
+
+    monkeypatch.setattr(
+        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
+    )
+    if op == "v1":
+        args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
+        impl, kernel_names = state_space_v1_triton, ["ssm1_chunk_ends", "ssm1_chunk_outputs", "ssm1_chunk_grads"]
+    else:
+        args = v2_inputs(batch=2, seq=512, heads=4, head_dim=64, groups=1, state=128, dtype=jnp.bfloat16)
+        impl, kernel_names = state_space_v2_triton, ["ssd_chunk_states", "ssd_chunk_outputs"]
+    forward = packed(functools.partial(impl, interpret=False))
+    train = lambda *a: jax.vjp(forward, *a)[1](jnp.ones(forward(*a).shape))
+    text = jax.jit(train).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert all(f"ejkernel_{name}" in text for name in kernel_names)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("cfg", "initial"),
+    [(None, True), (StateSpaceV1Config(chunk_size=128, fwd_params=FwdParams(block_d=64, num_warps=8)), False)],
+)
+def test_gpu_v1_triton_matches_xla(cfg, initial):
+    args = v1_inputs(batch=2, seq=2000, channels=1024, state=16, dtype=jnp.bfloat16, initial=initial)
+    triton = functools.partial(state_space_v1, platform="triton", cfg=cfg)
+    xla = functools.partial(state_space_v1_xla, cfg=StateSpaceV1Config(chunk_size=64))
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+    check_forward_and_grads(jax.jit(packed(triton)), jax.jit(packed(xla)), list(args), argnums, jnp.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_v1_decode_step_and_auto_platform():
+    """A one-token call continues a prefix exactly; `platform="auto"` takes the Triton kernels."""
+    assert kernel_registry.get("state_space_v1") is state_space_v1_triton
+    x, A, B, C, D, dt, gate, h0 = v1_inputs(batch=64, seq=257, channels=2048, state=16)
+    y, state, _ = state_space_v1(x, A, B, C, D, dt, gate, h0)
+    y1, state1, _ = state_space_v1(x[:, :256], A, B[:, :256], C[:, :256], D, dt[:, :256], gate[:, :256], h0)
+    last = slice(256, 257)
+    y2, state2, _ = state_space_v1(x[:, last], A, B[:, last], C[:, last], D, dt[:, last], gate[:, last], state1)
+    ref_y, ref_state, _ = state_space_v1_xla(x, A, B, C, D, dt, gate, h0)
+    check = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+    assert check(jnp.concatenate([y1, y2], axis=1), ref_y) < 1e-4 and check(state2, ref_state) < 1e-4
+    assert check(y, ref_y) < 1e-4 and check(state, ref_state) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("groups", "dtype", "cfg"),
+    [
+        (1, jnp.bfloat16, None),
+        (4, jnp.bfloat16, StateSpaceV2Config(chunk_size=128, bwd_params=BwdParams(block_q=32, num_warps=8))),
+        (2, jnp.float32, StateSpaceV2Config(chunk_size=64)),
+    ],
+)
+def test_gpu_v2_triton_matches_xla(groups, dtype, cfg):
+    args = v2_inputs(batch=2, seq=2000, heads=8, head_dim=64, groups=groups, state=128, dtype=dtype)
+    triton = functools.partial(state_space_v2, n_groups=groups, platform="triton", cfg=cfg)
+    xla = functools.partial(state_space_v2_xla, n_groups=groups, precision="highest")  # no TF32 in the oracle
+    argnums = tuple(i for i, a in enumerate(args) if a is not None)
+    check_forward_and_grads(jax.jit(packed(triton)), jax.jit(packed(xla)), list(args), argnums, dtype)
