@@ -7,7 +7,6 @@ cases stay comparable across platforms.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from ejkernel.ops.config import BwdParams, FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
@@ -15,15 +14,6 @@ from harness import check_forward_and_grads, randn
 
 # Small blocks, so ragged test lengths run several blocks, partial blocks and the block-skipping paths.
 SMALL = dict(fwd_params=FwdParams(block_q=32, block_k=32), bwd_params=BwdParams(block_q=32, block_k=32))
-
-
-@pytest.fixture
-def cheap_compiles():
-    """Interpret-mode kernels run in milliseconds per step but compile in seconds: skip XLA's optimisations."""
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
 
 
 def segments(batch, length, num_segments=3, pad=0, key=0):

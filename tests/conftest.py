@@ -39,3 +39,38 @@ def _isolated_caches(tmp_path, monkeypatch):
     reset_caches()
     yield
     reset_caches()
+
+
+@pytest.fixture
+def cheap_compiles():
+    """Tests that compile many small programs and run each once (interpret-mode kernels run in
+    milliseconds per step but compile in seconds): skip XLA's optimisations."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture
+def cuda_lowering(monkeypatch):
+    """Lower Pallas-Triton kernels for an H100 (compute capability 9.0) on this CPU host, and verify each
+    Triton module as the GPU compiler will (operand types of loops, ...), which lowering alone skips.
+
+    Use `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))` in the test.
+    """
+    import types
+
+    from jax._src.pallas.triton import lowering, pallas_call_registration
+
+    monkeypatch.setattr(
+        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
+    )
+    lower = lowering.lower_jaxpr_to_triton_module
+
+    def lower_and_verify(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        with result.module.context:
+            assert result.module.operation.verify(), "the Triton module does not verify"
+        return result
+
+    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lower_and_verify)

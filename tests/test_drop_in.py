@@ -164,7 +164,8 @@ def dense_with_sinks(q, k, v, sinks, causal=False):
     logits = jnp.einsum("bihd,bjhd->bhij", q, k) * D**-0.5
     if causal:
         logits = jnp.where(jnp.tril(jnp.ones((S, S), bool)), logits, -jnp.inf)
-    columns = jnp.concatenate([logits, jnp.broadcast_to(sinks[None, :, None, :], (*logits.shape[:3], sinks.shape[-1]))], -1)
+    sink_columns = jnp.broadcast_to(sinks[None, :, None, :], (*logits.shape[:3], sinks.shape[-1]))
+    columns = jnp.concatenate([logits, sink_columns], -1)
     weights = jax.nn.softmax(columns, axis=-1)[..., :S]
     return jnp.einsum("bhij,bjhd->bihd", weights, v)
 

@@ -150,9 +150,29 @@ def test_002_kernel_registry_directly():
         triton(query, key, value, causal=True)
 
 
-@pytest.mark.skip(reason="page_attention comes with issue 23 (serving attention)")
 def test_002_page_attention_for_inference():
-    pass
+    """The document imports upstream's private `ejkernel.kernels._xla.page_attention` with keywords that
+    API.md's `page_attention` does not have (`scale`, `block_size`): where the seeds and API.md disagree,
+    API.md stands. The same call through the public op, with API.md's names and layouts."""
+    from ejkernel.modules import page_attention
+    from ejkernel.reference.paged_attention import page_attention_reference
+
+    num_blocks, num_heads, head_dim = 8, 4, 32  # test: sizes the document leaves undefined
+    query = jax.random.normal(jax.random.PRNGKey(1), (2, num_heads, head_dim))  # test: one token per sequence
+
+    # Setup KV cache
+    max_blocks, block_size = 256, 16  # noqa: F841 (as written)
+    key_cache = jax.random.normal(jax.random.PRNGKey(2), (num_blocks, num_heads, block_size, head_dim))  # test:
+    value_cache = jax.random.normal(jax.random.PRNGKey(3), (num_blocks, num_heads, block_size, head_dim))  # test:
+
+    # Block tables for sequence mapping
+    block_tables = jnp.array([[0, 1, 2, 3], [4, 5, 6, 7]])
+    context_lens = jnp.array([48, 32])
+
+    # Run paged attention
+    output = page_attention(query, key_cache, value_cache, context_lens, block_tables, attn_scale=0.125)
+    expected = page_attention_reference(query, key_cache, value_cache, context_lens, block_tables, attn_scale=0.125)
+    assert_close(output, expected)  # test:
 
 
 def test_002_kernel_registry_system():
@@ -254,9 +274,27 @@ def test_003_packed_sequence_batching():
     assert_close(output, reference(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=segment_ids))  # test:
 
 
-@pytest.mark.skip(reason="page_attention comes with issue 23 (serving attention)")
 def test_003_inference_with_kv_cache():
-    pass
+    """The document's shape comments (query `[batch, 1, heads, dim]`, caches `[blocks, block_size, kv_heads,
+    dim]`) are another op's; API.md's `page_attention` takes query `[batch, heads, dim]` and caches
+    `[blocks, kv_heads, block_size, dim]`, and API.md stands. The call itself runs as written."""
+    from ejkernel.modules import page_attention
+    from ejkernel.reference.paged_attention import page_attention_reference
+
+    keys = jax.random.split(jax.random.PRNGKey(4), 3)  # test: inputs the document leaves undefined
+    query = jax.random.normal(keys[0], (3, 8, 64), jnp.bfloat16)  # test:
+    key_cache, value_cache = (jax.random.normal(x, (12, 2, 16, 64), jnp.bfloat16) for x in keys[1:])  # test:
+    context_lens = jnp.array([1, 40, 64])  # test:
+    block_tables = jnp.array([[5, 0, 0, 0], [2, 9, 7, 0], [11, 3, 1, 4]])  # test:
+    output = page_attention(
+        query,  # (batch, 1, heads, dim) - single token
+        key_cache,  # (num_blocks, block_size, kv_heads, dim)
+        value_cache,
+        context_lens,  # (batch,) - current context length
+        block_tables,  # (batch, max_blocks) - page table
+    )
+    expected = page_attention_reference(query, key_cache, value_cache, context_lens, block_tables)  # test:
+    assert_close(output, expected, jnp.bfloat16)  # test:
 
 
 def test_003_long_sequence_training():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_cases import cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
+from attention_cases import run_attention_case, segments
 from ejkernel import Backend, Platform, kernel_registry
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     Static,

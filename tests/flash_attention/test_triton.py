@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from attention_cases import SMALL, cheap_compiles, run_attention_case, segments  # noqa: F401 (a fixture)
+from attention_cases import SMALL, run_attention_case, segments
 from ejkernel.kernels._triton.flash_attention import _interface
 from ejkernel.ops.config import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference

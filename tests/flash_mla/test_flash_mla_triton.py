@@ -1,7 +1,6 @@
 """flash_mla's Pallas-Triton kernel: interpret mode against the reference, CUDA lowering, GPU suite."""
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -60,13 +59,8 @@ def test_declines_bias_mask_and_dropout():
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-def test_kernel_lowers_for_cuda(monkeypatch):
+def test_kernel_lowers_for_cuda(cuda_lowering):
     """Decode and packed causal prefill at DeepSeek shapes (rank 512, RoPE 64) lower for an H100."""
-    from jax._src.pallas.triton import pallas_call_registration
-
-    monkeypatch.setattr(
-        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
-    )
     shape = jax.ShapeDtypeStruct
     weights = [shape((512, 1, 128), jnp.bfloat16)] * 2
     for q_len, kv_len, options in ((1, 4096, {}), (512, 512, dict(causal=True, cu_seqlens=jnp.array([0, 300, 512])))):

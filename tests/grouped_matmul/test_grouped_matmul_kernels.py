@@ -1,7 +1,6 @@
 """grouped_matmul kernels: Pallas-Triton (interpret mode, CUDA lowering, GPU suite) and Pallas TPU (interpret mode)."""
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -47,13 +46,8 @@ def test_triton_interpret_offset_and_existing_out():
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-def test_triton_kernels_lower_for_cuda(monkeypatch):
+def test_triton_kernels_lower_for_cuda(cuda_lowering):
     """The forward and both backward products lower to Triton IR for an H100 (compute capability 9.0)."""
-    from jax._src.pallas.triton import pallas_call_registration
-
-    monkeypatch.setattr(
-        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
-    )
     lhs = jax.ShapeDtypeStruct((3000, 520), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((7, 250, 520), jnp.bfloat16)  # transposed: [G, N, K]
     sizes = jnp.array([500, 0, 700, 300, 0, 1000, 100], jnp.int32)

@@ -5,7 +5,6 @@ kernels loop over chunks inside one program per (row, head, column block), so th
 """
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -92,13 +91,8 @@ def test_calls_it_does_not_serve_fall_back():
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-def test_kernels_lower_for_cuda(monkeypatch):
+def test_kernels_lower_for_cuda(cuda_lowering):
     """Forward + backward of GLA and the delta rule, and a decode step, lower to Triton IR for an H100."""
-    from jax._src.pallas.triton import pallas_call_registration
-
-    monkeypatch.setattr(
-        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
-    )
     shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
     x, gate, per_head = (
         shape(2, 128, 4, 128),

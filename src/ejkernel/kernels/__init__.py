@@ -10,6 +10,7 @@ from ejkernel.kernels._pallas.gpu import flash_attention as _mosaic_gpu_flash_at
 from ejkernel.kernels._pallas.tpu import blocksparse_attention as _tpu_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._pallas.tpu import flash_attention as _tpu_flash_attention  # noqa: F401
 from ejkernel.kernels._pallas.tpu import grouped_matmul as _tpu_grouped_matmul  # noqa: F401
+from ejkernel.kernels._pallas.tpu import paged_attention as _tpu_paged_attention  # noqa: F401
 from ejkernel.kernels._triton import blocksparse_attention as _triton_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._triton import flash_attention as _triton_flash_attention  # noqa: F401
 from ejkernel.kernels._triton import flash_mla as _triton_flash_mla  # noqa: F401
@@ -17,6 +18,7 @@ from ejkernel.kernels._triton import grouped_matmul as _triton_grouped_matmul  #
 from ejkernel.kernels._triton import linear_attention as _triton_linear_attention  # noqa: F401
 from ejkernel.kernels._triton import mean_pooling as _triton_mean_pooling  # noqa: F401
 from ejkernel.kernels._triton import native_sparse_attention as _triton_native_sparse_attention  # noqa: F401
+from ejkernel.kernels._triton import paged_attention as _triton_paged_attention  # noqa: F401
 from ejkernel.kernels._triton import ring_attention as _triton_ring_attention  # noqa: F401
 from ejkernel.kernels._triton import state_space_v1 as _triton_state_space_v1  # noqa: F401
 from ejkernel.kernels._triton import state_space_v2 as _triton_state_space_v2  # noqa: F401
@@ -28,6 +30,7 @@ from ejkernel.kernels._xla import grouped_matmul as _xla_grouped_matmul  # noqa:
 from ejkernel.kernels._xla import linear_attention as _xla_linear_attention  # noqa: F401
 from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401
 from ejkernel.kernels._xla import native_sparse_attention as _xla_native_sparse_attention  # noqa: F401
+from ejkernel.kernels._xla import paged_attention as _xla_paged_attention  # noqa: F401
 from ejkernel.kernels._xla import ring_attention as _xla_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import scaled_dot_product_attention as _xla_sdpa  # noqa: F401
 from ejkernel.kernels._xla import state_space_v1 as _xla_state_space_v1  # noqa: F401

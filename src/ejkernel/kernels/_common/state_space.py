@@ -222,7 +222,7 @@ def ssd_inputs(x, A, B, C, dt, dtype):
     return C.astype(dtype), B.astype(dtype), (dt[..., None] * x.astype(jnp.float32)).astype(dtype), A * dt
 
 
-def ssd_backward(forward, x, A, B, C, dt, h0, h_last, dy, dh_last, dtype):
+def ssd_backward(forward, x, A, B, C, dt, h0, dy, dh_last, dtype):
     """Every gradient of the Mamba-2 scan `(y = h_t C_t, h_S)` from three more runs of its forward.
 
     `forward(q, k, v, g, h0, reverse=False) -> (o, final state)` is chunked linear attention with a
@@ -232,14 +232,18 @@ def ssd_backward(forward, x, A, B, C, dt, h0, h_last, dy, dh_last, dtype):
       dC = forward(dy, v, B, from h_0)                  dB = forward(v, dy, C, reverse, from dh_S)
       dG_t = C_t · dC_t - B_t · dB_t (+ <dh_S, h_S> at the last step),  dg = its reverse running sum
     (each gate scales every product it spans, so ∂L/∂G_t = the products that end at t minus those that
-    start there). dB, dC come per head and are summed over the heads of each group. All float32.
+    start there). dB, dC come per head and are summed over the heads of each group. Results float32.
     """
     heads, groups = x.shape[2], B.shape[2]
     q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
-    dy_c = dy.astype(dtype)
-    dv, lam = forward(k, q, dy_c, g, jnp.swapaxes(dh_last, -1, -2), reverse=True)
-    dC, _ = forward(dy_c, v, k, g, h0, reverse=False)
-    dB, _ = forward(v, dy_c, q, g, dh_last, reverse=True)
+    dv, lam = forward(k, q, dy.astype(dtype), g, jnp.swapaxes(dh_last, -1, -2), reverse=True)
+    # The gate's gradient is a difference of two large sums, C·dC - B·dB, summed again along the whole
+    # sequence: products rounded to bfloat16 lose it (30% off dA at 2k tokens on an H100), so the two
+    # runs that feed it take float32 operands.
+    q, k, v, _ = ssd_inputs(x, A, B, C, dt, jnp.float32)
+    dy32 = dy.astype(jnp.float32)
+    dC, h_last = forward(dy32, v, k, g, h0, reverse=False)  # its state is the scan's own: h_last in float32
+    dB, _ = forward(v, dy32, q, g, dh_last, reverse=True)
     group_of_head = jnp.arange(heads) // (heads // groups)
     B_h, C_h = (a.astype(jnp.float32)[:, :, group_of_head] for a in (B, C))
     dG = jnp.sum(C_h * dC, axis=-1) - jnp.sum(B_h * dB, axis=-1)

@@ -1,4 +1,4 @@
-"""Every operation's public function, `Kernel` class and config.
+"""Every operation's public function, `Kernel` class and config: the one list of the ops.
 
 `from ejkernel.modules.operations import flash_attention` gives the function, as upstream code
 expects; the modules of the same names stay importable by their full path
@@ -6,29 +6,133 @@ expects; the modules of the same names stay importable by their full path
 """
 
 from ejkernel.modules.operations.attention import Attention, AttentionConfig, attention
+from ejkernel.modules.operations.blocksparse_attention import (
+    BlockSparseAttention,
+    BlockSparseAttentionConfig,
+    blocksparse_attention,
+)
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
+from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
+from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, GatedDeltaRuleConfig, gated_delta_rule
+from ejkernel.modules.operations.gla_attention import GLAttention, GLAttentionConfig, gla_attention
+from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
+from ejkernel.modules.operations.kernel_delta_attention import (
+    KernelDeltaAttention,
+    KernelDeltaAttentionConfig,
+    kernel_delta_attention,
+)
+from ejkernel.modules.operations.lightning_attention import (
+    LightningAttention,
+    LightningAttentionConfig,
+    lightning_attention,
+)
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.modules.operations.native_sparse_attention import (
+    NativeSparseAttention,
+    NativeSparseAttentionConfig,
+    native_sparse_attention,
+)
+from ejkernel.modules.operations.page_attention import PageAttention, PageAttentionConfig, page_attention
+from ejkernel.modules.operations.prefill_page_attention import (
+    PrefillPageAttention,
+    PrefillPageAttentionConfig,
+    prefill_page_attention,
+)
+from ejkernel.modules.operations.ragged_decode_attention import (
+    RaggedDecodeAttention,
+    RaggedDecodeAttentionConfig,
+    ragged_decode_attention,
+)
+from ejkernel.modules.operations.ragged_page_attention_v2 import (
+    RaggedPageAttentionV2,
+    RaggedPageAttentionV2Config,
+    ragged_page_attention_v2,
+)
+from ejkernel.modules.operations.ragged_page_attention_v3 import (
+    RaggedPageAttentionV3,
+    RaggedPageAttentionV3Config,
+    ragged_page_attention_v3,
+)
+from ejkernel.modules.operations.recurrent_attention import (
+    RecurrentAttention,
+    RecurrentAttentionConfig,
+    recurrent_attention,
+)
 from ejkernel.modules.operations.ring_attention import RingAttention, RingAttentionConfig, ring_attention
 from ejkernel.modules.operations.scaled_dot_product_attention import (
     ScaledDotProductAttention,
     ScaledDotProductAttentionConfig,
     scaled_dot_product_attention,
 )
+from ejkernel.modules.operations.state_space_v1 import StateSpaceV1, StateSpaceV1Config, state_space_v1
+from ejkernel.modules.operations.state_space_v2 import StateSpaceV2, StateSpaceV2Config, state_space_v2
+from ejkernel.modules.operations.unified_attention import UnifiedAttention, UnifiedAttentionConfig, unified_attention
 
 __all__ = [
     "Attention",
     "AttentionConfig",
+    "BlockSparseAttention",
+    "BlockSparseAttentionConfig",
     "FlashAttention",
     "FlashAttentionConfig",
+    "FlashMLA",
+    "FlashMLAConfig",
+    "GLAttention",
+    "GLAttentionConfig",
+    "GatedDeltaRule",
+    "GatedDeltaRuleConfig",
+    "GroupedMatmul",
+    "GroupedMatmulConfig",
+    "KernelDeltaAttention",
+    "KernelDeltaAttentionConfig",
+    "LightningAttention",
+    "LightningAttentionConfig",
     "MeanPooling",
     "MeanPoolingConfig",
+    "NativeSparseAttention",
+    "NativeSparseAttentionConfig",
+    "PageAttention",
+    "PageAttentionConfig",
+    "PrefillPageAttention",
+    "PrefillPageAttentionConfig",
+    "RaggedDecodeAttention",
+    "RaggedDecodeAttentionConfig",
+    "RaggedPageAttentionV2",
+    "RaggedPageAttentionV2Config",
+    "RaggedPageAttentionV3",
+    "RaggedPageAttentionV3Config",
+    "RecurrentAttention",
+    "RecurrentAttentionConfig",
     "RingAttention",
     "RingAttentionConfig",
     "ScaledDotProductAttention",
     "ScaledDotProductAttentionConfig",
+    "StateSpaceV1",
+    "StateSpaceV1Config",
+    "StateSpaceV2",
+    "StateSpaceV2Config",
+    "UnifiedAttention",
+    "UnifiedAttentionConfig",
     "attention",
+    "blocksparse_attention",
     "flash_attention",
+    "flash_mla",
+    "gated_delta_rule",
+    "gla_attention",
+    "grouped_matmul",
+    "kernel_delta_attention",
+    "lightning_attention",
     "mean_pooling",
+    "native_sparse_attention",
+    "page_attention",
+    "prefill_page_attention",
+    "ragged_decode_attention",
+    "ragged_page_attention_v2",
+    "ragged_page_attention_v3",
+    "recurrent_attention",
     "ring_attention",
     "scaled_dot_product_attention",
+    "state_space_v1",
+    "state_space_v2",
+    "unified_attention",
 ]

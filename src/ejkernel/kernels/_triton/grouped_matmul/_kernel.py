@@ -97,7 +97,7 @@ def _gmm_kernel(
             return acc + dot(a, _load(rhs_ref, (group_index, cols, ks), col_mask, k_mask), trans_b=True)
         return acc + dot(a, _load(rhs_ref, (group_index, ks, cols), k_mask, col_mask))
 
-    steps = jnp.where(group >= 0, pl.cdiv(k, bk), 0)
+    steps = jnp.where(group >= 0, jnp.int32(pl.cdiv(k, bk)), jnp.int32(0))  # loop bounds of one type
     acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
     keep = (row_ids >= row_lo_ref[item]) & (row_ids < row_hi_ref[item])
     write = (row_ids >= write_lo_ref[item]) & (row_ids < write_hi_ref[item])

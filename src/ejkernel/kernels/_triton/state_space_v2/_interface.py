@@ -39,13 +39,13 @@ def _ssd_fwd(t, t_bwd, interpret, dtype, x, A, B, C, dt, h0):
     run = _runner(t, t_bwd, interpret, x.shape[2], backward=False)
     y, h_last = run(q, k, v, g, jnp.swapaxes(h0, -1, -2))
     h_last = jnp.swapaxes(h_last, -1, -2)
-    return (y, h_last), (x, A, B, C, dt, h0, h_last)
+    return (y, h_last), (x, A, B, C, dt, h0)
 
 
 def _ssd_bwd(t, t_bwd, interpret, dtype, residuals, cotangents):
-    x, A, B, C, dt, h0, h_last = residuals
+    x, A, B, C, dt, h0 = residuals
     run = _runner(t, t_bwd, interpret, x.shape[2], backward=True)
-    grads = ssd_backward(run, x, A, B, C, dt, h0, h_last, *cotangents, dtype)
+    grads = ssd_backward(run, x, A, B, C, dt, h0, *cotangents, dtype)
     return tuple(g.astype(a.dtype) for g, a in zip(grads, (x, A, B, C, dt, h0), strict=True))
 
 

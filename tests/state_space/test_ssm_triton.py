@@ -2,7 +2,6 @@
 for CUDA on this host, and the GPU suite against the XLA implementations at realistic shapes."""
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -41,13 +40,8 @@ def test_v2_interpret_matches_reference():
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 @pytest.mark.parametrize("op", ["v1", "v2"])
-def test_kernels_lower_for_cuda(monkeypatch, op):
+def test_kernels_lower_for_cuda(cuda_lowering, op):
     """Forward and backward lower to Triton IR for an H100 (compute capability 9.0) without a GPU."""
-    from jax._src.pallas.triton import pallas_call_registration
-
-    monkeypatch.setattr(
-        pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90)
-    )
     if op == "v1":
         args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
         impl, kernel_names = state_space_v1_triton, ["ssm1_chunk_ends", "ssm1_chunk_outputs", "ssm1_chunk_grads"]

@@ -1,0 +1,153 @@
+"""Serving attention: decode and mixed prefill+decode bandwidth of each implementation beside a device copy.
+
+Decode: `page_attention` and `unified_attention`, one query per sequence, batch 8-128, contexts 1k-32k,
+Hq=32, Hkv=8, D=128, bf16, page 16, every sequence's pages a random permutation of the cache. Mixed:
+`ragged_page_attention_v3` and `unified_attention` with decode sequences and prefill chunks in one call.
+Achieved bandwidth = (bytes of K/V read + queries + output) / time, beside a copy `x + 1` of 2 GiB
+(bytes read + written) and XLA's time measured in the same run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.kernels._common.paged_attention import v3_cache_shape
+from ejkernel.registry import kernel_registry
+
+HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
+DECODE = [(b, c) for b in (8, 32, 64, 128) for c in (1024, 4096, 8192, 32768)]
+# (decode sequences, their context, prefill chunks, chunk length, prefill context)
+MIXED = [(60, 4096, 4, 512, 2048), (24, 8192, 8, 1024, 4096)]
+QUICK = dict(heads=4, kv_heads=2, dim=32, page=16, decode=[(2, 64)], mixed=[(2, 64, 1, 16, 32)])
+COPY_BYTES = 2 * 2**30
+
+
+def _tables(rng, kv_lens, page: int):
+    """Each sequence's pages, drawn from a random permutation of a cache that holds exactly them."""
+    pages = [-(-n // page) for n in kv_lens]
+    order = rng.permutation(sum(pages)).astype(np.int32)
+    width = max(pages)
+    tables = np.zeros((len(kv_lens), width), np.int32)
+    starts = np.concatenate([[0], np.cumsum(pages)])
+    for s, n in enumerate(pages):
+        tables[s, :n] = order[starts[s] : starts[s] + n]
+    return jnp.asarray(tables), sum(pages)
+
+
+def _problem(op, q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
+    """`(args, bytes moved)` of one call of `op` over sequences with these query and key lengths."""
+    rng = np.random.default_rng(seed)
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4))
+    normal = lambda shape: jax.random.normal(next(keys), shape, jnp.bfloat16)
+    tables, num_pages = _tables(rng, kv_lens, page)
+    tokens = sum(q_lens)
+    lens = jnp.asarray(kv_lens, jnp.int32)
+    loc = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    q = normal((tokens, heads, dim))
+    if op == "page_attention":
+        args = (q, normal((num_pages, kv_heads, page, dim)), normal((num_pages, kv_heads, page, dim)), lens, tables)
+    elif op == "unified_attention":
+        args = (
+            q,
+            normal((num_pages, page, kv_heads, dim)),
+            normal((num_pages, page, kv_heads, dim)),
+            lens,
+            tables,
+            loc,
+        )
+    else:
+        cache = normal(v3_cache_shape(num_pages, page, kv_heads, dim, jnp.bfloat16))
+        new = [normal((tokens, kv_heads, dim)) for _ in range(2)]
+        distribution = jnp.asarray([q_lens.count(1), len(q_lens), len(q_lens)], jnp.int32)
+        args = (q, *new, cache, lens, tables.reshape(-1), loc, distribution)
+    kv_bytes = 2 * sum(kv_lens) * kv_heads * dim * 2
+    return args, kv_bytes + 2 * tokens * heads * dim * 2
+
+
+def _call(op, platform, args):
+    fn = kernel_registry.get(op, platform)
+    if op != "ragged_page_attention_v3":
+        return functools.partial(jax.jit(lambda *a: fn(*a)), *args)
+    # As a serving loop runs it: the cache is donated (updated in place) and fed back to the next call.
+    step = jax.jit(lambda cache, *rest: fn(*rest[:3], cache, *rest[3:]), donate_argnums=0)
+    state = {"cache": jnp.copy(args[3])}
+
+    def call():
+        out, state["cache"] = step(state["cache"], *args[:3], *args[4:])
+        return out
+
+    return call
+
+
+def _measure(op, label, args, nbytes, repeats, copy_bw, where):
+    platforms = [i.platform.value for i in kernel_registry.candidates(op)]
+    timings = time_variants(
+        {p: functools.partial(_call, op, p, args) for p in platforms}, repeats=repeats, where=f"{op} {where}"
+    )
+    rows = []
+    for platform, seconds in timings.items():
+        bandwidth = nbytes / seconds
+        rows.append(
+            dict(
+                op=op,
+                case=label,
+                platform=platform,
+                ms=1e3 * seconds,
+                TBps=bandwidth / 1e12,
+                ratio_to_copy=bandwidth / copy_bw,
+                speedup_vs_xla=timings["xla"] / seconds if "xla" in timings else None,
+            )
+        )
+    return rows
+
+
+def main(argv=None) -> None:
+    args = parser(__doc__).parse_args(argv)
+    sizes = QUICK if args.quick else dict(heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
+    decode = sizes.pop("decode", DECODE)
+    mixed = sizes.pop("mixed", MIXED)
+    x = jnp.zeros(((2**20 if args.quick else COPY_BYTES) // 2,), jnp.bfloat16)
+    copy = time_variants(
+        {"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}, repeats=args.repeats, where=""
+    )
+    copy_bw = 2 * x.nbytes / copy["copy"]
+    print(f"device copy: {copy_bw / 1e12:.3g} TB/s")
+
+    rows = []
+    for batch, context in decode:
+        for op in ("page_attention", "unified_attention"):
+            problem, nbytes = _problem(op, [1] * batch, [context] * batch, **sizes)
+            rows += _measure(op, f"decode B={batch} ctx={context}", problem, nbytes, args.repeats, copy_bw, "")
+    for n_decode, decode_ctx, n_prefill, chunk, prefill_ctx in mixed:
+        q_lens = [1] * n_decode + [chunk] * n_prefill
+        kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
+        label = f"mixed {n_decode}x1@{decode_ctx} + {n_prefill}x{chunk}@{prefill_ctx}"
+        for op in ("ragged_page_attention_v3", "unified_attention"):
+            problem, nbytes = _problem(op, q_lens, kv_lens, **sizes)
+            rows += _measure(op, label, problem, nbytes, args.repeats, copy_bw, "")
+    columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "speedup_vs_xla"]
+    print_table(rows, columns)
+
+    def plot(ax, rows):
+        decode_rows = [r for r in rows if r["case"].startswith("decode")]
+        for key in dict.fromkeys((r["op"], r["platform"]) for r in decode_rows):
+            picked = [r for r in decode_rows if (r["op"], r["platform"]) == key]
+            ax.plot(
+                [r["case"][7:] for r in picked], [r["ratio_to_copy"] for r in picked], marker="o", label="/".join(key)
+            )
+        ax.axhline(1.0, color="gray", lw=0.5)
+        ax.set_ylabel("bandwidth / device-copy bandwidth")
+        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+        ax.legend(fontsize=6)
+
+    meta = {"dtype": "bfloat16", "copy_TBps": copy_bw / 1e12, **sizes}
+    print(f"wrote {write_results(args.out, 'serving_attention', rows, meta, plot)}")
+
+
+if __name__ == "__main__":
+    main()

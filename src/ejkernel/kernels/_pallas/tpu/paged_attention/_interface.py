@@ -1,0 +1,63 @@
+"""The serving ops' Pallas TPU core: which calls the kernel serves, its plan, and the XLA backward."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, kv_packing, prepare_tiles, span_bound
+from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_sums
+from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core, with_xla_backward
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+MAX_ROWS = 128
+
+
+def plan(batch: PagedBatch, cfg, interpret) -> Plan:
+    """The kernel's plan for `batch`; NotImplementedError for layouts, dtypes and options it does not serve."""
+    st, layout = batch.static, batch.static.rows
+    for name, x in (("queries", batch.queries), ("cache", batch.key_rows)):
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"pallas tpu paged attention takes bfloat16/float32 {name}, got {x.dtype}")
+    if batch.alibi_slopes is not None or batch.qq_bias is not None or st.compute_dtype is not None:
+        raise NotImplementedError("pallas tpu paged attention has no ALiBi, query-query bias or compute dtype")
+    head_major = layout.slot_stride == 1 and layout.head_stride == layout.page_size
+    slot_major = layout.page_stride == layout.page_size * layout.slot_stride and layout.head_stride < layout.slot_stride
+    if not (head_major or slot_major):
+        raise NotImplementedError("pallas tpu paged attention reads whole pages of one cache array per step")
+    packing = 1 if head_major else kv_packing(batch.key_rows.dtype)
+    if layout.slot_stride % packing:
+        packing = 1
+    params = getattr(cfg, "fwd_params", None)
+    group = batch.num_heads // st.num_kv_heads
+    block_q = (params and params.block_q) or min(default_block_q(batch), max(1, MAX_ROWS // group))
+    table_width = batch.page_tables.shape[1]
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
+    if interpret is True:
+        interpret = pltpu.InterpretParams()
+    return Plan(
+        block_q=block_q,
+        rows=-(-block_q * group // 8) * 8,
+        steps=max(1, min(table_width, -(-span_bound(st, block_q) // layout.page_size) + 1)),
+        head_major=head_major,
+        packing=packing,
+        interpret=interpret,
+    )
+
+
+def _forward(p: Plan, batch: PagedBatch) -> jax.Array:
+    tiles, meta, q_tiles, _ = prepare_tiles(batch, p.block_q, p.rows, batch.key_rows.shape[1])
+    acc, m, denom = partial_sums(batch, meta, q_tiles, p)
+    return finish_tiles(batch, tiles, p.block_q, acc, m, denom)
+
+
+def paged_attention_tpu_core(batch: PagedBatch, cfg=None, interpret=None) -> jax.Array:
+    """`[T, Hq, D]` paged attention of `batch` through the TPU kernel (TPU interpret mode off TPU)."""
+    p = plan(batch, cfg, interpret)
+    if batch.num_tokens == 0 or batch.num_seqs == 0:
+        return paged_attention_core(batch)
+    return with_xla_backward(functools.partial(_forward, p))(batch)

@@ -1,0 +1,159 @@
+"""The serving ops' attention as one Pallas-Triton kernel: split-K paged attention over query tiles.
+
+One program per (query tile, kv head, split). A query tile is `block_q` queries of one sequence; its
+rows are those queries times the `G = Hq / Hkv` query heads that read the program's kv head (row
+`i * G + g`), so every key/value row loaded serves all of them: grouped-query attention reads each
+page once. The program walks its split of the tile's key span (`key_span`) in steps of `block_k`
+positions: per position it looks up the page in the sequence's page table and gathers the key and
+value rows of its kv head straight from the cache, whatever the op's layout (`CacheRows`). Logits
+get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps
+float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
+`finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
+
+Tile metadata (sequence, key span, context) is computed outside the kernel in plain jnp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ejkernel.kernels._common.paged_attention import (
+    CONTEXT,
+    FIRST,
+    HI,
+    LO,
+    SEQ,
+    PagedBatch,
+    Static,
+    adjust_logits,
+    online_softmax_step,
+)
+from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._triton._helpers import dot
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    block_q: int  # queries per tile
+    block_k: int  # key positions per step
+    rows: int  # block_q * G, rounded up to a power of two >= 16
+    width: int  # head dim rounded up to a power of two >= 16
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    interpret: bool
+
+
+def _kernel(meta_ref, tables_ref, q_ref, k_ref, v_ref, *refs, st: Static, t: Tiling, group: int, alibi: bool, qq: bool):
+    refs = list(refs)
+    alibi_ref = refs.pop(0) if alibi else None
+    qq_ref = refs.pop(0) if qq else None
+    acc_ref, m_ref, l_ref = refs
+    tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    layout = st.rows
+    seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
+    context, first = meta_ref[tile, CONTEXT], meta_ref[tile, FIRST]
+    q_index = first + lax.div(jnp.arange(t.rows, dtype=jnp.int32), jnp.int32(group))  # query within its sequence
+    q_pos = (context + q_index)[:, None]
+    cols = jnp.arange(t.width, dtype=jnp.int32)
+    col_ok = (cols < st.head_dim)[None, :]
+
+    # This split's key blocks: the span's blocks cut in `num_splits` near-equal runs.
+    block_k = jnp.int32(t.block_k)
+    first_block = lax.div(lo, block_k)
+    last_block = jnp.where(hi > lo, lax.div(hi + (t.block_k - 1), block_k), first_block)
+    per_split = lax.div(last_block - first_block + (t.num_splits - 1), jnp.int32(t.num_splits))
+    start = first_block + split * per_split
+    stop = jnp.minimum(start + per_split, last_block)
+
+    q = q_ref[...]
+    slopes = alibi_ref[...] if alibi else None
+    head_row = head * layout.head_stride
+
+    def read(rows_ref, offset, pos):
+        """Rows of positions `pos` of this tile's sequence, for this program's kv head -> `[block_k, width]`."""
+        column = jnp.clip(lax.div(pos, jnp.int32(layout.page_size)), 0, tables_ref.shape[1] - 1)
+        page = jnp.clip(plgpu.load(tables_ref.at[seq, column]), 0, layout.num_pages - 1)
+        row = page * layout.page_stride + lax.rem(pos, jnp.int32(layout.page_size)) * layout.slot_stride
+        row = row + (head_row + offset)
+        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=0.0).astype(q.dtype)
+
+    def step(b, carry):
+        pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
+        k = read(k_ref, layout.key_offset, pos)
+        v = read(v_ref, layout.value_offset, pos)
+        s = dot(q, k, trans_b=True) * st.softmax_scale
+        rel = (pos - context)[None, :]
+        bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
+        if qq:
+            size = qq_ref.shape[0]
+            inside = (q_index[:, None] < size) & (rel >= 0) & (rel < size)
+            index = (jnp.clip(q_index, 0, size - 1)[:, None], jnp.clip(rel, 0, size - 1))
+            tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
+            bias = tile_qq if bias is None else bias + tile_qq
+        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias)
+        return online_softmax_step(carry, s, v, lambda p, v: dot(p.astype(v.dtype), v), detach=lambda x: x)
+
+    carry = (
+        jnp.zeros((t.rows, t.width), jnp.float32),
+        jnp.full((t.rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((t.rows,), jnp.float32),
+    )
+    acc, m, denom = lax.fori_loop(start, stop, step, carry)
+    acc_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = denom
+
+
+def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: Tiling):
+    """Each split's `(acc [S, R, Hkv, rows, width], m, l [S, R, Hkv, rows])` (float32).
+
+    `meta [R, 5]` int32 (sequence, key span lo / hi, context, first query of each tile), `q_tiles
+    [R, Hkv, rows, width]` the tiles' query rows, `alibi_rows [Hkv, rows]` their ALiBi slopes or None.
+    """
+    st = batch.static
+    num_tiles, num_kv_heads = q_tiles.shape[:2]
+    group = batch.num_heads // num_kv_heads
+    args = [meta, batch.page_tables, q_tiles, batch.key_rows, batch.value_rows]
+    in_specs = [
+        pl.BlockSpec(meta.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec(batch.page_tables.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec((None, None, t.rows, t.width), lambda r, h, s: (r, h, 0, 0)),
+        pl.BlockSpec(batch.key_rows.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec(batch.value_rows.shape, lambda r, h, s: (0, 0)),
+    ]
+    if alibi_rows is not None:
+        args.append(alibi_rows)
+        in_specs.append(pl.BlockSpec((None, t.rows), lambda r, h, s: (h, 0)))
+    if batch.qq_bias is not None:
+        args.append(batch.qq_bias)
+        in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda r, h, s: (0, 0)))
+    grid = (num_tiles, num_kv_heads, t.num_splits)
+    stats = (t.num_splits, num_tiles, num_kv_heads, t.rows)
+    kernel = functools.partial(
+        _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=[
+            pl.BlockSpec((None, None, None, t.rows, t.width), lambda r, h, s: (s, r, h, 0, 0)),
+            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
+            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
+        ],
+        out_shape=[
+            out_struct((*stats, t.width), jnp.float32, *args),
+            out_struct(stats, jnp.float32, *args),
+            out_struct(stats, jnp.float32, *args),
+        ],
+        compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
+        interpret=t.interpret,
+        name="ejkernel_paged_attention",
+    )(*args)

@@ -1,0 +1,98 @@
+"""`ragged_decode_attention`: one query per batch row over that row's keys `[start, end)` of dense K/V."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels._common.paged_attention import (
+    check_heads,
+    check_same_dtype,
+    check_sequence_values,
+    check_shape,
+    check_sinks,
+    check_soft_cap,
+    decode_window,
+    resolve_scale,
+)
+from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDecodeAttentionConfig(PagedAttentionConfig):
+    """Tiling of `ragged_decode_attention` (see `PagedAttentionConfig`)."""
+
+
+class RaggedDecodeAttention(PagedAttentionKernel):
+    op_id = "ragged_decode_attention"
+    config_type = RaggedDecodeAttentionConfig
+
+
+@typechecked
+def ragged_decode_attention(
+    query: Float[Array, "batch num_heads head_dim"] | Float[Array, "batch 1 num_heads head_dim"],
+    key: Float[Array, "batch seq num_kv_heads head_dim"],
+    value: Float[Array, "batch seq num_kv_heads head_dim"],
+    sequence_start: Int[Array, " batch"],
+    sequence_end: Int[Array, " batch"],
+    softmax_aux: Float[Array, " sinks"] | None = None,
+    /,
+    *,
+    softmax_scale: float | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    platform: str | None = None,
+    cfg: RaggedDecodeAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "batch num_heads head_dim"] | Float[Array, "batch 1 num_heads head_dim"]:
+    """Decode step of a padded batch: row b's query (at position `end - 1`) over keys `[start, end)`.
+
+    `query` is `[B, Hq, D]` or `[B, 1, Hq, D]` (the output has its rank); `key`/`value` `[B, S, Hkv, D]`
+    with Hq a multiple of Hkv. `sequence_start[b] <= sequence_end[b] <= S` bound the valid keys (an
+    empty range gives 0). `softmax_scale` defaults to `D**-0.5`; soft cap `c·tanh(s/c)`;
+    `sliding_window`: an int `w` keeps the last `w` positions up to the query's own, a pair
+    `(left, right)` keeps `q - left <= k <= q + right`; `softmax_aux` are sink logits (length Hq: one
+    per head, else shared) in the denominator only. Outside `jit` the bounds are checked; under `jit`
+    they are clamped to the rows.
+    """
+    batch, seq_len, num_kv_heads, head_dim = key.shape
+    num_heads = query.shape[-2]
+    check_heads(num_heads, num_kv_heads)
+    check_same_dtype("query, key and value", query, key, value)
+    check_sinks("softmax_aux", softmax_aux, num_heads, per_head=False)
+    check_shape("sequence_end", sequence_end, (batch,), "[batch]")
+    options = dict(
+        softmax_scale=resolve_scale(softmax_scale, head_dim),
+        sliding_window=tuple(sliding_window) if isinstance(sliding_window, tuple | list) else sliding_window,
+        logits_soft_cap=check_soft_cap(logits_soft_cap),
+    )
+    decode_window(sliding_window)
+    check_sequence_values(
+        page_tables=np.zeros((batch, 1), np.int32),
+        kv_len=sequence_end,
+        page_size=seq_len,
+        num_pages=batch,
+        names={"page_tables": "rows", "kv_len": "sequence_end", "kv_start": "sequence_start"},
+        kv_start=sequence_start,
+        queries_fit=False,
+    )
+    return executor(
+        RaggedDecodeAttention(),
+        query,
+        key,
+        value,
+        sequence_start,
+        sequence_end,
+        softmax_aux,
+        platform=platform,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        **options,
+    )
