@@ -61,6 +61,16 @@ def check_forward_and_grads(fn, reference, args, argnums, dtype, fwd_tol=None, g
         assert_close(g, rg, dtype, tol, name=f"grad of argument {i}")
 
 
+def highest(fn):
+    """`fn` traced with float32 matmuls at full precision: an oracle on a GPU, where XLA's default is TF32."""
+
+    def call(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def _put(args, argnums, values):
     args = list(args)
     for i, v in zip(argnums, values, strict=True):

@@ -16,7 +16,7 @@ from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV1Config, StateSpaceV2Config, state_space_v1, state_space_v2
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.state_space import state_space_v1_reference, state_space_v2_reference
-from harness import check_forward_and_grads
+from harness import check_forward_and_grads, highest
 
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
@@ -94,6 +94,8 @@ def test_gpu_v1_decode_step_and_auto_platform():
 def test_gpu_v2_triton_matches_xla(groups, dtype, cfg):
     args = v2_inputs(batch=2, seq=2000, heads=8, head_dim=64, groups=groups, state=128, dtype=dtype)
     triton = functools.partial(state_space_v2, n_groups=groups, platform="triton", cfg=cfg)
-    xla = functools.partial(state_space_v2_xla, n_groups=groups, precision="highest")  # no TF32 in the oracle
+    # No TF32 in the oracle: under differentiation `precision=` does not reach every product (one GPU run:
+    # 4e-4 off the reference in float32), so the whole oracle is traced at the highest precision.
+    xla = highest(functools.partial(state_space_v2_xla, n_groups=groups, precision="highest"))
     argnums = tuple(i for i, a in enumerate(args) if a is not None)
     check_forward_and_grads(jax.jit(packed(triton)), jax.jit(packed(xla)), list(args), argnums, dtype)
