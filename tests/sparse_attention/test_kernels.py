@@ -24,7 +24,7 @@ from ejkernel.modules import (
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
 from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
-from harness import check_forward_and_grads, highest, randn
+from harness import check_forward_and_grads, randn
 
 # Off a GPU the Triton kernels run only when interpretation is asked for (the lowering tests ask for none).
 blocksparse_attention_triton = functools.partial(_triton_blocksparse.blocksparse_attention_triton, interpret=True)
@@ -142,8 +142,11 @@ def test_gpu_triton_native_sparse_matches_xla_and_auto_takes_triton():
     q, k, v = (randn((2, 4096, h, 128)) for h in (32, 2, 2))
     g = randn((2, 4096, 32))
     triton = lambda *a: native_sparse_attention(*a, None, 16, platform="triton")
-    xla = highest(lambda *a: native_sparse_attention_xla(*a, None, 16))  # XLA's f32 default on a GPU is TF32
-    check_forward_and_grads(jax.jit(triton), jax.jit(xla), [q, k, v, g, g], tuple(range(5)), jnp.float32)
+    # Both sides at XLA's default precision, whose float32 products on a GPU are TF32 (the selection scores
+    # too): agreement to TF32's rounding (an H100 run: 9e-4), not float32's.
+    xla = lambda *a: native_sparse_attention_xla(*a, None, 16)
+    args = [q, k, v, g, g]
+    check_forward_and_grads(jax.jit(triton), jax.jit(xla), args, tuple(range(5)), jnp.float32, 2e-3, 4e-3)
     args = [x.astype(jnp.bfloat16) for x in (q, k, v)]
     cfg = NativeSparseAttentionConfig(block_size=32, bwd_params=BwdParams(num_warps=8))
     indices = jnp.asarray(np.random.default_rng(0).integers(-1, 128, (2, 4096, 2, 8)), jnp.int32)

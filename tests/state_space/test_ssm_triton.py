@@ -94,8 +94,10 @@ def test_gpu_v1_decode_step_and_auto_platform():
 def test_gpu_v2_triton_matches_xla(groups, dtype, cfg):
     args = v2_inputs(batch=2, seq=2000, heads=8, head_dim=64, groups=groups, state=128, dtype=dtype)
     triton = functools.partial(state_space_v2, n_groups=groups, platform="triton", cfg=cfg)
-    # No TF32 in the oracle: under differentiation `precision=` does not reach every product (one GPU run:
-    # 4e-4 off the reference in float32), so the whole oracle is traced at the highest precision.
-    xla = highest(functools.partial(state_space_v2_xla, n_groups=groups, precision="highest"))
+    # The float32 oracle is the step-by-step reference at full precision: on an H100 the Triton kernels
+    # and XLA at precision="highest" both come within 5e-7 of it, while under differentiation XLA's
+    # products fell back to TF32 (4e-4) -- to be fixed in the XLA implementation, not hidden here.
+    oracle = state_space_v2_reference if dtype == jnp.float32 else state_space_v2_xla
+    xla = highest(functools.partial(oracle, n_groups=groups))
     argnums = tuple(i for i, a in enumerate(args) if a is not None)
     check_forward_and_grads(jax.jit(packed(triton)), jax.jit(packed(xla)), list(args), argnums, dtype)
