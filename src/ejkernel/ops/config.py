@@ -121,7 +121,7 @@ class FwdParams(ConfigBase):
     def __init__(self, *positional: int | None, **fields: int | None) -> None:
         names = [f.name for f in dataclasses.fields(self)]
         if len(positional) > len(names):
-            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional fields, got {len(positional)}")
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields by position, got {len(positional)}")
         for name, value in zip(names, positional, strict=False):
             if name in fields:
                 raise TypeError(f"{type(self).__name__} got {name} both by position and by keyword")

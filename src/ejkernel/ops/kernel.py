@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, get_args, get_origin
 
 import jax
 import jax.numpy as jnp
@@ -82,11 +82,7 @@ class Invocation:
         return jax.tree_util.tree_map(stand_in, (self.args, self.kwargs))
 
 
-Cfg = TypeVar("Cfg", bound=KernelConfig)
-Out = TypeVar("Out")
-
-
-class Kernel(Generic[Cfg, Out]):
+class Kernel[Cfg: KernelConfig, Out]:
     """An operation as the executor sees it.
 
     Subclasses set `op_id` and `config_type` (or write `class MyKernel(Kernel[MyConfig, Array])`, which

@@ -176,9 +176,7 @@ def canonical_sinks(softmax_aux, num_heads: int, name: str = "softmax_aux"):
         return softmax_aux[0]
     if softmax_aux.ndim == 2 and softmax_aux.shape[0] == num_heads:
         return jax.nn.logsumexp(softmax_aux.astype(jnp.float32), axis=-1).astype(softmax_aux.dtype)
-    raise ValueError(
-        f"{name} must be [sinks], [heads={num_heads}, sinks] or [1, sinks], got shape {softmax_aux.shape}"
-    )
+    raise ValueError(f"{name} must be [sinks], [heads={num_heads}, sinks] or [1, sinks], got shape {softmax_aux.shape}")
 
 
 def public_defaults(impl):

@@ -9,4 +9,6 @@ from ejkernel.kernels._common.attention import public_defaults
 from ejkernel.kernels._pallas.tpu.flash_attention._interface import flash_attention_tpu
 from ejkernel.registry import Backend, Platform, kernel_registry
 
-kernel_registry.register("flash_attention", Platform.PALLAS, Backend.TPU, priority=-10)(public_defaults(flash_attention_tpu))
+kernel_registry.register("flash_attention", Platform.PALLAS, Backend.TPU, priority=-10)(
+    public_defaults(flash_attention_tpu)
+)
