@@ -7,8 +7,7 @@ computes the same things around its scan:
   `v1_step` / `v2_step`, the output epilogue `finish_output`: D skip, gated RMSNorm, gate; the dtype
   of the returned state);
 - `chunk_entries`: the short scan over chunks of a chunk-parallel scan (states or adjoints);
-- `ssd_inputs` / `ssd_backward`: Mamba-2 as chunked linear attention, and its whole backward as three
-  more runs of the same forward.
+- `ssd_inputs`: Mamba-2's operands as chunked linear attention.
 Semantics are `ejkernel.reference.state_space`.
 """
 
@@ -220,45 +219,6 @@ def ssd_inputs(x, A, B, C, dt, dtype):
     """The linear-attention operands of Mamba-2: `(q = C, k = B, v = dt · x in dtype, g = A · dt float32)`."""
     dt = dt.astype(jnp.float32)
     return C.astype(dtype), B.astype(dtype), (dt[..., None] * x.astype(jnp.float32)).astype(dtype), A * dt
-
-
-def ssd_backward(forward, x, A, B, C, dt, h0, dy, dh_last, dtype):
-    """Every gradient of the Mamba-2 scan `(y = h_t C_t, h_S)` from three more runs of its forward.
-
-    `forward(q, k, v, g, h0, reverse=False) -> (o, final state)` is chunked linear attention with a
-    scalar decay per head (state `[K, V]`, `o_t = q_tᵀ h_t`); the scan is `forward(C, B, dt·x, A·dt)`
-    (state `[N, P]`, SSD's transposed). With `v = dt·x`, `g = A·dt` and `G` its running sum:
-      dv = forward(B, C, dy, reverse, from dh_Sᵀ)      (its final state, times exp(g_0), is dh_0ᵀ)
-      dC = forward(dy, v, B, from h_0)                  dB = forward(v, dy, C, reverse, from dh_S)
-      dG_t = C_t · dC_t - B_t · dB_t (+ <dh_S, h_S> at the last step),  dg = its reverse running sum
-    (each gate scales every product it spans, so ∂L/∂G_t = the products that end at t minus those that
-    start there). dB, dC come per head and are summed over the heads of each group. Results float32.
-    """
-    heads, groups = x.shape[2], B.shape[2]
-    q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
-    dv, lam = forward(k, q, dy.astype(dtype), g, jnp.swapaxes(dh_last, -1, -2), reverse=True)
-    # The gate's gradient is a difference of two large sums, C·dC - B·dB, summed again along the whole
-    # sequence: products rounded to bfloat16 lose it (30% off dA at 2k tokens on an H100), so the two
-    # runs that feed it take float32 operands.
-    q, k, v, _ = ssd_inputs(x, A, B, C, dt, jnp.float32)
-    dy32 = dy.astype(jnp.float32)
-    dC, h_last = forward(dy32, v, k, g, h0, reverse=False)  # its state is the scan's own: h_last in float32
-    dB, _ = forward(v, dy32, q, g, dh_last, reverse=True)
-    group_of_head = jnp.arange(heads) // (heads // groups)
-    B_h, C_h = (a.astype(jnp.float32)[:, :, group_of_head] for a in (B, C))
-    dG = jnp.sum(C_h * dC, axis=-1) - jnp.sum(B_h * dB, axis=-1)
-    dG = dG.at[:, -1].add(jnp.sum(dh_last * h_last, axis=(-1, -2)))
-    dg = jnp.flip(jnp.cumsum(jnp.flip(dG, 1), axis=1), 1)
-    dt32 = dt.astype(jnp.float32)
-    by_group = lambda a: a.reshape(*a.shape[:2], groups, heads // groups, a.shape[-1]).sum(axis=3)
-    return (
-        dv * dt32[..., None],
-        jnp.sum(dg * dt32, axis=(0, 1)),
-        by_group(dB),
-        by_group(dC),
-        dg * A + jnp.sum(dv * x.astype(jnp.float32), axis=-1),
-        jnp.exp(g[:, 0])[..., None, None] * jnp.swapaxes(lam, -1, -2),
-    )
 
 
 def pad_sequence(arrays: Sequence[jax.Array], chunk: int) -> list[jax.Array]:

@@ -12,8 +12,7 @@ chunked form. With `G` the cumulative log decay inside a chunk of `L` tokens:
 Every exponential is of a non-positive number when the gates are (the mask is applied first). Heads:
 q and k may have fewer heads than the output and v may have fewer too (a divisor of H each); output
 head h reads head `h // (H // heads)` of each. `reverse=True` runs the recurrence from the last token
-to the first (the flipped sequence, its gates shifted by one step). The Mamba-2 forward and its whole
-backward are calls of this one function (`ejkernel.kernels._common.state_space.ssd_backward`).
+to the first (the flipped sequence, its gates shifted by one step).
 """
 
 from __future__ import annotations
