@@ -1,4 +1,10 @@
-"""Registers the Triton linear attention ops (GPU)."""
+"""Registers the Triton linear attention ops (GPU).
+
+Priorities from one H100 run (BENCHMARKS.md, B=2, S=16384, H=16, D=128, bf16, forward+backward): the
+delta rules' kernels beat XLA (24 ms against 31), the GLA kernels do not (106 ms against 49), so
+`platform="auto"` takes Triton for the delta rules and XLA for gla / lightning / recurrent (which run
+the GLA kernels); `platform="triton"` still reaches them.
+"""
 
 from ejkernel.kernels._triton.linear_attention._interface import (
     gated_delta_rule_triton,
@@ -9,11 +15,11 @@ from ejkernel.kernels._triton.linear_attention._interface import (
 )
 from ejkernel.registry import Backend, Platform, kernel_registry
 
-for _name, _fn in (
-    ("gla", gla_attention_triton),
-    ("lightning_attn", lightning_attention_triton),
-    ("recurrent", recurrent_attention_triton),
-    ("kernel_delta_attention", kernel_delta_attention_triton),
-    ("gated_delta_rule", gated_delta_rule_triton),
+for _name, _fn, _priority in (
+    ("gla", gla_attention_triton, -10),
+    ("lightning_attn", lightning_attention_triton, -10),
+    ("recurrent", recurrent_attention_triton, -10),
+    ("kernel_delta_attention", kernel_delta_attention_triton, 10),
+    ("gated_delta_rule", gated_delta_rule_triton, 10),
 ):
-    kernel_registry.register(_name, Platform.TRITON, Backend.GPU, priority=10)(_fn)
+    kernel_registry.register(_name, Platform.TRITON, Backend.GPU, priority=_priority)(_fn)
