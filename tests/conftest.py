@@ -41,10 +41,10 @@ def _isolated_caches(tmp_path, monkeypatch):
     reset_caches()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def cheap_compiles():
-    """Tests that compile many small programs and run each once (interpret-mode kernels run in
-    milliseconds per step but compile in seconds): skip XLA's optimisations."""
+    """The tests compile many small programs and run each once (interpret-mode kernels run in
+    milliseconds per step but compile in seconds): XLA's optimisations would cost more than they save."""
     previous = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", True)
     yield

@@ -25,7 +25,6 @@ from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
 from ejkernel.kernels._pallas.tpu.flash_attention._interface import flash_attention_tpu
 from ejkernel.ops.config import BwdParams, FwdParams
 
-pytestmark = pytest.mark.usefixtures("cheap_compiles")
 run_case = functools.partial(run_attention_case, flash_attention_tpu, heads=2, kv_heads=1)
 
 

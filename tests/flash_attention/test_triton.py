@@ -16,7 +16,6 @@ from ejkernel.ops.config import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
 
-pytestmark = pytest.mark.usefixtures("cheap_compiles")
 # Off a GPU the kernels run only when interpretation is asked for (the lowering tests below ask for none).
 flash_attention_triton = functools.partial(_interface.flash_attention_triton, interpret=True)
 plan = functools.partial(_interface.plan, interpret=True)

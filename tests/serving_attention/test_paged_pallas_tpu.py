@@ -15,8 +15,6 @@ from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams
 from harness import assert_close
 
-pytestmark = pytest.mark.usefixtures("cheap_compiles")
-
 
 @pytest.mark.parametrize(
     ("op", "case", "options"),

@@ -20,7 +20,7 @@ from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams
 from harness import assert_close, check_forward_and_grads, randn
 
-pytestmark = [pytest.mark.usefixtures("cheap_compiles"), pytest.mark.filterwarnings("ignore:The Pallas Triton")]
+pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton")
 SMALL = PagedAttentionConfig(fwd_params=FwdParams(block_q=2, block_k=16), num_splits=2)
 
 

@@ -24,7 +24,6 @@ from ejkernel.utils import make_dummy_rpa_inputs
 from harness import assert_close, check_forward_and_grads, randn
 
 SMALL = PagedAttentionConfig(fwd_params=FwdParams(block_q=4, block_k=8))
-pytestmark = pytest.mark.usefixtures("cheap_compiles")
 
 
 def _config(op, cfg):
