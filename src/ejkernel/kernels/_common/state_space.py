@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.ops.executor import specs_by_slot
+
 V1_SLOTS = ("hidden_states", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
 V2_SLOTS = ("x", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
 
@@ -232,30 +234,16 @@ def pad_sequence(arrays: Sequence[jax.Array], chunk: int) -> list[jax.Array]:
     return [jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in arrays]
 
 
-def split_specs(slots: Sequence[str], passed: Sequence[bool], in_specs, out_specs) -> tuple[Any, Any]:
+def split_specs(op_id: str, args: Sequence[Any], in_specs, out_specs) -> tuple[Any, Any]:
     """The user's shard specs, cut to what the kernel sees: the tensors passed except `conv_state`
-    (the last slot, returned as given), and `(y, state)` of the outputs.
+    (the last of `args`, returned as given), and `(y, state)` of the outputs.
 
-    `in_specs` holds one spec per tensor passed, or one per positional slot up to the last tensor
-    passed, with None for the slots not passed. `out_specs` is `(y, state)` or `(y, state, conv_state)`.
+    `in_specs` takes either form `specs_by_slot` does; `out_specs` is `(y, state)` or `(y, state, conv_state)`.
     """
     if in_specs is None:
         return None, out_specs
-    in_specs = tuple(in_specs)
-    positions = [i for i, p in enumerate(passed) if p]
-    if len(in_specs) == len(positions):
-        by_slot = dict(zip(positions, in_specs, strict=True))
-    elif positions and len(in_specs) == positions[-1] + 1:
-        by_slot = {i: spec for i, spec in enumerate(in_specs) if passed[i]}
-        stray = [slots[i] for i, spec in enumerate(in_specs) if spec is not None and not passed[i]]
-        if stray:
-            raise ValueError(f"in_specs give a spec for {', '.join(stray)}, which was not passed")
-    else:
-        raise ValueError(
-            f"in_specs needs one spec per tensor argument passed ({len(positions)}), or one per positional "
-            f"slot up to the last one passed ({positions[-1] + 1}); got {len(in_specs)}"
-        )
-    kernel_specs = tuple(by_slot[i] for i in positions if i != len(slots) - 1)
+    by_slot = specs_by_slot(op_id, args, in_specs)
+    kernel_specs = tuple(spec for slot, spec in sorted(by_slot.items()) if slot != len(args) - 1)
     if not isinstance(out_specs, tuple | list) or len(out_specs) not in (2, 3):
         raise ValueError(f"out_specs must be (y_spec, state_spec) or (y_spec, state_spec, conv_spec), got {out_specs}")
     return kernel_specs, tuple(out_specs[:2])

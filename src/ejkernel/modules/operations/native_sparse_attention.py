@@ -11,7 +11,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
@@ -123,11 +122,6 @@ def native_sparse_attention(
     counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
     counts_tensor = None if isinstance(block_counts, int) else block_counts
     tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens)
-    if in_specs is not None:
-        passed = [x is not None for x in tensors]
-        if len(in_specs) != sum(passed):
-            raise ValueError(f"in_specs needs one spec per tensor argument passed ({sum(passed)}), got {len(in_specs)}")
-        in_specs = tuple(PartitionSpec() if s is None else s for s in in_specs)
     return executor(
         NativeSparseAttention(),
         *tensors,

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.state_space import V1_SLOTS, check_v1, split_specs
+from ejkernel.kernels._common.state_space import check_v1, split_specs
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 
@@ -118,8 +118,7 @@ def state_space_v1(
     """
     check_v1(hidden_states, A, B, C, D, dt, gate, initial_state, conv_state, act_fn=act_fn)
     tensors = (hidden_states, A, B, C, D, dt, gate, initial_state)
-    passed = [a is not None for a in (*tensors, conv_state)]
-    kernel_in, kernel_out = split_specs(V1_SLOTS, passed, in_specs, out_specs)
+    kernel_in, kernel_out = split_specs("state_space_v1", (*tensors, conv_state), in_specs, out_specs)
     y, state = executor(
         StateSpaceV1(),
         *tensors,

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.state_space import V2_SLOTS, check_v2, split_specs
+from ejkernel.kernels._common.state_space import check_v2, split_specs
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.state_space_v1 import ChunkedScanConfig, StateSpaceKernel
 from ejkernel.ops import BwdParams, FwdParams, Invocation
@@ -129,8 +129,7 @@ def state_space_v2(
         precision=precision,
     )
     tensors = (x, A, B, C, D, dt, gate, initial_state)
-    passed = [a is not None for a in (*tensors, conv_state)]
-    kernel_in, kernel_out = split_specs(V2_SLOTS, passed, in_specs, out_specs)
+    kernel_in, kernel_out = split_specs("state_space_v2", (*tensors, conv_state), in_specs, out_specs)
     y, state = executor(
         StateSpaceV2(),
         *tensors,
