@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_chunk_size, check_linear_call, chunk_configs
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import Invocation, Kernel
+from ejkernel.ops.executor import specs_by_slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ def gated_delta_rule(
     first sequence. `use_chunked=False` runs the XLA recurrent form; a one-token call with an
     `initial_state` is a decode step. `autotune_chunk_candidates` are the chunk sizes autotuning tries.
     Returns `out [B,S,H,Dv]`, or `(out, final_state float32)` with `return_state`. With `mesh`,
-    `in_specs` (one per tensor passed) may shard batch and heads, never the sequence.
+    `in_specs` (one per tensor passed, or per positional slot) may shard batch and heads, never the sequence.
     """
     check_linear_call(
         query,
@@ -72,20 +73,15 @@ def gated_delta_rule(
         autotune_chunk_candidates = tuple(autotune_chunk_candidates)
         for size in autotune_chunk_candidates:
             check_chunk_size("autotune_chunk_candidates", size)
-    per_token_specs = () if in_specs is None else tuple(in_specs)[: len(in_specs) - (initial_state is not None)]
-    if any(spec is not None and tuple(spec)[1:2] not in ((), (None,)) for spec in per_token_specs):
+    tensors = (query, key, value, beta, decay, seg_ids, initial_state)
+    by_slot = {} if in_specs is None else specs_by_slot("gated_delta_rule", tensors, in_specs)
+    if any(tuple(spec)[1:2] not in ((), (None,)) for slot, spec in by_slot.items() if slot < 6):  # per token
         raise ValueError(
             f"gated_delta_rule runs a recurrence along the sequence: in_specs must not shard axis 1, got {in_specs}"
         )
     return executor(
         GatedDeltaRule(),
-        query,
-        key,
-        value,
-        beta,
-        decay,
-        seg_ids,
-        initial_state,
+        *tensors,
         autotune_chunk_candidates=autotune_chunk_candidates,
         use_qk_l2norm=bool(use_qk_l2norm),
         use_chunked=bool(use_chunked),
