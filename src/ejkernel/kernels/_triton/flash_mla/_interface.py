@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.attention import decline, pad_axes
+from ejkernel.kernels._common.attention import decline, fold_sinks, pad_axes
 from ejkernel.kernels._common.mla import absorbed_query, canonical_call, expand_values
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_mla._kernel import Static, attend, combine, padded_dim
@@ -100,10 +100,7 @@ def flash_mla_triton(
     q_seg_rows = None if q_seg is None else jnp.repeat(q_seg, dims.num_heads, axis=1)
 
     def forward(query, key_value, w_kc, w_vc, b_q, b_k, softmax_aux):
-        sinks = None
-        if softmax_aux is not None:  # one log-sum-exp of sinks per head
-            aux = softmax_aux.astype(jnp.float32)
-            sinks = aux if aux.shape[0] == dims.num_heads else jnp.full((dims.num_heads,), jax.nn.logsumexp(aux))
+        sinks = fold_sinks(softmax_aux, dims.num_heads)
         q = absorbed_query(query, w_kc, b_q, b_k, dims).reshape(dims.batch, rows, -1)
         rank_pad, rope_pad = padded_dim(dims.rank) - dims.rank, padded_dim(dims.rope_dim) - dims.rope_dim
         q_lat, kv = pad_axes(q[..., : dims.rank], {2: rank_pad}), pad_axes(key_value, {2: rank_pad})
