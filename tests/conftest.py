@@ -42,6 +42,13 @@ def _isolated_caches(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _reproducible_inputs(request):
+    from harness import reseed
+
+    reseed(request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
 def cheap_compiles():
     """The tests compile many small programs and run each once (interpret-mode kernels run in
     milliseconds per step but compile in seconds): XLA's optimisations would cost more than they save."""
