@@ -30,7 +30,6 @@ from jax import lax
 from ejkernel.ops.config import KernelConfig
 
 L2_EPS = 1e-6  # q and k are divided by sqrt(Σ x² + L2_EPS) when `use_qk_l2norm` is on
-SUB_CHUNK = 16  # per-key-channel gates: tokens per sub-chunk of the exact intra-chunk product
 
 # ---- argument checks (public functions and implementations raise the same words) ----
 
@@ -203,30 +202,35 @@ def decay_matrix(b: jax.Array, strict: bool = False) -> jax.Array:
     return jnp.where(mask, jnp.exp(diff), 0.0)
 
 
-def gated_scores(q: jax.Array, k: jax.Array, b: jax.Array, sub: int = SUB_CHUNK) -> jax.Array:
+def gated_scores(q: jax.Array, k: jax.Array, b: jax.Array) -> jax.Array:
     """`[..., C, D]` x3 -> `[..., C, C]`: `Σ_d q_td k_sd exp(b_td − b_sd)` for `s <= t`, else 0.
 
-    `b` is the cumulative per-channel log gate. Computed exactly per sub-chunk of `sub` tokens on the
-    diagonal, and through the boundary `r` before the query's sub-chunk elsewhere:
-    `(q_t e^{b_t − b_r}) · (k_s e^{b_r − b_s})`, both exponents <= 0 for decaying gates.
+    `b` is the cumulative per-channel log gate; C a power of two. Built by halving: the pairs whose query
+    lies in the right half of a block and key in its left half are one product through the gate `r` at
+    the halves' boundary, `(q_t e^{b_t − r}) · (k_s e^{r − b_s})`, both exponents <= 0 for decaying
+    gates; the pairs inside each half recurse, down to the diagonal `q_t · k_t`. No `[C, C, D]` weights
+    are ever formed: each of the log2(C) levels reads every query and key once.
     """
     *lead, c, d = q.shape
-    sub = min(sub, c)
-    n = c // sub
-    qs, ks, bs = (x.reshape(*lead, n, sub, d) for x in (q, k, b))
-    causal = _lower(sub)[..., None]  # [t, s, 1]
-    diff = bs[..., :, None, :] - bs[..., None, :, :]  # [.., n, t, s, D]
-    weights = jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
-    diagonal = jnp.einsum("...ntd,...nsd,...ntsd->...nts", qs, ks, weights)
-    # Boundary before each query sub-chunk: the last cumulative gate of the sub-chunk before it.
-    ref = jnp.concatenate([jnp.zeros_like(bs[..., :1, -1, :]), bs[..., :-1, -1, :]], axis=-2)  # [.., n, D]
-    q_ref = qs * jnp.exp(bs - ref[..., :, None, :])
-    earlier = _lower(n, strict=True)[:, :, None, None]  # [i, j, 1, 1]: key sub-chunk j before query sub-chunk i
-    k_exp = jnp.where(earlier, ref[..., :, None, None, :] - bs[..., None, :, :, :], 0.0)  # [.., i, j, s, D]
-    k_ref = jnp.where(earlier, ks[..., None, :, :, :] * jnp.exp(k_exp), 0.0)
-    off = jnp.einsum("...itd,...ijsd->...itjs", q_ref, k_ref)
-    scores = off + jnp.eye(n, dtype=q.dtype)[:, None, :, None] * diagonal[..., :, :, None, :]
-    return scores.reshape(*lead, c, c)
+    if c & (c - 1):
+        raise ValueError(f"gated_scores needs a power-of-two chunk, got {c}")
+    blocks = jnp.sum(q * k, axis=-1)[..., None, None]  # [..., C, 1, 1]: the diagonal blocks of size 1
+    half = 1
+    while half < c:
+        n = c // (2 * half)
+        qs, ks, bs = (x.reshape(*lead, n, 2, half, d) for x in (q, k, b))
+        r = bs[..., 0, -1:, :]  # [..., n, 1, D]: the gate at the end of each left half
+        cross = jnp.einsum(
+            "...td,...sd->...ts",
+            qs[..., 1, :, :] * jnp.exp(bs[..., 1, :, :] - r),
+            ks[..., 0, :, :] * jnp.exp(r - bs[..., 0, :, :]),
+        )
+        inner = blocks.reshape(*lead, n, 2, half, half)
+        upper = jnp.concatenate([inner[..., 0, :, :], jnp.zeros_like(cross)], axis=-1)
+        lower = jnp.concatenate([cross, inner[..., 1, :, :]], axis=-1)
+        blocks = jnp.concatenate([upper, lower], axis=-2)  # [..., n, 2·half, 2·half]
+        half *= 2
+    return blocks.reshape(*lead, c, c)
 
 
 # ---- a chunk, reduced to what its entry state needs ----
@@ -247,7 +251,7 @@ class ChunkParts(NamedTuple):
     w: jax.Array | None  # [..., C, Dk]
 
 
-def diagonal_chunk(q, k, v, a_head=None, a_key=None, *, sub: int = SUB_CHUNK) -> ChunkParts:
+def diagonal_chunk(q, k, v, a_head=None, a_key=None) -> ChunkParts:
     """A chunk of `h_t = h_{t-1} ⊙ exp(a_head_t + a_key_t)[:, None] + k_t v_tᵀ`, `o_t = q_tᵀ h_t`.
 
     q, k `[..., C, Dk]` (q already scaled), v `[..., C, Dv]`; log gates a_head `[..., C]` per head
@@ -265,7 +269,7 @@ def diagonal_chunk(q, k, v, a_head=None, a_key=None, *, sub: int = SUB_CHUNK) ->
         return ChunkParts(q_in, scores, k_out, decay, v, None)
     b = jnp.cumsum(a_key if a_head is None else a_key + a_head[..., None], axis=-2)  # [..., C, Dk]
     return ChunkParts(
-        q * jnp.exp(b), gated_scores(q, k, b, sub), k * jnp.exp(b[..., -1:, :] - b), jnp.exp(b[..., -1, :]), v, None
+        q * jnp.exp(b), gated_scores(q, k, b), k * jnp.exp(b[..., -1:, :] - b), jnp.exp(b[..., -1, :]), v, None
     )
 
 

@@ -2,10 +2,10 @@
 
 One program per (chunk, row, head) computes its chunk's outputs, or all its gradients, without ever
 writing the `[C, C]` intra-chunk weights to memory. The weights use per-key-channel cumulative gates
-`b` (`[C, Dk]`, summed from the chunk start) through sub-chunks of `SUB` rows, as in
-`ejkernel.kernels._common.linear_attention.gated_scores`: between sub-chunks, `(q_t e^{b_t − r})·(k_s e^{r − b_s})`
-with `r` the gate at the end of the sub-chunk before the query's (a matmul; both exponents <= 0 for
-decaying gates); inside a sub-chunk, one key row at a time, exactly. The sequential state passes are
+`b` (`[C, Dk]`, summed from the chunk start) through sub-chunks of `SUB` rows: between sub-chunks,
+`(q_t e^{b_t − r})·(k_s e^{r − b_s})` with `r` the gate at the end of the sub-chunk before the query's
+(the boundary product of `ejkernel.kernels._common.linear_attention.gated_scores`; a matmul; both
+exponents <= 0 for decaying gates); inside a sub-chunk, one key row at a time, exactly. The sequential state passes are
 `_kernels.exit_states` / `_kernels.entry_grads`.
 
 Recurrence per chunk, entered with state `h`: `o = (q ⊙ e^{b}) h + A v`, exit state
@@ -21,12 +21,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.linear_attention import SUB_CHUNK, ChunkParts
+from ejkernel.kernels._common.linear_attention import ChunkParts
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, matmul
 from ejkernel.kernels._xla.linear_attention._scan import entry_states, init_grad
 
-SUB = SUB_CHUNK
+SUB = 16  # tokens per sub-chunk of the intra-chunk product
 
 
 class _Chunk:

@@ -53,10 +53,10 @@ class TritonEngine(Engine):
     def passes(self):
         return TritonPasses(self.tiling)
 
-    def chunked(self, xs: dict, init, starts, *, delta: bool, sub: int, dtype):
+    def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         engine = dataclasses.replace(self, tiling=dataclasses.replace(self.tiling, precise=dtype == jnp.float32))
         if delta:  # the delta rule's chunk parts (WY transform) stay in XLA; its state passes run in kernels
-            return Engine.chunked(engine, xs, init, starts, delta=delta, sub=sub, dtype=dtype)
+            return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
         q, k, v = xs["q"], xs["k"], xs["v"]
         gate = xs.get("a_key", jnp.zeros_like(k))
         if "a_head" in xs:

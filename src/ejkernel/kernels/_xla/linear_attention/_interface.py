@@ -10,8 +10,6 @@ registered here run all of it in plain JAX; the Triton platform registers the sa
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.linear_attention import (
@@ -43,11 +41,10 @@ class Engine:
     decode = None
     min_chunk = 1
 
-    def chunked(self, xs: dict, init, starts, *, delta: bool, sub: int, dtype):
+    def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         """The chunked form on chunk-layout inputs (float32; `dtype` the caller's): `(out, exit states)`."""
         del dtype
-        parts = delta_chunk if delta else functools.partial(diagonal_chunk, sub=sub)
-        return chunked_scan(parts, self.passes, xs, init, starts)
+        return chunked_scan(delta_chunk if delta else diagonal_chunk, self.passes, xs, init, starts)
 
     def check(self, *, dk: int, dv: int, chunk: int, recurrent: bool, one_token: bool) -> None:
         del dk, dv, chunk, recurrent, one_token
@@ -137,7 +134,7 @@ def linear_attention(
         out, h_out = recurrent_scan(delta_step if beta is not None else diagonal_step, chunks, init, layout.starts)
     else:
         out, h_out = engine.chunked(
-            chunks, init, layout.starts, delta=beta is not None, sub=min(16, chunk), dtype=jnp.dtype(v.dtype)
+            chunks, init, layout.starts, delta=beta is not None, dtype=jnp.dtype(v.dtype)
         )
     out, final = layout.from_chunks(out), layout.final_states(h_out, init)
     if reverse:
