@@ -14,10 +14,10 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.attention import pad_axes, round_up
 from ejkernel.kernels._common.block_sparse import blocksparse_call, build_block_table, padded_mask_operands
+from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.blocksparse_attention._kernels import Static, backward, forward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -79,10 +79,7 @@ def blocksparse_attention_tpu(
         max_head_dim=MAX_HEAD_DIM,
         **options,
     )
-    if interpret is None:
-        interpret = jax.default_backend() != "tpu"
-    if interpret is True:
-        interpret = pltpu.InterpretParams()
+    interpret = resolve_interpret(interpret)
 
     block_q = fwd_params.block_q if fwd_params is not None and fwd_params.block_q else DEFAULT_BLOCK
     block_k = fwd_params.block_k if fwd_params is not None and fwd_params.block_k else DEFAULT_BLOCK

@@ -13,10 +13,8 @@ checks them.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.attention import (
     attention_vjp,
@@ -26,6 +24,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
+from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, Static, forward
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -118,10 +117,7 @@ def flash_attention_tpu(
     )
     window = None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1]))
 
-    if interpret is None:
-        interpret = jax.default_backend() != "tpu"
-    if interpret is True:
-        interpret = pltpu.InterpretParams()
+    interpret = resolve_interpret(interpret)
     on_tpu = interpret is False
 
     # ---- tiles ----

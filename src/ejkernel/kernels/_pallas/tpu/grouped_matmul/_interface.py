@@ -7,11 +7,10 @@ interpret mode (`pltpu.InterpretParams()`), which is how CPU CI checks them.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.grouped_matmul import implementation
+from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.grouped_matmul._kernel import Tiling, gmm, tgmm
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -36,10 +35,7 @@ def _tilings(dims, lhs, *, cfg, interpret, precision):
     """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
     if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16, got {lhs.dtype}")
-    if interpret is None:
-        interpret = jax.default_backend() != "tpu"
-    if interpret is True:
-        interpret = pltpu.InterpretParams()
+    interpret = resolve_interpret(interpret)
     fwd = getattr(cfg, "fwd_params", None)
     bwd = getattr(cfg, "bwd_params", None) or fwd
     return (

@@ -6,9 +6,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, kv_packing, prepare_tiles, span_bound
+from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_sums
 from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core, with_xla_backward
 
@@ -35,10 +35,7 @@ def plan(batch: PagedBatch, cfg, interpret) -> Plan:
     group = batch.num_heads // st.num_kv_heads
     block_q = (params and params.block_q) or min(default_block_q(batch), max(1, MAX_ROWS // group))
     table_width = batch.page_tables.shape[1]
-    if interpret is None:
-        interpret = jax.default_backend() != "tpu"
-    if interpret is True:
-        interpret = pltpu.InterpretParams()
+    interpret = resolve_interpret(interpret)
     return Plan(
         block_q=block_q,
         rows=-(-block_q * group // 8) * 8,
