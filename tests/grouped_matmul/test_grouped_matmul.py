@@ -40,6 +40,16 @@ def test_group_offset_and_existing_out():
     _check(randn((M, K)), randn((4, K, N)), existing, offset=jnp.int32(2), argnums=(0, 1, 2))
 
 
+def test_vmap_over_experts_shards():
+    """A vmapped call (one group layout per row of the batch) equals the calls one by one, with gradients."""
+    sizes = jnp.stack([SIZES, jnp.roll(SIZES, 3)])
+    fn = jax.vmap(lambda lhs, rhs, sizes: grouped_matmul(lhs, rhs, sizes, cfg=SMALL))
+    ref = lambda lhs, rhs: jnp.stack([grouped_matmul_reference(lhs[i], rhs[i], sizes[i]) for i in range(2)])
+    check_forward_and_grads(
+        lambda lhs, rhs: fn(lhs, rhs, sizes), ref, [randn((2, M, K)), randn((2, 8, K, N))], (0, 1), jnp.float32
+    )
+
+
 def test_v3_scale_and_bias():
     fn = jax.jit(lambda *a: grouped_matmul_xla(*a[:2], SIZES, rhs_scale=a[2], rhs_bias=a[3], use_v3=True, cfg=SMALL))
     ref = jax.jit(lambda *a: grouped_matmul_reference(*a[:2], SIZES, rhs_scale=a[2], rhs_bias=a[3]))
