@@ -237,36 +237,54 @@ def gated_scores(q: jax.Array, k: jax.Array, b: jax.Array) -> jax.Array:
 
 
 class ChunkParts(NamedTuple):
-    """One chunk of a linear recurrence, as linear maps of its entry state `h` (`[..., Dk, Dv]`).
+    """One chunk of a linear recurrence, as linear maps of its entry state `h` (`[..., H, Dk, Dv]`).
 
     With `U = u − w h` (the chunk's effective values; `w` is None except for the delta rule):
-    outputs `o = q h + scores U` and exit state `decay[:, None] ⊙ h + kᵀ U`.
+    outputs `o = q_scale ⊙ (q h) + scores U` and exit state `decay[:, None] ⊙ h + kᵀ (k_scale ⊙ U)`
+    (a scale of None is 1). `q` and `k` may be shared by groups of heads (`[..., G, C, Dk]`, head h
+    reading group `h // (H // G)`, as Mamba-2's C and B): the per-head row scales then carry the gates,
+    and no per-head copy of them is formed.
     """
 
-    q: jax.Array  # [..., C, Dk] queries (scale and the decay since the chunk start applied)
-    scores: jax.Array  # [..., C, C] intra-chunk weights (lower triangular)
-    k: jax.Array  # [..., C, Dk] keys, decayed to the chunk end
-    decay: jax.Array  # [..., Dk] decay of each state row over the chunk
-    u: jax.Array  # [..., C, Dv]
-    w: jax.Array | None  # [..., C, Dk]
+    q: jax.Array  # [..., H or G, C, Dk] queries (scale applied; the decay since the chunk start too, or in q_scale)
+    scores: jax.Array  # [..., H, C, C] intra-chunk weights (lower triangular)
+    k: jax.Array  # [..., H or G, C, Dk] keys (decayed to the chunk end, or through k_scale)
+    decay: jax.Array  # [..., H, Dk] decay of each state row over the chunk
+    u: jax.Array  # [..., H, C, Dv]
+    w: jax.Array | None  # [..., H, C, Dk]
+    q_scale: jax.Array | None = None  # [..., H, C]
+    k_scale: jax.Array | None = None  # [..., H, C]
+
+
+def shared_matmul(a: jax.Array, b: jax.Array, *, trans_a: bool = False) -> jax.Array:
+    """`op(a) @ b` per head, with `a [..., G, ·, ·]` shared by groups of the heads of `b [..., H, ·, ·]`.
+
+    With G < H the product runs per group over its heads, without broadcasting `a` to every head.
+    """
+    groups, heads = a.shape[-3], b.shape[-3]
+    if groups == heads:
+        return (jnp.swapaxes(a, -1, -2) if trans_a else a) @ b
+    split = b.reshape(*b.shape[:-3], groups, heads // groups, *b.shape[-2:])
+    out = jnp.einsum("...gki,...grkj->...grij" if trans_a else "...gik,...grkj->...grij", a, split)
+    return out.reshape(*b.shape[:-3], heads, *out.shape[-2:])
 
 
 def diagonal_chunk(q, k, v, a_head=None, a_key=None) -> ChunkParts:
     """A chunk of `h_t = h_{t-1} ⊙ exp(a_head_t + a_key_t)[:, None] + k_t v_tᵀ`, `o_t = q_tᵀ h_t`.
 
     q, k `[..., C, Dk]` (q already scaled), v `[..., C, Dv]`; log gates a_head `[..., C]` per head
-    and a_key `[..., C, Dk]` per key channel, each optional.
+    and a_key `[..., C, Dk]` per key channel, each optional. Without a_key, q and k may be shared by
+    groups of heads (`[..., G, C, Dk]` beside v's `[..., H, C, Dv]`).
     """
-    if a_key is None and a_head is None:
-        ones = jnp.ones(q.shape[:-2] + q.shape[-1:], q.dtype)
-        return ChunkParts(q, jnp.tril(q @ jnp.swapaxes(k, -1, -2)), k, ones, v, None)
     if a_key is None:
-        b = jnp.cumsum(a_head, axis=-1)  # [..., C]
-        scores = (q @ jnp.swapaxes(k, -1, -2)) * decay_matrix(b)
-        q_in = q * jnp.exp(b)[..., None]
-        k_out = k * jnp.exp(b[..., -1:] - b)[..., None]
-        decay = jnp.broadcast_to(jnp.exp(b[..., -1:]), q_in.shape[:-2] + q_in.shape[-1:])
-        return ChunkParts(q_in, scores, k_out, decay, v, None)
+        b = jnp.zeros(v.shape[:-1], jnp.float32) if a_head is None else jnp.cumsum(a_head, axis=-1)  # [..., H, C]
+        qk = q @ jnp.swapaxes(k, -1, -2)  # [..., G, C, C]
+        decays = decay_matrix(b)
+        groups, heads = qk.shape[-3], decays.shape[-3]
+        split = decays.reshape(*decays.shape[:-3], groups, heads // groups, *decays.shape[-2:])
+        scores = (qk[..., :, None, :, :] * split).reshape(decays.shape)
+        decay = jnp.broadcast_to(jnp.exp(b[..., -1:]), b.shape[:-1] + q.shape[-1:])
+        return ChunkParts(q, scores, k, decay, v, None, q_scale=jnp.exp(b), k_scale=jnp.exp(b[..., -1:] - b))
     b = jnp.cumsum(a_key if a_head is None else a_key + a_head[..., None], axis=-2)  # [..., C, Dk]
     return ChunkParts(
         q * jnp.exp(b), gated_scores(q, k, b), k * jnp.exp(b[..., -1:, :] - b), jnp.exp(b[..., -1, :]), v, None
@@ -325,14 +343,23 @@ def _values(p: ChunkParts, h):
     return p.u if p.w is None else p.u - p.w @ h
 
 
+def _scaled(scale, x):
+    return x if scale is None else scale[..., None] * x
+
+
+def state_increment(p: ChunkParts, values: jax.Array) -> jax.Array:
+    """What a chunk's values add to its exit state: `kᵀ (k_scale ⊙ values)`, `[..., H, Dk, Dv]`."""
+    return shared_matmul(p.k, _scaled(p.k_scale, values), trans_a=True)
+
+
 def chunk_output(p: ChunkParts, h: jax.Array) -> jax.Array:
     """Outputs `[..., C, Dv]` of a chunk entered with state `h`."""
-    return p.q @ h + p.scores @ _values(p, h)
+    return _scaled(p.q_scale, shared_matmul(p.q, h)) + p.scores @ _values(p, h)
 
 
 def chunk_carry(p: ChunkParts, h: jax.Array) -> jax.Array:
     """Exit state of a chunk entered with state `h`."""
-    return p.decay[..., :, None] * h + jnp.swapaxes(p.k, -1, -2) @ _values(p, h)
+    return p.decay[..., :, None] * h + state_increment(p, _values(p, h))
 
 
 def carry_transpose(p: ChunkParts, g: jax.Array) -> jax.Array:

@@ -90,11 +90,13 @@ def linear_attention(
     the delta rule with per-head decay `g`, and state resets before the tokens where `restarts [B,S]` is
     set. Outputs `o_t = scale · q_tᵀ h_t`. `gv` needs the recurrent form. `engine` runs the sequential parts.
     """
-    batch, seq_len, num_heads, dk = q.shape
-    group = num_heads // k.shape[2]
-    if group > 1:
-        kv_head = jnp.arange(num_heads) // group
+    batch, seq_len, _, dk = q.shape
+    num_heads = max(q.shape[2], v.shape[2])
+    if k.shape[2] < q.shape[2]:  # grouped-query: each key/value head serves a group of query heads
+        kv_head = jnp.arange(num_heads) // (num_heads // k.shape[2])
         k, v = k[:, :, kv_head], v[:, :, kv_head]
+    elif q.shape[2] < num_heads and (beta is not None or recurrent or gk is not None):
+        raise ValueError("a query and key shared by groups of value heads need the chunked form with per-head gates")
     num_states = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     shape = (num_states, num_heads, dk, v.shape[-1])
     init = jnp.zeros(shape, jnp.float32) if initial_state is None else _f32(initial_state)
@@ -133,9 +135,7 @@ def linear_attention(
     if recurrent:
         out, h_out = recurrent_scan(delta_step if beta is not None else diagonal_step, chunks, init, layout.starts)
     else:
-        out, h_out = engine.chunked(
-            chunks, init, layout.starts, delta=beta is not None, dtype=jnp.dtype(v.dtype)
-        )
+        out, h_out = engine.chunked(chunks, init, layout.starts, delta=beta is not None, dtype=jnp.dtype(v.dtype))
     out, final = layout.from_chunks(out), layout.final_states(h_out, init)
     if reverse:
         out = jnp.flip(out, axis=1)
@@ -164,6 +164,10 @@ def chunked_linear_attention(
       chunk_size: tokens per chunk (a power of two; clamped for short inputs).
 
     Returns `(out [B, S, H, Dv] in v.dtype, final_state [B or N, H, Dk, Dv] float32)`.
+
+    q and k may also both have fewer heads than v (`[B, S, G, Dk]`, shared by the value heads
+    `h // (H // G)`, as SSD's C and B), with per-head gates g only: H is then v's heads, and no per-head
+    copy of q or k is formed.
 
     Differentiable w.r.t. q, k, v, g, gk and initial_state (custom VJP: memory linear in S; the
     backward keeps one state per chunk). Stable for any length: gates are summed inside a chunk only

@@ -20,7 +20,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels._common.linear_attention import ChunkParts, carry_transpose, chunk_carry, chunk_output
+from ejkernel.kernels._common.linear_attention import (
+    ChunkParts,
+    carry_transpose,
+    chunk_carry,
+    chunk_output,
+    state_increment,
+)
 
 
 def entry_states(h_out, init, starts):
@@ -62,7 +68,7 @@ class ScanPasses:
     def exit_states(self, p: ChunkParts, init, starts):
         """`[NC, B, H, Dk, Dv]`: each chunk's exit state (entered with `init[starts]` where starts >= 0)."""
         if p.w is None:  # the exit state is `decay ⊙ h + kᵀu`: the increments are computed in parallel
-            increment = jnp.swapaxes(p.k, -1, -2) @ p.u
+            increment = state_increment(p, p.u)
 
             def step(h, x):
                 decay, inc, start = x
@@ -77,7 +83,7 @@ class ScanPasses:
             h_out = chunk_carry(pc, _enter(h, init, start))
             return h_out, h_out
 
-        _, h_out = lax.scan(step, _zero_states(init, starts), (p._replace(q=None, scores=None), starts))
+        _, h_out = lax.scan(step, _zero_states(init, starts), (p._replace(q=None, scores=None, q_scale=None), starts))
         return h_out
 
     def entry_grads(self, p: ChunkParts, dh_own, d_exit, starts):
@@ -93,7 +99,7 @@ class ScanPasses:
             return dh_in, (dh_in, d_exit_total)
 
         transposed = p._replace(
-            q=None, scores=None, u=None, k=None if p.w is None else p.k
+            q=None, scores=None, u=None, k=None if p.w is None else p.k, q_scale=None, k_scale=None
         )  # what carry_transpose reads
         _, (dh_in, d_exit_total) = lax.scan(
             step, jnp.zeros_like(d_exit[0]), (transposed, dh_own, d_exit, _continues(starts)), reverse=True

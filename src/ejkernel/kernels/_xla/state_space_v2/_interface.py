@@ -4,7 +4,7 @@ SSD is the linear-attention recurrence `h_t = exp(g_t) h_{t-1} + k_t v_tᵀ`, `o
 q = C, k = B, v = dt · x, g = A · dt and scale 1 (its `[N, P]` state is the transpose of SSD's
 `[P, N]`), so it runs on the family's shared chunked core (`chunked_linear_attention`: intra-chunk
 masked products, inter-chunk state passing, a custom VJP keeping one state per chunk). B and C of
-group `h // (H // G)` serve head h.
+group `h // (H // G)` serve head h, read per group: no per-head copy of them is formed.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ DEFAULT_CHUNK = 64
 
 def ssd_as_linear_attention(x, A, B, C, dt, h0, *, chunk: int):
     """`(y [b, S, H, P], final state [b, H, P, N])`, both float32, with `y_t = h_t C_t` (no D skip, no gate)."""
-    heads, groups = x.shape[2], B.shape[2]
-    group_of_head = jnp.arange(heads) // (heads // groups)
     q, k, v, g = ssd_inputs(x, A.astype(jnp.float32), B, C, dt, jnp.float32)
     y, h = chunked_linear_attention(
-        q[:, :, group_of_head],
-        k[:, :, group_of_head],
+        q,
+        k,
         v,
         g=g,
         scale=1.0,
