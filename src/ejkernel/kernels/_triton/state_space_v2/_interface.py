@@ -4,9 +4,9 @@ Semantics are those of `ejkernel.reference.state_space.state_space_v2_reference`
 run of the chunked scalar-decay linear attention of `_chunked` (q = C, k = B, v = dt · x, g = A · dt):
 products in the activations' dtype (bfloat16 / float16 on tensor cores; float32 in full precision),
 accumulating in float32. The backward is the XLA implementation's (the shared chunked core's VJP, from
-float32 operands): a backward of three more kernel runs took the gate gradient as a difference of two
-large sums, which bfloat16 products put 30% off (dA, 2k tokens, H100), and in float32 it ran 5x slower
-than XLA's. Calls of at most one token (decode steps) take the plain-JAX step.
+float32 operands, at XLA's chunk size): a backward of three more kernel runs took the gate gradient as
+a difference of two large sums, which bfloat16 products put 30% off (dA, 2k tokens, H100), and in
+float32 it ran 5x slower than XLA's. Calls of at most one token (decode steps) take the plain-JAX step.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._xla.state_space_v2._interface import DEFAULT_CHUNK as XLA_CHUNK
 from ejkernel.kernels._xla.state_space_v2._interface import ssd_as_linear_attention
 
 from ._chunked import Tiling, chunked_forward
@@ -45,7 +46,9 @@ def _ssd_fwd(t, interpret, dtype, precision, x, A, B, C, dt, h0):
 
 def _ssd_bwd(t, interpret, dtype, precision, residuals, cotangents):
     with matmul_precision(precision):
-        _, pullback = jax.vjp(functools.partial(ssd_as_linear_attention, chunk=t.chunk), *residuals)
+        # XLA's own chunk, not the kernels': its per-head [C, C] scores outweigh its per-chunk states past
+        # C² ≈ N·P (at chunk 256 this backward ran 3 ms slower than XLA's, H100, fourteenth session).
+        _, pullback = jax.vjp(functools.partial(ssd_as_linear_attention, chunk=XLA_CHUNK), *residuals)
         return pullback(cotangents)
 
 
