@@ -31,6 +31,14 @@ def test_v1_interpret_matches_reference():
     check_scan(fn, state_space_v1_reference, args)
 
 
+def test_v1_decode_step_kernel_interpret():
+    """A one-token call through the decode kernel (32 channels: one program per batch row), and one whose
+    channels would need padding (24: the plain-JAX step), forward and every gradient."""
+    for channels in (32, 24):
+        args = v1_inputs(batch=2, seq=1, channels=channels, state=8)
+        check_scan(functools.partial(state_space_v1_triton, interpret=True), state_space_v1_reference, args)
+
+
 def test_v2_interpret_matches_reference():
     """Forward and the whole backward (three more runs of the chunked kernels, two of them reversed)."""
     args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=16)
@@ -45,6 +53,9 @@ def test_kernels_lower_for_cuda(cuda_lowering, op):
     if op == "v1":
         args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
         impl, kernel_names = state_space_v1_triton, ["ssm1_chunk_ends", "ssm1_chunk_outputs", "ssm1_chunk_grads"]
+        step_args = [None if a is None else a[:, :1] if a.ndim == 3 and a.shape[1] == 256 else a for a in args]
+        step = jax.jit(packed(functools.partial(impl, interpret=False))).trace(*step_args)
+        assert "ejkernel_ssm1_decode_step" in step.lower(lowering_platforms=("cuda",)).as_text()
     else:
         args = v2_inputs(batch=2, seq=512, heads=4, head_dim=64, groups=1, state=128, dtype=jnp.bfloat16)
         impl, kernel_names = state_space_v2_triton, ["ssd_chunk_states", "ssd_chunk_outputs"]

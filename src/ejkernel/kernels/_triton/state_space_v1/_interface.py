@@ -3,8 +3,8 @@
 Semantics are those of `ejkernel.reference.state_space.state_space_v1_reference`. Inputs are padded
 where the kernels need it (plain jnp, so autodiff slices the gradients back): channels to whole
 channel blocks and the state size to a power of two (zeros: no decay, no input, no output), the
-sequence to whole chunks (dt = 0: the state passes through unchanged). Calls of at most one token
-(decode steps) take the plain-JAX step, which reads and writes the state once.
+sequence to whole chunks (dt = 0: the state passes through unchanged). One-token calls (decode steps)
+take `_decode.decode_step`, or the plain-JAX step where the state would need padding.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ejkernel.kernels._common.state_space import check_v1, chunk_entries, pad_se
 from ejkernel.kernels._triton._helpers import resolve_interpret
 
 from ._bwd import adjoint_ends, chunk_grads
+from ._decode import decode_step, step_block
 from ._fwd import Tiling, chunk_ends, chunk_outputs
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
@@ -119,5 +120,7 @@ def state_space_v1_triton(
         y, h_last = _scan(t, t_bwd, interpret, x_p, A_p, B_p, C_p, dt_p, h0_p)
         return y[:, :seq, :channels], h_last[:, :channels, :state]
 
+    block = step_block(channels, state)
+    step = v1_step if block is None else functools.partial(decode_step, block, interpret)
     args = (hidden_states, A, B, C, D, dt, gate, initial_state, conv_state)
-    return run_scan(long_scan, v1_step, *args, (batch, channels, state), act_fn=act_fn)
+    return run_scan(long_scan, step, *args, (batch, channels, state), act_fn=act_fn)
