@@ -162,6 +162,10 @@ def _bad_calls():
         ),
         "num_seqs past the sequences": (lambda: modules.ragged_page_attention_v2(*set_(v2, 5, 9)), "num_seqs"),
         "odd combined heads": (lambda: modules.ragged_page_attention_v2(*set_(v2, 1, v2[1][:, :, :3])), "interleave"),
+        "integer compute dtype": (
+            lambda: modules.ragged_page_attention_v2(*v2, compute_dtype=jnp.int32),
+            "compute_dtype",
+        ),
         "v3 cache of the wrong layout": (
             lambda: modules.ragged_page_attention_v3(*set_(v3, 3, v3[3][..., :64])),
             "kv_cache",

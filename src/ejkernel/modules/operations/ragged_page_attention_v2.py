@@ -82,6 +82,8 @@ def ragged_page_attention_v2(
     check_shape("query_start_loc", query_start_loc, (max_seqs + 1,), "[num_seqs + 1]")
     check_sinks("softmax_aux", softmax_aux, num_heads, per_head=False)
     check_mask_value(mask_value)
+    if compute_dtype is not None and not jnp.issubdtype(jnp.dtype(compute_dtype), jnp.floating):
+        raise TypeError(f"compute_dtype must be a float dtype or None (the queries' dtype), got {compute_dtype}")
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(1)
     options = dict(
         softmax_scale=resolve_scale(softmax_scale, head_dim),
