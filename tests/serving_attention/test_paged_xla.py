@@ -96,6 +96,16 @@ def test_v3_writes_the_cache_in_place_under_donation():
     assert bool(jnp.all(out[int(args[6][4]) :] == 0)), "the ignored sequence's query rows are 0"
 
 
+def test_v3_q_scale_saturates_to_a_float8_cache():
+    """Queries quantised to a float8 cache saturate (no NaN past its range) and the output keeps their dtype."""
+    args, _ = CASES["ragged_page_attention_v3"](np.random.default_rng(8), dtype=jnp.float8_e4m3fn)
+    args[0] = randn(args[0].shape, jnp.bfloat16, scale=100.0)  # q / q_scale reaches past float8's 448
+    options = {"q_scale": 0.1, "k_scale": 0.02}
+    out, _ = modules.ragged_page_attention_v3(*args, platform="xla", **options)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, jitted_reference("ragged_page_attention_v3", options)(*args))
+
+
 def test_empty_sequences_give_zeros_and_zero_gradients():
     q, kc, vc, lens, tables = CASES["page_attention"](np.random.default_rng(5), kv_lens=(0, 0))[0]
     loss = jax.jit(jax.value_and_grad(lambda q: jnp.sum(modules.page_attention(q, kc, vc, lens, tables) ** 2)))

@@ -239,8 +239,9 @@ def ragged_page_attention_v3_reference(
     Cache `[pages, page_size, ceil(2 Hkv / packing), packing, D_pad]`: combined head `c = 2h` holds key
     head h and `2h + 1` its value, at `[c // packing, c % packing]` (a written slot's other heads and
     padded dims are 0). Token j of sequence s goes to
-    position `kv_lens[s] - q_len + j`. With `q_scale` the queries are `q / q_scale` in the cache dtype
-    and the logits are scaled by `q_scale`; `k_scale` scales the logits, `v_scale` the output.
+    position `kv_lens[s] - q_len + j`. With `q_scale` the queries are `q / q_scale` rounded to the cache
+    dtype (saturated to its range; the output keeps the queries' dtype) and the logits are scaled by
+    `q_scale`; `k_scale` scales the logits, `v_scale` the output.
     """
     _, num_kv_heads, head_dim = keys.shape
     num_pages, page_size, groups, packing, width = kv_cache.shape
@@ -267,7 +268,9 @@ def ragged_page_attention_v3_reference(
     )
     scale = _scale(softmax_scale, head_dim)
     if q_scale is not None:
-        queries = (queries / q_scale).astype(kv_cache.dtype)
+        info = jnp.finfo(kv_cache.dtype)
+        quantized = jnp.clip(queries / q_scale, float(info.min), float(info.max)).astype(kv_cache.dtype)
+        queries = quantized.astype(queries.dtype)
         scale *= q_scale
     if k_scale is not None:
         scale *= k_scale

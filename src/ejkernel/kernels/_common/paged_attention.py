@@ -409,6 +409,14 @@ def write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_lo
     return flat.reshape(kv_cache.shape)
 
 
+def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
+    """`queries / q_scale` rounded to the cache's `dtype`, saturated to its range as a quantiser does (an
+    overflow would be inf or NaN in float8), and kept in the queries' dtype, which the output keeps."""
+    info = jnp.finfo(dtype)
+    scaled = jnp.clip(queries / q_scale, float(info.min), float(info.max))
+    return scaled.astype(dtype).astype(queries.dtype)
+
+
 def ragged_v3_batch(
     queries, keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution, softmax_aux=None, /, *,
     softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
@@ -417,7 +425,7 @@ def ragged_v3_batch(
     """`ragged_page_attention_v3`: writes the new keys/values into the packed cache, then reads it as K/V rows.
 
     The updated cache is the batch's `key_rows` (reshaped back by the implementations). With `q_scale`
-    the queries are quantised like the cache (`q / q_scale` in its dtype) and the logits scaled back;
+    the queries are quantised like the cache (`quantize_queries`) and the logits scaled back;
     `k_scale` scales the logits and `v_scale` the output (dequantised K and V).
     """
     del vmem_limit_bytes
@@ -429,7 +437,7 @@ def ragged_v3_batch(
     query_start, query_len = _ragged_lengths(query_start_loc, distribution[2], max_seqs)
     scale = resolve_scale(softmax_scale, head_dim)
     if q_scale is not None:
-        queries = (queries / q_scale).astype(kv_cache.dtype)
+        queries = quantize_queries(queries, q_scale, kv_cache.dtype)
         scale *= float(q_scale)
     if k_scale is not None:
         scale *= float(k_scale)
