@@ -131,6 +131,7 @@ def test_bad_tensors_name_the_argument(change, error, words):
         (dict(dropout_prob=1.5), ValueError, "dropout_prob"),
         (dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
         (dict(bias=jnp.zeros((3, H, S, S))), ValueError, "bias"),
+        (dict(attention_mask=randn((B, 1, S, S))), TypeError, "attention_mask"),  # additive: a bias
         (dict(sliding_window=-2), ValueError, "sliding_window"),
         (dict(platform="triton"), ValueError, "flash_mla"),
     ],

@@ -173,6 +173,11 @@ def canonical_call(
             raise TypeError(f"bias must be a floating-point array, got dtype {bias.dtype}")
         check_broadcastable("bias", bias, batch, heads, q_len, kv_len, seq_broadcast=False)
     if attention_mask is not None:
+        if attention_mask.dtype != jnp.bool_ and not jnp.issubdtype(attention_mask.dtype, jnp.integer):
+            raise TypeError(
+                f"attention_mask must be boolean or integer (nonzero = attend; additive masks go in bias), "
+                f"got dtype {attention_mask.dtype}"
+            )
         check_broadcastable("attention_mask", attention_mask, batch, heads, q_len, kv_len, seq_broadcast=False)
     if softmax_aux is not None and (softmax_aux.ndim != 1 or not jnp.issubdtype(softmax_aux.dtype, jnp.floating)):
         raise ValueError(f"softmax_aux must be a 1-D float array, got {softmax_aux.dtype}{list(softmax_aux.shape)}")
