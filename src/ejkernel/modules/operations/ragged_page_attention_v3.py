@@ -95,10 +95,9 @@ def ragged_page_attention_v3(
 
     The default `softmax_scale` is 1.0 (None: `D**-0.5`). With `q_scale` the queries are quantised as
     the cache (`q / q_scale` rounded to its dtype, saturating; the output keeps the queries' dtype) and
-    the logits scaled back; `k_scale` scales the logits and
-    `v_scale` the output (dequantised K and V). Soft cap `c·tanh(s/c)`; `sliding_window=w` keeps keys
-    `q - w + 1 <= k <= q`; `softmax_aux [Hq]` are per-head sink logits. `vmem_limit_bytes` steers
-    TPU schedules only.
+    the logits scaled back; `k_scale` scales the logits and `v_scale` the output (dequantised K and V).
+    Soft cap `c·tanh(s/c)`; `sliding_window=w` keeps keys `q - w + 1 <= k <= q`; `softmax_aux [Hq]` are
+    per-head sink logits. `vmem_limit_bytes` steers TPU schedules only.
 
     Under `jax.jit(..., donate_argnums=3)` the cache is updated in place (only the new rows are
     written). Outside `jit`, lengths, `query_start_loc`, `distribution` and the page indices are
