@@ -185,6 +185,16 @@ def test_several_sinks_per_head():
         flash_attention(q, k, v, None, None, None, randn((3, 2)))
 
 
+def test_int_values_of_float_options():
+    """`softmax_scale=1`, `logits_soft_cap=30`: an int where the signature says float, as in Python's typing."""
+    from ejkernel.modules import flash_attention, gla_attention
+
+    q, k, v = qkv()
+    expected = flash_attention_reference(q, k, v, softmax_scale=1.0, logits_soft_cap=30.0)
+    assert_close(flash_attention(q, k, v, softmax_scale=1, logits_soft_cap=30), expected)
+    assert_close(gla_attention(q, k, v, softmax_scale=1), gla_attention(q, k, v, softmax_scale=1.0))
+
+
 # --------------------------------------------------------------------------------- ring attention
 
 

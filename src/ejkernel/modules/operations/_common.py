@@ -8,15 +8,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from beartype import beartype
+from beartype import BeartypeConf, beartype
 from jaxtyping import jaxtyped
 
 from ejkernel.ops import create_default_executor
 
 executor = create_default_executor()
 
-typechecked = jaxtyped(typechecker=beartype)
-"""Decorator for public op functions: checks jaxtyping shape annotations with beartype at each call."""
+typechecked = jaxtyped(typechecker=beartype(conf=BeartypeConf(is_pep484_tower=True)))
+"""Decorator for public op functions: checks jaxtyping shape annotations with beartype at each call.
+An int passes where a float is annotated (`softmax_scale=1`, `logits_soft_cap=30`), as in Python's typing."""
 
 
 def require_float(name: str, x: Any) -> None:
