@@ -197,6 +197,7 @@ def test_configs_validate_chunk_size():
 
 _q, _k, _v = (jnp.ones((1, 6, 2, 4)),) * 3
 _beta = jnp.full((1, 6, 2), 0.5)
+_xla = functools.partial(kernel_registry.get, platform="xla")
 
 
 @pytest.mark.parametrize(
@@ -219,6 +220,16 @@ _beta = jnp.full((1, 6, 2), 0.5)
         (lambda: gated_delta_rule(_q, _k, _v, _beta, None, jnp.zeros((1, 6))), TypeError, "seg_ids"),
         (lambda: gated_delta_rule(_q, _k, _v, _beta, autotune_chunk_candidates=(16, 20)), ValueError, "autotune"),
         (lambda: gated_delta_rule(_q, _k, _v, _beta, platform="tpu"), ValueError, "platform"),
+        # the registered implementations, called directly, check as the public functions do
+        (lambda: _xla("gla")(_q, _k, _v, None, None, None, jnp.array([0, 2, 9])), ValueError, "cu_seqlens"),
+        (lambda: _xla("recurrent")(_q, _k, _v.astype(jnp.int32)), TypeError, "value"),
+        (lambda: _xla("lightning_attn")(_q, _k, _v, layer_idx=2, num_layers=2), ValueError, "layer_idx"),
+        (lambda: _xla("kda")(_q, _k, _v, _beta[..., :1]), ValueError, "beta"),
+        (
+            lambda: _xla("gated_delta_rule")(_q, _k, _v, _beta, None, jnp.zeros((1, 5), jnp.int32)),
+            ValueError,
+            "seg_ids",
+        ),
     ],
 )
 def test_bad_input_names_the_argument(call, error, words):

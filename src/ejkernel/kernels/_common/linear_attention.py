@@ -121,13 +121,21 @@ def check_chunk_size(name: str, chunk_size) -> None:
         raise ValueError(f"{name} must be a positive power of two, got {chunk_size!r}")
 
 
+def check_layer(layer_idx, num_layers) -> None:
+    """Lightning attention's layer: ints with `0 <= layer_idx < num_layers`."""
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or not 0 <= layer_idx < num_layers:
+        raise ValueError(f"layer_idx must be an int in [0, num_layers={num_layers}), got {layer_idx!r}")
+
+
 def check_linear_call(
-    query, key, value, *, grouped: bool, gates=None, g_gamma=None, initial_state=None, cu_seqlens=None
+    query, key, value, *, grouped: bool, gates=None, g_gamma=None, initial_state=None, cu_seqlens=None, seg_ids=None
 ) -> tuple[int, int]:
     """Every check of a linear-attention call; returns `(dim_k, number of states)`.
 
     `gates` maps a name to `(array or None, kind)`, kind "head" (`[B, S, H]`), "dim_k" (`[B, S, H, Dk]`)
-    or "dim_v" (`[B, S, H, Dv]`); beta counts as a gate of kind "head".
+    or "dim_v" (`[B, S, H, Dv]`); beta counts as a gate of kind "head". `seg_ids` is `[B, S]` integer.
     """
     batch, seq_len, num_heads, _, dk, dv = check_qkv(query, key, value, grouped=grouped)
     trailing = {"head": (), "dim_k": (dk,), "dim_v": (dv,)}
@@ -135,6 +143,9 @@ def check_linear_call(
         check_float(name, x)
         layout = "[batch, seq, heads]" if kind == "head" else f"[batch, seq, heads, {kind}]"
         require_shape(name, x, (batch, seq_len, num_heads, *trailing[kind]), layout)
+    if seg_ids is not None and not jnp.issubdtype(seg_ids.dtype, jnp.integer):
+        raise TypeError(f"seg_ids must be an integer array, got dtype {seg_ids.dtype}")
+    require_shape("seg_ids", seg_ids, (batch, seq_len), "[batch, seq]")
     check_g_gamma(g_gamma, batch, num_heads)
     num_states = check_cu_seqlens(cu_seqlens, batch, seq_len)
     check_state(initial_state, num_states, num_heads, dk, dv)

@@ -10,7 +10,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_chunk_size, check_linear_call, chunk_configs
-from ejkernel.modules.operations._common import executor, require_int, typechecked
+from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import Invocation, Kernel
 from ejkernel.ops.executor import specs_by_slot
 
@@ -66,9 +66,8 @@ def gated_delta_rule(
         grouped=False,
         gates={"beta": (beta, "head"), "decay": (decay, "head")},
         initial_state=initial_state,
+        seg_ids=seg_ids,
     )
-    if seg_ids is not None:
-        require_int("seg_ids", seg_ids)
     if autotune_chunk_candidates is not None:
         autotune_chunk_candidates = tuple(autotune_chunk_candidates)
         for size in autotune_chunk_candidates:

@@ -8,7 +8,12 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_linear_call, chunk_configs
+from ejkernel.kernels._common.linear_attention import (
+    ChunkedConfig,
+    check_layer,
+    check_linear_call,
+    chunk_configs,
+)
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import Invocation, Kernel
 
@@ -50,10 +55,7 @@ def lightning_attention(
     `reverse` runs from the last token to the first. Returns `out [B,S,H,Dv]`, or
     `(out, final_state float32)` with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`.
     """
-    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-    if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or not 0 <= layer_idx < num_layers:
-        raise ValueError(f"layer_idx must be an int in [0, num_layers={num_layers}), got {layer_idx!r}")
+    check_layer(layer_idx, num_layers)
     dk, _ = check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
     return executor(
         LightningAttention(),

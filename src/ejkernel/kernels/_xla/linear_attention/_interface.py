@@ -13,6 +13,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.linear_attention import (
+    check_chunk_size,
+    check_layer,
+    check_linear_call,
     delta_chunk,
     delta_step,
     diagonal_chunk,
@@ -219,16 +222,16 @@ def _returned(out, state, return_state):
     return (out, state) if return_state else out
 
 
-def recurrent_attention_xla(
+def _gated(
     query,
     key,
     value,
-    g=None,
-    g_gamma=None,
-    gk=None,
-    gv=None,
-    initial_state=None,
-    cu_seqlens=None,
+    g,
+    g_gamma,
+    gk,
+    gv,
+    initial_state,
+    cu_seqlens,
     *,
     softmax_scale=None,
     reverse=False,
@@ -236,7 +239,8 @@ def recurrent_attention_xla(
     cfg=None,
     engine=xla_engine,
 ):
-    """`recurrent_attention`: chunked, or token by token for decoding and per-value-channel gates.
+    """The gated recurrence of the three entries below (arguments checked by them): chunked, or token by
+    token for decoding and per-value-channel gates.
 
     `engine(cfg)` says where the sequential parts run (plain JAX here; GPU kernels on the Triton platform).
     """
@@ -259,18 +263,46 @@ def recurrent_attention_xla(
     return _returned(out, state, return_state)
 
 
+def recurrent_attention_xla(
+    query, key, value, g=None, g_gamma=None, gk=None, gv=None, initial_state=None, cu_seqlens=None, **options
+):
+    """`recurrent_attention`; options (`softmax_scale`, `reverse`, `return_state`, `cfg`, `engine`) as `_gated`'s."""
+    check_linear_call(
+        query,
+        key,
+        value,
+        grouped=True,
+        gates={"g": (g, "head"), "gk": (gk, "dim_k"), "gv": (gv, "dim_v")},
+        g_gamma=g_gamma,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _gated(query, key, value, g, g_gamma, gk, gv, initial_state, cu_seqlens, **options)
+
+
 def gla_attention_xla(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
-    """`gla_attention` (per-key-channel gate `g`); options (`softmax_scale`, `reverse`, `return_state`,
-    `cfg`, `engine`) as `recurrent_attention_xla`'s."""
-    return recurrent_attention_xla(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
+    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s."""
+    check_linear_call(
+        query,
+        key,
+        value,
+        grouped=True,
+        gates={"g": (g, "dim_k")},
+        g_gamma=g_gamma,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
 
 
 def lightning_attention_xla(
     query, key, value, initial_state=None, cu_seqlens=None, *, layer_idx, num_layers, **options
 ):
-    """`lightning_attention` (the layer's fixed per-head decay); options as `recurrent_attention_xla`'s."""
+    """`lightning_attention` (the layer's fixed per-head decay); options as `_gated`'s."""
+    check_layer(layer_idx, num_layers)
+    check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
     g_gamma = jnp.asarray(lightning_gamma(query.shape[2], layer_idx, num_layers))
-    return recurrent_attention_xla(query, key, value, None, g_gamma, None, None, initial_state, cu_seqlens, **options)
+    return _gated(query, key, value, None, g_gamma, None, None, initial_state, cu_seqlens, **options)
 
 
 def delta_rule_inputs(query, key, beta, decay, seg_ids, use_qk_l2norm: bool):
@@ -325,6 +357,9 @@ def kernel_delta_attention_xla(
     engine=xla_engine,
 ):
     """`kernel_delta_attention` in plain JAX: the delta rule with a per-head decay."""
+    check_chunk_size("chunk_size", chunk_size)
+    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state)
     out, state = _delta_rule(
         query,
         key,
@@ -360,6 +395,8 @@ def gated_delta_rule_xla(
 ):
     """`gated_delta_rule` in plain JAX; `seg_ids` packs sequences per row (see the reference)."""
     del autotune_chunk_candidates  # chooses the configs tried by autotuning, not the computation
+    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state, seg_ids=seg_ids)
     out, state = _delta_rule(
         query,
         key,
