@@ -216,6 +216,7 @@ BAD_INPUTS = [
     ("chunk size", lambda q, k, v: blocksparse_attention(q, k, v, chunk_size=0), "chunk_size"),
     ("soft cap", lambda q, k, v: blocksparse_attention(q, k, v, logits_soft_cap=-1.0), "logits_soft_cap"),
     ("mask shape", lambda q, k, v: blocksparse_attention(q, k, v, attention_mask=jnp.ones((2, 3, S, S))), "mask"),
+    ("scalar mask", lambda q, k, v: blocksparse_attention(q, k, v, attention_mask=True), "attention_mask"),
     (
         "builder shape",
         lambda q, k, v: blocksparse_attention(q, k, v, mask_builder=lambda i, j: i[:3] < j),

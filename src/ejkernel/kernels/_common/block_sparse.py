@@ -137,6 +137,12 @@ def canonical_sparse_mask(
     q_seg, kv_seg = _check_segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
     infos = [] if mask_info is None else [mask_info]
     if attention_mask is not None:
+        attention_mask = jnp.asarray(attention_mask)
+        if attention_mask.ndim not in (2, 3, 4):
+            raise ValueError(
+                "attention_mask must be [batch, seq], [batch, q_len, kv_len] or [batch, 1|heads, q_len, kv_len], "
+                f"got shape {attention_mask.shape}"
+            )
         if attention_mask.ndim == 2 and q_len != kv_len:
             raise ValueError(
                 f"attention_mask [batch, seq] marks padding of queries and keys alike and needs q_len == kv_len, "
