@@ -111,7 +111,8 @@ BAD_INPUTS = [
         lambda q, k, v: native_sparse_attention(q, k, v, None, None, jnp.full((B, S, HKV, 2), 9)),
         "block_indices",
     ),
-    ("negative count", lambda q, k, v: native_sparse_attention(q, k, v, block_counts=-1), "block_counts"),
+    ("negative count", lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, -1), "non-negative"),
+    ("bool count", lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, True), "block_counts"),
     (
         "packed batch",
         lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, 2, jnp.array([0, S])),

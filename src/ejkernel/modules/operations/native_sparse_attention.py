@@ -106,6 +106,8 @@ def native_sparse_attention(
             require_float(name, g)
     if block_indices is not None:
         require_int("block_indices", block_indices)
+    if isinstance(block_counts, bool):
+        raise TypeError(f"block_counts must be an int or an integer array, got {block_counts!r}")
     if isinstance(block_counts, int):
         if block_counts < 0:
             raise ValueError(f"block_counts must be non-negative, got {block_counts}")
