@@ -122,7 +122,7 @@ def test_which_calls_prescale_q(head_dim, options, prescaled):
 
 def test_exp2_on_fma_units_matches_exp2():
     """The cubic exp2 the forward runs on part of each soft-capped tile (eager ops: see `exp2_fma`)."""
-    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import exp2_fma
+    from ejkernel.kernels._pallas.gpu.flash_attention._parts import exp2_fma
 
     x = np.concatenate([np.linspace(-125.0, 127.0, 20011), -np.abs(np.random.default_rng(0).normal(0, 9, 4096))])
     with jax.disable_jit():

@@ -32,7 +32,7 @@ HEAD_DIMS = (64, 128)
 
 
 def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import forward  # loads Mosaic GPU (~0.35 s)
+    from ejkernel.kernels._pallas.gpu.flash_attention._fwd import forward  # loads Mosaic GPU (~0.35 s)
 
     return forward(st, q, k, v, sinks)
 
@@ -43,7 +43,7 @@ def _exp2_unless_empty(x, lse):
 
 
 def _backward(st: Static, residuals, do):
-    from ejkernel.kernels._pallas.gpu.flash_attention._kernels import backward_dkv, backward_dq, backward_fused
+    from ejkernel.kernels._pallas.gpu.flash_attention._bwd import backward_dkv, backward_dq, backward_fused
 
     q, k, v, _, sinks, _, _, _, _, out, lse = residuals
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))

@@ -1,7 +1,7 @@
 """What a Mosaic GPU flash attention call fixes at trace time, and which tiles each block of rows needs.
 
-Plain `jnp`/`lax`: importable (and testable) without loading Mosaic GPU, which `_kernels` does only
-when a kernel is traced.
+Plain `jnp`/`lax`: importable (and testable) without loading Mosaic GPU, which the kernel modules
+(`_parts`, `_fwd`, `_bwd`) do only when a kernel is traced.
 """
 
 from __future__ import annotations

@@ -1,0 +1,321 @@
+"""The Mosaic GPU flash attention forward (see `_parts` for the warp-specialised design): one CTA per
+one or two 128-row query tiles of a head, its output and base-2 log-sum-exp."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ejkernel.kernels._common.attention import LOG2E, join_sink
+
+from ._parts import (
+    COMPUTE_REGISTERS,
+    MASKED,
+    SUM_COLS,
+    Stream,
+    along_rows,
+    cta_key_tiles,
+    exp2_tile,
+    feed,
+    key_value_streams,
+    launch_kernel,
+    logits2,
+    masked_scores,
+    memory_warpgroup,
+    own_order,
+    query_tile_row,
+    run_segments,
+    skip_step,
+    swizzled_smem,
+    unit_col_smem,
+    zero_acc,
+)
+from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static, key_ranges
+
+
+def forward(st: Static, q, k, v, sinks=None):
+    """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
+
+    `sinks`: optional `[H]` float32 sink logit per head (natural units), one more softmax column
+    without a value: it joins each row's denominator and log-sum-exp when the row is written.
+    """
+    batch, q_pad_len, heads, head_dim = q.shape
+    bk, stages, dtype = st.block_k, st.stages, q.dtype
+    num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
+    tiles = st.q_tiles_per_cta
+    if num_q_tiles % tiles:
+        raise ValueError(f"q_tiles_per_cta={tiles} needs a multiple of it in query tiles, got {num_q_tiles}")
+    has_sinks = sinks is not None
+    row_sums = st.row_sums_on_tc
+    if row_sums and st.overlap:
+        raise ValueError("row_sums_on_tc: the overlapped forward keeps its row sums as a vector")
+
+    def body(q_ref, k_ref, v_ref, *refs):
+        sink_ref = refs[0] if has_sinks else None
+        unit_col_ref = refs[has_sinks] if row_sums else None
+        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums :]
+        q_smem, k_smem, v_smem, lse_smem, *unit_col = smem
+        unit_col_smem = unit_col[0] if row_sums else None
+        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *unit_col_ready = barriers
+        b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
+
+        def query_tile(j):
+            """The CTA's j-th query tile: its first row, its key tiles [lo, hi) and their K/V streams."""
+            row = query_tile_row(cta, j, num_q_tiles, tiles)
+            lo, hi = cta_key_tiles(st, row, bk, num_blocks)
+            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, lo, bk)
+            return row, lo, hi, list(streams)
+
+        def over_tiles(fn):
+            """`start = fn(j, start)` for each query tile j; `start` counts the key tiles streamed before."""
+            return fn(0, 0) if tiles == 1 else lax.fori_loop(0, tiles, fn, jnp.int32(0))
+
+        def feed_tile(j, start):
+            _, lo, hi, streams = query_tile(j)
+            feed(streams, hi - lo, stages, start)
+            return start + hi - lo
+
+        def feed_all():
+            if row_sums:  # e₀ first: the compute warpgroups need it for their first P·V
+                plgpu.copy_gmem_to_smem(unit_col_ref, unit_col_smem, unit_col_ready[0])
+            over_tiles(feed_tile)
+
+        memory_warpgroup(feed_all)
+
+        def schedule_sync():
+            plgpu.barrier_arrive(schedule)
+            plgpu.barrier_wait(schedule)
+
+        def take_turn():
+            """Overlapped forward: wait until the other warpgroup has issued its matmuls (`schedule` = turns)."""
+            if st.overlap_schedule:
+                plgpu.barrier_wait(schedule.at[wg])
+
+        def pass_turn():
+            if st.overlap_schedule:
+                plgpu.barrier_arrive(schedule.at[1 - wg])
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            for j in range(tiles):  # every query tile at once: the later ones load while the first runs
+                rows = pl.ds(query_tile_row(cta, j, num_q_tiles, tiles) + wg * ROWS, ROWS)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
+            if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
+                plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
+            if row_sums:
+                plgpu.barrier_wait(unit_col_ready[0])
+            if has_sinks:
+                sink = plgpu.load(lse_smem.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+            if st.q_prescaled:
+                for j in range(tiles):
+                    qj = q_smem.at[j * COMPUTE_WGS + wg]
+                    qj[...] = (qj[...].astype(jnp.float32) * st.tanh_scale).astype(dtype)
+                plgpu.commit_smem()
+            if st.overlap and st.overlap_schedule:  # warpgroup 0 issues first (once: turns run on across tiles)
+                pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
+
+            def run_tile(j, start):
+                """Query tile j of the CTA, whose key tiles follow the `start` streamed before."""
+                cta_row, lo, hi, streams = query_tile(j)
+                row0 = cta_row + wg * ROWS
+                # (buffers indexed by tile and warpgroup in one traced index: a literal one fails inside run_state)
+                qo, lse_out = q_smem.at[j * COMPUTE_WGS + wg], lse_smem.at[j * COMPUTE_WGS + wg]
+
+                def softmax(mode, t, s, m, denom):
+                    """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
+                    if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
+                        p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols, in_range=True)
+                        p = masked_scores(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
+                        return p.astype(dtype), m, denom if row_sums else denom + p.sum(axis=1), None
+                    if not st.fused_scale:
+                        s = logits2(st, s)[0]
+                        s = masked_scores(st, s, row0, t * bk) if mode == "masked" else s
+                        m_new = jnp.maximum(m, s.max(axis=1))
+                        p = exp2_tile(s - along_rows(m_new, s.shape), st.exp2_fma_cols)
+                    else:  # scale inside the exponent (a max commutes with a positive scale): one FMA per score
+                        s = masked_scores(st, s, row0, t * bk, fill=MASKED / st.scale2) if mode == "masked" else s
+                        m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
+                        p = exp2_tile(s * st.scale2 - along_rows(m_new, s.shape), st.exp2_fma_cols)
+                    alpha = jnp.exp2(m - m_new)
+                    if row_sums:  # the caller rescales the row sums tile with the accumulator
+                        return p.astype(dtype), m_new, denom, alpha
+                    return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
+
+                def rescale(acc, alpha):
+                    return acc if alpha is None else acc * along_rows(alpha, acc.shape)
+
+                def slot_of(t):
+                    """The shared-memory slot that holds key/value tile t."""
+                    return lax.rem(start + t - lo, jnp.int32(stages))
+
+                def scores(slot, before=lambda: None, after=schedule_sync):
+                    """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
+
+                    Ping-pong (the default `after`): the other warpgroup's softmax runs while this matmul does.
+                    """
+
+                    def qk(acc_ref):
+                        before()
+                        plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                        after()
+                        return acc_ref[...]
+
+                    return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
+
+                def add_pv(acc, p16, slot, denom):
+                    """(acc + P·V_slot, denom), and with `row_sums` denom is a tile of row sums that adds P·e₀.
+
+                    (The caller has waited for V_slot.)
+                    """
+
+                    def pv(refs):
+                        plgpu.wgmma(refs[0], p16, v_smem.at[slot])
+                        if row_sums:
+                            plgpu.wgmma(refs[1], p16, unit_col_smem)
+
+                    state = (plgpu.ACC.init(acc), plgpu.ACC.init(denom)) if row_sums else (plgpu.ACC.init(acc),)
+                    acc, *sums = pl.run_state(pv)(state)
+                    plgpu.barrier_arrive(v_consumed.at[slot])
+                    return acc, sums[0] if row_sums else denom
+
+                def step(mode, t, carry):
+                    """Tile t: S, softmax (while the other warpgroup's matmuls run), then P·V."""
+                    slot = slot_of(t)
+                    if mode == "skip":
+                        skip_step(streams, slot)
+                        schedule_sync()
+                        schedule_sync()
+                        return carry
+                    acc, m, denom = carry
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    s = scores(slot)
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    p16, m, denom, alpha = softmax(mode, t, s, m, denom)
+                    acc = rescale(acc, alpha)
+                    denom = rescale(denom, alpha) if row_sums else denom
+                    acc, denom, m, p16 = lax.optimization_barrier((acc, denom, m, p16))
+                    plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's QK may start
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_wait(schedule)
+                    acc, denom = add_pv(acc, p16, slot, denom)
+                    return acc, m, denom
+
+                def overlapped_step(mode, t, carry):
+                    """Tile t's S and tile t-1's P·V issued together; S's softmax runs while P·V does."""
+                    acc, m, denom, p16 = carry
+                    slot, prev = slot_of(t), slot_of(t - 1)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[prev])
+
+                    def matmuls(refs):
+                        s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
+                        take_turn()
+                        plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(acc_ref, p16, v_smem.at[prev])
+                        pass_turn()
+                        # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
+                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
+                        plgpu.barrier_arrive(k_consumed.at[slot])
+                        p_ref[...], m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
+
+                    # (never `bounded`, which has no alpha: the overlapped forward runs without soft cap;
+                    # the alpha slot starts as a copy of m, which has its shape and layout)
+                    state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
+                    _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                    plgpu.barrier_arrive(v_consumed.at[prev])
+                    return rescale(acc, alpha), m_new, denom, p16
+
+                m0 = 0.0 if st.bounded else MASKED
+                m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                if row_sums:  # column 0 of the P·e₀ tile holds the row sums, the others 0
+                    denom = zero_acc((ROWS, SUM_COLS))
+                else:
+                    denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                acc = zero_acc((ROWS, head_dim))
+                own = own_order(key_ranges(st, row0, ROWS, bk, num_blocks))
+
+                def write(acc, m, denom):
+                    """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                    if row_sums:
+                        denom = denom.sum(axis=1)  # (column 0 plus zeros: exact)
+                    weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
+                    if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
+                        m, weight, denom = join_sink(m, denom, sink, jnp.exp2)
+                    empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
+                    denom = jnp.where(empty, 1.0, denom)
+                    inv = jnp.where(empty, 0.0, weight / denom)
+                    qo[...] = (acc * along_rows(inv, acc.shape)).astype(dtype)
+                    lse_out[...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
+
+                if not st.overlap:
+                    pl.when(wg == 1)(schedule_sync)
+                    write(*run_segments(step, (acc, m, denom), lo, *own, hi))
+                    pl.when(wg == 0)(schedule_sync)
+                else:
+                    own_lo, full_lo, full_hi, own_hi = own
+
+                    def skip(t, _):
+                        # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
+                        take_turn()
+                        pass_turn()
+                        skip_step(streams, slot_of(t))
+
+                    lax.fori_loop(lo, own_lo, skip, None)
+
+                    @pl.when(own_lo < own_hi)
+                    def _():
+                        first = slot_of(own_lo)
+                        plgpu.barrier_wait(k_ready.at[first])
+                        s = scores(first, take_turn, pass_turn)
+                        plgpu.barrier_arrive(k_consumed.at[first])
+                        p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
+                        t1 = own_lo + 1
+                        clip = lambda t: jnp.clip(t, t1, own_hi)
+                        carry = (acc, m1, denom1, p16)
+                        acc1, m1, denom1, p16 = run_segments(
+                            overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
+                        )
+                        last = slot_of(own_hi - 1)
+                        plgpu.barrier_wait(v_ready.at[last])
+                        acc1, denom1 = add_pv(acc1, p16, last, denom1)
+                        write(acc1, m1, denom1)
+
+                    pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
+                    lax.fori_loop(own_hi, hi, skip, None)
+
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
+                plgpu.copy_smem_to_gmem(lse_out, lse_ref.at[b, h, pl.ds(row0, ROWS)])
+                return start + hi - lo
+
+            over_tiles(run_tile)
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        (
+            swizzled_smem((tiles * COMPUTE_WGS, ROWS, head_dim), dtype),
+            swizzled_smem((stages, bk, head_dim), dtype),
+            swizzled_smem((stages, bk, head_dim), dtype),
+            plgpu.SMEM((tiles * COMPUTE_WGS, ROWS), jnp.float32),
+            *((unit_col_smem(bk, dtype),) if row_sums else ()),
+        ),
+        (
+            # a warpgroup's q tiles (and sink)
+            plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),
+            *Stream.barriers(1, stages),
+            *Stream.barriers(1, stages),
+            # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
+            plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+            *((plgpu.Barrier(),) if row_sums else ()),  # e₀, fed once by the memory warpgroup
+        ),
+    )
+    out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
+    args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
+    args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
+    grid = (heads, num_q_tiles // tiles, batch)
+    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
