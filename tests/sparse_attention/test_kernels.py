@@ -82,13 +82,14 @@ def test_tpu_blocksparse_interpret_every_operand():
     )
 
 
-def test_triton_native_sparse_packed_chosen_blocks_one_head_ratio():
+def test_triton_native_sparse_packed_chosen_blocks_one_head_ratio_sliding_window():
     q, k, v = randn((1, 45, 3, 16)), randn((1, 45, 1, 16)), randn((1, 45, 1, 24))
-    g = randn((1, 45, 3))
+    g, g_swa = randn((1, 45, 3)), randn((1, 45, 3))
     cu = jnp.array([0, 20, 21, 45], jnp.int32)
-    fn = jax.jit(lambda q, k, v, g: native_sparse_attention_triton(q, k, v, g, g, None, 2, cu, block_size=16))
-    ref = jax.jit(lambda q, k, v, g: native_sparse_attention_reference(q, k, v, g, g, None, 2, cu, block_size=16))
-    check_forward_and_grads(fn, ref, [q, k, v, g], (0, 1, 2, 3), jnp.float32)
+    options = dict(block_size=16, window_size=7)
+    fn = jax.jit(lambda q, k, v, g, w: native_sparse_attention_triton(q, k, v, g, g, None, 2, cu, w, **options))
+    ref = jax.jit(lambda q, k, v, g, w: native_sparse_attention_reference(q, k, v, g, g, None, 2, cu, w, **options))
+    check_forward_and_grads(fn, ref, [q, k, v, g, g_swa], (0, 1, 2, 3, 4), jnp.float32)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")

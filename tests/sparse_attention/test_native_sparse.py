@@ -57,6 +57,16 @@ def test_xla_packed_sequences_with_counts_array_and_chosen_blocks():
     _check([q, k, v, randn((1, S, 4))], (None, counts, cu), block_size=4)
 
 
+def test_xla_sliding_window_branch_packed():
+    """The third branch: per packed sequence, each query over its last 6 keys, gated, with the other two."""
+    q, k, v = inputs(batch=1, heads=4, kv_heads=2, value_dim=24)
+    cu = jnp.array([0, 5, 21, 37], jnp.int32)
+    fn = lambda *a: native_sparse_attention_xla(*a[:5], None, 2, cu, a[5], block_size=4, window_size=6)
+    ref = lambda *a: native_sparse_attention_reference(*a[:5], None, 2, cu, a[5], block_size=4, window_size=6)
+    gates = [randn((1, S, 4)) for _ in range(3)]
+    check_forward_and_grads(jax.jit(fn), jax.jit(ref), [q, k, v, *gates], tuple(range(6)), jnp.float32)
+
+
 def test_clean_selection_drops_what_is_not_visited():
     pack = packing(1, 12, 4)
     indices = jnp.array([[[[0, 2, 0, -1]]] * 12], jnp.int32).reshape(1, 12, 1, 4)
@@ -124,6 +134,12 @@ BAD_INPUTS = [
         "cu_seqlens",
     ),
     ("block size", lambda q, k, v: NativeSparseAttentionConfig(block_size=0), "block_size"),
+    (
+        "sliding gate without a window",
+        lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, 2, None, jnp.ones((B, S, H))),
+        "window_size",
+    ),
+    ("window without a gate", lambda q, k, v: native_sparse_attention(q, k, v, window_size=4), "g_swa"),
 ]
 
 

@@ -19,7 +19,7 @@ def _masked_softmax_attention(scores, allowed, values):
     return jnp.einsum("lhk,khd->lhd", p, values, precision=jax.lax.Precision.HIGHEST), p
 
 
-def _one_sequence(q, k, v, g_cmp, g_slc, indices, counts, *, block_size, scale, top_n):
+def _one_sequence(q, k, v, g_cmp, g_slc, g_swa, indices, counts, *, block_size, scale, top_n, window_size):
     """NSA of one sequence: q [L, H, D], k [L, Hkv, D], v [L, Hkv, Dv]; gates [L, H]; indices [L, Hkv, n]."""
     length, heads, _ = q.shape
     kv_heads = k.shape[1]
@@ -65,6 +65,11 @@ def _one_sequence(q, k, v, g_cmp, g_slc, indices, counts, *, block_size, scale, 
     out = o_slc if g_slc is None else o_slc * g_slc[..., None]
     if g_cmp is not None:
         out = out + o_cmp * g_cmp[..., None]
+    if g_swa is not None:  # sliding branch: the keys t - window_size < s <= t
+        s = jnp.arange(length)[None, None, :]
+        in_window = (s <= t[:, None, None]) & (s > t[:, None, None] - window_size)
+        o_swa, _ = _masked_softmax_attention(scores, jnp.broadcast_to(in_window, scores.shape), v[:, kv_of_head])
+        out = out + o_swa * g_swa[..., None]
     return out
 
 
@@ -77,9 +82,11 @@ def native_sparse_attention_reference(
     block_indices=None,
     block_counts=16,
     cu_seqlens=None,
+    g_swa=None,
     *,
     block_size: int = 64,
     softmax_scale: float | None = None,
+    window_size: int = 0,
 ):
     """Native sparse attention of query [B, S, H, D] over key [B, S, Hkv, D] / value [B, S, Hkv, Dv].
 
@@ -94,12 +101,15 @@ def native_sparse_attention_reference(
       query heads ranks the earlier blocks, the query's own block always comes first, and the top
       `block_counts` (all of them, ranked, for an array of counts) are listed;
     - selected branch: query t attends (softmax) the keys s <= t of its listed blocks;
+    - sliding branch (only with `g_swa` and `window_size > 0`): query t attends the keys
+      t - window_size < s <= t;
     - out = g_slc · selected (the selected branch alone without `g_slc`) + g_cmp · compressed (only
-      with `g_cmp`). Gates are [B, S, H]. Returns [B, S, H, Dv] in query.dtype; scale `D ** -0.5`.
+      with `g_cmp`) + g_swa · sliding. Gates are [B, S, H]. Returns [B, S, H, Dv] in query.dtype; scale
+      `D ** -0.5`.
     """
     out_dtype = query.dtype
     f32 = lambda x: None if x is None else jnp.asarray(x, jnp.float32)
-    q, k, v, g_cmp, g_slc = (f32(x) for x in (query, key, value, g_cmp, g_slc))
+    q, k, v, g_cmp, g_slc, g_swa = (f32(x) for x in (query, key, value, g_cmp, g_slc, g_swa))
     batch, seq_len, _, dim = q.shape
     kv_heads = k.shape[2]
     scale = dim**-0.5 if softmax_scale is None else softmax_scale
@@ -125,11 +135,13 @@ def native_sparse_attention_reference(
             cut(v),
             cut(g_cmp),
             cut(g_slc),
+            cut(g_swa),
             cut(block_indices),
             cut(counts),
             block_size=block_size,
             scale=scale,
             top_n=top if block_indices is None else None,
+            window_size=window_size,
         )
         out = out.at[b, start:end].set(seq_out)
     return out.astype(out_dtype)

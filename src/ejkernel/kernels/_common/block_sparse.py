@@ -300,7 +300,7 @@ def _lists(hit, covers, width: int | None):
     if isinstance(hit, np.ndarray):
         return _list_rows(np, hit, covers, width or max(1, int(hit.sum(-1).max())))
     if width is None:
-        width = max(1, int(jnp.max(jnp.sum(hit, axis=-1))))
+        width = max(1, int(np.asarray(hit).sum(-1).max()))
     return _list_rows_jit(hit, covers, width=width)
 
 
@@ -320,7 +320,7 @@ def build_block_table(mask: SparseMask, *, q_len: int, kv_len: int, block_q: int
         concrete = _is_concrete(mask.q_segment_ids, mask.kv_segment_ids, mask.attention_mask)
         lo, hi = row_intervals(q_len, kv_len, mask.causal, mask.sliding_window, mask.chunk_size)
         pad = -(-q_len // block_q) * block_q - q_len
-        lo, hi = (jnp.asarray(np.pad(x, (0, pad)), jnp.int32) for x in (lo, hi))
+        lo, hi = (np.pad(x, (0, pad)).astype(np.int32) for x in (lo, hi))  # numpy: constants even under jit
         with jax.ensure_compile_time_eval() if concrete else contextlib.nullcontext():
             hit, covers, uniform = _dense_blocks(
                 lo,
@@ -605,7 +605,9 @@ class SparseSelection(NamedTuple):
     softmax_scale: float
 
 
-def _check_native_args(query, key, value, g_cmp, g_slc, block_indices, block_counts, cu_seqlens, block_size):
+def _check_native_args(
+    query, key, value, g_cmp, g_slc, block_indices, block_counts, cu_seqlens, block_size, g_swa, window_size
+):
     for name, x in (("query", query), ("key", key), ("value", value)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {getattr(x, 'shape', None)}")
@@ -618,9 +620,16 @@ def _check_native_args(query, key, value, g_cmp, g_slc, block_indices, block_cou
         )
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
-    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc)):
+    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
         if g is not None and g.shape != (batch, seq_len, heads):
             raise ValueError(f"{name} must be [batch, seq, heads] = {(batch, seq_len, heads)}, got {g.shape}")
+    if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
+        raise ValueError(f"window_size must be a non-negative int, got {window_size!r}")
+    if (g_swa is None) != (window_size == 0):
+        raise ValueError(
+            f"the sliding-window branch needs both g_swa and window_size > 0, got g_swa "
+            f"{'None' if g_swa is None else 'given'} and window_size={window_size}"
+        )
     if not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if block_indices is not None:
@@ -664,8 +673,10 @@ def native_selection(
     block_indices=None,
     block_counts=16,
     cu_seqlens=None,
+    g_swa=None,
     *,
     softmax_scale=None,
+    window_size: int = 0,
     block_size: int = 64,
 ) -> SparseSelection:
     """Checks a native sparse attention call and computes what precedes its selected branch.
@@ -673,7 +684,9 @@ def native_selection(
     The compressed branch (plain jnp, differentiated by JAX) runs when `g_cmp` asks for its output or
     when no `block_indices` are given (they are then chosen from its probabilities).
     """
-    _check_native_args(query, key, value, g_cmp, g_slc, block_indices, block_counts, cu_seqlens, block_size)
+    _check_native_args(
+        query, key, value, g_cmp, g_slc, block_indices, block_counts, cu_seqlens, block_size, g_swa, window_size
+    )
     batch, seq_len, _, dim = query.shape
     scale = float(dim**-0.5 if softmax_scale is None else softmax_scale)
     pack = packing(batch, seq_len, block_size, cu_seqlens)
@@ -691,11 +704,30 @@ def native_selection(
     return SparseSelection(pack, indices, compressed if g_cmp is not None else None, scale)
 
 
-def gate_branches(selected, g_slc, compressed, g_cmp, dtype):
-    """`g_slc · selected + g_cmp · compressed` (each gate optional; no compressed branch without `g_cmp`)."""
+def sliding_branch(attend, query, key, value, cu_seqlens, pack: Packing, window_size: int, softmax_scale: float):
+    """NSA's sliding-window branch `[B, S, H, Dv]`: query t attends the keys t - window_size < s <= t of its
+    sequence, through `attend`, a platform's block-sparse attention (`[B, H, S, D]` layout), whose cost
+    follows the window."""
+    segments = None if cu_seqlens is None else pack.start  # packed: a sequence's first token names it
+    out = attend(
+        *(jnp.swapaxes(x, 1, 2) for x in (query, key, value)),
+        causal=True,
+        sliding_window=(window_size - 1, 0),
+        softmax_scale=softmax_scale,
+        q_segment_ids=segments,
+        kv_segment_ids=segments,
+    )
+    return jnp.swapaxes(out, 1, 2)
+
+
+def gate_branches(selected, g_slc, compressed, g_cmp, dtype, sliding=None, g_swa=None):
+    """`g_slc · selected + g_cmp · compressed + g_swa · sliding` (each gate optional; no compressed branch
+    without `g_cmp`, no sliding branch without `g_swa`)."""
     out = selected.astype(jnp.float32)
     if g_slc is not None:
         out = out * g_slc[..., None].astype(jnp.float32)
     if g_cmp is not None:
         out = out + compressed * g_cmp[..., None].astype(jnp.float32)
+    if g_swa is not None:
+        out = out + sliding.astype(jnp.float32) * g_swa[..., None].astype(jnp.float32)
     return out.astype(dtype)

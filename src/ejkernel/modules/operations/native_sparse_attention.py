@@ -1,4 +1,5 @@
-"""`native_sparse_attention` (NSA): a compressed branch over block means and a selected branch over chosen blocks.
+"""`native_sparse_attention` (NSA): a compressed branch over block means, a selected branch over chosen blocks
+and an optional sliding-window branch.
 
 The block size is the config's (`NativeSparseAttentionConfig.block_size`, default 64). The public
 function checks the arguments; every implementation shares the compressed branch and the choice of
@@ -68,16 +69,19 @@ def native_sparse_attention(
     block_indices: Int[Array, "batch seq kv_heads num_selected"] | None = None,
     block_counts: Int[Array, "batch seq kv_heads"] | int = 16,
     cu_seqlens: Int[Array, " n_plus_1"] | None = None,
+    g_swa: Float[Array, "batch seq heads"] | None = None,
     /,
     *,
     softmax_scale: float | None = None,
+    window_size: int = 0,
     platform: str | None = None,
     cfg: NativeSparseAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "batch seq heads dim_v"]:
-    """`g_slc · selected + g_cmp · compressed` attention of `[batch, seq, heads, dim]` queries (any head ratio).
+    """`g_slc · selected + g_cmp · compressed + g_swa · sliding` attention of `[batch, seq, heads, dim]`
+    queries (any head ratio).
 
     Per sequence (a batch row, or with `cu_seqlens [N+1]` and batch 1 each packed sequence), keys in
     blocks of `cfg.block_size` tokens counted from the sequence's start, query head h reading
@@ -89,8 +93,11 @@ def native_sparse_attention(
       `block_indices [batch, seq, kv_heads, n]` (-1 lists nothing; repeats count once), or without
       indices the top `block_counts` blocks by the compressed branch's probability summed over the
       head's query heads, with the query's own block always first;
-    - no gate `g_slc` means the selected branch enters ungated. There is no sliding-window branch (the
-      signature has no window or gate for it). Default scale `dim ** -0.5`.
+    - sliding branch (with `g_swa [batch, seq, heads]` and `window_size > 0`, both or neither): query t
+      attends the keys t - window_size < s <= t of its sequence. API.md's signature has no such branch;
+      the gate comes as a trailing positional tensor and the window as a keyword, as in
+      flash-linear-attention's NSA, so calls without them are unchanged;
+    - no gate `g_slc` means the selected branch enters ungated. Default scale `dim ** -0.5`.
     Differentiable in query, key, value and the gates; the block choice is not differentiated.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -101,7 +108,7 @@ def native_sparse_attention(
     batch, seq_len, heads, _ = query.shape
     if heads % key.shape[2]:
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({key.shape[2]})")
-    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc)):
+    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
         if g is not None:
             require_float(name, g)
     if block_indices is not None:
@@ -123,7 +130,7 @@ def native_sparse_attention(
                 raise ValueError(f"cu_seqlens must rise from 0 to seq={seq_len}, got {cu.tolist()}")
     counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
     counts_tensor = None if isinstance(block_counts, int) else block_counts
-    tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens)
+    tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens, g_swa)
     return executor(
         NativeSparseAttention(),
         *tensors,
@@ -133,5 +140,6 @@ def native_sparse_attention(
         in_specs=in_specs,
         out_specs=out_specs,
         softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        window_size=window_size,
         **counts_option,
     )

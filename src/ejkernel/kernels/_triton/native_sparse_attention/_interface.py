@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes
-from ejkernel.kernels._common.block_sparse import gate_branches, native_selection
+from ejkernel.kernels._common.block_sparse import gate_branches, native_selection, sliding_branch
 from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.blocksparse_attention import blocksparse_attention_triton
 from ejkernel.kernels._triton.native_sparse_attention import _kernels
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -97,14 +98,17 @@ def native_sparse_attention_triton(
     block_indices=None,
     block_counts=16,
     cu_seqlens=None,
+    g_swa=None,
     *,
     softmax_scale=None,
+    window_size: int = 0,
     block_size: int = 64,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
     interpret: bool | None = None,
 ):
-    """Native sparse attention `[B, S, H, D] -> [B, S, H, Dv]`, the selected branch on Triton kernels.
+    """Native sparse attention `[B, S, H, D] -> [B, S, H, Dv]`, the selected branch on Triton kernels (the
+    sliding branch on the block-sparse Triton kernels).
 
     Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` is the
     config's and must be a power of two >= 16 here. Warps and stages from `fwd_params` (forward) and
@@ -129,7 +133,9 @@ def native_sparse_attention_triton(
         block_indices,
         block_counts,
         cu_seqlens,
+        g_swa,
         softmax_scale=softmax_scale,
+        window_size=window_size,
         block_size=block_size,
     )
     batch, seq_len, heads, dim = query.shape
@@ -165,4 +171,8 @@ def native_sparse_attention_triton(
     slots, tokens = _block_slots(sel.pack, sel.indices, cu_seqlens, seq_len + block_size)
     out = _selected(st, q, k, v, info, idx, slots, tokens, sel.pack.position.astype(jnp.int32))
     selected = out[:, :, :, :group, :value_dim].reshape(batch, seq_len, heads, value_dim)
-    return gate_branches(selected, g_slc, sel.compressed, g_cmp, query.dtype)
+    sliding = None
+    if g_swa is not None:
+        attend = functools.partial(blocksparse_attention_triton, interpret=st.interpret)
+        sliding = sliding_branch(attend, query, key, value, cu_seqlens, sel.pack, window_size, sel.softmax_scale)
+    return gate_branches(selected, g_slc, sel.compressed, g_cmp, query.dtype, sliding, g_swa)

@@ -214,7 +214,7 @@ def blocksparse_attention_xla(
         chunk_size=mask.chunk_size,
         q_len=call.q_len,
         kv_len=call.kv_len,
-        steps=int(counts.max()) if not isinstance(counts, jax.core.Tracer) else None,
+        steps=int(np.asarray(counts).max()) if not isinstance(counts, jax.core.Tracer) else None,
     )
     dense = mask.attention_mask if table.needs_dense_mask else None
     return _attention(

@@ -2,9 +2,9 @@
 
 Semantics are those of `ejkernel.reference.native_sparse_attention`. The shared part
 (`_common.block_sparse.native_selection`: checks, the compressed branch and the choice of blocks)
-runs in plain jnp; the selected branch is the core of `_xla/blocksparse_attention` with one group per
-(token, key/value head) holding that head's query heads, and one listed block a step, under a custom
-VJP whose backward scatter-adds dK and dV.
+runs in plain jnp, and the sliding branch is XLA block-sparse attention. The selected branch is the
+core of `_xla/blocksparse_attention` with one group per (token, key/value head) holding that head's
+query heads, and one listed block a step, under a custom VJP whose backward scatter-adds dK and dV.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import pad_axes
-from ejkernel.kernels._common.block_sparse import gate_branches, native_selection
+from ejkernel.kernels._common.block_sparse import gate_branches, native_selection, sliding_branch
 from ejkernel.kernels._xla.blocksparse_attention import _core
+from ejkernel.kernels._xla.blocksparse_attention._interface import blocksparse_attention_xla
 from ejkernel.ops.config import BwdParams, FwdParams
 
 
@@ -106,8 +107,10 @@ def native_sparse_attention_xla(
     block_indices=None,
     block_counts=16,
     cu_seqlens=None,
+    g_swa=None,
     *,
     softmax_scale=None,
+    window_size: int = 0,
     block_size: int = 64,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
@@ -115,9 +118,9 @@ def native_sparse_attention_xla(
     """Native sparse attention `[B, S, H, D] -> [B, S, H, Dv]` in plain JAX (any head ratio).
 
     Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` is the
-    config's. The selected branch costs in proportion to the listed blocks; the compressed branch is
-    dense over the block means (S x S / block_size). Tilings (`fwd_params`, `bwd_params`) have nothing
-    to set here.
+    config's. The selected branch costs in proportion to the listed blocks, the sliding branch (XLA
+    block-sparse attention) to the window; the compressed branch is dense over the block means
+    (S x S / block_size). Tilings (`fwd_params`, `bwd_params`) have nothing to set here.
     """
     del fwd_params, bwd_params
     sel = native_selection(
@@ -129,9 +132,15 @@ def native_sparse_attention_xla(
         block_indices,
         block_counts,
         cu_seqlens,
+        g_swa,
         softmax_scale=softmax_scale,
+        window_size=window_size,
         block_size=block_size,
     )
     st = Static(_core.Logits(sel.softmax_scale, None), block_size)
     selected = _selected(st, query, key, value, sel.indices, sel.pack.start, sel.pack.position)
-    return gate_branches(selected, g_slc, sel.compressed, g_cmp, query.dtype)
+    sliding = None
+    if g_swa is not None:
+        attend = blocksparse_attention_xla
+        sliding = sliding_branch(attend, query, key, value, cu_seqlens, sel.pack, window_size, sel.softmax_scale)
+    return gate_branches(selected, g_slc, sel.compressed, g_cmp, query.dtype, sliding, g_swa)
