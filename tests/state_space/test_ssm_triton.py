@@ -40,7 +40,7 @@ def test_v1_decode_step_kernel_interpret():
 
 
 def test_v2_interpret_matches_reference():
-    """Forward and the whole backward (three more runs of the chunked kernels, two of them reversed)."""
+    """The chunked kernels' forward, and the backward (the XLA core's VJP) through them."""
     args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=16)
     fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
     check_scan(fn, functools.partial(state_space_v2_reference, n_groups=2), args)

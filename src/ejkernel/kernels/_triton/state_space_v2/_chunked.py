@@ -11,8 +11,7 @@ chunked form. With `G` the cumulative log decay inside a chunk of `L` tokens:
 
 Every exponential is of a non-positive number when the gates are (the mask is applied first). Heads:
 q and k may have fewer heads than the output and v may have fewer too (a divisor of H each); output
-head h reads head `h // (H // heads)` of each. `reverse=True` runs the recurrence from the last token
-to the first (the flipped sequence, its gates shifted by one step).
+head h reads head `h // (H // heads)` of each.
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ def _forward(q, k, v, g_cum, h0, heads: int, t: Tiling, interpret: bool):
     return out, h_last
 
 
-def chunked_forward(q, k, v, g, h0, *, heads: int, tiling: Tiling, interpret: bool, reverse: bool = False):
+def chunked_forward(q, k, v, g, h0, *, heads: int, tiling: Tiling, interpret: bool):
     """`(o [b, S, H, V], final state [b, H, K, V])`, both float32.
 
     `q, k [b, S, Hq|Hk, K]`, `v [b, S, Hv, V]` (any float dtype, multiplied as given), `g [b, S, H]` the
@@ -128,9 +127,6 @@ def chunked_forward(q, k, v, g, h0, *, heads: int, tiling: Tiling, interpret: bo
     """
     batch, seq = q.shape[:2]
     key_dim, value_dim = q.shape[-1], v.shape[-1]
-    if reverse:
-        q, k, v, g = (jnp.flip(a, 1) for a in (q, k, v, g))
-        g = jnp.concatenate([jnp.zeros_like(g[:, :1]), g[:, :-1]], axis=1)  # step t' decays by g_{t+1}
     pad_seq = -seq % tiling.chunk
     padded_k, padded_v = max(16, pl.next_power_of_2(key_dim)), max(16, pl.next_power_of_2(value_dim))
 
@@ -142,5 +138,4 @@ def chunked_forward(q, k, v, g, h0, *, heads: int, tiling: Tiling, interpret: bo
     g_cum = jnp.cumsum(g.reshape(batch, -1, tiling.chunk, heads), axis=2).reshape(batch, -1, heads)
     h0 = jnp.pad(h0, [(0, 0), (0, 0), (0, padded_k - key_dim), (0, padded_v - value_dim)])
     out, h_last = _forward(q, k, v, jnp.swapaxes(g_cum, 1, 2), h0, heads, tiling, interpret)
-    out = out[:, :seq, :, :value_dim]
-    return (jnp.flip(out, 1) if reverse else out), h_last[:, :, :key_dim, :value_dim]
+    return out[:, :seq, :, :value_dim], h_last[:, :, :key_dim, :value_dim]
