@@ -14,10 +14,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, prepare_tiles, span_bound
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.paged_attention._kernel import Tiling, partial_sums
-from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core, with_xla_backward
+from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_WIDTH = 256
@@ -75,4 +76,5 @@ def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | N
     t = plan(batch, cfg, interpret)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return paged_attention_core(batch)
-    return with_xla_backward(functools.partial(_forward, t))(batch)
+    # Inference ops must not break the gradient of a model around them: the XLA core's exact gradient.
+    return differentiated_as(paged_attention_core, functools.partial(_forward, t))(batch)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.state_space import v1_step
 from ejkernel.kernels._common.vma import out_struct
 
@@ -53,18 +53,6 @@ def _run(block: int, interpret: bool, x, A, B, C, dt, h):
     )(x, dt, A, B, C, h)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def decode_step(block: int, interpret: bool, x, A, B, C, dt, h):
     """`v1_step` (`x, dt [b, I]`, `B, C [b, N]`, `h [b, I, N]` float32 -> `(y [b, I], h)` float32) in one kernel."""
-    return _run(block, interpret, x, A, B, C, dt, h)
-
-
-def _step_fwd(block, interpret, *args):
-    return _run(block, interpret, *args), args
-
-
-def _step_bwd(block, interpret, args, cotangents):
-    return jax.vjp(v1_step, *args)[1](cotangents)
-
-
-decode_step.defvjp(_step_fwd, _step_bwd)
+    return differentiated_as(v1_step, functools.partial(_run, block, interpret))(x, A, B, C, dt, h)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._xla.state_space_v2._interface import DEFAULT_CHUNK as XLA_CHUNK
@@ -33,26 +33,21 @@ def _runner(t: Tiling, interpret: bool, heads: int):
     return functools.partial(chunked_forward, heads=heads, tiling=t, interpret=interpret)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _ssd(t: Tiling, interpret: bool, dtype, precision, x, A, B, C, dt, h0):
-    return _ssd_fwd(t, interpret, dtype, precision, x, A, B, C, dt, h0)[0]
+    """`(y, final state)` of the chunked kernels, differentiated as XLA's chunked core."""
 
+    def forward(x, A, B, C, dt, h0):
+        q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
+        y, h_last = _runner(t, interpret, x.shape[2])(q, k, v, g, jnp.swapaxes(h0, -1, -2))
+        return y, jnp.swapaxes(h_last, -1, -2)
 
-def _ssd_fwd(t, interpret, dtype, precision, x, A, B, C, dt, h0):
-    q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
-    y, h_last = _runner(t, interpret, x.shape[2])(q, k, v, g, jnp.swapaxes(h0, -1, -2))
-    return (y, jnp.swapaxes(h_last, -1, -2)), (x, A, B, C, dt, h0)
-
-
-def _ssd_bwd(t, interpret, dtype, precision, residuals, cotangents):
-    with matmul_precision(precision):
+    def reference(*args):
         # XLA's own chunk, not the kernels': its per-head [C, C] scores outweigh its per-chunk states past
         # C² ≈ N·P (at chunk 256 this backward ran 3 ms slower than XLA's, H100, fourteenth session).
-        _, pullback = jax.vjp(functools.partial(ssd_as_linear_attention, chunk=XLA_CHUNK), *residuals)
-        return pullback(cotangents)
+        with matmul_precision(precision):
+            return ssd_as_linear_attention(*args, chunk=XLA_CHUNK)
 
-
-_ssd.defvjp(_ssd_fwd, _ssd_bwd)
+    return differentiated_as(reference, forward)(x, A, B, C, dt, h0)
 
 
 def tiling(cfg, seq: int) -> Tiling:

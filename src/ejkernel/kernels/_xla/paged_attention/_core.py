@@ -135,24 +135,3 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
     )
     acc, m, denom = (x.reshape(num_tiles, num_heads, block_q, *x.shape[4:]).swapaxes(1, 2)[None] for x in carry)
     return finalize(acc, m, denom, batch.sinks, st, tiles, num_tokens, dtype)
-
-
-def with_xla_backward(forward):
-    """`forward(batch) -> [T, Hq, D]` (a kernel, not differentiable) with this core's exact gradient.
-
-    These are inference ops, but they must not break the gradient of a model around them: the
-    backward recomputes the attention with the XLA core and differentiates that (every input).
-    """
-
-    @jax.custom_vjp
-    def attend(batch):
-        return forward(batch)
-
-    def attend_fwd(batch):
-        return forward(batch), batch
-
-    def attend_bwd(batch, g):
-        return jax.vjp(paged_attention_core, batch)[1](g)
-
-    attend.defvjp(attend_fwd, attend_bwd)
-    return attend

@@ -7,10 +7,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, kv_packing, prepare_tiles, span_bound
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_sums
-from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core, with_xla_backward
+from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_ROWS = 128
@@ -57,4 +58,5 @@ def paged_attention_tpu_core(batch: PagedBatch, cfg=None, interpret=None) -> jax
     p = plan(batch, cfg, interpret)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return paged_attention_core(batch)
-    return with_xla_backward(functools.partial(_forward, p))(batch)
+    # Inference ops must not break the gradient of a model around them: the XLA core's exact gradient.
+    return differentiated_as(paged_attention_core, functools.partial(_forward, p))(batch)
