@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejkernel.ops import Invocation, Kernel
 from ejkernel.ops.config import KernelConfig
 
 L2_EPS = 1e-6  # q and k are divided by sqrt(Σ x² + L2_EPS) when `use_qk_l2norm` is on
@@ -164,11 +165,17 @@ class ChunkedConfig(KernelConfig):
         check_chunk_size(f"{type(self).__name__}.chunk_size", self.chunk_size)
 
 
-def chunk_configs(config_type, platform: str, sizes=(32, 64, 128)):
-    """The configs autotuning tries on one platform: the default and a few chunk sizes."""
-    yield config_type(platform=platform)
-    for size in sizes:
-        yield config_type(platform=platform, chunk_size=size)
+class ChunkedKernel(Kernel):
+    """Base of the family's Kernel classes: autotuning tries the default config and a few chunk sizes."""
+
+    def chunk_sizes(self, inv: Invocation) -> tuple[int, ...]:
+        del inv
+        return (32, 64, 128)
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield self.config_type(platform=platform)
+        for size in self.chunk_sizes(inv):
+            yield self.config_type(platform=platform, chunk_size=size)
 
 
 # ---- inputs ----

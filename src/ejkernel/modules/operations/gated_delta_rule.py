@@ -9,9 +9,9 @@ import dataclasses
 import jax
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_chunk_size, check_linear_call, chunk_configs
+from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_chunk_size, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.ops import Invocation, Kernel
+from ejkernel.ops import Invocation
 from ejkernel.ops.executor import specs_by_slot
 
 
@@ -20,12 +20,12 @@ class GatedDeltaRuleConfig(ChunkedConfig):
     """The tiling of the chunked form (see `ChunkedConfig`)."""
 
 
-class GatedDeltaRule(Kernel):
+class GatedDeltaRule(ChunkedKernel):
     op_id = "gated_delta_rule"
     config_type = GatedDeltaRuleConfig
 
-    def platform_cfgs(self, platform: str, inv: Invocation):
-        return chunk_configs(self.config_type, platform, inv.kwargs["autotune_chunk_candidates"] or (32, 64, 128))
+    def chunk_sizes(self, inv: Invocation) -> tuple[int, ...]:
+        return inv.kwargs["autotune_chunk_candidates"] or super().chunk_sizes(inv)
 
 
 @typechecked

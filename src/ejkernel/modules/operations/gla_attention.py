@@ -8,9 +8,8 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_linear_call, chunk_configs
+from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.ops import Invocation, Kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,12 +17,9 @@ class GLAttentionConfig(ChunkedConfig):
     """The tiling of the chunked form (see `ChunkedConfig`)."""
 
 
-class GLAttention(Kernel):
+class GLAttention(ChunkedKernel):
     op_id = "gla"
     config_type = GLAttentionConfig
-
-    def platform_cfgs(self, platform: str, inv: Invocation):
-        return chunk_configs(self.config_type, platform)
 
 
 @typechecked

@@ -8,9 +8,9 @@ import dataclasses
 
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_chunk_size, check_linear_call, chunk_configs
+from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_chunk_size, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.ops import Invocation, Kernel
+from ejkernel.ops import Invocation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,15 +18,12 @@ class KernelDeltaAttentionConfig(ChunkedConfig):
     """The tiling of the chunked form (see `ChunkedConfig`); `chunk_size` None takes the call's `chunk_size`."""
 
 
-class KernelDeltaAttention(Kernel):
+class KernelDeltaAttention(ChunkedKernel):
     op_id = "kernel_delta_attention"
     config_type = KernelDeltaAttentionConfig
 
     def heuristic_cfg(self, inv: Invocation) -> KernelDeltaAttentionConfig:
         return KernelDeltaAttentionConfig(platform=inv.platform, chunk_size=inv.kwargs["chunk_size"])
-
-    def platform_cfgs(self, platform: str, inv: Invocation):
-        return chunk_configs(self.config_type, platform)
 
 
 @typechecked

@@ -10,12 +10,11 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.linear_attention import (
     ChunkedConfig,
+    ChunkedKernel,
     check_layer,
     check_linear_call,
-    chunk_configs,
 )
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.ops import Invocation, Kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,12 +22,9 @@ class LightningAttentionConfig(ChunkedConfig):
     """The tiling of the chunked form (see `ChunkedConfig`)."""
 
 
-class LightningAttention(Kernel):
+class LightningAttention(ChunkedKernel):
     op_id = "lightning_attn"
     config_type = LightningAttentionConfig
-
-    def platform_cfgs(self, platform: str, inv: Invocation):
-        return chunk_configs(self.config_type, platform)
 
 
 @typechecked

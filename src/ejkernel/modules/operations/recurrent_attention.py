@@ -8,9 +8,8 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, check_linear_call, chunk_configs
+from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.ops import Invocation, Kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,12 +17,9 @@ class RecurrentAttentionConfig(ChunkedConfig):
     """The tiling of the chunked form (see `ChunkedConfig`)."""
 
 
-class RecurrentAttention(Kernel):
+class RecurrentAttention(ChunkedKernel):
     op_id = "recurrent"
     config_type = RecurrentAttentionConfig
-
-    def platform_cfgs(self, platform: str, inv: Invocation):
-        return chunk_configs(self.config_type, platform)
 
 
 @typechecked
