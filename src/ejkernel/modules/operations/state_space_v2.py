@@ -16,14 +16,15 @@ from jaxtyping import Array, Float
 from ejkernel.kernels._common.state_space import check_v2, split_specs
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.state_space_v1 import ChunkedScanConfig, StateSpaceKernel
-from ejkernel.ops import BwdParams, FwdParams, Invocation
+from ejkernel.ops import FwdParams, Invocation
 
 
 @dataclasses.dataclass(frozen=True)
 class StateSpaceV2Config(ChunkedScanConfig):
     """`chunk_size`: tokens per chunk of the SSD chunked form (a power of two; None: the implementation's
-    default, 64 on XLA, 256 on Triton); `fwd_params` / `bwd_params` (`block_q`: rows per matmul tile,
-    `num_warps`, `num_stages`) tile the Triton kernels of the forward / the backward; the platform."""
+    default, 64 on XLA, 256 on Triton); `fwd_params` (`block_q`: rows per matmul tile, `num_warps`,
+    `num_stages`) tile the Triton forward kernels (a differentiated call runs XLA's forward and backward,
+    so `bwd_params` tiles nothing); the platform."""
 
 
 class StateSpaceV2(StateSpaceKernel):
@@ -36,13 +37,8 @@ class StateSpaceV2(StateSpaceKernel):
             for chunk in (128, 256):
                 for block in (32, 64):
                     for warps in (4, 8):
-                        params = dict(block_q=block, num_warps=warps)
-                        yield StateSpaceV2Config(
-                            platform=platform,
-                            chunk_size=chunk,
-                            fwd_params=FwdParams(**params),
-                            bwd_params=BwdParams(**params),
-                        )
+                        params = FwdParams(block_q=block, num_warps=warps)
+                        yield StateSpaceV2Config(platform=platform, chunk_size=chunk, fwd_params=params)
 
     def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
         """Also refuses a sharded head_dim (y flattens heads × head_dim), heads sharded under the gated

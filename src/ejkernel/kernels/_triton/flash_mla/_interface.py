@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import decline, fold_sinks, pad_axes
+from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.mla import absorbed_query, canonical_call, expand_values
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_mla._kernel import Static, attend, combine, padded_dim
@@ -115,15 +116,5 @@ def flash_mla_triton(
 
     xla = functools.partial(flash_mla_xla, cu_seqlens=cu_seqlens, cfg=None, **options)
 
-    @jax.custom_vjp
-    def mla(query, key_value, w_kc, w_vc, b_q, b_k, softmax_aux):
-        return forward(query, key_value, w_kc, w_vc, b_q, b_k, softmax_aux)
-
-    def mla_fwd(*tensors):
-        return jax.vjp(lambda *t: xla(*t[:6], softmax_aux=t[6]), *tensors)
-
-    def mla_bwd(pullback, d_out):
-        return pullback(d_out)
-
-    mla.defvjp(mla_fwd, mla_bwd)
-    return mla(query, key_value, w_kc, w_vc, b_q, b_k, options.get("softmax_aux"))
+    reference = lambda *t: xla(*t[:6], softmax_aux=t[6])
+    return trained_as(reference, forward)(query, key_value, w_kc, w_vc, b_q, b_k, options.get("softmax_aux"))
