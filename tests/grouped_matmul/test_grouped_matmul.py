@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._common.grouped_matmul import max_work_items, work_items
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
-from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
-from ejkernel.ops import FwdParams
+from ejkernel.modules import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
+from ejkernel.ops import FwdParams, Invocation
 from ejkernel.reference.grouped_matmul import grouped_matmul_reference
 from harness import assert_close, check_forward_and_grads, randn
 
@@ -98,6 +98,22 @@ def test_public_function_jit_traced_sizes_and_checkpoint():
     loss = lambda f: jax.jit(jax.grad(lambda rhs: jnp.sum(jnp.tanh(f(lhs, rhs)))))
     grad = loss(jax.checkpoint(lambda lhs, rhs: grouped_matmul(lhs, rhs, SIZES, cfg=SMALL)))(rhs)
     assert_close(grad, loss(lambda lhs, rhs: grouped_matmul_reference(lhs, rhs, SIZES))(rhs))
+
+
+def test_autotuning_stand_in_for_traced_group_sizes_shares_the_rows():
+    """Under jit the group sizes are a tracer: the tuner times the op on sizes that share every row among the
+    groups (the generic zeros would leave every row in no group: an empty problem)."""
+    lhs, rhs = randn((100, 16)), randn((8, 16, 32))
+    captured = {}
+
+    def trace(sizes):
+        with jax.ensure_compile_time_eval():
+            captured["args"] = GroupedMatmul().tuning_inputs(Invocation("grouped_matmul", (lhs, rhs, sizes), {}))[0]
+        return sizes
+
+    jax.jit(trace)(jnp.zeros((8,), jnp.int32))
+    sizes = captured["args"][2]
+    assert sizes.dtype == jnp.int32 and int(sizes.sum()) == 100 and int(sizes.min()) == 12
 
 
 def test_expert_parallel_shards_with_offsets_and_callback():

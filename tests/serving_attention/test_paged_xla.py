@@ -18,7 +18,7 @@ from paged_cases import CASES, FLOAT_ARGS, OPS, jitted_reference, output_of, uni
 
 import ejkernel.modules as modules
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig
-from ejkernel.ops import FwdParams
+from ejkernel.ops import FwdParams, Invocation
 from ejkernel.reference import paged_attention as reference
 from ejkernel.utils import make_dummy_rpa_inputs
 from harness import assert_close, check_forward_and_grads, randn
@@ -214,3 +214,25 @@ def test_clamped_under_jit_stays_finite():
     tables = tables.at[0, 0].set(10_000)
     out = jax.jit(modules.page_attention)(q, kc, vc, lens, tables)
     assert bool(jnp.all(jnp.isfinite(out)))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_autotuning_stand_ins_for_traced_lengths_give_every_sequence_work(op):
+    """Under jit the lengths and tables are tracers: the tuner times the op on stand-ins (`busy_integers`) that
+    are valid inputs and leave no query row idle (the generic zeros would time an empty call)."""
+    args, options = CASES[op](np.random.default_rng(0))
+    if op == "ragged_page_attention_v2":
+        args[5] = jnp.asarray([args[2].shape[0]], jnp.int32)  # num_seqs traced too
+    kernel = getattr(modules, "".join(part.capitalize() for part in op.split("_")))()
+    captured = {}
+
+    def trace(*a):
+        with jax.ensure_compile_time_eval():
+            captured["args"] = kernel.tuning_inputs(Invocation(op, a, {}, "xla"))[0]
+        return jnp.zeros(())
+
+    jax.jit(trace)(*args)
+    busy = list(captured["args"])
+    out = output_of(op)(getattr(modules, op)(*busy, platform="xla", **options))  # the public checks pass
+    assert_close(out, jitted_reference(op, options)(*busy), jnp.float32)
+    assert (jnp.abs(out).reshape(out.shape[0], -1).max(axis=1) > 0).all()

@@ -105,7 +105,7 @@ class ConfigSelectorChain:
         if not candidates:
             return None
         with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
-            args, kwargs = inv.sample_inputs()
+            args, kwargs = kernel.tuning_inputs(inv)
         is_array = lambda value: any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
         dynamic = {name: value for name, value in kwargs.items() if is_array(value)}
         static = {name: value for name, value in kwargs.items() if name not in dynamic}

@@ -93,6 +93,9 @@ class Kernel[Cfg: KernelConfig, Out]:
     - `call_impl(impl, args, kwargs, cfg)`: how a registered implementation receives a config;
     - `fwd_with_residuals` and `vjp`: a custom VJP around `run` (the executor wires it when both exist);
     - `kwarg_specs(kwargs, in_specs)`: shard specs of array-valued options under `mesh=`;
+    - `busy_integers(args)`: stand-ins for integer inputs that set the amount of work (lengths, group
+      sizes), used when autotuning a call that traced them (their values are unknown, and the generic
+      zeros would time an empty problem);
     - `tune_argnums`: positional arguments to differentiate when autotuning a training call, for ops
       whose configs tile the backward too; such ops get one config for calls that are not
       differentiated and one for calls that are (`Invocation.mode`). Empty: one config, forward timed.
@@ -149,6 +152,19 @@ class Kernel[Cfg: KernelConfig, Out]:
         raise NotImplementedError(
             f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)
         )
+
+    def busy_integers(self, args: tuple[Any, ...]) -> dict[int, Any]:
+        """Position -> integer stand-in (given the other stand-ins, `args`) of the inputs whose values set the
+        work; none by default."""
+        del args
+        return {}
+
+    def tuning_inputs(self, inv: Invocation) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Concrete inputs to time candidates on: `inv.sample_inputs()`, with `busy_integers` for traced slots."""
+        args, kwargs = inv.sample_inputs()
+        busy = self.busy_integers(args)
+        traced = lambda i: isinstance(inv.args[i], jax.core.Tracer)
+        return tuple(busy[i] if i in busy and traced(i) else a for i, a in enumerate(args)), kwargs
 
     def heuristic_cfg(self, inv: Invocation) -> KernelConfig:
         return self.config_type(platform=inv.platform)

@@ -31,6 +31,12 @@ class GroupedMatmul(Kernel):
     def __init__(self, out_shard_callback: Callable[[jax.Array], jax.Array] | None = None):
         self.out_shard_callback = out_shard_callback
 
+    def busy_integers(self, args):
+        """Rows shared evenly by the groups (zeros would leave every row in none)."""
+        lhs, sizes = args[0], args[2]
+        rows, groups = lhs.shape[0], sizes.shape[0]
+        return {2: (rows // groups + (jnp.arange(groups) < rows % groups)).astype(sizes.dtype)}
+
     def call_impl(self, impl, args, kwargs, cfg):
         out = impl.fn(*args, cfg=cfg, **kwargs)
         return out if self.out_shard_callback is None else self.out_shard_callback(out)

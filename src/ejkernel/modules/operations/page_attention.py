@@ -7,6 +7,7 @@ Also home of what the six serving ops share at the public boundary (`PagedAttent
 
 import dataclasses
 
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.paged_attention import (
@@ -60,6 +61,17 @@ class PagedAttentionKernel(Kernel):
                 yield self.config_type(platform=platform, fwd_params=FwdParams(block_k=block_k))
 
 
+def busy_sequences(num_seqs: int, pages_per_seq: int, page_size: int, num_pages: int, tokens: int):
+    """Autotuning stand-ins for a serving call's traced integers (`Kernel.busy_integers`): every context fills
+    its table row (pages dealt round the cache), and the tokens are shared evenly, each sequence's at the
+    end of its context. Returns `(context lengths [N], page tables [N, pages_per_seq], query starts [N+1])`."""
+    tables = jnp.arange(num_seqs * pages_per_seq, dtype=jnp.int32).reshape(num_seqs, pages_per_seq) % num_pages
+    lengths = jnp.full((num_seqs,), pages_per_seq * page_size, jnp.int32)
+    shares = tokens // num_seqs + (jnp.arange(num_seqs) < tokens % num_seqs)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(shares).astype(jnp.int32)])
+    return lengths, tables, starts
+
+
 def check_tables(name: str, tables, rows: int | None = None) -> None:
     """A page table: 2-D integer `[rows, pages per sequence]`."""
     check_shape(name, tables, (rows, None), "[sequences, pages per sequence]")
@@ -73,6 +85,11 @@ class PageAttentionConfig(PagedAttentionConfig):
 class PageAttention(PagedAttentionKernel):
     op_id = "page_attention"
     config_type = PageAttentionConfig
+
+    def busy_integers(self, args):
+        query, key_cache, _, _, tables = args[:5]
+        lengths, tables, _ = busy_sequences(query.shape[0], tables.shape[1], key_cache.shape[2], key_cache.shape[0], 0)
+        return {3: lengths, 4: tables}
 
 
 @typechecked

@@ -17,7 +17,7 @@ from ejkernel.kernels._common.paged_attention import (
     resolve_scale,
 )
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel
+from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,11 @@ class PrefillPageAttentionConfig(PagedAttentionConfig):
 class PrefillPageAttention(PagedAttentionKernel):
     op_id = "prefill_page_attention"
     config_type = PrefillPageAttentionConfig
+
+    def busy_integers(self, args):
+        _, key_cache, _, _, pages = args[:5]
+        lengths, tables, _ = busy_sequences(1, pages.shape[0], key_cache.shape[2], key_cache.shape[1], 0)
+        return {3: lengths, 4: tables[0]}
 
 
 @typechecked

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
@@ -29,6 +30,10 @@ class RaggedDecodeAttentionConfig(PagedAttentionConfig):
 class RaggedDecodeAttention(PagedAttentionKernel):
     op_id = "ragged_decode_attention"
     config_type = RaggedDecodeAttentionConfig
+
+    def busy_integers(self, args):
+        key, _, end = args[1], args[3], args[4]
+        return {4: jnp.full(end.shape, key.shape[1], end.dtype)}  # every sequence's whole key range
 
 
 @typechecked

@@ -18,7 +18,12 @@ from ejkernel.kernels._common.paged_attention import (
     resolve_scale,
 )
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, check_tables
+from ejkernel.modules.operations.page_attention import (
+    PagedAttentionConfig,
+    PagedAttentionKernel,
+    busy_sequences,
+    check_tables,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +34,14 @@ class RaggedPageAttentionV2Config(PagedAttentionConfig):
 class RaggedPageAttentionV2(PagedAttentionKernel):
     op_id = "ragged_page_attention_v2"
     config_type = RaggedPageAttentionV2Config
+
+    def busy_integers(self, args):
+        queries, kv_pages, lengths, tables = args[:4]
+        num_seqs = lengths.shape[0]
+        lengths, tables, starts = busy_sequences(
+            num_seqs, tables.shape[1], kv_pages.shape[1], kv_pages.shape[0], queries.shape[0]
+        )
+        return {2: lengths, 3: tables, 4: starts, 5: jnp.full((1,), num_seqs, jnp.int32)}
 
 
 @typechecked

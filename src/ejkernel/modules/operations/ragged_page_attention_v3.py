@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
@@ -26,7 +27,7 @@ from ejkernel.kernels._common.paged_attention import (
     v3_cache_shape,
 )
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel
+from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,16 @@ class RaggedPageAttentionV3Config(PagedAttentionConfig):
 class RaggedPageAttentionV3(PagedAttentionKernel):
     op_id = "ragged_page_attention_v3"
     config_type = RaggedPageAttentionV3Config
+
+    def busy_integers(self, args):
+        queries, _, _, cache, lengths, tables = args[:6]
+        num_seqs, tokens = lengths.shape[0], queries.shape[0]
+        lengths, tables, starts = busy_sequences(
+            num_seqs, tables.shape[0] // num_seqs, cache.shape[1], cache.shape[0], tokens
+        )
+        decode = num_seqs if tokens == num_seqs else 0  # one token each: the decode-only sequences
+        distribution = jnp.asarray([decode, decode, num_seqs], jnp.int32)
+        return {4: lengths, 5: tables.reshape(-1), 6: starts, 7: distribution}
 
 
 def _check_distribution(distribution, query_start_loc, max_seqs: int) -> None:

@@ -18,7 +18,12 @@ from ejkernel.kernels._common.paged_attention import (
     resolve_scale,
 )
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, check_tables
+from ejkernel.modules.operations.page_attention import (
+    PagedAttentionConfig,
+    PagedAttentionKernel,
+    busy_sequences,
+    check_tables,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +34,13 @@ class UnifiedAttentionConfig(PagedAttentionConfig):
 class UnifiedAttention(PagedAttentionKernel):
     op_id = "unified_attention"
     config_type = UnifiedAttentionConfig
+
+    def busy_integers(self, args):
+        queries, key_cache, _, lengths, tables = args[:5]
+        lengths, tables, starts = busy_sequences(
+            lengths.shape[0], tables.shape[1], key_cache.shape[1], key_cache.shape[0], queries.shape[0]
+        )
+        return {3: lengths, 4: tables, 5: starts}
 
 
 @typechecked
