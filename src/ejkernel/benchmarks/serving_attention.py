@@ -112,11 +112,13 @@ def _measure(op, label, args, nbytes, repeats, copy_bw, where):
 def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--batches", help="decode batch sizes to run, comma-separated (default: all of the bench)")
+    p.add_argument("--contexts", help="decode contexts to run, comma-separated (default: all of the bench)")
     args = p.parse_args(argv)
     sizes = dict(QUICK) if args.quick else dict(heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
     decode = sizes.pop("decode", DECODE)
-    if args.batches:
-        decode = [(b, c) for b, c in decode if str(b) in args.batches.split(",")]
+    for index, chosen in enumerate((args.batches, args.contexts)):
+        if chosen:
+            decode = [case for case in decode if str(case[index]) in chosen.split(",")]
     mixed = sizes.pop("mixed", MIXED)
     x = jnp.zeros(((2**20 if args.quick else COPY_BYTES) // 2,), jnp.bfloat16)
     copy = time_variants(
