@@ -112,7 +112,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         (
             functools.partial(gla_attention_triton, interpret=False),
             (x, x, x, gate),
-            [*passes, "ejkernel_gla_chunk_outputs", "ejkernel_gla_chunk_grads"],
+            [f"ejkernel_gla_{name}" for name in ("states", "scores", "outputs", "state_grads", "grads")],
         ),
         (
             lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False),

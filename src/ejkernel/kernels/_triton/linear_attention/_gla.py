@@ -1,212 +1,470 @@
-"""The chunked gated linear recurrence (GLA, lightning, recurrent) in fused Pallas-Triton kernels.
+"""The chunked gated linear recurrence (GLA, lightning, recurrent) in Pallas-Triton kernels.
 
-One program per (chunk, row, head) computes its chunk's outputs, or all its gradients, without ever
-writing the `[C, C]` intra-chunk weights to memory. The weights use per-key-channel cumulative gates
-`b` (`[C, Dk]`, summed from the chunk start) through sub-chunks of `SUB` rows: between sub-chunks,
-`(q_t e^{b_t − r})·(k_s e^{r − b_s})` with `r` the gate at the end of the sub-chunk before the query's
-(the boundary product of `ejkernel.kernels._common.linear_attention.gated_scores`; a matmul; both
-exponents <= 0 for decaying gates); inside a sub-chunk, one key row at a time, exactly. The sequential state passes are
-`_kernels.exit_states` / `_kernels.entry_grads`.
+Inputs stay in their token layout `[B, T, H, D]` and dtype (T: the sequence cut into chunks of C tokens,
+`ChunkLayout.pad`); kernels index chunks through BlockSpecs or `pl.ds`. Matmul operands are in the
+inputs' dtype (bfloat16 / float16 on tensor cores; float32 in full precision), accumulated in float32.
+`g` is the cumulative log gate within each chunk (float32, `[B, T, H, Dk]`).
 
-Recurrence per chunk, entered with state `h`: `o = (q ⊙ e^{b}) h + A v`, exit state
-`e^{b_C} ⊙ h + (k ⊙ e^{b_C − b})ᵀ v`, `A[t,s] = Σ_d q_td k_sd e^{b_td − b_sd}` for `s <= t`.
+Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are `scale ·` it):
+`o = (q ⊙ e^{g}) h + A v`, exit state `e^{g_C} ⊙ h + (k ⊙ e^{g_C − g})ᵀ v`,
+`A[t,s] = Σ_d q_td k_sd e^{g_td − g_sd}` for `s <= t`. `A` is built by row blocks of `SUB` tokens: keys
+of earlier blocks through the gate `r` at the block's first row, `(q_t e^{g_t − r})·(k_s e^{r − g_s})`
+(one matmul), keys of its own block one at a time, exactly; every exponent is <= 0 for decaying gates.
+
+Launches. Forward: `_states` (sequential over chunks: every chunk's entry state, and each sequence's
+final state), `_scores` (`A`, per row block), `_outputs`. Backward: `_state_grads` (sequential, in
+reverse: the gradient of every chunk's exit state, and of the initial states), `_grads` (per chunk:
+dq, dk, dv, and the gradient of the cumulative gate, `q ⊙ dq − k ⊙ dk` plus the exit state's share on
+the chunk's last row; the caller's `cumsum` turns it into the gate gradient).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.linear_attention import ChunkParts
 from ejkernel.kernels._common.vma import out_struct
-from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, matmul
-from ejkernel.kernels._xla.linear_attention._scan import entry_states, init_grad
+from ejkernel.kernels._triton._helpers import dot
 
-SUB = 16  # tokens per sub-chunk of the intra-chunk product
-
-
-class _Chunk:
-    """Loads of one program's chunk: sub-chunk `i` of an array, one row, the boundary gate before sub-chunk `i`."""
-
-    def __init__(self, refs: dict, precise: bool):
-        self.refs = refs
-        self.at = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
-        self.dot = functools.partial(matmul, precise=precise)
-
-    def block(self, name: str, i: int):
-        return self.refs[name][(*self.at, pl.ds(i * SUB, SUB), slice(None))]
-
-    def row(self, name: str, t):
-        return self.refs[name][(*self.at, t, slice(None))]
-
-    def boundary(self, i: int):
-        """`r_i`: the cumulative gate at the last row of sub-chunk i − 1 (zeros for the first)."""
-        dk = self.refs["b"].shape[-1]
-        return self.row("b", i * SUB - 1) if i else jnp.zeros((dk,), jnp.float32)
-
-    def store(self, name: str, i: int, value):
-        self.refs[name][(*self.at, pl.ds(i * SUB, SUB), slice(None))] = value
+SUB = 16  # tokens per row block of the intra-chunk product (the smallest matmul edge)
+F32 = jnp.float32
 
 
-def _index():
-    rows = jnp.arange(SUB, dtype=jnp.int32)
-    return rows[:, None], rows[None, :]
+@dataclasses.dataclass(frozen=True)
+class GlaTiling:
+    """Tiles and warps of the GLA kernels (each clipped to the head dims).
 
-
-def _from_row(b_block, b_s, s):
-    """`e^{b_t − b_s}` for the rows t >= s of a sub-chunk (0 above): exponents <= 0 for decaying gates."""
-    below = jnp.arange(SUB, dtype=jnp.int32)[:, None] >= s
-    return jnp.where(below, jnp.exp(jnp.where(below, b_block - b_s[None, :], 0.0)), 0.0)
-
-
-def _diagonal_scores(ch: _Chunk, i: int, q_i, b_i):
-    """`A` restricted to sub-chunk i (queries and keys), `[SUB, SUB]`, one key column at a time."""
-    _, col = _index()
-
-    def column(s, scores):
-        t = i * SUB + s
-        weights = jnp.sum(q_i * ch.row("k", t)[None, :] * _from_row(b_i, ch.row("b", t), s), axis=1)
-        return scores + jnp.where(col == s, weights[:, None], 0.0)
-
-    return lax.fori_loop(0, SUB, column, jnp.zeros((SUB, SUB), jnp.float32))
-
-
-def _off_diagonal_scores(ch: _Chunk, i: int, j: int, q_i, b_i):
-    """`A` for queries of sub-chunk i and keys of an earlier sub-chunk j, `[SUB, SUB]`."""
-    r = ch.boundary(i)[None, :]
-    return ch.dot(q_i * jnp.exp(b_i - r), ch.block("k", j) * jnp.exp(r - ch.block("b", j)), trans_b=True)
-
-
-def _output_kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, *, num_sub: int, precise: bool):
-    ch = _Chunk(dict(q=q_ref, k=k_ref, v=v_ref, b=b_ref, o=o_ref), precise)
-    dot, h = ch.dot, h_ref[ch.at]
-    for i in range(num_sub):
-        q_i, b_i = ch.block("q", i), ch.block("b", i)
-        out = dot(q_i * jnp.exp(b_i), h) + dot(_diagonal_scores(ch, i, q_i, b_i), ch.block("v", i))
-        for j in range(i):
-            out += dot(_off_diagonal_scores(ch, i, j, q_i, b_i), ch.block("v", j))
-        ch.store("o", i, out)
-
-
-def _grads_kernel(
-    q_ref, k_ref, v_ref, b_ref, h_ref, do_ref, g_ref, dq_ref, dk_ref, dv_ref, db_ref, *, num_sub: int, precise: bool
-):
-    """Gradients of one chunk's inputs given its output cotangent `do` and its exit-state gradient `g`.
-
-    Per sub-chunk m, in its three roles: queries (`dq`), keys and values of the intra-chunk product
-    (`dk`, `dv`), and keys and values written into the exit state; `db` gathers what each role
-    passes to the cumulative gates (the exit gate `b_C` also scales the entry state).
+    `state_k` x `state_v`: the state tile one program of the sequential passes carries; `block_v`: value
+    columns per program of the output kernel; `block_k`: key channels per program of the gradient
+    kernel (below Dk, dv is summed over programs in XLA). `precise`: float32 inputs, float32 matmuls.
     """
-    refs = dict(q=q_ref, k=k_ref, v=v_ref, b=b_ref, do=do_ref, dq=dq_ref, dk=dk_ref, dv=dv_ref, db=db_ref)
-    ch = _Chunk(refs, precise)
-    dot, h, g = ch.dot, h_ref[ch.at], g_ref[ch.at]
-    b_exit = ch.row("b", num_sub * SUB - 1)
-    db_exit = jnp.exp(b_exit) * jnp.sum(g * h, axis=1)  # through the decay of the entry state
-    row, col = _index()
-    for m in range(num_sub):
-        q_m, k_m, v_m, b_m, do_m = (ch.block(name, m) for name in ("q", "k", "v", "b", "do"))
-        # Queries: through the entry state, earlier sub-chunks, and their own sub-chunk (below).
-        dq = dot(do_m, h, trans_b=True) * jnp.exp(b_m)
-        r_m = ch.boundary(m)[None, :]
-        for j in range(m):
-            d_scores = dot(do_m, ch.block("v", j), trans_b=True)
-            dq += dot(d_scores, ch.block("k", j) * jnp.exp(r_m - ch.block("b", j))) * jnp.exp(b_m - r_m)
-        # Keys and values: later sub-chunks read them through their own boundary gate r_i.
-        dk = jnp.zeros_like(k_m)
-        dv = jnp.zeros_like(v_m)
-        for i in range(m + 1, num_sub):
-            q_i, b_i, do_i = ch.block("q", i), ch.block("b", i), ch.block("do", i)
-            r_i = ch.boundary(i)[None, :]
-            q_ref_i = q_i * jnp.exp(b_i - r_i)
-            dk += dot(dot(do_i, v_m, trans_b=True), q_ref_i, trans_a=True) * jnp.exp(r_i - b_m)
-            dv += dot(_off_diagonal_scores(ch, i, m, q_i, b_i), do_i, trans_a=True)
-        # Inside the sub-chunk, one key row s at a time.
-        d_scores = dot(do_m, v_m, trans_b=True)
 
-        def key_row(s, grads, m=m, q_m=q_m, b_m=b_m, do_m=do_m, d_scores=d_scores):
-            dq, dk, dv = grads
-            t = m * SUB + s
-            k_s = ch.row("k", t)
-            decays = _from_row(b_m, ch.row("b", t), s)  # [SUB, Dk]: rows t >= s
-            d_col = jnp.sum(jnp.where(col == s, d_scores, 0.0), axis=1)  # dA[:, s]
-            weights = jnp.sum(q_m * k_s[None, :] * decays, axis=1)  # A[:, s]
-            dq += d_col[:, None] * k_s[None, :] * decays
-            dk += jnp.where(row == s, jnp.sum(d_col[:, None] * q_m * decays, axis=0)[None, :], 0.0)
-            dv += jnp.where(row == s, jnp.sum(weights[:, None] * do_m, axis=0)[None, :], 0.0)
-            return dq, dk, dv
+    state_k: int = 64
+    state_v: int = 64
+    block_v: int = 128
+    block_k: int = 128
+    state_warps: int = 4
+    scores_warps: int = 4
+    output_warps: int = 4
+    grads_warps: int = 8
+    num_stages: int = 2
+    interpret: bool = False
+    precise: bool = True
 
-        dq, dk, dv = lax.fori_loop(0, SUB, key_row, (dq, dk, dv))
-        db = q_m * dq - k_m * dk  # gates seen as a query minus gates seen as a key (intra-chunk and entry)
-        # Keys and values written into the exit state: `(k e^{b_C − b})ᵀ v`.
-        k_exit = k_m * jnp.exp(b_exit[None, :] - b_m)
-        dk_exit = dot(v_m, g, trans_b=True)
-        dv += dot(k_exit, g)
-        dk += dk_exit * jnp.exp(b_exit[None, :] - b_m)
-        db -= dk_exit * k_exit
-        db_exit += jnp.sum(dk_exit * k_exit, axis=0)
-        if m == num_sub - 1:
-            db += jnp.where(row == SUB - 1, db_exit[None, :], 0.0)
-        for name, value in (("dq", dq), ("dk", dk), ("dv", dv), ("db", db)):
-            ch.store(name, m, value)
+    def fit(self, dk: int, dv: int) -> GlaTiling:
+        return dataclasses.replace(
+            self,
+            state_k=min(self.state_k, dk),
+            state_v=min(self.state_v, dv),
+            block_v=min(self.block_v, dv),
+            block_k=min(self.block_k, dk),
+        )
+
+    def mm(self, dtype):
+        """The dtype of matmul operands: the inputs' own, or float32 when precise."""
+        return F32 if self.precise else jnp.dtype(dtype)
+
+    def state_dtype(self, dtype):
+        """Chunk states in memory: bfloat16 for bfloat16 inputs (the matmuls read them so), else float32."""
+        return jnp.dtype(dtype) if not self.precise and jnp.dtype(dtype) == jnp.bfloat16 else F32
 
 
-def _call(kernel, args, out_shapes, tiling: Tiling, name: str):
-    num_chunks, batch, heads, chunk = args[0].shape[:4]
+def _call(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
+    """`pallas_call` of `kernel(**static)`; specs None: whole arrays (the sequential passes index chunks themselves)."""
+    specs = {} if in_specs is None else dict(in_specs=in_specs, out_specs=out_specs)
     return pl.pallas_call(
-        functools.partial(kernel, num_sub=chunk // SUB, precise=tiling.precise),
-        grid=(num_chunks, batch, heads),
-        out_shape=[out_struct(shape, jnp.float32, *args) for shape in out_shapes],
-        compiler_params=tiling.params(),
-        interpret=tiling.interpret,
+        functools.partial(kernel, **static),
+        grid=grid,
+        **specs,
+        out_shape=out_shape,
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=t.num_stages),
+        interpret=t.interpret,
         name=name,
+    )
+
+
+def _tile(i, size: int):
+    return pl.ds(pl.multiple_of(i * size, size), size)
+
+
+def _iota(shape, axis: int):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _masked_exp(x, keep):
+    """`e^x` where `keep`, else 0 (the exponent masked first: no overflow where it is dropped)."""
+    return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
+
+
+def _everywhere(cond, shape):
+    return jnp.full(shape, cond)
+
+
+# ---- sequential passes over chunks (one program per batch row, head and state tile) ----
+
+
+def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_ref, e_ref, final_ref, **s):
+    """`h ← init[start]` where a sequence starts; store h (the chunk's entry state); `h ← e^{g_C} ⊙ h +
+    (k ⊙ e^{g_C − g})ᵀ v`; store h as its sequence's final state where the sequence ends."""
+    chunk, mm, bk, bv = s["chunk"], s["mm"], s["bk"], s["bv"]
+    b, head, kt, vt = (pl.program_id(i) for i in range(4))
+    kv = lax.div(head, jnp.int32(s["group"]))
+    keys, cols = _tile(kt, bk), _tile(vt, bv)
+
+    def step(c, h):
+        start = starts_ref[c, b]
+        fresh = plgpu.load(
+            init_ref.at[jnp.maximum(start, 0), head, keys, cols], mask=_everywhere(start >= 0, (bk, bv)), other=0.0
+        )
+        h = jnp.where(start >= 0, fresh, h)
+        e_ref[b, c, head, keys, cols] = h.astype(e_ref.dtype)
+        first = pl.multiple_of(c * chunk, chunk)
+        rows = pl.ds(first, chunk)
+        g_last = g_ref[b, first + chunk - 1, head, keys]
+        k = (k_ref[b, rows, kv, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, keys])).astype(mm)
+        h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, kv, cols].astype(mm), trans_a=True)
+        plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=_everywhere(ends_ref[c, b] > 0, (bk, bv)))
+        return h
+
+    lax.fori_loop(0, e_ref.shape[1], step, jnp.zeros((bk, bv), F32))
+
+
+def _states(t: GlaTiling, k, v, g, init, starts, ends, owners):
+    """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
+    sequences without tokens)`."""
+    batch, seq, heads, dk = g.shape
+    dv = v.shape[-1]
+    chunks = starts.shape[0]
+    args = (starts, ends, owners, k, v, g, init)
+    return _call(
+        _states_kernel,
+        t,
+        t.state_warps,
+        (batch, heads, dk // t.state_k, dv // t.state_v),
+        None,
+        None,
+        [
+            out_struct((batch, chunks, heads, dk, dv), t.state_dtype(k.dtype), *args),
+            out_struct(init.shape, F32, *args),
+        ],
+        "ejkernel_gla_states",
+        chunk=seq // chunks,
+        group=heads // k.shape[2],
+        bk=t.state_k,
+        bv=t.state_v,
+        mm=t.mm(k.dtype),
     )(*args)
 
 
-def _exit_parts(k, v, b):
-    """What the state passes read: keys decayed to the chunk end, and the chunk's decay of each state row."""
-    return ChunkParts(None, None, k * jnp.exp(b[..., -1:, :] - b), jnp.exp(b[..., -1, :]), v, None)
+def _state_grads_kernel(
+    starts_ref, ends_ref, owners_ref, q_ref, g_ref, do_ref, e_ref, d_final_ref, dh_ref, d_init_ref, rs_ref, **s
+):
+    """In reverse: `d ← d_final[seq]` where a sequence ends (else the next chunk's entry gradient); store d
+    (the chunk's exit-state gradient) and `Σ_v h_in ⊙ d`; `d ← e^{g_C} ⊙ d + scale (q ⊙ e^{g})ᵀ do`; store d
+    as the initial state's gradient where the sequence starts."""
+    chunk, mm, bk, bv = s["chunk"], s["mm"], s["bk"], s["bv"]
+    b, head, kt, vt = (pl.program_id(i) for i in range(4))
+    keys, cols = _tile(kt, bk), _tile(vt, bv)
+    num_chunks = dh_ref.shape[1]
+
+    def step(i, d):
+        c = num_chunks - 1 - i
+        end = ends_ref[c, b] > 0
+        d_final = plgpu.load(
+            d_final_ref.at[owners_ref[c, b], head, keys, cols], mask=_everywhere(end, (bk, bv)), other=0.0
+        )
+        d = jnp.where(end, d_final, d)
+        dh_ref[b, c, head, keys, cols] = d.astype(dh_ref.dtype)
+        rs_ref[vt, b, c, head, keys] = jnp.sum(e_ref[b, c, head, keys, cols].astype(F32) * d, axis=1)
+        first = pl.multiple_of(c * chunk, chunk)
+        rows = pl.ds(first, chunk)
+        g_last = g_ref[b, first + chunk - 1, head, keys]
+        q = (q_ref[b, rows, head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, keys])).astype(mm)
+        d = jnp.exp(g_last)[:, None] * d + s["scale"] * dot(q, do_ref[b, rows, head, cols].astype(mm), trans_a=True)
+        start = starts_ref[c, b]
+        plgpu.store(d_init_ref.at[jnp.maximum(start, 0), head, keys, cols], d, mask=_everywhere(start >= 0, (bk, bv)))
+        return d
+
+    lax.fori_loop(0, num_chunks, step, jnp.zeros((bk, bv), F32))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def gla_scan(tiling: Tiling, q, k, v, b, init, starts):
-    """`(out [NC,B,H,C,Dv], exit states [NC,B,H,Dk,Dv])` of the chunked gated recurrence (float32 inputs).
+def _state_grads(t: GlaTiling, scale, q, g, do, e, d_final, starts, ends, owners):
+    """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [N, H, Dk, Dv] float32
+    (sequences without a chunk left unwritten), Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32)`."""
+    batch, seq, heads, dk = q.shape
+    dv = do.shape[-1]
+    chunks = starts.shape[0]
+    args = (starts, ends, owners, q, g, do, e, d_final)
+    dh, d_init, rs = _call(
+        _state_grads_kernel,
+        t,
+        t.state_warps,
+        (batch, heads, dk // t.state_k, dv // t.state_v),
+        None,
+        None,
+        [
+            out_struct(e.shape, e.dtype, *args),
+            out_struct(d_final.shape, F32, *args),
+            out_struct((dv // t.state_v, batch, chunks, heads, dk), F32, *args),
+        ],
+        "ejkernel_gla_state_grads",
+        chunk=seq // chunks,
+        scale=scale,
+        bk=t.state_k,
+        bv=t.state_v,
+        mm=t.mm(q.dtype),
+    )(*args)
+    return dh, d_init, jnp.sum(rs, axis=0)
 
-    q (scaled), k `[NC,B,H,C,Dk]`, v `[NC,B,H,C,Dv]`, b `[NC,B,H,C,Dk]` cumulative log gates within each
-    chunk; `init`/`starts` as in `chunked_scan`. Differentiable w.r.t. q, k, v, b and init.
+
+# ---- per-chunk kernels ----
+
+
+def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
+    """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal)."""
+    first = pl.multiple_of(lax.rem(pl.program_id(0), jnp.int32(chunk // SUB)) * SUB, SUB)
+    q = q_ref[...].astype(F32)
+    g = g_ref[pl.ds(first, SUB), :]
+    r = g_ref[first, :][None, :]  # the gate at the block's first row
+    before = _iota((chunk, 1), 0) < first
+    keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], before)
+    scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
+    row, col = _iota((SUB, 1), 0), _iota((1, chunk), 1)
+
+    def diagonal(s, scores):  # key `first + s` of the block's own rows
+        k_s = k_ref[first + s, :].astype(F32)[None, :]
+        g_s = g_ref[first + s, :][None, :]
+        weights = jnp.sum(q * k_s * _masked_exp(g - g_s, row >= s), axis=1, keepdims=True)
+        return jnp.where(col == first + s, weights, scores)
+
+    a_ref[...] = lax.fori_loop(0, SUB, diagonal, scores).astype(a_ref.dtype)
+
+
+def _scores(t: GlaTiling, chunk: int, q, k, g):
+    """`A` `[B, T, H, C]` (row t of a chunk: its weights on the chunk's keys), in q's dtype (float32 if precise)."""
+    batch, seq, heads, dk = q.shape
+    group = heads // k.shape[2]
+    per_chunk = lambda i: lax.div(i, jnp.int32(chunk // SUB))
+    block = lambda width: (None, chunk, None, width)
+    return _call(
+        _scores_kernel,
+        t,
+        t.scores_warps,
+        (seq // SUB, batch, heads),
+        [
+            pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, h, 0)),
+            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), lax.div(h, jnp.int32(group)), 0)),
+            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), h, 0)),
+        ],
+        pl.BlockSpec((None, SUB, None, chunk), lambda i, b, h: (b, i, h, 0)),
+        out_struct((batch, seq, heads, chunk), t.mm(q.dtype), q, k, g),
+        "ejkernel_gla_scores",
+        chunk=chunk,
+        mm=t.mm(q.dtype),
+    )(q, k, g)
+
+
+def _outputs_kernel(q_ref, g_ref, a_ref, v_ref, e_ref, o_ref, *, scale: float, mm):
+    q = (q_ref[...].astype(F32) * jnp.exp(g_ref[...])).astype(mm)
+    out = dot(q, e_ref[...].astype(mm)) + dot(a_ref[...].astype(mm), v_ref[...].astype(mm))
+    o_ref[...] = (scale * out).astype(o_ref.dtype)
+
+
+def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, a, e):
+    batch, seq, heads, dk = q.shape
+    dv = v.shape[-1]
+    group = heads // v.shape[2]
+    block = lambda width: (None, chunk, None, width)
+    return _call(
+        _outputs_kernel,
+        t,
+        t.output_warps,
+        (seq // chunk, batch, heads, dv // t.block_v),
+        [
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, lax.div(h, jnp.int32(group)), j)),
+            pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
+        ],
+        pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
+        out_struct((batch, seq, heads, dv), v.dtype, q, v, g, a, e),
+        "ejkernel_gla_outputs",
+        scale=scale,
+        mm=t.mm(q.dtype),
+    )(q, g, a, v, e)
+
+
+def _from_earlier(m: int, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm):
+    """dq of row block m through the keys of the earlier blocks (the gate r at the block's first row)."""
+    n = m * SUB
+    keys = pl.ds(0, pl.next_power_of_2(n))
+    r = g_ref[n, :][None, :]
+    weights = k_ref[keys, :].astype(F32) * _masked_exp(r - g_ref[keys, :], _iota((keys.size, 1), 0) < n)
+    d_scores = scale * dot(do, v_ref[keys, :].astype(mm), trans_b=True)  # [SUB, keys]
+    return dot(d_scores.astype(mm), weights.astype(mm)) * jnp.exp(g - r)
+
+
+def _from_later(m: int, q_ref, g_ref, v, do_ref, g, scale, mm, chunk: int):
+    """dk of row block m through the queries of the later blocks (the gate r at the block's last row)."""
+    n = (m + 1) * SUB
+    size = pl.next_power_of_2(chunk - n)
+    queries = pl.ds(chunk - size, size)
+    r = g_ref[n - 1, :][None, :]
+    later = chunk - size + _iota((size, 1), 0) >= n
+    weights = q_ref[queries, :].astype(F32) * _masked_exp(g_ref[queries, :] - r, later)
+    d_scores = scale * dot(do_ref[queries, :].astype(mm), v, trans_b=True)  # [queries, SUB]
+    return dot(d_scores.astype(mm), weights.astype(mm), trans_a=True) * jnp.exp(r - g)
+
+
+def _grads_kernel(
+    q_ref, k_ref, v_ref, g_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, db_ref, **s
+):
+    """One chunk's dq, dk, db on a tile of key channels, and its share of dv, row block by row block.
+
+    `e`: the entry state, `dh`: the exit state's gradient, `rs`: `Σ_v e ⊙ dh`. The exit state
+    `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `(v dhᵀ) ⊙ e^{g_C − g}`, dv its `(k ⊙ e^{g_C − g}) dh`,
+    and the gate at the chunk's last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
     """
-    return _forward(tiling, q, k, v, b, init, starts)
+    chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
+    own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
+    g_last = g_ref[chunk - 1, :][None, :]
+    row, col = _iota((SUB, 1), 0), _iota((1, SUB), 1)
+    exit_sum = jnp.zeros((1, g_ref.shape[-1]), F32)
+    num_blocks = chunk // SUB
+    for m in range(num_blocks):
+        rows = pl.ds(m * SUB, SUB)
+        q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
+        do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
+        to_exit = jnp.exp(g_last - g)
+        dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
+        dk = dot(v, dh_ref[...].astype(mm), trans_b=True) * to_exit
+        exit_sum += jnp.sum(k * dk, axis=0, keepdims=True)
+        if m > 0:
+            dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
+        if m < num_blocks - 1:
+            dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
+        d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys
+
+        def diagonal(j, grads, m=m, q=q, g=g, d_scores=d_scores):
+            dq, dk = grads
+            k_j = k_ref[m * SUB + j, :].astype(F32)[None, :]
+            g_j = g_ref[m * SUB + j, :][None, :]
+            w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * _masked_exp(g - g_j, row >= j)
+            return dq + w * k_j, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
+
+        dq, dk = lax.fori_loop(0, SUB, diagonal, (dq, dk))
+        dv = dot((k * to_exit).astype(mm), dh_ref[...].astype(mm))
+        intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
+        dv += jnp.where(own_tile, intra, 0.0)
+        db = q * dq - k * dk
+        if m == num_blocks - 1:
+            db += jnp.where(row == SUB - 1, jnp.exp(g_last) * rs_ref[...][None, :] + exit_sum, 0.0)
+        dq_ref[rows, :] = dq.astype(dq_ref.dtype)
+        dk_ref[rows, :] = dk.astype(dk_ref.dtype)
+        dv_ref[rows, :] = dv.astype(dv_ref.dtype)
+        db_ref[rows, :] = db
 
 
-def _forward(tiling, q, k, v, b, init, starts):
-    h_out = exit_states(_exit_parts(k, v, b), init, starts, tiling)
-    h_in = entry_states(h_out, init, starts)
-    [out] = _call(_output_kernel, [q, k, v, b, h_in], [v.shape], tiling, "ejkernel_gla_chunk_outputs")
-    return out, h_out
-
-
-def _fwd(tiling, q, k, v, b, init, starts):
-    out, h_out = _forward(tiling, q, k, v, b, init, starts)
-    return (out, h_out), (q, k, v, b, init, starts, h_out)
-
-
-def _bwd(tiling, residuals, cotangents):
-    q, k, v, b, init, starts, h_out = residuals
-    d_out, d_exit = cotangents
-    h_in = entry_states(h_out, init, starts)
-    dh_own = jnp.swapaxes(q * jnp.exp(b), -1, -2) @ d_out  # what each chunk's outputs pass to its entry state
-    dh_in, d_exit_total = entry_grads(_exit_parts(k, v, b), dh_own, d_exit, starts, tiling)
-    dq, dk, dv, db = _call(
+def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
+    """`(dq, dk, dv, dg)` `[B, T, H, ·]` per query head (dv `[tiles, ...]`, summed by the caller)."""
+    batch, seq, heads, dk = q.shape
+    dv = v.shape[-1]
+    group = heads // k.shape[2]
+    tiles = dk // t.block_k
+    kv = lambda h: lax.div(h, jnp.int32(group))
+    block = lambda width: (None, chunk, None, width)
+    keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
+    state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
+    wide = group > 1  # per query head, summed over the group by the caller
+    args = (q, k, v, g, do, a, e, dh, rs)
+    return _call(
         _grads_kernel,
-        [q, k, v, b, h_in, d_out, d_exit_total],
-        [q.shape, k.shape, v.shape, b.shape],
-        tiling,
-        "ejkernel_gla_chunk_grads",
-    )
-    return dq, dk, dv, db, init_grad(dh_in, init, starts), None
+        t,
+        t.grads_warps,
+        (seq // chunk, batch, heads, tiles),
+        [
+            keys,
+            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, kv(h), j)),
+            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, kv(h), 0)),
+            keys,
+            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
+            state,
+            state,
+            pl.BlockSpec((None, None, None, t.block_k), lambda c, b, h, j: (b, c, h, j)),
+        ],
+        [
+            keys,
+            keys,
+            pl.BlockSpec((None, None, chunk, None, dv), lambda c, b, h, j: (j, b, c, h, 0)),
+            keys,
+        ],
+        [
+            out_struct(q.shape, q.dtype, *args),
+            out_struct(q.shape, F32 if wide else k.dtype, *args),
+            out_struct((tiles, batch, seq, heads, dv), F32 if wide or tiles > 1 else v.dtype, *args),
+            out_struct(q.shape, F32, *args),
+        ],
+        "ejkernel_gla_grads",
+        chunk=chunk,
+        scale=scale,
+        mm=t.mm(q.dtype),
+    )(*args)
 
 
-gla_scan.defvjp(_fwd, _bwd)
+# ---- the differentiable whole ----
+
+
+def _group_sum(x, kv_heads: int, dtype):
+    """Per-query-head gradients `[B, T, H, D]` summed over each key/value head's group."""
+    batch, seq, heads, dim = x.shape
+    if heads == kv_heads:
+        return x.astype(dtype)
+    return jnp.sum(x.reshape(batch, seq, kv_heads, heads // kv_heads, dim), axis=3).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def gla_chunked(tiling: GlaTiling, scale: float, q, k, v, g, init, starts, ends, owners, empty):
+    """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
+
+    q `[B, T, H, Dk]`, k `[B, T, Hkv, Dk]`, v `[B, T, Hkv, Dv]` (T a multiple of the chunk, H a multiple
+    of Hkv), g `[B, T, H, Dk]` float32 cumulative log gates within each chunk; init `[N, H, Dk, Dv]`;
+    starts / ends / owners `[NC, B]` int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep
+    their initial state). Differentiable w.r.t. q, k, v, g and init.
+    """
+    return _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty)[0]
+
+
+def _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty):
+    t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
+    e, final = _states(t, k, v, g, init, starts, ends, owners)
+    a = _scores(t, chunk, q, k, g)
+    out = _outputs(t, chunk, scale, q, v, g, a, e)
+    return (out, jnp.where(empty[:, None, None, None], init, final)), (e, a)
+
+
+def _fwd(tiling, scale, q, k, v, g, init, starts, ends, owners, empty):
+    outputs, (e, a) = _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty)
+    return outputs, (q, k, v, g, starts, ends, owners, empty, e, a)
+
+
+def _bwd(tiling, scale, residuals, cotangents):
+    q, k, v, g, starts, ends, owners, empty, e, a = residuals
+    d_out, d_final = cotangents
+    t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
+    dh, d_init, rs = _state_grads(t, scale, q, g, d_out, e, d_final, starts, ends, owners)
+    dq, dk, dv, dg = _grads(t, chunk, scale, q, k, v, g, d_out, a, e, dh, rs)
+    d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
+    kv_heads = k.shape[2]
+    dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(jnp.sum(dv, axis=0), kv_heads, v.dtype)
+    return dq, dk, dv, dg, d_init, None, None, None, None
+
+
+gla_chunked.defvjp(_fwd, _bwd)

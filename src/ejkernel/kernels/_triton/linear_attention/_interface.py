@@ -1,12 +1,11 @@
 """Linear attention on the Triton platform: the shared entry points with the heavy parts in GPU kernels.
 
-The gated recurrence (GLA, lightning, recurrent) runs in fused chunk kernels (`_gla`: outputs and
-gradients per chunk, the intra-chunk weights never in memory). Every op's chunk-to-chunk state
-passes, which XLA runs as a `lax.scan` (one small launch per chunk), run as one kernel per direction
-(`_kernels.exit_states`, `_kernels.entry_grads`); the delta rule's chunk parts (WY transform) and
-pullbacks stay in XLA. A one-token call (decoding) is one fused step kernel. Calls it does not serve
-(the recurrent form, head dims that are not powers of two in [16, 256]) raise NotImplementedError
-before any kernel is traced.
+The gated recurrence (GLA, lightning, recurrent) runs whole in the chunk kernels of `_gla` (inputs in
+their token layout and dtype, forward and backward). The delta rule's chunk parts (WY transform) and
+pullbacks stay in XLA, its chunk-to-chunk state passes run as one kernel per direction
+(`_kernels.exit_states`, `_kernels.entry_grads`). A one-token call (decoding) is one fused step kernel.
+Calls it does not serve (the recurrent form, head dims that are not powers of two in [16, 256]) raise
+NotImplementedError before any kernel is traced.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import functools
 import jax.numpy as jnp
 
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.linear_attention._gla import gla_scan
+from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, gla_chunked
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, fused_step
 from ejkernel.kernels._xla.linear_attention._interface import (
     Engine,
@@ -47,6 +46,7 @@ class TritonPasses(ScanPasses):
 @dataclasses.dataclass(frozen=True)
 class TritonEngine(Engine):
     tiling: Tiling
+    gla: GlaTiling = GlaTiling()
     min_chunk = MIN_CHUNK
 
     @property
@@ -55,13 +55,38 @@ class TritonEngine(Engine):
 
     def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         engine = dataclasses.replace(self, tiling=dataclasses.replace(self.tiling, precise=dtype == jnp.float32))
-        if delta:  # the delta rule's chunk parts (WY transform) stay in XLA; its state passes run in kernels
-            return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
+        return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
+
+    def gated(self, xs: dict, init, layout, *, scale: float):
+        """The gated recurrence in the `_gla` kernels: per-head gates become per-key-channel ones."""
         q, k, v = xs["q"], xs["k"], xs["v"]
-        gate = xs.get("a_key", jnp.zeros_like(k))
+        if q.shape[2] % k.shape[2]:
+            raise ValueError(f"{WHO}: query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
+        gate = xs.get("a_key")
         if "a_head" in xs:
-            gate = gate + xs["a_head"][..., None]
-        return gla_scan(engine.tiling, q, k, v, jnp.cumsum(gate, axis=-2), init, starts)
+            gate = xs["a_head"][..., None] if gate is None else gate + xs["a_head"][..., None]
+        gate = jnp.zeros(q.shape, jnp.float32) if gate is None else jnp.broadcast_to(gate, q.shape)
+        q, k, v, gate = (layout.pad(x) for x in (q, k, v, gate))
+        batch, seq, heads, dk = gate.shape
+        cumulative = jnp.cumsum(gate.reshape(batch, seq // layout.chunk, layout.chunk, heads, dk), axis=2)
+        empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
+        tiling = dataclasses.replace(
+            self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
+        )
+        out, final = gla_chunked(
+            tiling,
+            scale,
+            q,
+            k,
+            v,
+            cumulative.reshape(gate.shape),
+            init,
+            layout.starts,
+            layout.ends(),
+            layout.owners(),
+            empty,
+        )
+        return layout.unpad(out), final
 
     def decode(self, step, tokens, init):
         return fused_step(step, tokens, init, self.tiling)

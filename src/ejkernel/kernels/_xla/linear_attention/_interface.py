@@ -37,11 +37,14 @@ class Engine:
 
     `passes`: the chunked form's sequential passes over chunks; `decode(step, tokens, init)`: one token
     per batch row (`tokens` `[B, H, ...]`, returns `(out [B, H, Dv], state)`), or None for the recurrent
-    form in `lax.scan`; `check` raises NotImplementedError for calls the platform does not serve.
+    form in `lax.scan`; `gated(xs, init, layout, *, scale)`: the whole chunked form of the gated
+    recurrence (no delta rule) on token-layout inputs, or None to run it through `chunked`;
+    `check` raises NotImplementedError for calls the platform does not serve.
     """
 
     passes = ScanPasses()
     decode = None
+    gated = None
     min_chunk = 1
 
     def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
@@ -95,32 +98,38 @@ def linear_attention(
     """
     batch, seq_len, _, dk = q.shape
     num_heads = max(q.shape[2], v.shape[2])
-    if k.shape[2] < q.shape[2]:  # grouped-query: each key/value head serves a group of query heads
-        kv_head = jnp.arange(num_heads) // (num_heads // k.shape[2])
-        k, v = k[:, :, kv_head], v[:, :, kv_head]
-    elif q.shape[2] < num_heads and (beta is not None or recurrent or gk is not None):
+    if q.shape[2] < num_heads and (beta is not None or recurrent or gk is not None):
         raise ValueError("a query and key shared by groups of value heads need the chunked form with per-head gates")
+    if gv is not None and not recurrent:
+        raise ValueError("per-value-channel gates (gv) need the recurrent form")
+    chunk = max(engine.min_chunk, min(chunk_size, _next_power_of_2(seq_len)))
     num_states = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    decoding = seq_len == 1 or (cu_seqlens is not None and seq_len <= num_states)  # about one token per sequence
+    one_token = cu_seqlens is None and seq_len == 1
+    engine.check(dk=dk, dv=v.shape[-1], chunk=chunk, recurrent=recurrent, one_token=one_token)
     shape = (num_states, num_heads, dk, v.shape[-1])
     init = jnp.zeros(shape, jnp.float32) if initial_state is None else _f32(initial_state)
-    xs = dict(q=_f32(q) * scale, k=_f32(k), v=_f32(v))
-    if beta is not None:
-        xs.update(beta=_f32(beta), a_head=_f32(g), restarts=None if restarts is None else _f32(restarts)[..., None])
-    elif recurrent:
-        a_key = gk if g is None else g[..., None] if gk is None else gk + g[..., None]
-        xs.update(a_key=_f32(a_key), a_value=_f32(gv))
+    # The engine's own gated form takes q, k, v as given (dtype, unscaled, grouped heads not repeated).
+    whole = beta is None and not recurrent and engine.gated is not None
+    if whole:
+        xs = dict(q=q, k=k, v=v, a_head=_f32(g), a_key=_f32(gk))
     else:
-        if gv is not None:
-            raise ValueError("per-value-channel gates (gv) need the recurrent form")
-        xs.update(a_head=_f32(g), a_key=_f32(gk))
+        if k.shape[2] < q.shape[2]:  # grouped-query: each key/value head serves a group of query heads
+            kv_head = jnp.arange(num_heads) // (num_heads // k.shape[2])
+            k, v = k[:, :, kv_head], v[:, :, kv_head]
+        xs = dict(q=_f32(q) * scale, k=_f32(k), v=_f32(v))
+        if beta is not None:
+            restarts = None if restarts is None else _f32(restarts)[..., None]
+            xs.update(beta=_f32(beta), a_head=_f32(g), restarts=restarts)
+        elif recurrent:
+            a_key = gk if g is None else g[..., None] if gk is None else gk + g[..., None]
+            xs.update(a_key=_f32(a_key), a_value=_f32(gv))
+        else:
+            xs.update(a_head=_f32(g), a_key=_f32(gk))
     xs = {name: x for name, x in xs.items() if x is not None}
     if reverse:
         xs, cu_seqlens, init = flip_time(xs, cu_seqlens, init)
 
-    chunk = max(engine.min_chunk, min(chunk_size, _next_power_of_2(seq_len)))
-    decoding = seq_len == 1 or (cu_seqlens is not None and seq_len <= num_states)  # about one token per sequence
-    one_token = cu_seqlens is None and seq_len == 1
-    engine.check(dk=dk, dv=v.shape[-1], chunk=chunk, recurrent=recurrent, one_token=one_token)
     if recurrent and engine.decode is not None and one_token:
         xs.pop("restarts", None)  # (no restart is possible at a row's first token)
         out, final = engine.decode(
@@ -134,12 +143,16 @@ def linear_attention(
         if cu_seqlens is None
         else ChunkLayout.packed(cu_seqlens, seq_len, chunk)
     )
-    chunks = {name: layout.to_chunks(x) for name, x in xs.items()}
-    if recurrent:
-        out, h_out = recurrent_scan(delta_step if beta is not None else diagonal_step, chunks, init, layout.starts)
+    if whole:
+        out, final = engine.gated(xs, init, layout, scale=scale)
     else:
-        out, h_out = engine.chunked(chunks, init, layout.starts, delta=beta is not None, dtype=jnp.dtype(v.dtype))
-    out, final = layout.from_chunks(out), layout.final_states(h_out, init)
+        chunks = {name: layout.to_chunks(x) for name, x in xs.items()}
+        if recurrent:
+            step = delta_step if beta is not None else diagonal_step
+            out, h_out = recurrent_scan(step, chunks, init, layout.starts)
+        else:
+            out, h_out = engine.chunked(chunks, init, layout.starts, delta=beta is not None, dtype=jnp.dtype(v.dtype))
+        out, final = layout.from_chunks(out), layout.final_states(h_out, init)
     if reverse:
         out = jnp.flip(out, axis=1)
         final = final if cu_seqlens is None else jnp.flip(final, axis=0)

@@ -73,24 +73,37 @@ class ChunkLayout:
             empty=lengths == 0,
         )
 
+    def pad(self, x: jax.Array) -> jax.Array:
+        """`[B, S, H, *feature] -> [B, NC·C, H, *feature]`: tokens where the chunks hold them, zeros elsewhere."""
+        if self.tokens is None:
+            return jnp.pad(x, [(0, 0), (0, self.num_chunks * self.chunk - self.seq_len)] + [(0, 0)] * (x.ndim - 2))
+        mask = self.valid.reshape((1, -1) + (1,) * (x.ndim - 2))
+        return jnp.where(mask, jnp.take(x, self.tokens, axis=1), 0)
+
+    def unpad(self, y: jax.Array) -> jax.Array:
+        """`[B, NC·C, H, *feature] -> [B, S, H, *feature]` (the inverse of `pad` on the tokens)."""
+        if self.positions is None:
+            return y[:, : self.seq_len]
+        return jnp.take(y, self.positions, axis=1)
+
     def to_chunks(self, x: jax.Array) -> jax.Array:
         """`[B, S, H, *feature] -> [NC, B, H, C, *feature]` (zeros where no token sits)."""
-        batch, features = x.shape[0], x.shape[3:]
-        if self.tokens is None:
-            x = jnp.pad(x, [(0, 0), (0, self.num_chunks * self.chunk - self.seq_len)] + [(0, 0)] * (x.ndim - 2))
-        else:
-            mask = self.valid.reshape((1, -1) + (1,) * (x.ndim - 2))
-            x = jnp.where(mask, jnp.take(x, self.tokens, axis=1), 0)
-        x = x.reshape(batch, self.num_chunks, self.chunk, x.shape[2], *features)
+        x = self.pad(x)
+        x = x.reshape(x.shape[0], self.num_chunks, self.chunk, *x.shape[2:])
         return jnp.moveaxis(x, (1, 2), (0, 3))
 
     def from_chunks(self, y: jax.Array) -> jax.Array:
         """`[NC, B, H, C, *feature] -> [B, S, H, *feature]`."""
         y = jnp.moveaxis(y, (0, 3), (1, 2))
-        y = y.reshape(y.shape[0], self.num_chunks * self.chunk, *y.shape[3:])
-        if self.positions is None:
-            return y[:, : self.seq_len]
-        return jnp.take(y, self.positions, axis=1)
+        return self.unpad(y.reshape(y.shape[0], self.num_chunks * self.chunk, *y.shape[3:]))
+
+    def ends(self) -> jax.Array:
+        """`[NC, B]` int32: 1 where a chunk is the last of its sequence (the next one starts another, or none follows)."""
+        return jnp.concatenate([self.starts[1:] >= 0, jnp.ones_like(self.starts[:1], bool)]).astype(jnp.int32)
+
+    def owners(self) -> jax.Array:
+        """`[NC, B]` int32: the sequence (index of its initial state) each chunk belongs to."""
+        return jax.lax.cummax(self.starts, axis=0)
 
     def final_states(self, h_out: jax.Array, init: jax.Array) -> jax.Array:
         """Each sequence's state after its last token, from the chunks' exit states `[NC, B, ...]`."""
