@@ -11,13 +11,17 @@ import jax.numpy as jnp
 import pytest
 from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strength
 
+from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import (
+    TritonEngine,
     gated_delta_rule_triton,
     gla_attention_triton,
     kernel_delta_attention_triton,
     lightning_attention_triton,
     recurrent_attention_triton,
 )
+from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._xla.linear_attention import gla_attention_xla
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
@@ -48,6 +52,21 @@ def test_gla_packed_reversed_grouped():
     )
     ref = lambda q, k, v, g, gamma, h0: gla_reference(q, k, v, g, gamma, h0, cu, reverse=True)
     check(fn, ref, args)
+
+
+def test_gla_tiles_and_row_blocks():
+    """Chunks of four row blocks (earlier and later blocks around each), several state, value and key
+    tiles per head (dv summed over key tiles), per-head gates beside per-channel ones."""
+    d = 32
+    q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
+    args = [q, k, v, log_decay(2, 100, 2, d), log_decay(2, strength=0.1), rand((2, 2, d, d))]
+    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16)
+    engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
+    cfg = GLAttentionConfig(chunk_size=64)
+    fn = lambda q, k, v, g, gamma, h0: gla_attention_xla(
+        q, k, v, g, gamma, h0, return_state=True, cfg=cfg, engine=engine
+    )
+    check(fn, lambda q, k, v, g, gamma, h0: gla_reference(q, k, v, g, gamma, h0), args)
 
 
 def test_gated_delta_rule_segments():

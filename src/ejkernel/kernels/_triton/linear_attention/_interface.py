@@ -46,7 +46,7 @@ class TritonPasses(ScanPasses):
 @dataclasses.dataclass(frozen=True)
 class TritonEngine(Engine):
     tiling: Tiling
-    gla: GlaTiling = GlaTiling()
+    gla: GlaTiling = dataclasses.field(default_factory=GlaTiling)
     min_chunk = MIN_CHUNK
 
     @property

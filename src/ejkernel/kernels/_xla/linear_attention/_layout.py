@@ -98,7 +98,7 @@ class ChunkLayout:
         return self.unpad(y.reshape(y.shape[0], self.num_chunks * self.chunk, *y.shape[3:]))
 
     def ends(self) -> jax.Array:
-        """`[NC, B]` int32: 1 where a chunk is the last of its sequence (the next one starts another, or none follows)."""
+        """`[NC, B]` int32: 1 where a chunk is its sequence's last (the next starts another, or none follows)."""
         return jnp.concatenate([self.starts[1:] >= 0, jnp.ones_like(self.starts[:1], bool)]).astype(jnp.int32)
 
     def owners(self) -> jax.Array:

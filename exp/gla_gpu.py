@@ -1,0 +1,318 @@
+"""GLA on a GPU: the Triton path against XLA's, for correctness at a medium shape and for speed.
+
+    PYTHONPATH=src python exp/gla_gpu.py                 # on a GPU, about 3-4 minutes with compilation
+    PYTHONPATH=src python exp/gla_gpu.py --cpu-smoke     # tiny shapes, Pallas interpret mode, on a CPU
+
+Sections (each guarded: a failure is printed and the rest runs; timing stops at --budget seconds):
+1. check: forward (output, final state) and every gradient (q, k, v, g, initial state) of the Triton path
+   (bf16 and float32 inputs) against the XLA path in float32 at full matmul precision, at B=1, S=2048,
+   H=4, D=128; plus strongly decaying gates at S=4096 (bf16) and packed + reversed + grouped heads.
+   Errors: `rel` = ‖x − ref‖ / ‖ref‖, `max` = max |x − ref| / max |ref|.
+2. e2e: forward and forward+backward (gradients of q, k, v, g) of XLA, Triton (default tiling and a
+   few variants), and causal flash attention, at B=2, S=16384, H=16, D=128, bf16 (`time_fns` medians).
+3. kernels: each of the five Triton kernels alone at that shape, with tiling / warp variants, and the
+   XLA glue (gate cumsum), so that the end-to-end time can be split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.kernels._triton.linear_attention import _gla
+from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
+from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._xla.linear_attention._interface import gla_attention_xla
+from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
+from ejkernel.modules import GLAttentionConfig, flash_attention
+from ejkernel.ops.autotune import time_fns
+
+START = time.perf_counter()
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def log(*args):
+    print(f"[{elapsed():6.1f}s]", *args, flush=True)
+
+
+def guarded(name):
+    """Run the decorated section now; print (not raise) its failure."""
+
+    def run(fn):
+        try:
+            fn()
+        except Exception:
+            log(f"{name} FAILED:")
+            traceback.print_exc(limit=6)
+            sys.stdout.flush()
+        return fn
+
+    return run
+
+
+# ---- inputs and calls ----
+
+
+def make_inputs(batch, seq, heads, dim, dtype, *, kv_heads=None, strength=0.05, states=None, seed=0):
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
+    kv_heads = kv_heads or heads
+    x = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
+    q, k, v = x(batch, seq, heads, dim), x(batch, seq, kv_heads, dim), x(batch, seq, kv_heads, dim)
+    g = -strength * jax.nn.softplus(x(batch, seq, heads, dim))
+    h0 = 0.1 * x(states or batch, heads, dim, dim)
+    return [q.astype(dtype), k.astype(dtype), v.astype(dtype), g, h0]
+
+
+def engine_of(tiling: GlaTiling, interpret: bool):
+    return lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret), dataclasses.replace(tiling, interpret=interpret))
+
+
+def gla_fn(engine, chunk, *, cu_seqlens=None, reverse=False, return_state=True):
+    """`(q, k, v, g, h0) -> out` or `(out, state)`: gla_attention on XLA (engine None) or Triton."""
+    cfg = GLAttentionConfig(chunk_size=chunk)
+    extra = {} if engine is None else {"engine": engine}
+
+    def fn(q, k, v, g, h0=None):
+        return gla_attention_xla(
+            q, k, v, g, None, h0, cu_seqlens, reverse=reverse, return_state=return_state, cfg=cfg, **extra
+        )
+
+    return fn
+
+
+def errors(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    finite = bool(np.all(np.isfinite(x)))
+    rel = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+    mx = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
+    return rel, mx, finite
+
+
+def compare(name, fn, ref_fn, args):
+    """Forward (out, state) and the VJP of every argument under one random cotangent."""
+    f32 = [a.astype(jnp.float32) for a in args]
+    (out, state), vjp = jax.vjp(jax.jit(fn), *args)
+    with jax.default_matmul_precision("highest"):
+        (rout, rstate), rvjp = jax.vjp(jax.jit(ref_fn), *f32)
+        key = jax.random.split(jax.random.PRNGKey(7))
+        cts = (jax.random.normal(key[0], out.shape, jnp.float32), jax.random.normal(key[1], state.shape, jnp.float32))
+        ref_grads = rvjp(cts)
+    grads = vjp((cts[0].astype(out.dtype), cts[1]))
+    names = ["out", "state", "dq", "dk", "dv", "dg", "dh0"]
+    values = [out, state, *grads]
+    refs = [rout, rstate, *ref_grads]
+    cells = []
+    for n, x, r in zip(names, values, refs, strict=True):
+        rel, mx, finite = errors(x, r)
+        cells.append(f"{n} {rel:.1e}/{mx:.1e}{'' if finite else ' NONFINITE'}")
+    log(f"{name:<34} " + "  ".join(cells))
+
+
+# ---- sections ----
+
+
+def check(args):
+    b, s, h, d = args.check_shape
+    t = GlaTiling()
+    triton = engine_of(t, args.interpret)
+    chunk = args.chunk
+    log(f"check: Triton vs XLA (float32 inputs, highest precision); rel/max errors; B={b} S={s} H={h} D={d}")
+    for dtype in (jnp.bfloat16, jnp.float32):
+
+        @guarded(f"check {jnp.dtype(dtype).name}")
+        def _(dtype=dtype):
+            inputs = make_inputs(b, s, h, d, dtype)
+            compare(f"dense {jnp.dtype(dtype).name} C{chunk}", gla_fn(triton, chunk), gla_fn(None, chunk), inputs)
+
+    @guarded("check strong gates")
+    def _():
+        sb, ss, sh, sd = args.strong_shape
+        inputs = make_inputs(sb, ss, sh, sd, jnp.bfloat16, strength=5.0, seed=1)
+        compare(f"strong gates bf16 S={ss}", gla_fn(triton, chunk), gla_fn(None, chunk), inputs)
+
+    @guarded("check packed")
+    def _():
+        total = s
+        cu = jnp.array([0, total // 8, total // 8, total // 2 + 3, total], jnp.int32)
+        inputs = make_inputs(1, total, h, d, jnp.bfloat16, kv_heads=max(1, h // 2), states=4, seed=2)
+        compare(
+            "packed+reverse+GQA bf16",
+            gla_fn(triton, chunk, cu_seqlens=cu, reverse=True),
+            gla_fn(None, chunk, cu_seqlens=cu, reverse=True),
+            inputs,
+        )
+
+
+def training_step(fn, args):
+    loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
+    step = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+    return functools.partial(step, *args)
+
+
+def forward_step(fn, args):
+    return functools.partial(jax.jit(fn), *args)
+
+
+def timed(builders: dict, repeats: int, where: str) -> dict:
+    """Build, compile and run each variant once (failures printed), then time the ready ones together."""
+    ready = {}
+    for name, build in builders.items():
+        if elapsed() > ARGS.budget:
+            log(f"{name}: skipped (time budget {ARGS.budget}s spent)")
+            continue
+        try:
+            call = build()
+            jax.block_until_ready(call())
+            ready[name] = call
+        except Exception as err:
+            log(f"{name} {where}: {type(err).__name__}: {str(err)[:300]}")
+    if not ready:
+        return {}
+    return time_fns(ready, repeats=repeats, warmup=2)
+
+
+def e2e(args):
+    b, s, h, d = args.bench_shape
+    q, k, v, g, _ = make_inputs(b, s, h, d, jnp.bfloat16)
+    gla_args = (q, k, v, g)
+    variants = {"xla": (None, args.chunk)}
+    variants["triton"] = (engine_of(GlaTiling(), args.interpret), args.chunk)
+    for name, tiling, chunk in E2E_VARIANTS:
+        variants[name] = (engine_of(tiling, args.interpret), chunk)
+    builders = {}
+    for name, (engine, chunk) in variants.items():
+        fn = gla_fn(engine, chunk, return_state=False)
+        builders[f"{name} fwd"] = functools.partial(forward_step, fn, gla_args)
+        builders[f"{name} fwd+bwd"] = functools.partial(training_step, fn, gla_args)
+    if not args.interpret:
+        flash = lambda q, k, v: flash_attention(q, k, v, causal=True)
+        builders["flash_causal fwd"] = functools.partial(forward_step, flash, gla_args[:3])
+        builders["flash_causal fwd+bwd"] = functools.partial(training_step, flash, gla_args[:3])
+    log(f"e2e: compiling {len(builders)} variants at B={b} S={s} H={h} D={d} bf16")
+    times = timed(builders, args.repeats, "e2e")
+    rows = []
+    for name in variants | ({"flash_causal": 0} if not args.interpret else {}):
+        fwd, both = times.get(f"{name} fwd"), times.get(f"{name} fwd+bwd")
+        rows.append((name, fwd, both))
+    xla_both = times.get("xla fwd+bwd")
+    xla_fwd = times.get("xla fwd")
+    log("e2e (ms; ratio = XLA time / this):")
+    print(f"  {'variant':<22} {'fwd':>9} {'fwd+bwd':>9} {'xla/fwd':>8} {'xla/both':>8}")
+    for name, fwd, both in rows:
+        fmt = lambda x: f"{1e3 * x:9.3f}" if x else f"{'-':>9}"
+        ratio = lambda ref, x: f"{ref / x:8.2f}" if ref and x else f"{'-':>8}"
+        print(f"  {name:<22} {fmt(fwd)} {fmt(both)} {ratio(xla_fwd, fwd)} {ratio(xla_both, both)}")
+    sys.stdout.flush()
+
+
+def kernels(args):
+    b, s, h, d = args.bench_shape
+    chunk = args.chunk
+    scale = d**-0.5
+    q, k, v, gate, _ = make_inputs(b, s, h, d, jnp.bfloat16)
+    layout = ChunkLayout.dense(b, s, chunk)
+    cumulative = jax.jit(lambda x: jnp.cumsum(x.reshape(b, s // chunk, chunk, h, d), axis=2).reshape(x.shape))
+    g = cumulative(gate)
+    init = jnp.zeros((b, h, d, d), jnp.float32)
+    starts, ends, owners = layout.starts, layout.ends(), layout.owners()
+    do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
+    base = GlaTiling(interpret=args.interpret, precise=False).fit(d, d)
+    e, final = jax.jit(lambda: _gla._states(base, k, v, g, init, starts, ends, owners))()
+    a = jax.jit(lambda: _gla._scores(base, chunk, q, k, g))()
+    dh, _, rs = jax.jit(lambda: _gla._state_grads(base, scale, q, g, do, e, final, starts, ends, owners))()
+    jax.block_until_ready((e, a, dh, rs))
+
+    def kernel(stage, t):
+        t = dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
+        call = {
+            "states": lambda: _gla._states(t, k, v, g, init, starts, ends, owners),
+            "scores": lambda: _gla._scores(t, chunk, q, k, g),
+            "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, a, e),
+            "state_grads": lambda: _gla._state_grads(t, scale, q, g, do, e, final, starts, ends, owners),
+            "grads": lambda: _gla._grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs),
+        }[stage]
+        return jax.jit(call)
+
+    builders = {"xla gate cumsum": lambda: functools.partial(cumulative, gate)}
+    for stage, label, t in KERNEL_VARIANTS:
+        builders[f"{stage} {label}"] = functools.partial(kernel, stage, t)
+    log(f"kernels: compiling {len(builders)} kernel variants (chunk {chunk})")
+    times = timed(builders, args.repeats, "kernels")
+    log("kernels (ms each):")
+    for name, seconds in times.items():
+        print(f"  {name:<40} {1e3 * seconds:8.3f}")
+    sys.stdout.flush()
+
+
+# End-to-end variants beside the default (name, tiling, chunk).
+E2E_VARIANTS = [
+    ("triton C128", GlaTiling(), 128),
+    ("triton st32x64", GlaTiling(state_k=32, state_v=64), 64),
+    ("triton grads_k64", GlaTiling(block_k=64), 64),
+]
+
+# (kernel, label, tiling): the default first.
+KERNEL_VARIANTS = [
+    ("states", "default 64x64 w4", GlaTiling()),
+    ("states", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
+    ("states", "64x32 w4", GlaTiling(state_k=64, state_v=32)),
+    ("states", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
+    ("states", "64x64 w4 stages3", GlaTiling(num_stages=3)),
+    ("state_grads", "default 64x64 w4", GlaTiling()),
+    ("state_grads", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
+    ("state_grads", "64x32 w4", GlaTiling(state_k=64, state_v=32)),
+    ("scores", "default w4", GlaTiling()),
+    ("scores", "w2", GlaTiling(scores_warps=2)),
+    ("scores", "w8", GlaTiling(scores_warps=8)),
+    ("outputs", "default v128 w4", GlaTiling()),
+    ("outputs", "v64 w4", GlaTiling(block_v=64)),
+    ("outputs", "v128 w8", GlaTiling(output_warps=8)),
+    ("grads", "default k128 w8", GlaTiling()),
+    ("grads", "k128 w4", GlaTiling(grads_warps=4)),
+    ("grads", "k64 w4", GlaTiling(block_k=64, grads_warps=4)),
+    ("grads", "k64 w8", GlaTiling(block_k=64)),
+]
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in Pallas interpret mode (on a CPU)")
+    p.add_argument("--sections", default="check,e2e,kernels")
+    p.add_argument("--budget", type=float, default=210.0, help="seconds after which no new variant is compiled")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--chunk", type=int, default=64)
+    args = ARGS = p.parse_args()
+    args.interpret = args.cpu_smoke
+    if args.cpu_smoke:
+        args.check_shape, args.strong_shape, args.bench_shape = (1, 100, 2, 16), (1, 256, 1, 16), (1, 128, 2, 32)
+        args.chunk = min(args.chunk, 32)
+        args.repeats = 2
+        E2E_VARIANTS[:] = E2E_VARIANTS[:1]
+        KERNEL_VARIANTS[:] = [v for v in KERNEL_VARIANTS if v[1].startswith("default")]
+    else:
+        args.check_shape, args.strong_shape = (1, 2048, 4, 128), (1, 4096, 2, 128)
+        args.bench_shape = (2, 16384, 16, 128)
+    log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}")
+    sections = {"check": check, "e2e": e2e, "kernels": kernels}
+    for name in args.sections.split(","):
+        guarded(name)(functools.partial(sections[name], args))
+    log("done")
+
+
+ARGS = None
+
+if __name__ == "__main__":
+    main()
