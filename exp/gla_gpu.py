@@ -229,18 +229,18 @@ def kernels(args):
     starts, ends, owners = layout.starts, layout.ends(), layout.owners()
     do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
     base = GlaTiling(interpret=args.interpret, precise=False).fit(d, d)
-    e, final = jax.jit(lambda: _gla._states(base, k, v, g, init, starts, ends, owners))()
+    e, final = jax.jit(lambda: _gla._states(base, False, k, v, g, init, starts, ends, owners))()
     a = jax.jit(lambda: _gla._scores(base, chunk, q, k, g))()
-    dh, _, rs = jax.jit(lambda: _gla._state_grads(base, scale, q, g, do, e, final, starts, ends, owners))()
+    dh, _, rs = jax.jit(lambda: _gla._state_grads(base, False, scale, q, g, do, e, final, starts, ends, owners))()
     jax.block_until_ready((e, a, dh, rs))
 
     def kernel(stage, t):
         t = dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
         call = {
-            "states": lambda: _gla._states(t, k, v, g, init, starts, ends, owners),
+            "states": lambda: _gla._states(t, False, k, v, g, init, starts, ends, owners),
             "scores": lambda: _gla._scores(t, chunk, q, k, g),
             "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, a, e),
-            "state_grads": lambda: _gla._state_grads(t, scale, q, g, do, e, final, starts, ends, owners),
+            "state_grads": lambda: _gla._state_grads(t, False, scale, q, g, do, e, final, starts, ends, owners),
             "grads": lambda: _gla._grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs),
         }[stage]
         return jax.jit(call)

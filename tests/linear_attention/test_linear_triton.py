@@ -118,6 +118,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         shape(2, 128, 4, 128, dtype=jnp.float32),
         shape(2, 128, 4, dtype=jnp.float32),
     )
+    gate1 = shape(1, 256, 4, 128, dtype=jnp.float32)
 
     def train(fn, *args):
         out = fn(*args)
@@ -132,6 +133,19 @@ def test_kernels_lower_for_cuda(cuda_lowering):
             functools.partial(gla_attention_triton, interpret=False),
             (x, x, x, gate),
             [f"ejkernel_gla_{name}" for name in ("states", "scores", "outputs", "state_grads", "grads")],
+        ),
+        (  # packed sequences (their own pass kernels), grouped heads, an initial state
+            lambda q, k, v, g, h0: gla_attention_triton(
+                q, k, v, g, None, h0, jnp.array([0, 50, 256], jnp.int32), return_state=True, interpret=False
+            )[0],
+            (
+                shape(1, 256, 4, 128),
+                shape(1, 256, 2, 128),
+                shape(1, 256, 2, 128),
+                gate1,
+                shape(2, 4, 128, 128, dtype=jnp.float32),
+            ),
+            [f"ejkernel_gla_{name}" for name in ("states", "state_grads")],
         ),
         (
             lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False),

@@ -111,31 +111,36 @@ def _everywhere(cond, shape):
 
 def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_ref, e_ref, final_ref, **s):
     """`h ← init[start]` where a sequence starts; store h (the chunk's entry state); `h ← e^{g_C} ⊙ h +
-    (k ⊙ e^{g_C − g})ᵀ v`; store h as its sequence's final state where the sequence ends."""
-    chunk, mm, bk, bv = s["chunk"], s["mm"], s["bk"], s["bv"]
+    (k ⊙ e^{g_C − g})ᵀ v`; store h as its sequence's final state where the sequence ends. Unpacked
+    (`packed` False), row b is one sequence: init[b] before the first chunk, the final state after the last."""
+    chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
     kv = lax.div(head, jnp.int32(s["group"]))
     keys, cols = _tile(kt, bk), _tile(vt, bv)
 
     def step(c, h):
-        start = starts_ref[c, b]
-        fresh = plgpu.load(
-            init_ref.at[jnp.maximum(start, 0), head, keys, cols], mask=_everywhere(start >= 0, (bk, bv)), other=0.0
-        )
-        h = jnp.where(start >= 0, fresh, h)
+        if packed:
+            start = starts_ref[c, b]
+            at = init_ref.at[jnp.maximum(start, 0), head, keys, cols]
+            h = jnp.where(start >= 0, plgpu.load(at, mask=_everywhere(start >= 0, (bk, bv)), other=0.0), h)
         e_ref[b, c, head, keys, cols] = h.astype(e_ref.dtype)
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
         g_last = g_ref[b, first + chunk - 1, head, keys]
         k = (k_ref[b, rows, kv, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, keys])).astype(mm)
         h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, kv, cols].astype(mm), trans_a=True)
-        plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=_everywhere(ends_ref[c, b] > 0, (bk, bv)))
+        if packed:
+            end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
+            plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=end)
         return h
 
-    lax.fori_loop(0, e_ref.shape[1], step, jnp.zeros((bk, bv), F32))
+    if packed:
+        lax.fori_loop(0, e_ref.shape[1], step, jnp.zeros((bk, bv), F32))
+    else:
+        final_ref[b, head, keys, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, keys, cols])
 
 
-def _states(t: GlaTiling, k, v, g, init, starts, ends, owners):
+def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
     sequences without tokens)`."""
     batch, seq, heads, dk = g.shape
@@ -156,6 +161,7 @@ def _states(t: GlaTiling, k, v, g, init, starts, ends, owners):
         "ejkernel_gla_states",
         chunk=seq // chunks,
         group=heads // k.shape[2],
+        packed=packed,
         bk=t.state_k,
         bv=t.state_v,
         mm=t.mm(k.dtype),
@@ -167,19 +173,18 @@ def _state_grads_kernel(
 ):
     """In reverse: `d ← d_final[seq]` where a sequence ends (else the next chunk's entry gradient); store d
     (the chunk's exit-state gradient) and `Σ_v h_in ⊙ d`; `d ← e^{g_C} ⊙ d + scale (q ⊙ e^{g})ᵀ do`; store d
-    as the initial state's gradient where the sequence starts."""
-    chunk, mm, bk, bv = s["chunk"], s["mm"], s["bk"], s["bv"]
+    as the initial state's gradient where the sequence starts (unpacked: d_final[b] first, d_init[b] last)."""
+    chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
     keys, cols = _tile(kt, bk), _tile(vt, bv)
     num_chunks = dh_ref.shape[1]
 
     def step(i, d):
         c = num_chunks - 1 - i
-        end = ends_ref[c, b] > 0
-        d_final = plgpu.load(
-            d_final_ref.at[owners_ref[c, b], head, keys, cols], mask=_everywhere(end, (bk, bv)), other=0.0
-        )
-        d = jnp.where(end, d_final, d)
+        if packed:
+            end = ends_ref[c, b] > 0
+            at = d_final_ref.at[owners_ref[c, b], head, keys, cols]
+            d = jnp.where(end, plgpu.load(at, mask=_everywhere(end, (bk, bv)), other=0.0), d)
         dh_ref[b, c, head, keys, cols] = d.astype(dh_ref.dtype)
         rs_ref[vt, b, c, head, keys] = jnp.sum(e_ref[b, c, head, keys, cols].astype(F32) * d, axis=1)
         first = pl.multiple_of(c * chunk, chunk)
@@ -187,14 +192,19 @@ def _state_grads_kernel(
         g_last = g_ref[b, first + chunk - 1, head, keys]
         q = (q_ref[b, rows, head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, keys])).astype(mm)
         d = jnp.exp(g_last)[:, None] * d + s["scale"] * dot(q, do_ref[b, rows, head, cols].astype(mm), trans_a=True)
-        start = starts_ref[c, b]
-        plgpu.store(d_init_ref.at[jnp.maximum(start, 0), head, keys, cols], d, mask=_everywhere(start >= 0, (bk, bv)))
+        if packed:
+            start = starts_ref[c, b]
+            at = d_init_ref.at[jnp.maximum(start, 0), head, keys, cols]
+            plgpu.store(at, d, mask=_everywhere(start >= 0, (bk, bv)))
         return d
 
-    lax.fori_loop(0, num_chunks, step, jnp.zeros((bk, bv), F32))
+    if packed:
+        lax.fori_loop(0, num_chunks, step, jnp.zeros((bk, bv), F32))
+    else:
+        d_init_ref[b, head, keys, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, keys, cols])
 
 
-def _state_grads(t: GlaTiling, scale, q, g, do, e, d_final, starts, ends, owners):
+def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
     """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [N, H, Dk, Dv] float32
     (sequences without a chunk left unwritten), Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32)`."""
     batch, seq, heads, dk = q.shape
@@ -216,6 +226,7 @@ def _state_grads(t: GlaTiling, scale, q, g, do, e, d_final, starts, ends, owners
         "ejkernel_gla_state_grads",
         chunk=seq // chunks,
         scale=scale,
+        packed=packed,
         bk=t.state_k,
         bv=t.state_v,
         mm=t.mm(q.dtype),
@@ -224,6 +235,24 @@ def _state_grads(t: GlaTiling, scale, q, g, do, e, d_final, starts, ends, owners
 
 
 # ---- per-chunk kernels ----
+
+
+def _own_keys(g_ref, first: int, body, carry):
+    """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
+    `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
+    e^{g_{j+1} − g_j} ⊙ decay_{j+1}` (1 on row j): one exponential per key and channel, each of one
+    token's gate (every factor <= 1 for decaying gates)."""
+    row = _iota((SUB, 1), 0)
+
+    def step(i, state):
+        decay, g_next, carry = state
+        j = SUB - 1 - i
+        g_j = g_ref[first + j, :][None, :]
+        decay = jnp.where(row == j, 1.0, decay * jnp.exp(g_next - g_j))
+        return decay, g_j, body(j, decay, carry)
+
+    start = (jnp.zeros((SUB, g_ref.shape[-1]), F32), g_ref[first + SUB - 1, :][None, :], carry)
+    return lax.fori_loop(0, SUB, step, start)[2]
 
 
 def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
@@ -235,15 +264,13 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
     before = _iota((chunk, 1), 0) < first
     keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], before)
     scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
-    row, col = _iota((SUB, 1), 0), _iota((1, chunk), 1)
+    col = _iota((1, chunk), 1)
 
-    def diagonal(s, scores):  # key `first + s` of the block's own rows
-        k_s = k_ref[first + s, :].astype(F32)[None, :]
-        g_s = g_ref[first + s, :][None, :]
-        weights = jnp.sum(q * k_s * _masked_exp(g - g_s, row >= s), axis=1, keepdims=True)
-        return jnp.where(col == first + s, weights, scores)
+    def diagonal(j, decay, scores):  # key `first + j`, one of the block's own rows
+        weights = jnp.sum(q * k_ref[first + j, :].astype(F32)[None, :] * decay, axis=1, keepdims=True)
+        return jnp.where(col == first + j, weights, scores)
 
-    a_ref[...] = lax.fori_loop(0, SUB, diagonal, scores).astype(a_ref.dtype)
+    a_ref[...] = _own_keys(g_ref, first, diagonal, scores).astype(a_ref.dtype)
 
 
 def _scores(t: GlaTiling, chunk: int, q, k, g):
@@ -352,14 +379,13 @@ def _grads_kernel(
             dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
         d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys
 
-        def diagonal(j, grads, m=m, q=q, g=g, d_scores=d_scores):
+        def diagonal(j, decay, grads, m=m, q=q, d_scores=d_scores):
             dq, dk = grads
-            k_j = k_ref[m * SUB + j, :].astype(F32)[None, :]
-            g_j = g_ref[m * SUB + j, :][None, :]
-            w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * _masked_exp(g - g_j, row >= j)
-            return dq + w * k_j, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
+            w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * decay
+            dq += w * k_ref[m * SUB + j, :].astype(F32)[None, :]
+            return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
-        dq, dk = lax.fori_loop(0, SUB, diagonal, (dq, dk))
+        dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk))
         dv = dot((k * to_exit).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
@@ -430,36 +456,37 @@ def _group_sum(x, kv_heads: int, dtype):
     return jnp.sum(x.reshape(batch, seq, kv_heads, heads // kv_heads, dim), axis=3).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def gla_chunked(tiling: GlaTiling, scale: float, q, k, v, g, init, starts, ends, owners, empty):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, g, init, starts, ends, owners, empty):
     """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
 
     q `[B, T, H, Dk]`, k `[B, T, Hkv, Dk]`, v `[B, T, Hkv, Dv]` (T a multiple of the chunk, H a multiple
     of Hkv), g `[B, T, H, Dk]` float32 cumulative log gates within each chunk; init `[N, H, Dk, Dv]`;
     starts / ends / owners `[NC, B]` int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep
-    their initial state). Differentiable w.r.t. q, k, v, g and init.
+    their initial state); `packed`: sequences packed in a row (else row b is sequence b, N = B).
+    Differentiable w.r.t. q, k, v, g and init.
     """
-    return _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty)[0]
+    return _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty)[0]
 
 
-def _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty):
+def _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty):
     t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
-    e, final = _states(t, k, v, g, init, starts, ends, owners)
+    e, final = _states(t, packed, k, v, g, init, starts, ends, owners)
     a = _scores(t, chunk, q, k, g)
     out = _outputs(t, chunk, scale, q, v, g, a, e)
     return (out, jnp.where(empty[:, None, None, None], init, final)), (e, a)
 
 
-def _fwd(tiling, scale, q, k, v, g, init, starts, ends, owners, empty):
-    outputs, (e, a) = _forward(tiling, scale, q, k, v, g, init, starts, ends, owners, empty)
+def _fwd(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty):
+    outputs, (e, a) = _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty)
     return outputs, (q, k, v, g, starts, ends, owners, empty, e, a)
 
 
-def _bwd(tiling, scale, residuals, cotangents):
+def _bwd(tiling, scale, packed, residuals, cotangents):
     q, k, v, g, starts, ends, owners, empty, e, a = residuals
     d_out, d_final = cotangents
     t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
-    dh, d_init, rs = _state_grads(t, scale, q, g, d_out, e, d_final, starts, ends, owners)
+    dh, d_init, rs = _state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
     dq, dk, dv, dg = _grads(t, chunk, scale, q, k, v, g, d_out, a, e, dh, rs)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
     kv_heads = k.shape[2]

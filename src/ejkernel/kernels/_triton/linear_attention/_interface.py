@@ -76,6 +76,7 @@ class TritonEngine(Engine):
         out, final = gla_chunked(
             tiling,
             scale,
+            layout.tokens is not None,
             q,
             k,
             v,
