@@ -237,6 +237,7 @@ def kernels(args):
     def kernel(stage, t):
         t = dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
         call = {
+            "cumulative": lambda: _gla._cumulative(t, chunk, gate),
             "states": lambda: _gla._states(t, False, k, v, g, init, starts, ends, owners),
             "scores": lambda: _gla._scores(t, chunk, q, k, g),
             "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, a, e),
@@ -245,7 +246,7 @@ def kernels(args):
         }[stage]
         return jax.jit(call)
 
-    builders = {"xla gate cumsum": lambda: functools.partial(cumulative, gate)}
+    builders = {"xla gate cumsum (for comparison)": lambda: functools.partial(cumulative, gate)}
     for stage, label, t in KERNEL_VARIANTS:
         builders[f"{stage} {label}"] = functools.partial(kernel, stage, t)
     log(f"kernels: compiling {len(builders)} kernel variants (chunk {chunk})")
@@ -265,6 +266,7 @@ E2E_VARIANTS = [
 
 # (kernel, label, tiling): the default first.
 KERNEL_VARIANTS = [
+    ("cumulative", "default", GlaTiling()),
     ("states", "default 64x64 w4", GlaTiling()),
     ("states", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
     ("states", "64x32 w4", GlaTiling(state_k=64, state_v=32)),

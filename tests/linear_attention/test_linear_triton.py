@@ -132,7 +132,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         (
             functools.partial(gla_attention_triton, interpret=False),
             (x, x, x, gate),
-            [f"ejkernel_gla_{name}" for name in ("states", "scores", "outputs", "state_grads", "grads")],
+            [f"ejkernel_gla_{n}" for n in ("cumulative", "states", "scores", "outputs", "state_grads", "grads")],
         ),
         (  # packed sequences (their own pass kernels), grouped heads, an initial state
             lambda q, k, v, g, h0: gla_attention_triton(

@@ -237,6 +237,26 @@ def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts
 # ---- per-chunk kernels ----
 
 
+def _cumulative_kernel(a_ref, g_ref):
+    g_ref[...] = jnp.cumsum(a_ref[...], axis=0)
+
+
+def _cumulative(t: GlaTiling, chunk: int, a):
+    """The cumulative log gates within each chunk, `[B, T, H, Dk]` float32."""
+    batch, seq, heads, dk = a.shape
+    spec = pl.BlockSpec((None, chunk, None, dk), lambda c, b, h: (b, c, h, 0))
+    return _call(
+        _cumulative_kernel,
+        t,
+        4,
+        (seq // chunk, batch, heads),
+        [spec],
+        spec,
+        out_struct(a.shape, F32, a),
+        "ejkernel_gla_cumulative",
+    )(a)
+
+
 def _own_keys(g_ref, first: int, body, carry):
     """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
     `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
@@ -351,28 +371,35 @@ def _from_later(m: int, q_ref, g_ref, v, do_ref, g, scale, mm, chunk: int):
 
 
 def _grads_kernel(
-    q_ref, k_ref, v_ref, g_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, db_ref, **s
+    q_ref, k_ref, v_ref, g_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
 ):
-    """One chunk's dq, dk, db on a tile of key channels, and its share of dv, row block by row block.
+    """One chunk's dq, dk and gate gradient on a tile of key channels, and its share of dv, row block by
+    row block from the last.
 
     `e`: the entry state, `dh`: the exit state's gradient, `rs`: `Σ_v e ⊙ dh`. The exit state
-    `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `(v dhᵀ) ⊙ e^{g_C − g}`, dv its `(k ⊙ e^{g_C − g}) dh`,
-    and the gate at the chunk's last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
+    `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `dk_exit = (v dhᵀ) ⊙ e^{g_C − g}`, dv its
+    `(k ⊙ e^{g_C − g}) dh`, and the gate at the last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
+    The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row); the gate's is its sum
+    over the rows at or after each (the block's own by `total − cumsum + own`, the later blocks' carried).
     """
     chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
     g_last = g_ref[chunk - 1, :][None, :]
     row, col = _iota((SUB, 1), 0), _iota((1, SUB), 1)
-    exit_sum = jnp.zeros((1, g_ref.shape[-1]), F32)
     num_blocks = chunk // SUB
+    to_exit, dk_exit = [], []
+    later = jnp.exp(g_last) * rs_ref[...][None, :]  # Σ over the rows after a block (all blocks: the exit's share)
     for m in range(num_blocks):
+        rows = pl.ds(m * SUB, SUB)
+        to_exit.append(jnp.exp(g_last - g_ref[rows, :]))
+        dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit[m])
+        later += jnp.sum(k_ref[rows, :].astype(F32) * dk_exit[m], axis=0, keepdims=True)
+    for m in reversed(range(num_blocks)):
         rows = pl.ds(m * SUB, SUB)
         q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
         do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
-        to_exit = jnp.exp(g_last - g)
         dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
-        dk = dot(v, dh_ref[...].astype(mm), trans_b=True) * to_exit
-        exit_sum += jnp.sum(k * dk, axis=0, keepdims=True)
+        dk = dk_exit[m]
         if m > 0:
             dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
         if m < num_blocks - 1:
@@ -386,20 +413,21 @@ def _grads_kernel(
             return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
         dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk))
-        dv = dot((k * to_exit).astype(mm), dh_ref[...].astype(mm))
+        dv = dot((k * to_exit[m]).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
-        db = q * dq - k * dk
-        if m == num_blocks - 1:
-            db += jnp.where(row == SUB - 1, jnp.exp(g_last) * rs_ref[...][None, :] + exit_sum, 0.0)
+        dg = q * dq - k * dk
+        total = jnp.sum(dg, axis=0, keepdims=True)
+        da_ref[rows, :] = later + total - jnp.cumsum(dg, axis=0) + dg
+        later += total
         dq_ref[rows, :] = dq.astype(dq_ref.dtype)
         dk_ref[rows, :] = dk.astype(dk_ref.dtype)
         dv_ref[rows, :] = dv.astype(dv_ref.dtype)
-        db_ref[rows, :] = db
 
 
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
-    """`(dq, dk, dv, dg)` `[B, T, H, ·]` per query head (dv `[tiles, ...]`, summed by the caller)."""
+    """`(dq, dk, dv, da)` `[B, T, H, ·]` per query head (dv `[tiles, ...]`, summed by the caller); da: the
+    gradient of the gate (before its cumulative sum)."""
     batch, seq, heads, dk = q.shape
     dv = v.shape[-1]
     group = heads // k.shape[2]
@@ -457,41 +485,45 @@ def _group_sum(x, kv_heads: int, dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, g, init, starts, ends, owners, empty):
+def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init, starts, ends, owners, empty):
     """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
 
     q `[B, T, H, Dk]`, k `[B, T, Hkv, Dk]`, v `[B, T, Hkv, Dv]` (T a multiple of the chunk, H a multiple
-    of Hkv), g `[B, T, H, Dk]` float32 cumulative log gates within each chunk; init `[N, H, Dk, Dv]`;
-    starts / ends / owners `[NC, B]` int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep
-    their initial state); `packed`: sequences packed in a row (else row b is sequence b, N = B).
-    Differentiable w.r.t. q, k, v, g and init.
+    of Hkv), a `[B, T, H, Dk]` float32 log gates; init `[N, H, Dk, Dv]`; starts / ends / owners `[NC, B]`
+    int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep their initial state); `packed`:
+    sequences packed in a row (else row b is sequence b, N = B). Differentiable w.r.t. q, k, v, a and init.
     """
-    return _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty)[0]
+    return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty)[0]
 
 
-def _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty):
-    t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
+def _fitted(tiling: GlaTiling, q, v, starts):
+    return tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
+
+
+def _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty):
+    t, chunk = _fitted(tiling, q, v, starts)
+    g = _cumulative(t, chunk, a)
     e, final = _states(t, packed, k, v, g, init, starts, ends, owners)
-    a = _scores(t, chunk, q, k, g)
-    out = _outputs(t, chunk, scale, q, v, g, a, e)
-    return (out, jnp.where(empty[:, None, None, None], init, final)), (e, a)
+    scores = _scores(t, chunk, q, k, g)
+    out = _outputs(t, chunk, scale, q, v, g, scores, e)
+    return (out, jnp.where(empty[:, None, None, None], init, final)), (g, e, scores)
 
 
-def _fwd(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty):
-    outputs, (e, a) = _forward(tiling, scale, packed, q, k, v, g, init, starts, ends, owners, empty)
-    return outputs, (q, k, v, g, starts, ends, owners, empty, e, a)
+def _fwd(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty):
+    outputs, kept = _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty)
+    return outputs, (q, k, v, starts, ends, owners, empty, *kept)
 
 
 def _bwd(tiling, scale, packed, residuals, cotangents):
-    q, k, v, g, starts, ends, owners, empty, e, a = residuals
+    q, k, v, starts, ends, owners, empty, g, e, scores = residuals
     d_out, d_final = cotangents
-    t, chunk = tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
+    t, chunk = _fitted(tiling, q, v, starts)
     dh, d_init, rs = _state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
-    dq, dk, dv, dg = _grads(t, chunk, scale, q, k, v, g, d_out, a, e, dh, rs)
+    dq, dk, dv, da = _grads(t, chunk, scale, q, k, v, g, d_out, scores, e, dh, rs)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
     kv_heads = k.shape[2]
     dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(jnp.sum(dv, axis=0), kv_heads, v.dtype)
-    return dq, dk, dv, dg, d_init, None, None, None, None
+    return dq, dk, dv, da, d_init, None, None, None, None
 
 
 gla_chunked.defvjp(_fwd, _bwd)

@@ -66,9 +66,6 @@ class TritonEngine(Engine):
         if "a_head" in xs:
             gate = xs["a_head"][..., None] if gate is None else gate + xs["a_head"][..., None]
         gate = jnp.zeros(q.shape, jnp.float32) if gate is None else jnp.broadcast_to(gate, q.shape)
-        q, k, v, gate = (layout.pad(x) for x in (q, k, v, gate))
-        batch, seq, heads, dk = gate.shape
-        cumulative = jnp.cumsum(gate.reshape(batch, seq // layout.chunk, layout.chunk, heads, dk), axis=2)
         empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
         tiling = dataclasses.replace(
             self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
@@ -77,10 +74,7 @@ class TritonEngine(Engine):
             tiling,
             scale,
             layout.tokens is not None,
-            q,
-            k,
-            v,
-            cumulative.reshape(gate.shape),
+            *(layout.pad(x) for x in (q, k, v, gate)),
             init,
             layout.starts,
             layout.ends(),
