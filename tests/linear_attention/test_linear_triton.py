@@ -21,7 +21,7 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     recurrent_attention_triton,
 )
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention import gla_attention_xla
+from ejkernel.kernels._xla.linear_attention import gla_attention_xla, recurrent_attention_xla
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
@@ -56,17 +56,24 @@ def test_gla_packed_reversed_grouped():
 
 def test_gla_tiles_and_row_blocks():
     """Chunks of four row blocks (earlier and later blocks around each), several state, value and key
-    tiles per head (dv summed over key tiles), per-head gates beside per-channel ones."""
+    tiles per head (dv, and a per-head gate's gradient, summed over key tiles); per-channel gates with a
+    per-head one added, then a gate per head alone (its own `[B, T, H, 1]` path)."""
     d = 32
     q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
-    args = [q, k, v, log_decay(2, 100, 2, d), log_decay(2, strength=0.1), rand((2, 2, d, d))]
+    h0 = rand((2, 2, d, d))
     tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16)
     engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
     fn = lambda q, k, v, g, gamma, h0: gla_attention_xla(
         q, k, v, g, gamma, h0, return_state=True, cfg=cfg, engine=engine
     )
+    args = [q, k, v, log_decay(2, 100, 2, d), log_decay(2, strength=0.1), h0]
     check(fn, lambda q, k, v, g, gamma, h0: gla_reference(q, k, v, g, gamma, h0), args)
+    fn = lambda q, k, v, g, h0: recurrent_attention_xla(
+        q, k, v, g, None, None, None, h0, return_state=True, cfg=cfg, engine=engine
+    )
+    reference = lambda q, k, v, g, h0: linear_recurrence_reference(q, k, v, g, None, None, None, h0)
+    check(fn, reference, [q, k, v, log_decay(2, 100, 2, strength=0.5), h0])
 
 
 def test_gated_delta_rule_segments():
@@ -146,6 +153,11 @@ def test_kernels_lower_for_cuda(cuda_lowering):
                 shape(2, 4, 128, 128, dtype=jnp.float32),
             ),
             [f"ejkernel_gla_{name}" for name in ("states", "state_grads")],
+        ),
+        (  # a gate per head
+            lambda q, k, v: lightning_attention_triton(q, k, v, layer_idx=1, num_layers=2, interpret=False),
+            (x, x, x),
+            [f"ejkernel_gla_{n}" for n in ("cumulative", "scores", "grads")],
         ),
         (
             lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False),

@@ -3,19 +3,22 @@
 Inputs stay in their token layout `[B, T, H, D]` and dtype (T: the sequence cut into chunks of C tokens,
 `ChunkLayout.pad`); kernels index chunks through BlockSpecs or `pl.ds`. Matmul operands are in the
 inputs' dtype (bfloat16 / float16 on tensor cores; float32 in full precision), accumulated in float32.
-`g` is the cumulative log gate within each chunk (float32, `[B, T, H, Dk]`).
+`g` is the cumulative log gate within each chunk (float32, `[B, T, H, Dk]`, or `[B, T, H, 1]` for a gate
+per head: every formula below broadcasts it over the key channels).
 
 Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are `scale ·` it):
 `o = (q ⊙ e^{g}) h + A v`, exit state `e^{g_C} ⊙ h + (k ⊙ e^{g_C − g})ᵀ v`,
 `A[t,s] = Σ_d q_td k_sd e^{g_td − g_sd}` for `s <= t`. `A` is built by row blocks of `SUB` tokens: keys
 of earlier blocks through the gate `r` at the block's first row, `(q_t e^{g_t − r})·(k_s e^{r − g_s})`
 (one matmul), keys of its own block one at a time, exactly; every exponent is <= 0 for decaying gates.
+The backward's intra-chunk products take the same three routes (earlier keys, later queries, own block).
 
-Launches. Forward: `_states` (sequential over chunks: every chunk's entry state, and each sequence's
-final state), `_scores` (`A`, per row block), `_outputs`. Backward: `_state_grads` (sequential, in
-reverse: the gradient of every chunk's exit state, and of the initial states), `_grads` (per chunk:
-dq, dk, dv, and the gradient of the cumulative gate, `q ⊙ dq − k ⊙ dk` plus the exit state's share on
-the chunk's last row; the caller's `cumsum` turns it into the gate gradient).
+Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
+chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs`.
+Backward: `_state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
+initial states), `_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
+cumulative gate's `q ⊙ dq − k ⊙ dk` and the exit state's share). Residuals: the cumulative gates, the
+entry states (bfloat16 for bfloat16 inputs) and `A`.
 """
 
 from __future__ import annotations
@@ -106,6 +109,11 @@ def _everywhere(cond, shape):
     return jnp.full(shape, cond)
 
 
+def _gate_columns(g_ref, keys):
+    """The gate columns of a tile of key channels: the same ones, or the head's only one."""
+    return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
+
+
 # ---- sequential passes over chunks (one program per batch row, head and state tile) ----
 
 
@@ -117,6 +125,7 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
     kv = lax.div(head, jnp.int32(s["group"]))
     keys, cols = _tile(kt, bk), _tile(vt, bv)
+    gates = _gate_columns(g_ref, keys)
 
     def step(c, h):
         if packed:
@@ -126,8 +135,8 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         e_ref[b, c, head, keys, cols] = h.astype(e_ref.dtype)
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
-        g_last = g_ref[b, first + chunk - 1, head, keys]
-        k = (k_ref[b, rows, kv, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, keys])).astype(mm)
+        g_last = g_ref[b, first + chunk - 1, head, gates]
+        k = (k_ref[b, rows, kv, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(mm)
         h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, kv, cols].astype(mm), trans_a=True)
         if packed:
             end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
@@ -143,8 +152,8 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
 def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
     sequences without tokens)`."""
-    batch, seq, heads, dk = g.shape
-    dv = v.shape[-1]
+    batch, seq, heads, _ = g.shape
+    dk, dv = k.shape[-1], v.shape[-1]
     chunks = starts.shape[0]
     args = (starts, ends, owners, k, v, g, init)
     return _call(
@@ -177,6 +186,7 @@ def _state_grads_kernel(
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
     keys, cols = _tile(kt, bk), _tile(vt, bv)
+    gates = _gate_columns(g_ref, keys)
     num_chunks = dh_ref.shape[1]
 
     def step(i, d):
@@ -189,8 +199,8 @@ def _state_grads_kernel(
         rs_ref[vt, b, c, head, keys] = jnp.sum(e_ref[b, c, head, keys, cols].astype(F32) * d, axis=1)
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
-        g_last = g_ref[b, first + chunk - 1, head, keys]
-        q = (q_ref[b, rows, head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, keys])).astype(mm)
+        g_last = g_ref[b, first + chunk - 1, head, gates]
+        q = (q_ref[b, rows, head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, gates])).astype(mm)
         d = jnp.exp(g_last)[:, None] * d + s["scale"] * dot(q, do_ref[b, rows, head, cols].astype(mm), trans_a=True)
         if packed:
             start = starts_ref[c, b]
@@ -242,9 +252,9 @@ def _cumulative_kernel(a_ref, g_ref):
 
 
 def _cumulative(t: GlaTiling, chunk: int, a):
-    """The cumulative log gates within each chunk, `[B, T, H, Dk]` float32."""
-    batch, seq, heads, dk = a.shape
-    spec = pl.BlockSpec((None, chunk, None, dk), lambda c, b, h: (b, c, h, 0))
+    """The cumulative log gates within each chunk, `[B, T, H, Dk or 1]` float32."""
+    batch, seq, heads, width = a.shape
+    spec = pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
     return _call(
         _cumulative_kernel,
         t,
@@ -307,7 +317,7 @@ def _scores(t: GlaTiling, chunk: int, q, k, g):
         [
             pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, h, 0)),
             pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), lax.div(h, jnp.int32(group)), 0)),
-            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), h, 0)),
+            pl.BlockSpec(block(g.shape[-1]), lambda i, b, h: (b, per_chunk(i), h, 0)),
         ],
         pl.BlockSpec((None, SUB, None, chunk), lambda i, b, h: (b, i, h, 0)),
         out_struct((batch, seq, heads, chunk), t.mm(q.dtype), q, k, g),
@@ -335,7 +345,7 @@ def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, a, e):
         (seq // chunk, batch, heads, dv // t.block_v),
         [
             pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(g.shape[-1]), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, lax.div(h, jnp.int32(group)), j)),
             pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
@@ -379,8 +389,9 @@ def _grads_kernel(
     `e`: the entry state, `dh`: the exit state's gradient, `rs`: `Σ_v e ⊙ dh`. The exit state
     `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `dk_exit = (v dhᵀ) ⊙ e^{g_C − g}`, dv its
     `(k ⊙ e^{g_C − g}) dh`, and the gate at the last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
-    The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row); the gate's is its sum
-    over the rows at or after each (the block's own by `total − cumsum + own`, the later blocks' carried).
+    The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row; summed over the
+    channels for a gate per head); the gate's is its sum over the rows at or after each (the block's own
+    by `total − cumsum + own`, the later blocks' carried).
     """
     chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
@@ -394,6 +405,9 @@ def _grads_kernel(
         to_exit.append(jnp.exp(g_last - g_ref[rows, :]))
         dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit[m])
         later += jnp.sum(k_ref[rows, :].astype(F32) * dk_exit[m], axis=0, keepdims=True)
+    per_head = g_ref.shape[-1] == 1
+    if per_head:
+        later = jnp.sum(later, axis=1, keepdims=True)
     for m in reversed(range(num_blocks)):
         rows = pl.ds(m * SUB, SUB)
         q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
@@ -417,6 +431,8 @@ def _grads_kernel(
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
         dg = q * dq - k * dk
+        if per_head:
+            dg = jnp.sum(dg, axis=1, keepdims=True)
         total = jnp.sum(dg, axis=0, keepdims=True)
         da_ref[rows, :] = later + total - jnp.cumsum(dg, axis=0) + dg
         later += total
@@ -426,8 +442,8 @@ def _grads_kernel(
 
 
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
-    """`(dq, dk, dv, da)` `[B, T, H, ·]` per query head (dv `[tiles, ...]`, summed by the caller); da: the
-    gradient of the gate (before its cumulative sum)."""
+    """`(dq, dk, dv, da)` `[B, T, H, ·]` per query head; da: the gradient of the gate (before its cumulative
+    sum). dv, and da for a gate per head, come per tile of key channels `[tiles, ...]` (the caller sums)."""
     batch, seq, heads, dk = q.shape
     dv = v.shape[-1]
     group = heads // k.shape[2]
@@ -437,6 +453,12 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
     state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
     wide = group > 1  # per query head, summed over the group by the caller
+    per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
+    if g.shape[-1] > 1:
+        gates, gate_grads, da_shape = keys, keys, q.shape
+    else:
+        gates, gate_grads = pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)), per_tile(1)
+        da_shape = (tiles, *g.shape)
     args = (q, k, v, g, do, a, e, dh, rs)
     return _call(
         _grads_kernel,
@@ -447,24 +469,19 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
             keys,
             pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, kv(h), j)),
             pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, kv(h), 0)),
-            keys,
+            gates,
             pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
             state,
             state,
             pl.BlockSpec((None, None, None, t.block_k), lambda c, b, h, j: (b, c, h, j)),
         ],
-        [
-            keys,
-            keys,
-            pl.BlockSpec((None, None, chunk, None, dv), lambda c, b, h, j: (j, b, c, h, 0)),
-            keys,
-        ],
+        [keys, keys, per_tile(dv), gate_grads],
         [
             out_struct(q.shape, q.dtype, *args),
             out_struct(q.shape, F32 if wide else k.dtype, *args),
             out_struct((tiles, batch, seq, heads, dv), F32 if wide or tiles > 1 else v.dtype, *args),
-            out_struct(q.shape, F32, *args),
+            out_struct(da_shape, F32, *args),
         ],
         "ejkernel_gla_grads",
         chunk=chunk,
@@ -489,9 +506,10 @@ def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init,
     """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
 
     q `[B, T, H, Dk]`, k `[B, T, Hkv, Dk]`, v `[B, T, Hkv, Dv]` (T a multiple of the chunk, H a multiple
-    of Hkv), a `[B, T, H, Dk]` float32 log gates; init `[N, H, Dk, Dv]`; starts / ends / owners `[NC, B]`
-    int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep their initial state); `packed`:
-    sequences packed in a row (else row b is sequence b, N = B). Differentiable w.r.t. q, k, v, a and init.
+    of Hkv), a `[B, T, H, Dk]` float32 log gates (or `[B, T, H, 1]`: one per head); init `[N, H, Dk, Dv]`;
+    starts / ends / owners `[NC, B]` int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep
+    their initial state); `packed`: sequences packed in a row (else row b is sequence b, N = B).
+    Differentiable w.r.t. q, k, v, a and init.
     """
     return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty)[0]
 
@@ -520,6 +538,8 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     t, chunk = _fitted(tiling, q, v, starts)
     dh, d_init, rs = _state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
     dq, dk, dv, da = _grads(t, chunk, scale, q, k, v, g, d_out, scores, e, dh, rs)
+    if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
+        da = jnp.sum(da, axis=0)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
     kv_heads = k.shape[2]
     dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(jnp.sum(dv, axis=0), kv_heads, v.dtype)

@@ -58,14 +58,14 @@ class TritonEngine(Engine):
         return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
 
     def gated(self, xs: dict, init, layout, *, scale: float):
-        """The gated recurrence in the `_gla` kernels: per-head gates become per-key-channel ones."""
+        """The gated recurrence in the `_gla` kernels: a gate per key channel `[B, S, H, Dk]` (per-head
+        gates added in), or one per head `[B, S, H, 1]` (zeros without gates)."""
         q, k, v = xs["q"], xs["k"], xs["v"]
         if q.shape[2] % k.shape[2]:
             raise ValueError(f"{WHO}: query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
-        gate = xs.get("a_key")
-        if "a_head" in xs:
-            gate = xs["a_head"][..., None] if gate is None else gate + xs["a_head"][..., None]
-        gate = jnp.zeros(q.shape, jnp.float32) if gate is None else jnp.broadcast_to(gate, q.shape)
+        gate = xs.get("a_head", jnp.zeros(q.shape[:3], jnp.float32))[..., None]
+        if "a_key" in xs:
+            gate = xs["a_key"] + gate
         empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
         tiling = dataclasses.replace(
             self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
