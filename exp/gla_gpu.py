@@ -31,7 +31,11 @@ from ejkernel.kernels._triton.linear_attention import _gla
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention._interface import gla_attention_xla
+from ejkernel.kernels._xla.linear_attention._interface import (
+    gla_attention_xla,
+    lightning_attention_xla,
+    recurrent_attention_xla,
+)
 from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
@@ -142,6 +146,19 @@ def check(args):
         inputs = make_inputs(sb, ss, sh, sd, jnp.bfloat16, strength=5.0, seed=1)
         compare(f"strong gates bf16 S={ss}", gla_fn(triton, chunk), gla_fn(None, chunk), inputs)
 
+    @guarded("check per-head gates")
+    def _():
+        q, k, v, g, h0 = make_inputs(b, s, h, d, jnp.bfloat16, seed=3)
+        cfg = GLAttentionConfig(chunk_size=chunk)
+
+        def per_head(engine):
+            extra = {} if engine is None else {"engine": engine}
+            return lambda q, k, v, g, h0: recurrent_attention_xla(
+                q, k, v, g, None, None, None, h0, return_state=True, cfg=cfg, **extra
+            )
+
+        compare("per-head gates bf16 (recurrent)", per_head(triton), per_head(None), [q, k, v, g[..., 0], h0])
+
     @guarded("check packed")
     def _():
         total = s
@@ -183,37 +200,40 @@ def timed(builders: dict, repeats: int, where: str) -> dict:
     return time_fns(ready, repeats=repeats, warmup=2)
 
 
+def lightning_fn(engine, chunk):
+    """Lightning attention (a fixed decay per head: the per-head gate path) on XLA (engine None) or Triton."""
+    cfg = GLAttentionConfig(chunk_size=chunk)
+    extra = {} if engine is None else {"engine": engine}
+    return lambda q, k, v: lightning_attention_xla(q, k, v, layer_idx=1, num_layers=4, cfg=cfg, **extra)
+
+
 def e2e(args):
     b, s, h, d = args.bench_shape
     q, k, v, g, _ = make_inputs(b, s, h, d, jnp.bfloat16)
     gla_args = (q, k, v, g)
-    variants = {"xla": (None, args.chunk)}
-    variants["triton"] = (engine_of(GlaTiling(), args.interpret), args.chunk)
-    for name, tiling, chunk in E2E_VARIANTS:
-        variants[name] = (engine_of(tiling, args.interpret), chunk)
+    triton = engine_of(GlaTiling(), args.interpret)
     builders = {}
-    for name, (engine, chunk) in variants.items():
-        fn = gla_fn(engine, chunk, return_state=False)
-        builders[f"{name} fwd"] = functools.partial(forward_step, fn, gla_args)
-        builders[f"{name} fwd+bwd"] = functools.partial(training_step, fn, gla_args)
+    for name, engine in (("xla", None), ("triton", triton)):
+        fn = gla_fn(engine, args.chunk, return_state=False)
+        builders[f"gla {name} fwd"] = functools.partial(forward_step, fn, gla_args)
+        builders[f"gla {name} fwd+bwd"] = functools.partial(training_step, fn, gla_args)
     if not args.interpret:
         flash = lambda q, k, v: flash_attention(q, k, v, causal=True)
-        builders["flash_causal fwd"] = functools.partial(forward_step, flash, gla_args[:3])
         builders["flash_causal fwd+bwd"] = functools.partial(training_step, flash, gla_args[:3])
+    for name, engine in (("xla", None), ("triton", triton)):
+        fn = lightning_fn(engine, args.chunk)
+        builders[f"lightning {name} fwd+bwd"] = functools.partial(training_step, fn, gla_args[:3])
+    for name, tiling, chunk in E2E_VARIANTS:
+        fn = gla_fn(engine_of(tiling, args.interpret), chunk, return_state=False)
+        builders[f"gla {name} fwd+bwd"] = functools.partial(training_step, fn, gla_args)
     log(f"e2e: compiling {len(builders)} variants at B={b} S={s} H={h} D={d} bf16")
     times = timed(builders, args.repeats, "e2e")
-    rows = []
-    for name in variants | ({"flash_causal": 0} if not args.interpret else {}):
-        fwd, both = times.get(f"{name} fwd"), times.get(f"{name} fwd+bwd")
-        rows.append((name, fwd, both))
-    xla_both = times.get("xla fwd+bwd")
-    xla_fwd = times.get("xla fwd")
-    log("e2e (ms; ratio = XLA time / this):")
-    print(f"  {'variant':<22} {'fwd':>9} {'fwd+bwd':>9} {'xla/fwd':>8} {'xla/both':>8}")
-    for name, fwd, both in rows:
-        fmt = lambda x: f"{1e3 * x:9.3f}" if x else f"{'-':>9}"
-        ratio = lambda ref, x: f"{ref / x:8.2f}" if ref and x else f"{'-':>8}"
-        print(f"  {name:<22} {fmt(fwd)} {fmt(both)} {ratio(xla_fwd, fwd)} {ratio(xla_both, both)}")
+    log("e2e (ms per call; vs XLA = XLA's time / this, same op and step):")
+    for name, seconds in times.items():
+        op, *_, step = name.split(" ")
+        xla = times.get(f"{op} xla {step}")
+        versus = f"{xla / seconds:6.2f}x" if xla and not name.startswith("flash") else ""
+        print(f"  {name:<36} {1e3 * seconds:9.3f}  {versus}")
     sys.stdout.flush()
 
 
@@ -257,11 +277,11 @@ def kernels(args):
     sys.stdout.flush()
 
 
-# End-to-end variants beside the default (name, tiling, chunk).
+# End-to-end forward+backward variants of GLA beside the default (name, tiling, chunk).
 E2E_VARIANTS = [
     ("triton C128", GlaTiling(), 128),
-    ("triton st32x64", GlaTiling(state_k=32, state_v=64), 64),
-    ("triton grads_k64", GlaTiling(block_k=64), 64),
+    ("triton C32", GlaTiling(), 32),
+    ("triton states32x64", GlaTiling(state_k=32, state_v=64), 64),
 ]
 
 # (kernel, label, tiling): the default first.
@@ -274,17 +294,15 @@ KERNEL_VARIANTS = [
     ("states", "64x64 w4 stages3", GlaTiling(num_stages=3)),
     ("state_grads", "default 64x64 w4", GlaTiling()),
     ("state_grads", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
-    ("state_grads", "64x32 w4", GlaTiling(state_k=64, state_v=32)),
+    ("state_grads", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
     ("scores", "default w4", GlaTiling()),
     ("scores", "w2", GlaTiling(scores_warps=2)),
-    ("scores", "w8", GlaTiling(scores_warps=8)),
     ("outputs", "default v128 w4", GlaTiling()),
     ("outputs", "v64 w4", GlaTiling(block_v=64)),
     ("outputs", "v128 w8", GlaTiling(output_warps=8)),
     ("grads", "default k128 w8", GlaTiling()),
     ("grads", "k128 w4", GlaTiling(grads_warps=4)),
     ("grads", "k64 w4", GlaTiling(block_k=64, grads_warps=4)),
-    ("grads", "k64 w8", GlaTiling(block_k=64)),
 ]
 
 
@@ -296,6 +314,7 @@ def main():
     p.add_argument("--budget", type=float, default=210.0, help="seconds after which no new variant is compiled")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--cache-dir", default="/tmp/ejkernel_gla_jax_cache", help="JAX compilation cache ('' for none)")
     args = ARGS = p.parse_args()
     args.interpret = args.cpu_smoke
     if args.cpu_smoke:
@@ -303,10 +322,15 @@ def main():
         args.chunk = min(args.chunk, 32)
         args.repeats = 2
         E2E_VARIANTS[:] = E2E_VARIANTS[:1]
+        E2E_VARIANTS[0] = ("triton C16", GlaTiling(), 16)
         KERNEL_VARIANTS[:] = [v for v in KERNEL_VARIANTS if v[1].startswith("default")]
     else:
         args.check_shape, args.strong_shape = (1, 2048, 4, 128), (1, 4096, 2, 128)
         args.bench_shape = (2, 16384, 16, 128)
+    if args.cache_dir:  # a second run on the same machine skips most compilation
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}")
     sections = {"check": check, "e2e": e2e, "kernels": kernels}
     for name in args.sections.split(","):

@@ -1,9 +1,10 @@
 """Registers the Triton linear attention ops (GPU).
 
 Priorities from one H100 run (BENCHMARKS.md, B=2, S=16384, H=16, D=128, bf16, forward+backward): the
-delta rules' kernels beat XLA (24 ms against 31), the GLA kernels do not (106 ms against 49), so
-`platform="auto"` takes Triton for the delta rules and XLA for gla / lightning / recurrent (which run
-the GLA kernels); `platform="triton"` still reaches them.
+delta rules' kernels beat XLA (24 ms against 31), the float32 chunk-layout GLA kernels of then did not
+(106 ms against 49), so `platform="auto"` takes Triton for the delta rules and XLA for gla / lightning /
+recurrent; `platform="triton"` still reaches them. The GLA kernels have since been rewritten (`_gla`:
+token layout, bf16 matmuls) and not yet timed on a GPU (`exp/gla_gpu.py`): their priority waits for that.
 """
 
 from ejkernel.kernels._triton.linear_attention._interface import (
