@@ -398,12 +398,12 @@ def _grads_kernel(
     g_last = g_ref[chunk - 1, :][None, :]
     row, col = _iota((SUB, 1), 0), _iota((1, SUB), 1)
     num_blocks = chunk // SUB
-    to_exit, dk_exit = [], []
+    dk_exit = []  # kept from the first pass over the blocks (the exit's share of the last gate) to the second
     later = jnp.exp(g_last) * rs_ref[...][None, :]  # Σ over the rows after a block (all blocks: the exit's share)
     for m in range(num_blocks):
         rows = pl.ds(m * SUB, SUB)
-        to_exit.append(jnp.exp(g_last - g_ref[rows, :]))
-        dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit[m])
+        to_exit = jnp.exp(g_last - g_ref[rows, :])
+        dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit)
         later += jnp.sum(k_ref[rows, :].astype(F32) * dk_exit[m], axis=0, keepdims=True)
     per_head = g_ref.shape[-1] == 1
     if per_head:
@@ -427,7 +427,7 @@ def _grads_kernel(
             return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
         dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk))
-        dv = dot((k * to_exit[m]).astype(mm), dh_ref[...].astype(mm))
+        dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
         dg = q * dq - k * dk
@@ -493,6 +493,11 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
 # ---- the differentiable whole ----
 
 
+def _tiles_sum(x):
+    """Partial sums `[tiles, ...]` over the tiles of key channels, added up."""
+    return x[0] if x.shape[0] == 1 else jnp.sum(x, axis=0)
+
+
 def _group_sum(x, kv_heads: int, dtype):
     """Per-query-head gradients `[B, T, H, D]` summed over each key/value head's group."""
     batch, seq, heads, dim = x.shape
@@ -539,10 +544,10 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     dh, d_init, rs = _state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
     dq, dk, dv, da = _grads(t, chunk, scale, q, k, v, g, d_out, scores, e, dh, rs)
     if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
-        da = jnp.sum(da, axis=0)
+        da = _tiles_sum(da)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
     kv_heads = k.shape[2]
-    dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(jnp.sum(dv, axis=0), kv_heads, v.dtype)
+    dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(_tiles_sum(dv), kv_heads, v.dtype)
     return dq, dk, dv, da, d_init, None, None, None, None
 
 

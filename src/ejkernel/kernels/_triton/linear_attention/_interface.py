@@ -63,9 +63,10 @@ class TritonEngine(Engine):
         q, k, v = xs["q"], xs["k"], xs["v"]
         if q.shape[2] % k.shape[2]:
             raise ValueError(f"{WHO}: query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
-        gate = xs.get("a_head", jnp.zeros(q.shape[:3], jnp.float32))[..., None]
         if "a_key" in xs:
-            gate = xs["a_key"] + gate
+            gate = xs["a_key"] if "a_head" not in xs else xs["a_key"] + xs["a_head"][..., None]
+        else:
+            gate = xs.get("a_head", jnp.zeros(q.shape[:3], jnp.float32))[..., None]
         empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
         tiling = dataclasses.replace(
             self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32

@@ -76,6 +76,8 @@ class ChunkLayout:
     def pad(self, x: jax.Array) -> jax.Array:
         """`[B, S, H, *feature] -> [B, NC·C, H, *feature]`: tokens where the chunks hold them, zeros elsewhere."""
         if self.tokens is None:
+            if self.num_chunks * self.chunk == self.seq_len:
+                return x
             return jnp.pad(x, [(0, 0), (0, self.num_chunks * self.chunk - self.seq_len)] + [(0, 0)] * (x.ndim - 2))
         mask = self.valid.reshape((1, -1) + (1,) * (x.ndim - 2))
         return jnp.where(mask, jnp.take(x, self.tokens, axis=1), 0)
@@ -83,7 +85,7 @@ class ChunkLayout:
     def unpad(self, y: jax.Array) -> jax.Array:
         """`[B, NC·C, H, *feature] -> [B, S, H, *feature]` (the inverse of `pad` on the tokens)."""
         if self.positions is None:
-            return y[:, : self.seq_len]
+            return y if y.shape[1] == self.seq_len else y[:, : self.seq_len]
         return jnp.take(y, self.positions, axis=1)
 
     def to_chunks(self, x: jax.Array) -> jax.Array:
