@@ -1,7 +1,8 @@
 """Linear attention on the Triton platform: interpret mode on CPU against the reference, CUDA lowering, GPU suite.
 
-Interpret-mode cases stay small (head dims 16, the smallest the Triton matmuls take; a few chunks): the
-kernels loop over chunks inside one program per (row, head, column block), so the grids are tiny.
+Interpret-mode cases stay small (head dims 16 or 32, the smallest the Triton matmuls take; a few chunks):
+the state passes loop over chunks inside one program per (row, head, state tile), and the chunk kernels'
+grids (chunks x rows x heads) stay under a few dozen programs.
 """
 
 import functools
