@@ -1,0 +1,240 @@
+"""Grouped matmul through Pallas Mosaic GPU kernels (Hopper): the public-contract entry point and its tilings.
+
+The forward is `_kernel.gmm` (wgmma, TMA-pipelined K loop, persistent CTAs over the tile schedule);
+the backward is `gmm` again with the other transpose (dlhs) and `_kernel.tgmm` (drhs), wired by
+`_common.grouped_matmul.grouped_vjp`. Serves 16-bit lhs/rhs with any M and group layout; declines
+(`NotImplementedError`, before anything is traced) other dtypes, `group_offset`, `existing_out`, v3
+scales and biases, interpret mode, contraction and output sizes no tile divides, and devices other
+than Hopper GPUs, so that automatic selection falls through to the Triton kernels that serve them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.grouped_matmul import check_args, implementation
+
+WHO = "mosaic gpu grouped_matmul"
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+OUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+DEFAULT_SMS = 132  # H100 SXM and H200: the CTA count of a launch traced off a GPU
+# (block_m, block_n, block_k, stages) defaults. gmm: output rows, output columns, contraction step.
+# tgmm: x columns (the weights' rows), y columns, group rows per step. Stages are cut to fit shared memory.
+DEFAULT_FWD = (128, 256, 64, 4)
+DEFAULT_DLHS = (128, 256, 64, 4)
+DEFAULT_DRHS = (128, 256, 64, 4)
+ROW_BLOCKS = (128, 256)  # two compute warpgroups of 64 or 128 rows
+
+
+def num_sms() -> int:
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        return int(getattr(device, "core_count", 0) or DEFAULT_SMS)
+    return DEFAULT_SMS
+
+
+def is_hopper() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
+
+
+def _given(params, *names):
+    """The first of `names` set in `params` (None if none is)."""
+    for name in names:
+        value = None if params is None else getattr(params, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _fit(block: int, size: int, smallest: int, what: str) -> int:
+    """The largest power of two in [smallest, block] that divides `size`; NotImplementedError if none does."""
+    b = block
+    while b >= smallest and size % b:
+        b //= 2
+    if b < smallest:
+        raise NotImplementedError(f"{WHO}: {what} = {size} is no multiple of a tile of {smallest} to {block}")
+    return b
+
+
+def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool):
+    """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes.
+
+    `transposed`: the tgmm product, whose rows (`block_m`) tile x's columns and whose contraction runs over
+    the group's rows (any length, `block_k` a multiple of 64); otherwise gmm, whose rows may be any M.
+    """
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import Tiling
+
+    given = (
+        _given(params, "block_q", "block_m"),
+        _given(params, "block_d", "block_n"),
+        _given(params, "block_k"),
+        _given(params, "num_stages"),
+    )
+    bm, bn, bk, stages = (d if g is None else g for g, d in zip(given, default, strict=True))
+    if bm not in ROW_BLOCKS:
+        raise NotImplementedError(f"{WHO}: two warpgroups of 64 or 128 rows each, block rows in {ROW_BLOCKS}, got {bm}")
+    if stages < 2:
+        raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes), got {stages}")
+    bn = _fit(bn, cols, 64, "the output columns")
+    if transposed:
+        if rows % bm:
+            raise NotImplementedError(f"{WHO}: the weights' gradient needs rows {rows} in multiples of {bm}")
+        if bk not in (64, 128):
+            raise NotImplementedError(f"{WHO}: the weights' gradient steps 64 or 128 rows, got block_k={bk}")
+    else:
+        bk = _fit(min(bk, 64), contraction, 16, "the contraction")
+    return Tiling(bm, bn, bk, int(stages), num_sms())
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """The three products' tilings, planned by `mosaic_grouped_matmul` (which knows the transpose)."""
+
+    fwd: object
+    dlhs: object
+    drhs: object
+
+
+def plan(dims, transpose_rhs: bool, cfg) -> Planned:
+    """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits."""
+    fwd, bwd = getattr(cfg, "fwd_params", None), getattr(cfg, "bwd_params", None)
+    # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
+    drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
+    return Planned(
+        plan_tiling(fwd, DEFAULT_FWD, rows=dims.m, contraction=dims.k, cols=dims.n, transposed=False),
+        plan_tiling(bwd, DEFAULT_DLHS, rows=dims.m, contraction=dims.n, cols=dims.k, transposed=False),
+        plan_tiling(bwd, DEFAULT_DRHS, rows=drhs_rows, contraction=dims.m, cols=drhs_cols, transposed=True),
+    )
+
+
+def _tilings(dims, lhs, *, cfg: Planned, interpret, precision):
+    """(`precision` is moot: 16-bit inputs, float32 sums.)"""
+    del dims, lhs, interpret, precision
+    return cfg.fwd, cfg.dlhs, cfg.drhs
+
+
+def _gmm(*args, **kwargs):
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import gmm  # loads Mosaic GPU when traced
+
+    return gmm(*args, **kwargs)
+
+
+def _tgmm(*args, **kwargs):
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import tgmm
+
+    return tgmm(*args, **kwargs)
+
+
+_core = implementation(
+    _gmm,
+    _tgmm,
+    _tilings,
+    """The Mosaic GPU kernels with the public contract; `cfg` is a `Planned`.""",
+)
+
+
+def check_served(lhs, rhs, group_offset, existing_out, *, preferred_element_type, rhs_scale, rhs_bias, interpret):
+    """NotImplementedError for calls the kernels do not serve (before anything is traced)."""
+    decline(
+        WHO,
+        {
+            "group_offset": group_offset is not None,
+            "existing_out": existing_out is not None,
+            "rhs_scale": rhs_scale is not None,
+            "rhs_bias": rhs_bias is not None,
+            "interpret mode": bool(interpret),
+        },
+    )
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if jnp.dtype(x.dtype) not in DTYPES:
+            raise NotImplementedError(f"{WHO} takes bfloat16/float16 {name}, got {x.dtype}")
+    if jnp.dtype(preferred_element_type) not in OUT_DTYPES:
+        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {jnp.dtype(preferred_element_type)}")
+
+
+def mosaic_grouped_matmul(
+    lhs,
+    rhs,
+    group_sizes,
+    group_offset=None,
+    existing_out=None,
+    *,
+    preferred_element_type=jnp.float32,
+    rhs_scale=None,
+    rhs_bias=None,
+    transpose_rhs: bool = False,
+    precision=jax.lax.Precision.DEFAULT,
+    use_v2: bool = False,
+    use_v3: bool = False,
+    interpret=None,
+    do_padding: bool = True,
+    cfg=None,
+):
+    """The kernels' differentiable grouped matmul without the device check (lets CPU tests lower it for CUDA)."""
+    dims = check_args(
+        lhs,
+        rhs,
+        group_sizes,
+        group_offset,
+        existing_out,
+        preferred_element_type=preferred_element_type,
+        rhs_scale=rhs_scale,
+        rhs_bias=rhs_bias,
+        transpose_rhs=transpose_rhs,
+        use_v2=use_v2,
+        use_v3=use_v3,
+    )
+    check_served(
+        lhs,
+        rhs,
+        group_offset,
+        existing_out,
+        preferred_element_type=preferred_element_type,
+        rhs_scale=rhs_scale,
+        rhs_bias=rhs_bias,
+        interpret=interpret,
+    )
+    return _core(
+        lhs,
+        rhs,
+        group_sizes,
+        preferred_element_type=preferred_element_type,
+        transpose_rhs=transpose_rhs,
+        precision=precision,
+        use_v2=use_v2,
+        use_v3=use_v3,
+        do_padding=do_padding,
+        cfg=plan(dims, bool(transpose_rhs), cfg),
+    )
+
+
+def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
+    """Grouped matmul `[M, K] x [G, K, N] -> [M, N]` (semantics: `grouped_matmul_reference`) on a Hopper GPU.
+
+    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products): `block_q` (or
+    `block_m`) output rows per CTA, 128 or 256; `block_d` (or `block_n`) output columns; `block_k` the
+    contraction step (the weights' gradient: group rows per step, 64 or 128); `num_stages` shared-memory
+    slots (cut to fit). Column and contraction tiles shrink to divide the call's sizes. `num_warps` is
+    moot (three warpgroups per CTA). Products accumulate in float32, whatever `precision` asks. Raises
+    NotImplementedError, before anything is traced, for calls it does not serve (see the module doc).
+    """
+    check_served(
+        lhs,
+        rhs,
+        group_offset,
+        existing_out,
+        preferred_element_type=options.get("preferred_element_type", jnp.float32),
+        rhs_scale=options.get("rhs_scale"),
+        rhs_bias=options.get("rhs_bias"),
+        interpret=options.get("interpret"),
+    )
+    if not is_hopper():
+        raise NotImplementedError(
+            f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
+        )
+    return mosaic_grouped_matmul(lhs, rhs, group_sizes, group_offset, existing_out, **options)

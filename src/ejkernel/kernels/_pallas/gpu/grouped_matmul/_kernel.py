@@ -1,0 +1,449 @@
+"""Grouped matmul kernels in Pallas Mosaic GPU (Hopper): the forward product and the transposed product.
+
+Both kernels are persistent and warp-specialised. A launch runs one CTA per SM, and each CTA walks
+its share of the output tiles (`cta`, `cta + num_ctas`, ...) with three warpgroups:
+
+- a memory warpgroup streams the operand tiles of every contraction step with TMA into a ring of
+  `stages` shared-memory slots; the ring runs on across output tiles, so the next tile's first
+  operands load while the compute warpgroups finish the current one;
+- two compute warpgroups own half of the output tile's rows each (`block_m // 2`, a multiple of the
+  64-row wgmma), multiply with `wgmma` straight from the slots (one wgmma in flight while the next
+  slot is awaited), hand each slot back through its "consumed" barrier, and write their rows
+  through shared memory with a TMA store (rows past the array's end are clipped by the TMA unit).
+
+`gmm`: output tile = (`block_m` rows of lhs, `block_n` columns); its groups are the items of the
+shared tile schedule (`_common.grouped_matmul.work_items`) that fall in the tile. A tile inside one
+group runs one K loop; a tile straddling groups runs one K loop per group and merges the rows in the
+shared-memory copy of the output tile, each group keeping only its own rows. No group is padded and
+no store is masked; rows no group owns are zeros.
+
+`tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
+group's rows in `block_k`-row steps from the group's first row (TMA takes any start row), and zeroes
+the rows of the last step past the group's end in x's slot before multiplying. An empty group
+writes zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ejkernel.kernels._common.grouped_matmul import local_group_bounds, work_items
+
+COMPUTE_WGS = 2
+COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
+MEMORY_REGISTERS = 40
+# Shared memory a CTA may use on Hopper (227 KiB), less room for the barriers (8 bytes each).
+SMEM_BUDGET = 227 * 1024 - 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """One product's tiles (hashable: it keys the custom VJP).
+
+    `gmm`: `block_m` output rows per CTA (two warpgroups of `block_m // 2`), `block_n` output columns,
+    `block_k` contraction step. `tgmm`: `block_m` columns of x (the output's rows), `block_n` columns of
+    y, `block_k` rows of the group per step. `stages`: shared-memory slots of the operand ring;
+    `num_ctas`: persistent CTAs (the GPU's SM count).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    num_ctas: int
+
+    def smem_bytes(self, in_dtype, out_dtype) -> int:
+        """Shared memory of the operand ring and the output tile (the same in both kernels: per slot,
+        `(block_m + block_n) x block_k` operands; one `block_m x block_n` output tile)."""
+        operands = (self.block_m + self.block_n) * self.block_k * jnp.dtype(in_dtype).itemsize
+        return self.stages * operands + self.block_m * self.block_n * jnp.dtype(out_dtype).itemsize
+
+
+def fit_smem(t: Tiling, in_dtype, out_dtype) -> Tiling:
+    """`t` cut to fit shared memory: fewer stages down to 3, then narrower output tiles, then 2 stages."""
+    for fewest in (min(t.stages, 3), 2):
+        bn = t.block_n
+        while bn >= min(64, t.block_n):
+            for stages in range(t.stages, fewest - 1, -1):
+                fitted = dataclasses.replace(t, block_n=bn, stages=stages)
+                if fitted.smem_bytes(in_dtype, out_dtype) <= SMEM_BUDGET:
+                    return fitted
+            bn //= 2
+    raise NotImplementedError(f"mosaic gpu grouped_matmul: tiles {t} do not fit shared memory")
+
+
+def swizzled(shape, dtype):
+    """Shared memory in the tiled, swizzled layout that TMA and wgmma share (swizzle from the minor dim)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = min(128, shape[-1] * itemsize)
+    if swizzle not in (32, 64, 128):
+        raise NotImplementedError(f"mosaic gpu grouped_matmul: a minor tile dim of {shape[-1]} has no swizzle")
+    transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+    return plgpu.SMEM(shape, dtype, transforms=transforms)
+
+
+def ring_barriers(copies: int, stages: int):
+    """`ready[slot]` (one arrival per TMA copy of a step) and `consumed[slot]` (one per compute warpgroup)."""
+    return (
+        plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+    )
+
+
+def wgmma_iota(shape, dim):
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+
+def cta_units(num_units: int, num_ctas: int):
+    """(this CTA's index, how many of the `num_units` output tiles it runs: cta, cta + num_ctas, ...)."""
+    cta = lax.axis_index("cta")
+    return cta, lax.div(jnp.int32(num_units - 1) - cta, jnp.int32(num_ctas)) + 1
+
+
+def feed_step(ring, step, copies):
+    """Memory warpgroup: TMA `copies` `[(source, slot -> buffer)]` into slot `step % stages` once it is free."""
+    ready, consumed, stages = ring
+    slot = lax.rem(step, jnp.int32(stages))
+    pl.when(step >= stages)(lambda: plgpu.barrier_wait(consumed.at[slot]))
+    for source, buffer in copies:
+        plgpu.copy_gmem_to_smem(source, buffer(slot), ready.at[slot])
+
+
+def k_loop(ring, step0, steps, acc_shape, multiply):
+    """Compute warpgroup: `sum over s < steps of multiply(acc_ref, s, slot)`, a float32 `acc_shape` tile.
+
+    Step s uses slot `(step0 + s) % stages`; one wgmma stays in flight while the next slot is awaited, and
+    each slot is handed back as soon as the wgmma that read it is done. `steps` may be traced (and 0).
+    """
+    ready, consumed, stages = ring
+
+    def slot_of(s):
+        return lax.rem(step0 + s, jnp.int32(stages))
+
+    def scope(acc_ref):
+        def step(s, carry):
+            slot = slot_of(s)
+            plgpu.barrier_wait(ready.at[slot])
+            multiply(acc_ref, s, slot)
+            plgpu.wgmma_wait(1)  # the previous step's wgmma is done: its slot may be refilled
+            pl.when(s > 0)(lambda: plgpu.barrier_arrive(consumed.at[slot_of(s - 1)]))
+            return carry
+
+        lax.fori_loop(0, steps, step, None)
+        acc = acc_ref[...]  # waits for the last wgmma
+        if isinstance(steps, int):
+            plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)])
+        else:
+            pl.when(steps > 0)(lambda: plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)]))
+        return acc
+
+    return pl.run_scoped(scope, plgpu.ACC(acc_shape, jnp.float32))
+
+
+def skip_steps(ring, step0, steps: int):
+    """Compute warpgroup: pass over `steps` slots it has no use for (barrier phases stay in step)."""
+    ready, consumed, stages = ring
+
+    def step(s, carry):
+        slot = lax.rem(step0 + s, jnp.int32(stages))
+        plgpu.barrier_wait(ready.at[slot])
+        plgpu.barrier_arrive(consumed.at[slot])
+        return carry
+
+    lax.fori_loop(0, steps, step, None)
+
+
+def launch(body, out_type, scratch, num_ctas: int, *args):
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=COMPUTE_WGS + 1,
+        thread_name="wg",
+    )(*args)
+
+
+def on_memory_warpgroup(fn):
+    def body():
+        plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+        fn()
+
+    pl.when(lax.axis_index("wg") == COMPUTE_WGS)(body)
+
+
+def on_compute_warpgroups(fn):
+    def body():
+        plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+        fn()
+
+    pl.when(lax.axis_index("wg") < COMPUTE_WGS)(body)
+
+
+def pad_rows(x, block: int):
+    """`x` with zero rows added up to a multiple of 8 (TMA's tiled view of HBM) and at least one `block`."""
+    rows = max(block, -(-x.shape[0] // 8) * 8)
+    return x if x.shape[0] == rows else jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
+
+
+# ---- the forward product ----
+
+
+def tile_items(group_sizes, group_offset, num_local: int, m: int, block_m: int):
+    """Per `block_m`-row tile of lhs, the groups that own rows of it, from the shared tile schedule.
+
+    Returns `(group, row_lo, row_hi, first, count)`: items `first[t] .. first[t] + count[t] - 1` of the
+    first three arrays are tile t's groups and the rows `[row_lo, row_hi)` each keeps. A tile with
+    count 0 owns no row (it is written as zeros).
+    """
+    num_tiles = -(-m // block_m)
+    items = work_items(group_sizes, group_offset, num_local, m, block_m)
+    key = jnp.where(items.group >= 0, items.tile, num_tiles)  # computing items by tile, the others last
+    order = jnp.argsort(key, stable=True)
+    key = key[order]
+    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
+    first = jnp.searchsorted(key, tiles, side="left").astype(jnp.int32)
+    count = jnp.searchsorted(key, tiles, side="right").astype(jnp.int32) - first
+    return items.group[order], items.row_lo[order], items.row_hi[order], first, count
+
+
+def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
+    """`out [M, N]`: each owned row of `lhs [M, K]` times its group's `rhs` (`[L, K, N]`, or `[L, N, K]`
+    with `transpose_rhs`); zeros on every other row. K must be a multiple of `block_k`, N of `block_n`."""
+    m, k = lhs.shape
+    num_local = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    t = fit_smem(tiling, lhs.dtype, out_dtype)
+    bm, bn, bk, stages = t.block_m, t.block_n, t.block_k, t.stages
+    half = bm // COMPUTE_WGS
+    if k % bk or n % bn or half % 64:
+        raise ValueError(f"gmm: K={k} and N={n} must be multiples of block_k={bk} and block_n={bn}; block_m={bm}")
+    group, row_lo, row_hi, first, count = tile_items(group_sizes, group_offset, num_local, m, bm)
+    x = pad_rows(lhs, bm)
+    num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // bk
+    num_units = num_tiles * col_tiles
+    num_ctas = min(t.num_ctas, num_units)
+
+    def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, lhs_ref, rhs_ref, out_ref, smem, barriers):
+        a_smem, b_smem, o_smem = smem
+        ring = (*barriers, stages)
+        cta, my_units = cta_units(num_units, num_ctas)
+        wg = lax.axis_index("wg")
+
+        def unit_of(i):
+            u = cta + i * num_ctas
+            tile = lax.div(u, jnp.int32(col_tiles))
+            return tile, u - tile * col_tiles
+
+        def over_units(item_fn):
+            """`step = item_fn(tile, col, j, step)` for each item j of each of this CTA's output tiles."""
+
+            def unit(i, step):
+                tile, col = unit_of(i)
+                return lax.fori_loop(0, count_ref[tile], lambda j, s: item_fn(tile, col, j, s), step)
+
+            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+
+        @on_memory_warpgroup
+        def _():
+            def item(tile, col, j, step):
+                g = group_ref[first_ref[tile] + j]
+
+                def k_step(kk, step):
+                    ks = pl.ds(kk * bk, bk)
+                    b_src = (
+                        rhs_ref.at[g, pl.ds(col * bn, bn), ks]
+                        if transpose_rhs
+                        else rhs_ref.at[g, ks, pl.ds(col * bn, bn)]
+                    )
+                    copies = [
+                        (
+                            lhs_ref.at[pl.ds(tile * bm + w * half, half), ks],
+                            lambda slot, w=w: a_smem.at[slot * COMPUTE_WGS + w],
+                        )
+                        for w in range(COMPUTE_WGS)
+                    ]
+                    copies.append((b_src, lambda slot: b_smem.at[slot]))
+                    feed_step(ring, step, copies)
+                    return step + 1
+
+                return lax.fori_loop(0, k_steps, k_step, step)
+
+            over_units(item)
+
+        @on_compute_warpgroups
+        def _():
+            out_tile = o_smem.at[wg]
+
+            def multiply(acc_ref, s, slot):
+                b = b_smem.at[slot]
+                plgpu.wgmma(acc_ref, a_smem.at[slot * COMPUTE_WGS + wg], b.transpose((1, 0)) if transpose_rhs else b)
+
+            def unit(i, step):
+                tile, col = unit_of(i)
+                row0 = tile * bm + wg * half
+                items = first_ref[tile]
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
+
+                def item(j, carry):
+                    step, written = carry
+                    lo, hi = lo_ref[items + j], hi_ref[items + j]
+                    mine = (lo < row0 + half) & (hi > row0)  # the group owns some of this warpgroup's rows
+
+                    @pl.when(mine)
+                    def _():
+                        acc = k_loop(ring, step, k_steps, (half, bn), multiply)
+                        rows = row0 + wgmma_iota((half, bn), 0)
+                        keep = (rows >= lo) & (rows < hi)
+                        value = acc.astype(out_dtype)
+
+                        @pl.when(~written)  # rows no group owns are zeros
+                        def _():
+                            out_tile[...] = jnp.where(keep, value, jnp.zeros_like(value))
+
+                        @pl.when(written)  # a later group of a straddling tile: keep the earlier groups' rows
+                        def _():
+                            out_tile[...] = jnp.where(keep, value, plgpu.load(out_tile, layout=plgpu.Layout.WGMMA))
+
+                    pl.when(~mine)(lambda: skip_steps(ring, step, k_steps))
+                    return step + k_steps, written | mine
+
+                step, written = lax.fori_loop(0, count_ref[tile], item, (step, jnp.bool_(False)))
+
+                @pl.when(~written)
+                def _():
+                    out_tile[...] = plgpu.layout_cast(jnp.zeros((half, bn), out_dtype), plgpu.Layout.WGMMA)
+
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[pl.ds(row0, half), pl.ds(col * bn, bn)])
+                return step
+
+            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+            plgpu.wait_smem_to_gmem(0)
+
+    b_shape = (bn, bk) if transpose_rhs else (bk, bn)
+    scratch = (
+        (
+            swizzled((stages * COMPUTE_WGS, half, bk), lhs.dtype),
+            swizzled((stages, *b_shape), rhs.dtype),
+            swizzled((COMPUTE_WGS, half, bn), out_dtype),
+        ),
+        ring_barriers(COMPUTE_WGS + 1, stages),
+    )
+    out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
+    out = launch(body, out_type, scratch, num_ctas, group, row_lo, row_hi, first, count, x, rhs)
+    return out if out.shape[0] == m else out[:m]
+
+
+# ---- the transposed product (the weights' gradient) ----
+
+
+def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: Tiling):
+    """`[L, Kx, Ny]`: per local group l, `x_lᵀ · y_l` over its rows; zeros for an empty group.
+
+    Kx must be a multiple of `block_m`, Ny of `block_n`; `block_k` (rows per step) a multiple of 64.
+    """
+    m, kx = x.shape
+    ny = y.shape[1]
+    t = fit_smem(tiling, x.dtype, out_dtype)
+    bm, bn, bk, stages = t.block_m, t.block_n, t.block_k, t.stages
+    half = bm // COMPUTE_WGS
+    if kx % bm or ny % bn or bk % 64 or half % 64:
+        raise ValueError(f"tgmm: Kx={kx}, Ny={ny} must be multiples of block_m={bm}, block_n={bn}; block_k={bk}")
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    xp, yp = pad_rows(x, bk), pad_rows(y, bk)
+    a_tiles, b_tiles = kx // bm, ny // bn
+    per_group = a_tiles * b_tiles
+    num_units = num_local * per_group
+    num_ctas = min(t.num_ctas, num_units)
+
+    def body(starts_ref, ends_ref, x_ref, y_ref, out_ref, smem, barriers):
+        x_smem, y_smem, o_smem = smem
+        ring = (*barriers, stages)
+        cta, my_units = cta_units(num_units, num_ctas)
+        wg = lax.axis_index("wg")
+
+        def unit_of(i):
+            """Unit i of this CTA: (group, x column tile, y column tile, group rows [start, end), first row, steps).
+
+            Steps start at the group's first row rounded down to a multiple of 8 (TMA reads HBM in 8-row
+            tiles), so the first step may hold rows of the previous group and the last of the next one.
+            """
+            u = cta + i * num_ctas
+            g = lax.div(u, jnp.int32(per_group))
+            r = u - g * per_group
+            a = lax.div(r, jnp.int32(b_tiles))
+            start, end = starts_ref[g], ends_ref[g]
+            row0 = lax.div(start, jnp.int32(8)) * 8
+            steps = jnp.where(end > start, lax.div(end - row0 + (bk - 1), jnp.int32(bk)), 0)
+            return g, a, r - a * b_tiles, start, end, row0, steps
+
+        @on_memory_warpgroup
+        def _():
+            def unit(i, step):
+                _, a, b, _, _, row0, steps = unit_of(i)
+
+                def k_step(s, step):
+                    rows = pl.ds(pl.multiple_of(row0 + s * bk, 8), bk)
+                    copies = [
+                        (
+                            x_ref.at[rows, pl.ds(a * bm + w * half, half)],
+                            lambda slot, w=w: x_smem.at[slot * COMPUTE_WGS + w],
+                        )
+                        for w in range(COMPUTE_WGS)
+                    ]
+                    copies.append((y_ref.at[rows, pl.ds(b * bn, bn)], lambda slot: y_smem.at[slot]))
+                    feed_step(ring, step, copies)
+                    return step + 1
+
+                return lax.fori_loop(0, steps, k_step, step)
+
+            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+
+        @on_compute_warpgroups
+        def _():
+            out_tile = o_smem.at[wg]
+
+            def unit(i, step):
+                g, a, b, start, end, row0, steps = unit_of(i)
+
+                def multiply(acc_ref, s, slot):
+                    xs = x_smem.at[slot * COMPUTE_WGS + wg]
+                    lo, hi = start - row0 - s * bk, end - row0 - s * bk  # the group's rows within the step
+
+                    @pl.when((lo > 0) | (hi < bk))  # zero the other groups' rows (x's suffices)
+                    def _():
+                        rows = wgmma_iota((bk, half), 0)
+                        keep = (rows >= lo) & (rows < hi)
+                        xs[...] = jnp.where(keep, plgpu.load(xs, layout=plgpu.Layout.WGMMA), 0)
+                        plgpu.commit_smem()
+
+                    plgpu.wgmma(acc_ref, xs.transpose((1, 0)), y_smem.at[slot])
+
+                acc = k_loop(ring, step, steps, (half, bn), multiply)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
+                out_tile[...] = acc.astype(out_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[g, pl.ds(a * bm + wg * half, half), pl.ds(b * bn, bn)])
+                return step + steps
+
+            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        (
+            swizzled((stages * COMPUTE_WGS, bk, half), x.dtype),
+            swizzled((stages, bk, bn), y.dtype),
+            swizzled((COMPUTE_WGS, half, bn), out_dtype),
+        ),
+        ring_barriers(COMPUTE_WGS + 1, stages),
+    )
+    out_type = jax.ShapeDtypeStruct((num_local, kx, ny), out_dtype)
+    return launch(body, out_type, scratch, num_ctas, starts, ends, xp, yp)

@@ -1,0 +1,187 @@
+"""Mosaic GPU grouped matmul: its kernels lower to Mosaic GPU for CUDA on this CPU host, it declines what it
+does not serve, and (GPU suite) it matches the XLA path forward and in both gradients.
+
+The kernels run only on a Hopper GPU; lowering them for CUDA here catches shape, layout, TMA and
+shared-memory-budget errors (Mosaic checks the budget as it lowers) of every code path without one.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
+from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import SMEM_BUDGET, Tiling, fit_smem, tile_items
+from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
+from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
+from ejkernel.ops import BwdParams, FwdParams
+from ejkernel.registry import Backend, Platform, kernel_registry
+from harness import check_forward_and_grads, randn
+
+ROWS_256 = GroupedMatmulConfig(
+    fwd_params=FwdParams(block_q=256, block_d=128, num_stages=3),
+    bwd_params=BwdParams(block_q=256, block_d=128, block_k=128, num_stages=2),
+)
+
+# (M, K, N, group sizes, transpose_rhs, output dtype, config). Sizes: empty groups first, last and in
+# the middle, groups that straddle tiles, rows past the last group; M not always a multiple of 8.
+CASES = {
+    "straddling-empty-groups": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, None),
+    "transposed-f32-out": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.float32, None),
+    "tiny-m-odd": (40, 128, 64, [0, 5, 14, 0, 3, 9, 5], False, jnp.bfloat16, None),
+    "one-group-of-many": (2048, 512, 768, [0, 0, 0, 2048, 0], True, jnp.bfloat16, None),
+    "all-empty-f16": (1000, 256, 192, [0, 0, 0], False, jnp.float16, None),
+    "rows-256-drhs-steps-128": (4096, 1024, 512, [1000, 0, 2900, 96], False, jnp.bfloat16, ROWS_256),
+}
+
+
+def _lower(m, k, n, sizes, transpose, out_dtype, cfg, grad=True, dtype=jnp.bfloat16):
+    sizes = jnp.asarray(sizes, jnp.int32)
+    options = dict(preferred_element_type=out_dtype, transpose_rhs=transpose, cfg=cfg)
+
+    def loss(lhs, rhs):
+        return jnp.sum(mosaic_grouped_matmul(lhs, rhs, sizes, **options).astype(jnp.float32))
+
+    fn = jax.jit(jax.value_and_grad(loss, (0, 1)) if grad else loss)
+    rhs_shape = (len(sizes), n, k) if transpose else (len(sizes), k, n)
+    shapes = [jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct(rhs_shape, dtype)]
+    return export.export(fn, platforms=["cuda"])(*shapes).mlir_module()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forward_and_gradients_lower_for_cuda(case):
+    module = _lower(*CASES[case])
+    assert module.count("@mosaic_gpu") == 3  # forward, dlhs (the forward kernel, other transpose), drhs
+
+
+def test_forward_alone_lowers_to_one_kernel():
+    assert _lower(*CASES["straddling-empty-groups"], grad=False).count("@mosaic_gpu") == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tile_items_partition_each_tile_among_its_groups(seed):
+    """Each tile's items are its non-empty groups in order, with the rows each owns in the tile."""
+    rng = np.random.default_rng(seed)
+    m, block = 700, 128
+    sizes = rng.integers(0, 60, 24)
+    sizes[rng.integers(0, 24, 6)] = 0
+    group, lo, hi, first, count = jax.tree.map(
+        np.asarray, jax.jit(tile_items, static_argnums=(2, 3, 4))(jnp.asarray(sizes, jnp.int32), None, 24, m, block)
+    )
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for tile in range(-(-m // block)):
+        t0, t1 = tile * block, min(tile * block + block, m)
+        want = [
+            (g, max(bounds[g], t0), min(bounds[g + 1], t1))
+            for g in range(24)
+            if max(bounds[g], t0) < min(bounds[g + 1], t1)
+        ]
+        got = [(group[i], lo[i], hi[i]) for i in range(first[tile], first[tile] + count[tile])]
+        assert got == want, tile
+
+
+def test_tiles_are_cut_to_fit_shared_memory():
+    bf16, f32 = jnp.bfloat16, jnp.float32
+    t = Tiling(128, 256, 64, 4, 132)
+    assert fit_smem(t, bf16, bf16) == Tiling(128, 256, 64, 3, 132)
+    assert fit_smem(t, bf16, f32) == Tiling(128, 128, 64, 4, 132)  # a float32 output tile: narrower, not 2 stages
+    assert fit_smem(Tiling(128, 128, 64, 6, 132), bf16, bf16).stages == 6
+    for tiling in (t, Tiling(256, 256, 128, 8, 132)):
+        for out in (bf16, f32):
+            assert fit_smem(tiling, bf16, out).smem_bytes(bf16, out) <= SMEM_BUDGET
+
+
+def test_registered_below_triton_for_now():
+    impls = {(i.platform, i.backend): i.priority for i in kernel_registry.list_implementations("grouped_matmul")}
+    assert 0 < impls[(Platform.PALLAS, Backend.GPU)] < impls[(Platform.TRITON, Backend.GPU)]
+
+
+M, K, N = 300, 256, 384
+SIZES = jnp.array([0, 100, 50, 0, 120], jnp.int32)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda a: mosaic_grouped_matmul(*a, jnp.int32(0)), "group_offset"),
+        (lambda a: mosaic_grouped_matmul(*a, None, jnp.zeros((M, N))), "existing_out"),
+        (lambda a: mosaic_grouped_matmul(*a, use_v3=True, rhs_bias=jnp.zeros((5, 1, N), jnp.bfloat16)), "rhs_bias"),
+        (
+            lambda a: mosaic_grouped_matmul(*a, use_v3=True, rhs_scale=jnp.ones((5, 2, 1, N), jnp.bfloat16)),
+            "rhs_scale",
+        ),
+        (lambda a: mosaic_grouped_matmul(*a, interpret=True), "interpret"),
+        (lambda a: mosaic_grouped_matmul(a[0].astype(jnp.float32), a[1].astype(jnp.float32), a[2]), "bfloat16"),
+        (lambda a: mosaic_grouped_matmul(a[0][:, :192], a[1][:, :192], a[2]), "multiples of 128"),
+        (lambda a: mosaic_grouped_matmul(a[0], a[1][..., :100], a[2]), "output columns"),
+        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(block_q=64))), "rows"),
+        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(bwd_params=BwdParams(num_stages=1))), "stages"),
+        (lambda a: grouped_matmul_mosaic_gpu(*a), "Hopper"),
+    ],
+)
+def test_declines_what_it_does_not_serve(call, words):
+    args = (jnp.ones((M, K), jnp.bfloat16), jnp.ones((5, K, N), jnp.bfloat16), SIZES)
+    with pytest.raises(NotImplementedError, match=words):
+        call(args)
+
+
+def test_bad_inputs_are_the_shared_checks_errors():
+    with pytest.raises(ValueError, match="sum to at most"):
+        mosaic_grouped_matmul(jnp.ones((M, K), jnp.bfloat16), jnp.ones((5, K, N), jnp.bfloat16), SIZES.at[0].set(999))
+
+
+# ---- GPU suite: the kernels against the XLA implementation on the device ----
+
+
+def _inputs(m, k, n, groups, seed, transpose=False, tail=100, empty=(0, 3)):
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.integers(0, m - tail, groups - 1))
+    sizes = np.diff(np.concatenate([[0], cuts, [m - tail]]))
+    for g in empty:  # empty groups: their rows go to the next group
+        sizes[g + 1] += sizes[g]
+        sizes[g] = 0
+    rhs_shape = (groups, n, k) if transpose else (groups, k, n)
+    return randn((m, k), jnp.bfloat16), randn(rhs_shape, jnp.bfloat16, scale=k**-0.5), jnp.asarray(sizes, jnp.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [None, ROWS_256])
+def test_gpu_matches_xla_at_moe_shapes(cfg):
+    lhs, rhs, sizes = _inputs(32768, 4096, 1536, 64, seed=0)
+    mosaic = jax.jit(lambda lhs, rhs: grouped_matmul(lhs, rhs, sizes, platform="pallas", cfg=cfg))
+    xla = jax.jit(lambda lhs, rhs: grouped_matmul_xla(lhs, rhs, sizes))
+    check_forward_and_grads(mosaic, xla, [lhs, rhs], (0, 1), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("m", "k", "n", "groups", "transpose", "out_dtype"),
+    [
+        (6003, 1024, 768, 16, True, jnp.float32),  # M no multiple of 8, float32 output tiles
+        (4096, 512, 256, 8, False, jnp.bfloat16),
+        (40, 128, 64, 7, False, jnp.float16),  # fewer rows than a tile
+    ],
+)
+def test_gpu_matches_xla_small_groups_and_layouts(m, k, n, groups, transpose, out_dtype):
+    lhs, rhs, sizes = _inputs(m, k, n, groups, seed=m, transpose=transpose, tail=min(100, m // 10))
+    if out_dtype == jnp.float16:
+        lhs, rhs = lhs.astype(jnp.float16), rhs.astype(jnp.float16)
+    options = dict(transpose_rhs=transpose, preferred_element_type=out_dtype)
+    mosaic = jax.jit(functools.partial(grouped_matmul_mosaic_gpu, group_sizes=sizes, **options))
+    xla = jax.jit(functools.partial(grouped_matmul_xla, group_sizes=sizes, **options))
+    check_forward_and_grads(mosaic, xla, [lhs, rhs], (0, 1), lhs.dtype)
+    out = mosaic(lhs, rhs)
+    assert float(jnp.max(jnp.abs(out[int(sizes.sum()) :].astype(jnp.float32)))) == 0.0  # rows past the groups
+
+
+@pytest.mark.gpu
+def test_gpu_all_groups_empty_gives_zeros():
+    lhs, rhs = randn((2048, 256), jnp.bfloat16), randn((4, 256, 256), jnp.bfloat16)
+    sizes = jnp.zeros((4,), jnp.int32)
+    out, vjp = jax.vjp(lambda a, b: grouped_matmul_mosaic_gpu(a, b, sizes), lhs, rhs)
+    dlhs, drhs = vjp(randn(out.shape, out.dtype))
+    for x in (out, dlhs, drhs):
+        assert float(jnp.max(jnp.abs(x.astype(jnp.float32)))) == 0.0
