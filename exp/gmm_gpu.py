@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import threading
 import time
 import traceback
 import zlib
@@ -34,10 +35,24 @@ from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.ops.autotune import time_fns
 
 T0 = time.perf_counter()
+LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
+STALL_S = float(os.environ.get("GMM_STALL_S", "150"))
 
 
 def log(*args):
-    print(f"[{time.perf_counter() - T0:6.1f}s]", *args, flush=True)
+    LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:160]]
+    print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
+
+
+def watchdog():
+    """A kernel that deadlocks (a barrier never completed) hangs the process: say where, and exit."""
+    while True:
+        time.sleep(5)
+        if time.perf_counter() - LAST[0] > STALL_S:
+            print(
+                f"\nWATCHDOG: no progress for {STALL_S:.0f}s after: {LAST[1]!r} (a hung kernel?); exiting", flush=True
+            )
+            os._exit(3)
 
 
 def first_lines(err: BaseException, n: int = 6) -> str:
@@ -76,7 +91,7 @@ def tilings_of(lhs, rhs, sizes, transpose, cfg, out_dtype):
         fit_smem(p.drhs, lhs.dtype, rhs.dtype),
     )
     return " | ".join(
-        f"{name} m{t.block_m} n{t.block_n} k{t.block_k} s{t.stages}"
+        f"{name} m{t.block_m} n{t.block_n} k{t.block_k} s{t.stages}{' pingpong' if t.pingpong else ''}"
         for name, t in zip(("fwd", "dlhs", "drhs"), fitted, strict=True)
     )
 
@@ -88,7 +103,7 @@ CHECKS = [
     ("medium", 6000, 1024, 768, 16, 3, 37, False, jnp.bfloat16, None),
     ("medium-transposed-f32out", 6003, 1024, 768, 16, 3, 37, True, jnp.float32, None),
     (
-        "medium-256-row-tiles",
+        "medium-256-row-tiles-pingpong-bwd",
         6000,
         1024,
         768,
@@ -99,7 +114,7 @@ CHECKS = [
         jnp.bfloat16,
         GroupedMatmulConfig(
             fwd_params=FwdParams(block_q=256, block_d=128, num_stages=4),
-            bwd_params=BwdParams(block_q=256, block_d=128, block_k=64, num_stages=3),
+            bwd_params=BwdParams(block_q=128, block_d=128, num_warps=4),
         ),
     ),
     ("tiny-M", 40, 128, 64, 7, 2, 4, False, jnp.bfloat16, None),
@@ -124,19 +139,30 @@ def check(name, m, k, n, groups, empty, tail, transpose, out_dtype, cfg):
         f"transpose={transpose} out={jnp.dtype(out_dtype).name}; tiles {tiles}"
     )
 
-    def run(fn, lhs, rhs, dout):
-        out, vjp = jax.vjp(lambda a, b: fn(a, b, sizes, **options), lhs, rhs)
-        return (out, *vjp(dout))
+    mosaic = functools.partial(grouped_matmul_mosaic_gpu, cfg=cfg)
 
-    ref = jax.jit(functools.partial(run, grouped_matmul_xla))(lhs, rhs, dout)
-    got = jax.jit(functools.partial(run, functools.partial(grouped_matmul_mosaic_gpu, cfg=cfg)))(lhs, rhs, dout)
-    errs = [rel(g, r) for g, r in zip(got, ref, strict=True)]
+    def forward(fn, lhs, rhs):
+        return fn(lhs, rhs, sizes, **options)
+
+    def backward(fn, lhs, rhs, dout):
+        return jax.vjp(lambda a, b: fn(a, b, sizes, **options), lhs, rhs)[1](dout)
+
+    # the forward alone first: a failure of the backward kernels still leaves its verdict
+    ref = jax.jit(functools.partial(forward, grouped_matmul_xla))(lhs, rhs)
+    out = jax.block_until_ready(jax.jit(functools.partial(forward, mosaic))(lhs, rhs))
     owned = int(np.asarray(sizes).sum())
-    past = float(jnp.max(jnp.abs(got[0][owned:].astype(jnp.float32)))) if owned < m else 0.0
-    ok = all(e <= tol for e, tol in zip(errs, (2e-2, 4e-2, 4e-2), strict=True)) and past == 0.0
+    past = float(jnp.max(jnp.abs(out[owned:].astype(jnp.float32)))) if owned < m else 0.0
+    errs = [rel(out, ref)]
+    log(f"  forward: rel err {errs[0]:.2e}; max |out| on the {m - owned} rows past the groups: {past}")
+    ref_grads = jax.jit(functools.partial(backward, grouped_matmul_xla))(lhs, rhs, dout)
+    grads = jax.block_until_ready(jax.jit(functools.partial(backward, mosaic))(lhs, rhs, dout))
+    errs += [rel(g, r) for g, r in zip(grads, ref_grads, strict=True)]
+    empty_groups = np.flatnonzero(np.asarray(sizes) == 0)
+    empty_drhs = float(jnp.max(jnp.abs(grads[1][empty_groups].astype(jnp.float32)))) if empty_groups.size else 0.0
+    ok = all(e <= tol for e, tol in zip(errs, (2e-2, 4e-2, 4e-2), strict=True)) and past == 0.0 and empty_drhs == 0.0
     log(
         f"  {'PASS' if ok else 'FAIL'} rel err vs xla: fwd {errs[0]:.2e}  dlhs {errs[1]:.2e}  drhs {errs[2]:.2e}  "
-        f"max |out| on the {m - owned} rows past the groups: {past}"
+        f"max |out| past the groups {past}, max |drhs| of the {empty_groups.size} empty groups {empty_drhs}"
     )
     return ok
 
@@ -144,24 +170,26 @@ def check(name, m, k, n, groups, empty, tail, transpose, out_dtype, cfg):
 # ---- (b) timings ----
 
 M, K, N, G = (int(x) for x in os.environ.get("GMM_SHAPE", "32768,4096,1536,64").split(","))
+PINGPONG = FwdParams(block_q=128, block_d=128, block_k=64, num_warps=4)  # one warpgroup per tile, alternating
 MOSAIC_FWD = {
     "mosaic 128x256x64": None,  # the default (stages cut to fit: 3)
     "mosaic 128x128x64 s6": FwdParams(block_q=128, block_d=128, block_k=64, num_stages=6),
     "mosaic 256x128x64 s3": FwdParams(block_q=256, block_d=128, block_k=64, num_stages=3),
-    "mosaic 128x256x32 s6": FwdParams(block_q=128, block_d=256, block_k=32, num_stages=6),
+    "mosaic 128x128x64 s4": FwdParams(block_q=128, block_d=128, block_k=64, num_stages=4),
+    "mosaic pingpong 128x128x64": PINGPONG,
+    "mosaic pingpong 64x256x64": FwdParams(block_q=64, block_d=256, block_k=64, num_warps=4),
 }
 MOSAIC_BWD = {  # (fwd params, bwd params): bwd tiles dlhs (rows, cols, contraction) and drhs (K tile, N tile, rows)
     "mosaic default": (None, None),
     "mosaic bwd drhs rows 128": (None, BwdParams(block_k=128, num_stages=3)),
     "mosaic bwd 128x128 s6": (None, BwdParams(block_q=128, block_d=128, block_k=64, num_stages=6)),
-    "mosaic fwd 128x128 + bwd 256x128": (
-        MOSAIC_FWD["mosaic 128x128x64 s6"],
-        BwdParams(block_q=256, block_d=128, num_stages=3),
-    ),
+    "mosaic pingpong 128x128": (PINGPONG, BwdParams(block_q=128, block_d=128, num_warps=4)),
+    "mosaic fwd pingpong + bwd default": (PINGPONG, None),
+    "mosaic bwd pingpong 64x256": (None, BwdParams(block_q=64, block_d=256, num_warps=4)),
 }
 
 
-def timings(repeats: int, backward: bool):
+def timings(repeats: int, backward: bool, only: str = ""):
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     lhs = jax.random.normal(keys[0], (M, K), jnp.bfloat16)
     rhs = (jax.random.normal(keys[1], (G, K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
@@ -185,6 +213,7 @@ def timings(repeats: int, backward: bool):
             fns[name] = functools.partial(
                 lambda a, b, cfg: grouped_matmul_mosaic_gpu(a, b, sizes, cfg=cfg, **bf16), cfg=cfg
             )
+    fns = {name: fn for name, fn in fns.items() if name in ("dense", "triton") or only in name}
     mode = "fwd+bwd" if backward else "fwd"
     ready = {}
     for name, fn in fns.items():
@@ -213,7 +242,9 @@ def main():
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--skip-bwd", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--variants", default="", help="time only the variants whose name contains this")
     args = parser.parse_args()
+    threading.Thread(target=watchdog, daemon=True).start()
     device = jax.devices()[0]
     log(f"device {device.device_kind} ({getattr(device, 'compute_capability', '?')}), jax {jax.__version__}")
     results = []
@@ -227,7 +258,7 @@ def main():
     rows = []
     for backward in (False,) if args.skip_bwd else (False, True):
         try:
-            rows += timings(args.repeats, backward)
+            rows += timings(args.repeats, backward, args.variants)
         except Exception as err:
             log(f"timings {'fwd+bwd' if backward else 'fwd'}: FAILED\n    {first_lines(err)}")
     print()

@@ -6,6 +6,7 @@ shared-memory-budget errors (Mosaic checks the budget as it lowers) of every cod
 """
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,12 @@ ROWS_256 = GroupedMatmulConfig(
     bwd_params=BwdParams(block_q=256, block_d=128, block_k=128, num_stages=2),
 )
 
+PINGPONG = GroupedMatmulConfig(  # one compute warpgroup per output tile, tiles alternating
+    fwd_params=FwdParams(block_q=128, block_d=128, num_warps=4),
+    bwd_params=BwdParams(block_q=64, block_d=256, num_warps=4),
+)
+NARROW_STEPS = GroupedMatmulConfig(fwd_params=FwdParams(block_k=32, num_stages=5))  # [N, K] weights only
+
 # (M, K, N, group sizes, transpose_rhs, output dtype, config). Sizes: empty groups first, last and in
 # the middle, groups that straddle tiles, rows past the last group; M not always a multiple of 8.
 CASES = {
@@ -35,6 +42,9 @@ CASES = {
     "one-group-of-many": (2048, 512, 768, [0, 0, 0, 2048, 0], True, jnp.bfloat16, None),
     "all-empty-f16": (1000, 256, 192, [0, 0, 0], False, jnp.float16, None),
     "rows-256-drhs-steps-128": (4096, 1024, 512, [1000, 0, 2900, 96], False, jnp.bfloat16, ROWS_256),
+    "pingpong": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, PINGPONG),
+    "pingpong-transposed-f32-out-tiny-m": (40, 128, 128, [0, 5, 14, 0, 3, 9, 5], True, jnp.float32, PINGPONG),
+    "transposed-steps-of-32": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.bfloat16, NARROW_STEPS),
 }
 
 
@@ -55,6 +65,16 @@ def _lower(m, k, n, sizes, transpose, out_dtype, cfg, grad=True, dtype=jnp.bfloa
 def test_forward_and_gradients_lower_for_cuda(case):
     module = _lower(*CASES[case])
     assert module.count("@mosaic_gpu") == 3  # forward, dlhs (the forward kernel, other transpose), drhs
+
+
+def test_autotune_candidates_lower(monkeypatch):
+    """Every Mosaic GPU config the op offers autotuning (on a GPU) plans and lowers."""
+    op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")  # (the package exports the function)
+    monkeypatch.setattr(op, "current_backend", lambda: Backend.GPU)
+    cfgs = list(op.GroupedMatmul().platform_cfgs("pallas", None))
+    assert len(cfgs) > 3 and all(c.platform == "pallas" for c in cfgs)
+    for cfg in cfgs:
+        assert _lower(1000, 512, 768, [0, 300, 0, 500, 100], False, jnp.bfloat16, cfg).count("@mosaic_gpu") == 3
 
 
 def test_forward_alone_lowers_to_one_kernel():
@@ -117,6 +137,14 @@ SIZES = jnp.array([0, 100, 50, 0, 120], jnp.int32)
         (lambda a: mosaic_grouped_matmul(a[0].astype(jnp.float32), a[1].astype(jnp.float32), a[2]), "bfloat16"),
         (lambda a: mosaic_grouped_matmul(a[0][:, :192], a[1][:, :192], a[2]), "multiples of 128"),
         (lambda a: mosaic_grouped_matmul(a[0], a[1][..., :100], a[2]), "output columns"),
+        (lambda a: mosaic_grouped_matmul(a[0][:, :160], a[1][:, :160, :256], a[2]), "steps of 64"),
+        (
+            lambda a: mosaic_grouped_matmul(
+                *a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(num_warps=4, block_d=256))
+            ),
+            "registers",
+        ),
+        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(num_warps=2))), "num_warps"),
         (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(block_q=64))), "rows"),
         (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(bwd_params=BwdParams(num_stages=1))), "stages"),
         (lambda a: grouped_matmul_mosaic_gpu(*a), "Hopper"),
@@ -148,7 +176,7 @@ def _inputs(m, k, n, groups, seed, transpose=False, tail=100, empty=(0, 3)):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, ROWS_256])
+@pytest.mark.parametrize("cfg", [None, ROWS_256, PINGPONG])
 def test_gpu_matches_xla_at_moe_shapes(cfg):
     lhs, rhs, sizes = _inputs(32768, 4096, 1536, 64, seed=0)
     mosaic = jax.jit(lambda lhs, rhs: grouped_matmul(lhs, rhs, sizes, platform="pallas", cfg=cfg))
@@ -158,19 +186,21 @@ def test_gpu_matches_xla_at_moe_shapes(cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("m", "k", "n", "groups", "transpose", "out_dtype"),
+    ("m", "k", "n", "groups", "transpose", "out_dtype", "cfg"),
     [
-        (6003, 1024, 768, 16, True, jnp.float32),  # M no multiple of 8, float32 output tiles
-        (4096, 512, 256, 8, False, jnp.bfloat16),
-        (40, 128, 64, 7, False, jnp.float16),  # fewer rows than a tile
+        (6003, 1024, 768, 16, True, jnp.float32, None),  # M no multiple of 8, float32 output tiles
+        (6003, 1024, 768, 16, True, jnp.bfloat16, NARROW_STEPS),
+        (4096, 512, 256, 8, False, jnp.bfloat16, None),
+        (4096, 512, 256, 8, False, jnp.bfloat16, PINGPONG),
+        (40, 128, 64, 7, False, jnp.float16, None),  # fewer rows than a tile
     ],
 )
-def test_gpu_matches_xla_small_groups_and_layouts(m, k, n, groups, transpose, out_dtype):
+def test_gpu_matches_xla_small_groups_and_layouts(m, k, n, groups, transpose, out_dtype, cfg):
     lhs, rhs, sizes = _inputs(m, k, n, groups, seed=m, transpose=transpose, tail=min(100, m // 10))
     if out_dtype == jnp.float16:
         lhs, rhs = lhs.astype(jnp.float16), rhs.astype(jnp.float16)
     options = dict(transpose_rhs=transpose, preferred_element_type=out_dtype)
-    mosaic = jax.jit(functools.partial(grouped_matmul_mosaic_gpu, group_sizes=sizes, **options))
+    mosaic = jax.jit(functools.partial(grouped_matmul_mosaic_gpu, group_sizes=sizes, cfg=cfg, **options))
     xla = jax.jit(functools.partial(grouped_matmul_xla, group_sizes=sizes, **options))
     check_forward_and_grads(mosaic, xla, [lhs, rhs], (0, 1), lhs.dtype)
     out = mosaic(lhs, rhs)

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, Shaped
 from ejkernel.kernels._common.grouped_matmul import check_args
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.registry import Backend, current_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,8 @@ class GroupedMatmul(Kernel):
         if platform == "xla":
             for block in (256, 1024):
                 yield GroupedMatmulConfig(platform=platform, fwd_params=FwdParams(block_q=block))
+        if platform == "pallas" and current_backend() == Backend.GPU:
+            yield from _mosaic_gpu_cfgs()
         if platform != "triton":
             return
         forward = [
@@ -71,6 +74,27 @@ class GroupedMatmul(Kernel):
         if kwargs.get("rhs_bias") is not None:
             specs["rhs_bias"] = PartitionSpec(groups, None, columns)
         return specs
+
+
+def _mosaic_gpu_cfgs():
+    """Tilings of the Mosaic GPU kernels worth timing beside their defaults (128 x 256 output tiles shared by
+    two warpgroups, 64-wide steps): narrower tiles with deeper rings, 256-row tiles, 128-row steps for the
+    weights' gradient, and ping-pong (`num_warps=4`: one warpgroup per tile, tiles alternating)."""
+    pingpong = FwdParams(block_q=128, block_d=128, block_k=64, num_warps=4)
+    yield GroupedMatmulConfig(
+        platform="pallas", fwd_params=FwdParams(block_q=128, block_d=128, block_k=64, num_stages=6)
+    )
+    yield GroupedMatmulConfig(
+        platform="pallas", fwd_params=FwdParams(block_q=256, block_d=128, block_k=64, num_stages=3)
+    )
+    yield GroupedMatmulConfig(platform="pallas", fwd_params=pingpong)
+    yield GroupedMatmulConfig(platform="pallas", bwd_params=BwdParams(block_k=128, num_stages=3))
+    yield GroupedMatmulConfig(
+        platform="pallas", bwd_params=BwdParams(block_q=128, block_d=128, block_k=64, num_stages=6)
+    )
+    yield GroupedMatmulConfig(
+        platform="pallas", fwd_params=pingpong, bwd_params=BwdParams(block_q=128, block_d=128, num_warps=4)
+    )
 
 
 @typechecked

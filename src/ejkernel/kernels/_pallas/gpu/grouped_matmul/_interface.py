@@ -27,7 +27,9 @@ DEFAULT_SMS = 132  # H100 SXM and H200: the CTA count of a launch traced off a G
 DEFAULT_FWD = (128, 256, 64, 4)
 DEFAULT_DLHS = (128, 256, 64, 4)
 DEFAULT_DRHS = (128, 256, 64, 4)
-ROW_BLOCKS = (128, 256)  # two compute warpgroups of 64 or 128 rows
+ROW_BLOCKS = (128, 256)  # two compute warpgroups of 64 or 128 rows share a tile
+PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
+ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
 
 
 def num_sms() -> int:
@@ -61,23 +63,33 @@ def _fit(block: int, size: int, smallest: int, what: str) -> int:
     return b
 
 
-def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool):
+def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False):
     """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes.
 
     `transposed`: the tgmm product, whose rows (`block_m`) tile x's columns and whose contraction runs over
     the group's rows (any length, `block_k` a multiple of 64); otherwise gmm, whose rows may be any M.
+    `num_warps` says how many warps compute one output tile: 8 (the default), both compute warpgroups
+    share it; 4, each warpgroup computes its own tiles (ping-pong). `b_nk`: gmm's rhs tiles are `[N, K]`
+    (they take contraction steps of 16 and 32 too; `[K, N]` tiles lower only in steps of 64).
     """
     from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import Tiling
 
-    given = (
-        _given(params, "block_q", "block_m"),
-        _given(params, "block_d", "block_n"),
-        _given(params, "block_k"),
-        _given(params, "num_stages"),
-    )
-    bm, bn, bk, stages = (d if g is None else g for g, d in zip(given, default, strict=True))
-    if bm not in ROW_BLOCKS:
-        raise NotImplementedError(f"{WHO}: two warpgroups of 64 or 128 rows each, block rows in {ROW_BLOCKS}, got {bm}")
+    warps = _given(params, "num_warps") or 8
+    if warps not in (4, 8):
+        raise NotImplementedError(f"{WHO}: num_warps is 8 (two warpgroups per tile) or 4 (one, ping-pong), got {warps}")
+    pingpong = warps == 4
+    bm = _given(params, "block_q", "block_m") or default[0]
+    row_blocks = PINGPONG_ROW_BLOCKS if pingpong else ROW_BLOCKS
+    if bm not in row_blocks:
+        raise NotImplementedError(f"{WHO}: with num_warps={warps} the block rows are one of {row_blocks}, got {bm}")
+    wg_rows = bm if pingpong else bm // 2
+    bn = _given(params, "block_d", "block_n") or (ACC_ELEMENTS // wg_rows if pingpong else default[1])
+    bk = _given(params, "block_k") or default[2]
+    stages = _given(params, "num_stages") or default[3]
+    if wg_rows * bn > ACC_ELEMENTS:
+        raise NotImplementedError(
+            f"{WHO}: a warpgroup's accumulator of {wg_rows} x {bn} exceeds its registers (at most {ACC_ELEMENTS})"
+        )
     if stages < 2:
         raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes), got {stages}")
     bn = _fit(bn, cols, 64, "the output columns")
@@ -86,9 +98,13 @@ def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, tran
             raise NotImplementedError(f"{WHO}: the weights' gradient needs rows {rows} in multiples of {bm}")
         if bk not in (64, 128):
             raise NotImplementedError(f"{WHO}: the weights' gradient steps 64 or 128 rows, got block_k={bk}")
-    else:
+    elif b_nk:
         bk = _fit(min(bk, 64), contraction, 16, "the contraction")
-    return Tiling(bm, bn, bk, int(stages), num_sms())
+    elif bk < 64 or contraction % 64:
+        raise NotImplementedError(f"{WHO}: [K, N] weights need the contraction ({contraction}) in steps of 64")
+    else:
+        bk = 64
+    return Tiling(bm, bn, bk, int(stages), num_sms(), pingpong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +122,12 @@ def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
     drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
     return Planned(
-        plan_tiling(fwd, DEFAULT_FWD, rows=dims.m, contraction=dims.k, cols=dims.n, transposed=False),
-        plan_tiling(bwd, DEFAULT_DLHS, rows=dims.m, contraction=dims.n, cols=dims.k, transposed=False),
+        plan_tiling(
+            fwd, DEFAULT_FWD, rows=dims.m, contraction=dims.k, cols=dims.n, transposed=False, b_nk=transpose_rhs
+        ),
+        plan_tiling(
+            bwd, DEFAULT_DLHS, rows=dims.m, contraction=dims.n, cols=dims.k, transposed=False, b_nk=not transpose_rhs
+        ),
         plan_tiling(bwd, DEFAULT_DRHS, rows=drhs_rows, contraction=dims.m, cols=drhs_cols, transposed=True),
     )
 

@@ -6,26 +6,30 @@ its share of the output tiles (`cta`, `cta + num_ctas`, ...) with three warpgrou
 - a memory warpgroup streams the operand tiles of every contraction step with TMA into a ring of
   `stages` shared-memory slots; the ring runs on across output tiles, so the next tile's first
   operands load while the compute warpgroups finish the current one;
-- two compute warpgroups own half of the output tile's rows each (`block_m // 2`, a multiple of the
-  64-row wgmma), multiply with `wgmma` straight from the slots (one wgmma in flight while the next
-  slot is awaited), hand each slot back through its "consumed" barrier, and write their rows
-  through shared memory with a TMA store (rows past the array's end are clipped by the TMA unit).
+- two compute warpgroups multiply with `wgmma` straight from the slots (one wgmma in flight while
+  the next slot is awaited), hand each slot back through its "consumed" barrier, and write their
+  output rows through shared memory with a TMA store (rows past the array's end are clipped by the
+  TMA unit). By default (cooperative) they share each output tile, `block_m // 2` rows each; with
+  `Tiling.pingpong` each computes whole tiles, the CTA's tiles alternating between them: the ring
+  hands the tiles' steps out in order, so one warpgroup's epilogue runs while the other multiplies.
 
 `gmm`: output tile = (`block_m` rows of lhs, `block_n` columns); its groups are the items of the
 shared tile schedule (`_common.grouped_matmul.work_items`) that fall in the tile. A tile inside one
 group runs one K loop; a tile straddling groups runs one K loop per group and merges the rows in the
-shared-memory copy of the output tile, each group keeping only its own rows. No group is padded and
-no store is masked; rows no group owns are zeros.
+shared-memory copy of the output tile, each group keeping only its own rows (a cooperative
+warpgroup skips the groups that own none of its rows). No group is padded and no store is masked;
+rows no group owns are zeros.
 
 `tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
-group's rows in `block_k`-row steps from the group's first row (TMA takes any start row), and zeroes
-the rows of the last step past the group's end in x's slot before multiplying. An empty group
-writes zeros.
+group's rows in `block_k`-row steps from the group's first row rounded down to a multiple of 8 (TMA
+reads HBM in 8-row tiles), and zeroes the rows of other groups (first and last step) in x's slot
+before multiplying. An empty group writes zeros.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +50,12 @@ SMEM_BUDGET = 227 * 1024 - 1024
 class Tiling:
     """One product's tiles (hashable: it keys the custom VJP).
 
-    `gmm`: `block_m` output rows per CTA (two warpgroups of `block_m // 2`), `block_n` output columns,
-    `block_k` contraction step. `tgmm`: `block_m` columns of x (the output's rows), `block_n` columns of
-    y, `block_k` rows of the group per step. `stages`: shared-memory slots of the operand ring;
-    `num_ctas`: persistent CTAs (the GPU's SM count).
+    `gmm`: `block_m` output rows, `block_n` output columns, `block_k` contraction step. `tgmm`: `block_m`
+    columns of x (the output's rows), `block_n` columns of y, `block_k` group rows per step. `stages`:
+    shared-memory slots of the operand ring; `num_ctas`: persistent CTAs (the GPU's SM count).
+    `pingpong=False`: both compute warpgroups share each output tile, `block_m // 2` rows each;
+    `pingpong=True`: each warpgroup computes whole tiles, the CTA's tiles alternating between them, so
+    that one warpgroup's epilogue runs while the other's matmuls do.
     """
 
     block_m: int
@@ -57,12 +63,19 @@ class Tiling:
     block_k: int
     stages: int
     num_ctas: int
+    pingpong: bool = False
+
+    @property
+    def wg_rows(self) -> int:
+        """Output rows a compute warpgroup holds (a multiple of the 64-row wgmma)."""
+        return self.block_m if self.pingpong else self.block_m // COMPUTE_WGS
 
     def smem_bytes(self, in_dtype, out_dtype) -> int:
-        """Shared memory of the operand ring and the output tile (the same in both kernels: per slot,
-        `(block_m + block_n) x block_k` operands; one `block_m x block_n` output tile)."""
+        """Shared memory of the operand ring (per slot `(block_m + block_n) x block_k` operands) and of the
+        output tiles (one `block_m x block_n` tile per CTA, one per warpgroup with `pingpong`)."""
         operands = (self.block_m + self.block_n) * self.block_k * jnp.dtype(in_dtype).itemsize
-        return self.stages * operands + self.block_m * self.block_n * jnp.dtype(out_dtype).itemsize
+        out_tiles = (COMPUTE_WGS if self.pingpong else 1) * self.block_m * self.block_n
+        return self.stages * operands + out_tiles * jnp.dtype(out_dtype).itemsize
 
 
 def fit_smem(t: Tiling, in_dtype, out_dtype) -> Tiling:
@@ -78,6 +91,40 @@ def fit_smem(t: Tiling, in_dtype, out_dtype) -> Tiling:
     raise NotImplementedError(f"mosaic gpu grouped_matmul: tiles {t} do not fit shared memory")
 
 
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    """The operand ring: slot `step % stages` holds step `step`'s tiles.
+
+    `ready[offset + slot]` completes when a step's copies have landed (one arrival per TMA copy) and
+    `consumed[slot]` when its consumers are done (one arrival per consuming warpgroup). With ping-pong
+    each compute warpgroup has its own `ready` barriers (`offset = wg * stages`), so that each waits
+    only for the phases of its own steps.
+    """
+
+    ready: Any
+    consumed: Any
+    stages: int
+    offset: Any = 0
+
+    def slot(self, step):
+        return lax.rem(step, jnp.int32(self.stages))
+
+    def ready_at(self, slot):
+        return self.ready.at[self.offset + slot]
+
+    def for_wg(self, wg):
+        return dataclasses.replace(self, offset=wg * self.stages)
+
+    @staticmethod
+    def barriers(t: Tiling, copies: int):
+        """Scratch types of `ready` and `consumed` for `copies` TMA copies per step."""
+        consumers = 1 if t.pingpong else COMPUTE_WGS
+        return (
+            plgpu.Barrier(num_arrivals=copies, num_barriers=t.stages * (COMPUTE_WGS if t.pingpong else 1)),
+            plgpu.Barrier(num_arrivals=consumers, num_barriers=t.stages),
+        )
+
+
 def swizzled(shape, dtype):
     """Shared memory in the tiled, swizzled layout that TMA and wgmma share (swizzle from the minor dim)."""
     itemsize = jnp.dtype(dtype).itemsize
@@ -86,14 +133,6 @@ def swizzled(shape, dtype):
         raise NotImplementedError(f"mosaic gpu grouped_matmul: a minor tile dim of {shape[-1]} has no swizzle")
     transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
     return plgpu.SMEM(shape, dtype, transforms=transforms)
-
-
-def ring_barriers(copies: int, stages: int):
-    """`ready[slot]` (one arrival per TMA copy of a step) and `consumed[slot]` (one per compute warpgroup)."""
-    return (
-        plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
-        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
-    )
 
 
 def wgmma_iota(shape, dim):
@@ -106,54 +145,49 @@ def cta_units(num_units: int, num_ctas: int):
     return cta, lax.div(jnp.int32(num_units - 1) - cta, jnp.int32(num_ctas)) + 1
 
 
-def feed_step(ring, step, copies):
+def feed_step(ring: Ring, step, copies):
     """Memory warpgroup: TMA `copies` `[(source, slot -> buffer)]` into slot `step % stages` once it is free."""
-    ready, consumed, stages = ring
-    slot = lax.rem(step, jnp.int32(stages))
-    pl.when(step >= stages)(lambda: plgpu.barrier_wait(consumed.at[slot]))
+    slot = ring.slot(step)
+    pl.when(step >= ring.stages)(lambda: plgpu.barrier_wait(ring.consumed.at[slot]))
     for source, buffer in copies:
-        plgpu.copy_gmem_to_smem(source, buffer(slot), ready.at[slot])
+        plgpu.copy_gmem_to_smem(source, buffer(slot), ring.ready_at(slot))
 
 
-def k_loop(ring, step0, steps, acc_shape, multiply):
+def k_loop(ring: Ring, step0, steps, acc_shape, multiply):
     """Compute warpgroup: `sum over s < steps of multiply(acc_ref, s, slot)`, a float32 `acc_shape` tile.
 
     Step s uses slot `(step0 + s) % stages`; one wgmma stays in flight while the next slot is awaited, and
     each slot is handed back as soon as the wgmma that read it is done. `steps` may be traced (and 0).
     """
-    ready, consumed, stages = ring
-
-    def slot_of(s):
-        return lax.rem(step0 + s, jnp.int32(stages))
 
     def scope(acc_ref):
         def step(s, carry):
-            slot = slot_of(s)
-            plgpu.barrier_wait(ready.at[slot])
+            slot = ring.slot(step0 + s)
+            plgpu.barrier_wait(ring.ready_at(slot))
             multiply(acc_ref, s, slot)
             plgpu.wgmma_wait(1)  # the previous step's wgmma is done: its slot may be refilled
-            pl.when(s > 0)(lambda: plgpu.barrier_arrive(consumed.at[slot_of(s - 1)]))
+            pl.when(s > 0)(lambda: plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s - 1)]))
             return carry
 
         lax.fori_loop(0, steps, step, None)
         acc = acc_ref[...]  # waits for the last wgmma
-        if isinstance(steps, int):
-            plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)])
-        else:
-            pl.when(steps > 0)(lambda: plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)]))
+
+        def release_last():
+            plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + steps - 1)])
+
+        release_last() if isinstance(steps, int) else pl.when(steps > 0)(release_last)
         return acc
 
     return pl.run_scoped(scope, plgpu.ACC(acc_shape, jnp.float32))
 
 
-def skip_steps(ring, step0, steps: int):
+def skip_steps(ring: Ring, step0, steps: int):
     """Compute warpgroup: pass over `steps` slots it has no use for (barrier phases stay in step)."""
-    ready, consumed, stages = ring
 
     def step(s, carry):
-        slot = lax.rem(step0 + s, jnp.int32(stages))
-        plgpu.barrier_wait(ready.at[slot])
-        plgpu.barrier_arrive(consumed.at[slot])
+        slot = ring.slot(step0 + s)
+        plgpu.barrier_wait(ring.ready_at(slot))
+        plgpu.barrier_arrive(ring.consumed.at[slot])
         return carry
 
     lax.fori_loop(0, steps, step, None)
@@ -221,19 +255,19 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     num_local = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     t = fit_smem(tiling, lhs.dtype, out_dtype)
-    bm, bn, bk, stages = t.block_m, t.block_n, t.block_k, t.stages
-    half = bm // COMPUTE_WGS
-    if k % bk or n % bn or half % 64:
+    bm, bn, bk, stages, rows = t.block_m, t.block_n, t.block_k, t.stages, t.wg_rows
+    if k % bk or n % bn or rows % 64:
         raise ValueError(f"gmm: K={k} and N={n} must be multiples of block_k={bk} and block_n={bn}; block_m={bm}")
     group, row_lo, row_hi, first, count = tile_items(group_sizes, group_offset, num_local, m, bm)
     x = pad_rows(lhs, bm)
     num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // bk
     num_units = num_tiles * col_tiles
     num_ctas = min(t.num_ctas, num_units)
+    a_parts = 1 if t.pingpong else COMPUTE_WGS  # lhs tile copies per step: one per warpgroup's rows
 
     def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, lhs_ref, rhs_ref, out_ref, smem, barriers):
         a_smem, b_smem, o_smem = smem
-        ring = (*barriers, stages)
+        ring = Ring(*barriers, stages)
         cta, my_units = cta_units(num_units, num_ctas)
         wg = lax.axis_index("wg")
 
@@ -242,66 +276,62 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
             tile = lax.div(u, jnp.int32(col_tiles))
             return tile, u - tile * col_tiles
 
-        def over_units(item_fn):
-            """`step = item_fn(tile, col, j, step)` for each item j of each of this CTA's output tiles."""
-
-            def unit(i, step):
-                tile, col = unit_of(i)
-                return lax.fori_loop(0, count_ref[tile], lambda j, s: item_fn(tile, col, j, s), step)
-
-            lax.fori_loop(0, my_units, unit, jnp.int32(0))
-
         @on_memory_warpgroup
         def _():
-            def item(tile, col, j, step):
-                g = group_ref[first_ref[tile] + j]
+            def unit(i, step):
+                tile, col = unit_of(i)
+                unit_ring = ring.for_wg(lax.rem(i, COMPUTE_WGS)) if t.pingpong else ring
 
-                def k_step(kk, step):
-                    ks = pl.ds(kk * bk, bk)
-                    b_src = (
-                        rhs_ref.at[g, pl.ds(col * bn, bn), ks]
-                        if transpose_rhs
-                        else rhs_ref.at[g, ks, pl.ds(col * bn, bn)]
-                    )
-                    copies = [
-                        (
-                            lhs_ref.at[pl.ds(tile * bm + w * half, half), ks],
-                            lambda slot, w=w: a_smem.at[slot * COMPUTE_WGS + w],
-                        )
-                        for w in range(COMPUTE_WGS)
-                    ]
-                    copies.append((b_src, lambda slot: b_smem.at[slot]))
-                    feed_step(ring, step, copies)
-                    return step + 1
+                def item(j, step):
+                    g = group_ref[first_ref[tile] + j]
 
-                return lax.fori_loop(0, k_steps, k_step, step)
+                    def k_step(kk, step):
+                        ks, cols = pl.ds(kk * bk, bk), pl.ds(col * bn, bn)
+                        b_src = rhs_ref.at[g, cols, ks] if transpose_rhs else rhs_ref.at[g, ks, cols]
+                        a_rows = bm // a_parts
+                        copies = [
+                            (
+                                lhs_ref.at[pl.ds(tile * bm + p * a_rows, a_rows), ks],
+                                lambda slot, p=p: a_smem.at[slot * a_parts + p],
+                            )
+                            for p in range(a_parts)
+                        ]
+                        copies.append((b_src, lambda slot: b_smem.at[slot]))
+                        feed_step(unit_ring, step, copies)
+                        return step + 1
 
-            over_units(item)
+                    return lax.fori_loop(0, k_steps, k_step, step)
+
+                return lax.fori_loop(0, count_ref[tile], item, step)
+
+            lax.fori_loop(0, my_units, unit, jnp.int32(0))
 
         @on_compute_warpgroups
         def _():
             out_tile = o_smem.at[wg]
+            wg_ring = ring.for_wg(wg) if t.pingpong else ring
 
             def multiply(acc_ref, s, slot):
+                a = a_smem.at[slot] if t.pingpong else a_smem.at[slot * COMPUTE_WGS + wg]
                 b = b_smem.at[slot]
-                plgpu.wgmma(acc_ref, a_smem.at[slot * COMPUTE_WGS + wg], b.transpose((1, 0)) if transpose_rhs else b)
+                plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if transpose_rhs else b)
 
-            def unit(i, step):
-                tile, col = unit_of(i)
-                row0 = tile * bm + wg * half
+            def output_tile(tile, col, step):
+                """This warpgroup's rows of output tile (tile, col), whose first step is `step`."""
+                row0 = tile * bm + (0 if t.pingpong else wg * rows)
                 items = first_ref[tile]
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
 
                 def item(j, carry):
                     step, written = carry
                     lo, hi = lo_ref[items + j], hi_ref[items + j]
-                    mine = (lo < row0 + half) & (hi > row0)  # the group owns some of this warpgroup's rows
+                    mine = (lo < row0 + rows) & (hi > row0)  # the group owns some of this warpgroup's rows
 
                     @pl.when(mine)
                     def _():
-                        acc = k_loop(ring, step, k_steps, (half, bn), multiply)
-                        rows = row0 + wgmma_iota((half, bn), 0)
-                        keep = (rows >= lo) & (rows < hi)
+                        acc = k_loop(wg_ring, step, k_steps, (rows, bn), multiply)
+                        row = row0 + wgmma_iota((rows, bn), 0)
+                        keep = (row >= lo) & (row < hi)
                         value = acc.astype(out_dtype)
 
                         @pl.when(~written)  # rows no group owns are zeros
@@ -312,18 +342,25 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
                         def _():
                             out_tile[...] = jnp.where(keep, value, plgpu.load(out_tile, layout=plgpu.Layout.WGMMA))
 
-                    pl.when(~mine)(lambda: skip_steps(ring, step, k_steps))
+                    pl.when(~mine)(lambda: skip_steps(wg_ring, step, k_steps))
                     return step + k_steps, written | mine
 
-                step, written = lax.fori_loop(0, count_ref[tile], item, (step, jnp.bool_(False)))
+                _, written = lax.fori_loop(0, count_ref[tile], item, (step, jnp.bool_(False)))
 
                 @pl.when(~written)
                 def _():
-                    out_tile[...] = plgpu.layout_cast(jnp.zeros((half, bn), out_dtype), plgpu.Layout.WGMMA)
+                    out_tile[...] = plgpu.layout_cast(jnp.zeros((rows, bn), out_dtype), plgpu.Layout.WGMMA)
 
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[pl.ds(row0, half), pl.ds(col * bn, bn)])
-                return step
+                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)])
+
+            def unit(i, step):
+                tile, col = unit_of(i)
+                if t.pingpong:  # every other tile is this warpgroup's; the others' steps only count
+                    pl.when(lax.rem(i, COMPUTE_WGS) == wg)(lambda: output_tile(tile, col, step))
+                else:
+                    output_tile(tile, col, step)
+                return step + count_ref[tile] * k_steps
 
             lax.fori_loop(0, my_units, unit, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
@@ -331,11 +368,11 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     b_shape = (bn, bk) if transpose_rhs else (bk, bn)
     scratch = (
         (
-            swizzled((stages * COMPUTE_WGS, half, bk), lhs.dtype),
+            swizzled((stages * a_parts, bm // a_parts, bk), lhs.dtype),
             swizzled((stages, *b_shape), rhs.dtype),
-            swizzled((COMPUTE_WGS, half, bn), out_dtype),
+            swizzled((COMPUTE_WGS, rows, bn), out_dtype),
         ),
-        ring_barriers(COMPUTE_WGS + 1, stages),
+        Ring.barriers(t, a_parts + 1),
     )
     out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
     out = launch(body, out_type, scratch, num_ctas, group, row_lo, row_hi, first, count, x, rhs)
@@ -353,9 +390,8 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
     m, kx = x.shape
     ny = y.shape[1]
     t = fit_smem(tiling, x.dtype, out_dtype)
-    bm, bn, bk, stages = t.block_m, t.block_n, t.block_k, t.stages
-    half = bm // COMPUTE_WGS
-    if kx % bm or ny % bn or bk % 64 or half % 64:
+    bm, bn, bk, stages, rows = t.block_m, t.block_n, t.block_k, t.stages, t.wg_rows
+    if kx % bm or ny % bn or bk % 64 or rows % 64:
         raise ValueError(f"tgmm: Kx={kx}, Ny={ny} must be multiples of block_m={bm}, block_n={bn}; block_k={bk}")
     starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
     xp, yp = pad_rows(x, bk), pad_rows(y, bk)
@@ -363,10 +399,11 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
     per_group = a_tiles * b_tiles
     num_units = num_local * per_group
     num_ctas = min(t.num_ctas, num_units)
+    x_parts = 1 if t.pingpong else COMPUTE_WGS  # x tile copies per step: one per warpgroup's columns
 
     def body(starts_ref, ends_ref, x_ref, y_ref, out_ref, smem, barriers):
         x_smem, y_smem, o_smem = smem
-        ring = (*barriers, stages)
+        ring = Ring(*barriers, stages)
         cta, my_units = cta_units(num_units, num_ctas)
         wg = lax.axis_index("wg")
 
@@ -389,18 +426,20 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
         def _():
             def unit(i, step):
                 _, a, b, _, _, row0, steps = unit_of(i)
+                unit_ring = ring.for_wg(lax.rem(i, COMPUTE_WGS)) if t.pingpong else ring
 
                 def k_step(s, step):
-                    rows = pl.ds(pl.multiple_of(row0 + s * bk, 8), bk)
+                    rows_s = pl.ds(pl.multiple_of(row0 + s * bk, 8), bk)
+                    x_cols = bm // x_parts
                     copies = [
                         (
-                            x_ref.at[rows, pl.ds(a * bm + w * half, half)],
-                            lambda slot, w=w: x_smem.at[slot * COMPUTE_WGS + w],
+                            x_ref.at[rows_s, pl.ds(a * bm + p * x_cols, x_cols)],
+                            lambda slot, p=p: x_smem.at[slot * x_parts + p],
                         )
-                        for w in range(COMPUTE_WGS)
+                        for p in range(x_parts)
                     ]
-                    copies.append((y_ref.at[rows, pl.ds(b * bn, bn)], lambda slot: y_smem.at[slot]))
-                    feed_step(ring, step, copies)
+                    copies.append((y_ref.at[rows_s, pl.ds(b * bn, bn)], lambda slot: y_smem.at[slot]))
+                    feed_step(unit_ring, step, copies)
                     return step + 1
 
                 return lax.fori_loop(0, steps, k_step, step)
@@ -410,28 +449,36 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
         @on_compute_warpgroups
         def _():
             out_tile = o_smem.at[wg]
+            wg_ring = ring.for_wg(wg) if t.pingpong else ring
 
-            def unit(i, step):
-                g, a, b, start, end, row0, steps = unit_of(i)
-
+            def output_tile(g, a, b, start, end, row0, steps, step):
                 def multiply(acc_ref, s, slot):
-                    xs = x_smem.at[slot * COMPUTE_WGS + wg]
+                    xs = x_smem.at[slot] if t.pingpong else x_smem.at[slot * COMPUTE_WGS + wg]
                     lo, hi = start - row0 - s * bk, end - row0 - s * bk  # the group's rows within the step
 
                     @pl.when((lo > 0) | (hi < bk))  # zero the other groups' rows (x's suffices)
                     def _():
-                        rows = wgmma_iota((bk, half), 0)
-                        keep = (rows >= lo) & (rows < hi)
+                        row = wgmma_iota((bk, rows), 0)
+                        keep = (row >= lo) & (row < hi)
                         xs[...] = jnp.where(keep, plgpu.load(xs, layout=plgpu.Layout.WGMMA), 0)
                         plgpu.commit_smem()
 
                     plgpu.wgmma(acc_ref, xs.transpose((1, 0)), y_smem.at[slot])
 
-                acc = k_loop(ring, step, steps, (half, bn), multiply)
+                acc = k_loop(wg_ring, step, steps, (rows, bn), multiply)
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
                 out_tile[...] = acc.astype(out_dtype)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[g, pl.ds(a * bm + wg * half, half), pl.ds(b * bn, bn)])
+                col0 = a * bm + (0 if t.pingpong else wg * rows)
+                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[g, pl.ds(col0, rows), pl.ds(b * bn, bn)])
+
+            def unit(i, step):
+                g, a, b, start, end, row0, steps = unit_of(i)
+                args = (g, a, b, start, end, row0, steps, step)
+                if t.pingpong:  # every other tile is this warpgroup's; the others' steps only count
+                    pl.when(lax.rem(i, COMPUTE_WGS) == wg)(lambda: output_tile(*args))
+                else:
+                    output_tile(*args)
                 return step + steps
 
             lax.fori_loop(0, my_units, unit, jnp.int32(0))
@@ -439,11 +486,11 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
 
     scratch = (
         (
-            swizzled((stages * COMPUTE_WGS, bk, half), x.dtype),
+            swizzled((stages * x_parts, bk, bm // x_parts), x.dtype),
             swizzled((stages, bk, bn), y.dtype),
-            swizzled((COMPUTE_WGS, half, bn), out_dtype),
+            swizzled((COMPUTE_WGS, rows, bn), out_dtype),
         ),
-        ring_barriers(COMPUTE_WGS + 1, stages),
+        Ring.barriers(t, x_parts + 1),
     )
     out_type = jax.ShapeDtypeStruct((num_local, kx, ny), out_dtype)
     return launch(body, out_type, scratch, num_ctas, starts, ends, xp, yp)
