@@ -1,8 +1,10 @@
-"""Mosaic GPU grouped matmul: its kernels lower to Mosaic GPU for CUDA on this CPU host, it declines what it
-does not serve, and (GPU suite) it matches the XLA path forward and in both gradients.
+"""Mosaic GPU grouped matmul on this CPU host: its kernels lower to Mosaic GPU for CUDA, run correctly in
+Mosaic GPU's interpret mode, and decline what they do not serve; (GPU suite) they match the XLA path
+forward and in both gradients on a Hopper GPU.
 
-The kernels run only on a Hopper GPU; lowering them for CUDA here catches shape, layout, TMA and
-shared-memory-budget errors (Mosaic checks the budget as it lowers) of every code path without one.
+Lowering for CUDA catches shape, layout, TMA and shared-memory-budget errors (Mosaic checks the budget
+as it lowers) of every code path; interpret mode checks the schedule, the barrier protocol (every phase
+observed, no race on shared memory) and the numbers, but not wgmma's asynchrony, layouts or swizzles.
 """
 
 import functools
@@ -14,11 +16,13 @@ import numpy as np
 import pytest
 from jax import export
 
+from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import SMEM_BUDGET, Tiling, fit_smem, tile_items
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import BwdParams, FwdParams
+from ejkernel.reference.grouped_matmul import grouped_matmul_reference
 from ejkernel.registry import Backend, Platform, kernel_registry
 from harness import check_forward_and_grads, randn
 
@@ -75,6 +79,77 @@ def test_autotune_candidates_lower(monkeypatch):
     assert len(cfgs) > 3 and all(c.platform == "pallas" for c in cfgs)
     for cfg in cfgs:
         assert _lower(1000, 512, 768, [0, 300, 0, 500, 100], False, jnp.bfloat16, cfg).count("@mosaic_gpu") == 3
+
+
+# ---- interpret mode: the kernels' schedule, barrier protocol and merging, run on this CPU ----
+
+# Mosaic GPU's interpret mode simulates the warpgroups, barriers, TMA copies and (synchronous) wgmma on a
+# CPU, checks that every barrier phase is observed, and detects races on shared memory; it models neither
+# the asynchrony of wgmma nor layouts and swizzles, which only the GPU suite checks. Few CTAs, so that
+# each walks several output tiles (the ring running on across them, ping-pong alternating).
+INTERPRET_CASES = {
+    # M, K, N, sizes, transpose_rhs, dtype, output dtype, cfg, CTAs
+    "cooperative-2-ctas-f32-out": (
+        300,
+        128,
+        128,
+        [0, 100, 50, 0, 120],
+        False,
+        jnp.bfloat16,
+        jnp.float32,
+        GroupedMatmulConfig(fwd_params=FwdParams(block_d=64, num_stages=2), bwd_params=BwdParams(block_d=64)),
+        2,
+    ),
+    "pingpong-1-cta-transposed": (
+        203,
+        128,
+        128,
+        [0, 100, 50, 0, 40],
+        True,
+        jnp.bfloat16,
+        jnp.bfloat16,
+        GroupedMatmulConfig(
+            fwd_params=FwdParams(block_q=128, block_d=64, num_warps=4, num_stages=2),
+            bwd_params=BwdParams(block_q=64, block_d=64, num_warps=4, num_stages=3),
+        ),
+        1,
+    ),
+    "rows-256-f16-drhs-steps-128": (
+        600,
+        256,
+        128,
+        [0, 200, 3, 0, 250, 77],
+        False,
+        jnp.float16,
+        jnp.float16,
+        GroupedMatmulConfig(
+            fwd_params=FwdParams(block_q=256, block_d=64, num_stages=3),
+            bwd_params=BwdParams(block_q=256, block_d=64, block_k=128, num_stages=2),
+        ),
+        3,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", INTERPRET_CASES)
+def test_interpret_mode_matches_reference(case, monkeypatch, capfd):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    m, k, n, sizes, transpose, dtype, out_dtype, cfg, ctas = INTERPRET_CASES[case]
+    monkeypatch.setattr(interface, "num_sms", lambda: ctas)
+    sizes = jnp.asarray(sizes, jnp.int32)
+    rhs_shape = (len(sizes), n, k) if transpose else (len(sizes), k, n)
+    options = dict(transpose_rhs=transpose, preferred_element_type=out_dtype)
+    fn = functools.partial(mosaic_grouped_matmul, group_sizes=sizes, cfg=cfg, **options)
+    ref = functools.partial(grouped_matmul_reference, group_sizes=sizes, transpose_rhs=transpose)  # float32 out
+    try:
+        with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
+            check_forward_and_grads(fn, ref, [randn((m, k), dtype), randn(rhs_shape, dtype)], (0, 1), dtype)
+    finally:
+        from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+        interpret_pallas_call.reset_gpu_interpret_mode_state()
+    assert "RACE DETECTED" not in capfd.readouterr().out
 
 
 def test_forward_alone_lowers_to_one_kernel():

@@ -153,6 +153,17 @@ def feed_step(ring: Ring, step, copies):
         plgpu.copy_gmem_to_smem(source, buffer(slot), ring.ready_at(slot))
 
 
+def drain(ring: Ring, steps):
+    """Memory warpgroup, after its last step: wait for the slots' last consumption too, so that it has
+    observed every phase of the `consumed` barriers (nothing on the GPU needs it; interpret mode checks it)."""
+
+    def wait(s, carry):
+        plgpu.barrier_wait(ring.consumed.at[ring.slot(s)])
+        return carry
+
+    lax.fori_loop(jnp.maximum(steps - ring.stages, 0), steps, wait, None)
+
+
 def k_loop(ring: Ring, step0, steps, acc_shape, multiply):
     """Compute warpgroup: `sum over s < steps of multiply(acc_ref, s, slot)`, a float32 `acc_shape` tile.
 
@@ -304,7 +315,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
 
                 return lax.fori_loop(0, count_ref[tile], item, step)
 
-            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+            drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
 
         @on_compute_warpgroups
         def _():
@@ -444,7 +455,7 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: 
 
                 return lax.fori_loop(0, steps, k_step, step)
 
-            lax.fori_loop(0, my_units, unit, jnp.int32(0))
+            drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
 
         @on_compute_warpgroups
         def _():
