@@ -215,7 +215,9 @@ def work_items(group_sizes, group_offset, num_local: int, m: int, block_m: int) 
 
     w = jnp.arange(count, dtype=jnp.int32)
     k = w - lead
-    group = jnp.clip(jnp.searchsorted(group_end, k, side="right"), 0, num_local - 1).astype(jnp.int32)
+    # (one fused comparison of every item with every group end, not a loop of binary-search steps)
+    group = jnp.searchsorted(group_end, k, side="right", method="compare_all")
+    group = jnp.clip(group, 0, num_local - 1).astype(jnp.int32)
     group_tile = first_tile[group] + (k - group_begin[group])
     tail_tile = tail + (k - num_group_items)
     in_lead = w < lead

@@ -246,17 +246,16 @@ def tile_items(group_sizes, group_offset, num_local: int, m: int, block_m: int):
 
     Returns `(group, row_lo, row_hi, first, count)`: items `first[t] .. first[t] + count[t] - 1` of the
     first three arrays are tile t's groups and the rows `[row_lo, row_hi)` each keeps. A tile with
-    count 0 owns no row (it is written as zeros).
+    count 0 owns no row (it is written as zeros). The schedule's computing items are contiguous and in
+    tile order, so a scatter-add and a cumulative sum place them (no sort, no binary search).
     """
     num_tiles = -(-m // block_m)
     items = work_items(group_sizes, group_offset, num_local, m, block_m)
-    key = jnp.where(items.group >= 0, items.tile, num_tiles)  # computing items by tile, the others last
-    order = jnp.argsort(key, stable=True)
-    key = key[order]
-    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
-    first = jnp.searchsorted(key, tiles, side="left").astype(jnp.int32)
-    count = jnp.searchsorted(key, tiles, side="right").astype(jnp.int32) - first
-    return items.group[order], items.row_lo[order], items.row_hi[order], first, count
+    computes = items.group >= 0
+    key = jnp.where(computes, items.tile, num_tiles)  # the other items land in a dropped last bin
+    count = jnp.zeros((num_tiles + 1,), jnp.int32).at[key].add(1)[:num_tiles]
+    first = jnp.argmax(computes).astype(jnp.int32) + jnp.cumsum(count) - count
+    return items.group, items.row_lo, items.row_hi, first, count
 
 
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
