@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax import export
 
+from ejkernel.kernels._common.grouped_matmul import Dims
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import SMEM_BUDGET, Tiling, fit_smem, tile_items
@@ -43,7 +44,18 @@ CASES = {
     "straddling-empty-groups": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, None),
     "transposed-f32-out": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.float32, None),
     "tiny-m-odd": (40, 128, 64, [0, 5, 14, 0, 3, 9, 5], False, jnp.bfloat16, None),
-    "one-group-of-many": (2048, 512, 768, [0, 0, 0, 2048, 0], True, jnp.bfloat16, None),
+    "one-group-of-many-128x128-tiles": (
+        2048,
+        512,
+        768,
+        [0, 0, 0, 2048, 0],
+        True,
+        jnp.bfloat16,
+        GroupedMatmulConfig(
+            fwd_params=FwdParams(block_q=128, block_d=128, num_stages=6),
+            bwd_params=BwdParams(block_q=128, block_d=128, num_stages=6),
+        ),
+    ),
     "all-empty-f16": (1000, 256, 192, [0, 0, 0], False, jnp.float16, None),
     "rows-256-drhs-steps-128": (4096, 1024, 512, [1000, 0, 2900, 96], False, jnp.bfloat16, ROWS_256),
     "pingpong": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, PINGPONG),
@@ -71,14 +83,19 @@ def test_forward_and_gradients_lower_for_cuda(case):
     assert module.count("@mosaic_gpu") == 3  # forward, dlhs (the forward kernel, other transpose), drhs
 
 
-def test_autotune_candidates_lower(monkeypatch):
-    """Every Mosaic GPU config the op offers autotuning (on a GPU) plans and lowers."""
+def test_autotune_candidates_plan_at_moe_shapes(monkeypatch):
+    """Every Mosaic GPU config the op offers autotuning (on a GPU) serves the benchmark's calls, both rhs
+    layouts, within shared memory (their tilings lower in `CASES`)."""
     op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")  # (the package exports the function)
     monkeypatch.setattr(op, "current_backend", lambda: Backend.GPU)
     cfgs = list(op.GroupedMatmul().platform_cfgs("pallas", None))
     assert len(cfgs) > 3 and all(c.platform == "pallas" for c in cfgs)
+    bf16 = jnp.bfloat16
     for cfg in cfgs:
-        assert _lower(1000, 512, 768, [0, 300, 0, 500, 100], False, jnp.bfloat16, cfg).count("@mosaic_gpu") == 3
+        for transpose in (False, True):
+            planned = interface.plan(Dims(32768, 4096, 1536, 64, 64), transpose, cfg)
+            for tiling in (planned.fwd, planned.dlhs, planned.drhs):
+                assert fit_smem(tiling, bf16, bf16).smem_bytes(bf16, bf16) <= SMEM_BUDGET
 
 
 # ---- interpret mode: the kernels' schedule, barrier protocol and merging, run on this CPU ----
