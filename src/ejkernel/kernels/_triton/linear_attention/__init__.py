@@ -1,10 +1,8 @@
 """Registers the Triton linear attention ops (GPU).
 
-Priorities from one H100 run (BENCHMARKS.md, B=2, S=16384, H=16, D=128, bf16, forward+backward): the
-delta rules' kernels beat XLA (24 ms against 31), the float32 chunk-layout GLA kernels of then did not
-(106 ms against 49), so `platform="auto"` takes Triton for the delta rules and XLA for gla / lightning /
-recurrent; `platform="triton"` still reaches them. The GLA kernels have since been rewritten (`_gla`:
-token layout, bf16 matmuls) and not yet timed on a GPU (`exp/gla_gpu.py`): their priority waits for that.
+`platform="auto"` takes them before XLA, from H100 runs (BENCHMARKS.md, B=2, S=16384, H=16, D=128, bf16):
+the delta rules' kernels ran forward+backward in 24 ms against XLA's 31, the GLA kernels (`_gla`: token
+layout, bf16 matmuls) forward in 3.1 ms against 10.2 and forward+backward in 13.5 against 24.3.
 """
 
 from ejkernel.kernels._triton.linear_attention._interface import (
@@ -17,9 +15,9 @@ from ejkernel.kernels._triton.linear_attention._interface import (
 from ejkernel.registry import Backend, Platform, kernel_registry
 
 for _name, _fn, _priority in (
-    ("gla", gla_attention_triton, -10),
-    ("lightning_attn", lightning_attention_triton, -10),
-    ("recurrent", recurrent_attention_triton, -10),
+    ("gla", gla_attention_triton, 10),
+    ("lightning_attn", lightning_attention_triton, 10),
+    ("recurrent", recurrent_attention_triton, 10),
     ("kernel_delta_attention", kernel_delta_attention_triton, 10),
     ("gated_delta_rule", gated_delta_rule_triton, 10),
 ):

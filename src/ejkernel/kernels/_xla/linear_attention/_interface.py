@@ -39,13 +39,15 @@ class Engine:
     per batch row (`tokens` `[B, H, ...]`, returns `(out [B, H, Dv], state)`), or None for the recurrent
     form in `lax.scan`; `gated(xs, init, layout, *, scale)`: the whole chunked form of the gated
     recurrence (no delta rule) on token-layout inputs, or None to run it through `chunked`;
-    `check` raises NotImplementedError for calls the platform does not serve.
+    `check` raises NotImplementedError for calls the platform does not serve; `gated_chunk`: the gated
+    recurrence's chunk size where the config names none.
     """
 
     passes = ScanPasses()
     decode = None
     gated = None
     min_chunk = 1
+    gated_chunk = DEFAULT_CHUNK
 
     def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         """The chunked form on chunk-layout inputs (float32; `dtype` the caller's): `(out, exit states)`."""
@@ -258,6 +260,7 @@ def _gated(
     `engine(cfg)` says where the sequential parts run (plain JAX here; GPU kernels on the Triton platform).
     """
     g = _add(_f32(g), None if g_gamma is None else _per_token_gamma(_f32(g_gamma), query))
+    runner = engine(cfg)
     out, state = linear_attention(
         query,
         key,
@@ -269,9 +272,9 @@ def _gated(
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         reverse=reverse,
-        chunk_size=_chunk(cfg),
+        chunk_size=_chunk(cfg, runner.gated_chunk),
         recurrent=gv is not None or _decoding(query, cu_seqlens),
-        engine=engine(cfg),
+        engine=runner,
     )
     return _returned(out, state, return_state)
 
