@@ -332,10 +332,10 @@ def grouped_vjp(gmm, tgmm):
 def implementation(gmm, tgmm, tilings, doc: str):
     """A registered implementation with the public contract, from an implementation's two products.
 
-    `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=)`
-    returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises NotImplementedError for a
-    call the implementation does not serve. Around the core: the checks, v3 dequantisation and bias,
-    and `existing_out`.
+    `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=,
+    transpose_rhs=)` returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises
+    NotImplementedError for a call the implementation does not serve. Around the core: the checks, v3
+    dequantisation and bias, and `existing_out`.
     """
     core = grouped_vjp(gmm, tgmm)
 
@@ -375,7 +375,7 @@ def implementation(gmm, tgmm, tilings, doc: str):
             bool(transpose_rhs),
             out_dtype,
             dims.num_local,
-            *tilings(dims, lhs, cfg=cfg, interpret=interpret, precision=precision),
+            *tilings(dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=bool(transpose_rhs)),
         )
         rhs = dequantize(rhs, rhs_scale, transpose_rhs, lhs.dtype)
         group_sizes = group_sizes.astype(jnp.int32)

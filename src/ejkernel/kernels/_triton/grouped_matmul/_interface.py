@@ -37,7 +37,7 @@ def tiling(params, default, rows: int, contraction: int, cols: int, interpret: b
     return Tiling(_fit(bm, rows), _fit(bk, contraction), _fit(bn, cols), warps, stages, interpret)
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
     if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {lhs.dtype}")

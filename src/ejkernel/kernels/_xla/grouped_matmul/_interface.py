@@ -89,7 +89,7 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling):
     return acc.astype(out_dtype)
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     fwd = getattr(cfg, "fwd_params", None)
     bwd = getattr(cfg, "bwd_params", None) or fwd
     return (_block_m(dims.m, fwd), precision), *[(_block_m(dims.m, bwd), precision)] * 2

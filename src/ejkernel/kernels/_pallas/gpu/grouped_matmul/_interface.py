@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
-from ejkernel.kernels._common.grouped_matmul import check_args, implementation
+from ejkernel.kernels._common.grouped_matmul import implementation
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -132,10 +132,11 @@ def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     )
 
 
-def _tilings(dims, lhs, *, cfg: Planned, interpret, precision):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     """(`precision` is moot: 16-bit inputs, float32 sums.)"""
-    del dims, lhs, interpret, precision
-    return cfg.fwd, cfg.dlhs, cfg.drhs
+    del lhs, interpret, precision
+    planned = plan(dims, transpose_rhs, cfg)
+    return planned.fwd, planned.dlhs, planned.drhs
 
 
 def _gmm(*args, **kwargs):
@@ -154,83 +155,35 @@ _core = implementation(
     _gmm,
     _tgmm,
     _tilings,
-    """The Mosaic GPU kernels with the public contract; `cfg` is a `Planned`.""",
+    """The Mosaic GPU kernels with the public contract (tiles from `cfg` by `plan`).""",
 )
 
 
-def check_served(lhs, rhs, group_offset, existing_out, *, preferred_element_type, rhs_scale, rhs_bias, interpret):
-    """NotImplementedError for calls the kernels do not serve (before anything is traced)."""
+def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
+    """NotImplementedError for calls the kernels do not serve (before anything is traced); `options` are
+    the call's keyword arguments."""
     decline(
         WHO,
         {
             "group_offset": group_offset is not None,
             "existing_out": existing_out is not None,
-            "rhs_scale": rhs_scale is not None,
-            "rhs_bias": rhs_bias is not None,
-            "interpret mode": bool(interpret),
+            "rhs_scale": options.get("rhs_scale") is not None,
+            "rhs_bias": options.get("rhs_bias") is not None,
+            "interpret mode": bool(options.get("interpret")),
         },
     )
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if jnp.dtype(x.dtype) not in DTYPES:
             raise NotImplementedError(f"{WHO} takes bfloat16/float16 {name}, got {x.dtype}")
-    if jnp.dtype(preferred_element_type) not in OUT_DTYPES:
-        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {jnp.dtype(preferred_element_type)}")
+    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
+    if out_dtype not in OUT_DTYPES:
+        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
 
 
-def mosaic_grouped_matmul(
-    lhs,
-    rhs,
-    group_sizes,
-    group_offset=None,
-    existing_out=None,
-    *,
-    preferred_element_type=jnp.float32,
-    rhs_scale=None,
-    rhs_bias=None,
-    transpose_rhs: bool = False,
-    precision=jax.lax.Precision.DEFAULT,
-    use_v2: bool = False,
-    use_v3: bool = False,
-    interpret=None,
-    do_padding: bool = True,
-    cfg=None,
-):
+def mosaic_grouped_matmul(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
     """The kernels' differentiable grouped matmul without the device check (lets CPU tests lower it for CUDA)."""
-    dims = check_args(
-        lhs,
-        rhs,
-        group_sizes,
-        group_offset,
-        existing_out,
-        preferred_element_type=preferred_element_type,
-        rhs_scale=rhs_scale,
-        rhs_bias=rhs_bias,
-        transpose_rhs=transpose_rhs,
-        use_v2=use_v2,
-        use_v3=use_v3,
-    )
-    check_served(
-        lhs,
-        rhs,
-        group_offset,
-        existing_out,
-        preferred_element_type=preferred_element_type,
-        rhs_scale=rhs_scale,
-        rhs_bias=rhs_bias,
-        interpret=interpret,
-    )
-    return _core(
-        lhs,
-        rhs,
-        group_sizes,
-        preferred_element_type=preferred_element_type,
-        transpose_rhs=transpose_rhs,
-        precision=precision,
-        use_v2=use_v2,
-        use_v3=use_v3,
-        do_padding=do_padding,
-        cfg=plan(dims, bool(transpose_rhs), cfg),
-    )
+    check_served(lhs, rhs, group_offset, existing_out, options)
+    return _core(lhs, rhs, group_sizes, group_offset, existing_out, **options)
 
 
 def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
@@ -243,18 +196,9 @@ def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing
     moot (three warpgroups per CTA). Products accumulate in float32, whatever `precision` asks. Raises
     NotImplementedError, before anything is traced, for calls it does not serve (see the module doc).
     """
-    check_served(
-        lhs,
-        rhs,
-        group_offset,
-        existing_out,
-        preferred_element_type=options.get("preferred_element_type", jnp.float32),
-        rhs_scale=options.get("rhs_scale"),
-        rhs_bias=options.get("rhs_bias"),
-        interpret=options.get("interpret"),
-    )
+    check_served(lhs, rhs, group_offset, existing_out, options)  # first: the reason names the feature
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
-    return mosaic_grouped_matmul(lhs, rhs, group_sizes, group_offset, existing_out, **options)
+    return _core(lhs, rhs, group_sizes, group_offset, existing_out, **options)

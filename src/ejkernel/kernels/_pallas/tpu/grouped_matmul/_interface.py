@@ -31,7 +31,7 @@ def tiling(params, rows: int, contraction: int, cols: int, interpret) -> Tiling:
     return Tiling(*fitted, interpret)
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
     if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16, got {lhs.dtype}")
