@@ -4,7 +4,10 @@ Inputs stay in their token layout `[B, T, H, D]` and dtype (T: the sequence cut 
 `ChunkLayout.pad`); kernels index chunks through BlockSpecs or `pl.ds`. Matmul operands are in the
 inputs' dtype (bfloat16 / float16 on tensor cores; float32 in full precision), accumulated in float32.
 `g` is the cumulative log gate within each chunk (float32, `[B, T, H, Dk]`, or `[B, T, H, 1]` for a gate
-per head: every formula below broadcasts it over the key channels).
+per head: every formula below broadcasts it over the key channels). Heads: the gate's H state heads run
+one state each; q, k and v may each have fewer heads (a divisor of H), read by groups of consecutive state
+heads (`_shared`: grouped-query attention shares k and v, Mamba-2's SSD shares q and k), and their
+gradients are summed over each group.
 
 Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are `scale ·` it):
 `o = (q ⊙ e^{g}) h + A v`, exit state `e^{g_C} ⊙ h + (k ⊙ e^{g_C − g})ᵀ v`,
@@ -109,6 +112,16 @@ def _everywhere(cond, shape):
     return jnp.full(shape, cond)
 
 
+def _ratio(heads: int, x) -> int:
+    """How many state heads share each head of `x` (`[B, T, Hx, D]`, Hx a divisor of the state heads)."""
+    return heads // x.shape[2]
+
+
+def _shared(head, ratio: int):
+    """The head of an input shared by groups of `ratio` state heads that state head `head` reads."""
+    return head if ratio == 1 else lax.div(head, jnp.int32(ratio))
+
+
 def _gate_columns(g_ref, keys):
     """The gate columns of a tile of key channels: the same ones, or the head's only one."""
     return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
@@ -123,7 +136,7 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
     (`packed` False), row b is one sequence: init[b] before the first chunk, the final state after the last."""
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
-    kv = lax.div(head, jnp.int32(s["group"]))
+    k_head, v_head = _shared(head, s["k_ratio"]), _shared(head, s["v_ratio"])
     keys, cols = _tile(kt, bk), _tile(vt, bv)
     gates = _gate_columns(g_ref, keys)
 
@@ -136,8 +149,8 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
         g_last = g_ref[b, first + chunk - 1, head, gates]
-        k = (k_ref[b, rows, kv, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(mm)
-        h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, kv, cols].astype(mm), trans_a=True)
+        k = (k_ref[b, rows, k_head, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(mm)
+        h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, v_head, cols].astype(mm), trans_a=True)
         if packed:
             end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
             plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=end)
@@ -169,7 +182,8 @@ def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners):
         ],
         "ejkernel_gla_states",
         chunk=seq // chunks,
-        group=heads // k.shape[2],
+        k_ratio=_ratio(heads, k),
+        v_ratio=_ratio(heads, v),
         packed=packed,
         bk=t.state_k,
         bv=t.state_v,
@@ -185,6 +199,7 @@ def _state_grads_kernel(
     as the initial state's gradient where the sequence starts (unpacked: d_final[b] first, d_init[b] last)."""
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
+    q_head = _shared(head, s["q_ratio"])
     keys, cols = _tile(kt, bk), _tile(vt, bv)
     gates = _gate_columns(g_ref, keys)
     num_chunks = dh_ref.shape[1]
@@ -200,7 +215,7 @@ def _state_grads_kernel(
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
         g_last = g_ref[b, first + chunk - 1, head, gates]
-        q = (q_ref[b, rows, head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, gates])).astype(mm)
+        q = (q_ref[b, rows, q_head, keys].astype(F32) * jnp.exp(g_ref[b, rows, head, gates])).astype(mm)
         d = jnp.exp(g_last)[:, None] * d + s["scale"] * dot(q, do_ref[b, rows, head, cols].astype(mm), trans_a=True)
         if packed:
             start = starts_ref[c, b]
@@ -217,8 +232,8 @@ def _state_grads_kernel(
 def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
     """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [N, H, Dk, Dv] float32
     (sequences without a chunk left unwritten), Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32)`."""
-    batch, seq, heads, dk = q.shape
-    dv = do.shape[-1]
+    batch, seq, heads, _ = g.shape
+    dk, dv = q.shape[-1], do.shape[-1]
     chunks = starts.shape[0]
     args = (starts, ends, owners, q, g, do, e, d_final)
     dh, d_init, rs = _call(
@@ -235,6 +250,7 @@ def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts
         ],
         "ejkernel_gla_state_grads",
         chunk=seq // chunks,
+        q_ratio=_ratio(heads, q),
         scale=scale,
         packed=packed,
         bk=t.state_k,
@@ -305,8 +321,9 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
 
 def _scores(t: GlaTiling, chunk: int, q, k, g):
     """`A` `[B, T, H, C]` (row t of a chunk: its weights on the chunk's keys), in q's dtype (float32 if precise)."""
-    batch, seq, heads, dk = q.shape
-    group = heads // k.shape[2]
+    batch, seq, heads, _ = g.shape
+    dk = q.shape[-1]
+    q_ratio, k_ratio = _ratio(heads, q), _ratio(heads, k)
     per_chunk = lambda i: lax.div(i, jnp.int32(chunk // SUB))
     block = lambda width: (None, chunk, None, width)
     return _call(
@@ -315,8 +332,8 @@ def _scores(t: GlaTiling, chunk: int, q, k, g):
         t.scores_warps,
         (seq // SUB, batch, heads),
         [
-            pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, h, 0)),
-            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), lax.div(h, jnp.int32(group)), 0)),
+            pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, _shared(h, q_ratio), 0)),
+            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), _shared(h, k_ratio), 0)),
             pl.BlockSpec(block(g.shape[-1]), lambda i, b, h: (b, per_chunk(i), h, 0)),
         ],
         pl.BlockSpec((None, SUB, None, chunk), lambda i, b, h: (b, i, h, 0)),
@@ -334,9 +351,9 @@ def _outputs_kernel(q_ref, g_ref, a_ref, v_ref, e_ref, o_ref, *, scale: float, m
 
 
 def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, a, e):
-    batch, seq, heads, dk = q.shape
-    dv = v.shape[-1]
-    group = heads // v.shape[2]
+    batch, seq, heads, _ = g.shape
+    dk, dv = q.shape[-1], v.shape[-1]
+    q_ratio, v_ratio = _ratio(heads, q), _ratio(heads, v)
     block = lambda width: (None, chunk, None, width)
     return _call(
         _outputs_kernel,
@@ -344,10 +361,10 @@ def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, a, e):
         t.output_warps,
         (seq // chunk, batch, heads, dv // t.block_v),
         [
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, q_ratio), 0)),
             pl.BlockSpec(block(g.shape[-1]), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, lax.div(h, jnp.int32(group)), j)),
+            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, _shared(h, v_ratio), j)),
             pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
         ],
         pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
@@ -389,9 +406,13 @@ def _grads_kernel(
     `e`: the entry state, `dh`: the exit state's gradient, `rs`: `Σ_v e ⊙ dh`. The exit state
     `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `dk_exit = (v dhᵀ) ⊙ e^{g_C − g}`, dv its
     `(k ⊙ e^{g_C − g}) dh`, and the gate at the last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
-    The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row; summed over the
-    channels for a gate per head); the gate's is its sum over the rows at or after each (the block's own
-    by `total − cumsum + own`, the later blocks' carried).
+    The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row); the gate's is its sum
+    over the rows at or after each (the block's own by `total − cumsum + own`, the later blocks' carried).
+    Summed so, pairs of tokens on one side of a row cancel, and with them the rounding of dq and dk's
+    in-chunk parts (products of bfloat16 operands) would not: for a gate per head (whose total over a
+    sequence, as Mamba-2's dA, can be a thousandth of its terms) the in-chunk part is taken instead from
+    `M = (scale do vᵀ) ⊙ A` in float32, `Σ_s M[t, s] − Σ_s M[s, t]`, in which each pair's one value
+    cancels exactly (program of key tile 0; the entry and exit states' shares from dq and dk's, exact).
     """
     chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
@@ -408,12 +429,19 @@ def _grads_kernel(
     per_head = g_ref.shape[-1] == 1
     if per_head:
         later = jnp.sum(later, axis=1, keepdims=True)
+        columns = jnp.zeros((1, chunk), F32)  # Σ over the rows of the blocks done of M's columns
     for m in reversed(range(num_blocks)):
         rows = pl.ds(m * SUB, SUB)
         q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
         do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
         dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
         dk = dk_exit[m]
+        if per_head:
+            dg = jnp.sum(q * dq - k * dk, axis=1, keepdims=True)  # the entry and exit states' shares
+            scores = scale * dot(do, v_ref[...].astype(mm), trans_b=True) * a_ref[rows, :].astype(F32)  # M
+            columns += jnp.sum(scores, axis=0, keepdims=True)  # complete for the block's own columns
+            own = jnp.sum(jnp.where(_iota((SUB, chunk), 1) == m * SUB + row, columns, 0.0), axis=1, keepdims=True)
+            dg += jnp.where(own_tile, jnp.sum(scores, axis=1, keepdims=True) - own, 0.0)
         if m > 0:
             dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
         if m < num_blocks - 1:
@@ -430,9 +458,8 @@ def _grads_kernel(
         dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
-        dg = q * dq - k * dk
-        if per_head:
-            dg = jnp.sum(dg, axis=1, keepdims=True)
+        if not per_head:
+            dg = q * dq - k * dk
         total = jnp.sum(dg, axis=0, keepdims=True)
         da_ref[rows, :] = later + total - jnp.cumsum(dg, axis=0) + dg
         later += total
@@ -442,33 +469,35 @@ def _grads_kernel(
 
 
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
-    """`(dq, dk, dv, da)` `[B, T, H, ·]` per query head; da: the gradient of the gate (before its cumulative
-    sum). dv, and da for a gate per head, come per tile of key channels `[tiles, ...]` (the caller sums)."""
-    batch, seq, heads, dk = q.shape
-    dv = v.shape[-1]
-    group = heads // k.shape[2]
+    """`(dq, dk, dv, da)` `[B, T, H, ·]` per state head (H: the gate's heads); da: the gradient of the gate
+    (before its cumulative sum). An input shared by groups of state heads gets its gradient per state
+    head in float32 (the caller sums each group); dv, and da for a gate per head, come per tile of key
+    channels `[tiles, ...]` (the caller sums)."""
+    batch, seq, heads, _ = g.shape
+    dk, dv = q.shape[-1], v.shape[-1]
+    ratios = [_ratio(heads, x) for x in (q, k, v)]
+    q_head, k_head, v_head = (functools.partial(_shared, ratio=r) for r in ratios)
     tiles = dk // t.block_k
-    kv = lambda h: lax.div(h, jnp.int32(group))
     block = lambda width: (None, chunk, None, width)
     keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
     state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
-    wide = group > 1  # per query head, summed over the group by the caller
     per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
     if g.shape[-1] > 1:
-        gates, gate_grads, da_shape = keys, keys, q.shape
+        gates, gate_grads, da_shape = keys, keys, (batch, seq, heads, dk)
     else:
         gates, gate_grads = pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)), per_tile(1)
         da_shape = (tiles, *g.shape)
     args = (q, k, v, g, do, a, e, dh, rs)
+    q_ratio, k_ratio, v_ratio = ratios
     return _call(
         _grads_kernel,
         t,
         t.grads_warps,
         (seq // chunk, batch, heads, tiles),
         [
-            keys,
-            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, kv(h), j)),
-            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, kv(h), 0)),
+            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, q_head(h), j)),
+            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, k_head(h), j)),
+            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, v_head(h), 0)),
             gates,
             pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
@@ -478,9 +507,9 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         ],
         [keys, keys, per_tile(dv), gate_grads],
         [
-            out_struct(q.shape, q.dtype, *args),
-            out_struct(q.shape, F32 if wide else k.dtype, *args),
-            out_struct((tiles, batch, seq, heads, dv), F32 if wide or tiles > 1 else v.dtype, *args),
+            out_struct((batch, seq, heads, dk), F32 if q_ratio > 1 else q.dtype, *args),
+            out_struct((batch, seq, heads, dk), F32 if k_ratio > 1 else k.dtype, *args),
+            out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args),
             out_struct(da_shape, F32, *args),
         ],
         "ejkernel_gla_grads",
@@ -498,20 +527,23 @@ def _tiles_sum(x):
     return x[0] if x.shape[0] == 1 else jnp.sum(x, axis=0)
 
 
-def _group_sum(x, kv_heads: int, dtype):
-    """Per-query-head gradients `[B, T, H, D]` summed over each key/value head's group."""
+def _group_sum(x, shared_heads: int, dtype):
+    """Per-state-head gradients `[B, T, H, D]` of an input with `shared_heads` heads (each read by a group of
+    consecutive state heads), summed over each group."""
     batch, seq, heads, dim = x.shape
-    if heads == kv_heads:
+    if heads == shared_heads:
         return x.astype(dtype)
-    return jnp.sum(x.reshape(batch, seq, kv_heads, heads // kv_heads, dim), axis=3).astype(dtype)
+    return jnp.sum(x.reshape(batch, seq, shared_heads, heads // shared_heads, dim), axis=3).astype(dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init, starts, ends, owners, empty):
     """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
 
-    q `[B, T, H, Dk]`, k `[B, T, Hkv, Dk]`, v `[B, T, Hkv, Dv]` (T a multiple of the chunk, H a multiple
-    of Hkv), a `[B, T, H, Dk]` float32 log gates (or `[B, T, H, 1]`: one per head); init `[N, H, Dk, Dv]`;
+    a `[B, T, H, Dk]` float32 log gates (or `[B, T, H, 1]`: one per head) of the H state heads; q, k
+    `[B, T, Hq | Hk, Dk]`, v `[B, T, Hv, Dv]` with heads that divide H, each read by groups of consecutive
+    state heads (T a multiple of the chunk): grouped-query attention shares k and v (Hq = H), Mamba-2
+    shares q and k (= C and B, one per group; Hv = H); init `[N, H, Dk, Dv]`;
     starts / ends / owners `[NC, B]` int32 (`ChunkLayout`), empty `[N]` (sequences without tokens keep
     their initial state); `packed`: sequences packed in a row (else row b is sequence b, N = B).
     Differentiable w.r.t. q, k, v, a and init.
@@ -546,8 +578,8 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
         da = _tiles_sum(da)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
-    kv_heads = k.shape[2]
-    dk, dv = _group_sum(dk, kv_heads, k.dtype), _group_sum(_tiles_sum(dv), kv_heads, v.dtype)
+    dq, dk = _group_sum(dq, q.shape[2], q.dtype), _group_sum(dk, k.shape[2], k.dtype)
+    dv = _group_sum(_tiles_sum(dv), v.shape[2], v.dtype)
     return dq, dk, dv, da, d_init, None, None, None, None
 
 

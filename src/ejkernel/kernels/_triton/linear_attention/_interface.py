@@ -60,14 +60,17 @@ class TritonEngine(Engine):
 
     def gated(self, xs: dict, init, layout, *, scale: float):
         """The gated recurrence in the `_gla` kernels: a gate per key channel `[B, S, H, Dk]` (per-head
-        gates added in), or one per head `[B, S, H, 1]` (zeros without gates)."""
+        gates added in), or one per head `[B, S, H, 1]` (zeros without gates). H = the most heads of q and
+        v; k and v shared by groups of query heads (grouped-query), or q and k by groups of value heads (SSD)."""
         q, k, v = xs["q"], xs["k"], xs["v"]
-        if q.shape[2] % k.shape[2]:
-            raise ValueError(f"{WHO}: query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
+        heads = max(q.shape[2], v.shape[2])
+        if any(heads % x.shape[2] for x in (q, k, v)):
+            shapes = ", ".join(f"{n} {x.shape[2]}" for n, x in (("q", q), ("k", k), ("v", v)))
+            raise ValueError(f"{WHO}: the heads of q, k and v must divide the most of them, got {shapes}")
         if "a_key" in xs:
             gate = xs["a_key"] if "a_head" not in xs else xs["a_key"] + xs["a_head"][..., None]
         else:
-            gate = xs.get("a_head", jnp.zeros(q.shape[:3], jnp.float32))[..., None]
+            gate = xs.get("a_head", jnp.zeros((*q.shape[:2], heads), jnp.float32))[..., None]
         empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
         tiling = dataclasses.replace(
             self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
