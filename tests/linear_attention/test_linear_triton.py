@@ -20,9 +20,10 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     kernel_delta_attention_triton,
     lightning_attention_triton,
     recurrent_attention_triton,
+    triton_engine,
 )
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention import gla_attention_xla, recurrent_attention_xla
+from ejkernel.kernels._xla.linear_attention import gla_attention_xla, linear_attention, recurrent_attention_xla
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
@@ -75,6 +76,24 @@ def test_gla_tiles_and_row_blocks():
     )
     reference = lambda q, k, v, g, h0: linear_recurrence_reference(q, k, v, g, None, None, None, h0)
     check(fn, reference, [q, k, v, log_decay(2, 100, 2, strength=0.5), h0])
+
+
+def test_gla_value_heads_share_query_and_key():
+    """Mamba-2's head layout in the GLA kernels: q and k one per group of two value heads (their gradients
+    summed over each group), a gate per head; packed sequences (one empty), reversed; against the
+    reference with q and k copied to every head."""
+    cu = jnp.array([0, 30, 30, 70], jnp.int32)
+    q, k = (rand((1, 70, 2, D)) for _ in range(2))
+    args = [q, k, rand((1, 70, 4, 2 * D)), log_decay(1, 70, 4), rand((3, 4, D, 2 * D))]
+    engine = triton_engine(None, interpret=True)
+    fn = lambda q, k, v, g, h0: linear_attention(
+        q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
+    )
+    per_head = jnp.arange(4) // 2
+    ref = lambda q, k, v, g, h0: linear_recurrence_reference(
+        q[:, :, per_head], k[:, :, per_head], v, g, None, None, None, h0, cu, softmax_scale=0.5, reverse=True
+    )
+    check(fn, ref, args)
 
 
 def test_gated_delta_rule_segments():

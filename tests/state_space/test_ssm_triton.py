@@ -9,6 +9,7 @@ import pytest
 from state_space_cases import check_scan, packed, v1_inputs, v2_inputs
 
 from ejkernel import kernel_registry
+from ejkernel.kernels._triton.state_space_v2 import _interface as v2_triton
 from ejkernel.kernels._triton.state_space_v1._interface import state_space_v1_triton
 from ejkernel.kernels._triton.state_space_v2._interface import state_space_v2_triton
 from ejkernel.kernels._xla.state_space_v1._interface import state_space_v1_xla
@@ -16,12 +17,12 @@ from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV1Config, StateSpaceV2Config, state_space_v1, state_space_v2
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.state_space import state_space_v1_reference, state_space_v2_reference
-from harness import check_forward_and_grads, highest
+from harness import assert_close, check_forward_and_grads, highest
 
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
 SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
-# v2: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial); P = 8 pads to 16.
+# v2: 32-token chunks (the GLA kernels: two 16-row blocks; `_chunked`: two 16-row tiles).
 SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
 
 
@@ -40,17 +41,35 @@ def test_v1_decode_step_kernel_interpret():
 
 
 def test_v2_interpret_matches_reference():
-    """The chunked kernels' forward, and the backward (the XLA core's VJP) through them."""
-    args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=16)
+    """The default kernels: a differentiated call on the GLA kernels (forward and every gradient), a plain
+    one on `_chunked`'s forward. Two groups of two heads, P = 16, N = 32, 100 tokens: four 32-token
+    chunks, the last partial."""
+    args = v2_inputs(batch=1, seq=100, heads=4, head_dim=16, groups=2, state=32)
     fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
-    check_scan(fn, functools.partial(state_space_v2_reference, n_groups=2), args)
+    reference = functools.partial(state_space_v2_reference, n_groups=2)
+    check_scan(fn, reference, args)
+    assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
+
+
+@pytest.mark.parametrize(("forward", "training"), [("gla", "gla"), ("chunked", "xla")])
+def test_v2_other_kernels_interpret(monkeypatch, forward, training):
+    """The other settings of the module's switches, forward (plain call) and gradients: the GLA kernels
+    throughout, at dims they take padded (P = 8 and N = 6 to 16; 37 tokens: two chunks, the second
+    partial), and `_chunked`'s forward with XLA's VJP."""
+    monkeypatch.setattr(v2_triton, "FORWARD", forward)
+    monkeypatch.setattr(v2_triton, "TRAINING", training)
+    args = v2_inputs(batch=2, seq=37, heads=2, head_dim=8, groups=1, state=6)
+    fn = functools.partial(state_space_v2_triton, cfg=SMALL_V2, interpret=True)
+    check_scan(fn, state_space_v2_reference, args)
+    assert_close(jax.jit(packed(fn))(*args), packed(state_space_v2_reference)(*args), jnp.float32)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 @pytest.mark.parametrize("op", ["v1", "v2"])
 def test_kernels_lower_for_cuda(cuda_lowering, op):
     """The kernels lower to Triton IR for an H100 (compute capability 9.0) without a GPU: v1's forward and
-    backward, v2's forward (v2's differentiated calls run XLA)."""
+    backward; v2's plain forward (`_chunked`) and its differentiated call (the GLA kernels, forward and
+    backward, q and k read per group)."""
     if op == "v1":
         args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
         impl, kernel_names = state_space_v1_triton, ["ssm1_chunk_ends", "ssm1_chunk_outputs", "ssm1_chunk_grads"]
@@ -58,15 +77,19 @@ def test_kernels_lower_for_cuda(cuda_lowering, op):
         step = jax.jit(packed(functools.partial(impl, interpret=False))).trace(*step_args)
         assert "ejkernel_ssm1_decode_step" in step.lower(lowering_platforms=("cuda",)).as_text()
     else:
-        args = v2_inputs(batch=2, seq=512, heads=4, head_dim=64, groups=1, state=128, dtype=jnp.bfloat16)
+        args = v2_inputs(batch=2, seq=512, heads=4, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
         impl, kernel_names = state_space_v2_triton, ["ssd_chunk_states", "ssd_chunk_outputs"]
+        impl = functools.partial(impl, n_groups=2)
     forward = packed(functools.partial(impl, interpret=False))
     train = lambda *a: jax.vjp(forward, *a)[1](jnp.ones(forward(*a).shape))
     lowered = lambda fn: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     text = lowered(train if op == "v1" else forward)
     assert all(f"ejkernel_{name}" in text for name in kernel_names)
-    if op == "v2":  # a differentiated call runs XLA's forward and backward alone
-        assert not any(f"ejkernel_{name}" in lowered(train) for name in kernel_names)
+    if op == "v2":  # a differentiated call runs the GLA kernels alone
+        text = lowered(train)
+        assert not any(f"ejkernel_{name}" in text for name in kernel_names)
+        gla = ("cumulative", "states", "scores", "outputs", "state_grads", "grads")
+        assert all(f"ejkernel_gla_{name}" in text for name in gla)
 
 
 @pytest.mark.gpu

@@ -22,9 +22,10 @@ from ejkernel.ops import FwdParams, Invocation
 @dataclasses.dataclass(frozen=True)
 class StateSpaceV2Config(ChunkedScanConfig):
     """`chunk_size`: tokens per chunk of the SSD chunked form (a power of two; None: the implementation's
-    default, 64 on XLA, 256 on Triton); `fwd_params` (`block_q`: rows per matmul tile, `num_warps`,
-    `num_stages`) tile the Triton forward kernels (a differentiated call runs XLA's forward and backward,
-    so `bwd_params` tiles nothing); the platform."""
+    default: 64 on XLA; on Triton 256 for the forward-only kernels of plain calls and 64 for the GLA
+    kernels of differentiated calls, which take at most 128); `fwd_params` (`block_q`: rows per matmul
+    tile, `num_warps`, `num_stages`) tile the Triton forward-only kernels (`bwd_params` tiles nothing);
+    the platform."""
 
 
 class StateSpaceV2(StateSpaceKernel):
