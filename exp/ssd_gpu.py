@@ -1,0 +1,320 @@
+"""Mamba-2 (state_space_v2) on a GPU: the Triton path on the GLA kernels against XLA, for correctness and speed.
+
+    PYTHONPATH=src python exp/ssd_gpu.py                 # on a GPU, under 4 minutes with compilation
+    PYTHONPATH=src python exp/ssd_gpu.py --cpu-smoke     # tiny shapes, Pallas interpret mode, on a CPU
+
+Sections (each guarded: a failure is printed and the rest runs; no variant is compiled after --budget s):
+1. check: at B=1 S=4096 H=8 P=64 N=128, groups 1 and 2, bf16 and float32 inputs (A, D and the initial state
+   float32), a differentiated call on the GLA kernels (`TRAINING = "gla"`, chunk 64): output y, final state
+   and the gradients of x, A, B, C, D, dt and the initial state under one random cotangent, against XLA's
+   path in float32 at full matmul precision on the same (rounded) inputs. `rel` = ‖x − ref‖ / ‖ref‖, `max` =
+   max |x − ref| / max |ref|, NONFINITE where any value is not finite. Also: XLA's own path fed bf16 (the
+   floor bf16 outputs and cotangents set), plain bf16 forwards (`FORWARD` "gla" and "chunked"), dA per head.
+2. time: at B=2 S=16384 H=32 P=64 N=128 G=1 bf16 (the bench's shape), forward and forward+backward
+   (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the current Triton path
+   (`_chunked` forward; its training is XLA's, the same program as "xla"), and the GLA path at chunk
+   32 / 64 / 128; `time_fns` medians, all variants interleaved. Table at the end, with the targets.
+3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32), and XLA's sums of dB and dC over
+   each group's heads, so that a training step can be split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.kernels._common.state_space import ssd_inputs
+from ejkernel.kernels._triton.linear_attention import _gla
+from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.state_space_v2 import _interface as ssd
+from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
+from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
+from ejkernel.modules import StateSpaceV2Config
+from ejkernel.ops.autotune import time_fns
+
+START = time.perf_counter()
+ARGS = None
+NAMES = ["y", "state", "dx", "dA", "dB", "dC", "dD", "ddt", "dh0"]
+TARGETS = "targets: fwd+bwd <= 7.9 ms (1.5x XLA's 11.9, H100) and <= 4.46 ms (mamba_chunk_scan_combined, H200); fwd <= 0.88 ms"
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def log(*args):
+    print(f"[{elapsed():6.1f}s]", *args, flush=True)
+
+
+def guarded(name, fn):
+    try:
+        fn()
+    except Exception:
+        log(f"{name} FAILED:")
+        traceback.print_exc(limit=8)
+        sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def switches(forward=None, training=None):
+    """The Triton path's kernels (`FORWARD`, `TRAINING`) while a call is traced."""
+    saved = ssd.FORWARD, ssd.TRAINING
+    ssd.FORWARD, ssd.TRAINING = forward or saved[0], training or saved[1]
+    try:
+        yield
+    finally:
+        ssd.FORWARD, ssd.TRAINING = saved
+
+
+# ---- inputs and calls ----
+
+
+def make_inputs(batch, seq, heads, head_dim, state, groups, dtype, seed=0):
+    """`[x, A, B, C, D, dt, h0]`: x, B, C, dt in `dtype`; A, D, h0 float32 (as models keep them)."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
+    normal = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
+    return [
+        normal(batch, seq, heads, head_dim).astype(dtype),
+        -jnp.exp(0.5 * normal(heads)),
+        normal(batch, seq, groups, state).astype(dtype),
+        normal(batch, seq, groups, state).astype(dtype),
+        normal(heads),
+        jax.nn.softplus(normal(batch, seq, heads) - 2.0).astype(dtype),
+        0.1 * normal(batch, heads, head_dim, state),
+    ]
+
+
+def scan_fn(impl, groups, chunk=None):
+    """`(x, A, B, C, D, dt, h0) -> (y, state)` of `impl` (no gate)."""
+    cfg = StateSpaceV2Config(chunk_size=chunk)
+    extra = {} if impl is state_space_v2_xla else {"interpret": ARGS.interpret}
+
+    def fn(x, A, B, C, D, dt, h0=None):
+        y, state, _ = impl(x, A, B, C, D, dt, None, h0, n_groups=groups, cfg=cfg, **extra)
+        return y, state
+
+    return fn
+
+
+def errors(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    rel = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+    mx = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
+    return rel, mx, bool(np.all(np.isfinite(x)))
+
+
+def row(name, values, refs, names=NAMES):
+    cells = []
+    for n, x, r in zip(names, values, refs, strict=False):
+        rel, mx, finite = errors(x, r)
+        cells.append(f"{n} {rel:.1e}/{mx:.1e}{'' if finite else ' NONFINITE'}")
+    log(f"{name:<30} " + "  ".join(cells))
+
+
+def vjp_all(fn, args, cotangent_seed=7):
+    """Forward and the VJP of every argument under one random cotangent (float32, cast to each output's dtype)."""
+    (y, state), pullback = jax.vjp(jax.jit(fn), *args)
+    k = jax.random.split(jax.random.PRNGKey(cotangent_seed))
+    cts = (jax.random.normal(k[0], y.shape, jnp.float32), jax.random.normal(k[1], state.shape, jnp.float32))
+    grads = pullback((cts[0].astype(y.dtype), cts[1].astype(state.dtype)))
+    return [y, state, *grads]
+
+
+# ---- sections ----
+
+
+def check():
+    b, s, h, p, n = ARGS.check_shape
+    chunk = ARGS.check_chunk
+    log(f"check: vs XLA float32 at highest precision; rel/max errors; B={b} S={s} H={h} P={p} N={n}, GLA chunk {chunk}")
+    for groups in (1, 2):
+        base = make_inputs(b, s, h, p, n, groups, jnp.bfloat16, seed=groups)
+        for dtype in (jnp.bfloat16, jnp.float32):
+            if elapsed() > ARGS.budget:
+                log(f"check g{groups} {jnp.dtype(dtype).name}: skipped (time budget {ARGS.budget}s spent)")
+                continue
+
+            def one(groups=groups, dtype=dtype, base=base):
+                args = [a.astype(dtype) if i in (0, 2, 3, 5) else a for i, a in enumerate(base)]
+                f32 = [a.astype(jnp.float32) for a in args]
+                name = f"g{groups} {jnp.dtype(dtype).name}"
+                with jax.default_matmul_precision("highest"):
+                    ref = vjp_all(scan_fn(state_space_v2_xla, groups), f32)
+                with switches(training="gla"):
+                    ours = vjp_all(scan_fn(ssd.state_space_v2_triton, groups, chunk), args)
+                row(f"gla {name}", ours, ref)
+                if dtype == jnp.bfloat16 and groups == 1:
+                    row(f"xla {name} (the floor)", vjp_all(scan_fn(state_space_v2_xla, groups), args), ref)
+                heads = min(h, 4)
+                log(f"  dA per head (first {heads}): gla {np.asarray(ours[3])[:heads]}  ref {np.asarray(ref[3])[:heads]}")
+                for forward, fwd_chunk in (("gla", chunk), ("chunked", None)) if dtype == jnp.bfloat16 else ():
+                    with switches(forward=forward):
+                        out = jax.jit(scan_fn(ssd.state_space_v2_triton, groups, fwd_chunk))(*args)
+                    row(f"plain forward {forward} {name}", out, ref[:2])
+
+            guarded(f"check g{groups} {jnp.dtype(dtype).name}", one)
+
+
+def training_step(fn, args):
+    loss = lambda *a: sum(jnp.sum(o.astype(jnp.float32)) for o in fn(*a))
+    step = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+    return functools.partial(step, *args)
+
+
+def forward_step(fn, args):
+    return functools.partial(jax.jit(fn), *args)
+
+
+def timed(builders: dict, repeats: int) -> dict:
+    """Build, compile and run each variant once (failures printed, none started past the budget), then
+    time the ready ones together."""
+    ready = {}
+    for name, (build, forward, training) in builders.items():
+        if elapsed() > ARGS.budget:
+            log(f"{name}: skipped (time budget {ARGS.budget}s spent)")
+            continue
+        try:
+            t0 = time.perf_counter()
+            with switches(forward, training):
+                call = build()
+                jax.block_until_ready(call())  # traced (and compiled) under the switches
+            ready[name] = call
+            log(f"  built {name} ({time.perf_counter() - t0:.1f}s)")
+        except Exception as err:
+            log(f"{name}: {type(err).__name__}: {str(err)[:400]}")
+    if not ready:
+        return {}
+    log(f"timing {len(ready)} variants, {repeats} rounds")
+    return time_fns(ready, repeats=repeats, warmup=2)
+
+
+def bench():
+    b, s, h, p, n = ARGS.bench_shape
+    args = make_inputs(b, s, h, p, n, 1, jnp.bfloat16)[:6]
+    tri, xla = ssd.state_space_v2_triton, state_space_v2_xla
+    scan = lambda impl, chunk=None: scan_fn(impl, 1, chunk)  # a new function each: its own jit cache
+    # name: (builder, FORWARD, TRAINING), in order of interest (a spent budget skips the last ones)
+    builders = {
+        "xla fwd+bwd": (functools.partial(training_step, scan(xla), args), None, None),
+        f"gla C{ARGS.chunks[1]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[1]), args), None, "gla"),
+        f"gla C{ARGS.chunks[0]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[0]), args), None, "gla"),
+        "xla fwd": (functools.partial(forward_step, scan(xla), args), None, None),
+        "chunked fwd (current)": (functools.partial(forward_step, scan(tri), args), "chunked", None),
+        f"gla C{ARGS.chunks[1]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[1]), args), "gla", None),
+        f"gla C{ARGS.chunks[0]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[0]), args), "gla", None),
+        f"gla C{ARGS.chunks[2]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[2]), args), None, "gla"),
+        f"gla C{ARGS.chunks[2]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[2]), args), "gla", None),
+        "xla C256 fwd+bwd (bench cfg)": (functools.partial(training_step, scan(xla, 256), args), None, None),
+        "xla C256 fwd (bench cfg)": (functools.partial(forward_step, scan(xla, 256), args), None, None),
+    }
+    log(f"time: building {len(builders)} variants at B={b} S={s} H={h} P={p} N={n} G=1 bf16")
+    times = timed(builders, ARGS.repeats)
+    RESULTS.update(times)
+
+
+def kernels():
+    b, s, h, p, n = ARGS.bench_shape
+    x, A, B, C, _, dt, _ = make_inputs(b, s, h, p, n, 1, jnp.bfloat16)
+    q, k, v, a = jax.jit(lambda: ssd_inputs(x, A, B, C, dt, jnp.bfloat16))()
+    a = a[..., None]
+    do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
+    init = jnp.zeros((b, h, n, p), jnp.float32)
+    builders = {}
+    for chunk in ARGS.kernel_chunks:
+        layout = ChunkLayout.dense(b, s, chunk)
+        starts, ends, owners = layout.starts, layout.ends(), layout.owners()
+        t = GlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
+        g = jax.jit(lambda chunk=chunk, t=t: _gla._cumulative(t, chunk, a))()
+        e, final = jax.jit(lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow))()
+        scores = jax.jit(lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g))()
+        dh, _, rs = jax.jit(
+            lambda t=t, g=g, e=e, final=final, st=starts, en=ends, ow=owners: _gla._state_grads(
+                t, False, 1.0, q, g, do, e, final, st, en, ow
+            )
+        )()
+        calls = {
+            "cumulative": lambda t=t, chunk=chunk: _gla._cumulative(t, chunk, a),
+            "states": lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow),
+            "scores": lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g),
+            "outputs": lambda t=t, g=g, chunk=chunk, sc=scores, e=e: _gla._outputs(t, chunk, 1.0, q, v, g, sc, e),
+            "state_grads": lambda t=t, g=g, e=e, f=final, st=starts, en=ends, ow=owners: _gla._state_grads(
+                t, False, 1.0, q, g, do, e, f, st, en, ow
+            ),
+            "grads": lambda t=t, g=g, chunk=chunk, sc=scores, e=e, dh=dh, rs=rs: _gla._grads(
+                t, chunk, 1.0, q, k, v, g, do, sc, e, dh, rs
+            ),
+        }
+        for stage, call in calls.items():
+            builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None, None)
+        jax.block_until_ready((e, scores, dh, rs))
+    wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
+    group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
+    builders["xla group sum of one of dB / dC"] = (lambda: functools.partial(group_sum, wide), None, None)
+    log(f"kernels: building {len(builders)} (each alone, bf16, B={b} S={s} H={h} P={p} N={n})")
+    times = timed(builders, ARGS.repeats)
+    log("kernels (ms each):")
+    for name, seconds in times.items():
+        print(f"  {name:<36} {1e3 * seconds:8.3f}")
+    sys.stdout.flush()
+
+
+RESULTS: dict = {}
+
+
+def table():
+    if not RESULTS:
+        log("no timings")
+        return
+    xla = {mode: RESULTS.get(f"xla {mode}") for mode in ("fwd", "fwd+bwd")}
+    print(f"\nstate_space_v2 at B,S,H,P,N = {ARGS.bench_shape}, G=1, bf16; {jax.devices()[0].device_kind}")
+    print(f"  {'variant':<32} {'ms':>9} {'vs xla':>8}")
+    mode_of = lambda name: "fwd+bwd" if name.split(" (")[0].endswith("fwd+bwd") else "fwd"
+    for mode in ("fwd", "fwd+bwd"):
+        for name, seconds in RESULTS.items():
+            if mode_of(name) == mode:
+                ratio = f"{xla[mode] / seconds:7.2f}x" if xla[mode] else ""
+                print(f"  {name:<32} {1e3 * seconds:9.3f} {ratio:>8}")
+    print(f"  (chunked's fwd+bwd is the xla row's program; vs xla = XLA chunk 64 / this)\n  {TARGETS}")
+    sys.stdout.flush()
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in Pallas interpret mode (on a CPU)")
+    p.add_argument("--sections", default="check,time,kernels")
+    p.add_argument("--budget", type=float, default=170.0, help="seconds after which no new variant is compiled")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--cache-dir", default="/tmp/ejkernel_ssd_jax_cache", help="JAX compilation cache ('' for none)")
+    args = ARGS = p.parse_args()
+    args.interpret = args.cpu_smoke
+    if args.cpu_smoke:
+        args.check_shape, args.bench_shape = (1, 128, 4, 16, 32), (1, 128, 2, 16, 32)
+        args.check_chunk, args.chunks, args.kernel_chunks = 32, (16, 32, 64), (32,)
+        args.repeats = 2
+    else:
+        args.check_shape, args.bench_shape = (1, 4096, 8, 64, 128), (2, 16384, 32, 64, 128)
+        args.check_chunk, args.chunks, args.kernel_chunks = 64, (32, 64, 128), (64, 32)
+    if args.cache_dir:  # a second run on the same machine skips most compilation
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}, defaults FORWARD={ssd.FORWARD} TRAINING={ssd.TRAINING}")
+    sections = {"check": check, "time": bench, "kernels": kernels}
+    for name in args.sections.split(","):
+        guarded(name, sections[name])
+        if name == "time":
+            table()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
