@@ -43,7 +43,10 @@ from ejkernel.ops.autotune import time_fns
 START = time.perf_counter()
 ARGS = None
 NAMES = ["y", "state", "dx", "dA", "dB", "dC", "dD", "ddt", "dh0"]
-TARGETS = "targets: fwd+bwd <= 7.9 ms (1.5x XLA's 11.9, H100) and <= 4.46 ms (mamba_chunk_scan_combined, H200); fwd <= 0.88 ms"
+TARGETS = (
+    "targets: fwd+bwd <= 7.9 ms (1.5x XLA's 11.9, H100) and <= 4.46 ms (mamba_chunk_scan_combined, H200); "
+    "fwd <= 0.88 ms"
+)
 
 
 def elapsed() -> float:
@@ -154,7 +157,8 @@ def check():
                 if dtype == jnp.bfloat16 and groups == 1:
                     row(f"xla {name} (the floor)", vjp_all(scan_fn(state_space_v2_xla, groups), args), ref)
                 heads = min(h, 4)
-                log(f"  dA per head (first {heads}): gla {np.asarray(ours[3])[:heads]}  ref {np.asarray(ref[3])[:heads]}")
+                ours_da, ref_da = np.asarray(ours[3])[:heads], np.asarray(ref[3])[:heads]
+                log(f"  dA per head (first {heads}): gla {ours_da}  ref {ref_da}")
                 for forward, fwd_chunk in (("gla", chunk), ("chunked", None)) if dtype == jnp.bfloat16 else ():
                     with switches(forward=forward):
                         out = jax.jit(scan_fn(ssd.state_space_v2_triton, groups, fwd_chunk))(*args)
@@ -204,13 +208,25 @@ def bench():
     # name: (builder, FORWARD, TRAINING), in order of interest (a spent budget skips the last ones)
     builders = {
         "xla fwd+bwd": (functools.partial(training_step, scan(xla), args), None, None),
-        f"gla C{ARGS.chunks[1]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[1]), args), None, "gla"),
-        f"gla C{ARGS.chunks[0]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[0]), args), None, "gla"),
+        f"gla C{ARGS.chunks[1]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[1]), args),
+            None,
+            "gla",
+        ),
+        f"gla C{ARGS.chunks[0]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[0]), args),
+            None,
+            "gla",
+        ),
         "xla fwd": (functools.partial(forward_step, scan(xla), args), None, None),
         "chunked fwd (current)": (functools.partial(forward_step, scan(tri), args), "chunked", None),
         f"gla C{ARGS.chunks[1]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[1]), args), "gla", None),
         f"gla C{ARGS.chunks[0]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[0]), args), "gla", None),
-        f"gla C{ARGS.chunks[2]} fwd+bwd": (functools.partial(training_step, scan(tri, ARGS.chunks[2]), args), None, "gla"),
+        f"gla C{ARGS.chunks[2]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[2]), args),
+            None,
+            "gla",
+        ),
         f"gla C{ARGS.chunks[2]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[2]), args), "gla", None),
         "xla C256 fwd+bwd (bench cfg)": (functools.partial(training_step, scan(xla, 256), args), None, None),
         "xla C256 fwd (bench cfg)": (functools.partial(forward_step, scan(xla, 256), args), None, None),
@@ -233,7 +249,9 @@ def kernels():
         starts, ends, owners = layout.starts, layout.ends(), layout.owners()
         t = GlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
         g = jax.jit(lambda chunk=chunk, t=t: _gla._cumulative(t, chunk, a))()
-        e, final = jax.jit(lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow))()
+        e, final = jax.jit(
+            lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow)
+        )()
         scores = jax.jit(lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g))()
         dh, _, rs = jax.jit(
             lambda t=t, g=g, e=e, final=final, st=starts, en=ends, ow=owners: _gla._state_grads(
@@ -307,7 +325,8 @@ def main():
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}, defaults FORWARD={ssd.FORWARD} TRAINING={ssd.TRAINING}")
+    log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}")
+    log(f"defaults: FORWARD={ssd.FORWARD} TRAINING={ssd.TRAINING} GLA_CHUNK={ssd.GLA_CHUNK}")
     sections = {"check": check, "time": bench, "kernels": kernels}
     for name in args.sections.split(","):
         guarded(name, sections[name])

@@ -9,8 +9,8 @@ import pytest
 from state_space_cases import check_scan, packed, v1_inputs, v2_inputs
 
 from ejkernel import kernel_registry
-from ejkernel.kernels._triton.state_space_v2 import _interface as v2_triton
 from ejkernel.kernels._triton.state_space_v1._interface import state_space_v1_triton
+from ejkernel.kernels._triton.state_space_v2 import _interface as v2_triton
 from ejkernel.kernels._triton.state_space_v2._interface import state_space_v2_triton
 from ejkernel.kernels._xla.state_space_v1._interface import state_space_v1_xla
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
@@ -51,15 +51,15 @@ def test_v2_interpret_matches_reference():
     assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
 
 
-@pytest.mark.parametrize(("forward", "training"), [("gla", "gla"), ("chunked", "xla")])
-def test_v2_other_kernels_interpret(monkeypatch, forward, training):
+@pytest.mark.parametrize(("forward", "training", "chunk"), [("gla", "gla", 128), ("chunked", "xla", 32)])
+def test_v2_other_kernels_interpret(monkeypatch, forward, training, chunk):
     """The other settings of the module's switches, forward (plain call) and gradients: the GLA kernels
-    throughout, at dims they take padded (P = 8 and N = 6 to 16; 37 tokens: two chunks, the second
-    partial), and `_chunked`'s forward with XLA's VJP."""
+    throughout, at dims they take padded (P = 8 and N = 6 to 16) in 128-token chunks (two 64-row programs
+    of scores each; 150 tokens: the second chunk partial), and `_chunked`'s forward with XLA's VJP."""
     monkeypatch.setattr(v2_triton, "FORWARD", forward)
     monkeypatch.setattr(v2_triton, "TRAINING", training)
-    args = v2_inputs(batch=2, seq=37, heads=2, head_dim=8, groups=1, state=6)
-    fn = functools.partial(state_space_v2_triton, cfg=SMALL_V2, interpret=True)
+    args = v2_inputs(batch=2, seq=150 if chunk == 128 else 37, heads=2, head_dim=8, groups=1, state=6)
+    fn = functools.partial(state_space_v2_triton, cfg=StateSpaceV2Config(chunk_size=chunk), interpret=True)
     check_scan(fn, state_space_v2_reference, args)
     assert_close(jax.jit(packed(fn))(*args), packed(state_space_v2_reference)(*args), jnp.float32)
 

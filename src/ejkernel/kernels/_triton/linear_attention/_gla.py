@@ -15,6 +15,8 @@ Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are 
 of earlier blocks through the gate `r` at the block's first row, `(q_t e^{g_t − r})·(k_s e^{r − g_s})`
 (one matmul), keys of its own block one at a time, exactly; every exponent is <= 0 for decaying gates.
 The backward's intra-chunk products take the same three routes (earlier keys, later queries, own block).
+A gate per head (lightning, Mamba-2) has kernels of its own for both (`_head_scores`, `_head_grads`):
+its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over whole chunks.
 
 Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
 chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs`.
@@ -149,7 +151,9 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
         g_last = g_ref[b, first + chunk - 1, head, gates]
-        k = (k_ref[b, rows, k_head, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(mm)
+        k = (k_ref[b, rows, k_head, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(
+            mm
+        )
         h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, v_head, cols].astype(mm), trans_a=True)
         if packed:
             end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
@@ -321,6 +325,8 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
 
 def _scores(t: GlaTiling, chunk: int, q, k, g):
     """`A` `[B, T, H, C]` (row t of a chunk: its weights on the chunk's keys), in q's dtype (float32 if precise)."""
+    if g.shape[-1] == 1:
+        return _head_scores(t, chunk, q, k, g)
     batch, seq, heads, _ = g.shape
     dk = q.shape[-1]
     q_ratio, k_ratio = _ratio(heads, q), _ratio(heads, k)
@@ -408,11 +414,7 @@ def _grads_kernel(
     `(k ⊙ e^{g_C − g}) dh`, and the gate at the last row `Σ_v X ⊙ dh = e^{g_C} ⊙ rs + Σ_s k_s ⊙ dk_exit_s`.
     The cumulative gate's gradient is `q ⊙ dq − k ⊙ dk` (plus that on the last row); the gate's is its sum
     over the rows at or after each (the block's own by `total − cumsum + own`, the later blocks' carried).
-    Summed so, pairs of tokens on one side of a row cancel, and with them the rounding of dq and dk's
-    in-chunk parts (products of bfloat16 operands) would not: for a gate per head (whose total over a
-    sequence, as Mamba-2's dA, can be a thousandth of its terms) the in-chunk part is taken instead from
-    `M = (scale do vᵀ) ⊙ A` in float32, `Σ_s M[t, s] − Σ_s M[s, t]`, in which each pair's one value
-    cancels exactly (program of key tile 0; the entry and exit states' shares from dq and dk's, exact).
+    (A gate per head takes `_head_grads_kernel`.)
     """
     chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
@@ -426,22 +428,12 @@ def _grads_kernel(
         to_exit = jnp.exp(g_last - g_ref[rows, :])
         dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit)
         later += jnp.sum(k_ref[rows, :].astype(F32) * dk_exit[m], axis=0, keepdims=True)
-    per_head = g_ref.shape[-1] == 1
-    if per_head:
-        later = jnp.sum(later, axis=1, keepdims=True)
-        columns = jnp.zeros((1, chunk), F32)  # Σ over the rows of the blocks done of M's columns
     for m in reversed(range(num_blocks)):
         rows = pl.ds(m * SUB, SUB)
         q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
         do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
         dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
         dk = dk_exit[m]
-        if per_head:
-            dg = jnp.sum(q * dq - k * dk, axis=1, keepdims=True)  # the entry and exit states' shares
-            scores = scale * dot(do, v_ref[...].astype(mm), trans_b=True) * a_ref[rows, :].astype(F32)  # M
-            columns += jnp.sum(scores, axis=0, keepdims=True)  # complete for the block's own columns
-            own = jnp.sum(jnp.where(_iota((SUB, chunk), 1) == m * SUB + row, columns, 0.0), axis=1, keepdims=True)
-            dg += jnp.where(own_tile, jnp.sum(scores, axis=1, keepdims=True) - own, 0.0)
         if m > 0:
             dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
         if m < num_blocks - 1:
@@ -458,8 +450,7 @@ def _grads_kernel(
         dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
-        if not per_head:
-            dg = q * dq - k * dk
+        dg = q * dq - k * dk
         total = jnp.sum(dg, axis=0, keepdims=True)
         da_ref[rows, :] = later + total - jnp.cumsum(dg, axis=0) + dg
         later += total
@@ -473,6 +464,8 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     (before its cumulative sum). An input shared by groups of state heads gets its gradient per state
     head in float32 (the caller sums each group); dv, and da for a gate per head, come per tile of key
     channels `[tiles, ...]` (the caller sums)."""
+    if g.shape[-1] == 1:
+        return _head_grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs)
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
     ratios = [_ratio(heads, x) for x in (q, k, v)]
@@ -482,11 +475,6 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
     state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
     per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
-    if g.shape[-1] > 1:
-        gates, gate_grads, da_shape = keys, keys, (batch, seq, heads, dk)
-    else:
-        gates, gate_grads = pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)), per_tile(1)
-        da_shape = (tiles, *g.shape)
     args = (q, k, v, g, do, a, e, dh, rs)
     q_ratio, k_ratio, v_ratio = ratios
     return _call(
@@ -498,19 +486,154 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
             pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, q_head(h), j)),
             pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, k_head(h), j)),
             pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, v_head(h), 0)),
-            gates,
+            keys,
             pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
             pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
             state,
             state,
             pl.BlockSpec((None, None, None, t.block_k), lambda c, b, h, j: (b, c, h, j)),
         ],
-        [keys, keys, per_tile(dv), gate_grads],
+        [keys, keys, per_tile(dv), keys],
         [
             out_struct((batch, seq, heads, dk), F32 if q_ratio > 1 else q.dtype, *args),
             out_struct((batch, seq, heads, dk), F32 if k_ratio > 1 else k.dtype, *args),
             out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args),
-            out_struct(da_shape, F32, *args),
+            out_struct((batch, seq, heads, dk), F32, *args),
+        ],
+        "ejkernel_gla_grads",
+        chunk=chunk,
+        scale=scale,
+        mm=t.mm(q.dtype),
+    )(*args)
+
+
+# ---- the in-chunk kernels of a gate per head ----
+#
+# With one gate per head, `A = (q kᵀ) ⊙ D` with `D[t, s] = e^{g_t − g_s}` (s <= t): the decays form a
+# `[C, C]` matrix of their own, every exponent <= 0 for decaying gates, and each product is one matmul
+# over whole row blocks. The gates enter twice, as a column (`g`, `[C, 1]`) and as a row (`g_rows`: the
+# cumulative gates transposed, `[B, H, T]`).
+
+
+def _decays(g_col, g_row, first: int = 0):
+    """`D [R, C]` for the rows `first + r` of a chunk: `e^{g_t − g_s}` where s <= t, else 0."""
+    rows, cols = g_col.shape[0], g_row.shape[-1]
+    keep = first + _iota((rows, 1), 0) >= _iota((1, cols), 1)
+    return _masked_exp(g_col - g_row, keep)
+
+
+def _head_scores_kernel(q_ref, k_ref, g_ref, g_row_ref, a_ref, *, chunk: int, mm):
+    """Rows `[R, C]` of a chunk's `A` (zeros right of the diagonal)."""
+    rows = a_ref.shape[0]
+    first = lax.rem(pl.program_id(0), jnp.int32(chunk // rows)) * rows
+    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True)
+    a_ref[...] = (scores * _decays(g_ref[...], g_row_ref[...][None, :], first)).astype(a_ref.dtype)
+
+
+def _head_scores(t: GlaTiling, chunk: int, q, k, g):
+    """`_scores` for a gate per head: programs of `min(C, 64)` rows."""
+    batch, seq, heads, _ = g.shape
+    dk, rows = q.shape[-1], min(chunk, 64)
+    q_ratio, k_ratio = _ratio(heads, q), _ratio(heads, k)
+    per_chunk = lambda i: lax.div(i, jnp.int32(chunk // rows))
+    g_rows = jnp.swapaxes(g[..., 0], 1, 2)
+    return _call(
+        _head_scores_kernel,
+        t,
+        t.scores_warps,
+        (seq // rows, batch, heads),
+        [
+            pl.BlockSpec((None, rows, None, dk), lambda i, b, h: (b, i, _shared(h, q_ratio), 0)),
+            pl.BlockSpec((None, chunk, None, dk), lambda i, b, h: (b, per_chunk(i), _shared(h, k_ratio), 0)),
+            pl.BlockSpec((None, rows, None, 1), lambda i, b, h: (b, i, h, 0)),
+            pl.BlockSpec((None, None, chunk), lambda i, b, h: (b, h, per_chunk(i))),
+        ],
+        pl.BlockSpec((None, rows, None, chunk), lambda i, b, h: (b, i, h, 0)),
+        out_struct((batch, seq, heads, chunk), t.mm(q.dtype), q, k, g),
+        "ejkernel_gla_scores",
+        chunk=chunk,
+        mm=t.mm(q.dtype),
+    )(q, k, g, g_rows)
+
+
+def _head_grads_kernel(
+    q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
+):
+    """`_grads_kernel` for a gate per head, on whole chunks: `dS = (scale do vᵀ) ⊙ D`, dq = `dS k` + the
+    entry state's `scale (do eᵀ) ⊙ e^{g}`, dk = `dSᵀ q` + the exit's `dk_exit`, dv = `scale Aᵀ do` (key tile
+    0) + `(k ⊙ e^{g_C − g}) dh`.
+
+    The cumulative gate's gradient, `Σ_d (q ⊙ dq − k ⊙ dk)` on each row, sums pairs of tokens on one side
+    of a row that cancel in the gate's (its sum over the rows at or after each), and with them the rounding
+    of dq and dk's in-chunk parts (bfloat16 products) would not: the in-chunk part is taken instead from
+    `M = (scale do vᵀ) ⊙ A` in float32, `Σ_s M[t, s] − Σ_s M[s, t]`, where each pair's one value cancels
+    exactly (key tile 0; a gate's total over a sequence, as Mamba-2's dA, can be a thousandth of its terms);
+    the entry and exit states' shares from the exact `q ⊙ dq_entry` and `k ⊙ dk_exit`, and the exit's share
+    of the last gate `e^{g_C} Σ rs + Σ k ⊙ dk_exit` on every row.
+    """
+    chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
+    own_tile = pl.program_id(3) == 0  # the program that adds the key-tile-free terms
+    g = g_ref[...]
+    g_last = g_ref[chunk - 1, :][None, :]  # [1, 1]
+    do, v = do_ref[...].astype(mm), v_ref[...].astype(mm)
+    q, k = q_ref[...], k_ref[...]
+    total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
+    d_products = scale * dot(do, v, trans_b=True)  # [C, C]: the gradient of q kᵀ ⊙ D, before D
+    a = a_ref[...]
+    products = d_products * a.astype(F32)  # M
+    eye = _iota((chunk, 1), 0) == _iota((1, chunk), 1)
+    columns = jnp.sum(jnp.where(eye, jnp.sum(products, axis=0, keepdims=True), 0.0), axis=1, keepdims=True)
+    dg = jnp.where(own_tile, jnp.sum(products, axis=1, keepdims=True) - columns, 0.0)
+    dv = jnp.where(own_tile, scale * dot(a.astype(mm), do, trans_a=True), 0.0)
+    d_scores = (d_products * _decays(g, g_row_ref[...][None, :])).astype(mm)
+    dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
+    dg += jnp.sum(q.astype(F32) * dq, axis=1, keepdims=True)
+    dq_ref[...] = (dq + dot(d_scores, k.astype(mm))).astype(dq_ref.dtype)
+    to_exit = jnp.exp(g_last - g)
+    dk = dot(v, dh_ref[...].astype(mm), trans_b=True) * to_exit  # dk_exit
+    exits = jnp.sum(k.astype(F32) * dk, axis=1, keepdims=True)
+    dg -= exits
+    dk_ref[...] = (dk + dot(d_scores, q.astype(mm), trans_a=True)).astype(dk_ref.dtype)
+    dv += dot((k.astype(F32) * to_exit).astype(mm), dh_ref[...].astype(mm))
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+    later = jnp.exp(g_last) * jnp.sum(rs_ref[...][None, :], axis=1, keepdims=True) + total(exits)
+    da_ref[...] = later + total(dg) - jnp.cumsum(dg, axis=0) + dg
+
+
+def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
+    """`_grads` for a gate per head (one program per chunk, batch row, head and tile of key channels)."""
+    batch, seq, heads, _ = g.shape
+    dk, dv = q.shape[-1], v.shape[-1]
+    q_ratio, k_ratio, v_ratio = (_ratio(heads, x) for x in (q, k, v))
+    tiles = dk // t.block_k
+    block = lambda width: (None, chunk, None, width)
+    keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
+    state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
+    per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
+    args = (q, k, v, g, jnp.swapaxes(g[..., 0], 1, 2), do, a, e, dh, rs)
+    return _call(
+        _head_grads_kernel,
+        t,
+        t.grads_warps,
+        (seq // chunk, batch, heads, tiles),
+        [
+            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, _shared(h, q_ratio), j)),
+            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, _shared(h, k_ratio), j)),
+            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, _shared(h, v_ratio), 0)),
+            pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
+            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
+            state,
+            state,
+            pl.BlockSpec((None, None, None, t.block_k), lambda c, b, h, j: (b, c, h, j)),
+        ],
+        [keys, keys, per_tile(dv), per_tile(1)],
+        [
+            out_struct((batch, seq, heads, dk), F32 if q_ratio > 1 else q.dtype, *args),
+            out_struct((batch, seq, heads, dk), F32 if k_ratio > 1 else k.dtype, *args),
+            out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args),
+            out_struct((tiles, *g.shape), F32, *args),
         ],
         "ejkernel_gla_grads",
         chunk=chunk,
