@@ -7,17 +7,22 @@ v = dt · x, log gate a = A · dt, scale 1, with the recurrence's `[N, P]` state
 
 - `_gla_scan`: the gated-recurrence kernels of the linear-attention family (`_triton.linear_attention._gla`
   through the family's `linear_attention` driver and Triton engine: token layout, products in the
-  activations' dtype accumulating in float32, q and k read per group), forward and backward; gradients
-  reach x, dt, A, B, C through v, the gate and the kernels' own VJP (JAX's chain rule around them);
+  activations' dtype accumulating in float32, q and k read per group, the in-chunk products of a gate per
+  head as whole-chunk matmuls), forward and backward; gradients reach x, dt, A, B, C through v, the gate
+  and the kernels' own VJP (JAX's chain rule around them). dA sums a sequence's gate gradients, which
+  can cancel to a thousandth of their size: the kernels take the gate gradient's in-chunk part in float32
+  from terms that cancel exactly (`_head_grads_kernel`), which kept dA as close to a float32 oracle as XLA
+  fed bf16 is (interpret mode, S=2048: 1e-2; an earlier kernel backward, 30% off on an H100);
 - `_chunked_scan`: the forward-only kernels of `_chunked` (chunk 256, XLA's pass over chunk states).
 
 `FORWARD` names the kernels of calls that are not differentiated, `TRAINING` those of differentiated
 calls (the forward and backward of `jax.grad` / `jax.vjp`; "xla": XLA's chunked core and its VJP, which
 trained at 11.9 ms at B=2 S=16384 H=32 P=64 N=128 bf16 on an H100). They are module switches so that
 `exp/ssd_gpu.py` can time every pair on a GPU; the defaults are a guess until it has run: training on the
-GLA kernels (XLA's backward costs about three of its forwards, and the GLA kernels trained per-head-gated
-linear attention at 2.2x XLA, H100), inference on `_chunked` (1.64 ms on the H100; the GLA forward at
-chunk 64 reads and writes a bf16 state per 64 tokens and walks 256 chunks in one program per state tile).
+GLA kernels (XLA's backward costs about three of its forwards; lightning attention, per-head gates at
+H=16 D=128, trained at 2.2x XLA on an H100 with the earlier per-head kernels), inference on `_chunked`
+(1.64 ms on the H100; the GLA forward at chunk 64 writes and reads a bf16 state per 64 tokens and walks
+256 chunks in one program per state tile).
 Calls of at most one token (decode steps) take the plain-JAX step.
 """
 
@@ -41,7 +46,7 @@ from ._chunked import Tiling, chunked_forward
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
 DEFAULT = Tiling(chunk=256, block=64, num_warps=4, num_stages=2)  # `_chunked`'s
 GLA_CHUNK = 64  # tokens per chunk of the GLA kernels where the config names none (a guess: see exp/ssd_gpu.py)
-GLA_MAX_CHUNK = 128  # their gradient kernel unrolls chunk / 16 row blocks: larger asks are clamped
+GLA_MAX_CHUNK = 128  # their per-head gradient kernel holds [C, C] float32 tiles: larger asks are clamped
 FORWARD = "chunked"  # the kernels of calls that are not differentiated: "chunked" or "gla"
 TRAINING = "gla"  # the kernels of differentiated calls: "gla" or "xla"
 WHO = "triton state_space_v2"
