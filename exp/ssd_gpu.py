@@ -13,15 +13,18 @@ Sections (each guarded: a failure is printed and the rest runs; no variant is co
 2. time: at B=2 S=16384 H=32 P=64 N=128 G=1 bf16 (the bench's shape), forward and forward+backward
    (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the current Triton path
    (`_chunked` forward; its training is XLA's, the same program as "xla"), and the GLA path at chunk
-   32 / 64 / 128; `time_fns` medians, all variants interleaved. Table at the end, with the targets.
-3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32), and XLA's sums of dB and dC over
-   each group's heads, so that a training step can be split.
+   32 / 64 / 128 (`GLA_TILING.head_span` 8: the gradient kernel sums dB and dC over 8 heads, XLA over the
+   4 spans), and at chunk 64 with spans of 1 (dB, dC per head in float32, summed by XLA) and 32 heads;
+   `time_fns` medians, all variants interleaved. Table at the end, with the targets.
+3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32; grads at the default span 8, and
+   at chunk 64 also spans 1 and 32), and XLA's sum of a per-head dB over the heads (what span 1 adds).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import sys
 import time
@@ -67,14 +70,15 @@ def guarded(name, fn):
 
 
 @contextlib.contextmanager
-def switches(forward=None, training=None):
-    """The Triton path's kernels (`FORWARD`, `TRAINING`) while a call is traced."""
-    saved = ssd.FORWARD, ssd.TRAINING
+def switches(forward=None, training=None, tiling=None):
+    """The Triton path's kernels (`FORWARD`, `TRAINING`) and GLA tiles while a call is traced."""
+    saved = ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING
     ssd.FORWARD, ssd.TRAINING = forward or saved[0], training or saved[1]
+    ssd.GLA_TILING = tiling or saved[2]
     try:
         yield
     finally:
-        ssd.FORWARD, ssd.TRAINING = saved
+        ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING = saved
 
 
 # ---- inputs and calls ----
@@ -181,13 +185,13 @@ def timed(builders: dict, repeats: int) -> dict:
     """Build, compile and run each variant once (failures printed, none started past the budget), then
     time the ready ones together."""
     ready = {}
-    for name, (build, forward, training) in builders.items():
+    for name, (build, forward, training, *tiling) in builders.items():
         if elapsed() > ARGS.budget:
             log(f"{name}: skipped (time budget {ARGS.budget}s spent)")
             continue
         try:
             t0 = time.perf_counter()
-            with switches(forward, training):
+            with switches(forward, training, *tiling):
                 call = build()
                 jax.block_until_ready(call())  # traced (and compiled) under the switches
             ready[name] = call
@@ -205,6 +209,7 @@ def bench():
     args = make_inputs(b, s, h, p, n, 1, jnp.bfloat16)[:6]
     tri, xla = ssd.state_space_v2_triton, state_space_v2_xla
     scan = lambda impl, chunk=None: scan_fn(impl, 1, chunk)  # a new function each: its own jit cache
+    span = lambda heads: dataclasses.replace(ssd.GLA_TILING, head_span=heads)
     # name: (builder, FORWARD, TRAINING), in order of interest (a spent budget skips the last ones)
     builders = {
         "xla fwd+bwd": (functools.partial(training_step, scan(xla), args), None, None),
@@ -228,6 +233,8 @@ def bench():
             "gla",
         ),
         f"gla C{ARGS.chunks[2]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[2]), args), "gla", None),
+        "gla C64 span1 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(1)),
+        "gla C64 span32 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(32)),
         "xla C256 fwd+bwd (bench cfg)": (functools.partial(training_step, scan(xla, 256), args), None, None),
         "xla C256 fwd (bench cfg)": (functools.partial(forward_step, scan(xla, 256), args), None, None),
     }
@@ -272,10 +279,16 @@ def kernels():
         }
         for stage, call in calls.items():
             builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None, None)
+        for heads in (1, 32) if chunk == ARGS.kernel_chunks[0] else ():
+            spanned = dataclasses.replace(t, head_span=heads)
+            call = lambda t=spanned, g=g, chunk=chunk, sc=scores, e=e, dh=dh, rs=rs: _gla._grads(
+                t, chunk, 1.0, q, k, v, g, do, sc, e, dh, rs
+            )
+            builders[f"C{chunk} grads span{heads}"] = (functools.partial(jax.jit, call), None, None)
         jax.block_until_ready((e, scores, dh, rs))
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
     group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
-    builders["xla group sum of one of dB / dC"] = (lambda: functools.partial(group_sum, wide), None, None)
+    builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None, None)
     log(f"kernels: building {len(builders)} (each alone, bf16, B={b} S={s} H={h} P={p} N={n})")
     times = timed(builders, ARGS.repeats)
     log("kernels (ms each):")

@@ -20,7 +20,6 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     kernel_delta_attention_triton,
     lightning_attention_triton,
     recurrent_attention_triton,
-    triton_engine,
 )
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
 from ejkernel.kernels._xla.linear_attention import gla_attention_xla, linear_attention, recurrent_attention_xla
@@ -79,13 +78,15 @@ def test_gla_tiles_and_row_blocks():
 
 
 def test_gla_value_heads_share_query_and_key():
-    """Mamba-2's head layout in the GLA kernels: q and k one per group of two value heads (their gradients
-    summed over each group), a gate per head; packed sequences (one empty), reversed; against the
-    reference with q and k copied to every head."""
+    """Mamba-2's head layout in the GLA kernels: q and k one per group of two value heads, a gate per head;
+    packed sequences (one empty), reversed; against the reference with q and k copied to every head. The
+    gradient kernel's spans of one head (`head_span=1`: dq and dk summed over the group's two spans in
+    XLA) and two tiles of key channels (the state tests take spans of two heads, summed in the kernel)."""
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
-    q, k = (rand((1, 70, 2, D)) for _ in range(2))
-    args = [q, k, rand((1, 70, 4, 2 * D)), log_decay(1, 70, 4), rand((3, 4, D, 2 * D))]
-    engine = triton_engine(None, interpret=True)
+    q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
+    args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
+    tiling = GlaTiling(state_k=16, block_k=16, head_span=1)
+    engine = TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
         q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -50,13 +51,16 @@ class GlaTiling:
 
     `state_k` x `state_v`: the state tile one program of the sequential passes carries; `block_v`: value
     columns per program of the output kernel; `block_k`: key channels per program of the gradient
-    kernel (below Dk, dv is summed over programs in XLA). `precise`: float32 inputs, float32 matmuls.
+    kernel (below Dk, dv is summed over programs in XLA); `head_span`: state heads per program of the
+    per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
+    a power of two). `precise`: float32 inputs, float32 matmuls.
     """
 
     state_k: int = 64
     state_v: int = 64
     block_v: int = 128
     block_k: int = 128
+    head_span: int = 8
     state_warps: int = 4
     scores_warps: int = 4
     output_warps: int = 4
@@ -462,8 +466,9 @@ def _grads_kernel(
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     """`(dq, dk, dv, da)` `[B, T, H, ·]` per state head (H: the gate's heads); da: the gradient of the gate
     (before its cumulative sum). An input shared by groups of state heads gets its gradient per state
-    head in float32 (the caller sums each group); dv, and da for a gate per head, come per tile of key
-    channels `[tiles, ...]` (the caller sums)."""
+    head in float32 (the caller sums each group), but for q and k of Mamba-2's layout with a gate per head
+    (per q / k head: `_head_grads`); dv, and da for a gate per head, come per tile of key channels
+    `[tiles, ...]` (the caller sums)."""
     if g.shape[-1] == 1:
         return _head_grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs)
     batch, seq, heads, _ = g.shape
@@ -559,9 +564,10 @@ def _head_scores(t: GlaTiling, chunk: int, q, k, g):
 def _head_grads_kernel(
     q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
 ):
-    """`_grads_kernel` for a gate per head, on whole chunks: `dS = (scale do vᵀ) ⊙ D`, dq = `dS k` + the
-    entry state's `scale (do eᵀ) ⊙ e^{g}`, dk = `dSᵀ q` + the exit's `dk_exit`, dv = `scale Aᵀ do` (key tile
-    0) + `(k ⊙ e^{g_C − g}) dh`.
+    """`_grads_kernel` for a gate per head, on whole chunks, for a span of state heads that read one q and k
+    (per-head refs `[..., span, ...]`, the heads walked in a loop): `dS = (scale do vᵀ) ⊙ D`; dq = `dS k`
+    + the entry state's `scale (do eᵀ) ⊙ e^{g}`, dk = `dSᵀ q` + the exit's `dk_exit`, both summed over the
+    span; dv = `scale Aᵀ do` (key tile 0) + `(k ⊙ e^{g_C − g}) dh` per head.
 
     The cumulative gate's gradient, `Σ_d (q ⊙ dq − k ⊙ dk)` on each row, sums pairs of tokens on one side
     of a row that cancel in the gate's (its sum over the rows at or after each), and with them the rounding
@@ -571,67 +577,95 @@ def _head_grads_kernel(
     the entry and exit states' shares from the exact `q ⊙ dq_entry` and `k ⊙ dk_exit`, and the exit's share
     of the last gate `e^{g_C} Σ rs + Σ k ⊙ dk_exit` on every row.
     """
-    chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
+    chunk, scale, mm, span = s["chunk"], s["scale"], s["mm"], s["span"]
     own_tile = pl.program_id(3) == 0  # the program that adds the key-tile-free terms
-    g = g_ref[...]
-    g_last = g_ref[chunk - 1, :][None, :]  # [1, 1]
-    do, v = do_ref[...].astype(mm), v_ref[...].astype(mm)
-    q, k = q_ref[...], k_ref[...]
     total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
-    d_products = scale * dot(do, v, trans_b=True)  # [C, C]: the gradient of q kᵀ ⊙ D, before D
-    a = a_ref[...]
-    products = d_products * a.astype(F32)  # M
     eye = _iota((chunk, 1), 0) == _iota((1, chunk), 1)
-    columns = jnp.sum(jnp.where(eye, jnp.sum(products, axis=0, keepdims=True), 0.0), axis=1, keepdims=True)
-    dg = jnp.where(own_tile, jnp.sum(products, axis=1, keepdims=True) - columns, 0.0)
-    dv = jnp.where(own_tile, scale * dot(a.astype(mm), do, trans_a=True), 0.0)
-    d_scores = (d_products * _decays(g, g_row_ref[...][None, :])).astype(mm)
-    dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
-    dg += jnp.sum(q.astype(F32) * dq, axis=1, keepdims=True)
-    dq_ref[...] = (dq + dot(d_scores, k.astype(mm))).astype(dq_ref.dtype)
-    to_exit = jnp.exp(g_last - g)
-    dk = dot(v, dh_ref[...].astype(mm), trans_b=True) * to_exit  # dk_exit
-    exits = jnp.sum(k.astype(F32) * dk, axis=1, keepdims=True)
-    dg -= exits
-    dk_ref[...] = (dk + dot(d_scores, q.astype(mm), trans_a=True)).astype(dk_ref.dtype)
-    dv += dot((k.astype(F32) * to_exit).astype(mm), dh_ref[...].astype(mm))
-    dv_ref[...] = dv.astype(dv_ref.dtype)
-    later = jnp.exp(g_last) * jnp.sum(rs_ref[...][None, :], axis=1, keepdims=True) + total(exits)
-    da_ref[...] = later + total(dg) - jnp.cumsum(dg, axis=0) + dg
+    q, k = q_ref[...], k_ref[...]
+
+    def one_head(i, grads):
+        g = g_ref[:, i, :]  # [C, 1]
+        g_last = g_ref[chunk - 1, i, :][None, :]  # [1, 1]
+        do, v = do_ref[:, i, :].astype(mm), v_ref[:, i, :].astype(mm)
+        d_products = scale * dot(do, v, trans_b=True)  # [C, C]: the gradient of q kᵀ ⊙ D, before D
+        a = a_ref[:, i, :]
+        products = d_products * a.astype(F32)  # M
+        columns = jnp.sum(jnp.where(eye, jnp.sum(products, axis=0, keepdims=True), 0.0), axis=1, keepdims=True)
+        dg = jnp.where(own_tile, jnp.sum(products, axis=1, keepdims=True) - columns, 0.0)
+        dv = jnp.where(own_tile, scale * dot(a.astype(mm), do, trans_a=True), 0.0)
+        d_scores = (d_products * _decays(g, g_row_ref[i, :][None, :])).astype(mm)
+        dq = scale * dot(do, e_ref[i, :, :].astype(mm), trans_b=True) * jnp.exp(g)
+        dg += jnp.sum(q.astype(F32) * dq, axis=1, keepdims=True)
+        dq += dot(d_scores, k.astype(mm))
+        to_exit = jnp.exp(g_last - g)
+        dh = dh_ref[i, :, :].astype(mm)
+        dk = dot(v, dh, trans_b=True) * to_exit  # dk_exit
+        exits = jnp.sum(k.astype(F32) * dk, axis=1, keepdims=True)
+        dg -= exits
+        dk += dot(d_scores, q.astype(mm), trans_a=True)
+        dv += dot((k.astype(F32) * to_exit).astype(mm), dh)
+        dv_ref[:, i, :] = dv.astype(dv_ref.dtype)
+        later = jnp.exp(g_last) * jnp.sum(rs_ref[i, :][None, :], axis=1, keepdims=True) + total(exits)
+        da_ref[:, i, :] = later + total(dg) - jnp.cumsum(dg, axis=0) + dg
+        return grads[0] + dq, grads[1] + dk
+
+    zeros = jnp.zeros(q.shape, F32)
+    dq, dk = one_head(0, (zeros, zeros)) if span == 1 else lax.fori_loop(0, span, one_head, (zeros, zeros))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
 
 
 def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
-    """`_grads` for a gate per head (one program per chunk, batch row, head and tile of key channels)."""
+    """`_grads` for a gate per head: one program per chunk, batch row, tile of key channels and span of
+    state heads. Where q and k are shared by groups of state heads (and v is not: Mamba-2), a span is
+    `gcd(t.head_span, group)` heads of one group and dq, dk come per q / k head, summed over the group in
+    the kernel (over its spans in XLA); else a span is one head, dq and dk per state head."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
     q_ratio, k_ratio, v_ratio = (_ratio(heads, x) for x in (q, k, v))
+    shared = q_ratio == k_ratio > 1 and v_ratio == 1
+    span = math.gcd(t.head_span, q_ratio) if shared else 1
+    parts = q_ratio // span if shared else 1  # spans per q / k head: their partial sums of dq and dk
     tiles = dk // t.block_k
-    block = lambda width: (None, chunk, None, width)
-    keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
-    state = pl.BlockSpec((None, None, None, t.block_k, dv), lambda c, b, h, j: (b, c, h, j, 0))
-    per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
+    block = lambda width: (None, chunk, span, width)
+    per_head = lambda width: pl.BlockSpec(block(width), lambda c, b, p, j: (b, c, p, 0))
+    state = pl.BlockSpec((None, None, span, t.block_k, dv), lambda c, b, p, j: (b, c, p, j, 0))
+    if shared:  # program p: span p of the state heads, part p % parts of q / k head p // parts
+        q_head = k_head = out_head = functools.partial(_shared, ratio=parts)
+    else:  # program p: state head p
+        q_head, k_head = (functools.partial(_shared, ratio=r) for r in (q_ratio, k_ratio))
+        out_head = lambda p: p
+    part = (lambda p: lax.rem(p, jnp.int32(parts))) if parts > 1 else (lambda p: 0)
+    sums = pl.BlockSpec((None, None, chunk, None, t.block_k), lambda c, b, p, j: (part(p), b, c, out_head(p), j))
+    per_tile = lambda width: pl.BlockSpec((None, None, chunk, span, width), lambda c, b, p, j: (j, b, c, p, 0))
     args = (q, k, v, g, jnp.swapaxes(g[..., 0], 1, 2), do, a, e, dh, rs)
-    return _call(
+
+    def summed(x, ratio: int):
+        out_heads = x.shape[2] if shared else heads
+        dtype = x.dtype if (shared and parts == 1) or (not shared and ratio == 1) else F32
+        return out_struct((parts, batch, seq, out_heads, dk), dtype, *args)
+
+    dq, dk_, dv_, da = _call(
         _head_grads_kernel,
         t,
         t.grads_warps,
-        (seq // chunk, batch, heads, tiles),
+        (seq // chunk, batch, heads // span, tiles),
         [
-            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, _shared(h, q_ratio), j)),
-            pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, _shared(h, k_ratio), j)),
-            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, _shared(h, v_ratio), 0)),
-            pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
-            pl.BlockSpec(block(dv), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec((None, chunk, None, t.block_k), lambda c, b, p, j: (b, c, q_head(p), j)),
+            pl.BlockSpec((None, chunk, None, t.block_k), lambda c, b, p, j: (b, c, k_head(p), j)),
+            pl.BlockSpec(block(dv), lambda c, b, p, j: (b, c, _shared(p, v_ratio), 0)),
+            per_head(1),
+            pl.BlockSpec((None, span, chunk), lambda c, b, p, j: (b, p, c)),
+            per_head(dv),
+            per_head(chunk),
             state,
             state,
-            pl.BlockSpec((None, None, None, t.block_k), lambda c, b, h, j: (b, c, h, j)),
+            pl.BlockSpec((None, None, span, t.block_k), lambda c, b, p, j: (b, c, p, j)),
         ],
-        [keys, keys, per_tile(dv), per_tile(1)],
+        [sums, pl.BlockSpec(sums.block_shape, sums.index_map), per_tile(dv), per_tile(1)],
         [
-            out_struct((batch, seq, heads, dk), F32 if q_ratio > 1 else q.dtype, *args),
-            out_struct((batch, seq, heads, dk), F32 if k_ratio > 1 else k.dtype, *args),
+            summed(q, q_ratio),
+            summed(k, k_ratio),
             out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args),
             out_struct((tiles, *g.shape), F32, *args),
         ],
@@ -639,7 +673,9 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         chunk=chunk,
         scale=scale,
         mm=t.mm(q.dtype),
+        span=span,
     )(*args)
+    return _tiles_sum(dq), _tiles_sum(dk_), dv_, da
 
 
 # ---- the differentiable whole ----

@@ -28,6 +28,7 @@ Calls of at most one token (decode steps) take the plain-JAX step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ from jax.experimental import pallas as pl
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
 from ejkernel.kernels._xla.linear_attention import linear_attention
 from ejkernel.kernels._xla.state_space_v2._interface import DEFAULT_CHUNK as XLA_CHUNK
@@ -47,6 +49,7 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.f
 DEFAULT = Tiling(chunk=256, block=64, num_warps=4, num_stages=2)  # `_chunked`'s
 GLA_CHUNK = 64  # tokens per chunk of the GLA kernels where the config names none (a guess: see exp/ssd_gpu.py)
 GLA_MAX_CHUNK = 128  # their per-head gradient kernel holds [C, C] float32 tiles: larger asks are clamped
+GLA_TILING = GlaTiling()  # their tiles (`head_span`: heads of a group per program of the gradient kernel)
 FORWARD = "chunked"  # the kernels of calls that are not differentiated: "chunked" or "gla"
 TRAINING = "gla"  # the kernels of differentiated calls: "gla" or "xla"
 WHO = "triton state_space_v2"
@@ -78,7 +81,7 @@ def _gla_scan(chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
         g=g,
         initial_state=init,
         chunk_size=chunk,
-        engine=triton_engine(None, interpret=interpret),
+        engine=dataclasses.replace(triton_engine(None, interpret=interpret), gla=GLA_TILING),
     )
     return y[..., :head_dim].astype(jnp.float32), jnp.swapaxes(h[..., :state, :head_dim], -1, -2)
 
