@@ -22,7 +22,7 @@ from harness import assert_close, check_forward_and_grads, highest
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
 SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
-# v2: 32-token chunks (the GLA kernels: two 16-row blocks; `_chunked`: two 16-row tiles).
+# v2 `_chunked`: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial).
 SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
 
 
@@ -40,57 +40,61 @@ def test_v1_decode_step_kernel_interpret():
         check_scan(functools.partial(state_space_v1_triton, interpret=True), state_space_v1_reference, args)
 
 
-def test_v2_interpret_matches_reference():
-    """The default kernels: a differentiated call on the GLA kernels (forward and every gradient), a plain
-    one on `_chunked`'s forward. Two groups of two heads, P = 16, N = 32, 100 tokens: four 32-token
-    chunks, the last partial."""
-    args = v2_inputs(batch=1, seq=100, heads=4, head_dim=16, groups=2, state=32)
+@pytest.mark.parametrize(
+    ("seq", "heads", "head_dim", "groups", "state", "chunk"),
+    [(100, 4, 16, 2, 32, 32), (150, 2, 8, 1, 6, 128)],
+    ids=["groups", "padded"],
+)
+def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chunk):
+    """The default kernels (the GLA kernels, forward and backward): y, the final state and every gradient.
+    Two groups of two heads, P = 16, N = 32, 100 tokens in four 32-token chunks (the last partial); and
+    dims the kernels take padded (P = 8 and N = 6 to 16) in 128-token chunks (two 64-row programs of
+    scores each; 150 tokens: the second chunk partial)."""
+    args = v2_inputs(batch=2 if groups == 1 else 1, seq=seq, heads=heads, head_dim=head_dim, groups=groups, state=state)
+    cfg = StateSpaceV2Config(chunk_size=chunk)
+    fn = functools.partial(state_space_v2_triton, n_groups=groups, cfg=cfg, interpret=True)
+    check_scan(fn, functools.partial(state_space_v2_reference, n_groups=groups), args)
+
+
+def test_v2_chunked_forward_and_xla_training(monkeypatch):
+    """The module switches' other settings: plain calls on `_chunked`'s forward kernels, differentiated ones
+    on XLA's core (forward and every gradient)."""
+    monkeypatch.setattr(v2_triton, "FORWARD", "chunked")
+    monkeypatch.setattr(v2_triton, "TRAINING", "xla")
+    args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=6)
     fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
     reference = functools.partial(state_space_v2_reference, n_groups=2)
     check_scan(fn, reference, args)
     assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
 
 
-@pytest.mark.parametrize(("forward", "training", "chunk"), [("gla", "gla", 128), ("chunked", "xla", 32)])
-def test_v2_other_kernels_interpret(monkeypatch, forward, training, chunk):
-    """The other settings of the module's switches, forward (plain call) and gradients: the GLA kernels
-    throughout, at dims they take padded (P = 8 and N = 6 to 16) in 128-token chunks (two 64-row programs
-    of scores each; 150 tokens: the second chunk partial), and `_chunked`'s forward with XLA's VJP."""
-    monkeypatch.setattr(v2_triton, "FORWARD", forward)
-    monkeypatch.setattr(v2_triton, "TRAINING", training)
-    args = v2_inputs(batch=2, seq=150 if chunk == 128 else 37, heads=2, head_dim=8, groups=1, state=6)
-    fn = functools.partial(state_space_v2_triton, cfg=StateSpaceV2Config(chunk_size=chunk), interpret=True)
-    check_scan(fn, state_space_v2_reference, args)
-    assert_close(jax.jit(packed(fn))(*args), packed(state_space_v2_reference)(*args), jnp.float32)
-
-
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 @pytest.mark.parametrize("op", ["v1", "v2"])
-def test_kernels_lower_for_cuda(cuda_lowering, op):
+def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     """The kernels lower to Triton IR for an H100 (compute capability 9.0) without a GPU: v1's forward and
-    backward; v2's plain forward (`_chunked`) and its differentiated call (the GLA kernels, forward and
-    backward, q and k read per group)."""
+    backward; v2's forward and backward on the GLA kernels (q and k read per group), and its forward on
+    `_chunked` (the comparison's)."""
+    lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    train = lambda fn: lambda *a: jax.vjp(fn, *a)[1](jnp.ones(fn(*a).shape))
     if op == "v1":
         args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
-        impl, kernel_names = state_space_v1_triton, ["ssm1_chunk_ends", "ssm1_chunk_outputs", "ssm1_chunk_grads"]
+        forward = packed(functools.partial(state_space_v1_triton, interpret=False))
         step_args = [None if a is None else a[:, :1] if a.ndim == 3 and a.shape[1] == 256 else a for a in args]
-        step = jax.jit(packed(functools.partial(impl, interpret=False))).trace(*step_args)
-        assert "ejkernel_ssm1_decode_step" in step.lower(lowering_platforms=("cuda",)).as_text()
-    else:
-        # 16 heads per group: two spans of 8 in the gradient kernel (dB, dC summed in it, then over the spans)
-        args = v2_inputs(batch=1, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
-        impl, kernel_names = state_space_v2_triton, ["ssd_chunk_states", "ssd_chunk_outputs"]
-        impl = functools.partial(impl, n_groups=2)
-    forward = packed(functools.partial(impl, interpret=False))
-    train = lambda *a: jax.vjp(forward, *a)[1](jnp.ones(forward(*a).shape))
-    lowered = lambda fn: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    text = lowered(train if op == "v1" else forward)
-    assert all(f"ejkernel_{name}" in text for name in kernel_names)
-    if op == "v2":  # a differentiated call runs the GLA kernels alone
-        text = lowered(train)
-        assert not any(f"ejkernel_{name}" in text for name in kernel_names)
-        gla = ("cumulative", "states", "scores", "outputs", "state_grads", "grads")
-        assert all(f"ejkernel_gla_{name}" in text for name in gla)
+        assert "ejkernel_ssm1_decode_step" in lowered(forward, *step_args)
+        text = lowered(train(forward), *args)
+        assert all(f"ejkernel_ssm1_{name}" in text for name in ("chunk_ends", "chunk_outputs", "chunk_grads"))
+        return
+    # 16 heads per group: two spans of 8 in the gradient kernel (dB, dC summed in it, then over the spans)
+    args = v2_inputs(batch=1, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
+    forward = packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False))
+    gla = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "scores", "outputs")]
+    chunked = ["ejkernel_ssd_chunk_states", "ejkernel_ssd_chunk_outputs"]
+    text = lowered(train(forward), *args)
+    assert all(name in text for name in [*gla, "ejkernel_gla_state_grads", "ejkernel_gla_grads"])
+    assert all(name in lowered(forward, *args) for name in gla)
+    monkeypatch.setattr(v2_triton, "FORWARD", "chunked")  # (a new function: jit caches traces by function)
+    text = lowered(packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False)), *args)
+    assert all(name in text for name in chunked) and not any(name in text for name in gla)
 
 
 @pytest.mark.gpu

@@ -22,10 +22,9 @@ from ejkernel.ops import FwdParams, Invocation
 @dataclasses.dataclass(frozen=True)
 class StateSpaceV2Config(ChunkedScanConfig):
     """`chunk_size`: tokens per chunk of the SSD chunked form (a power of two; None: the implementation's
-    default: 64 on XLA; on Triton 256 for the forward-only kernels of plain calls and 64 for the GLA
-    kernels of differentiated calls, which take at most 128); `fwd_params` (`block_q`: rows per matmul
-    tile, `num_warps`, `num_stages`) tile the Triton forward-only kernels (`bwd_params` tiles nothing);
-    the platform."""
+    default: 64 on XLA; on Triton 64 for the GLA kernels, which take at most 128, and 256 for the
+    forward-only kernels kept for comparison); `fwd_params` (`block_q`: rows per matmul tile,
+    `num_warps`, `num_stages`) tile those forward-only kernels (`bwd_params` tiles nothing); the platform."""
 
 
 class StateSpaceV2(StateSpaceKernel):

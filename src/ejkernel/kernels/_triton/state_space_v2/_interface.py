@@ -18,11 +18,14 @@ v = dt · x, log gate a = A · dt, scale 1, with the recurrence's `[N, P]` state
 `FORWARD` names the kernels of calls that are not differentiated, `TRAINING` those of differentiated
 calls (the forward and backward of `jax.grad` / `jax.vjp`; "xla": XLA's chunked core and its VJP, which
 trained at 11.9 ms at B=2 S=16384 H=32 P=64 N=128 bf16 on an H100). They are module switches so that
-`exp/ssd_gpu.py` can time every pair on a GPU; the defaults are a guess until it has run: training on the
-GLA kernels (XLA's backward costs about three of its forwards; lightning attention, per-head gates at
-H=16 D=128, trained at 2.2x XLA on an H100 with the earlier per-head kernels), inference on `_chunked`
-(1.64 ms on the H100; the GLA forward at chunk 64 writes and reads a bf16 state per 64 tokens and walks
-256 chunks in one program per state tile).
+`exp/ssd_gpu.py` can time every pair on a GPU; the defaults, the GLA kernels for both, are a guess until
+it has run. Training: XLA's backward costs about three of its forwards, and lightning attention (per-head
+gates, H=16 D=128) trained at 2.2x XLA on an H100 with the earlier per-head kernels. Inference: the same
+kernels then give plain and differentiated calls the same numbers, and by its memory traffic (about
+1 GB at chunk 64: a bf16 state per 64 tokens and head, A) and one in-kernel pass over the chunk states
+the GLA forward should come near `_chunked`'s 1.64 ms (H100), which passes its chunk states in an XLA
+loop of 64 steps; if the GPU says otherwise, `FORWARD = "chunked"` keeps `_chunked` for plain calls.
+The switches (and `GLA_TILING`) are read when a call is traced: set them before a function is jitted.
 Calls of at most one token (decode steps) take the plain-JAX step.
 """
 
@@ -50,7 +53,7 @@ DEFAULT = Tiling(chunk=256, block=64, num_warps=4, num_stages=2)  # `_chunked`'s
 GLA_CHUNK = 64  # tokens per chunk of the GLA kernels where the config names none (a guess: see exp/ssd_gpu.py)
 GLA_MAX_CHUNK = 128  # their per-head gradient kernel holds [C, C] float32 tiles: larger asks are clamped
 GLA_TILING = GlaTiling()  # their tiles (`head_span`: heads of a group per program of the gradient kernel)
-FORWARD = "chunked"  # the kernels of calls that are not differentiated: "chunked" or "gla"
+FORWARD = "gla"  # the kernels of calls that are not differentiated: "gla" or "chunked"
 TRAINING = "gla"  # the kernels of differentiated calls: "gla" or "xla"
 WHO = "triton state_space_v2"
 
