@@ -16,8 +16,9 @@ Sections (each guarded: a failure is printed and the rest runs; no variant is co
    32 / 64 / 128 (`GLA_TILING.head_span` 8: the gradient kernel sums dB and dC over 8 heads, XLA over the
    4 spans), and at chunk 64 with spans of 1 (dB, dC per head in float32, summed by XLA) and 32 heads;
    `time_fns` medians, all variants interleaved. Table at the end, with the targets.
-3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32; grads at the default span 8, and
-   at chunk 64 also spans 1 and 32), and XLA's sum of a per-head dB over the heads (what span 1 adds).
+3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32, default tiles: grads in spans of 8
+   heads), at chunk 64 also other tiles (`TILE_VARIANTS`: spans of 1 and 32, warps, key and state tiles),
+   and XLA's sum of a per-head dB over the heads (what span 1 adds).
 """
 
 from __future__ import annotations
@@ -279,12 +280,11 @@ def kernels():
         }
         for stage, call in calls.items():
             builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None, None)
-        for heads in (1, 32) if chunk == ARGS.kernel_chunks[0] else ():
-            spanned = dataclasses.replace(t, head_span=heads)
-            call = lambda t=spanned, g=g, chunk=chunk, sc=scores, e=e, dh=dh, rs=rs: _gla._grads(
-                t, chunk, 1.0, q, k, v, g, do, sc, e, dh, rs
-            )
-            builders[f"C{chunk} grads span{heads}"] = (functools.partial(jax.jit, call), None, None)
+        if chunk != ARGS.kernel_chunks[0]:
+            continue
+        for label, variant in TILE_VARIANTS:  # the tiles of a kernel beside its default (`stage label`)
+            call = functools.partial(calls[label.split(" ")[0]], t=dataclasses.replace(t, **variant).fit(n, p))
+            builders[f"C{chunk} {label}"] = (functools.partial(jax.jit, call), None, None)
         jax.block_until_ready((e, scores, dh, rs))
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
     group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
@@ -298,6 +298,18 @@ def kernels():
 
 
 RESULTS: dict = {}
+
+# Kernel tiles tried at the first kernel chunk, beside the defaults (GlaTiling: state tiles 64x64, 4 warps;
+# scores 4 warps; grads key tile 128, 8 warps, spans of 8 heads).
+TILE_VARIANTS = [
+    ("grads span1", dict(head_span=1)),
+    ("grads span32", dict(head_span=32)),
+    ("grads w4", dict(grads_warps=4)),
+    ("grads k64", dict(block_k=64)),
+    ("states 32x64", dict(state_k=32)),
+    ("state_grads 32x64", dict(state_k=32)),
+    ("scores w8", dict(scores_warps=8)),
+]
 
 
 def table():
