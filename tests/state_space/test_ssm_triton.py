@@ -22,7 +22,7 @@ from harness import assert_close, check_forward_and_grads, highest
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
 SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
-# v2 `_chunked`: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial).
+# v2: 32-token chunks (`_chunked`: of two 16-row tiles).
 SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
 
 
@@ -56,11 +56,11 @@ def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chu
     check_scan(fn, functools.partial(state_space_v2_reference, n_groups=groups), args)
 
 
-def test_v2_chunked_forward_and_xla_training(monkeypatch):
-    """The module switches' other settings: plain calls on `_chunked`'s forward kernels, differentiated ones
-    on XLA's core (forward and every gradient)."""
+def test_v2_chunked_forward(monkeypatch):
+    """The comparison's setting: plain calls on `_chunked`'s forward kernels (37 tokens: two 32-token
+    chunks of two 16-row tiles, the second partial; P = 8 and N = 6 padded), differentiated ones on the
+    GLA kernels (forward and every gradient)."""
     monkeypatch.setattr(v2_triton, "FORWARD", "chunked")
-    monkeypatch.setattr(v2_triton, "TRAINING", "xla")
     args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=6)
     fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
     reference = functools.partial(state_space_v2_reference, n_groups=2)
