@@ -5,14 +5,14 @@
 
 Sections (each guarded: a failure is printed and the rest runs; no variant is compiled after --budget s):
 1. check: at B=1 S=4096 H=8 P=64 N=128, groups 1 and 2, bf16 and float32 inputs (A, D and the initial state
-   float32), a differentiated call (on the GLA kernels, chunk 64): output y, final state and the gradients
-   of x, A, B, C, D, dt and the initial state under one random cotangent, against XLA's path in float32
-   at full matmul precision on the same (rounded) inputs. `rel` = ‖x − ref‖ / ‖ref‖, `max` = max |x − ref|
-   / max |ref|, NONFINITE where any value is not finite. Also: XLA's own path fed bf16 (the floor bf16
-   outputs and cotangents set), plain bf16 forwards (`FORWARD` "gla" and "chunked"), dA per head.
+   float32), a differentiated call on the GLA kernels (`TRAINING = "gla"`, chunk 64): output y, final state
+   and the gradients of x, A, B, C, D, dt and the initial state under one random cotangent, against XLA's
+   path in float32 at full matmul precision on the same (rounded) inputs. `rel` = ‖x − ref‖ / ‖ref‖, `max` =
+   max |x − ref| / max |ref|, NONFINITE where any value is not finite. Also: XLA's own path fed bf16 (the
+   floor bf16 outputs and cotangents set), plain bf16 forwards (`FORWARD` "gla" and "chunked"), dA per head.
 2. time: at B=2 S=16384 H=32 P=64 N=128 G=1 bf16 (the bench's shape), forward and forward+backward
-   (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256; the Triton path trained on
-   XLA's until now), the current Triton forward (`_chunked`, `FORWARD = "chunked"`), and the GLA path at chunk
+   (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the current Triton path
+   (`_chunked` forward; its training is XLA's, the same program as "xla"), and the GLA path at chunk
    32 / 64 / 128 (`GLA_TILING.head_span` 8: the gradient kernel sums dB and dC over 8 heads, XLA over the
    4 spans), and at chunk 64 with spans of 1 (dB, dC per head in float32, summed by XLA) and 32 heads;
    `time_fns` medians, all variants interleaved. Table at the end, with the targets.
@@ -71,14 +71,15 @@ def guarded(name, fn):
 
 
 @contextlib.contextmanager
-def switches(forward=None, tiling=None):
-    """The Triton path's kernels of plain calls (`FORWARD`) and GLA tiles while a call is traced."""
-    saved = ssd.FORWARD, ssd.GLA_TILING
-    ssd.FORWARD, ssd.GLA_TILING = forward or saved[0], tiling or saved[1]
+def switches(forward=None, training=None, tiling=None):
+    """The Triton path's kernels (`FORWARD`, `TRAINING`) and GLA tiles while a call is traced."""
+    saved = ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING
+    ssd.FORWARD, ssd.TRAINING = forward or saved[0], training or saved[1]
+    ssd.GLA_TILING = tiling or saved[2]
     try:
         yield
     finally:
-        ssd.FORWARD, ssd.GLA_TILING = saved
+        ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING = saved
 
 
 # ---- inputs and calls ----
@@ -155,7 +156,8 @@ def check():
                 name = f"g{groups} {jnp.dtype(dtype).name}"
                 with jax.default_matmul_precision("highest"):
                     ref = vjp_all(scan_fn(state_space_v2_xla, groups), f32)
-                ours = vjp_all(scan_fn(ssd.state_space_v2_triton, groups, chunk), args)
+                with switches(training="gla"):
+                    ours = vjp_all(scan_fn(ssd.state_space_v2_triton, groups, chunk), args)
                 row(f"gla {name}", ours, ref)
                 if dtype == jnp.bfloat16 and groups == 1:
                     row(f"xla {name} (the floor)", vjp_all(scan_fn(state_space_v2_xla, groups), args), ref)
@@ -184,13 +186,13 @@ def timed(builders: dict, repeats: int) -> dict:
     """Build, compile and run each variant once (failures printed, none started past the budget), then
     time the ready ones together."""
     ready = {}
-    for name, (build, forward, tiling) in builders.items():
+    for name, (build, forward, training, *tiling) in builders.items():
         if elapsed() > ARGS.budget:
             log(f"{name}: skipped (time budget {ARGS.budget}s spent)")
             continue
         try:
             t0 = time.perf_counter()
-            with switches(forward, tiling):
+            with switches(forward, training, *tiling):
                 call = build()
                 jax.block_until_ready(call())  # traced (and compiled) under the switches
             ready[name] = call
@@ -209,24 +211,33 @@ def bench():
     tri, xla = ssd.state_space_v2_triton, state_space_v2_xla
     scan = lambda impl, chunk=None: scan_fn(impl, 1, chunk)  # a new function each: its own jit cache
     span = lambda heads: dataclasses.replace(ssd.GLA_TILING, head_span=heads)
-    c32, c64, c128 = ARGS.chunks
-    train = lambda impl, chunk=None: functools.partial(training_step, scan(impl, chunk), args)
-    forward = lambda impl, chunk=None: functools.partial(forward_step, scan(impl, chunk), args)
-    # name: (builder, FORWARD, GLA tiles), in order of interest (a spent budget skips the last ones)
+    # name: (builder, FORWARD, TRAINING), in order of interest (a spent budget skips the last ones)
     builders = {
-        "xla fwd+bwd": (train(xla), None, None),
-        f"gla C{c64} fwd+bwd": (train(tri, c64), None, None),
-        f"gla C{c32} fwd+bwd": (train(tri, c32), None, None),
-        "xla fwd": (forward(xla), None, None),
-        "chunked fwd (current)": (forward(tri), "chunked", None),
-        f"gla C{c64} fwd": (forward(tri, c64), "gla", None),
-        f"gla C{c32} fwd": (forward(tri, c32), "gla", None),
-        f"gla C{c128} fwd+bwd": (train(tri, c128), None, None),
-        f"gla C{c128} fwd": (forward(tri, c128), "gla", None),
-        f"gla C{c64} span1 fwd+bwd": (train(tri, c64), None, span(1)),
-        f"gla C{c64} span32 fwd+bwd": (train(tri, c64), None, span(32)),
-        "xla C256 fwd+bwd (bench cfg)": (train(xla, 256), None, None),
-        "xla C256 fwd (bench cfg)": (forward(xla, 256), None, None),
+        "xla fwd+bwd": (functools.partial(training_step, scan(xla), args), None, None),
+        f"gla C{ARGS.chunks[1]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[1]), args),
+            None,
+            "gla",
+        ),
+        f"gla C{ARGS.chunks[0]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[0]), args),
+            None,
+            "gla",
+        ),
+        "xla fwd": (functools.partial(forward_step, scan(xla), args), None, None),
+        "chunked fwd (current)": (functools.partial(forward_step, scan(tri), args), "chunked", None),
+        f"gla C{ARGS.chunks[1]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[1]), args), "gla", None),
+        f"gla C{ARGS.chunks[0]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[0]), args), "gla", None),
+        f"gla C{ARGS.chunks[2]} fwd+bwd": (
+            functools.partial(training_step, scan(tri, ARGS.chunks[2]), args),
+            None,
+            "gla",
+        ),
+        f"gla C{ARGS.chunks[2]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[2]), args), "gla", None),
+        "gla C64 span1 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(1)),
+        "gla C64 span32 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(32)),
+        "xla C256 fwd+bwd (bench cfg)": (functools.partial(training_step, scan(xla, 256), args), None, None),
+        "xla C256 fwd (bench cfg)": (functools.partial(forward_step, scan(xla, 256), args), None, None),
     }
     log(f"time: building {len(builders)} variants at B={b} S={s} H={h} P={p} N={n} G=1 bf16")
     times = timed(builders, ARGS.repeats)
@@ -314,8 +325,7 @@ def table():
             if mode_of(name) == mode:
                 ratio = f"{xla[mode] / seconds:7.2f}x" if xla[mode] else ""
                 print(f"  {name:<32} {1e3 * seconds:9.3f} {ratio:>8}")
-    print("  (differentiated calls run the GLA kernels whatever FORWARD says; vs xla = XLA chunk 64 / this)")
-    print(f"  {TARGETS}")
+    print(f"  (chunked's fwd+bwd is the xla row's program; vs xla = XLA chunk 64 / this)\n  {TARGETS}")
     sys.stdout.flush()
 
 
@@ -341,7 +351,7 @@ def main():
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}")
-    log(f"defaults: FORWARD={ssd.FORWARD} GLA_CHUNK={ssd.GLA_CHUNK} GLA_TILING={ssd.GLA_TILING}")
+    log(f"defaults: FORWARD={ssd.FORWARD} TRAINING={ssd.TRAINING} GLA_CHUNK={ssd.GLA_CHUNK}")
     sections = {"check": check, "time": bench, "kernels": kernels}
     for name in args.sections.split(","):
         guarded(name, sections[name])

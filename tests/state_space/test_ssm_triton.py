@@ -22,7 +22,7 @@ from harness import assert_close, check_forward_and_grads, highest
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
 SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
-# v2: 32-token chunks (`_chunked`: of two 16-row tiles).
+# v2 `_chunked`: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial).
 SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
 
 
@@ -45,8 +45,8 @@ def test_v1_decode_step_kernel_interpret():
     [(100, 4, 16, 2, 32, 32), (150, 2, 8, 1, 6, 128)],
     ids=["groups", "padded"],
 )
-def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chunk):
-    """The default kernels (the GLA kernels, forward and backward): y, the final state and every gradient.
+def test_v2_interpret_matches_reference(gla_kernels, seq, heads, head_dim, groups, state, chunk):
+    """The GLA kernels, forward and backward: y, the final state and every gradient.
     Two groups of two heads, P = 16, N = 32, 100 tokens in four 32-token chunks (the last partial); and
     dims the kernels take padded (P = 8 and N = 6 to 16) in 128-token chunks (two 64-row programs of
     scores each; 150 tokens: the second chunk partial)."""
@@ -56,11 +56,17 @@ def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chu
     check_scan(fn, functools.partial(state_space_v2_reference, n_groups=groups), args)
 
 
-def test_v2_chunked_forward(monkeypatch):
-    """The comparison's setting: plain calls on `_chunked`'s forward kernels (37 tokens: two 32-token
-    chunks of two 16-row tiles, the second partial; P = 8 and N = 6 padded), differentiated ones on the
-    GLA kernels (forward and every gradient)."""
-    monkeypatch.setattr(v2_triton, "FORWARD", "chunked")
+@pytest.fixture
+def gla_kernels(monkeypatch):
+    """state_space_v2 on Triton with the GLA kernels for plain and differentiated calls (the switches' other
+    setting, awaiting its GPU run)."""
+    monkeypatch.setattr(v2_triton, "FORWARD", "gla")
+    monkeypatch.setattr(v2_triton, "TRAINING", "gla")
+
+
+def test_v2_chunked_forward_and_xla_training():
+    """The defaults: plain calls on `_chunked`'s forward kernels, differentiated ones on XLA's core (forward
+    and every gradient)."""
     args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=6)
     fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
     reference = functools.partial(state_space_v2_reference, n_groups=2)
@@ -73,7 +79,7 @@ def test_v2_chunked_forward(monkeypatch):
 def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     """The kernels lower to Triton IR for an H100 (compute capability 9.0) without a GPU: v1's forward and
     backward; v2's forward and backward on the GLA kernels (q and k read per group), and its forward on
-    `_chunked` (the comparison's)."""
+    `_chunked` (the default)."""
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     train = lambda fn: lambda *a: jax.vjp(fn, *a)[1](jnp.ones(fn(*a).shape))
     if op == "v1":
@@ -86,15 +92,18 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
         return
     # 16 heads per group: two spans of 8 in the gradient kernel (dB, dC summed in it, then over the spans)
     args = v2_inputs(batch=1, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
-    forward = packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False))
+    v2 = lambda: packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False))  # (jit caches by fn)
     gla = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "scores", "outputs")]
     chunked = ["ejkernel_ssd_chunk_states", "ejkernel_ssd_chunk_outputs"]
+    text = lowered(v2(), *args)
+    assert all(name in text for name in chunked) and not any(name in text for name in gla)
+    assert not any(name in lowered(train(v2()), *args) for name in gla + chunked)  # XLA's training
+    monkeypatch.setattr(v2_triton, "FORWARD", "gla")
+    monkeypatch.setattr(v2_triton, "TRAINING", "gla")
+    forward = v2()
     text = lowered(train(forward), *args)
     assert all(name in text for name in [*gla, "ejkernel_gla_state_grads", "ejkernel_gla_grads"])
     assert all(name in lowered(forward, *args) for name in gla)
-    monkeypatch.setattr(v2_triton, "FORWARD", "chunked")  # (a new function: jit caches traces by function)
-    text = lowered(packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False)), *args)
-    assert all(name in text for name in chunked) and not any(name in text for name in gla)
 
 
 @pytest.mark.gpu
@@ -134,7 +143,7 @@ def test_gpu_v1_decode_step_and_auto_platform():
         (2, jnp.float32, StateSpaceV2Config(chunk_size=64)),
     ],
 )
-def test_gpu_v2_triton_matches_xla(groups, dtype, cfg):
+def test_gpu_v2_triton_matches_xla(gla_kernels, groups, dtype, cfg):
     args = v2_inputs(batch=2, seq=2000, heads=8, head_dim=64, groups=groups, state=128, dtype=dtype)
     # The GLA kernels, forward and backward (float32 inputs: float32 products in full precision; the second
     # case: chunk 128, two heads per group summed in the gradient kernel).

@@ -15,16 +15,17 @@ v = dt · x, log gate a = A · dt, scale 1, with the recurrence's `[N, P]` state
   fed bf16 is (interpret mode, S=2048: 1e-2; an earlier kernel backward, 30% off on an H100);
 - `_chunked_scan`: the forward-only kernels of `_chunked` (chunk 256, XLA's pass over chunk states).
 
-Differentiated calls (the forward and backward of `jax.grad` / `jax.vjp`) run the GLA kernels: XLA's
-chunked core and its VJP trained at 11.9 ms at B=2 S=16384 H=32 P=64 N=128 bf16 on an H100, its
-backward about three of its forwards, and lightning attention (per-head gates, H=16 D=128) trained at
-2.2x XLA on an H100 with the earlier per-head GLA kernels. `FORWARD` names the kernels of plain calls,
-a module switch until `exp/ssd_gpu.py` has timed both on a GPU: "gla" by default (plain and
-differentiated calls then give the same numbers, and by its memory traffic, about 1 GB at chunk 64: a
-bf16 state per 64 tokens and head and A, and its one in-kernel pass over the chunk states, the GLA
-forward should come near `_chunked`'s 1.64 ms on the H100, which passes its chunk states in an XLA loop
-of 64 steps); "chunked" keeps `_chunked` for plain calls (`trained_as`). The switch (and `GLA_TILING`)
-is read when a call is traced: set it before a function is jitted.
+`FORWARD` names the kernels of calls that are not differentiated, `TRAINING` those of differentiated
+calls (the forward and backward of `jax.grad` / `jax.vjp`; "xla": XLA's chunked core and its VJP, which
+trained at 11.9 ms at B=2 S=16384 H=32 P=64 N=128 bf16 on an H100). They are module switches so that
+`exp/ssd_gpu.py` can time every pair on a GPU. The defaults are what a GPU has run and timed:
+`_chunked` for plain calls (1.64 ms forward there, 1.9x XLA) and XLA for training; the GLA kernels
+(written after the last GPU run: lowering-verified and checked in interpret mode only) take over once
+`exp/ssd_gpu.py` shows them correct and faster. Expected: XLA's backward costs about three of its
+forwards, and lightning attention (per-head gates, H=16 D=128) trained at 2.2x XLA on an H100 with the
+earlier per-head kernels; the GLA forward moves about 1 GB at chunk 64 (a bf16 state per 64 tokens and
+head, A) and passes its chunk states in one kernel, where `_chunked` runs an XLA loop of 64 steps.
+The switches (and `GLA_TILING`) are read when a call is traced: set them before a function is jitted.
 Calls of at most one token (decode steps) take the plain-JAX step.
 """
 
@@ -37,11 +38,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.differentiation import trained_as
-from ejkernel.kernels._common.state_space import check_v2, run_scan, ssd_inputs, v2_step
+from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
 from ejkernel.kernels._xla.linear_attention import linear_attention
+from ejkernel.kernels._xla.state_space_v2._interface import DEFAULT_CHUNK as XLA_CHUNK
+from ejkernel.kernels._xla.state_space_v2._interface import ssd_as_linear_attention
 
 from ._chunked import Tiling, chunked_forward
 
@@ -50,7 +53,8 @@ DEFAULT = Tiling(chunk=256, block=64, num_warps=4, num_stages=2)  # `_chunked`'s
 GLA_CHUNK = 64  # tokens per chunk of the GLA kernels where the config names none (a guess: see exp/ssd_gpu.py)
 GLA_MAX_CHUNK = 128  # their per-head gradient kernel holds [C, C] float32 tiles: larger asks are clamped
 GLA_TILING = GlaTiling()  # their tiles (`head_span`: heads of a group per program of the gradient kernel)
-FORWARD = "gla"  # the kernels of calls that are not differentiated: "gla" or "chunked"
+FORWARD = "chunked"  # the kernels of calls that are not differentiated: "gla" or "chunked"
+TRAINING = "xla"  # the kernels of differentiated calls: "gla" or "xla"
 WHO = "triton state_space_v2"
 
 
@@ -92,14 +96,21 @@ def _chunked_scan(t: Tiling, interpret: bool, dtype, x, A, B, C, dt, h0):
     return y, jnp.swapaxes(h_last, -1, -2)
 
 
-def _ssd(t: Tiling, gla_chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
-    """`(y, final state)` of the scan: `FORWARD`'s kernels where no derivative is taken, GLA's where one is."""
+def _xla_scan(precision, x, A, B, C, dt, h0):
+    # XLA's own chunk: its per-head [C, C] scores outweigh its per-chunk states past C² ≈ N·P (at chunk
+    # 256 its backward ran 3 ms slower than at 64, H100, fourteenth session).
+    with matmul_precision(precision):
+        return ssd_as_linear_attention(x, A, B, C, dt, h0, chunk=XLA_CHUNK)
+
+
+def _ssd(t: Tiling, gla_chunk: int, interpret: bool, dtype, precision, x, A, B, C, dt, h0):
+    """`(y, final state)` of the scan: `FORWARD`'s kernels where no derivative is taken, `TRAINING`'s where one is."""
     gla = functools.partial(_gla_scan, gla_chunk, interpret, dtype)
-    if FORWARD == "gla":
+    forward = {"gla": gla, "chunked": functools.partial(_chunked_scan, t, interpret, dtype)}[FORWARD]
+    training = {"gla": gla, "xla": functools.partial(_xla_scan, precision)}[TRAINING]
+    if forward is training:
         return gla(x, A, B, C, dt, h0)
-    if FORWARD != "chunked":
-        raise ValueError(f'{WHO}: FORWARD must be "gla" or "chunked", got {FORWARD!r}')
-    return trained_as(gla, functools.partial(_chunked_scan, t, interpret, dtype))(x, A, B, C, dt, h0)
+    return trained_as(training, forward)(x, A, B, C, dt, h0)
 
 
 def gla_chunk(cfg) -> int:
@@ -140,9 +151,9 @@ def state_space_v2_triton(
     """Mamba-2 SSD scan (`ejkernel.reference.state_space.state_space_v2_reference`) on Pallas-Triton.
 
     Returns `(y [b, S, H·P], final state [b, H, P, N], conv_state)`. `cfg.chunk_size`: tokens per chunk
-    (`gla_chunk`, `tiling`); `fwd_params` tile the `_chunked` kernels; `precision` is checked and
-    unused (products in the activations' dtype, float32 in full precision); `interpret=True` runs
-    Pallas interpret mode (off a GPU, None is an error).
+    (`gla_chunk`, `tiling`); `fwd_params` tile the `_chunked` kernels; `precision` sets the matmul precision of
+    XLA's core where `TRAINING` is "xla"; `interpret=True` runs Pallas interpret mode (off a GPU, None
+    is an error).
     """
     batch, seq, heads, head_dim, _, state = check_v2(
         x,
@@ -163,14 +174,14 @@ def state_space_v2_triton(
     for name, a in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         if jnp.dtype(a.dtype) not in SUPPORTED_DTYPES:
             raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {name} {a.dtype}")
-    if max(head_dim, state) > 256:
+    if "gla" in (FORWARD, TRAINING) and max(head_dim, state) > 256:
         raise NotImplementedError(f"{WHO} takes head_dim and state_size up to 256, got {head_dim} and {state}")
     interpret = resolve_interpret(interpret, "triton state_space_v2")
     t, chunk = tiling(cfg, seq), gla_chunk(cfg)
     dtype = jnp.float32 if jnp.dtype(x.dtype) == jnp.float32 else x.dtype
 
     def long_scan(h0):
-        return _ssd(t, chunk, interpret, dtype, x, A.astype(jnp.float32), B, C, dt, h0)
+        return _ssd(t, chunk, interpret, dtype, precision, x, A.astype(jnp.float32), B, C, dt, h0)
 
     args = (x, A, B, C, D, dt, gate, initial_state, conv_state)
     epilogue = dict(act_fn=act_fn, rmsnorm_eps=rmsnorm_eps if use_gated_rmsnorm else None)
