@@ -148,19 +148,22 @@ class Tuner:
             from tqdm.auto import tqdm
 
             iterator = tqdm(candidates, desc=label, leave=False, file=sys.stderr)
+        verbose = os.environ.get(LOG_ENV) == "1"
         for candidate in iterator:
+            if verbose:  # before the attempt: a candidate that kills the process is named in the log
+                log.warning("%s: trying %s", label, candidate)
             try:
                 run = prepare(candidate)
                 inner[candidate] = _calibrate(run, self.warmup, self.min_sample_s)
                 runs[candidate] = run
             except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
                 failures.append(f"{candidate}: {type(err).__name__}: {err}")
-                level = logging.WARNING if os.environ.get(LOG_ENV) == "1" else logging.INFO
+                level = logging.WARNING if verbose else logging.INFO
                 log.log(level, "%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
         if not runs:
             raise RuntimeError(f"{label}: every candidate failed:\n  " + "\n  ".join(failures or ["(none given)"]))
         timings = _interleaved(runs, inner, self.repeats)
-        if os.environ.get(LOG_ENV) == "1":
+        if verbose:
             for candidate, seconds in timings.items():
                 log.warning("%s: %s took %.3f ms", label, candidate, 1e3 * seconds)
         best = min(timings, key=timings.__getitem__)
