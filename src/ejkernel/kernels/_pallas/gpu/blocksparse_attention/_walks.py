@@ -3,8 +3,9 @@
 The kernels (`flash_attention._fwd`, `_bwd`) take a walk: for each query tile (forward, dQ) the key
 tiles it streams and, for each key CTA (dK/dV, fused backward), the query tiles of each head of its
 group. Flash attention's walks stream contiguous runs of tiles; these stream what the block table
-lists, partial blocks first (masked), then full ones (no mask work). A table block of `table_k`
-keys is `table_k / block` steps of the kernel's `block`-row tiles, in order.
+lists, partial blocks first (masked: positional rules, key length, segment ids read from global
+memory), then full ones (no mask work). A table block of `table_k` keys is `table_k / block` steps of
+the kernel's `block`-row tiles, in order.
 
 Table rows are packed for the kernels, which read them as scalars from global memory:
 
@@ -44,6 +45,7 @@ class SparseStatic(Static):
     table_k: int = CTA_ROWS
     table_batch: bool = False  # the table differs per batch row / per query head (else one for all)
     table_heads: bool = False
+    segments: bool = False  # query i sees key j only if their segment ids are equal and >= 0
 
     @property
     def kv_len_padded(self) -> int:
@@ -102,13 +104,14 @@ def column_lists(table: BlockTable, group: int):
 # ---- the mask of a partial tile ----
 
 
-def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = False, fill):
-    """`s` with the pairs the positional rules (and the padded keys) forbid set to `fill`.
+def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = False, fill, segments=None):
+    """`s` with the pairs the positional rules, the padded keys and the segment ids forbid set to `fill`.
 
-    As `flash_attention._parts.masked_scores`, with the chunked rule besides; `transposed` tiles are
-    [key, query]; `row0`, `col0` are the absolute positions of the tile's first row and column.
+    As `flash_attention._parts.masked_scores`, with the chunked rule and segments besides; `transposed`
+    tiles are [key, query]; `row0`, `col0` are the absolute positions of the tile's first row and
+    column; `segments`: the ids of the tile's rows and of its columns (vectors in the WGMMA layouts).
     """
-    from ejkernel.kernels._pallas.gpu.flash_attention._parts import wgmma_iota  # loads Mosaic GPU
+    from ejkernel.kernels._pallas.gpu.flash_attention._parts import along_cols, along_rows, wgmma_iota
 
     q_axis, k_axis, q0, k0 = (1, 0, col0, row0) if transposed else (0, 1, row0, col0)
     key = wgmma_iota(s.shape, k_axis)
@@ -120,6 +123,9 @@ def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = 
     if st.chunk_size is not None:
         c = jnp.int32(st.chunk_size)
         tests.append(lax.div(query + q0, c) == lax.div(key + k0, c))
+    if segments is not None:
+        rows, cols = along_rows(segments[0], s.shape), along_cols(segments[1], s.shape)
+        tests.append((rows == cols) & ((cols if transposed else rows) >= 0))
     return jnp.where(functools.reduce(operator.and_, tests), s, fill) if tests else s
 
 
@@ -128,27 +134,44 @@ def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = 
 
 def _walk_classes():
     """The walk classes, which subclass the kernels' (defined here on first use: those load Mosaic GPU)."""
-    from ejkernel.kernels._pallas.gpu.flash_attention._parts import MASKED, KeyTiles, QueryTiles, query_tile_row
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
+        MASKED,
+        ROWS,
+        KeyTiles,
+        QueryTiles,
+        query_tile_row,
+    )
+
+    def segment_ids(ref, b, start, size: int, axis: int):
+        """Ids of positions [start, start + size) of batch row b, laid out along axis `axis` of a tile."""
+        return plgpu.load(ref.at[b, pl.ds(start, size)], layout=plgpu.Layout.WGMMA.reduce(1 - axis), optimized=False)
+
+    def bind(walk, refs, b, h):
+        bound = copy.copy(walk)
+        bound.ref, *bound.segment_refs = refs
+        bound.batch = b
+        bound.at = (b if walk.st.table_batch else 0, h if walk.st.table_heads else 0)
+        return bound
 
     class ListedKeyTiles(KeyTiles):
         """Forward / dQ: each 128-row query tile streams the key blocks its table row lists."""
 
-        def __init__(self, st: SparseStatic, block: int, lists, num_q_tiles: int):
-            super().__init__(st, block, 0, num_q_tiles)
-            self.lists, self.per_block = lists, st.table_k // block
-            self.arrays = (lists,)
+        def __init__(self, st: SparseStatic, block: int, lists, num_q_tiles: int, segments=(), tiles_per_cta=1):
+            super().__init__(st, block, 0, num_q_tiles, tiles_per_cta)
+            self.per_block = st.table_k // block
+            self.arrays = (lists, *segments)
 
         def bind(self, refs, b, h):
-            bound = copy.copy(self)
-            bound.ref = refs[0]
-            bound.at = (b if self.st.table_batch else 0, h if self.st.table_heads else 0)
-            return bound
+            return bind(self, refs, b, h)
 
         def _entry(self, row, i):
             return self.ref[(*self.at, lax.div(row, jnp.int32(self.st.table_q)), i)]
 
-        def row(self, cta, j):
-            return query_tile_row(cta, j, self.num_q_tiles, 1)  # the last rows first (causal: the longest)
+        def row(self, cta, j):  # the last rows first (causal: the longest); two per CTA: a long and a short
+            return query_tile_row(cta, j, self.num_q_tiles, self.tiles_per_cta)
 
         def key_row(self, row, t):
             """First key row of step t of the query tile holding `row`."""
@@ -166,22 +189,25 @@ def _walk_classes():
             return 0, self._entry(row0, 1) * self.per_block, steps, steps
 
         def mask(self, s, row0, t, fill=MASKED):
-            return sparse_masked_scores(self.st, s, row0, self.key_row(row0, t), fill=fill)
+            col0 = self.key_row(row0, t)
+            segments = None
+            if self.st.segments:
+                q_seg, kv_seg = self.segment_refs
+                rows = segment_ids(q_seg, self.batch, row0, s.shape[0], 0)
+                segments = rows, segment_ids(kv_seg, self.batch, col0, s.shape[1], 1)
+            return sparse_masked_scores(self.st, s, row0, col0, fill=fill, segments=segments)
 
     class ListedQueryTiles(QueryTiles):
         """dK/dV, fused backward: each 128-key CTA streams, head after head of its group, the query
         blocks its table column lists (`column_lists`)."""
 
-        def __init__(self, st: SparseStatic, block: int, lists, num_q_blocks: int):
+        def __init__(self, st: SparseStatic, block: int, lists, num_q_blocks: int, segments=()):
             super().__init__(st, block, 0)
-            self.lists, self.per_block, self.num_q_blocks = lists, st.table_q // block, num_q_blocks
-            self.arrays = (lists,)
+            self.per_block, self.num_q_blocks = st.table_q // block, num_q_blocks
+            self.arrays = (lists, *segments)
 
         def bind(self, refs, b, kv_h):
-            bound = copy.copy(self)
-            bound.ref = refs[0]
-            bound.at = (b if self.st.table_batch else 0, kv_h if self.st.table_heads else 0)
-            return bound
+            return bind(self, refs, b, kv_h)
 
         def _entry(self, kb, i):
             return self.ref[(*self.at, kb, i)]
@@ -197,8 +223,10 @@ def _walk_classes():
             n = jnp.int32(self.per_block)
             group = self.st.group
             e = self._entry(kb, 2 * group + 1 + (t if self.per_block == 1 else lax.div(t, n)))
-            g, block = (0, e) if group == 1 else (lax.div(e, jnp.int32(self.num_q_blocks)), None)
-            if block is None:
+            if group == 1:
+                g, block = 0, e
+            else:
+                g = lax.div(e, jnp.int32(self.num_q_blocks))
                 block = e - g * self.num_q_blocks
             row = block * self.st.table_q
             return g, row if self.per_block == 1 else row + lax.rem(t, n) * self.block
@@ -222,7 +250,13 @@ def _walk_classes():
             return self._head_and_row(kb, t)[1]
 
         def mask(self, s, col0, kb, t):
-            return sparse_masked_scores(self.st, s, col0, self.query_row(kb, t), transposed=True, fill=0.0)
+            row0 = self.query_row(kb, t)
+            segments = None
+            if self.st.segments:
+                q_seg, kv_seg = self.segment_refs
+                keys = segment_ids(kv_seg, self.batch, col0, ROWS, 0)
+                segments = keys, segment_ids(q_seg, self.batch, row0, s.shape[1], 1)
+            return sparse_masked_scores(self.st, s, col0, row0, transposed=True, fill=0.0, segments=segments)
 
     return ListedKeyTiles, ListedQueryTiles
 
@@ -232,9 +266,12 @@ def walk_classes():
     return _walk_classes()
 
 
-def key_tiles(st: SparseStatic, block: int, lists, num_q_tiles: int):
-    return walk_classes()[0](st, block, lists, num_q_tiles)
+def key_tiles(st: SparseStatic, block: int, lists, num_q_tiles: int, segments=(), tiles_per_cta: int = 1):
+    """The forward's / dQ kernel's walk: `lists` from `row_lists`, `segments` the padded (q, kv) ids or ();
+    `tiles_per_cta`: query tiles per CTA (the forward's `Static.q_tiles_per_cta`)."""
+    return walk_classes()[0](st, block, lists, num_q_tiles, segments, tiles_per_cta)
 
 
-def query_tiles(st: SparseStatic, block: int, lists, num_q_blocks: int):
-    return walk_classes()[1](st, block, lists, num_q_blocks)
+def query_tiles(st: SparseStatic, block: int, lists, num_q_blocks: int, segments=()):
+    """The dK/dV (fused backward) kernel's walk: `lists` from `column_lists`, `segments` as in `key_tiles`."""
+    return walk_classes()[1](st, block, lists, num_q_blocks, segments)
