@@ -243,17 +243,19 @@ def timings(ops: Ops, shape, backward: bool, repeats: int, only: str, budget: fl
     qs, ks, vs = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # dense flash attention's layout, made once
     mode = "fwd+bwd" if backward else "fwd"
     variants, densities = {"dense flash_attention (auto)": (lambda q, k, v: flash_attention(q, k, v), True)}, {}
-    for target in (0.10, 0.25):
-        mask, density = block_pattern(seq, seq, target, seed=0)
-        options = dict(attention_mask=mask, causal=False)
-        label = f"{target:.0%}"
-        if not ops.smoke:  # (Pallas-Triton's interpret mode does not run under Mosaic GPU's)
-            densities[f"triton {label}"] = density
-            variants[f"triton {label}"] = (functools.partial(ops.triton, **options), False)
-        table = MOSAIC_BWD if backward else {n: (f, None, False) for n, f in MOSAIC_FWD.items()}
-        for name, (fwd, bwd, fused) in table.items():
-            cfg = BlockSparseAttentionConfig(platform="pallas", fwd_params=fwd, bwd_params=bwd)
+    table = MOSAIC_BWD if backward else {n: (f, None, False) for n, f in MOSAIC_FWD.items()}
+    masks = {f"{target:.0%}": block_pattern(seq, seq, target, seed=0) for target in (0.10, 0.25)}
+    # In the order they compile (the --budget cuts the tail): Triton, the default Mosaic kernels, the tilings.
+    for name in ["triton", *table]:
+        for label, (mask, density) in masks.items():
+            options = dict(attention_mask=mask, causal=False)
             densities[f"{name} {label}"] = density
+            if name == "triton":
+                if not ops.smoke:  # (Pallas-Triton's interpret mode does not run under Mosaic GPU's)
+                    variants[f"triton {label}"] = (functools.partial(ops.triton, **options), False)
+                continue
+            fwd, bwd, fused = table[name]
+            cfg = BlockSparseAttentionConfig(platform="pallas", fwd_params=fwd, bwd_params=bwd)
             variants[f"{name} {label}"] = (
                 functools.partial(ops.mosaic, cfg=cfg, fused_backward=fused, **options),
                 False,
