@@ -6,6 +6,7 @@
 from ejkernel.kernels._cuda import flash_attention as _cuda_flash_attention  # noqa: F401
 from ejkernel.kernels._cuda import ring_attention as _cuda_ring_attention  # noqa: F401
 from ejkernel.kernels._cuda import scaled_dot_product_attention as _cuda_sdpa  # noqa: F401
+from ejkernel.kernels._pallas.gpu import blocksparse_attention as _mosaic_gpu_blocksparse_attention  # noqa: F401
 from ejkernel.kernels._pallas.gpu import flash_attention as _mosaic_gpu_flash_attention  # noqa: F401
 from ejkernel.kernels._pallas.gpu import grouped_matmul as _mosaic_gpu_grouped_matmul  # noqa: F401
 from ejkernel.kernels._pallas.tpu import blocksparse_attention as _tpu_blocksparse_attention  # noqa: F401

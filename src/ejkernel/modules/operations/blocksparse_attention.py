@@ -117,9 +117,10 @@ def blocksparse_attention(
     block table). `bias [1|B, 1|H, Sq, Sk]` is added to the logits after the `logits_soft_cap`;
     `softmax_aux` are sink logits (length `heads`: one per head; other lengths: shared; `[heads, n]`:
     n per head) in the denominator only. A query row with nothing to attend is zero, so padded rows are always zero
-    (`purify` asks for nothing more). `fused_backward=True` is served by the XLA implementation,
-    whose backward is one fused pass; `qkv_layouts` and `sequence_parallelism_mesh_axis_name`
-    (sequence parallelism: use `ring_attention`) are not supported (NotImplementedError).
+    (`purify` asks for nothing more). `fused_backward=True` is served by the XLA implementation
+    and the Mosaic GPU kernels (Hopper), whose backward is one fused pass; `qkv_layouts` and
+    `sequence_parallelism_mesh_axis_name` (sequence parallelism: use `ring_attention`) are not
+    supported (NotImplementedError).
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         require_float(name, x)

@@ -14,15 +14,17 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ._parts import (
     COMPUTE_REGISTERS,
+    KeyTiles,
+    QueryTiles,
     Stream,
     along_cols,
     along_rows,
+    bshd,
     feed,
     launch_kernel,
     logits2,
-    masked_scores,
     memory_warpgroup,
-    own_order,
+    rows_at,
     run_segments,
     score_grad,
     skip_step,
@@ -31,22 +33,25 @@ from ._parts import (
     two_products,
     zero_acc,
 )
-from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static, key_ranges, query_ranges
+from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static
 
 
-def backward_dq(st: Static, q, k, v, do, lse, delta):
+def backward_dq(st: Static, q, k, v, do, lse, delta, walk: KeyTiles | None = None):
     """dQ: per CTA 128 query rows (two warpgroups); key/value tiles streamed as in the forward.
 
     `lse` (base 2, +inf for rows with no allowed key) and `delta = rowsum(dO · O)` are `[B, H, Sq]`.
+    `walk`: which key tiles each query tile streams (default: `KeyTiles`).
     """
-    batch, q_pad_len, heads, head_dim = q.shape
+    batch, q_pad_len, heads, head_dim = bshd(st, q.shape)
     bk, stages, dtype = st.block_k_dq, st.stages_bwd, q.dtype
     num_q_tiles = q_pad_len // CTA_ROWS
+    walk = KeyTiles(st, bk, bshd(st, k.shape)[1] // bk, num_q_tiles) if walk is None else walk
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers):
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
+        walk_refs, (dq_ref, smem, barriers) = refs[: len(walk.arrays)], refs[len(walk.arrays) :]
         q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem = smem
         row_ready, k_ready, k_consumed, v_ready, v_consumed = barriers
-        cta = stream_key_tiles(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:], bk, stages, num_q_tiles)
+        cta = stream_key_tiles(st, walk, walk_refs, k_ref, v_ref, (k_smem, v_smem), barriers[1:], bk, stages)
         b, h, wg, lo, hi, streams = cta.batch, cta.head, cta.wg, cta.lo, cta.hi, list(cta.streams)
 
         @pl.when(wg < COMPUTE_WGS)
@@ -54,10 +59,10 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             row0 = cta.row + wg * ROWS
             qs, dos = q_smem.at[wg], do_smem.at[wg]
-            rows_at, vec_at = (b, pl.ds(row0, ROWS), h), (b, h, pl.ds(row0, ROWS))
+            rows, vec_at = pl.ds(row0, ROWS), (b, h, pl.ds(row0, ROWS))
             for src, dst in (
-                (q_ref.at[rows_at], qs),
-                (do_ref.at[rows_at], dos),
+                (rows_at(st, q_ref, b, rows, h), qs),
+                (rows_at(st, do_ref, b, rows, h), dos),
                 (lse_ref.at[vec_at], lse_smem.at[wg]),
                 (delta_ref.at[vec_at], delta_smem.at[wg]),
             ):
@@ -79,7 +84,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 s, tanh = logits2(st, s)
                 p = jnp.exp2(s - along_rows(lse_w, s.shape))
                 if mode == "masked":
-                    p = masked_scores(st, p, row0, t * bk, fill=0.0)
+                    p = cta.walk.mask(p, row0, t, fill=0.0)
                 ds = score_grad(st, p * (dp - along_rows(delta_w, dp.shape)), tanh).astype(dtype)
 
                 def dq_mma(acc_ref):
@@ -89,11 +94,11 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
 
-            own = key_ranges(st, row0, ROWS, bk, cta.num_blocks)
-            dq = run_segments(step, zero_acc((ROWS, head_dim)), lo, *own_order(own), hi)
+            own = cta.walk.own(row0)
+            dq = run_segments(step, zero_acc((ROWS, head_dim)), lo, *own, hi)
             qs[...] = (dq * st.softmax_scale).astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(qs, dq_ref.at[rows_at])
+            plgpu.copy_smem_to_gmem(qs, rows_at(st, dq_ref, b, rows, h))
             plgpu.wait_smem_to_gmem(0)
 
     scratch = (
@@ -112,7 +117,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta):
         ),
     )
     grid, names = (heads, num_q_tiles, batch), ("heads", "q_tiles", "batch")
-    return launch_kernel(body, q, scratch, grid, names, q, k, v, do, lse, delta)
+    return launch_kernel(body, q, scratch, grid, names, q, k, v, do, lse, delta, *walk.arrays)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +130,8 @@ class KeyCta:
     col0: Any  # first key row of this warpgroup
     keys: Any  # this warpgroup's (ROWS, D) key and value tiles in shared memory
     values: Any
-    lo: Any
-    hi: Any
-    num_blocks: int  # query tiles in the padded query array
+    walk: QueryTiles
+    span: Any  # what `walk.span` computed for the CTA
     streams: tuple[Stream, Stream]  # query; output gradient with log-sum-exp and delta
 
 
@@ -151,36 +155,30 @@ def _key_cta_scratch(st: Static, bq: int, head_dim: int, dtype, *extra_smem):
     return smem, barriers
 
 
-def stream_query_tiles(st: Static, q_ref, do_ref, lse_ref, delta_ref, smem, barriers) -> KeyCta:
-    """Places the CTA and starts its memory warpgroup feeding the group's query-side tiles.
+def stream_query_tiles(st: Static, walk: QueryTiles, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers):
+    """Places the CTA and starts its memory warpgroup feeding the group's query-side tiles -> `KeyCta`.
 
     `smem` and `barriers` are laid out by `_key_cta_scratch`. Grouped-query heads are streamed one
     after another, so their gradients are summed in registers, never through a per-head copy.
     """
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem = smem[:6]
     _, q_ready, q_consumed, do_ready, do_consumed = barriers
-    bq, group = st.block_q_dkv, st.group
+    bq = st.block_q_dkv
     b, kv_h, wg = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("wg")
+    walk = walk.bind(walk_refs, b, kv_h)
     cta_col = lax.axis_index("kv_tiles") * CTA_ROWS
-    num_blocks = q_ref.shape[1] // bq
-    lo = query_ranges(st, cta_col, ROWS, bq, num_blocks)[0]
-    hi = query_ranges(st, cta_col + ROWS, ROWS, bq, num_blocks)[1]
-    per_head = jnp.maximum(hi - lo, 1)
-
-    def position(i):
-        """Stream step -> (query head, first query row)."""
-        return kv_h * group + lax.div(i, per_head), (lo + lax.rem(i, per_head)) * bq
+    span = walk.span(cta_col)
 
     def rows_of(ref):
         def source(i):
-            head, row = position(i)
-            return ref.at[b, pl.ds(row, bq), head]
+            head, row = walk.position(span, kv_h, i)
+            return rows_at(st, ref, b, pl.ds(row, bq), head)
 
         return source
 
     def vec_of(ref):
         def source(i):
-            head, row = position(i)
+            head, row = walk.position(span, kv_h, i)
             return ref.at[b, head, pl.ds(row, bq)]
 
         return source
@@ -193,8 +191,8 @@ def stream_query_tiles(st: Static, q_ref, do_ref, lse_ref, delta_ref, smem, barr
             do_consumed,
         ),
     )
-    memory_warpgroup(lambda: feed(list(streams), group * (hi - lo), st.stages_bwd))
-    return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], lo, hi, num_blocks, streams)
+    memory_warpgroup(lambda: feed(list(streams), walk.total(span), st.stages_bwd))
+    return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], walk, span, streams)
 
 
 def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_ready, step):
@@ -205,15 +203,17 @@ def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_read
     """
     plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
     wg = lax.axis_index("wg")
-    rows_at = (cta.batch, pl.ds(cta.col0, ROWS), cta.kv_head)
-    plgpu.copy_gmem_to_smem(k_ref.at[rows_at], cta.keys, kv_ready.at[wg])
-    plgpu.copy_gmem_to_smem(v_ref.at[rows_at], cta.values, kv_ready.at[wg])
+    rows = pl.ds(cta.col0, ROWS)
+    plgpu.copy_gmem_to_smem(rows_at(st, k_ref, cta.batch, rows, cta.kv_head), cta.keys, kv_ready.at[wg])
+    plgpu.copy_gmem_to_smem(rows_at(st, v_ref, cta.batch, rows, cta.kv_head), cta.values, kv_ready.at[wg])
     plgpu.barrier_wait(kv_ready.at[wg])
-    own = own_order(query_ranges(st, cta.col0, ROWS, st.block_q_dkv, cta.num_blocks))
+    own = cta.walk.prepare(cta.span, cta.col0)
 
     def head(g, carry):
+        lo, own_g, hi, slot_of = cta.walk.head(cta.span, own, g)
+
         def one(mode, t, carry):
-            slot = lax.rem(g * (cta.hi - cta.lo) + t - cta.lo, jnp.int32(st.stages_bwd))
+            slot = slot_of(t)
             if mode == "skip":
                 skip_step(list(cta.streams), slot)
                 return carry
@@ -221,21 +221,21 @@ def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_read
                 plgpu.barrier_wait(s.ready.at[slot])
             return step(g, mode, t, slot, carry)
 
-        return run_segments(one, carry, cta.lo, *own, cta.hi)
+        return run_segments(one, carry, lo, *own_g, hi)
 
     zeros = zero_acc((ROWS, k_ref.shape[-1]))
     dk, dv = lax.fori_loop(0, st.group, head, (zeros, zeros))
     cta.keys[...] = (dk * st.softmax_scale).astype(k_ref.dtype)
     cta.values[...] = dv.astype(v_ref.dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(cta.keys, dk_ref.at[rows_at])
-    plgpu.copy_smem_to_gmem(cta.values, dv_ref.at[rows_at])
+    plgpu.copy_smem_to_gmem(cta.keys, rows_at(st, dk_ref, cta.batch, rows, cta.kv_head))
+    plgpu.copy_smem_to_gmem(cta.values, rows_at(st, dv_ref, cta.batch, rows, cta.kv_head))
     plgpu.wait_smem_to_gmem(0)
 
 
-def _launch_key_ctas(body, scratch, q, k, v, do, lse, delta, *refs):
+def _launch_key_ctas(st: Static, body, scratch, q, k, v, do, lse, delta, *refs):
     """Launches `body` on one `KeyCta` per 128 key rows of each key/value head; outputs dK and dV."""
-    batch, kv_pad_len, kv_heads = k.shape[:3]
+    batch, kv_pad_len, kv_heads = bshd(st, k.shape)[:3]
     grid, names = (kv_heads, kv_pad_len // CTA_ROWS, batch), ("kv_heads", "kv_tiles", "batch")
     return launch_kernel(body, (k, v), scratch, grid, names, q, k, v, do, lse, delta, *refs)
 
@@ -248,12 +248,19 @@ def _query_tile_inputs(cta: KeyCta, slot):
     return plgpu.load(lse_smem.at[slot], layout=layout), plgpu.load(delta_smem.at[slot], layout=layout)
 
 
-def backward_dkv(st: Static, q, k, v, do, lse, delta):
-    """dK, dV: per CTA 128 key rows (two warpgroups) of one key/value head."""
-    bq, dtype = st.block_q_dkv, q.dtype
+def _default_query_tiles(st: Static, q, walk: QueryTiles | None) -> QueryTiles:
+    return QueryTiles(st, st.block_q_dkv, bshd(st, q.shape)[1] // st.block_q_dkv) if walk is None else walk
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers):
-        cta = stream_query_tiles(st, q_ref, do_ref, lse_ref, delta_ref, smem, barriers)
+
+def backward_dkv(st: Static, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
+    """dK, dV: per CTA 128 key rows (two warpgroups) of one key/value head; `walk`: which query tiles
+    each key CTA streams (default: `QueryTiles`)."""
+    bq, dtype = st.block_q_dkv, q.dtype
+    walk = _default_query_tiles(st, q, walk)
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
+        walk_refs, (dk_ref, dv_ref, smem, barriers) = refs[: len(walk.arrays)], refs[len(walk.arrays) :]
+        cta = stream_query_tiles(st, walk, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers)
         q_smem, do_smem = smem[2], smem[3]
         (q_stream, do_stream), ks, vs = cta.streams, cta.keys, cta.values
 
@@ -269,7 +276,7 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
             s_t, tanh_t = logits2(st, s_t)
             p_t = jnp.exp2(s_t - along_cols(lse_t, s_t.shape))
             if mode == "masked":
-                p_t = masked_scores(st, p_t, cta.col0, t * bq, transposed=True, fill=0.0)
+                p_t = cta.walk.mask(p_t, cta.col0, cta.span, t)
 
             def dv_and_dp(refs):
                 dv_ref, dp_ref = refs
@@ -292,7 +299,7 @@ def backward_dkv(st: Static, q, k, v, do, lse, delta):
         )
 
     scratch = _key_cta_scratch(st, bq, q.shape[-1], dtype)
-    return _launch_key_ctas(body, scratch, q, k, v, do, lse, delta)
+    return _launch_key_ctas(st, body, scratch, q, k, v, do, lse, delta, *walk.arrays)
 
 
 def _smem_f32(shape):
@@ -300,7 +307,7 @@ def _smem_f32(shape):
     return plgpu.SMEM(shape, jnp.float32, transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
 
 
-def backward_fused(st: Static, q, k, v, do, lse, delta):
+def backward_fused(st: Static, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
     """dQ, dK and dV in one pass over the (query tile, key tile) pairs; returns float32 dQ (unscaled), dK, dV.
 
     CTAs as in `backward_dkv`. Each step also multiplies its warpgroup's dS tile, written to shared
@@ -308,10 +315,13 @@ def backward_fused(st: Static, q, k, v, do, lse, delta):
     reduction: five matmuls per tile pair instead of the seven of the two-kernel backward.
     """
     bq, head_dim, dtype = st.block_q_dkv, q.shape[-1], q.dtype
+    walk = _default_query_tiles(st, q, walk)
     dq_acc = jax.new_ref(jnp.zeros(q.shape, jnp.float32))
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, smem, barriers):
-        cta = stream_query_tiles(st, q_ref, do_ref, lse_ref, delta_ref, smem, barriers)
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
+        walk_refs = refs[: len(walk.arrays)]
+        dq_ref, dk_ref, dv_ref, smem, barriers = refs[len(walk.arrays) :]
+        cta = stream_query_tiles(st, walk, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers)
         q_smem, do_smem, ds_smem, dq_smem = smem[2], smem[3], smem[6], smem[7]
         (q_stream, do_stream), ks, vs = cta.streams, cta.keys, cta.values
         wg = lax.axis_index("wg")
@@ -325,7 +335,7 @@ def backward_fused(st: Static, q, k, v, do, lse, delta):
             s_t, tanh_t = logits2(st, s_t)
             p_t = jnp.exp2(s_t - along_cols(lse_t, s_t.shape))
             if mode == "masked":
-                p_t = masked_scores(st, p_t, cta.col0, t * bq, transposed=True, fill=0.0)
+                p_t = cta.walk.mask(p_t, cta.col0, cta.span, t)
             ds_t = score_grad(st, p_t * (dp_t - along_cols(delta_t, dp_t.shape)), tanh_t).astype(dtype)
             dss[...] = ds_t
             plgpu.commit_smem()
@@ -346,7 +356,7 @@ def backward_fused(st: Static, q, k, v, do, lse, delta):
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last share has left `dqs`
             dqs[...] = dq
             plgpu.commit_smem()
-            dst = dq_ref.at[cta.batch, pl.ds(t * bq, bq), cta.kv_head * st.group + g]
+            dst = rows_at(st, dq_ref, cta.batch, pl.ds(cta.walk.query_row(cta.span, t), bq), cta.kv_head * st.group + g)
             plgpu.copy_smem_to_gmem(dqs, dst, reduction_op="add")
             return dk, dv
 
@@ -355,5 +365,5 @@ def backward_fused(st: Static, q, k, v, do, lse, delta):
     scratch = _key_cta_scratch(
         st, bq, head_dim, dtype, swizzled_smem((COMPUTE_WGS, ROWS, bq), dtype), _smem_f32((COMPUTE_WGS, bq, head_dim))
     )
-    dk, dv = _launch_key_ctas(body, scratch, q, k, v, do, lse, delta, dq_acc)
+    dk, dv = _launch_key_ctas(st, body, scratch, q, k, v, do, lse, delta, *walk.arrays, dq_acc)
     return dq_acc[...], dk, dv

@@ -15,37 +15,40 @@ from ._parts import (
     COMPUTE_REGISTERS,
     MASKED,
     SUM_COLS,
+    KeyTiles,
     Stream,
     along_rows,
-    cta_key_tiles,
+    bshd,
     exp2_tile,
     feed,
     key_value_streams,
     launch_kernel,
     logits2,
-    masked_scores,
     memory_warpgroup,
-    own_order,
-    query_tile_row,
+    rows_at,
     run_segments,
     skip_step,
     swizzled_smem,
     unit_col_smem,
     zero_acc,
 )
-from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static, key_ranges
+from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static
 
 
-def forward(st: Static, q, k, v, sinks=None):
+def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
 
-    `sinks`: optional `[H]` float32 sink logit per head (natural units), one more softmax column
-    without a value: it joins each row's denominator and log-sum-exp when the row is written.
+    (`[B, H, S, D]` arrays with `st.heads_major`.) `sinks`: optional `[H]` float32 sink logit per head
+    (natural units), one more softmax column without a value: it joins each row's denominator and
+    log-sum-exp when the row is written. `walk`: which key tiles each query tile streams (default:
+    every tile holding an allowed pair, `KeyTiles`).
     """
-    batch, q_pad_len, heads, head_dim = q.shape
+    batch, q_pad_len, heads, head_dim = bshd(st, q.shape)
     bk, stages, dtype = st.block_k, st.stages, q.dtype
-    num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
+    num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, bshd(st, k.shape)[1] // bk
     tiles = st.q_tiles_per_cta
+    walk = KeyTiles(st, bk, num_blocks, num_q_tiles, tiles) if walk is None else walk
+    num_walk = len(walk.arrays)
     if num_q_tiles % tiles:
         raise ValueError(f"q_tiles_per_cta={tiles} needs a multiple of it in query tiles, got {num_q_tiles}")
     has_sinks = sinks is not None
@@ -56,17 +59,18 @@ def forward(st: Static, q, k, v, sinks=None):
     def body(q_ref, k_ref, v_ref, *refs):
         sink_ref = refs[0] if has_sinks else None
         unit_col_ref = refs[has_sinks] if row_sums else None
-        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums :]
+        walk_refs = refs[has_sinks + row_sums : has_sinks + row_sums + num_walk]
+        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums + num_walk :]
         q_smem, k_smem, v_smem, lse_smem, *unit_col = smem
         unit_col_smem = unit_col[0] if row_sums else None
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *unit_col_ready = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
+        tiles_of = walk.bind(walk_refs, b, h)
 
         def query_tile(j):
             """The CTA's j-th query tile: its first row, its key tiles [lo, hi) and their K/V streams."""
-            row = query_tile_row(cta, j, num_q_tiles, tiles)
-            lo, hi = cta_key_tiles(st, row, bk, num_blocks)
-            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, lo, bk)
+            row, lo, hi, key_row = tiles_of.tile(cta, j)
+            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, key_row, bk)
             return row, lo, hi, list(streams)
 
         def over_tiles(fn):
@@ -102,8 +106,8 @@ def forward(st: Static, q, k, v, sinks=None):
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             for j in range(tiles):  # every query tile at once: the later ones load while the first runs
-                rows = pl.ds(query_tile_row(cta, j, num_q_tiles, tiles) + wg * ROWS, ROWS)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
+                rows = pl.ds(tiles_of.row(cta, j) + wg * ROWS, ROWS)
+                plgpu.copy_gmem_to_smem(rows_at(st, q_ref, b, rows, h), q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
             if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
@@ -130,15 +134,15 @@ def forward(st: Static, q, k, v, sinks=None):
                     """Raw scores of key tile t -> (bf16 P, new row max, new denominator, rescale of the old rows)."""
                     if st.bounded:  # logits within ±cap·log2(e): offset 0 for every row, nothing to rescale
                         p = exp2_tile(logits2(st, s, st.q_prescaled)[0], st.exp2_fma_cols, in_range=True)
-                        p = masked_scores(st, p, row0, t * bk, fill=0.0) if mode == "masked" else p
+                        p = tiles_of.mask(p, row0, t, fill=0.0) if mode == "masked" else p
                         return p.astype(dtype), m, denom if row_sums else denom + p.sum(axis=1), None
                     if not st.fused_scale:
                         s = logits2(st, s)[0]
-                        s = masked_scores(st, s, row0, t * bk) if mode == "masked" else s
+                        s = tiles_of.mask(s, row0, t) if mode == "masked" else s
                         m_new = jnp.maximum(m, s.max(axis=1))
                         p = exp2_tile(s - along_rows(m_new, s.shape), st.exp2_fma_cols)
                     else:  # scale inside the exponent (a max commutes with a positive scale): one FMA per score
-                        s = masked_scores(st, s, row0, t * bk, fill=MASKED / st.scale2) if mode == "masked" else s
+                        s = tiles_of.mask(s, row0, t, fill=MASKED / st.scale2) if mode == "masked" else s
                         m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
                         p = exp2_tile(s * st.scale2 - along_rows(m_new, s.shape), st.exp2_fma_cols)
                     alpha = jnp.exp2(m - m_new)
@@ -237,7 +241,7 @@ def forward(st: Static, q, k, v, sinks=None):
                 else:
                     denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 acc = zero_acc((ROWS, head_dim))
-                own = own_order(key_ranges(st, row0, ROWS, bk, num_blocks))
+                own = tiles_of.own(row0)
 
                 def write(acc, m, denom):
                     """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
@@ -289,7 +293,7 @@ def forward(st: Static, q, k, v, sinks=None):
                     lax.fori_loop(own_hi, hi, skip, None)
 
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(qo, out_ref.at[b, pl.ds(row0, ROWS), h])
+                plgpu.copy_smem_to_gmem(qo, rows_at(st, out_ref, b, pl.ds(row0, ROWS), h))
                 plgpu.copy_smem_to_gmem(lse_out, lse_ref.at[b, h, pl.ds(row0, ROWS)])
                 return start + hi - lo
 
@@ -317,5 +321,6 @@ def forward(st: Static, q, k, v, sinks=None):
     out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
     args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
+    args += tuple(walk.arrays)
     grid = (heads, num_q_tiles // tiles, batch)
     return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)

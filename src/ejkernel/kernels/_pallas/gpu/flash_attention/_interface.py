@@ -42,23 +42,31 @@ def _exp2_unless_empty(x, lse):
     return jnp.where(lse == -jnp.inf, 0.0, jnp.exp2(jnp.where(lse == -jnp.inf, 0.0, x)))
 
 
-def _backward(st: Static, residuals, do):
+def backward(st: Static, q, k, v, sinks, out, lse, do, key_tiles=None, query_tiles=None):
+    """The padded backward -> `(dq, dk, dv, dsinks | None)`; `key_tiles` / `query_tiles`: the walks of the
+    dQ and dK/dV kernels (default: flash attention's, see `_parts.KeyTiles`)."""
     from ejkernel.kernels._pallas.gpu.flash_attention._bwd import backward_dkv, backward_dq, backward_fused
 
-    q, k, v, _, sinks, _, _, _, _, out, lse = residuals
-    delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
+    rows = "bhsd,bhsd->bhs" if st.heads_major else "bshd,bshd->bhs"
+    delta = jnp.einsum(rows, out.astype(jnp.float32), do.astype(jnp.float32))
     lse_b = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows with no allowed key: probabilities 0
     if st.fused_bwd:
-        dq, dk, dv = backward_fused(st, q, k, v, do, lse_b, delta)
+        dq, dk, dv = backward_fused(st, q, k, v, do, lse_b, delta, query_tiles)
         dq = (dq * st.softmax_scale).astype(q.dtype)
     else:
-        dq = backward_dq(st, q, k, v, do, lse_b, delta)
-        dk, dv = backward_dkv(st, q, k, v, do, lse_b, delta)
+        dq = backward_dq(st, q, k, v, do, lse_b, delta, key_tiles)
+        dk, dv = backward_dkv(st, q, k, v, do, lse_b, delta, query_tiles)
     dsinks = None
     if sinks is not None:
         # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
         weight = _exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
         dsinks = -jnp.sum(weight * delta, axis=(0, 2))
+    return dq, dk, dv, dsinks
+
+
+def _backward(st: Static, residuals, do):
+    q, k, v, _, sinks, _, _, _, _, out, lse = residuals
+    dq, dk, dv, dsinks = backward(st, q, k, v, sinks, out, lse, do)
     return dq, dk, dv, None, dsinks
 
 
@@ -68,6 +76,69 @@ _attention = attention_vjp(_forward, _backward)
 def _param(params, name: str, default: int) -> int:
     value = None if params is None else getattr(params, name)
     return default if value is None else value
+
+
+def check_kernel_tiles(who: str, head_dim: int, blocks: dict[str, int], fwd_step: str, stages: int, stages_bwd: int):
+    """NotImplementedError unless the kernels' tiles (`blocks`: rows per step, by parameter name; `fwd_step`
+    names the forward's key step) and ring depths fit them."""
+    for name, block in blocks.items():
+        # 256-row key tiles fit the registers only beside the small accumulators of head dim 64
+        allowed_sizes = (64, 128, 256) if name == fwd_step and head_dim == 64 else (64, 128)
+        if block not in allowed_sizes:
+            raise NotImplementedError(f"{who} takes tiles of {allowed_sizes} rows here, got {name}={block}")
+    if min(stages, stages_bwd) < 2:
+        raise NotImplementedError(f"{who} needs num_stages >= 2 (one slot loads while one computes)")
+
+
+def kernel_choices(
+    head_dim: int,
+    dtype,
+    kv_len: int,
+    soft_cap: float | None,
+    block_k: int,
+    block_q_dkv: int,
+    stages_bwd: int,
+    masked_diagonal: bool,
+    causal: bool,
+) -> dict:
+    """The measured choices of how the kernels run a call: `Static` fields from `bounded` to `overlap_schedule`.
+
+    `masked_diagonal`: some tiles hold both allowed and masked pairs (causal, windows, partial blocks);
+    `causal`: the rows see ever more keys (the causal measurements below).
+    """
+    bounded = bounded_soft_cap(soft_cap, dtype, kv_len)
+    # The soft cap's tanh doubles the forward's special-function work; moving part of the exp2 to the
+    # FMA units pays where that unit is the bottleneck (measured on an H200: 3-9% faster with soft cap,
+    # 5% slower without). At head dim 64 the soft-capped forward also takes its row sums as P·e₀ on the
+    # tensor cores, which frees the FMA units for a larger share (measured on an H100: 0.81 -> 0.85x of
+    # the plain kernel non-causal, 0.82 -> 0.83x causal; slower at head dim 128 and without soft cap).
+    row_sums_on_tc = soft_cap is not None and head_dim == 64
+    fma_share = 0.0 if soft_cap is None else 5 / 8 if row_sums_on_tc else 1 / 4
+    exp2_fma_cols = int(block_k * fma_share)
+    # At head dim 128 that forward is bound by instruction issue: multiplying q by the tanh's input
+    # scale once (rounded to bfloat16, like the inputs themselves) instead of every score measured
+    # 6-9% faster on an H200. At head dim 64, with 5/8 of the exp2 on the FMA units, it measured 2-4%
+    # faster causal and -5 to +2% non-causal (H100, R = 20): causal only.
+    q_prescaled = bounded and (head_dim == 128 or causal)
+    # The fused backward computes each score tile once, not twice: it wins where the softmax work
+    # (the soft cap's tanh) or the small head dim makes that recomputation dear. It streams 64-row
+    # query tiles; at head dim 128 its float32 dQ staging leaves shared memory for two stages only.
+    fused_bwd = block_q_dkv == 64 and (head_dim == 64 or (soft_cap is not None and stages_bwd == 2))
+    # Issuing tile t's Q·Kᵀ beside tile t-1's P·V hides the softmax behind the tensor cores at head
+    # dim 128 (measured on an H100: non-causal forward 0.93-0.96 -> 1.04-1.06x cuDNN). Where diagonal
+    # tiles are masked the warpgroups had better still take turns at the tensor cores (causal: 1-3%
+    # faster than free-running). At head dim 64 and with the soft cap's tanh it measured slower.
+    overlap = head_dim == 128 and soft_cap is None
+    overlap_schedule = masked_diagonal
+    return dict(
+        bounded=bounded,
+        exp2_fma_cols=exp2_fma_cols,
+        row_sums_on_tc=row_sums_on_tc,
+        q_prescaled=q_prescaled,
+        fused_bwd=fused_bwd,
+        overlap=overlap,
+        overlap_schedule=overlap_schedule,
+    )
 
 
 def plan(
@@ -91,39 +162,13 @@ def plan(
     block_k_dq = _param(bwd_params, "block_k", 64)
     block_q_dkv = _param(bwd_params, "block_q", 64)
     blocks = {"fwd_params.block_k": block_k, "bwd_params.block_k": block_k_dq, "bwd_params.block_q": block_q_dkv}
-    for name, block in blocks.items():
-        # 256-row key tiles fit the registers only beside the small accumulators of head dim 64
-        allowed_sizes = (64, 128, 256) if name == "fwd_params.block_k" and head_dim == 64 else (64, 128)
-        if block not in allowed_sizes:
-            raise NotImplementedError(f"{WHO} takes tiles of {allowed_sizes} rows here, got {name}={block}")
     stages = _param(fwd_params, "num_stages", 2)
     stages_bwd = _param(bwd_params, "num_stages", 2)
-    if min(stages, stages_bwd) < 2:
-        raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes)")
-    bounded = bounded_soft_cap(soft_cap, query.dtype, kv_len)
-    # The soft cap's tanh doubles the forward's special-function work; moving part of the exp2 to the
-    # FMA units pays where that unit is the bottleneck (measured on an H200: 3-9% faster with soft cap,
-    # 5% slower without). At head dim 64 the soft-capped forward also takes its row sums as P·e₀ on the
-    # tensor cores, which frees the FMA units for a larger share (measured on an H100: 0.81 -> 0.85x of
-    # the plain kernel non-causal, 0.82 -> 0.83x causal; slower at head dim 128 and without soft cap).
-    row_sums_on_tc = soft_cap is not None and head_dim == 64
-    fma_share = 0.0 if soft_cap is None else 5 / 8 if row_sums_on_tc else 1 / 4
-    exp2_fma_cols = int(block_k * fma_share)
-    # At head dim 128 that forward is bound by instruction issue: multiplying q by the tanh's input
-    # scale once (rounded to bfloat16, like the inputs themselves) instead of every score measured
-    # 6-9% faster on an H200. At head dim 64, with 5/8 of the exp2 on the FMA units, it measured 2-4%
-    # faster causal and -5 to +2% non-causal (H100, R = 20): causal only.
-    q_prescaled = bounded and (head_dim == 128 or bool(causal))
-    # The fused backward computes each score tile once, not twice: it wins where the softmax work
-    # (the soft cap's tanh) or the small head dim makes that recomputation dear. It streams 64-row
-    # query tiles; at head dim 128 its float32 dQ staging leaves shared memory for two stages only.
-    fused_bwd = block_q_dkv == 64 and (head_dim == 64 or (soft_cap is not None and stages_bwd == 2))
-    # Issuing tile t's Q·Kᵀ beside tile t-1's P·V hides the softmax behind the tensor cores at head
-    # dim 128 (measured on an H100: non-causal forward 0.93-0.96 -> 1.04-1.06x cuDNN). Where diagonal
-    # tiles are masked the warpgroups had better still take turns at the tensor cores (causal: 1-3%
-    # faster than free-running). At head dim 64 and with the soft cap's tanh it measured slower.
-    overlap = head_dim == 128 and soft_cap is None
-    overlap_schedule = bool(causal) or sliding_window is not None
+    check_kernel_tiles(WHO, head_dim, blocks, "fwd_params.block_k", stages, stages_bwd)
+    masked_diagonal = bool(causal) or sliding_window is not None
+    choices = kernel_choices(
+        head_dim, query.dtype, kv_len, soft_cap, block_k, block_q_dkv, stages_bwd, masked_diagonal, bool(causal)
+    )
     q_pad = round_up(q_len, CTA_ROWS) - q_len
     # Two query tiles per CTA (the longest and the shortest rows of a causal head) give every CTA the
     # same work and load the second tile while the first ends. That pays where CTAs are short: at head
@@ -147,14 +192,8 @@ def plan(
         block_k_dq=block_k_dq,
         block_q_dkv=block_q_dkv,
         stages_bwd=stages_bwd,
-        bounded=bounded,
-        exp2_fma_cols=exp2_fma_cols,
-        row_sums_on_tc=row_sums_on_tc,
-        q_prescaled=q_prescaled,
-        fused_bwd=fused_bwd,
-        overlap=overlap,
-        overlap_schedule=overlap_schedule,
         q_tiles_per_cta=2 if paired else 1,
+        **choices,
     )
     q = pad_axes(query, {1: q_pad})
     kv_pad = st.kv_len_padded - kv_len

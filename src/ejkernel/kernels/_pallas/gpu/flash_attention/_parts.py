@@ -17,6 +17,11 @@ back the slots outside their own rows' range. A short causal forward may run two
 CTA (`Static.q_tiles_per_cta`), a head's longest and shortest rows through one key/value stream, so
 that every CTA does the same work.
 
+Which tiles a CTA streams, and how a partial tile is masked, is its walk (`KeyTiles` for the forward
+and dQ, `QueryTiles` for dK/dV): flash attention's walks stream the contiguous runs above; block-sparse
+attention (`_pallas/gpu/blocksparse_attention`) runs these same kernels with walks over its block table,
+on `[B, H, S, D]` arrays (`Static.heads_major`).
+
 Scores live in base-2 units (`q·k · scale · log2 e`) so each exponential is one `exp2`. The forward
 writes the log-sum-exp in the same units; the backward kernels take it back (+inf for rows with no
 allowed key, so their probabilities are 0).
@@ -41,6 +46,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     Static,
     allowed,
     key_ranges,
+    query_ranges,
 )
 
 SUM_COLS = 16  # width of the unit-column tile whose P·e₀ gives row sums on the tensor cores (32-byte rows)
@@ -248,11 +254,125 @@ def masked_scores(st: Static, s, row0, col0, *, transposed: bool = False, fill=M
     return s if ok is None else jnp.where(ok, s, fill)
 
 
+# ---- layouts: [B, S, H, D] (flash attention) or [B, H, S, D] (block-sparse attention) ----
+
+
+def bshd(st: Static, shape) -> tuple[int, int, int, int]:
+    """`(batch, seq, heads, dim)` of a q/k/v-like array in the call's layout."""
+    return (shape[0], shape[2], shape[1], shape[3]) if st.heads_major else tuple(shape)
+
+
+def rows_at(st: Static, ref, b, rows, h):
+    """Rows `rows` (a `pl.ds`) of head h of batch row b of a q/k/v-like ref: a `(rows, D)` tile for TMA."""
+    return ref.at[b, h, rows] if st.heads_major else ref.at[b, rows, h]
+
+
+# ---- which tiles a CTA streams ----
+
+
+class KeyTiles:
+    """The key tiles each query tile of a forward / dQ CTA streams, and how each is masked.
+
+    This one streams, for every query tile, the contiguous run of key tiles that hold an allowed pair
+    of its rows (`key_ranges`), and masks by the positional rules (`masked_scores`). Block-sparse
+    attention subclasses it to stream the key tiles its block table lists. The kernels index steps
+    t in [lo, hi); a warpgroup's "own" steps `own(row0)` split them as in `run_segments`.
+
+    `arrays` are extra kernel operands (appended to the kernel's inputs); `bind` receives their refs
+    and the CTA's batch row and head inside the kernel, and returns the walk that the kernel uses.
+    """
+
+    arrays: tuple = ()
+
+    def __init__(self, st: Static, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
+        self.st, self.block, self.num_blocks = st, block, num_blocks
+        self.num_q_tiles, self.tiles_per_cta = num_q_tiles, tiles_per_cta
+
+    def bind(self, refs, b, h) -> KeyTiles:
+        del refs, b, h
+        return self
+
+    def row(self, cta, j):
+        """First query row of the CTA's j-th query tile."""
+        return query_tile_row(cta, j, self.num_q_tiles, self.tiles_per_cta)
+
+    def tile(self, cta, j):
+        """`(row, lo, hi, key_row)`: the j-th query tile's first row, its steps [lo, hi), and
+        `key_row(i)`, the first key row of step lo + i (the memory warpgroup counts from 0)."""
+        row = self.row(cta, j)
+        lo, hi = cta_key_tiles(self.st, row, self.block, self.num_blocks)
+        return row, lo, hi, lambda i: (lo + i) * self.block
+
+    def own(self, row0):
+        """`(own_lo, full_lo, full_hi, own_hi)` of the warpgroup whose rows start at `row0`."""
+        return own_order(key_ranges(self.st, row0, ROWS, self.block, self.num_blocks))
+
+    def mask(self, s, row0, t, **kwargs):
+        """Score tile `s` of step t for the rows from `row0`, disallowed pairs set to `fill`."""
+        return masked_scores(self.st, s, row0, t * self.block, **kwargs)
+
+
+class QueryTiles:
+    """The query tiles a dK/dV (or fused backward) CTA streams for each query head of its group.
+
+    This one streams, per head, the contiguous run of query tiles that see some of the CTA's keys
+    (`query_ranges`): step i of the stream is tile `lo + i % (hi - lo)` of head `i // (hi - lo)`.
+    Block-sparse attention subclasses it (its block table's lists, head after head). `span` is what
+    a CTA computes once; `head(g)` gives head g's steps [lo, hi), its warpgroup's "own" split
+    (`run_segments` order) and the slot of each step.
+    """
+
+    arrays: tuple = ()
+
+    def __init__(self, st: Static, block: int, num_blocks: int):
+        self.st, self.block, self.num_blocks = st, block, num_blocks
+
+    def bind(self, refs, b, kv_h) -> QueryTiles:
+        del refs, b, kv_h
+        return self
+
+    def span(self, cta_col):
+        """The CTA's query tiles (both warpgroups' needs): `(lo, hi, tiles per head)`."""
+        lo = query_ranges(self.st, cta_col, ROWS, self.block, self.num_blocks)[0]
+        hi = query_ranges(self.st, cta_col + ROWS, ROWS, self.block, self.num_blocks)[1]
+        return lo, hi, jnp.maximum(hi - lo, 1)
+
+    def position(self, span, kv_h, i):
+        """Stream step i -> (query head, first query row)."""
+        lo, _, per_head = span
+        return kv_h * self.st.group + lax.div(i, per_head), (lo + lax.rem(i, per_head)) * self.block
+
+    def total(self, span):
+        """Steps the memory warpgroup streams."""
+        lo, hi, _ = span
+        return self.st.group * (hi - lo)
+
+    def prepare(self, span, col0):
+        """What a warpgroup whose keys start at `col0` computes before its loop over heads."""
+        del span
+        return own_order(query_ranges(self.st, col0, ROWS, self.block, self.num_blocks))
+
+    def head(self, span, own, g):
+        """Head g of the group: `(lo, own, hi, slot_of)` for `run_segments` and the slot of step t."""
+        lo, hi, _ = span
+        return lo, own, hi, lambda t: lax.rem(g * (hi - lo) + t - lo, jnp.int32(self.st.stages_bwd))
+
+    def query_row(self, span, t):
+        """First query row of step t."""
+        del span
+        return t * self.block
+
+    def mask(self, s, col0, span, t):
+        """Transposed score tile `s` ([key, query]) of step t for the keys from `col0`; disallowed pairs 0."""
+        del span
+        return masked_scores(self.st, s, col0, t * self.block, transposed=True, fill=0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class QueryCta:
     """A CTA of the dQ kernel: 128 query rows of one head, key/value tiles [lo, hi) streamed.
 
-    (The forward places its one or two query tiles itself: `query_tile_row`, `cta_key_tiles`.)
+    (The forward places its one or two query tiles itself: `KeyTiles.tile`.)
     """
 
     batch: Any
@@ -261,23 +381,22 @@ class QueryCta:
     row: Any  # first query row of the CTA
     lo: Any
     hi: Any
-    num_blocks: int  # key tiles in the padded key/value arrays
+    walk: KeyTiles
     streams: tuple[Stream, Stream]  # key, value
 
 
-def stream_key_tiles(st: Static, k_ref, v_ref, smem, barriers, block: int, stages: int, num_q_tiles: int) -> QueryCta:
+def stream_key_tiles(st: Static, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, barriers, block: int, stages: int):
     """Places the CTA (longest causal rows first) and starts its memory warpgroup feeding K/V tiles.
 
     `smem` are the `(stages, block, D)` key and value buffers, `barriers` their ready/consumed pairs.
     The CTA needs the tiles from its first warpgroup's `lo` to its second's `hi`.
     """
     b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-    cta_row = query_tile_row(lax.axis_index("q_tiles"), 0, num_q_tiles, 1)
-    num_blocks = k_ref.shape[1] // block
-    lo, hi = cta_key_tiles(st, cta_row, block, num_blocks)
-    streams = key_value_streams(st, k_ref, v_ref, smem, barriers, b, h, lo, block)
+    walk = walk.bind(walk_refs, b, h)
+    cta_row, lo, hi, key_row = walk.tile(lax.axis_index("q_tiles"), 0)
+    streams = key_value_streams(st, k_ref, v_ref, smem, barriers, b, h, key_row, block)
     memory_warpgroup(lambda: feed(list(streams), hi - lo, stages))
-    return QueryCta(b, h, wg, cta_row, lo, hi, num_blocks, streams)
+    return QueryCta(b, h, wg, cta_row, lo, hi, walk, streams)
 
 
 def query_tile_row(cta, j, num_q_tiles: int, tiles_per_cta: int):
@@ -298,12 +417,13 @@ def cta_key_tiles(st: Static, cta_row, block: int, num_blocks: int):
     return lo, hi
 
 
-def key_value_streams(st: Static, k_ref, v_ref, smem, barriers, b, h, lo, block: int) -> tuple[Stream, Stream]:
-    """Query head h's key and value tiles from tile `lo` on (`smem`, `barriers` as in `stream_key_tiles`)."""
+def key_value_streams(st: Static, k_ref, v_ref, smem, barriers, b, h, key_row, block: int) -> tuple[Stream, Stream]:
+    """Query head h's key and value tiles, step i's from key row `key_row(i)` (`smem`, `barriers` as in
+    `stream_key_tiles`)."""
     kv_h = lax.div(h, jnp.int32(st.group))
 
     def tile(ref):
-        return lambda i: ref.at[b, pl.ds((lo + i) * block, block), kv_h]
+        return lambda i: rows_at(st, ref, b, pl.ds(key_row(i), block), kv_h)
 
     k_ready, k_consumed, v_ready, v_consumed = barriers
     return (

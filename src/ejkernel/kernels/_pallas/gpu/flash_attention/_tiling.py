@@ -45,6 +45,7 @@ class Static:
     overlap: bool = False  # forward without soft cap: tile t's Q·Kᵀ issued with tile t-1's P·V, softmax beside P·V
     overlap_schedule: bool = True  # with `overlap`: the two warpgroups still take turns issuing matmuls
     q_tiles_per_cta: int = 1  # forward: 1, or 2 (a long and a short causal tile; an even tile count)
+    heads_major: bool = False  # arrays [B, H, S, D] (block-sparse attention's layout), not [B, S, H, D]
 
     @property
     def group(self) -> int:

@@ -1,0 +1,277 @@
+"""What the Mosaic GPU flash attention kernels need to run block-sparse: which tiles to stream, and the mask.
+
+The kernels (`flash_attention._fwd`, `_bwd`) take a walk: for each query tile (forward, dQ) the key
+tiles it streams and, for each key CTA (dK/dV, fused backward), the query tiles of each head of its
+group. Flash attention's walks stream contiguous runs of tiles; these stream what the block table
+lists, partial blocks first (masked: positional rules, key length, segment ids read from global
+memory), then full ones (no mask work). A table block of `table_k` keys is `table_k / block` steps of
+the kernel's `block`-row tiles, in order.
+
+Table rows are packed for the kernels, which read them as scalars from global memory:
+
+- forward / dQ, per `(Bt, Ht, query block)`: `[count, edges, key block...]`;
+- dK/dV, per `(Bt, Hkv or 1, key block)`: `[first_0 .. first_G, edges_0 .. edges_{G-1}, entry...]`:
+  the G query heads of the key/value head, one after another; head g's blocks are entries
+  `[first_g, first_{g+1})` (its `edges_g` partial ones first), each entry `g * nQ + query block`.
+  The memory warpgroup streams the entries in order, and the compute warpgroups count their steps
+  with it, so a step's slot is its index in that stream.
+
+Plain `jnp`/`numpy` and the flash attention's `_tiling`: importable without loading Mosaic GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ejkernel.kernels._common.attention import round_up
+from ejkernel.kernels._common.block_sparse import BlockTable
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, Static, allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseStatic(Static):
+    """Flash attention's `Static` (layout `[B, H, S, D]`) and what block-sparse calls add (hashable)."""
+
+    chunk_size: int | None = None  # query i sees key j only if i // c == j // c
+    table_q: int = CTA_ROWS  # the block table's tiles: a multiple of 128 rows / keys
+    table_k: int = CTA_ROWS
+    table_batch: bool = False  # the table differs per batch row / per query head (else one for all)
+    table_heads: bool = False
+    segments: bool = False  # query i sees key j only if their segment ids are equal and >= 0
+
+    @property
+    def kv_len_padded(self) -> int:
+        return round_up(self.kv_len, self.table_k)
+
+    @property
+    def q_len_padded(self) -> int:
+        return round_up(self.q_len, self.table_q)
+
+
+# ---- the lists, packed ----
+
+
+def concrete(*arrays) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in arrays)
+
+
+def _xp(*arrays):
+    """numpy for a table known while tracing (its lists are then constants), else jax.numpy."""
+    return np if concrete(*arrays) else jnp
+
+
+def row_lists(table: BlockTable):
+    """`[Bt, Ht, nQ, 2 + W]` int32 rows `[count, edges, key block...]` (numpy when the table is concrete)."""
+    xp = _xp(table.kv_blocks, table.kv_counts, table.kv_edges)
+    counts, edges = xp.asarray(table.kv_counts)[..., None], xp.asarray(table.kv_edges)[..., None]
+    return xp.concatenate([counts, edges, xp.asarray(table.kv_blocks)], axis=-1).astype(np.int32)
+
+
+def column_lists(table: BlockTable, group: int):
+    """`[Bt, Hkv or 1, nK, 2G + 1 + G·W]` int32 rows of the key CTAs (module docstring)."""
+    xp = _xp(table.q_blocks, table.q_counts, table.q_edges)
+    blocks, counts, edges = (xp.asarray(x) for x in (table.q_blocks, table.q_counts, table.q_edges))
+    bt, ht, _, width = blocks.shape
+    n_q = table.num_q_blocks
+
+    def per_group(x):  # [Bt, Ht, nK, ...] -> [Bt, Ht / G or 1, nK, G, ...]
+        if ht == 1:
+            x = x[:, :, :, None]
+            return xp.broadcast_to(x, (*x.shape[:3], group, *x.shape[4:]))
+        x = x.reshape(bt, ht // group, group, *x.shape[2:])
+        return xp.moveaxis(x, 2, 3)
+
+    blocks, counts, edges = per_group(blocks), per_group(counts), per_group(edges)
+    zero = xp.zeros((*counts.shape[:-1], 1), np.int32)
+    first = xp.concatenate([zero, xp.cumsum(counts, axis=-1).astype(np.int32)], axis=-1)  # [..., G + 1]
+    p = xp.arange(group * width, dtype=np.int32)
+    head = xp.minimum((first[..., 1:, None] <= p).sum(axis=-2), group - 1).astype(np.int32)  # [..., G·W]
+    j = xp.clip(p - xp.take_along_axis(first, head, axis=-1), 0, width - 1)
+    flat = blocks.reshape(*blocks.shape[:-2], group * width)
+    entry = xp.take_along_axis(flat, head * width + j, axis=-1) + head * n_q
+    entry = xp.where(p < first[..., -1:], entry, 0)
+    return xp.concatenate([first, edges, entry], axis=-1).astype(np.int32)
+
+
+# ---- the mask of a partial tile ----
+
+
+def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = False, fill, segments=None):
+    """`s` with the pairs the positional rules, the padded keys and the segment ids forbid set to `fill`.
+
+    As `flash_attention._parts.masked_scores`, with the chunked rule and segments besides; `transposed`
+    tiles are [key, query]; `row0`, `col0` are the absolute positions of the tile's first row and
+    column; `segments`: the ids of the tile's rows and of its columns (vectors in the WGMMA layouts).
+    """
+    from ejkernel.kernels._pallas.gpu.flash_attention._parts import along_cols, along_rows, wgmma_iota
+
+    q_axis, k_axis, q0, k0 = (1, 0, col0, row0) if transposed else (0, 1, row0, col0)
+    key = wgmma_iota(s.shape, k_axis)
+    query = wgmma_iota(s.shape, q_axis)
+    tests = []
+    ok = allowed(st, key - query, key, q0, k0)
+    if ok is not None:
+        tests.append(ok)
+    if st.chunk_size is not None:
+        c = jnp.int32(st.chunk_size)
+        tests.append(lax.div(query + q0, c) == lax.div(key + k0, c))
+    if segments is not None:
+        rows, cols = along_rows(segments[0], s.shape), along_cols(segments[1], s.shape)
+        tests.append((rows == cols) & ((cols if transposed else rows) >= 0))
+    return jnp.where(functools.reduce(operator.and_, tests), s, fill) if tests else s
+
+
+# ---- the walks ----
+
+
+def _walk_classes():
+    """The walk classes, which subclass the kernels' (defined here on first use: those load Mosaic GPU)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
+        MASKED,
+        ROWS,
+        KeyTiles,
+        QueryTiles,
+        query_tile_row,
+    )
+
+    def segment_ids(ref, b, start, size: int, axis: int):
+        """Ids of positions [start, start + size) of batch row b, laid out along axis `axis` of a tile."""
+        return plgpu.load(ref.at[b, pl.ds(start, size)], layout=plgpu.Layout.WGMMA.reduce(1 - axis), optimized=False)
+
+    def bind(walk, refs, b, h):
+        bound = copy.copy(walk)
+        bound.ref, *bound.segment_refs = refs
+        bound.batch = b
+        bound.at = (b if walk.st.table_batch else 0, h if walk.st.table_heads else 0)
+        return bound
+
+    class ListedKeyTiles(KeyTiles):
+        """Forward / dQ: each 128-row query tile streams the key blocks its table row lists."""
+
+        def __init__(self, st: SparseStatic, block: int, lists, num_q_tiles: int, segments=(), tiles_per_cta=1):
+            super().__init__(st, block, 0, num_q_tiles, tiles_per_cta)
+            self.per_block = st.table_k // block
+            self.arrays = (lists, *segments)
+
+        def bind(self, refs, b, h):
+            return bind(self, refs, b, h)
+
+        def _entry(self, row, i):
+            return self.ref[(*self.at, lax.div(row, jnp.int32(self.st.table_q)), i)]
+
+        def row(self, cta, j):  # the last rows first (causal: the longest); two per CTA: a long and a short
+            return query_tile_row(cta, j, self.num_q_tiles, self.tiles_per_cta)
+
+        def key_row(self, row, t):
+            """First key row of step t of the query tile holding `row`."""
+            if self.per_block == 1:
+                return self._entry(row, 2 + t) * self.st.table_k
+            n = jnp.int32(self.per_block)
+            return self._entry(row, 2 + lax.div(t, n)) * self.st.table_k + lax.rem(t, n) * self.block
+
+        def tile(self, cta, j):
+            row = self.row(cta, j)
+            return row, 0, self._entry(row, 0) * self.per_block, lambda i: self.key_row(row, i)
+
+        def own(self, row0):
+            steps = self._entry(row0, 0) * self.per_block
+            return 0, self._entry(row0, 1) * self.per_block, steps, steps
+
+        def mask(self, s, row0, t, fill=MASKED):
+            col0 = self.key_row(row0, t)
+            segments = None
+            if self.st.segments:
+                q_seg, kv_seg = self.segment_refs
+                rows = segment_ids(q_seg, self.batch, row0, s.shape[0], 0)
+                segments = rows, segment_ids(kv_seg, self.batch, col0, s.shape[1], 1)
+            return sparse_masked_scores(self.st, s, row0, col0, fill=fill, segments=segments)
+
+    class ListedQueryTiles(QueryTiles):
+        """dK/dV, fused backward: each 128-key CTA streams, head after head of its group, the query
+        blocks its table column lists (`column_lists`)."""
+
+        def __init__(self, st: SparseStatic, block: int, lists, num_q_blocks: int, segments=()):
+            super().__init__(st, block, 0)
+            self.per_block, self.num_q_blocks = st.table_q // block, num_q_blocks
+            self.arrays = (lists, *segments)
+
+        def bind(self, refs, b, kv_h):
+            return bind(self, refs, b, kv_h)
+
+        def _entry(self, kb, i):
+            return self.ref[(*self.at, kb, i)]
+
+        def span(self, cta_col):
+            return lax.div(cta_col, jnp.int32(self.st.table_k))
+
+        def _steps(self, x):
+            return x * self.per_block
+
+        def _head_and_row(self, kb, t):
+            """(head within the group, first query row) of stream step t."""
+            n = jnp.int32(self.per_block)
+            group = self.st.group
+            e = self._entry(kb, 2 * group + 1 + (t if self.per_block == 1 else lax.div(t, n)))
+            if group == 1:
+                g, block = 0, e
+            else:
+                g = lax.div(e, jnp.int32(self.num_q_blocks))
+                block = e - g * self.num_q_blocks
+            row = block * self.st.table_q
+            return g, row if self.per_block == 1 else row + lax.rem(t, n) * self.block
+
+        def position(self, kb, kv_h, i):
+            g, row = self._head_and_row(kb, i)
+            return kv_h * self.st.group + g, row
+
+        def total(self, kb):
+            return self._steps(self._entry(kb, self.st.group))
+
+        def prepare(self, kb, col0):
+            return None
+
+        def head(self, kb, own, g):
+            lo, hi = self._steps(self._entry(kb, g)), self._steps(self._entry(kb, g + 1))
+            full = lo + self._steps(self._entry(kb, self.st.group + 1 + g))
+            return lo, (lo, full, hi, hi), hi, lambda t: lax.rem(t, jnp.int32(self.st.stages_bwd))
+
+        def query_row(self, kb, t):
+            return self._head_and_row(kb, t)[1]
+
+        def mask(self, s, col0, kb, t):
+            row0 = self.query_row(kb, t)
+            segments = None
+            if self.st.segments:
+                q_seg, kv_seg = self.segment_refs
+                keys = segment_ids(kv_seg, self.batch, col0, ROWS, 0)
+                segments = keys, segment_ids(q_seg, self.batch, row0, s.shape[1], 1)
+            return sparse_masked_scores(self.st, s, col0, row0, transposed=True, fill=0.0, segments=segments)
+
+    return ListedKeyTiles, ListedQueryTiles
+
+
+@functools.cache
+def walk_classes():
+    return _walk_classes()
+
+
+def key_tiles(st: SparseStatic, block: int, lists, num_q_tiles: int, segments=(), tiles_per_cta: int = 1):
+    """The forward's / dQ kernel's walk: `lists` from `row_lists`, `segments` the padded (q, kv) ids or ();
+    `tiles_per_cta`: query tiles per CTA (the forward's `Static.q_tiles_per_cta`)."""
+    return walk_classes()[0](st, block, lists, num_q_tiles, segments, tiles_per_cta)
+
+
+def query_tiles(st: SparseStatic, block: int, lists, num_q_blocks: int, segments=()):
+    """The dK/dV (fused backward) kernel's walk: `lists` from `column_lists`, `segments` as in `key_tiles`."""
+    return walk_classes()[1](st, block, lists, num_q_blocks, segments)
