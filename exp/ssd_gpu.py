@@ -1,24 +1,27 @@
-"""Mamba-2 (state_space_v2) on a GPU: the Triton path on the GLA kernels against XLA, for correctness and speed.
+"""Mamba-2 (state_space_v2) on a GPU: the Triton path (the GLA kernels) against XLA, for correctness and speed.
 
     PYTHONPATH=src python exp/ssd_gpu.py                 # on a GPU, under 4 minutes with compilation
     PYTHONPATH=src python exp/ssd_gpu.py --cpu-smoke     # tiny shapes, Pallas interpret mode, on a CPU
 
+The Triton path is the public op, `state_space_v2(..., platform="triton")` (with --cpu-smoke, which the
+op cannot run in interpret mode, its Triton entry with `interpret=True`). Its chunks: 64 tokens where no
+derivative is taken, 32 where one is, each capped by `cfg.chunk_size` (the variants `C32`, `C16`).
 Sections (each guarded: a failure is printed and the rest runs; no variant is compiled after --budget s):
 1. check: at B=1 S=4096 H=8 P=64 N=128, groups 1 and 2, bf16 and float32 inputs (A, D and the initial state
-   float32), a differentiated call on the GLA kernels (`TRAINING = "gla"`, chunk 64): output y, final state
-   and the gradients of x, A, B, C, D, dt and the initial state under one random cotangent, against XLA's
-   path in float32 at full matmul precision on the same (rounded) inputs. `rel` = ‖x − ref‖ / ‖ref‖, `max` =
-   max |x − ref| / max |ref|, NONFINITE where any value is not finite. Also: XLA's own path fed bf16 (the
-   floor bf16 outputs and cotangents set), plain bf16 forwards (`FORWARD` "gla" and "chunked"), dA per head.
+   float32), a differentiated call on the Triton path: output y, final state and the gradients of x, A, B,
+   C, D, dt and the initial state under one random cotangent, against XLA's path in float32 at full matmul
+   precision on the same (rounded) inputs. `rel` = ‖x − ref‖ / ‖ref‖, `max` = max |x − ref| / max |ref|,
+   NONFINITE where any value is not finite. Also: XLA's own path fed bf16 (the floor bf16 outputs and
+   cotangents set), the plain bf16 forward, dA per head.
 2. time: at B=2 S=16384 H=32 P=64 N=128 G=1 bf16 (the bench's shape), forward and forward+backward
-   (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the current Triton path
-   (`_chunked` forward; its training is XLA's, the same program as "xla"), and the GLA path at chunk
-   32 / 64 / 128 (`GLA_TILING.head_span` 8: the gradient kernel sums dB and dC over 8 heads, XLA over the
-   4 spans), and at chunk 64 with spans of 1 (dB, dC per head in float32, summed by XLA) and 32 heads;
-   `time_fns` medians, all variants interleaved. Table at the end, with the targets.
+   (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the Triton path by default
+   and capped at the chunks `--chunks` names, and differentiated with the gradient kernel's heads per
+   program (`GLA_TILING.head_span`, default 8: it sums dB and dC over 8 heads, XLA over the spans) at 1
+   (dB, dC per head in float32, summed by XLA) and 32; `time_fns` medians, all variants interleaved.
+   Table at the end, with the targets.
 3. kernels: each GLA kernel alone at the bench shape (chunk 64 and 32, default tiles: grads in spans of 8
-   heads), at chunk 64 also other tiles (`TILE_VARIANTS`: spans of 1 and 32, warps, key and state tiles),
-   and XLA's sum of a per-head dB over the heads (what span 1 adds).
+   heads), at the first chunk also other tiles (`TILE_VARIANTS`: spans of 1 and 32, warps, key and state
+   tiles), and XLA's sum of a per-head dB over the heads (what span 1 adds).
 """
 
 from __future__ import annotations
@@ -41,16 +44,13 @@ from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.state_space_v2 import _interface as ssd
 from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
-from ejkernel.modules import StateSpaceV2Config
+from ejkernel.modules import StateSpaceV2Config, state_space_v2
 from ejkernel.ops.autotune import time_fns
 
 START = time.perf_counter()
 ARGS = None
 NAMES = ["y", "state", "dx", "dA", "dB", "dC", "dD", "ddt", "dh0"]
-TARGETS = (
-    "targets: fwd+bwd <= 7.9 ms (1.5x XLA's 11.9, H100) and <= 4.46 ms (mamba_chunk_scan_combined, H200); "
-    "fwd <= 0.88 ms"
-)
+TARGETS = "anchors (mamba_chunk_scan_combined, H200): fwd+bwd 4.46 ms, fwd 0.88 ms"
 
 
 def elapsed() -> float:
@@ -71,15 +71,14 @@ def guarded(name, fn):
 
 
 @contextlib.contextmanager
-def switches(forward=None, training=None, tiling=None):
-    """The Triton path's kernels (`FORWARD`, `TRAINING`) and GLA tiles while a call is traced."""
-    saved = ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING
-    ssd.FORWARD, ssd.TRAINING = forward or saved[0], training or saved[1]
-    ssd.GLA_TILING = tiling or saved[2]
+def tiles(tiling=None):
+    """The GLA kernels' tiles (`GLA_TILING`, read when a call is traced) while a call is traced."""
+    saved = ssd.GLA_TILING
+    ssd.GLA_TILING = tiling or saved
     try:
         yield
     finally:
-        ssd.FORWARD, ssd.TRAINING, ssd.GLA_TILING = saved
+        ssd.GLA_TILING = saved
 
 
 # ---- inputs and calls ----
@@ -101,12 +100,18 @@ def make_inputs(batch, seq, heads, head_dim, state, groups, dtype, seed=0):
 
 
 def scan_fn(impl, groups, chunk=None):
-    """`(x, A, B, C, D, dt, h0) -> (y, state)` of `impl` (no gate)."""
-    cfg = StateSpaceV2Config(chunk_size=chunk)
-    extra = {} if impl is state_space_v2_xla else {"interpret": ARGS.interpret}
+    """`(x, A, B, C, D, dt, h0) -> (y, state)` (no gate) of XLA's path (`impl` "xla") or the Triton one
+    ("triton"), with `chunk_size` `chunk` (None: the default config)."""
+    cfg = None if chunk is None else StateSpaceV2Config(platform=impl, chunk_size=chunk)
+    if impl == "xla":
+        call = functools.partial(state_space_v2_xla, cfg=cfg)
+    elif ARGS.interpret:  # the public op has no interpret switch: its Triton entry
+        call = functools.partial(ssd.state_space_v2_triton, cfg=cfg, interpret=True)
+    else:
+        call = functools.partial(state_space_v2, platform="triton", cfg=cfg)
 
     def fn(x, A, B, C, D, dt, h0=None):
-        y, state, _ = impl(x, A, B, C, D, dt, None, h0, n_groups=groups, cfg=cfg, **extra)
+        y, state, _ = call(x, A, B, C, D, dt, None, h0, n_groups=groups)
         return y, state
 
     return fn
@@ -141,8 +146,7 @@ def vjp_all(fn, args, cotangent_seed=7):
 
 def check():
     b, s, h, p, n = ARGS.check_shape
-    chunk = ARGS.check_chunk
-    log(f"check: vs XLA float32 at highest precision; rel/max errors; B={b} S={s} H={h} P={p} N={n}, GLA chunk {chunk}")
+    log(f"check: vs XLA float32 at highest precision; rel/max errors; B={b} S={s} H={h} P={p} N={n}, default chunks")
     for groups in (1, 2):
         base = make_inputs(b, s, h, p, n, groups, jnp.bfloat16, seed=groups)
         for dtype in (jnp.bfloat16, jnp.float32):
@@ -155,19 +159,16 @@ def check():
                 f32 = [a.astype(jnp.float32) for a in args]
                 name = f"g{groups} {jnp.dtype(dtype).name}"
                 with jax.default_matmul_precision("highest"):
-                    ref = vjp_all(scan_fn(state_space_v2_xla, groups), f32)
-                with switches(training="gla"):
-                    ours = vjp_all(scan_fn(ssd.state_space_v2_triton, groups, chunk), args)
-                row(f"gla {name}", ours, ref)
+                    ref = vjp_all(scan_fn("xla", groups), f32)
+                ours = vjp_all(scan_fn("triton", groups), args)
+                row(f"triton {name}", ours, ref)
                 if dtype == jnp.bfloat16 and groups == 1:
-                    row(f"xla {name} (the floor)", vjp_all(scan_fn(state_space_v2_xla, groups), args), ref)
+                    row(f"xla {name} (the floor)", vjp_all(scan_fn("xla", groups), args), ref)
                 heads = min(h, 4)
                 ours_da, ref_da = np.asarray(ours[3])[:heads], np.asarray(ref[3])[:heads]
-                log(f"  dA per head (first {heads}): gla {ours_da}  ref {ref_da}")
-                for forward, fwd_chunk in (("gla", chunk), ("chunked", None)) if dtype == jnp.bfloat16 else ():
-                    with switches(forward=forward):
-                        out = jax.jit(scan_fn(ssd.state_space_v2_triton, groups, fwd_chunk))(*args)
-                    row(f"plain forward {forward} {name}", out, ref[:2])
+                log(f"  dA per head (first {heads}): triton {ours_da}  ref {ref_da}")
+                if dtype == jnp.bfloat16:
+                    row(f"triton {name} plain fwd", jax.jit(scan_fn("triton", groups))(*args), ref[:2])
 
             guarded(f"check g{groups} {jnp.dtype(dtype).name}", one)
 
@@ -183,18 +184,18 @@ def forward_step(fn, args):
 
 
 def timed(builders: dict, repeats: int) -> dict:
-    """Build, compile and run each variant once (failures printed, none started past the budget), then
-    time the ready ones together."""
+    """Build, compile and run each variant `name: (builder, GLA tiles or None)` once (failures printed, none
+    started past the budget), then time the ready ones together."""
     ready = {}
-    for name, (build, forward, training, *tiling) in builders.items():
+    for name, (build, tiling) in builders.items():
         if elapsed() > ARGS.budget:
             log(f"{name}: skipped (time budget {ARGS.budget}s spent)")
             continue
         try:
             t0 = time.perf_counter()
-            with switches(forward, training, *tiling):
+            with tiles(tiling):
                 call = build()
-                jax.block_until_ready(call())  # traced (and compiled) under the switches
+                jax.block_until_ready(call())  # traced (and compiled) with these tiles
             ready[name] = call
             log(f"  built {name} ({time.perf_counter() - t0:.1f}s)")
         except Exception as err:
@@ -208,37 +209,28 @@ def timed(builders: dict, repeats: int) -> dict:
 def bench():
     b, s, h, p, n = ARGS.bench_shape
     args = make_inputs(b, s, h, p, n, 1, jnp.bfloat16)[:6]
-    tri, xla = ssd.state_space_v2_triton, state_space_v2_xla
     scan = lambda impl, chunk=None: scan_fn(impl, 1, chunk)  # a new function each: its own jit cache
+    fwd = lambda impl, chunk=None: functools.partial(forward_step, scan(impl, chunk), args)
+    train = lambda impl, chunk=None: functools.partial(training_step, scan(impl, chunk), args)
     span = lambda heads: dataclasses.replace(ssd.GLA_TILING, head_span=heads)
-    # name: (builder, FORWARD, TRAINING), in order of interest (a spent budget skips the last ones)
+    # name: (builder, GLA tiles or None), in order of interest (a spent budget skips the last ones)
     builders = {
-        "xla fwd+bwd": (functools.partial(training_step, scan(xla), args), None, None),
-        f"gla C{ARGS.chunks[1]} fwd+bwd": (
-            functools.partial(training_step, scan(tri, ARGS.chunks[1]), args),
-            None,
-            "gla",
-        ),
-        f"gla C{ARGS.chunks[0]} fwd+bwd": (
-            functools.partial(training_step, scan(tri, ARGS.chunks[0]), args),
-            None,
-            "gla",
-        ),
-        "xla fwd": (functools.partial(forward_step, scan(xla), args), None, None),
-        "chunked fwd (current)": (functools.partial(forward_step, scan(tri), args), "chunked", None),
-        f"gla C{ARGS.chunks[1]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[1]), args), "gla", None),
-        f"gla C{ARGS.chunks[0]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[0]), args), "gla", None),
-        f"gla C{ARGS.chunks[2]} fwd+bwd": (
-            functools.partial(training_step, scan(tri, ARGS.chunks[2]), args),
-            None,
-            "gla",
-        ),
-        f"gla C{ARGS.chunks[2]} fwd": (functools.partial(forward_step, scan(tri, ARGS.chunks[2]), args), "gla", None),
-        "gla C64 span1 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(1)),
-        "gla C64 span32 fwd+bwd": (functools.partial(training_step, scan(tri, 64), args), None, "gla", span(32)),
-        "xla C256 fwd+bwd (bench cfg)": (functools.partial(training_step, scan(xla, 256), args), None, None),
-        "xla C256 fwd (bench cfg)": (functools.partial(forward_step, scan(xla, 256), args), None, None),
+        "xla fwd+bwd": (train("xla"), None),
+        f"triton fwd+bwd (C{ssd.TRAINING_CHUNK})": (train("triton"), None),
+        "xla fwd": (fwd("xla"), None),
+        f"triton fwd (C{ssd.PLAIN_CHUNK})": (fwd("triton"), None),
     }
+    defaults = ssd.chunks(None)
+    for cap in ARGS.chunks:  # the caps that change a chunk
+        plain, trained = ssd.chunks(StateSpaceV2Config(chunk_size=cap))
+        if plain != defaults[0]:
+            builders[f"triton C{plain} fwd"] = (fwd("triton", cap), None)
+        if trained != defaults[1]:
+            builders[f"triton C{trained} fwd+bwd"] = (train("triton", cap), None)
+    for heads in (1, 32):
+        builders[f"triton span{heads} fwd+bwd"] = (train("triton"), span(heads))
+    builders["xla C256 fwd+bwd (bench cfg)"] = (train("xla", 256), None)
+    builders["xla C256 fwd (bench cfg)"] = (fwd("xla", 256), None)
     log(f"time: building {len(builders)} variants at B={b} S={s} H={h} P={p} N={n} G=1 bf16")
     times = timed(builders, ARGS.repeats)
     RESULTS.update(times)
@@ -279,16 +271,16 @@ def kernels():
             ),
         }
         for stage, call in calls.items():
-            builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None, None)
+            builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None)
         if chunk != ARGS.kernel_chunks[0]:
             continue
         for label, variant in TILE_VARIANTS:  # the tiles of a kernel beside its default (`stage label`)
             call = functools.partial(calls[label.split(" ")[0]], t=dataclasses.replace(t, **variant).fit(n, p))
-            builders[f"C{chunk} {label}"] = (functools.partial(jax.jit, call), None, None)
+            builders[f"C{chunk} {label}"] = (functools.partial(jax.jit, call), None)
         jax.block_until_ready((e, scores, dh, rs))
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
     group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
-    builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None, None)
+    builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None)
     log(f"kernels: building {len(builders)} (each alone, bf16, B={b} S={s} H={h} P={p} N={n})")
     times = timed(builders, ARGS.repeats)
     log("kernels (ms each):")
@@ -325,7 +317,7 @@ def table():
             if mode_of(name) == mode:
                 ratio = f"{xla[mode] / seconds:7.2f}x" if xla[mode] else ""
                 print(f"  {name:<32} {1e3 * seconds:9.3f} {ratio:>8}")
-    print(f"  (chunked's fwd+bwd is the xla row's program; vs xla = XLA chunk 64 / this)\n  {TARGETS}")
+    print(f"  (vs xla = XLA chunk 64 / this)\n  {TARGETS}")
     sys.stdout.flush()
 
 
@@ -336,22 +328,24 @@ def main():
     p.add_argument("--sections", default="check,time,kernels")
     p.add_argument("--budget", type=float, default=170.0, help="seconds after which no new variant is compiled")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--chunks", default="32,16", help="chunk_size caps timed beside the default chunks")
     p.add_argument("--cache-dir", default="/tmp/ejkernel_ssd_jax_cache", help="JAX compilation cache ('' for none)")
     args = ARGS = p.parse_args()
     args.interpret = args.cpu_smoke
+    args.chunks = tuple(int(c) for c in args.chunks.split(",") if c)
     if args.cpu_smoke:
         args.check_shape, args.bench_shape = (1, 128, 4, 16, 32), (1, 128, 2, 16, 32)
-        args.check_chunk, args.chunks, args.kernel_chunks = 32, (16, 32, 64), (32,)
+        args.kernel_chunks = (32,)
         args.repeats = 2
     else:
         args.check_shape, args.bench_shape = (1, 4096, 8, 64, 128), (2, 16384, 32, 64, 128)
-        args.check_chunk, args.chunks, args.kernel_chunks = 64, (32, 64, 128), (64, 32)
+        args.kernel_chunks = (64, 32)
     if args.cache_dir:  # a second run on the same machine skips most compilation
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     log(f"jax {jax.__version__}, devices {jax.devices()}, sections {args.sections}")
-    log(f"defaults: FORWARD={ssd.FORWARD} TRAINING={ssd.TRAINING} GLA_CHUNK={ssd.GLA_CHUNK}")
+    log(f"defaults: PLAIN_CHUNK={ssd.PLAIN_CHUNK} TRAINING_CHUNK={ssd.TRAINING_CHUNK} GLA_TILING={ssd.GLA_TILING}")
     sections = {"check": check, "time": bench, "kernels": kernels}
     for name in args.sections.split(","):
         guarded(name, sections[name])

@@ -15,15 +15,13 @@ from ejkernel.kernels._triton.state_space_v2._interface import state_space_v2_tr
 from ejkernel.kernels._xla.state_space_v1._interface import state_space_v1_xla
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV1Config, StateSpaceV2Config, state_space_v1, state_space_v2
-from ejkernel.ops import BwdParams, FwdParams
+from ejkernel.ops import FwdParams
 from ejkernel.reference.state_space import state_space_v1_reference, state_space_v2_reference
 from harness import assert_close, check_forward_and_grads, highest
 
 # 16-token chunks of two 8-token sub-chunks, 16-channel blocks: 24 channels pad to 32, N = 6 pads to 8,
 # 37 tokens to 48: a grid of 2 x 3 programs per batch row.
 SMALL = StateSpaceV1Config(chunk_size=16, fwd_params=FwdParams(block_d=16))
-# v2 `_chunked`: 32-token chunks of two 16-row tiles (37 tokens: two chunks, the second partial).
-SMALL_V2 = StateSpaceV2Config(chunk_size=32, fwd_params=FwdParams(block_q=16))
 
 
 def test_v1_interpret_matches_reference():
@@ -42,46 +40,37 @@ def test_v1_decode_step_kernel_interpret():
 
 @pytest.mark.parametrize(
     ("seq", "heads", "head_dim", "groups", "state", "chunk"),
-    [(100, 4, 16, 2, 32, 32), (150, 2, 8, 1, 6, 128)],
+    [(100, 4, 16, 2, 32, None), (40, 2, 8, 1, 6, 16)],
     ids=["groups", "padded"],
 )
-def test_v2_interpret_matches_reference(gla_kernels, seq, heads, head_dim, groups, state, chunk):
-    """The GLA kernels, forward and backward: y, the final state and every gradient.
-    Two groups of two heads, P = 16, N = 32, 100 tokens in four 32-token chunks (the last partial); and
-    dims the kernels take padded (P = 8 and N = 6 to 16) in 128-token chunks (two 64-row programs of
-    scores each; 150 tokens: the second chunk partial)."""
+def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chunk):
+    """The GLA kernels against the reference: y, the final state and every gradient of a differentiated
+    call, and a plain call's y and state. Two groups of two heads, P = 16, N = 32, 100 tokens at the
+    default chunks (differentiated: four of 32, plain: two of 64, the last partial in both); and dims the
+    kernels take padded (P = 8 and N = 6 to 16), 40 tokens with `chunk_size` 16 capping both chunks."""
     args = v2_inputs(batch=2 if groups == 1 else 1, seq=seq, heads=heads, head_dim=head_dim, groups=groups, state=state)
     cfg = StateSpaceV2Config(chunk_size=chunk)
     fn = functools.partial(state_space_v2_triton, n_groups=groups, cfg=cfg, interpret=True)
-    check_scan(fn, functools.partial(state_space_v2_reference, n_groups=groups), args)
-
-
-@pytest.fixture
-def gla_kernels(monkeypatch):
-    """state_space_v2 on Triton with the GLA kernels for plain and differentiated calls (the switches' other
-    setting, awaiting its GPU run)."""
-    monkeypatch.setattr(v2_triton, "FORWARD", "gla")
-    monkeypatch.setattr(v2_triton, "TRAINING", "gla")
-
-
-def test_v2_chunked_forward_and_xla_training():
-    """The defaults: plain calls on `_chunked`'s forward kernels, differentiated ones on XLA's core (forward
-    and every gradient)."""
-    args = v2_inputs(batch=1, seq=37, heads=4, head_dim=8, groups=2, state=6)
-    fn = functools.partial(state_space_v2_triton, n_groups=2, cfg=SMALL_V2, interpret=True)
-    reference = functools.partial(state_space_v2_reference, n_groups=2)
+    reference = functools.partial(state_space_v2_reference, n_groups=groups)
     check_scan(fn, reference, args)
     assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
+
+
+def test_v2_chunks():
+    """Plain calls take 64-token chunks and differentiated ones 32, each capped by `chunk_size`."""
+    expected = {None: (64, 32), 256: (64, 32), 64: (64, 32), 32: (32, 32), 16: (16, 16)}
+    assert {size: v2_triton.chunks(StateSpaceV2Config(chunk_size=size)) for size in expected} == expected
+    assert v2_triton.chunks(None) == (64, 32)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 @pytest.mark.parametrize("op", ["v1", "v2"])
 def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     """The kernels lower to Triton IR for an H100 (compute capability 9.0) without a GPU: v1's forward and
-    backward; v2's forward and backward on the GLA kernels (q and k read per group), and its forward on
-    `_chunked` (the default)."""
+    backward; v2's on the GLA kernels (q and k read per group): a plain call's forward kernels at chunk 64,
+    a differentiated call's forward and backward kernels at chunk 32."""
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    train = lambda fn: lambda *a: jax.vjp(fn, *a)[1](jnp.ones(fn(*a).shape))
+    train = lambda fn: lambda *a: (lambda out, pullback: pullback(jnp.ones_like(out)))(*jax.vjp(fn, *a))
     if op == "v1":
         args = v1_inputs(batch=2, seq=256, channels=64, state=16, dtype=jnp.bfloat16)
         forward = packed(functools.partial(state_space_v1_triton, interpret=False))
@@ -93,17 +82,17 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     # 16 heads per group: two spans of 8 in the gradient kernel (dB, dC summed in it, then over the spans)
     args = v2_inputs(batch=1, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
     v2 = lambda: packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False))  # (jit caches by fn)
-    gla = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "scores", "outputs")]
-    chunked = ["ejkernel_ssd_chunk_states", "ejkernel_ssd_chunk_outputs"]
+    chunks = []
+    scan = v2_triton._gla_scan
+    monkeypatch.setattr(v2_triton, "_gla_scan", lambda chunk, *a: chunks.append(chunk) or scan(chunk, *a))
+    forward = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "scores", "outputs")]
+    backward = ["ejkernel_gla_state_grads", "ejkernel_gla_grads"]
     text = lowered(v2(), *args)
-    assert all(name in text for name in chunked) and not any(name in text for name in gla)
-    assert not any(name in lowered(train(v2()), *args) for name in gla + chunked)  # XLA's training
-    monkeypatch.setattr(v2_triton, "FORWARD", "gla")
-    monkeypatch.setattr(v2_triton, "TRAINING", "gla")
-    forward = v2()
-    text = lowered(train(forward), *args)
-    assert all(name in text for name in [*gla, "ejkernel_gla_state_grads", "ejkernel_gla_grads"])
-    assert all(name in lowered(forward, *args) for name in gla)
+    assert all(name in text for name in forward) and not any(name in text for name in backward)
+    assert chunks == [64]
+    text = lowered(train(v2()), *args)
+    assert all(name in text for name in forward + backward)
+    assert chunks == [64, 32]  # the differentiated call traced only the chunk-32 kernels
 
 
 @pytest.mark.gpu
@@ -139,14 +128,16 @@ def test_gpu_v1_decode_step_and_auto_platform():
     ("groups", "dtype", "cfg"),
     [
         (1, jnp.bfloat16, None),
-        (4, jnp.bfloat16, StateSpaceV2Config(chunk_size=128, bwd_params=BwdParams(block_q=32, num_warps=8))),
-        (2, jnp.float32, StateSpaceV2Config(chunk_size=64)),
+        (4, jnp.bfloat16, StateSpaceV2Config(chunk_size=32)),
+        (2, jnp.float32, StateSpaceV2Config(chunk_size=256)),
     ],
 )
-def test_gpu_v2_triton_matches_xla(gla_kernels, groups, dtype, cfg):
+def test_gpu_v2_triton_matches_xla(groups, dtype, cfg):
+    """The GLA kernels: a differentiated call's forward and every gradient, and a plain call's forward. The
+    chunks: by default 64 plain and 32 differentiated; capped at 32 for both (one set of kernels; two heads
+    per group summed in the gradient kernel); the bench's `chunk_size` 256 (the defaults again, in float32:
+    float32 products in full precision)."""
     args = v2_inputs(batch=2, seq=2000, heads=8, head_dim=64, groups=groups, state=128, dtype=dtype)
-    # The GLA kernels, forward and backward (float32 inputs: float32 products in full precision; the second
-    # case: chunk 128, two heads per group summed in the gradient kernel).
     triton = functools.partial(state_space_v2, n_groups=groups, platform="triton", cfg=cfg)
     # The float32 oracle is the step-by-step reference at full precision (on an H100 the Triton forward
     # and XLA at precision="highest" both came within 5e-7 of it). dA sums 2000 tokens' terms that cancel
@@ -156,3 +147,5 @@ def test_gpu_v2_triton_matches_xla(gla_kernels, groups, dtype, cfg):
     argnums = tuple(i for i, a in enumerate(args) if a is not None)
     grad_tol = 3e-3 if dtype == jnp.float32 else None
     check_forward_and_grads(jax.jit(packed(triton)), jax.jit(packed(xla)), list(args), argnums, dtype, None, grad_tol)
+    f32 = [None if a is None else a.astype(jnp.float32) for a in args]
+    assert_close(jax.jit(packed(triton))(*args), jax.jit(packed(xla))(*f32), dtype)

@@ -1,32 +1,26 @@
-"""The Mamba-2 (SSD) scan through Pallas-Triton kernels: checks, tiling and the choice of kernels.
+"""The Mamba-2 (SSD) scan on Pallas-Triton: the GLA kernels of the linear-attention family.
 
 Semantics are those of `ejkernel.reference.state_space.state_space_v2_reference`. SSD is chunked linear
 attention with a scalar decay per head: q = C, k = B (one per group, shared by the group's H/G heads),
 v = dt · x, log gate a = A · dt, scale 1, with the recurrence's `[N, P]` state the transpose of SSD's
-`[P, N]` (`ssd_inputs`). Two sets of kernels serve it:
+`[P, N]` (`ssd_inputs`). It runs on the gated-recurrence kernels of `_triton.linear_attention._gla`
+through the family's `linear_attention` driver and Triton engine (token layout, products in the
+activations' dtype accumulating in float32, q and k read per group, the in-chunk products of a gate per
+head as whole-chunk matmuls), forward and backward; gradients reach x, dt, A, B, C through v, the gate
+and the kernels' own VJP (JAX's chain rule around them). dA sums a sequence's gate gradients, which can
+cancel to a thousandth of their size: the kernels take the gate gradient's in-chunk part in float32 from
+terms that cancel exactly (`_head_grads_kernel`).
 
-- `_gla_scan`: the gated-recurrence kernels of the linear-attention family (`_triton.linear_attention._gla`
-  through the family's `linear_attention` driver and Triton engine: token layout, products in the
-  activations' dtype accumulating in float32, q and k read per group, the in-chunk products of a gate per
-  head as whole-chunk matmuls), forward and backward; gradients reach x, dt, A, B, C through v, the gate
-  and the kernels' own VJP (JAX's chain rule around them). dA sums a sequence's gate gradients, which
-  can cancel to a thousandth of their size: the kernels take the gate gradient's in-chunk part in float32
-  from terms that cancel exactly (`_head_grads_kernel`), which kept dA as close to a float32 oracle as XLA
-  fed bf16 is (interpret mode, S=2048: 1e-2; an earlier kernel backward, 30% off on an H100);
-- `_chunked_scan`: the forward-only kernels of `_chunked` (chunk 256, XLA's pass over chunk states).
-
-`FORWARD` names the kernels of calls that are not differentiated, `TRAINING` those of differentiated
-calls (the forward and backward of `jax.grad` / `jax.vjp`; "xla": XLA's chunked core and its VJP, which
-trained at 11.9 ms at B=2 S=16384 H=32 P=64 N=128 bf16 on an H100). They are module switches so that
-`exp/ssd_gpu.py` can time every pair on a GPU. The defaults are what a GPU has run and timed:
-`_chunked` for plain calls (1.64 ms forward there, 1.9x XLA) and XLA for training; the GLA kernels
-(written after the last GPU run: lowering-verified and checked in interpret mode only) take over once
-`exp/ssd_gpu.py` shows them correct and faster. Expected: XLA's backward costs about three of its
-forwards, and lightning attention (per-head gates, H=16 D=128) trained at 2.2x XLA on an H100 with the
-earlier per-head kernels; the GLA forward moves about 1 GB at chunk 64 (a bf16 state per 64 tokens and
-head, A) and passes its chunk states in one kernel, where `_chunked` runs an XLA loop of 64 steps.
-The switches (and `GLA_TILING`) are read when a call is traced: set them before a function is jitted.
-Calls of at most one token (decode steps) take the plain-JAX step.
+Why these kernels, and the chunk (exp/ssd_gpu.py, H100, B=2 S=16384 H=32 P=64 N=128 G=1 bf16): the
+forward took 1.133 ms at chunk 64 (1.464 at 32, 1.155 at 128), against XLA's 6.61 and 1.716 for the
+forward-only kernels this module had before; forward+backward 3.71 ms at chunk 32 (5.32 at 64), against
+12.03 for XLA's chunked core and its VJP (chunk 64). At chunk 128 the backward does not compile (its
+per-head gradient kernel asks 264708 bytes of shared memory of the 232448 there). Every output and
+gradient came within about 3e-3 of float32 XLA in bf16, 1e-6 in float32. The chunk is a tile choice
+(results do not depend on it), so a call takes each measured optimum: `PLAIN_CHUNK` where no derivative
+is taken, `TRAINING_CHUNK` where one is (`trained_as`: a differentiated call runs the chunk-32 kernels
+forward and backward, never the chunk-64 forward). `GLA_TILING` (the kernels' tiles) is read when a call
+is traced. Calls of at most one token (decode steps) take the plain-JAX step.
 """
 
 from __future__ import annotations
@@ -38,23 +32,20 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.differentiation import trained_as
-from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
+from ejkernel.kernels._common.state_space import check_v2, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
 from ejkernel.kernels._xla.linear_attention import linear_attention
-from ejkernel.kernels._xla.state_space_v2._interface import DEFAULT_CHUNK as XLA_CHUNK
-from ejkernel.kernels._xla.state_space_v2._interface import ssd_as_linear_attention
-
-from ._chunked import Tiling, chunked_forward
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
-DEFAULT = Tiling(chunk=256, block=64, num_warps=4, num_stages=2)  # `_chunked`'s
-GLA_CHUNK = 64  # tokens per chunk of the GLA kernels where the config names none (a guess: see exp/ssd_gpu.py)
-GLA_MAX_CHUNK = 128  # their per-head gradient kernel holds [C, C] float32 tiles: larger asks are clamped
-GLA_TILING = GlaTiling()  # their tiles (`head_span`: heads of a group per program of the gradient kernel)
-FORWARD = "chunked"  # the kernels of calls that are not differentiated: "gla" or "chunked"
-TRAINING = "xla"  # the kernels of differentiated calls: "gla" or "xla"
+# Tokens per chunk (H100, B=2 S=16384 H=32 P=64 N=128 G=1 bf16): plain calls 1.133 ms forward at 64 (1.464
+# at 32, 1.155 at 128); differentiated calls 3.71 ms forward+backward at 32 (5.32 at 64; 128 does not fit
+# the gradient kernel's shared memory). Each at most `cfg.chunk_size` where the config names one.
+PLAIN_CHUNK = 64
+TRAINING_CHUNK = 32
+GLA_TILING = GlaTiling()  # the kernels' tiles (`head_span`: heads of a group per program of the gradient kernel)
+MAX_DIM = 256  # the largest head_dim and state_size the kernels take (each padded to a power of two)
 WHO = "triton state_space_v2"
 
 
@@ -89,44 +80,11 @@ def _gla_scan(chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
     return y[..., :head_dim].astype(jnp.float32), jnp.swapaxes(h[..., :state, :head_dim], -1, -2)
 
 
-def _chunked_scan(t: Tiling, interpret: bool, dtype, x, A, B, C, dt, h0):
-    """`(y, final state)`, both float32, from the forward-only `_chunked` kernels."""
-    q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
-    y, h_last = chunked_forward(q, k, v, g, jnp.swapaxes(h0, -1, -2), heads=x.shape[2], tiling=t, interpret=interpret)
-    return y, jnp.swapaxes(h_last, -1, -2)
-
-
-def _xla_scan(precision, x, A, B, C, dt, h0):
-    # XLA's own chunk: its per-head [C, C] scores outweigh its per-chunk states past C² ≈ N·P (at chunk
-    # 256 its backward ran 3 ms slower than at 64, H100, fourteenth session).
-    with matmul_precision(precision):
-        return ssd_as_linear_attention(x, A, B, C, dt, h0, chunk=XLA_CHUNK)
-
-
-def _ssd(t: Tiling, gla_chunk: int, interpret: bool, dtype, precision, x, A, B, C, dt, h0):
-    """`(y, final state)` of the scan: `FORWARD`'s kernels where no derivative is taken, `TRAINING`'s where one is."""
-    gla = functools.partial(_gla_scan, gla_chunk, interpret, dtype)
-    forward = {"gla": gla, "chunked": functools.partial(_chunked_scan, t, interpret, dtype)}[FORWARD]
-    training = {"gla": gla, "xla": functools.partial(_xla_scan, precision)}[TRAINING]
-    if forward is training:
-        return gla(x, A, B, C, dt, h0)
-    return trained_as(training, forward)(x, A, B, C, dt, h0)
-
-
-def gla_chunk(cfg) -> int:
-    """Tokens per chunk of the GLA kernels: `chunk_size` (default `GLA_CHUNK`), at most `GLA_MAX_CHUNK`
-    (the shared driver clamps it to the sequence)."""
-    return min(getattr(cfg, "chunk_size", None) or GLA_CHUNK, GLA_MAX_CHUNK)
-
-
-def tiling(cfg, seq: int) -> Tiling:
-    """The `_chunked` kernels' tiling: `chunk_size` (tokens per chunk, default 256, clamped to the sequence)
-    and, from `fwd_params`, `block_q` (rows per matmul tile), `num_warps`, `num_stages`."""
-    chunk = min(getattr(cfg, "chunk_size", None) or DEFAULT.chunk, max(16, pl.next_power_of_2(seq)))
-    params = getattr(cfg, "fwd_params", None)
-    get = lambda name, default: getattr(params, name, None) or default
-    block = max(16, min(get("block_q", DEFAULT.block), chunk))
-    return Tiling(chunk, block, get("num_warps", DEFAULT.num_warps), get("num_stages", DEFAULT.num_stages))
+def chunks(cfg) -> tuple[int, int]:
+    """Tokens per chunk of `(plain, differentiated)` calls: `PLAIN_CHUNK` and `TRAINING_CHUNK`, each at most
+    `cfg.chunk_size` when it names one (the shared driver also clamps them to the sequence, at least 16)."""
+    cap = getattr(cfg, "chunk_size", None)
+    return min(PLAIN_CHUNK, cap or PLAIN_CHUNK), min(TRAINING_CHUNK, cap or TRAINING_CHUNK)
 
 
 def state_space_v2_triton(
@@ -150,12 +108,12 @@ def state_space_v2_triton(
 ):
     """Mamba-2 SSD scan (`ejkernel.reference.state_space.state_space_v2_reference`) on Pallas-Triton.
 
-    Returns `(y [b, S, H·P], final state [b, H, P, N], conv_state)`. `cfg.chunk_size`: tokens per chunk
-    (`gla_chunk`, `tiling`); `fwd_params` tile the `_chunked` kernels; `precision` sets the matmul precision of
-    XLA's core where `TRAINING` is "xla"; `interpret=True` runs Pallas interpret mode (off a GPU, None
-    is an error).
+    Returns `(y [b, S, H·P], final state [b, H, P, N], conv_state)`. `cfg.chunk_size` caps the tokens per
+    chunk (`chunks`); `fwd_params` and `bwd_params` tile nothing here. `precision` is checked and reaches
+    nothing: the kernels multiply float32 inputs in float32, others in their dtype accumulating in float32.
+    `interpret=True` runs Pallas interpret mode (off a GPU, None is an error).
     """
-    batch, seq, heads, head_dim, _, state = check_v2(
+    batch, _, heads, head_dim, _, state = check_v2(
         x,
         A,
         B,
@@ -174,14 +132,17 @@ def state_space_v2_triton(
     for name, a in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         if jnp.dtype(a.dtype) not in SUPPORTED_DTYPES:
             raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {name} {a.dtype}")
-    if "gla" in (FORWARD, TRAINING) and max(head_dim, state) > 256:
-        raise NotImplementedError(f"{WHO} takes head_dim and state_size up to 256, got {head_dim} and {state}")
-    interpret = resolve_interpret(interpret, "triton state_space_v2")
-    t, chunk = tiling(cfg, seq), gla_chunk(cfg)
+    if max(head_dim, state) > MAX_DIM:
+        raise NotImplementedError(f"{WHO} takes head_dim and state_size up to {MAX_DIM}, got {head_dim} and {state}")
+    interpret = resolve_interpret(interpret, WHO)
     dtype = jnp.float32 if jnp.dtype(x.dtype) == jnp.float32 else x.dtype
+    plain_chunk, trained_chunk = chunks(cfg)
+    scan = functools.partial(_gla_scan, trained_chunk, interpret, dtype)
+    if plain_chunk != trained_chunk:  # `trained_chunk` where a derivative is taken, `plain_chunk` elsewhere
+        scan = trained_as(scan, functools.partial(_gla_scan, plain_chunk, interpret, dtype))
 
     def long_scan(h0):
-        return _ssd(t, chunk, interpret, dtype, precision, x, A.astype(jnp.float32), B, C, dt, h0)
+        return scan(x, A.astype(jnp.float32), B, C, dt, h0)
 
     args = (x, A, B, C, D, dt, gate, initial_state, conv_state)
     epilogue = dict(act_fn=act_fn, rmsnorm_eps=rmsnorm_eps if use_gated_rmsnorm else None)
