@@ -148,10 +148,10 @@ class Tuner:
             from tqdm.auto import tqdm
 
             iterator = tqdm(candidates, desc=label, leave=False, file=sys.stderr)
-        verbose = os.environ.get(LOG_ENV) == "1"
+        verbose, start = os.environ.get(LOG_ENV) == "1", time.perf_counter()
         for candidate in iterator:
             if verbose:  # before the attempt: a candidate that kills the process is named in the log
-                log.warning("%s: trying %s", label, candidate)
+                log.warning("%s: trying %s (%.1f s in)", label, candidate, time.perf_counter() - start)
             try:
                 run = prepare(candidate)
                 inner[candidate] = _calibrate(run, self.warmup, self.min_sample_s)

@@ -6,6 +6,8 @@ import dataclasses
 import functools
 import json
 import logging
+import os
+import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.ops.autotune import AutotunePolicy, Tuner, active_policy
+from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
 from ejkernel.ops.config import ConfigBase, KernelConfig
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
@@ -104,8 +106,13 @@ class ConfigSelectorChain:
             candidates = list(dict.fromkeys(dataclasses.replace(c, bwd_params=None) for c in candidates))
         if not candidates:
             return None
+        start = time.perf_counter()
         with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
             args, kwargs = kernel.tuning_inputs(inv)
+        if os.environ.get(LOG_ENV) == "1":
+            jax.block_until_ready((args, kwargs))
+            seconds = time.perf_counter() - start
+            log.warning("autotune %s: %d candidates, inputs made in %.1f s", inv.op_id, len(candidates), seconds)
         is_array = lambda value: any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
         dynamic = {name: value for name, value in kwargs.items() if is_array(value)}
         static = {name: value for name, value in kwargs.items() if name not in dynamic}
