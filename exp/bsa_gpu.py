@@ -44,6 +44,7 @@ from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xl
 from ejkernel.modules import BlockSparseAttentionConfig, blocksparse_attention, flash_attention
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.ops.autotune import time_fns
+from ejkernel.types import MaskInfo
 
 T0 = time.perf_counter()
 LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
@@ -110,10 +111,19 @@ class Ops:
             params = {} if cfg is None else dict(fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params)
             return mosaic_interface.blocksparse_attention_mosaic_gpu(q, k, v, aux, **params, **options)
         cfg = cfg or BlockSparseAttentionConfig(platform="pallas")
-        return blocksparse_attention(q, k, v, aux, platform="pallas", cfg=cfg, **options)
+        return blocksparse_attention(q, k, v, aux, platform="pallas", cfg=cfg, **public(options))
 
     def triton(self, q, k, v, **options):
-        return blocksparse_attention(q, k, v, platform="triton", **options)
+        return blocksparse_attention(q, k, v, platform="triton", **public(options))
+
+
+def public(options: dict) -> dict:
+    """The options as the public op takes them: segment ids (which the implementations take) in a MaskInfo."""
+    options = dict(options)
+    segments = [options.pop(name, None) for name in ("q_segment_ids", "kv_segment_ids")]
+    if segments[0] is not None:
+        options["mask_info"] = MaskInfo.from_segments(*segments)
+    return options
 
 
 # ---- (a) errors against the XLA path ----
