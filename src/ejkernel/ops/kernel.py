@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, get_args, get_origin
@@ -74,21 +73,13 @@ class Invocation:
         def stand_in(leaf):
             if not isinstance(leaf, jax.core.Tracer):
                 return leaf
-            if jnp.issubdtype(leaf.dtype, jnp.floating):  # one compiled program, in the leaf's dtype
-                return _normal(next(keys), leaf.shape, leaf.dtype)
+            if jnp.issubdtype(leaf.dtype, jnp.floating):  # drawn in its dtype: no float32 copy of a large cache
+                return jax.random.normal(next(keys), leaf.shape, leaf.dtype)
             if leaf.dtype == jnp.bool_:
                 return jnp.ones(leaf.shape, bool)
             return jnp.zeros(leaf.shape, leaf.dtype)
 
         return jax.tree_util.tree_map(stand_in, (self.args, self.kwargs))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, dtype):
-    """Random normals in `dtype`, drawn by one compiled program: a stand-in can be large (a paged cache at
-    batch 64 and context 32768 holds 2**31 elements), and needs then no float32 copy and no dispatch of
-    each primitive on its own."""
-    return jax.random.normal(key, shape, dtype)
 
 
 class Kernel[Cfg: KernelConfig, Out]:
