@@ -104,10 +104,20 @@ def test_timing_takes_the_median():
     assert 0.001 <= median < 0.025
 
 
-@pytest.mark.parametrize("warmup, repeats", [(-1, 3), (1, 0), (0, -2)])
-def test_invalid_tuner_settings(warmup, repeats):
+@pytest.mark.parametrize("warmup, repeats, threads", [(-1, 3, 1), (1, 0, 1), (0, -2, 1), (1, 3, 0)])
+def test_invalid_tuner_settings(warmup, repeats, threads):
     with pytest.raises(ValueError):
-        Tuner(warmup=warmup, repeats=repeats)
+        Tuner(warmup=warmup, repeats=repeats, compile_threads=threads)
+
+
+def test_threads_prepare_every_candidate_and_skip_failures(monkeypatch):
+    """`EJKERNEL_AUTOTUNE_THREADS`: candidates prepared in threads, then timed; a failed one is skipped."""
+    monkeypatch.setenv("EJKERNEL_AUTOTUNE_THREADS", "3")
+    tuner = Tuner(warmup=1, repeats=3, progress=False)
+    assert tuner.compile_threads == 3
+    cands = Candidates(fail_prepare={1})
+    best, timings = tuner.tune([20, 1, 10, 5], cands.prepare)
+    assert best == 5 and set(timings) == {20, 10, 5} and sorted(cands.prepared) == [1, 5, 10, 20]
 
 
 def test_failing_candidate_is_skipped_and_logged(caplog):

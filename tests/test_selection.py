@@ -97,8 +97,8 @@ class ToyKernel(Kernel):
 class CountingTuner(Tuner):
     """A quick tuner that counts how often it tunes and what it prepares."""
 
-    def __init__(self):
-        super().__init__(warmup=1, repeats=3, progress=False)
+    def __init__(self, compile_threads=1):
+        super().__init__(warmup=1, repeats=3, progress=False, compile_threads=compile_threads)
         self.tunes = 0
         self.prepared = []
         self.timings = None
@@ -448,9 +448,11 @@ class PallasToyKernel(ToyKernel):
     op_id = PALLAS_TOY_OP
 
 
-def test_autotune_under_jit_times_pallas_kernels():
-    """Candidates that run Pallas kernels are compiled normally (not under eager constant evaluation)."""
-    tuner = CountingTuner()
+@pytest.mark.parametrize("threads", [1, 4])
+def test_autotune_under_jit_times_pallas_kernels(threads):
+    """Candidates that run Pallas kernels are compiled normally (not under eager constant evaluation), also
+    when threads compile them while the caller's jit is tracing."""
+    tuner = CountingTuner(compile_threads=threads)
     kernel = PallasToyKernel(candidates=[toy_cfg(FAST), toy_cfg(MEDIUM)])
     executor, x = make_executor("autotune", tuner), toy_input()
     jax.jit(lambda v: executor(kernel, v))(x)

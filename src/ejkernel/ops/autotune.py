@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -11,7 +12,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ import jax
 POLICY_ENV = "EJKERNEL_AUTOTUNE_POLICY"
 LOG_ENV = "EJKERNEL_LOG_AUTOTUNE"
 PROGRESS_ENV = "EJKERNEL_AUTOTUNE_PROGRESS"
+THREADS_ENV = "EJKERNEL_AUTOTUNE_THREADS"
 
 log = logging.getLogger("ejkernel.autotune")
 
@@ -114,6 +116,11 @@ class Tuner:
     """Times candidates: each is prepared (compiled) once and warmed up, then all are timed `repeats`
     times, interleaved (`time_fns`).
 
+    `compile_threads` > 1 (default `$EJKERNEL_AUTOTUNE_THREADS`, else 1) prepares that many candidates at
+    once in threads, which overlaps their compilations (the bulk of a tuning); they are still run and timed
+    one at a time. The threads start from JAX's default configuration, not the caller's context managers
+    (matmul precision, default device), so it is for tuning runs that set none, such as `ejkernel autotune`.
+
     A candidate whose preparation or run raises is skipped and the reason logged. The first candidate
     (the default: the highest-priority implementation's own config) stays the choice unless another is
     faster by more than `margin` (a fraction): a win smaller than the run-to-run spread of a GPU
@@ -127,10 +134,17 @@ class Tuner:
         progress: bool | None = None,
         margin: float = 0.03,
         min_sample_s: float = 0.01,
+        compile_threads: int | None = None,
     ) -> None:
-        if warmup < 0 or repeats < 1 or margin < 0:
-            raise ValueError(f"Tuner needs warmup >= 0, repeats >= 1, margin >= 0, got {warmup}, {repeats}, {margin}")
+        if compile_threads is None:
+            compile_threads = int(os.environ.get(THREADS_ENV) or 1)
+        if warmup < 0 or repeats < 1 or margin < 0 or compile_threads < 1:
+            raise ValueError(
+                "Tuner needs warmup >= 0, repeats >= 1, margin >= 0, compile_threads >= 1, got "
+                f"{warmup}, {repeats}, {margin}, {compile_threads}"
+            )
         self.warmup, self.repeats, self.margin, self.min_sample_s = warmup, repeats, margin, min_sample_s
+        self.compile_threads = compile_threads
         if progress is None:
             env = os.environ.get(PROGRESS_ENV)
             progress = env == "1" if env is not None else sys.stderr.isatty()
@@ -149,11 +163,24 @@ class Tuner:
 
             iterator = tqdm(candidates, desc=label, leave=False, file=sys.stderr)
         verbose, start = os.environ.get(LOG_ENV) == "1", time.perf_counter()
-        for candidate in iterator:
+
+        def attempt(candidate: C) -> Callable[[], Any] | Exception:
             if verbose:  # before the attempt: a candidate that kills the process is named in the log
                 log.warning("%s: trying %s (%.1f s in)", label, candidate, time.perf_counter() - start)
             try:
-                run = prepare(candidate)
+                return prepare(candidate)
+            except Exception as err:  # a candidate that cannot compile is skipped, not fatal
+                return err
+
+        if self.compile_threads > 1:
+            with concurrent.futures.ThreadPoolExecutor(self.compile_threads) as pool:
+                prepared: Iterable[Callable[[], Any] | Exception] = list(pool.map(attempt, candidates))
+        else:
+            prepared = map(attempt, candidates)  # each prepared as the loop reaches it
+        for candidate, run in zip(iterator, prepared, strict=True):
+            try:
+                if isinstance(run, Exception):
+                    raise run
                 inner[candidate] = _calibrate(run, self.warmup, self.min_sample_s)
                 runs[candidate] = run
             except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
