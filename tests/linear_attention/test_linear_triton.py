@@ -32,7 +32,7 @@ from ejkernel.modules import (
 )
 from ejkernel.ops import FwdParams
 from ejkernel.reference.linear_attention import delta_rule_reference, gla_reference, linear_recurrence_reference
-from harness import check_forward_and_grads
+from harness import assert_close, check_forward_and_grads
 
 D = 16
 SMALL = FwdParams(block_d=16)  # two column blocks per state
@@ -82,11 +82,12 @@ def test_gla_value_heads_share_query_and_key():
     """Mamba-2's head layout in the GLA kernels: q and k one per group of two value heads, a gate per head;
     packed sequences (one empty), reversed; against the reference with q and k copied to every head. The
     gradient kernel's spans of one head (`head_span=1`: dq and dk summed over the group's two spans in
-    XLA) and two tiles of key channels (the state tests take spans of two heads, summed in the kernel)."""
+    XLA) and two tiles of key channels (the state tests take spans of two heads, summed in the kernel);
+    the plain forward with the scores made in the output kernel (`fuse_head_scores`)."""
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
     q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
     args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
-    tiling = GlaTiling(state_k=16, block_k=16, head_span=1)
+    tiling = GlaTiling(state_k=16, block_k=16, head_span=1, fuse_head_scores=True)
     engine = TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
         q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
@@ -96,6 +97,7 @@ def test_gla_value_heads_share_query_and_key():
         q[:, :, per_head], k[:, :, per_head], v, g, None, None, None, h0, cu, softmax_scale=0.5, reverse=True
     )
     check(fn, ref, args)
+    assert_close(jax.jit(joined(fn))(*args), joined(ref)(*args), jnp.float32)  # not differentiated: fused
 
 
 def test_gated_delta_rule_segments():
@@ -189,6 +191,9 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     ):
         text = lowered(functools.partial(train, fn), *args)
         assert all(name in text for name in kernels)
+    fused = TritonEngine(Tiling(32, 4, 2, interpret=False), GlaTiling(fuse_head_scores=True))
+    text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=fused), x, x, x, per_head)
+    assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text
     token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)
     decode = lambda q, k, v, h: lightning_attention_triton(q, k, v, h, layer_idx=1, num_layers=2, interpret=False)
     assert "ejkernel_linear_attention_step" in lowered(decode, token, token, token, state)

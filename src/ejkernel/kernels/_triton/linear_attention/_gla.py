@@ -19,7 +19,9 @@ A gate per head (lightning, Mamba-2) has kernels of its own for both (`_head_sco
 its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over whole chunks.
 
 Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
-chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs`.
+chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs` (with a
+gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `_head_outputs` instead
+of the last two).
 Backward: `_state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
 initial states), `_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
 cumulative gate's `q ⊙ dq − k ⊙ dk` and the exit state's share). Residuals: the cumulative gates, the
@@ -53,7 +55,9 @@ class GlaTiling:
     columns per program of the output kernel; `block_k`: key channels per program of the gradient
     kernel (below Dk, dv is summed over programs in XLA); `head_span`: state heads per program of the
     per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
-    a power of two). `precise`: float32 inputs, float32 matmuls.
+    a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
+    a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs`)
+    instead of writing `A` to memory and reading it back (an experiment: not yet timed on a GPU).
     """
 
     state_k: int = 64
@@ -68,6 +72,7 @@ class GlaTiling:
     num_stages: int = 2
     interpret: bool = False
     precise: bool = True
+    fuse_head_scores: bool = False
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(
@@ -561,6 +566,42 @@ def _head_scores(t: GlaTiling, chunk: int, q, k, g):
     )(q, k, g, g_rows)
 
 
+def _head_outputs_kernel(q_ref, k_ref, g_ref, g_row_ref, v_ref, e_ref, o_ref, *, scale: float, mm):
+    """`_outputs_kernel` with the chunk's scores made here (a gate per head): `(q kᵀ ⊙ D) v` beside `(q ⊙ e^g) e`."""
+    g = g_ref[...]
+    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * _decays(g, g_row_ref[...][None, :])
+    q = (q_ref[...].astype(F32) * jnp.exp(g)).astype(mm)
+    out = dot(q, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
+    o_ref[...] = (scale * out).astype(o_ref.dtype)
+
+
+def _head_outputs(t: GlaTiling, chunk: int, scale, q, k, v, g, e):
+    """`_outputs` for a gate per head without `A` in memory (`GlaTiling.fuse_head_scores`)."""
+    batch, seq, heads, _ = g.shape
+    dk, dv = q.shape[-1], v.shape[-1]
+    q_ratio, k_ratio, v_ratio = _ratio(heads, q), _ratio(heads, k), _ratio(heads, v)
+    block = lambda width: (None, chunk, None, width)
+    return _call(
+        _head_outputs_kernel,
+        t,
+        t.output_warps,
+        (seq // chunk, batch, heads, dv // t.block_v),
+        [
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, q_ratio), 0)),
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)),
+            pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)),
+            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
+            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, _shared(h, v_ratio), j)),
+            pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
+        ],
+        pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
+        out_struct((batch, seq, heads, dv), v.dtype, q, k, v, g, e),
+        "ejkernel_gla_head_outputs",
+        scale=scale,
+        mm=t.mm(q.dtype),
+    )(q, k, g, jnp.swapaxes(g[..., 0], 1, 2), v, e)
+
+
 def _head_grads_kernel(
     q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
 ):
@@ -707,19 +748,23 @@ def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init,
     their initial state); `packed`: sequences packed in a row (else row b is sequence b, N = B).
     Differentiable w.r.t. q, k, v, a and init.
     """
-    return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty)[0]
+    return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty, residuals=False)[0]
 
 
 def _fitted(tiling: GlaTiling, q, v, starts):
     return tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
 
 
-def _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty):
+def _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty, residuals=True):
+    """`(outputs, (g, e, A))`; without `residuals` (no backward to come) `A` may stay unwritten (None)."""
     t, chunk = _fitted(tiling, q, v, starts)
     g = _cumulative(t, chunk, a)
     e, final = _states(t, packed, k, v, g, init, starts, ends, owners)
-    scores = _scores(t, chunk, q, k, g)
-    out = _outputs(t, chunk, scale, q, v, g, scores, e)
+    if t.fuse_head_scores and g.shape[-1] == 1 and not residuals:
+        scores, out = None, _head_outputs(t, chunk, scale, q, k, v, g, e)
+    else:
+        scores = _scores(t, chunk, q, k, g)
+        out = _outputs(t, chunk, scale, q, v, g, scores, e)
     return (out, jnp.where(empty[:, None, None, None], init, final)), (g, e, scores)
 
 
