@@ -281,6 +281,7 @@ def kernels(args):
 E2E_VARIANTS = [
     ("triton C128", GlaTiling(), 128),
     ("triton C32", GlaTiling(), 32),
+    ("triton C16", GlaTiling(), 16),
     ("triton states32x64", GlaTiling(state_k=32, state_v=64), 64),
 ]
 
