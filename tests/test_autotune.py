@@ -2,6 +2,7 @@
 
 import logging
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -241,3 +242,23 @@ def test_policy_override_restored_after_exception():
 def test_policy_override_rejects_unknown():
     with pytest.raises(ValueError), policy_override("always"):
         pass
+
+
+def test_large_float_stand_ins_repeat_one_drawn_block(monkeypatch):
+    """Traced floats get random normals in their dtype; past `STAND_IN_BLOCK` elements one drawn block repeats."""
+    from ejkernel.ops import kernel
+
+    monkeypatch.setattr(kernel, "STAND_IN_BLOCK", 64)
+    seen = {}
+
+    def traced(big, small):
+        with jax.ensure_compile_time_eval():
+            seen["args"] = kernel.Invocation("toy", (big, small), {}).sample_inputs()[0]
+        return big
+
+    jax.jit(traced)(jnp.ones((3, 50), jnp.bfloat16), jnp.ones((10,), jnp.float32))
+    big, small = seen["args"]
+    assert (big.shape, big.dtype, small.shape, small.dtype) == ((3, 50), jnp.bfloat16, (10,), jnp.float32)
+    flat = big.reshape(-1).astype(jnp.float32)
+    assert bool(jnp.all(jnp.isfinite(flat))) and float(jnp.std(flat[:64])) > 0.5
+    assert bool(jnp.array_equal(flat[64:128], flat[:64]))
