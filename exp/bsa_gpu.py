@@ -28,16 +28,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import os
 import pathlib
 import sys
-import threading
 import time
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _kit import T0, first_lines, log, rel, start_watchdog
 
 from ejkernel.kernels._pallas.gpu.blocksparse_attention import _interface as mosaic_interface
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
@@ -46,38 +44,7 @@ from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.ops.autotune import time_fns
 from ejkernel.types import MaskInfo
 
-T0 = time.perf_counter()
-LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
 BLOCK = 128
-
-
-def log(*args):
-    LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:200]]
-    print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
-
-
-def watchdog(stall_s: float):
-    while True:
-        time.sleep(5)
-        if time.perf_counter() - LAST[0] > stall_s:
-            print(
-                f"\nWATCHDOG: no progress for {stall_s:.0f}s after: {LAST[1]!r} (a hung kernel?); exiting", flush=True
-            )
-            os._exit(3)
-
-
-def first_lines(err: BaseException, n: int = 6) -> str:
-    text = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
-    text = [line for line in text if line.strip("-") and not line.startswith("For simplicity, JAX has removed")]
-    return "\n    ".join(text[:n])
-
-
-def rel(a, b) -> float:
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    if not np.isfinite(a).all():
-        return float("nan")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def block_pattern(q_len: int, kv_len: int, density: float, seed: int, empty_rows=()):
@@ -310,7 +277,7 @@ def main():
     parser.add_argument("--stall", type=float, default=150.0, help="watchdog: seconds without progress")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU, Mosaic in interpret mode")
     args = parser.parse_args()
-    threading.Thread(target=watchdog, args=(args.stall,), daemon=True).start()
+    start_watchdog(args.stall)
     device = jax.devices()[0]
     log(f"device {device.device_kind} ({getattr(device, 'compute_capability', '?')}), jax {jax.__version__}")
     ops = Ops(args.cpu_smoke)

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import threading
 import time
-import traceback
 import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _kit import first_lines, log, rel, start_watchdog
 
 from ejkernel.kernels._common.grouped_matmul import check_args
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, plan
@@ -33,32 +32,6 @@ from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.ops.autotune import time_fns
-
-T0 = time.perf_counter()
-LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
-STALL_S = float(os.environ.get("GMM_STALL_S", "150"))
-
-
-def log(*args):
-    LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:160]]
-    print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
-
-
-def watchdog():
-    """A kernel that deadlocks (a barrier never completed) hangs the process: say where, and exit."""
-    while True:
-        time.sleep(5)
-        if time.perf_counter() - LAST[0] > STALL_S:
-            print(
-                f"\nWATCHDOG: no progress for {STALL_S:.0f}s after: {LAST[1]!r} (a hung kernel?); exiting", flush=True
-            )
-            os._exit(3)
-
-
-def first_lines(err: BaseException, n: int = 6) -> str:
-    text = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
-    text = [line for line in text if line.strip("-") and not line.startswith("For simplicity, JAX has removed")]
-    return "\n    ".join(text[:n])
 
 
 def group_sizes(m: int, groups: int, seed: int, empty: int = 0, tail: int = 0) -> jax.Array:
@@ -71,14 +44,6 @@ def group_sizes(m: int, groups: int, seed: int, empty: int = 0, tail: int = 0) -
         sizes[j] += sizes[i]
         sizes[i] = 0
     return jnp.asarray(sizes, jnp.int32)
-
-
-def rel(a, b) -> float:
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    if not np.isfinite(a).all():
-        return float("nan")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def tilings_of(lhs, rhs, sizes, transpose, cfg, out_dtype):
@@ -245,7 +210,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--variants", default="", help="time only the variants whose name contains this")
     args = parser.parse_args()
-    threading.Thread(target=watchdog, daemon=True).start()
+    start_watchdog(float(os.environ.get("GMM_STALL_S", "150")))
     device = jax.devices()[0]
     log(f"device {device.device_kind} ({getattr(device, 'compute_capability', '?')}), jax {jax.__version__}")
     results = []

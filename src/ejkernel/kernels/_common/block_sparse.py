@@ -110,6 +110,7 @@ def _builder_mask(mask_builder: Callable, batch: int, heads: int, q_len: int, kv
     return jnp.broadcast_to(built.reshape(shape).astype(bool), (*shape[:2], q_len, kv_len))
 
 
+@jax.ensure_compile_time_eval()  # (a context manager that also decorates)
 def canonical_sparse_mask(
     batch: int,
     heads: int,
@@ -134,38 +135,6 @@ def canonical_sparse_mask(
     Masks known while tracing stay concrete (the reduction runs eagerly on them, inside `jit` too), so
     that the block table built from them is a constant.
     """
-    with jax.ensure_compile_time_eval():
-        return _canonical_sparse_mask(
-            batch,
-            heads,
-            q_len,
-            kv_len,
-            mask_info=mask_info,
-            attention_mask=attention_mask,
-            mask_builder=mask_builder,
-            causal=causal,
-            sliding_window=sliding_window,
-            chunk_size=chunk_size,
-            q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids,
-        )
-
-
-def _canonical_sparse_mask(
-    batch,
-    heads,
-    q_len,
-    kv_len,
-    *,
-    mask_info,
-    attention_mask,
-    mask_builder,
-    causal,
-    sliding_window,
-    chunk_size,
-    q_segment_ids,
-    kv_segment_ids,
-) -> SparseMask:
     window = None if sliding_window is None else window_pair(sliding_window, "sliding_window")
     if chunk_size is not None and (not isinstance(chunk_size, int | np.integer) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")

@@ -1,0 +1,48 @@
+"""What the GPU experiment scripts share: a timestamped log a watchdog reads, exception summaries, errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+
+import jax.numpy as jnp
+import numpy as np
+
+T0 = time.perf_counter()
+LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
+
+
+def log(*args):
+    LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:200]]
+    print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
+
+
+def start_watchdog(stall_s: float) -> None:
+    """A kernel that deadlocks (a barrier never completed) hangs the process: after `stall_s` seconds
+    without a log line, say where, and exit."""
+
+    def watch():
+        while True:
+            time.sleep(5)
+            if time.perf_counter() - LAST[0] > stall_s:
+                print(f"\nWATCHDOG: no progress for {stall_s:.0f}s after: {LAST[1]!r} (a hung kernel?); exiting")
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def first_lines(err: BaseException, n: int = 6) -> str:
+    text = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
+    text = [line for line in text if line.strip("-") and not line.startswith("For simplicity, JAX has removed")]
+    return "\n    ".join(text[:n])
+
+
+def rel(a, b) -> float:
+    """‖a − b‖ / ‖b‖ in float64 (nan where a is not finite)."""
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    if not np.isfinite(a).all():
+        return float("nan")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
