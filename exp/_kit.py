@@ -14,6 +14,10 @@ T0 = time.perf_counter()
 LAST = [T0, "start"]  # time and text of the last log line: the watchdog's view of progress
 
 
+def elapsed() -> float:
+    return time.perf_counter() - T0
+
+
 def log(*args):
     LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:200]]
     print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
@@ -46,3 +50,11 @@ def rel(a, b) -> float:
     if not np.isfinite(a).all():
         return float("nan")
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def errors(x, ref):
+    """`(‖x − ref‖ / ‖ref‖, max |x − ref| / max |ref|, x finite)` in float64."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    relative = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+    worst = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
+    return relative, worst, bool(np.all(np.isfinite(x)))

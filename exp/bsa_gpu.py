@@ -35,7 +35,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _kit import T0, first_lines, log, rel, start_watchdog
+from _kit import elapsed, first_lines, log, rel, start_watchdog
 
 from ejkernel.kernels._pallas.gpu.blocksparse_attention import _interface as mosaic_interface
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
@@ -240,7 +240,7 @@ def timings(ops: Ops, shape, backward: bool, repeats: int, only: str, budget: fl
     variants = {n: x for n, x in variants.items() if n.startswith(("dense", "triton")) or only in n}
     ready = {}
     for name, (fn, dense) in variants.items():
-        if time.perf_counter() - T0 > budget:
+        if elapsed() > budget:
             log(f"{mode} {name}: skipped (past the {budget:.0f}s budget)")
             continue
         args = (qs, ks, vs) if dense else (q, k, v)

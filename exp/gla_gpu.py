@@ -20,12 +20,11 @@ import argparse
 import dataclasses
 import functools
 import sys
-import time
 import traceback
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from _kit import elapsed, errors, log
 
 from ejkernel.kernels._triton.linear_attention import _gla
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
@@ -39,16 +38,6 @@ from ejkernel.kernels._xla.linear_attention._interface import (
 from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
-
-START = time.perf_counter()
-
-
-def elapsed() -> float:
-    return time.perf_counter() - START
-
-
-def log(*args):
-    print(f"[{elapsed():6.1f}s]", *args, flush=True)
 
 
 def guarded(name):
@@ -94,14 +83,6 @@ def gla_fn(engine, chunk, *, cu_seqlens=None, reverse=False, return_state=True):
         )
 
     return fn
-
-
-def errors(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    finite = bool(np.all(np.isfinite(x)))
-    rel = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
-    mx = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
-    return rel, mx, finite
 
 
 def compare(name, fn, ref_fn, args):

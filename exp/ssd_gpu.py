@@ -38,6 +38,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _kit import elapsed, errors, log
 
 from ejkernel.kernels._common.state_space import ssd_inputs
 from ejkernel.kernels._triton.linear_attention import _gla
@@ -48,18 +49,9 @@ from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV2Config, state_space_v2
 from ejkernel.ops.autotune import time_fns
 
-START = time.perf_counter()
 ARGS = None
 NAMES = ["y", "state", "dx", "dA", "dB", "dC", "dD", "ddt", "dh0"]
 TARGETS = "anchors (mamba_chunk_scan_combined, H200): fwd+bwd 4.46 ms, fwd 0.88 ms"
-
-
-def elapsed() -> float:
-    return time.perf_counter() - START
-
-
-def log(*args):
-    print(f"[{elapsed():6.1f}s]", *args, flush=True)
 
 
 def guarded(name, fn):
@@ -116,13 +108,6 @@ def scan_fn(impl, groups, chunk=None):
         return y, state
 
     return fn
-
-
-def errors(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    rel = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
-    mx = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
-    return rel, mx, bool(np.all(np.isfinite(x)))
 
 
 def row(name, values, refs, names=NAMES):
