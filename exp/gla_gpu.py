@@ -241,7 +241,7 @@ def kernels(args):
             "cumulative": lambda: _gla._cumulative(t, chunk, gate),
             "states": lambda: _gla._states(t, False, k, v, g, init, starts, ends, owners),
             "scores": lambda: _gla._scores(t, chunk, q, k, g),
-            "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, a, e),
+            "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, e, a=a),
             "state_grads": lambda: _gla._state_grads(t, False, scale, q, g, do, e, final, starts, ends, owners),
             "grads": lambda: _gla._grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs),
         }[stage]

@@ -250,7 +250,7 @@ def kernels():
             "cumulative": lambda t=t, chunk=chunk: _gla._cumulative(t, chunk, a),
             "states": lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow),
             "scores": lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g),
-            "outputs": lambda t=t, g=g, chunk=chunk, sc=scores, e=e: _gla._outputs(t, chunk, 1.0, q, v, g, sc, e),
+            "outputs": lambda t=t, g=g, chunk=chunk, sc=scores, e=e: _gla._outputs(t, chunk, 1.0, q, v, g, e, a=sc),
             "state_grads": lambda t=t, g=g, e=e, f=final, st=starts, en=ends, ow=owners: _gla._state_grads(
                 t, False, 1.0, q, g, do, e, f, st, en, ow
             ),

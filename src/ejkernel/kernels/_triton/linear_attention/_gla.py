@@ -20,8 +20,8 @@ its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over
 
 Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
 chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs` (with a
-gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `_head_outputs` instead
-of the last two).
+gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `_outputs` alone,
+its kernel making the scores).
 Backward: `_state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
 initial states), `_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
 cumulative gate's `q ⊙ dq − k ⊙ dk` and the exit state's share). Residuals: the cumulative gates, the
@@ -56,7 +56,7 @@ class GlaTiling:
     kernel (below Dk, dv is summed over programs in XLA); `head_span`: state heads per program of the
     per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
     a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
-    a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs`)
+    a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (an experiment: not yet timed on a GPU).
     """
 
@@ -365,29 +365,50 @@ def _outputs_kernel(q_ref, g_ref, a_ref, v_ref, e_ref, o_ref, *, scale: float, m
     o_ref[...] = (scale * out).astype(o_ref.dtype)
 
 
-def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, a, e):
+def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, scale: float, mm):
+    """`_outputs_kernel` with the chunk's scores made here (a gate per head): `(q kᵀ ⊙ D) v` beside `(q ⊙ e^g) e`."""
+    g = g_ref[...]
+    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * _decays(g, g_row_ref[...][None, :])
+    q = (q_ref[...].astype(F32) * jnp.exp(g)).astype(mm)
+    out = dot(q, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
+    o_ref[...] = (scale * out).astype(o_ref.dtype)
+
+
+def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None):
+    """The outputs from the scores `a`; with `k` instead (a gate per head, `GlaTiling.fuse_head_scores`)
+    the kernel makes each chunk's scores itself, and `A` is never in memory."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
     q_ratio, v_ratio = _ratio(heads, q), _ratio(heads, v)
     block = lambda width: (None, chunk, None, width)
+    if a is not None:
+        kernel, name, scores = _outputs_kernel, "ejkernel_gla_outputs", [a]
+        scores_specs = [pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0))]
+    else:
+        kernel, name, scores = _head_outputs_kernel, "ejkernel_gla_head_outputs", [k, jnp.swapaxes(g[..., 0], 1, 2)]
+        k_ratio = _ratio(heads, k)
+        scores_specs = [
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)),
+            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
+        ]
     return _call(
-        _outputs_kernel,
+        kernel,
         t,
         t.output_warps,
         (seq // chunk, batch, heads, dv // t.block_v),
         [
             pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, q_ratio), 0)),
             pl.BlockSpec(block(g.shape[-1]), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0)),
+            *scores_specs,
             pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, _shared(h, v_ratio), j)),
             pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
         ],
         pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
-        out_struct((batch, seq, heads, dv), v.dtype, q, v, g, a, e),
-        "ejkernel_gla_outputs",
+        out_struct((batch, seq, heads, dv), v.dtype, q, v, g, e, *scores),
+        name,
         scale=scale,
         mm=t.mm(q.dtype),
-    )(q, g, a, v, e)
+    )(q, g, *scores, v, e)
 
 
 def _from_earlier(m: int, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm):
@@ -566,42 +587,6 @@ def _head_scores(t: GlaTiling, chunk: int, q, k, g):
     )(q, k, g, g_rows)
 
 
-def _head_outputs_kernel(q_ref, k_ref, g_ref, g_row_ref, v_ref, e_ref, o_ref, *, scale: float, mm):
-    """`_outputs_kernel` with the chunk's scores made here (a gate per head): `(q kᵀ ⊙ D) v` beside `(q ⊙ e^g) e`."""
-    g = g_ref[...]
-    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * _decays(g, g_row_ref[...][None, :])
-    q = (q_ref[...].astype(F32) * jnp.exp(g)).astype(mm)
-    out = dot(q, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
-    o_ref[...] = (scale * out).astype(o_ref.dtype)
-
-
-def _head_outputs(t: GlaTiling, chunk: int, scale, q, k, v, g, e):
-    """`_outputs` for a gate per head without `A` in memory (`GlaTiling.fuse_head_scores`)."""
-    batch, seq, heads, _ = g.shape
-    dk, dv = q.shape[-1], v.shape[-1]
-    q_ratio, k_ratio, v_ratio = _ratio(heads, q), _ratio(heads, k), _ratio(heads, v)
-    block = lambda width: (None, chunk, None, width)
-    return _call(
-        _head_outputs_kernel,
-        t,
-        t.output_warps,
-        (seq // chunk, batch, heads, dv // t.block_v),
-        [
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, q_ratio), 0)),
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)),
-            pl.BlockSpec(block(1), lambda c, b, h, j: (b, c, h, 0)),
-            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
-            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, _shared(h, v_ratio), j)),
-            pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
-        ],
-        pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
-        out_struct((batch, seq, heads, dv), v.dtype, q, k, v, g, e),
-        "ejkernel_gla_head_outputs",
-        scale=scale,
-        mm=t.mm(q.dtype),
-    )(q, k, g, jnp.swapaxes(g[..., 0], 1, 2), v, e)
-
-
 def _head_grads_kernel(
     q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
 ):
@@ -761,10 +746,10 @@ def _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empt
     g = _cumulative(t, chunk, a)
     e, final = _states(t, packed, k, v, g, init, starts, ends, owners)
     if t.fuse_head_scores and g.shape[-1] == 1 and not residuals:
-        scores, out = None, _head_outputs(t, chunk, scale, q, k, v, g, e)
+        scores, out = None, _outputs(t, chunk, scale, q, v, g, e, k=k)
     else:
         scores = _scores(t, chunk, q, k, g)
-        out = _outputs(t, chunk, scale, q, v, g, scores, e)
+        out = _outputs(t, chunk, scale, q, v, g, e, a=scores)
     return (out, jnp.where(empty[:, None, None, None], init, final)), (g, e, scores)
 
 
