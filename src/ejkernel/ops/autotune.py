@@ -169,7 +169,7 @@ class Tuner:
                 log.warning("%s: trying %s (%.1f s in)", label, candidate, time.perf_counter() - start)
             try:
                 return prepare(candidate)
-            except Exception as err:  # a candidate that cannot compile is skipped, not fatal
+            except Exception as err:  # skipped below
                 return err
 
         if self.compile_threads > 1:
@@ -177,16 +177,21 @@ class Tuner:
                 prepared: Iterable[Callable[[], Any] | Exception] = list(pool.map(attempt, candidates))
         else:
             prepared = map(attempt, candidates)  # each prepared as the loop reaches it
+
+        def skip(candidate: C, err: Exception) -> None:  # a candidate that cannot compile or run: not fatal
+            failures.append(f"{candidate}: {type(err).__name__}: {err}")
+            level = logging.WARNING if verbose else logging.INFO
+            log.log(level, "%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
+
         for candidate, run in zip(iterator, prepared, strict=True):
+            if isinstance(run, Exception):
+                skip(candidate, run)
+                continue
             try:
-                if isinstance(run, Exception):
-                    raise run
                 inner[candidate] = _calibrate(run, self.warmup, self.min_sample_s)
                 runs[candidate] = run
-            except Exception as err:  # a candidate that cannot compile or run is skipped, not fatal
-                failures.append(f"{candidate}: {type(err).__name__}: {err}")
-                level = logging.WARNING if verbose else logging.INFO
-                log.log(level, "%s: skipped %s (%s: %s)", label, candidate, type(err).__name__, err)
+            except Exception as err:
+                skip(candidate, err)
         if not runs:
             raise RuntimeError(f"{label}: every candidate failed:\n  " + "\n  ".join(failures or ["(none given)"]))
         timings = _interleaved(runs, inner, self.repeats)

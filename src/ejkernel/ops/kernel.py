@@ -94,9 +94,7 @@ def _random_normals(key, shape, dtype):
     size = math.prod(shape)
     if size <= STAND_IN_BLOCK:
         return jax.random.normal(key, shape, dtype)
-    block = jax.random.normal(key, (STAND_IN_BLOCK,), dtype)
-    repeats = -(-size // STAND_IN_BLOCK)
-    return jax.jit(lambda b: jnp.tile(b, repeats)[:size].reshape(shape))(block)
+    return jnp.resize(jax.random.normal(key, (STAND_IN_BLOCK,), dtype), shape)
 
 
 class Kernel[Cfg: KernelConfig, Out]:
