@@ -31,6 +31,7 @@ import functools
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.attention import pad_axes
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.state_space import check_v2, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
@@ -49,12 +50,6 @@ MAX_DIM = 256  # the largest head_dim and state_size the kernels take (each padd
 WHO = "triton state_space_v2"
 
 
-def _pad_to(a, axis: int, size: int):
-    """`a` zero-padded along `axis` to `size`."""
-    pad = size - a.shape[axis]
-    return a if not pad else jnp.pad(a, [(0, pad) if i == axis % a.ndim else (0, 0) for i in range(a.ndim)])
-
-
 def _kernel_dim(size: int) -> int:
     """A head dim as the GLA kernels take it: the next power of two, at least 16 (zeros fill the rest)."""
     return max(16, pl.next_power_of_2(size))
@@ -65,8 +60,8 @@ def _gla_scan(chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
     q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
     state, head_dim = B.shape[-1], x.shape[-1]
     dk, dv = _kernel_dim(state), _kernel_dim(head_dim)
-    q, k, v = _pad_to(q, -1, dk), _pad_to(k, -1, dk), _pad_to(v, -1, dv)
-    init = _pad_to(_pad_to(jnp.swapaxes(h0, -1, -2), -1, dv), -2, dk)
+    q, k, v = pad_axes(q, {3: dk - state}), pad_axes(k, {3: dk - state}), pad_axes(v, {3: dv - head_dim})
+    init = pad_axes(jnp.swapaxes(h0, -1, -2), {2: dk - state, 3: dv - head_dim})
     y, h = linear_attention(
         q,
         k,
