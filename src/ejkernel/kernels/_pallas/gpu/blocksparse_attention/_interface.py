@@ -132,7 +132,8 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
     if block_k > table_k:
         raise NotImplementedError(f"{WHO}: the forward's key step ({block_k}) exceeds the table's tiles ({table_k})")
     # Two 128-row query tiles per forward CTA (fwd_params.block_m = 256): the second tile's first key
-    # blocks load while the first tile ends, which pays where rows list few blocks (not yet measured).
+    # blocks load while the first tile ends, meant for rows that list few blocks; on an H100 (S=16384,
+    # random blocks at 10% / 25%) it ran as one tile does (0.501 / 1.052 against 0.502 / 1.046 ms).
     cta_rows = _param(fwd_params, "block_m", CTA_ROWS)
     if cta_rows not in (CTA_ROWS, 2 * CTA_ROWS):
         raise NotImplementedError(f"{WHO}: a forward CTA runs 128 or 256 query rows, got fwd_params.block_m={cta_rows}")
