@@ -208,7 +208,7 @@ MOSAIC_BWD = {  # name: (forward params, backward params, fused_backward)
     "mosaic": (None, None, False),
     "mosaic bwd steps 128/64": (None, BwdParams(block_k=128), False),
     "mosaic bwd steps 64/128": (None, BwdParams(block_q=128), False),
-    "mosaic bwd 3 stages": (None, BwdParams(num_stages=3), False),
+    "mosaic bwd 2 stages": (None, BwdParams(num_stages=2), False),
     "mosaic fused bwd": (None, None, True),
 }
 

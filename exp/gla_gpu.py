@@ -230,22 +230,26 @@ def kernels(args):
     starts, ends, owners = layout.starts, layout.ends(), layout.owners()
     do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
     base = GlaTiling(interpret=args.interpret, precise=False).fit(d, d)
-    e, final = jax.jit(lambda: _gla._states(base, False, k, v, g, init, starts, ends, owners))()
-    a = jax.jit(lambda: _gla._scores(base, chunk, q, k, g))()
-    dh, _, rs = jax.jit(lambda: _gla._state_grads(base, False, scale, q, g, do, e, final, starts, ends, owners))()
+    # (arrays go in as arguments: closed over, they would be constants that XLA folds for minutes)
+    bound = lambda fn, *xs: functools.partial(jax.jit(fn), *xs)
+    states = (k, v, g, init, starts, ends, owners)
+    e, final = bound(lambda *xs: _gla._states(base, False, *xs), *states)()
+    a = bound(lambda *xs: _gla._scores(base, chunk, *xs), q, k, g)()
+    grads_in = (q, g, do, e, final, starts, ends, owners)
+    dh, _, rs = bound(lambda *xs: _gla._state_grads(base, False, scale, *xs), *grads_in)()
     jax.block_until_ready((e, a, dh, rs))
 
     def kernel(stage, t):
         t = dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
-        call = {
-            "cumulative": lambda: _gla._cumulative(t, chunk, gate),
-            "states": lambda: _gla._states(t, False, k, v, g, init, starts, ends, owners),
-            "scores": lambda: _gla._scores(t, chunk, q, k, g),
-            "outputs": lambda: _gla._outputs(t, chunk, scale, q, v, g, e, a=a),
-            "state_grads": lambda: _gla._state_grads(t, False, scale, q, g, do, e, final, starts, ends, owners),
-            "grads": lambda: _gla._grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs),
+        fn, xs = {
+            "cumulative": (lambda *xs: _gla._cumulative(t, chunk, *xs), (gate,)),
+            "states": (lambda *xs: _gla._states(t, False, *xs), states),
+            "scores": (lambda *xs: _gla._scores(t, chunk, *xs), (q, k, g)),
+            "outputs": (lambda q, v, g, e, a: _gla._outputs(t, chunk, scale, q, v, g, e, a=a), (q, v, g, e, a)),
+            "state_grads": (lambda *xs: _gla._state_grads(t, False, scale, *xs), grads_in),
+            "grads": (lambda *xs: _gla._grads(t, chunk, scale, *xs), (q, k, v, g, do, a, e, dh, rs)),
         }[stage]
-        return jax.jit(call)
+        return bound(fn, *xs)
 
     builders = {"xla gate cumsum (for comparison)": lambda: functools.partial(cumulative, gate)}
     for stage, label, t in KERNEL_VARIANTS:

@@ -87,7 +87,7 @@ def test_gla_value_heads_share_query_and_key():
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
     q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
     args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
-    tiling = GlaTiling(state_k=16, block_k=16, head_span=1, fuse_head_scores=True)
+    tiling = GlaTiling(state_k=16, block_k=16, head_span=1)
     engine = TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
         q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
@@ -191,8 +191,8 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     ):
         text = lowered(functools.partial(train, fn), *args)
         assert all(name in text for name in kernels)
-    fused = TritonEngine(Tiling(32, 4, 2, interpret=False), GlaTiling(fuse_head_scores=True))
-    text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=fused), x, x, x, per_head)
+    engine = TritonEngine(Tiling(32, 4, 2, interpret=False))  # a plain forward with a gate per head: fused
+    text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=engine), x, x, x, per_head)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text
     token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)
     decode = lambda q, k, v, h: lightning_attention_triton(q, k, v, h, layer_idx=1, num_layers=2, interpret=False)

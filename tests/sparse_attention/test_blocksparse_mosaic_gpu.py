@@ -282,11 +282,11 @@ def test_declines_what_it_does_not_serve(case, call, words):
         call()
 
 
-def test_registered_below_triton():
+def test_registered_above_triton():
     ranked = [
         (i.platform.value, i.priority) for i in kernel_registry.candidates("blocksparse_attention", backend="gpu")
     ]
-    assert [p for p, _ in ranked][:3] == ["triton", "pallas", "xla"], ranked
+    assert [p for p, _ in ranked][:3] == ["pallas", "triton", "xla"], ranked
 
 
 # ---- GPU suite: against the XLA path on a Hopper GPU ----

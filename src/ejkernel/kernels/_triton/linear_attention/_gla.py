@@ -57,7 +57,8 @@ class GlaTiling:
     per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
     a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
-    instead of writing `A` to memory and reading it back (an experiment: not yet timed on a GPU).
+    instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
+    N=128: 1.066 against 1.122 ms).
     """
 
     state_k: int = 64
@@ -72,7 +73,7 @@ class GlaTiling:
     num_stages: int = 2
     interpret: bool = False
     precise: bool = True
-    fuse_head_scores: bool = False
+    fuse_head_scores: bool = True
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(
