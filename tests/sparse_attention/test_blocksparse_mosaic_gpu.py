@@ -349,7 +349,7 @@ def test_gpu_matches_xla(case):
 @pytest.mark.gpu
 def test_gpu_public_op_empty_rows_and_auto():
     """`platform="pallas"` runs these kernels; rows with nothing to attend are exact zeros with zero, finite
-    gradients; `auto` still takes Triton (ranked above)."""
+    gradients; `auto` takes these kernels (ranked above Triton)."""
     q, k, v = qkv(1, 4, 4, 1024, 1024, 128, dtype=jnp.bfloat16)
     builder = random_blocks(1024, 1024, 0.5, empty_rows=(2, 5))
 
@@ -363,4 +363,4 @@ def test_gpu_public_op_empty_rows_and_auto():
     assert all(bool(jnp.all(jnp.isfinite(g.astype(jnp.float32)))) for g in grads)
     expected = blocksparse_attention_xla(q, k, v, mask_builder=builder, causal=False)
     assert_close(out, expected, jnp.bfloat16)
-    assert kernel_registry.get("blocksparse_attention").__name__ == "blocksparse_attention_triton"
+    assert kernel_registry.get("blocksparse_attention").__name__ == "blocksparse_attention_mosaic_gpu"

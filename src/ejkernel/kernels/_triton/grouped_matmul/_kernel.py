@@ -113,9 +113,9 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     items = work_items(group_sizes, group_offset, num_local, m, tiling.block_m)
     kernel = functools.partial(_gmm_kernel, t=tiling, m=m, k=k, n=n, transpose_rhs=transpose_rhs)
-    # The kernel writes float32, cast afterwards: stored as bfloat16 from the kernel, the owned rows came
-    # out 5-7% off on an H100 (in interpret mode exact), with programs of straddling tiles writing
-    # different rows of one tile.
+    # The kernel writes float32, cast afterwards. Stored as bfloat16 from the kernel, the owned rows once
+    # came out 5-7% off on an H100 (in interpret mode exact; since then the GPU tests pass that way too),
+    # and the forward at M=32768 K=4096 N=1536 G=64 took 1.146 ms (0.995 with the cast, an earlier H100 run).
     out = pl.pallas_call(
         kernel,
         grid=(items.tile.shape[0] * pl.cdiv(n, tiling.block_n),),

@@ -126,10 +126,11 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
     block_k_dq = _param(bwd_params, "block_k", 64)
     block_q_dkv = _param(bwd_params, "block_q", 64)
     stages = _param(fwd_params, "num_stages", 2)
+    fused = bool(options.get("fused_backward"))
     # Three stages of the dQ and dK/dV rings where they fit beside 64-row steps at head dim 128 (H100,
     # S=16384, random blocks at 10% / 25%: forward+backward 1.830 / 3.976 ms against 1.890 / 4.072 with
-    # two); elsewhere two (the fused backward, chosen with soft cap, needs them at head dim 128).
-    deep = head_dim == 128 and call.soft_cap is None and block_k_dq == block_q_dkv == 64
+    # two); elsewhere two (the fused backward, asked for or chosen with soft cap, needs them at head dim 128).
+    deep = head_dim == 128 and not fused and call.soft_cap is None and block_k_dq == block_q_dkv == 64
     stages_bwd = _param(bwd_params, "num_stages", 3 if deep else 2)
     blocks = {"fwd_params.block_n": block_k, "bwd_params.block_k": block_k_dq, "bwd_params.block_q": block_q_dkv}
     check_kernel_tiles(WHO, head_dim, blocks, "fwd_params.block_n", stages, stages_bwd)
@@ -148,7 +149,6 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
             f"{WHO}: two query tiles per CTA need an even number of them ({q_tiles}) and a key/value ring "
             f"of at most {512 * 64 // head_dim} rows (got {stages} x {block_k})"
         )
-    fused = bool(options.get("fused_backward"))
     if fused and (block_q_dkv != 64 or (head_dim == 128 and stages_bwd != 2)):
         raise NotImplementedError(
             f"{WHO}: the fused backward streams 64-row query tiles (and 2 stages at head dim 128), got "
