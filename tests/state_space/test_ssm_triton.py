@@ -39,16 +39,18 @@ def test_v1_decode_step_kernel_interpret():
 
 
 @pytest.mark.parametrize(
-    ("seq", "heads", "head_dim", "groups", "state", "chunk"),
-    [(100, 4, 16, 2, 32, None), (40, 2, 8, 1, 6, 16)],
-    ids=["groups", "padded"],
+    ("seq", "heads", "head_dim", "groups", "state", "chunk", "gate"),
+    [(100, 4, 16, 2, 32, None, True), (40, 2, 8, 1, 6, 16, True), (128, 4, 16, 2, 32, None, False)],
+    ids=["groups", "padded", "finished-in-kernels"],
 )
-def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chunk):
+def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chunk, gate):
     """The GLA kernels against the reference: y, the final state and every gradient of a differentiated
     call, and a plain call's y and state. Two groups of two heads, P = 16, N = 32, 100 tokens at the
-    default chunks (differentiated: four of 32, plain: two of 64, the last partial in both); and dims the
-    kernels take padded (P = 8 and N = 6 to 16), 40 tokens with `chunk_size` 16 capping both chunks."""
-    args = v2_inputs(batch=2 if groups == 1 else 1, seq=seq, heads=heads, head_dim=head_dim, groups=groups, state=state)
+    default chunks (differentiated: four of 32, plain: two of 64, the last partial in both); dims the
+    kernels take padded (P = 8 and N = 6 to 16), 40 tokens with `chunk_size` 16 capping both chunks; and
+    without a gate, 128 tokens: the plain call's kernels take dt into the values and add the D skip."""
+    shape = dict(seq=seq, heads=heads, head_dim=head_dim, groups=groups, state=state, gate=gate)
+    args = v2_inputs(batch=2 if groups == 1 else 1, **shape)
     cfg = StateSpaceV2Config(chunk_size=chunk)
     fn = functools.partial(state_space_v2_triton, n_groups=groups, cfg=cfg, interpret=True)
     reference = functools.partial(state_space_v2_reference, n_groups=groups)
@@ -69,7 +71,8 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     """The kernels lower to Triton IR for an H100 (compute capability 9.0) without a GPU: v1's forward and
     backward; v2's on the GLA kernels (q and k read per group): a plain call's forward kernels at chunk 64,
     a differentiated call's forward and backward kernels at chunk 32. The plain forward makes the scores in
-    its output kernel (`head_outputs`), the differentiated one writes them for the backward (`scores`)."""
+    its output kernel (`head_outputs`; without a gate also taking dt and the D skip), the differentiated one
+    writes them for the backward (`scores`)."""
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     train = lambda fn: lambda *a: (lambda out, pullback: pullback(jnp.ones_like(out)))(*jax.vjp(fn, *a))
     if op == "v1":
@@ -92,6 +95,9 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     text = lowered(v2(), *args)
     assert all(name in text for name in plain) and not any(name in text for name in ["ejkernel_gla_scores", *backward])
     assert chunks == [64]
+    no_gate = [None if i == 6 else a for i, a in enumerate(args)]  # dt and the D skip taken in the kernels
+    text = lowered(v2(), *no_gate)
+    assert all(name in text for name in plain) and not any(name in text for name in ["ejkernel_gla_scores", *backward])
     text = lowered(train(v2()), *args)
     assert all(name in text for name in forward + backward)
     assert chunks == [64, 32]  # the differentiated call traced only the chunk-32 kernels

@@ -180,13 +180,15 @@ def v2_step(x, A, B, C, dt, h):
     return jnp.sum(h * C[:, :, None, :], axis=-1), h
 
 
-def run_scan(long_scan, step, x, A, B, C, D, dt, gate, initial_state, conv_state, state_shape, **epilogue):
+def run_scan(
+    long_scan, step, x, A, B, C, D, dt, gate, initial_state, conv_state, state_shape, *, finished=False, **epilogue
+):
     """What every implementation of either op does around its scan; returns `(y, final state, conv_state)`.
 
     The state starts from `initial_state` (or zeros `state_shape`) in float32. At most one token (a decode
     step, or nothing) takes `step` (`v1_step` / `v2_step`); longer calls `long_scan(h0) -> (y, h_S)`, both
-    float32 with `y` shaped like `x`. Then `finish_output` (`epilogue`: act_fn, rmsnorm_eps) and the
-    state's dtype (`state_dtype`).
+    float32 with `y` shaped like `x` (with `finished`, `y` is already `finish_output`'s). Then
+    `finish_output` (`epilogue`: act_fn, rmsnorm_eps) and the state's dtype (`state_dtype`).
     """
     h0 = jnp.zeros(state_shape, jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
     if x.shape[1] == 0:
@@ -196,7 +198,8 @@ def run_scan(long_scan, step, x, A, B, C, D, dt, gate, initial_state, conv_state
         y = y[:, None]
     else:
         y, h_last = long_scan(h0)
-    y = finish_output(y, x, D, gate, **epilogue)
+    if not (finished and x.shape[1] > 1):
+        y = finish_output(y, x, D, gate, **epilogue)
     return y, h_last.astype(state_dtype(x, initial_state)), conv_state
 
 

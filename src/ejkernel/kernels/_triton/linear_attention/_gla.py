@@ -21,7 +21,8 @@ its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over
 Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
 chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs` (with a
 gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `_outputs` alone,
-its kernel making the scores).
+its kernel making the scores; `head_gate_forward` is that forward for Mamba-2, with dt and the D skip
+taken in the kernels).
 Backward: `_state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
 initial states), `_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
 cumulative gate's `q ⊙ dq − k ⊙ dk` and the exit state's share). Residuals: the cumulative gates, the
@@ -142,10 +143,12 @@ def _gate_columns(g_ref, keys):
 # ---- sequential passes over chunks (one program per batch row, head and state tile) ----
 
 
-def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_ref, e_ref, final_ref, **s):
+def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_ref, *refs, **s):
     """`h ← init[start]` where a sequence starts; store h (the chunk's entry state); `h ← e^{g_C} ⊙ h +
     (k ⊙ e^{g_C − g})ᵀ v`; store h as its sequence's final state where the sequence ends. Unpacked
-    (`packed` False), row b is one sequence: init[b] before the first chunk, the final state after the last."""
+    (`packed` False), row b is one sequence: init[b] before the first chunk, the final state after the last.
+    With `value_scaled`, `refs` starts with `vs [B, T, H, 1]`: the values are `vs ⊙ v` (taken into k's rows)."""
+    vs_ref, e_ref, final_ref = refs if s["value_scaled"] else (None, *refs)
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
     k_head, v_head = _shared(head, s["k_ratio"]), _shared(head, s["v_ratio"])
@@ -161,10 +164,10 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
         g_last = g_ref[b, first + chunk - 1, head, gates]
-        k = (k_ref[b, rows, k_head, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])).astype(
-            mm
-        )
-        h = jnp.exp(g_last)[:, None] * h + dot(k, v_ref[b, rows, v_head, cols].astype(mm), trans_a=True)
+        k = k_ref[b, rows, k_head, keys].astype(F32) * jnp.exp(g_last[None, :] - g_ref[b, rows, head, gates])
+        if vs_ref is not None:
+            k = k * vs_ref[b, rows, head, pl.ds(0, 1)]
+        h = jnp.exp(g_last)[:, None] * h + dot(k.astype(mm), v_ref[b, rows, v_head, cols].astype(mm), trans_a=True)
         if packed:
             end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
             plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=end)
@@ -176,13 +179,13 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         final_ref[b, head, keys, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, keys, cols])
 
 
-def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners):
+def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
-    sequences without tokens)`."""
+    sequences without tokens)`. `v_scale [B, T, H, 1]` float32 (optional): the values are `v_scale ⊙ v`."""
     batch, seq, heads, _ = g.shape
     dk, dv = k.shape[-1], v.shape[-1]
     chunks = starts.shape[0]
-    args = (starts, ends, owners, k, v, g, init)
+    args = (starts, ends, owners, k, v, g, init) + (() if v_scale is None else (v_scale,))
     return _call(
         _states_kernel,
         t,
@@ -199,6 +202,7 @@ def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners):
         k_ratio=_ratio(heads, k),
         v_ratio=_ratio(heads, v),
         packed=packed,
+        value_scaled=v_scale is not None,
         bk=t.state_k,
         bv=t.state_v,
         mm=t.mm(k.dtype),
@@ -366,32 +370,44 @@ def _outputs_kernel(q_ref, g_ref, a_ref, v_ref, e_ref, o_ref, *, scale: float, m
     o_ref[...] = (scale * out).astype(o_ref.dtype)
 
 
-def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, scale: float, mm):
-    """`_outputs_kernel` with the chunk's scores made here (a gate per head): `(q kᵀ ⊙ D) v` beside `(q ⊙ e^g) e`."""
+def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, *refs, scale: float, mm, value_scaled: bool):
+    """`_outputs_kernel` with the chunk's scores made here (a gate per head): `(q kᵀ ⊙ D) v` beside `(q ⊙ e^g) e`.
+    With `value_scaled`, `refs` starts with `vs_row [C]` and `skip [C]` (the head's skip weight on every row):
+    the values are `vs ⊙ v` (taken into the scores' columns) and `skip ⊙ v` is added to the outputs."""
+    vs_row_ref, skip_ref, v_ref, e_ref, o_ref = refs if value_scaled else (None, None, *refs)
     g = g_ref[...]
     scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * _decays(g, g_row_ref[...][None, :])
+    if value_scaled:
+        scores = scores * vs_row_ref[...][None, :]
     q = (q_ref[...].astype(F32) * jnp.exp(g)).astype(mm)
-    out = dot(q, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
-    o_ref[...] = (scale * out).astype(o_ref.dtype)
+    out = scale * (dot(q, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm)))
+    if value_scaled:
+        out = out + skip_ref[...][:, None] * v_ref[...].astype(F32)
+    o_ref[...] = out.astype(o_ref.dtype)
 
 
-def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None):
+def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_scale=None, skip=None):
     """The outputs from the scores `a`; with `k` instead (a gate per head, `GlaTiling.fuse_head_scores`)
-    the kernel makes each chunk's scores itself, and `A` is never in memory."""
+    the kernel makes each chunk's scores itself, and `A` is never in memory. With `k`, `v_scale [B, T, H, 1]`
+    and `skip [H]` (float32, both or neither; Mamba-2's dt and D) make the outputs those of the values
+    `v_scale ⊙ v`, plus `skip ⊙ v`."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
     q_ratio, v_ratio = _ratio(heads, q), _ratio(heads, v)
     block = lambda width: (None, chunk, None, width)
+    static = {}
     if a is not None:
         kernel, name, scores = _outputs_kernel, "ejkernel_gla_outputs", [a]
         scores_specs = [pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0))]
     else:
         kernel, name, scores = _head_outputs_kernel, "ejkernel_gla_head_outputs", [k, jnp.swapaxes(g[..., 0], 1, 2)]
         k_ratio = _ratio(heads, k)
-        scores_specs = [
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)),
-            pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c)),
-        ]
+        row = pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c))
+        scores_specs = [pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)), row]
+        static["value_scaled"] = v_scale is not None
+        if v_scale is not None:
+            scores += [jnp.swapaxes(v_scale[..., 0], 1, 2), jnp.broadcast_to(skip[None, :, None], (1, heads, chunk))]
+            scores_specs += [row, pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (0, h, 0))]
     return _call(
         kernel,
         t,
@@ -409,6 +425,7 @@ def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None):
         name,
         scale=scale,
         mm=t.mm(q.dtype),
+        **static,
     )(q, g, *scores, v, e)
 
 
@@ -735,6 +752,20 @@ def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init,
     Differentiable w.r.t. q, k, v, a and init.
     """
     return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty, residuals=False)[0]
+
+
+def head_gate_forward(tiling: GlaTiling, chunk: int, q, k, v, a, init, v_scale, skip):
+    """A plain (not differentiated) forward with a gate per head, one sequence per batch row of a length that
+    is a multiple of `chunk`, scale 1, in three kernels: the outputs `[B, S, H, Dv]` (v's dtype) of the values
+    `v_scale ⊙ v` plus `skip ⊙ v`, and the final states `[B, H, Dk, Dv]` float32. `a [B, S, H, 1]` the log
+    gates, `v_scale [B, S, H, 1]` and `skip [H]` float32 (Mamba-2: dt and D, so that neither dt ⊙ x nor the
+    skip takes a pass over memory of its own)."""
+    t = tiling.fit(q.shape[-1], v.shape[-1])
+    batch, seq = a.shape[:2]
+    starts = jnp.full((seq // chunk, batch), -1, jnp.int32).at[0].set(jnp.arange(batch, dtype=jnp.int32))
+    g = _cumulative(t, chunk, a)
+    e, final = _states(t, False, k, v, g, init, starts, starts, starts, v_scale)  # (unpacked: no ends, owners)
+    return _outputs(t, chunk, 1.0, q, v, g, e, k=k, v_scale=v_scale, skip=skip), final
 
 
 def _fitted(tiling: GlaTiling, q, v, starts):
