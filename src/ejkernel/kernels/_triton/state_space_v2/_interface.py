@@ -21,8 +21,8 @@ gradient came within about 3e-3 of float32 XLA in bf16, 1e-6 in float32. The chu
 is taken, `TRAINING_CHUNK` where one is (`trained_as`: a differentiated call runs the chunk-32 kernels
 forward and backward, never the chunk-64 forward). `GLA_TILING` (the kernels' tiles) is read when a call
 is traced. Calls of at most one token (decode steps) take the plain-JAX step. A plain call without a gate
-whose length is a multiple of the chunk (and dims powers of two) runs `_finished_forward`: its kernels
-take dt into the values and add the D skip, and write y as the op returns it.
+whose length is a multiple of the chunk (dims powers of two, `GLA_TILING.fuse_head_scores` on) runs
+`_finished_forward`: its kernels take dt into the values, add the D skip and write y as the op returns it.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def state_space_v2_triton(
     args = (x, A, B, C, D, dt, gate, initial_state, conv_state)
     epilogue = dict(act_fn=act_fn, rmsnorm_eps=rmsnorm_eps if use_gated_rmsnorm else None)
     whole = x.shape[1] % plain_chunk == 0 and (head_dim, state) == (_kernel_dim(head_dim), _kernel_dim(state))
-    if gate is None and whole:  # a plain call's kernels make the finished y (`_finished_forward`)
+    if gate is None and whole and GLA_TILING.fuse_head_scores:  # plain calls: `_finished_forward`
         trained = functools.partial(_finished, functools.partial(_gla_scan, trained_chunk, interpret, dtype))
         scan = trained_as(trained, functools.partial(_finished_forward, plain_chunk, interpret, dtype))
         long_scan = lambda h0: scan(x, A.astype(jnp.float32), B, C, D, dt, h0)
