@@ -15,8 +15,8 @@ Sections (each guarded: a failure is printed and the rest runs; no variant is co
    cotangents set), the plain bf16 forward, dA per head.
 2. time: at B=2 S=16384 H=32 P=64 N=128 G=1 bf16 (the bench's shape), forward and forward+backward
    (gradients of x, A, B, C, D, dt) of XLA (chunk 64, and the bench's 256), the Triton path by default
-   and capped at the chunks `--chunks` names, the plain forward with the scores written to memory and read
-   back (`GLA_TILING.fuse_head_scores=False`; by default the output kernel makes them), and differentiated
+   and capped at the chunks `--chunks` names, the plain forward unfused (`GLA_TILING.fuse_head_scores=False`:
+   scores written to memory and read back, dt ⊙ x and the D skip passes of their own), and differentiated
    with the gradient kernel's heads per program (`GLA_TILING.head_span`, default 8: it sums dB and dC
    over 8 heads, XLA over the spans) at 1 (dB, dC per head in float32, summed by XLA) and 32; `time_fns`
    medians, all variants interleaved.
@@ -207,7 +207,7 @@ def bench():
         f"triton fwd+bwd (C{ssd.TRAINING_CHUNK})": (train("triton"), None),
         "xla fwd": (fwd("xla"), None),
         f"triton fwd (C{ssd.PLAIN_CHUNK})": (fwd("triton"), None),
-        "triton fwd scores in memory": (fwd("triton"), unfused),
+        "triton fwd unfused": (fwd("triton"), unfused),
     }
     defaults = ssd.chunks(None)
     for cap in ARGS.chunks:  # the caps that change a chunk
