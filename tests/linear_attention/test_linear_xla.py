@@ -10,10 +10,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import lax
 from jax.sharding import PartitionSpec as P
 from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, rand, write_strength
 
 from ejkernel import kernel_registry
+from ejkernel.kernels._common.linear_attention import decay_matrix, unit_lower_inverse
 from ejkernel.kernels._xla.linear_attention import chunked_linear_attention
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
@@ -33,7 +35,7 @@ from ejkernel.reference.linear_attention import (
     lightning_reference,
     linear_recurrence_reference,
 )
-from harness import assert_close
+from harness import assert_close, check_forward_and_grads
 
 
 def test_chunked_core_packed_reversed_with_both_gates():
@@ -102,6 +104,25 @@ def test_long_sequence_strong_gates_stay_finite_and_exact():
     beta, decay = write_strength(1, seq, 1), log_decay(1, seq, 1, strength=1.5)
     fn = lambda q, k, v, b, d: gated_delta_rule(q, k, v, b, d, return_state=True)
     check(fn, delta_rule_reference, [q, k, v, beta, decay])
+
+
+@pytest.mark.parametrize("chunk", [16, 64, 48])
+def test_unit_lower_inverse_matches_the_triangular_solve(chunk):
+    """`(I + L)⁻¹` by block doubling (48: padded to 64), forward and gradient, against the triangular solve.
+
+    L as the delta rule makes it from unnormalised keys of dim 128 (entries up to about 10); the decays
+    are strong enough that the inverse stays within float32 (weak ones make it overflow for any method).
+    """
+    k = rand((2, chunk, 128))
+    b = jnp.cumsum(log_decay(2, chunk, strength=2.0), axis=-1)
+    lower = write_strength(2, chunk)[..., None] * (k @ jnp.swapaxes(k, -1, -2)) * decay_matrix(b, strict=True)
+    eye = jnp.eye(chunk)
+
+    def solve(lower):
+        system = jnp.tril(lower, -1) + eye
+        return lax.linalg.triangular_solve(system, jnp.broadcast_to(eye, lower.shape), left_side=True, lower=True)
+
+    check_forward_and_grads(jax.jit(unit_lower_inverse), jax.jit(solve), [lower], (0,), jnp.float32)
 
 
 def test_decode_steps_chain_to_the_chunked_result():
