@@ -10,7 +10,8 @@ name and divided by the repeats. Without XLA's command buffers every kernel is i
 trace names one by one. Workloads (bf16, the issues' bench shapes): `gla`, `gdr` (forward+backward,
 B=2 S=16384 H=16 D=128), `ssd_fwd`, `ssd` (Mamba-2 B=2 S=16384 H=32 P=64 N=128), `bsa10`
 (block-sparse, forward+backward, random 128x128 blocks at 10%, B=1 S=16384 H=16 D=128), `gmm_fwd`
-(grouped matmul M=32768 K=4096 N=1536, 64 groups).
+(grouped matmul M=32768 K=4096 N=1536, 64 groups), `decode_b8_4k`, `decode_b8_8k` (page_attention on
+Triton, batch 8, contexts 4096 / 8192, the serving bench's shapes).
 """
 
 from __future__ import annotations
@@ -93,7 +94,23 @@ def gmm_fwd():
     return functools.partial(call, lhs, rhs)
 
 
-WORKLOADS = {f.__name__: f for f in (gla, gdr, ssd_fwd, ssd, bsa10, gmm_fwd)}
+def _decode(context: int):
+    from ejkernel.benchmarks import serving_attention as serving
+
+    shape = dict(heads=serving.HEADS, kv_heads=serving.KV_HEADS, dim=serving.DIM, page=serving.PAGE)
+    args, _ = serving._problem("page_attention", [1] * 8, [context] * 8, **shape)
+    return serving._call("page_attention", "triton", args)
+
+
+def decode_b8_4k():
+    return _decode(4096)
+
+
+def decode_b8_8k():
+    return _decode(8192)
+
+
+WORKLOADS = {f.__name__: f for f in (gla, gdr, ssd_fwd, ssd, bsa10, gmm_fwd, decode_b8_4k, decode_b8_8k)}
 
 
 def split(name: str, repeats: int, trace_dir: str) -> None:
