@@ -394,7 +394,7 @@ def write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_lo
     tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
     query_start, query_len = _ragged_lengths(query_start_loc, count, max_seqs)
     token = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(query_start + query_len, token, side="right"), 0, max_seqs - 1)
+    seq = jnp.clip(sorted_position(query_start + query_len, token), 0, max_seqs - 1)
     offset = token - query_start[seq]
     pos = kv_lens.astype(jnp.int32)[seq] - query_len[seq] + offset
     column = pos // page_size
@@ -546,6 +546,17 @@ class QueryTiles:
     valid: jax.Array  # [R] bool
 
 
+COMPARE_ALL_PAIRS = 2**22  # up to this many (bound, value) pairs a search compares them all
+
+
+def sorted_position(bounds: jax.Array, values: jax.Array) -> jax.Array:
+    """`jnp.searchsorted(bounds, values, side="right")`. For few pairs (a decode batch's sequences and
+    tiles) one fused comparison of every value with every bound: JAX's binary search lowers to a while loop
+    of small steps, a fixed cost that counts where a decode step takes a fraction of a millisecond."""
+    method = "compare_all" if bounds.size * values.size <= COMPARE_ALL_PAIRS else "scan"
+    return jnp.searchsorted(bounds, values, side="right", method=method)
+
+
 def max_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
     """A static bound on the tiles: every non-empty sequence wastes less than one tile."""
     return (num_tokens + min(num_seqs, num_tokens) * (block_q - 1)) // block_q
@@ -555,7 +566,7 @@ def query_tiles(batch: PagedBatch, block_q: int) -> QueryTiles:
     tiles = -(-batch.query_len // block_q)
     ends = jnp.cumsum(tiles)
     rows = jnp.arange(max_tiles(batch.num_tokens, batch.num_seqs, block_q), dtype=jnp.int32)
-    seq = jnp.searchsorted(ends, rows, side="right").astype(jnp.int32)
+    seq = sorted_position(ends, rows).astype(jnp.int32)
     valid = seq < batch.num_seqs
     seq = jnp.minimum(seq, batch.num_seqs - 1)
     first = (rows - (ends[seq] - tiles[seq])) * block_q
