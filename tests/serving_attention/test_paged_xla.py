@@ -236,3 +236,16 @@ def test_autotuning_stand_ins_for_traced_lengths_give_every_sequence_work(op):
     out = output_of(op)(getattr(modules, op)(*busy, platform="xla", **options))  # the public checks pass
     assert_close(out, jitted_reference(op, options)(*busy), jnp.float32)
     assert (jnp.abs(out).reshape(out.shape[0], -1).max(axis=1) > 0).all()
+
+
+@pytest.mark.parametrize("pairs", [0, 2**22], ids=["binary-search", "compare-all"])
+def test_sorted_position_is_searchsorted(monkeypatch, pairs):
+    """Both ways of finding each token's sequence (`sorted_position`) give `searchsorted`'s answer, ties,
+    empty sequences and values past the last bound included."""
+    from ejkernel.kernels._common import paged_attention as common
+
+    monkeypatch.setattr(common, "COMPARE_ALL_PAIRS", pairs)
+    bounds = jnp.asarray([0, 3, 3, 7, 12], jnp.int32)
+    values = jnp.arange(15, dtype=jnp.int32)
+    expected = np.searchsorted(np.asarray(bounds), np.asarray(values), side="right")
+    np.testing.assert_array_equal(common.sorted_position(bounds, values), expected)  # (eager: no trace cache)
