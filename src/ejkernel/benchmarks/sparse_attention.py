@@ -1,7 +1,8 @@
 """Block-sparse attention: time at 10% and 25% block density beside our dense flash attention, bf16.
 
 Random block patterns (a `mask_builder` of positions alone, so the block table is a constant) of
-128 x 128 blocks, not causal. Each platform that serves `blocksparse_attention` is timed forward and
+128 x 128 blocks, not causal. `blocksparse_attention` as users call it (`auto`: under `ejkernel autotune`
+the calls tuned and exported) and on each platform that serves it is timed forward and
 forward+backward beside `flash_attention` (`platform="auto"`) on the same tensors in the same run; the
 figure of merit is `time / (density × dense time)`: 1.0 means the cost follows the density exactly.
 Native sparse attention is timed forward+backward too, with its blocks chosen by the compressed branch.
@@ -43,7 +44,7 @@ def main(argv=None) -> None:
     batch, seq, heads, dim = QUICK_SHAPE if args.quick else SHAPE
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(key, (batch, heads, seq, dim), jnp.bfloat16) for key in keys)
-    platforms = [i.platform.value for i in kernel_registry.candidates("blocksparse_attention")]
+    platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates("blocksparse_attention")]
     to_bshd = lambda x: jnp.swapaxes(x, 1, 2)
     variants = {"dense flash_attention (auto)": lambda q, k, v: flash_attention(to_bshd(q), to_bshd(k), to_bshd(v))}
     densities = {}
