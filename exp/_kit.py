@@ -1,12 +1,15 @@
-"""What the GPU experiment scripts share: a timestamped log a watchdog reads, exception summaries, errors."""
+"""What the GPU experiment scripts share: a timestamped log a watchdog reads, exception summaries, errors,
+and the GLA kernels one by one (`gla_stages`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 import traceback
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -58,3 +61,29 @@ def errors(x, ref):
     relative = np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
     worst = np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30)
     return relative, worst, bool(np.all(np.isfinite(x)))
+
+
+def gla_stages(base, chunk: int, scale: float, q, k, v, gate, do, init) -> dict:
+    """`stage -> (tiling -> zero-argument jitted call)`: each GLA kernel alone, one sequence per batch row.
+    `gate` is the raw log gate (`[B, S, H, Dk or 1]` float32); the later stages' inputs (cumulative gates,
+    states, scores, state gradients) are made once here by the earlier kernels at tiling `base`. Arrays go
+    in as arguments: closed over, they would be constants that XLA folds for minutes."""
+    from ejkernel.kernels._triton.linear_attention import _gla_backward as bwd
+    from ejkernel.kernels._triton.linear_attention import _gla_forward as fwd
+    from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
+
+    layout = ChunkLayout.dense(q.shape[0], q.shape[1], chunk)
+    seqs = (layout.starts, layout.ends(), layout.owners())
+    bound = lambda fn, *xs: functools.partial(jax.jit(fn), *xs)
+    g = bound(lambda x: fwd._cumulative(base, chunk, x), gate)()
+    e, final = bound(lambda *xs: fwd._states(base, False, *xs), k, v, g, init, *seqs)()
+    a = bound(lambda *xs: fwd._scores(base, chunk, *xs), q, k, g)()
+    dh, _, rs = bound(lambda *xs: bwd._state_grads(base, False, scale, *xs), q, g, do, e, final, *seqs)()
+    return {
+        "cumulative": lambda t: bound(lambda x: fwd._cumulative(t, chunk, x), gate),
+        "states": lambda t: bound(lambda *xs: fwd._states(t, False, *xs), k, v, g, init, *seqs),
+        "scores": lambda t: bound(lambda *xs: fwd._scores(t, chunk, *xs), q, k, g),
+        "outputs": lambda t: bound(lambda q, v, g, e, a: fwd._outputs(t, chunk, scale, q, v, g, e, a=a), q, v, g, e, a),
+        "state_grads": lambda t: bound(lambda *xs: bwd._state_grads(t, False, scale, *xs), q, g, do, e, final, *seqs),
+        "grads": lambda t: bound(lambda *xs: bwd._grads(t, chunk, scale, *xs), q, k, v, g, do, a, e, dh, rs),
+    }

@@ -24,9 +24,8 @@ import traceback
 
 import jax
 import jax.numpy as jnp
-from _kit import elapsed, errors, log
+from _kit import elapsed, errors, gla_stages, log
 
-from ejkernel.kernels._triton.linear_attention import _gla
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
@@ -35,7 +34,6 @@ from ejkernel.kernels._xla.linear_attention._interface import (
     lightning_attention_xla,
     recurrent_attention_xla,
 )
-from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
 
@@ -221,39 +219,15 @@ def e2e(args):
 def kernels(args):
     b, s, h, d = args.bench_shape
     chunk = args.chunk
-    scale = d**-0.5
     q, k, v, gate, _ = make_inputs(b, s, h, d, jnp.bfloat16)
-    layout = ChunkLayout.dense(b, s, chunk)
     cumulative = jax.jit(lambda x: jnp.cumsum(x.reshape(b, s // chunk, chunk, h, d), axis=2).reshape(x.shape))
-    g = cumulative(gate)
-    init = jnp.zeros((b, h, d, d), jnp.float32)
-    starts, ends, owners = layout.starts, layout.ends(), layout.owners()
     do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
-    base = GlaTiling(interpret=args.interpret, precise=False).fit(d, d)
-    # (arrays go in as arguments: closed over, they would be constants that XLA folds for minutes)
-    bound = lambda fn, *xs: functools.partial(jax.jit(fn), *xs)
-    states = (k, v, g, init, starts, ends, owners)
-    e, final = bound(lambda *xs: _gla._states(base, False, *xs), *states)()
-    a = bound(lambda *xs: _gla._scores(base, chunk, *xs), q, k, g)()
-    grads_in = (q, g, do, e, final, starts, ends, owners)
-    dh, _, rs = bound(lambda *xs: _gla._state_grads(base, False, scale, *xs), *grads_in)()
-    jax.block_until_ready((e, a, dh, rs))
-
-    def kernel(stage, t):
-        t = dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
-        fn, xs = {
-            "cumulative": (lambda *xs: _gla._cumulative(t, chunk, *xs), (gate,)),
-            "states": (lambda *xs: _gla._states(t, False, *xs), states),
-            "scores": (lambda *xs: _gla._scores(t, chunk, *xs), (q, k, g)),
-            "outputs": (lambda q, v, g, e, a: _gla._outputs(t, chunk, scale, q, v, g, e, a=a), (q, v, g, e, a)),
-            "state_grads": (lambda *xs: _gla._state_grads(t, False, scale, *xs), grads_in),
-            "grads": (lambda *xs: _gla._grads(t, chunk, scale, *xs), (q, k, v, g, do, a, e, dh, rs)),
-        }[stage]
-        return bound(fn, *xs)
-
+    fit = lambda t: dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
+    init = jnp.zeros((b, h, d, d), jnp.float32)
+    stages = gla_stages(fit(GlaTiling()), chunk, d**-0.5, q, k, v, gate, do, init)
     builders = {"xla gate cumsum (for comparison)": lambda: functools.partial(cumulative, gate)}
     for stage, label, t in KERNEL_VARIANTS:
-        builders[f"{stage} {label}"] = functools.partial(kernel, stage, t)
+        builders[f"{stage} {label}"] = functools.partial(stages[stage], fit(t))
     log(f"kernels: compiling {len(builders)} kernel variants (chunk {chunk})")
     times = timed(builders, args.repeats, "kernels")
     log("kernels (ms each):")

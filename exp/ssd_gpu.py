@@ -39,13 +39,12 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _kit import elapsed, errors, log
+from _kit import elapsed, errors, gla_stages, log
 
 from ejkernel.kernels._common.state_space import ssd_inputs
 from ejkernel.kernels._triton.linear_attention import _gla
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.state_space_v2 import _interface as ssd
-from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV2Config, state_space_v2
 from ejkernel.ops.autotune import time_fns
@@ -228,45 +227,20 @@ def bench():
 def kernels():
     b, s, h, p, n = ARGS.bench_shape
     x, A, B, C, _, dt, _ = make_inputs(b, s, h, p, n, 1, jnp.bfloat16)
-    q, k, v, a = jax.jit(lambda: ssd_inputs(x, A, B, C, dt, jnp.bfloat16))()
-    a = a[..., None]
+    q, k, v, a = jax.jit(ssd_inputs, static_argnums=5)(x, A, B, C, dt, jnp.bfloat16)
     do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
     init = jnp.zeros((b, h, n, p), jnp.float32)
     builders = {}
     for chunk in ARGS.kernel_chunks:
-        layout = ChunkLayout.dense(b, s, chunk)
-        starts, ends, owners = layout.starts, layout.ends(), layout.owners()
         t = GlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
-        g = jax.jit(lambda chunk=chunk, t=t: _gla._cumulative(t, chunk, a))()
-        e, final = jax.jit(
-            lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow)
-        )()
-        scores = jax.jit(lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g))()
-        dh, _, rs = jax.jit(
-            lambda t=t, g=g, e=e, final=final, st=starts, en=ends, ow=owners: _gla._state_grads(
-                t, False, 1.0, q, g, do, e, final, st, en, ow
-            )
-        )()
-        calls = {
-            "cumulative": lambda t=t, chunk=chunk: _gla._cumulative(t, chunk, a),
-            "states": lambda t=t, g=g, st=starts, en=ends, ow=owners: _gla._states(t, False, k, v, g, init, st, en, ow),
-            "scores": lambda t=t, g=g, chunk=chunk: _gla._scores(t, chunk, q, k, g),
-            "outputs": lambda t=t, g=g, chunk=chunk, sc=scores, e=e: _gla._outputs(t, chunk, 1.0, q, v, g, e, a=sc),
-            "state_grads": lambda t=t, g=g, e=e, f=final, st=starts, en=ends, ow=owners: _gla._state_grads(
-                t, False, 1.0, q, g, do, e, f, st, en, ow
-            ),
-            "grads": lambda t=t, g=g, chunk=chunk, sc=scores, e=e, dh=dh, rs=rs: _gla._grads(
-                t, chunk, 1.0, q, k, v, g, do, sc, e, dh, rs
-            ),
-        }
-        for stage, call in calls.items():
-            builders[f"C{chunk} {stage}"] = (functools.partial(jax.jit, call), None)
+        stages = gla_stages(t, chunk, 1.0, q, k, v, a[..., None], do, init)
+        for stage, make in stages.items():
+            builders[f"C{chunk} {stage}"] = (functools.partial(make, t), None)
         if chunk != ARGS.kernel_chunks[0]:
             continue
         for label, variant in TILE_VARIANTS:  # the tiles of a kernel beside its default (`stage label`)
-            call = functools.partial(calls[label.split(" ")[0]], t=dataclasses.replace(t, **variant).fit(n, p))
-            builders[f"C{chunk} {label}"] = (functools.partial(jax.jit, call), None)
-        jax.block_until_ready((e, scores, dh, rs))
+            make = stages[label.split(" ")[0]]
+            builders[f"C{chunk} {label}"] = (functools.partial(make, dataclasses.replace(t, **variant).fit(n, p)), None)
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
     group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
     builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None)

@@ -1,0 +1,145 @@
+"""What the GLA kernels share: their tiling, the `pallas_call` wrapper, index and mask helpers, and the
+in-chunk decay routes used by both the forward and the backward kernels (`_gla` tells the story)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+SUB = 16  # tokens per row block of the intra-chunk product (the smallest matmul edge)
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class GlaTiling:
+    """Tiles and warps of the GLA kernels (each clipped to the head dims).
+
+    `state_k` x `state_v`: the state tile one program of the sequential passes carries; `block_v`: value
+    columns per program of the output kernel; `block_k`: key channels per program of the gradient
+    kernel (below Dk, dv is summed over programs in XLA); `head_span`: state heads per program of the
+    per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
+    a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
+    a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
+    instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
+    N=128: 1.066 against 1.122 ms).
+    """
+
+    state_k: int = 64
+    state_v: int = 64
+    block_v: int = 128
+    block_k: int = 128
+    head_span: int = 8
+    state_warps: int = 4
+    scores_warps: int = 4
+    output_warps: int = 4
+    grads_warps: int = 8
+    num_stages: int = 2
+    interpret: bool = False
+    precise: bool = True
+    fuse_head_scores: bool = True
+
+    def fit(self, dk: int, dv: int) -> GlaTiling:
+        return dataclasses.replace(
+            self,
+            state_k=min(self.state_k, dk),
+            state_v=min(self.state_v, dv),
+            block_v=min(self.block_v, dv),
+            block_k=min(self.block_k, dk),
+        )
+
+    def mm(self, dtype):
+        """The dtype of matmul operands: the inputs' own, or float32 when precise."""
+        return F32 if self.precise else jnp.dtype(dtype)
+
+    def state_dtype(self, dtype):
+        """Chunk states in memory: bfloat16 for bfloat16 inputs (the matmuls read them so), else float32."""
+        return jnp.dtype(dtype) if not self.precise and jnp.dtype(dtype) == jnp.bfloat16 else F32
+
+
+def _call(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
+    """`pallas_call` of `kernel(**static)`; specs None: whole arrays (the sequential passes index chunks themselves)."""
+    specs = {} if in_specs is None else dict(in_specs=in_specs, out_specs=out_specs)
+    return pl.pallas_call(
+        functools.partial(kernel, **static),
+        grid=grid,
+        **specs,
+        out_shape=out_shape,
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=t.num_stages),
+        interpret=t.interpret,
+        name=name,
+    )
+
+
+def _tile(i, size: int):
+    return pl.ds(pl.multiple_of(i * size, size), size)
+
+
+def _iota(shape, axis: int):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _masked_exp(x, keep):
+    """`e^x` where `keep`, else 0 (the exponent masked first: no overflow where it is dropped)."""
+    return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
+
+
+def _everywhere(cond, shape):
+    return jnp.full(shape, cond)
+
+
+def _ratio(heads: int, x) -> int:
+    """How many state heads share each head of `x` (`[B, T, Hx, D]`, Hx a divisor of the state heads)."""
+    return heads // x.shape[2]
+
+
+def _shared(head, ratio: int):
+    """The head of an input shared by groups of `ratio` state heads that state head `head` reads."""
+    return head if ratio == 1 else lax.div(head, jnp.int32(ratio))
+
+
+def _gate_columns(g_ref, keys):
+    """The gate columns of a tile of key channels: the same ones, or the head's only one."""
+    return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
+
+
+def _own_keys(g_ref, first: int, body, carry):
+    """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
+    `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
+    e^{g_{j+1} − g_j} ⊙ decay_{j+1}` (1 on row j): one exponential per key and channel, each of one
+    token's gate (every factor <= 1 for decaying gates)."""
+    row = _iota((SUB, 1), 0)
+
+    def step(i, state):
+        decay, g_next, carry = state
+        j = SUB - 1 - i
+        g_j = g_ref[first + j, :][None, :]
+        decay = jnp.where(row == j, 1.0, decay * jnp.exp(g_next - g_j))
+        return decay, g_j, body(j, decay, carry)
+
+    start = (jnp.zeros((SUB, g_ref.shape[-1]), F32), g_ref[first + SUB - 1, :][None, :], carry)
+    return lax.fori_loop(0, SUB, step, start)[2]
+
+
+# ---- the in-chunk kernels of a gate per head ----
+#
+# With one gate per head, `A = (q kᵀ) ⊙ D` with `D[t, s] = e^{g_t − g_s}` (s <= t): the decays form a
+# `[C, C]` matrix of their own, every exponent <= 0 for decaying gates, and each product is one matmul
+# over whole row blocks. The gates enter twice, as a column (`g`, `[C, 1]`) and as a row (`g_rows`: the
+# cumulative gates transposed, `[B, H, T]`).
+
+
+def _decays(g_col, g_row, first: int = 0):
+    """`D [R, C]` for the rows `first + r` of a chunk: `e^{g_t − g_s}` where s <= t, else 0."""
+    rows, cols = g_col.shape[0], g_row.shape[-1]
+    keep = first + _iota((rows, 1), 0) >= _iota((1, cols), 1)
+    return _masked_exp(g_col - g_row, keep)
+
+
+def _tiles_sum(x):
+    """Partial sums `[tiles, ...]` over the tiles of key channels, added up."""
+    return x[0] if x.shape[0] == 1 else jnp.sum(x, axis=0)
