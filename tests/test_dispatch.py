@@ -1,0 +1,245 @@
+"""Dispatch around config selection, with the toy ops of `selection_toys`: `platform="auto"` falling through
+implementations, `platform=` with cached configs, mesh / in_specs / out_specs, custom VJPs, call signatures
+and shipped tuned configs."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from ejkernel import Backend, Platform, kernel_registry
+from ejkernel.ops import (
+    FwdParams,
+    Invocation,
+    Kernel,
+    KernelConfig,
+    overlay_cache,
+)
+from selection_toys import (
+    HEURISTIC,
+    OVERRIDE,
+    TOY_OP,
+    ToyKernel,
+    ToySelectConfig,
+    factor,
+    make_executor,
+    toy_cfg,
+    toy_input,
+    toy_key,
+)
+
+# --- platform "auto": falling through implementations ------------------------------------------------
+
+FALL_OP = "toy_fallthrough_op"
+NONE_OP = "toy_no_accepting_impl_op"
+
+
+def _never_on_cpu(*args, **kwargs):
+    raise AssertionError("a GPU-only implementation was called on the CPU")
+
+
+def _refuses(reason):
+    def impl(x, cfg):
+        raise NotImplementedError(reason)
+
+    return impl
+
+
+kernel_registry.register(FALL_OP, Platform.CUDA, Backend.GPU, priority=100)(_never_on_cpu)
+kernel_registry.register(FALL_OP, Platform.TRITON, Backend.ANY, priority=10)(_refuses("needs head_dim 128"))
+kernel_registry.register(FALL_OP, Platform.PALLAS, Backend.CPU, priority=5)(_refuses("no float32 support"))
+kernel_registry.register(FALL_OP, Platform.XLA, Backend.ANY, priority=0)(lambda x, cfg: x * 7)
+kernel_registry.register(NONE_OP, Platform.CUDA, Backend.GPU, priority=100)(_never_on_cpu)
+kernel_registry.register(NONE_OP, Platform.TRITON, Backend.ANY, priority=10)(_refuses("reason one"))
+kernel_registry.register(NONE_OP, Platform.XLA, Backend.ANY, priority=0)(_refuses("reason two"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyFallConfig(KernelConfig):
+    pass
+
+
+class FallKernel(Kernel):
+    op_id = FALL_OP
+    config_type = ToyFallConfig
+
+
+class NoneKernel(Kernel):
+    op_id = NONE_OP
+    config_type = ToyFallConfig
+
+
+def test_auto_falls_through_not_implemented_to_next():
+    x = toy_input()
+    assert factor(make_executor()(FallKernel(), x), x) == 7
+    assert factor(make_executor()(FallKernel(), x, platform="xla"), x) == 7
+
+
+def test_explicit_platform_does_not_fall_through():
+    with pytest.raises(NotImplementedError, match="needs head_dim 128"):
+        make_executor()(FallKernel(), toy_input(), platform="triton")
+
+
+def test_explicit_platform_without_implementation_lists_what_exists():
+    with pytest.raises(ValueError, match="xla/any"):
+        make_executor()(FallKernel(), toy_input(), platform="cuda")
+
+
+def test_auto_with_no_accepting_impl_lists_every_reason():
+    with pytest.raises(NotImplementedError) as err:
+        make_executor()(NoneKernel(), toy_input())
+    message = str(err.value)
+    assert NONE_OP in message
+    assert "reason one" in message and "reason two" in message
+    assert "triton" in message and "xla" in message
+
+
+# --- platform= with configs from the caches -----------------------------------------------------------
+
+PLAT_OP = "toy_two_platform_op"
+kernel_registry.register(PLAT_OP, Platform.TRITON, Backend.ANY, priority=10)(lambda x, cfg: x * 3)
+kernel_registry.register(PLAT_OP, Platform.XLA, Backend.ANY, priority=0)(lambda x, cfg: x * 5)
+
+
+class TwoPlatformKernel(Kernel):
+    op_id = PLAT_OP
+    config_type = ToyFallConfig
+
+
+def test_platform_argument_picks_the_implementation():
+    x = toy_input()
+    assert factor(make_executor()(TwoPlatformKernel(), x), x) == 3
+    assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(platform="xla")), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(), platform="xla"), x) == 5
+
+
+def test_platform_argument_is_honoured_with_an_overlay_config():
+    """An op-wide overlay config with platform "auto" must not undo `platform="xla"` of the call."""
+    x = toy_input()
+    with overlay_cache({PLAT_OP: ToyFallConfig()}):
+        assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
+
+
+# --- mesh / in_specs / out_specs ---------------------------------------------------------------------
+
+
+def _mesh():
+    return Mesh(np.array(jax.devices()[:2]), ("x",))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ("mesh",),
+        ("in_specs",),
+        ("out_specs",),
+        ("mesh", "in_specs"),
+        ("mesh", "out_specs"),
+        ("in_specs", "out_specs"),
+    ],
+)
+def test_partial_sharding_arguments_are_value_error(given):
+    values = {"mesh": _mesh(), "in_specs": (PartitionSpec("x"),), "out_specs": PartitionSpec("x")}
+    kwargs = {name: values[name] for name in given}
+    with pytest.raises(ValueError, match="mesh, in_specs and out_specs") as err:
+        make_executor()(ToyKernel(), toy_input(), **kwargs)
+    tail = str(err.value).split("got only", 1)[1]
+    for name in ("mesh", "in_specs", "out_specs"):
+        assert (name in tail) == (name in given), (name, str(err.value))
+
+
+def test_full_sharding_arguments_run_under_shard_map():
+    x = jnp.arange(1.0, 9.0, dtype=jnp.float32)
+    spec = PartitionSpec("x")
+    executor = make_executor()
+    out = executor(ToyKernel(), x, cfg=toy_cfg(OVERRIDE), mesh=_mesh(), in_specs=(spec,), out_specs=spec)
+    assert factor(out, x) == OVERRIDE
+    with pytest.raises(ValueError, match="in_specs"):
+        make_executor()(ToyKernel(), x, mesh=_mesh(), in_specs=(spec, spec), out_specs=spec)
+
+
+# --- custom VJP --------------------------------------------------------------------------------------
+
+VJP_OP = "toy_vjp_op"
+kernel_registry.register(VJP_OP, Platform.XLA, Backend.ANY)(lambda x, cfg: x * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyVjpConfig(KernelConfig):
+    pass
+
+
+class VjpKernel(Kernel):
+    """Forward doubles; the custom backward says 3·g, which autodiff of the forward never would."""
+
+    op_id = VJP_OP
+    config_type = ToyVjpConfig
+
+    def __init__(self):
+        self.bwd_cfgs = []
+
+    def fwd_with_residuals(self, x, *, cfg):
+        return self.run(x, cfg=cfg), None
+
+    def vjp(self, residuals, g, *, cfg):
+        self.bwd_cfgs.append(cfg)
+        return (3 * g,)
+
+
+class ForwardOnlyKernel(Kernel):
+    op_id = VJP_OP
+    config_type = ToyVjpConfig
+
+    def fwd_with_residuals(self, x, *, cfg):
+        raise AssertionError("without a vjp the custom rule must not be wired")
+
+
+def test_custom_vjp_is_used_by_grad():
+    kernel, executor, x = VjpKernel(), make_executor(), toy_input()
+    cfg = ToyVjpConfig(platform="xla")
+    assert factor(executor(kernel, x), x) == 2
+    grad = jax.grad(lambda v: executor(kernel, v, cfg=cfg).sum())(x)
+    np.testing.assert_allclose(grad, 3 * np.ones(4))
+    assert kernel.bwd_cfgs == [cfg]  # the backward gets the config the forward ran with
+    grad = jax.jit(jax.grad(lambda v: (executor(kernel, v) * v).sum()))(x)
+    np.testing.assert_allclose(grad, 3 * np.asarray(x) + 2 * np.asarray(x))
+
+
+def test_custom_vjp_with_vjp_function():
+    kernel, executor, x = VjpKernel(), make_executor(), toy_input()
+    cotangent = jnp.asarray([0.5, -1.0, 2.0, 3.0])
+    out, pullback = jax.vjp(lambda v: executor(kernel, v), x)
+    np.testing.assert_allclose(out, 2 * np.asarray(x))
+    np.testing.assert_allclose(pullback(cotangent)[0], 3 * np.asarray(cotangent))
+
+
+def test_without_vjp_autodiff_of_run_is_used():
+    grad = jax.grad(lambda v: make_executor()(ForwardOnlyKernel(), v).sum())(toy_input())
+    np.testing.assert_allclose(grad, 2 * np.ones(4))
+
+
+def test_signature_describes_arrays_by_shape_and_dtype():
+    # The invocation signature describes arrays by shape and dtype only: equal shapes share a key.
+    a, b = toy_input(), toy_input() * 3
+    assert toy_key(a) == toy_key(b)
+    assert toy_key(a) != toy_key(a.astype(jnp.bfloat16))
+    sig = json.loads(Invocation(TOY_OP, (a,), {"scale": 0.5}).signature)
+    assert sig["args"] == [[[4], "float32"]] and sig["kwargs"] == {"scale": 0.5}
+
+
+def test_shipped_tuned_config_beats_the_heuristic(monkeypatch):
+    """Tier 6: a config shipped for this device kind (ops/tuned/<kind>.json) is used before heuristic_cfg."""
+    import ejkernel.ops.executor as executor_module
+
+    x = toy_input()
+    shipped = ToySelectConfig(platform="auto", fwd_params=FwdParams(block_q=8))
+    signature = Invocation(TOY_OP, (x,), {}, "auto").signature
+    monkeypatch.setattr(executor_module, "_shipped_configs", lambda kind: {f"{TOY_OP}|{signature}": shipped.to_json()})
+    assert factor(make_executor()(ToyKernel(), x), x) == 8
+    other = jnp.arange(1.0, 9.0, dtype=jnp.float32)  # another signature: not shipped, heuristics
+    assert factor(make_executor()(ToyKernel(), other), other) == HEURISTIC
