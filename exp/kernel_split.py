@@ -10,8 +10,9 @@ name and divided by the repeats. Without XLA's command buffers every kernel is i
 trace names one by one. Workloads (bf16, the issues' bench shapes): `gla`, `gdr` (forward+backward,
 B=2 S=16384 H=16 D=128), `ssd_fwd`, `ssd` (Mamba-2 B=2 S=16384 H=32 P=64 N=128), `bsa10`
 (block-sparse, forward+backward, random 128x128 blocks at 10%, B=1 S=16384 H=16 D=128), `gmm_fwd`
-(grouped matmul M=32768 K=4096 N=1536, 64 groups), `decode_b8_4k`, `decode_b8_8k` (page_attention on
-Triton, batch 8, contexts 4096 / 8192, the serving bench's shapes).
+(grouped matmul M=32768 K=4096 N=1536, 64 groups), `ssm1_decode` (Mamba-1 decode step at batch 64),
+`decode_b8_4k`, `decode_b8_8k` (page_attention on Triton, batch 8, contexts 4096 / 8192, the serving
+bench's shapes).
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def _decode(context: int):
     return serving._call("page_attention", "triton", args)
 
 
+def ssm1_decode():
+    from ejkernel.benchmarks.state_space import DECODE_BATCH, V1_SHAPE, v1_inputs
+    from ejkernel.modules import state_space_v1
+
+    args = v1_inputs(DECODE_BATCH, 1, V1_SHAPE["channels"], V1_SHAPE["state"])
+    h = _normal(20, (DECODE_BATCH, *args[1].shape), jnp.float32)
+    return functools.partial(jax.jit(lambda *a: state_space_v1(*a, platform="triton")[:2]), *args, None, h)
+
+
 def decode_b8_4k():
     return _decode(4096)
 
@@ -110,7 +120,7 @@ def decode_b8_8k():
     return _decode(8192)
 
 
-WORKLOADS = {f.__name__: f for f in (gla, gdr, ssd_fwd, ssd, bsa10, gmm_fwd, decode_b8_4k, decode_b8_8k)}
+WORKLOADS = {f.__name__: f for f in (gla, gdr, ssd_fwd, ssd, bsa10, gmm_fwd, ssm1_decode, decode_b8_4k, decode_b8_8k)}
 
 
 def split(name: str, repeats: int, trace_dir: str) -> None:

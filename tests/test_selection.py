@@ -377,6 +377,35 @@ def test_autotune_under_jit_times_pallas_kernels(threads):
     assert set(tuner.timings) == {toy_cfg(FAST), toy_cfg(MEDIUM)}
 
 
+STRUCTURE_TOY_OP = "toy_structure_tune_op"
+
+
+def _toy_structure(x, cfg, table, scale):
+    """Reads its integer `table` while tracing (as a block-sparse kernel reads a concrete mask) and declines
+    a traced one; `scale`, a float option, is data."""
+    if isinstance(table, jax.core.Tracer):
+        raise NotImplementedError("this implementation needs the table while tracing")
+    return x * cfg.fwd_params.block_q * scale + float(np.asarray(table).sum())
+
+
+kernel_registry.register(STRUCTURE_TOY_OP, Platform.XLA, Backend.ANY)(_toy_structure)
+
+
+class StructureToyKernel(ToyKernel):
+    op_id = STRUCTURE_TOY_OP
+
+
+def test_autotune_keeps_concrete_integer_options_concrete():
+    """A concrete integer option reaches the timed candidates concrete, under an outer jit too (the
+    block-sparse Mosaic kernels declined every candidate when tuning handed them a traced mask)."""
+    tuner = CountingTuner()
+    kernel = StructureToyKernel(candidates=[toy_cfg(FAST), toy_cfg(MEDIUM)])
+    executor, x, table = make_executor("autotune", tuner), toy_input(), jnp.array([1, 2], jnp.int32)
+    out = jax.jit(lambda v, s: executor(kernel, v, table=table, scale=s))(x, jnp.float32(0.5))
+    assert set(tuner.timings) == {toy_cfg(FAST), toy_cfg(MEDIUM)}
+    np.testing.assert_allclose(out, x * 0.5 * min(tuner.timings, key=tuner.timings.get).fwd_params.block_q + 3)
+
+
 def test_autotune_skips_a_failing_candidate():
     broken = toy_cfg(SLOW, platform="cuda")  # no CUDA implementation: preparing it fails
     kernel = ToyKernel(candidates=[broken, toy_cfg(FAST)])

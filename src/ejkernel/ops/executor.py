@@ -113,8 +113,7 @@ class ConfigSelectorChain:
             jax.block_until_ready((args, kwargs))
             seconds = time.perf_counter() - start
             log.warning("autotune %s: %d candidates, inputs made in %.1f s", inv.op_id, len(candidates), seconds)
-        is_array = lambda value: any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
-        dynamic = {name: value for name, value in kwargs.items() if is_array(value)}
+        dynamic = {name: value for name, value in kwargs.items() if _passed_as_argument(value, inv.kwargs[name])}
         static = {name: value for name, value in kwargs.items() if name not in dynamic}
 
         def prepare(cfg: KernelConfig):
@@ -142,6 +141,21 @@ class ConfigSelectorChain:
         self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
         return best
+
+
+def _passed_as_argument(value: Any, given: Any) -> bool:
+    """Whether a keyword option reaches the timed call as a jit argument rather than closed over.
+
+    Arrays do, except integer and boolean ones the call gave concretely (masks, segment ids, indices known
+    while tracing): an implementation may read those while tracing, as a block-sparse kernel builds its
+    block table from a concrete mask and declines a traced one, so the candidates see them as the call
+    did. Floats stay arguments: a concrete bias closed over would be folded into the program.
+    """
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(value) if isinstance(leaf, jax.Array)]
+    if not leaves:
+        return False
+    traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(given))
+    return traced or any(jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves)
 
 
 def _float_sum(result) -> jax.Array:
