@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.kernels._common.grouped_matmul import max_work_items, work_items
+from ejkernel.kernels._common.grouped_matmul import max_row_spans, max_work_items, row_spans, work_items
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import FwdParams, Invocation
@@ -87,6 +87,31 @@ def test_schedule_covers_every_row_once():
         for g in range(local):
             expected[bounds[offset + g] : bounds[offset + g + 1]] = g
         np.testing.assert_array_equal(computed, expected)
+
+
+def test_row_spans_write_every_row_once_from_its_own_group():
+    """Each row is written once: by a span of its group (the span read only rows in [0, M)) or, outside
+    the local groups, as a zero-filling span; every group but its last span is whole."""
+    sizes, block, m = jnp.array([5, 0, 17, 3, 0, 40, 1, 0], jnp.int32), 16, 70
+    schedule = jax.jit(row_spans, static_argnums=(2, 3, 4))
+    bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
+    for offset, local in ((0, 8), (2, 3), (6, 2)):
+        spans = jax.tree.map(np.asarray, schedule(sizes, jnp.int32(offset), local, m, block))
+        assert len(spans.start) == max_row_spans(m, block, local)
+        written, by = np.zeros(m, int), np.full(m, -2)
+        for start, group, lo, hi in zip(*spans, strict=True):
+            assert start >= 0 and start + block <= m
+            if hi > lo:
+                assert start <= lo < hi <= start + block
+            written[lo:hi] += 1
+            by[lo:hi] = group
+        assert (written == 1).all()
+        expected = np.full(m, -1)
+        for g in range(local):
+            expected[bounds[offset + g] : bounds[offset + g + 1]] = g
+            count = np.sum((spans.group == g) & (spans.write_hi > spans.write_lo))
+            assert count == -(-int(sizes[offset + g]) // block)  # whole spans but the last
+        np.testing.assert_array_equal(by, expected)
 
 
 def test_public_function_jit_traced_sizes_and_checkpoint():

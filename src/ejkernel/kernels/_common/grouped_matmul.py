@@ -240,6 +240,55 @@ def work_items(group_sizes, group_offset, num_local: int, m: int, block_m: int) 
     return WorkItems(tile, group, row_lo, row_hi, write_lo, write_hi)
 
 
+def max_row_spans(m: int, block_m: int, num_local: int) -> int:
+    """Static bound on `row_spans`: the rows before, in and after the local groups are `num_local + 2`
+    runs, each of whole spans but its last (and ceil(a) + ceil(b) <= ceil(a + b) + 1)."""
+    return -(-m // block_m) + num_local + 1
+
+
+class RowSpans(NamedTuple):
+    """A schedule in which no span mixes groups, int32 arrays of `max_row_spans` entries in row order.
+
+    Span `w` multiplies lhs rows `[start, start + block_m)` by its group's rhs and writes rows
+    `[write_lo, write_hi)` of the product, all of them its group's; with `group` -1 it writes zeros there
+    (rows outside the local groups) or, past the schedule's end, nothing. Spans follow each run of rows
+    from its first row, so only a run's last span is partial; one that would pass M starts earlier
+    (reading rows it does not write), so that no span reads past M when M >= block_m.
+    """
+
+    start: jax.Array
+    group: jax.Array
+    write_lo: jax.Array
+    write_hi: jax.Array
+
+
+def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -> RowSpans:
+    """The span schedule of one call (plain jnp: runs under jit with traced group sizes).
+
+    Unlike `work_items`' tiles, which a group boundary inside a tile makes computed once per group (a
+    quarter more work at 64 groups of 512 rows in 128-row tiles), spans waste only each group's partial
+    last span: half as much. Kernels that read rows at any offset (Triton) take it; tiled ones
+    (BlockSpecs, TMA) keep `work_items`.
+    """
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    runs_lo = jnp.concatenate([jnp.zeros((1,), jnp.int32), starts, ends[-1:]])
+    runs_hi = jnp.concatenate([starts[:1], ends, jnp.full((1,), m, jnp.int32)])
+    runs_group = jnp.concatenate(
+        [jnp.full((1,), -1, jnp.int32), jnp.arange(num_local, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]
+    )
+    per_run = (runs_hi - runs_lo + block_m - 1) // block_m
+    run_end = jnp.cumsum(per_run)
+    w = jnp.arange(max_row_spans(m, block_m, num_local), dtype=jnp.int32)
+    run = jnp.searchsorted(run_end, w, side="right", method="compare_all")
+    run = jnp.minimum(run, num_local + 1).astype(jnp.int32)
+    lo = runs_lo[run] + (w - (run_end - per_run)[run]) * block_m
+    live = w < run_end[-1]
+    write_lo = jnp.where(live, lo, m)
+    write_hi = jnp.where(live, jnp.minimum(lo + block_m, runs_hi[run]), m)
+    start = jnp.where(live, jnp.clip(lo, 0, max(m - block_m, 0)), 0)
+    return RowSpans(start, jnp.where(live, runs_group[run], -1), write_lo, write_hi)
+
+
 # ---- v3 options, applied around the core ----
 
 

@@ -1,12 +1,12 @@
 """Grouped matmul kernels (Pallas-Triton): the forward product over the tile schedule, and the transposed product.
 
-`gmm`: one program per (work item, column tile). An item of the schedule (`_common.grouped_matmul`)
-names a `block_m`-row tile of lhs and the group whose rows it keeps; the program streams that tile and
-its group's weights along K in `block_k` steps into a float32 `[block_m, block_n]` accumulator, then
-stores the rows it owns (and zeros on the unowned rows it is told to write). A tile that straddles two
-groups is computed once per group, each program masking the other's rows, so no group is padded to a
-tile. Programs of one item run next to each other (column tiles fastest), so the item's lhs tile is
-read from memory once and its group's weights stay in L2 across the group's items.
+`gmm`: one program per (span, column tile). A span of the schedule (`_common.grouped_matmul.row_spans`)
+names `block_m` rows of lhs from any row on and the group they belong to; the program streams those rows
+and the group's weights along K in `block_k` steps into a float32 `[block_m, block_n]` accumulator, then
+stores the rows it is told to write (zeros for a span of unowned rows). Spans follow each group from its
+first row, so no group is padded to a tile and no tile is computed twice; only a group's last span is
+partial. Programs of one span run next to each other (column tiles fastest), so the span's rows are
+read from memory once and its group's weights stay in L2 across the group's spans.
 
 `tgmm`: one program per (group, `block_m` x `block_n` output tile); it walks its group's rows in
 `block_k`-row steps from wherever the group starts, masking the rows past its end, and accumulates
@@ -25,7 +25,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.grouped_matmul import local_group_bounds, work_items
+from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 
@@ -58,10 +58,8 @@ def _load(ref, index, row_mask, col_mask):
 
 
 def _gmm_kernel(
-    tile_ref,
+    start_ref,
     group_ref,
-    row_lo_ref,
-    row_hi_ref,
     write_lo_ref,
     write_hi_ref,
     lhs_ref,
@@ -77,16 +75,15 @@ def _gmm_kernel(
     bm, bk, bn = t.block_m, t.block_k, t.block_n
     col_tiles = pl.cdiv(n, bn)
     pid = pl.program_id(0)
-    item, col_tile = lax.div(pid, jnp.int32(col_tiles)), lax.rem(pid, jnp.int32(col_tiles))
-    tile, group = tile_ref[item], group_ref[item]
-    row0 = pl.multiple_of(tile * bm, bm)
+    span, col_tile = lax.div(pid, jnp.int32(col_tiles)), lax.rem(pid, jnp.int32(col_tiles))
+    row0, group = start_ref[span], group_ref[span]
     col0 = pl.multiple_of(col_tile * bn, bn)
     row_ids = row0 + jnp.arange(bm, dtype=jnp.int32)
     col_ids = col0 + jnp.arange(bn, dtype=jnp.int32)
     rows, cols = pl.ds(row0, bm), pl.ds(col0, bn)
-    row_mask = row_ids < m if m % bm else None
+    row_mask = row_ids < m if m < bm else None  # (spans end by M when it holds a whole one)
     col_mask = col_ids < n if n % bn else None
-    group_index = jnp.maximum(group, 0)  # fill and padding items run no step
+    group_index = jnp.maximum(group, 0)  # fill and padding spans run no step
 
     def step(i, acc):
         k0 = pl.multiple_of(i * bk, bk)
@@ -99,11 +96,8 @@ def _gmm_kernel(
 
     steps = jnp.where(group >= 0, jnp.int32(pl.cdiv(k, bk)), jnp.int32(0))  # loop bounds of one type
     acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
-    keep = (row_ids >= row_lo_ref[item]) & (row_ids < row_hi_ref[item])
-    write = (row_ids >= write_lo_ref[item]) & (row_ids < write_hi_ref[item])
-    mask = _tile_mask(write, col_mask)
-    value = jnp.where(keep[:, None], acc, 0.0).astype(out_ref.dtype)
-    plgpu.store(out_ref.at[rows, cols], value, mask=mask)
+    write = (row_ids >= write_lo_ref[span]) & (row_ids < write_hi_ref[span])
+    plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=_tile_mask(write, col_mask))
 
 
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
@@ -111,19 +105,19 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     m, k = lhs.shape
     num_local = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    items = work_items(group_sizes, group_offset, num_local, m, tiling.block_m)
+    spans = row_spans(group_sizes, group_offset, num_local, m, tiling.block_m)
     kernel = functools.partial(_gmm_kernel, t=tiling, m=m, k=k, n=n, transpose_rhs=transpose_rhs)
     # The kernel writes float32, cast afterwards. Stored as bfloat16 from the kernel, the owned rows once
     # came out 5-7% off on an H100 (in interpret mode exact; since then the GPU tests pass that way too),
     # and the forward at M=32768 K=4096 N=1536 G=64 took 1.146 ms (0.995 with the cast, an earlier H100 run).
     out = pl.pallas_call(
         kernel,
-        grid=(items.tile.shape[0] * pl.cdiv(n, tiling.block_n),),
+        grid=(spans.start.shape[0] * pl.cdiv(n, tiling.block_n),),
         out_shape=out_struct((m, n), jnp.float32, lhs, rhs),
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
         interpret=tiling.interpret,
         name="ejkernel_grouped_matmul",
-    )(*items, lhs, rhs)
+    )(*spans, lhs, rhs)
     return out.astype(out_dtype)
 
 
