@@ -1,10 +1,9 @@
 """GPU experiment: the Triton grouped-matmul forward (`_kernel.gmm`) at several tilings, beside a dense matmul
 of the same work.
 
-The nineteenth session's run (H100, docs/benchmarks/experiments_s19.log) also timed the kernel storing
-bf16 itself instead of float32 then a cast: 1.092 against 0.947 ms at 128x64x256, slower at every tiling;
-and a band order (programs running 2-16 spans of one column tile before the next, for the weights' reuse
-in L2): 0.976-1.008 against 0.990 ms, noise.
+The nineteenth session's runs (H100, docs/benchmarks/experiments_s19.log) also timed a band order
+(programs running 2-16 spans of one column tile before the next, for the weights' reuse in L2): 0.976-1.008
+against 0.990 ms, noise.
 
 Run on an H100/H200 from the repository root:
 

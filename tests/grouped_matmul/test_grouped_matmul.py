@@ -1,6 +1,7 @@
 """grouped_matmul: the XLA implementation and the public function against the reference; options, sharding, errors."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +113,23 @@ def test_row_spans_write_every_row_once_from_its_own_group():
             count = np.sum((spans.group == g) & (spans.write_hi > spans.write_lo))
             assert count == -(-int(sizes[offset + g]) // block)  # whole spans but the last
         np.testing.assert_array_equal(by, expected)
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode", "dtype", "platform"),
+    [
+        ("gpu", "forward", jnp.bfloat16, "triton"),  # inference: the Triton forward is the faster one
+        ("gpu", "train", jnp.bfloat16, "auto"),  # training: auto's order (Mosaic GPU first)
+        ("gpu", "forward", jnp.int8, "auto"),  # a dtype the Triton kernel declines
+        ("cpu", "forward", jnp.bfloat16, "auto"),
+    ],
+)
+def test_heuristic_sends_gpu_inference_to_triton(monkeypatch, backend, mode, dtype, platform):
+    module = importlib.import_module("ejkernel.modules.operations.grouped_matmul")  # not the function
+    monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
+    args = (jnp.zeros((64, 16), dtype), jnp.zeros((4, 16, 8), dtype), jnp.full((4,), 16, jnp.int32))
+    cfg = GroupedMatmul().heuristic_cfg(Invocation("grouped_matmul", args, {}, "auto", mode))
+    assert cfg.platform == platform
 
 
 def test_public_function_jit_traced_sizes_and_checkpoint():

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, Shaped
 from ejkernel.kernels._common.grouped_matmul import check_args
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.kernel import FORWARD
 from ejkernel.registry import Backend, current_backend
 
 
@@ -37,6 +38,17 @@ class GroupedMatmul(Kernel):
         lhs, sizes = args[0], args[2]
         rows, groups = lhs.shape[0], sizes.shape[0]
         return {2: (rows // groups + (jnp.arange(groups) < rows % groups)).astype(sizes.dtype)}
+
+    def heuristic_cfg(self, inv: Invocation) -> GroupedMatmulConfig:
+        """Undifferentiated calls on a GPU take the Triton kernel where it serves the dtype: its forward beat
+        the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed, M=32768 K=4096 N=1536,
+        64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster (0.71 against 0.55)."""
+        from ejkernel.kernels._triton.grouped_matmul._interface import SUPPORTED_DTYPES
+
+        forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
+        if forward_on_gpu and jnp.dtype(inv.args[0].dtype) in SUPPORTED_DTYPES:
+            return GroupedMatmulConfig(platform="triton")
+        return super().heuristic_cfg(inv)
 
     def call_impl(self, impl, args, kwargs, cfg):
         out = impl.fn(*args, cfg=cfg, **kwargs)
