@@ -40,6 +40,12 @@ def test_triton_interpret_matches_reference(dtype, transpose_rhs):
     _check(impl, randn((M, 40), dtype), rhs, transpose_rhs=transpose_rhs)
 
 
+def test_triton_interpret_fewer_rows_than_a_span():
+    """The default tiles fitted to M=40 give 64-row spans: every span reads past M, masked."""
+    impl = functools.partial(grouped_matmul_triton, interpret=True)
+    _check(impl, randn((M, 40)), randn((7, 40, 50)))
+
+
 def test_triton_interpret_offset_and_existing_out():
     impl = functools.partial(grouped_matmul_triton, cfg=TRITON_SMALL, interpret=True)
     _check(impl, randn((M, 40)), randn((3, 40, 50)), randn((M, 50)), offset=jnp.int32(2), argnums=(0, 1, 2))
