@@ -267,8 +267,8 @@ def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -
 
     Unlike `work_items`' tiles, which a group boundary inside a tile makes computed once per group (a
     quarter more work at 64 groups of 512 rows in 128-row tiles), spans waste only each group's partial
-    last span: half as much. Kernels that read rows at any offset (Triton) take it; tiled ones
-    (BlockSpecs, TMA) keep `work_items`.
+    last span: half as much. Whatever reads rows at any offset takes it (the Triton kernel, the XLA loop);
+    tiled kernels (BlockSpecs, TMA) keep `work_items`.
     """
     starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
     runs_lo = jnp.concatenate([jnp.zeros((1,), jnp.int32), starts, ends[-1:]])
