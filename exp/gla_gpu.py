@@ -242,6 +242,8 @@ E2E_VARIANTS = [
     ("triton C32", GlaTiling(), 32),
     ("triton C16", GlaTiling(), 16),
     ("triton states32x64", GlaTiling(state_k=32, state_v=64), 64),
+    ("triton C32 grads k64 w4", GlaTiling(block_k=64, grads_warps=4), 32),
+    ("triton C32 grads k32 w4", GlaTiling(block_k=32, grads_warps=4), 32),
 ]
 
 # (kernel, label, tiling): the default first.
@@ -263,6 +265,9 @@ KERNEL_VARIANTS = [
     ("grads", "default k128 w8", GlaTiling()),
     ("grads", "k128 w4", GlaTiling(grads_warps=4)),
     ("grads", "k64 w4", GlaTiling(block_k=64, grads_warps=4)),
+    ("grads", "k64 w8", GlaTiling(block_k=64)),
+    ("grads", "k32 w4", GlaTiling(block_k=32, grads_warps=4)),
+    ("grads", "k32 w2", GlaTiling(block_k=32, grads_warps=2)),
 ]
 
 
