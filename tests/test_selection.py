@@ -459,6 +459,20 @@ def test_differentiated_calls_run_the_train_config_the_others_the_forward_config
     np.testing.assert_allclose(second, 2 * PERSISTENT**2)  # the train config's pullback is differentiable
 
 
+def test_concrete_integer_options_reach_both_modes_concrete():
+    """The per-mode custom VJP closes over a concrete integer option instead of tracing it through (the
+    structure toy declines a traced table), in forward and training calls, eager and under jit."""
+
+    class TrainedStructureKernel(StructureToyKernel):
+        tune_argnums = (0,)
+
+    executor, kernel, x = make_executor(), TrainedStructureKernel(), toy_input()
+    table = jnp.array([1, 2], jnp.int32)
+    call = lambda v: executor(kernel, v, table=table, scale=jnp.float32(0.5))
+    np.testing.assert_allclose(jax.jit(call)(x), x * 0.5 * HEURISTIC + 3)
+    np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(call(v)))(x), np.full(4, 0.5 * HEURISTIC))
+
+
 def test_forward_calls_tune_forward_tilings_only_training_calls_every_candidate():
     with_backward = lambda n, b: dataclasses.replace(toy_cfg(n), bwd_params=BwdParams(block_q=b))
     candidates = [with_backward(FAST, 16), with_backward(FAST, 32), with_backward(MEDIUM, 16)]

@@ -143,19 +143,26 @@ class ConfigSelectorChain:
         return best
 
 
-def _passed_as_argument(value: Any, given: Any) -> bool:
-    """Whether a keyword option reaches the timed call as a jit argument rather than closed over.
+def _read_while_tracing(leaf: Any) -> bool:
+    """Whether an input is an integer or boolean array given concretely (a mask, segment ids, indices known
+    while tracing), which the executor closes over instead of handing it on as a traced argument (to a
+    timed candidate, or through the per-mode custom VJP): implementations may read it while tracing, as
+    a block-sparse kernel builds its block table from a concrete mask and declines a traced one. Floats
+    are data, and stay arguments (a concrete bias closed over would be folded into the program)."""
+    return (
+        isinstance(leaf, jax.Array | np.ndarray)
+        and not isinstance(leaf, jax.core.Tracer)
+        and not jnp.issubdtype(leaf.dtype, jnp.inexact)
+    )
 
-    Arrays do, except integer and boolean ones the call gave concretely (masks, segment ids, indices known
-    while tracing): an implementation may read those while tracing, as a block-sparse kernel builds its
-    block table from a concrete mask and declines a traced one, so the candidates see them as the call
-    did. Floats stay arguments: a concrete bias closed over would be folded into the program.
-    """
-    leaves = [leaf for leaf in jax.tree_util.tree_leaves(value) if isinstance(leaf, jax.Array)]
-    if not leaves:
+
+def _passed_as_argument(value: Any, given: Any) -> bool:
+    """Whether a keyword option (`value`, a concrete stand-in of the call's `given`) reaches the timed call
+    as a jit argument: arrays do, unless every array the call gave is `_read_while_tracing`."""
+    if not any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value)):
         return False
-    traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(given))
-    return traced or any(jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves)
+    arrays = [leaf for leaf in jax.tree_util.tree_leaves(given) if isinstance(leaf, jax.Array | np.ndarray)]
+    return not all(_read_while_tracing(leaf) for leaf in arrays)
 
 
 def _float_sum(result) -> jax.Array:
@@ -221,7 +228,8 @@ class Executor:
         forward rule where one is; the rule keeps the TRAIN implementation's own pullback as residual.
         """
         leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-        dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array | np.ndarray)]
+        is_input = lambda leaf: isinstance(leaf, jax.Array | np.ndarray) and not _read_while_tracing(leaf)
+        dynamic = [i for i, leaf in enumerate(leaves) if is_input(leaf)]
 
         def run(mode: str, arrays: list) -> Any:
             full = list(leaves)

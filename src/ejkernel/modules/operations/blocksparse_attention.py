@@ -34,8 +34,10 @@ class BlockSparseAttentionConfig(KernelConfig):
 class BlockSparseAttention(Kernel):
     op_id = "blocksparse_attention"
     config_type = BlockSparseAttentionConfig
-    # Not `tune_argnums`: a mask known while tracing must reach the implementation concrete, so that
-    # its block table is a constant (the executor's per-mode wrapper would trace it).
+    # Configs tile the backward too (forward and training calls tuned apart). A mask known while tracing
+    # still reaches the implementations concrete: the executor closes over concrete boolean and integer
+    # inputs rather than tracing them through its per-mode wrapper.
+    tune_argnums = (0, 1, 2)
 
     def call_impl(self, impl, args, kwargs, cfg):
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
