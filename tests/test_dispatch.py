@@ -59,18 +59,18 @@ kernel_registry.register(NONE_OP, Platform.XLA, Backend.ANY, priority=0)(_refuse
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyFallConfig(KernelConfig):
-    pass
+class ToyConfig(KernelConfig):
+    """The config of this module's toy ops (none of them is tiled)."""
 
 
 class FallKernel(Kernel):
     op_id = FALL_OP
-    config_type = ToyFallConfig
+    config_type = ToyConfig
 
 
 class NoneKernel(Kernel):
     op_id = NONE_OP
-    config_type = ToyFallConfig
+    config_type = ToyConfig
 
 
 def test_auto_falls_through_not_implemented_to_next():
@@ -107,21 +107,21 @@ kernel_registry.register(PLAT_OP, Platform.XLA, Backend.ANY, priority=0)(lambda 
 
 class TwoPlatformKernel(Kernel):
     op_id = PLAT_OP
-    config_type = ToyFallConfig
+    config_type = ToyConfig
 
 
 def test_platform_argument_picks_the_implementation():
     x = toy_input()
     assert factor(make_executor()(TwoPlatformKernel(), x), x) == 3
     assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
-    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(platform="xla")), x) == 5
-    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyFallConfig(), platform="xla"), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyConfig(platform="xla")), x) == 5
+    assert factor(make_executor()(TwoPlatformKernel(), x, cfg=ToyConfig(), platform="xla"), x) == 5
 
 
 def test_platform_argument_is_honoured_with_an_overlay_config():
     """An op-wide overlay config with platform "auto" must not undo `platform="xla"` of the call."""
     x = toy_input()
-    with overlay_cache({PLAT_OP: ToyFallConfig()}):
+    with overlay_cache({PLAT_OP: ToyConfig()}):
         assert factor(make_executor()(TwoPlatformKernel(), x, platform="xla"), x) == 5
 
 
@@ -169,16 +169,11 @@ VJP_OP = "toy_vjp_op"
 kernel_registry.register(VJP_OP, Platform.XLA, Backend.ANY)(lambda x, cfg: x * 2)
 
 
-@dataclasses.dataclass(frozen=True)
-class ToyVjpConfig(KernelConfig):
-    pass
-
-
 class VjpKernel(Kernel):
     """Forward doubles; the custom backward says 3·g, which autodiff of the forward never would."""
 
     op_id = VJP_OP
-    config_type = ToyVjpConfig
+    config_type = ToyConfig
 
     def __init__(self):
         self.bwd_cfgs = []
@@ -193,7 +188,7 @@ class VjpKernel(Kernel):
 
 class ForwardOnlyKernel(Kernel):
     op_id = VJP_OP
-    config_type = ToyVjpConfig
+    config_type = ToyConfig
 
     def fwd_with_residuals(self, x, *, cfg):
         raise AssertionError("without a vjp the custom rule must not be wired")
@@ -201,7 +196,7 @@ class ForwardOnlyKernel(Kernel):
 
 def test_custom_vjp_is_used_by_grad():
     kernel, executor, x = VjpKernel(), make_executor(), toy_input()
-    cfg = ToyVjpConfig(platform="xla")
+    cfg = ToyConfig(platform="xla")
     assert factor(executor(kernel, x), x) == 2
     grad = jax.grad(lambda v: executor(kernel, v, cfg=cfg).sum())(x)
     np.testing.assert_allclose(grad, 3 * np.ones(4))
