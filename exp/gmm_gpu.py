@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from _kit import first_lines, log, rel, start_watchdog
 
+from ejkernel.benchmarks.grouped_matmul import random_group_sizes
 from ejkernel.kernels._common.grouped_matmul import check_args
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, plan
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import fit_smem
@@ -158,8 +159,7 @@ def timings(repeats: int, backward: bool, only: str = ""):
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     lhs = jax.random.normal(keys[0], (M, K), jnp.bfloat16)
     rhs = (jax.random.normal(keys[1], (G, K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
-    cuts = np.sort(np.random.default_rng(0).integers(0, M + 1, G - 1))  # as the grouped_matmul benchmark
-    sizes = jnp.asarray(np.diff(np.concatenate([[0], cuts, [M]])), jnp.int32)
+    sizes = random_group_sizes(M, G)  # the grouped_matmul benchmark's
     bf16 = dict(preferred_element_type=jnp.bfloat16)
     fns = {
         "dense": lambda a, b: jnp.dot(a, b[0]),

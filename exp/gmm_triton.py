@@ -22,9 +22,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from _kit import first_lines, log, rel
 
+from ejkernel.benchmarks.grouped_matmul import random_group_sizes
 from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm
 from ejkernel.modules import grouped_matmul
 from ejkernel.ops.autotune import time_fns
@@ -53,8 +53,7 @@ def main():
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     lhs = jax.random.normal(keys[0], (M, K), jnp.bfloat16)
     rhs = (jax.random.normal(keys[1], (G, K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
-    cuts = np.sort(np.random.default_rng(0).integers(0, M + 1, G - 1))
-    sizes = jnp.asarray(np.diff(np.concatenate([[0], cuts, [M]])), jnp.int32)
+    sizes = random_group_sizes(M, G)  # the grouped_matmul benchmark's
     expected = jax.jit(lambda a, b: grouped_matmul(a, b, sizes, platform="xla", preferred_element_type=a.dtype))(
         lhs, rhs
     )
