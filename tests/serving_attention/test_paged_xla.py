@@ -242,7 +242,7 @@ def test_autotuning_stand_ins_for_traced_lengths_give_every_sequence_work(op):
 def test_sorted_position_is_searchsorted(monkeypatch, pairs):
     """Both ways of finding each token's sequence (`sorted_position`) give `searchsorted`'s answer, ties,
     empty sequences and values past the last bound included."""
-    from ejkernel.kernels._common import paged_attention as common
+    from ejkernel.kernels._common import search as common
 
     monkeypatch.setattr(common, "COMPARE_ALL_PAIRS", pairs)
     bounds = jnp.asarray([0, 3, 3, 7, 12], jnp.int32)

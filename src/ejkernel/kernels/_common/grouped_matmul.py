@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.kernels._common.search import sorted_position
+
 # ---- argument checks ----
 
 
@@ -215,8 +217,7 @@ def work_items(group_sizes, group_offset, num_local: int, m: int, block_m: int) 
 
     w = jnp.arange(count, dtype=jnp.int32)
     k = w - lead
-    # (one fused comparison of every item with every group end, not a loop of binary-search steps)
-    group = jnp.searchsorted(group_end, k, side="right", method="compare_all")
+    group = sorted_position(group_end, k)
     group = jnp.clip(group, 0, num_local - 1).astype(jnp.int32)
     group_tile = first_tile[group] + (k - group_begin[group])
     tail_tile = tail + (k - num_group_items)
@@ -279,7 +280,7 @@ def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -
     per_run = (runs_hi - runs_lo + block_m - 1) // block_m
     run_end = jnp.cumsum(per_run)
     w = jnp.arange(max_row_spans(m, block_m, num_local), dtype=jnp.int32)
-    run = jnp.searchsorted(run_end, w, side="right", method="compare_all")
+    run = sorted_position(run_end, w)
     run = jnp.minimum(run, num_local + 1).astype(jnp.int32)
     lo = runs_lo[run] + (w - (run_end - per_run)[run]) * block_m
     live = w < run_end[-1]

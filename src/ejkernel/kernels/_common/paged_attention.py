@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import fold_sinks, join_sink
+from ejkernel.kernels._common.search import sorted_position
 
 DEFAULT_MASK_VALUE = -2.381976426469702e38
 # A mask value at or below this is "minus infinity" for every logit these ops produce: masked keys are
@@ -544,17 +545,6 @@ class QueryTiles:
     first: jax.Array  # [R] int32: index of the tile's first query within its sequence
     token: jax.Array  # [R, block_q] int32
     valid: jax.Array  # [R] bool
-
-
-COMPARE_ALL_PAIRS = 2**22  # up to this many (bound, value) pairs a search compares them all
-
-
-def sorted_position(bounds: jax.Array, values: jax.Array) -> jax.Array:
-    """`jnp.searchsorted(bounds, values, side="right")`. For few pairs (a decode batch's sequences and
-    tiles) one fused comparison of every value with every bound: JAX's binary search lowers to a while loop
-    of small steps, a fixed cost that counts where a decode step takes a fraction of a millisecond."""
-    method = "compare_all" if bounds.size * values.size <= COMPARE_ALL_PAIRS else "scan"
-    return jnp.searchsorted(bounds, values, side="right", method=method)
 
 
 def max_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
