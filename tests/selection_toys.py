@@ -37,7 +37,7 @@ def toy_cfg(factor: int, platform: str = "auto", sleep_ms: int | None = None) ->
     return ToySelectConfig(platform=platform, fwd_params=FwdParams(block_q=factor, num_stages=sleep_ms))
 
 
-def _toy_xla(x, cfg):
+def toy_xla(x, cfg):
     params = cfg.fwd_params
     if params is not None and params.num_stages:
         seconds = params.num_stages / 1000
@@ -50,7 +50,7 @@ def _toy_xla(x, cfg):
     return x * (params.block_q if params is not None and params.block_q else 1)
 
 
-kernel_registry.register(TOY_OP, Platform.XLA, Backend.ANY)(_toy_xla)
+kernel_registry.register(TOY_OP, Platform.XLA, Backend.ANY)(toy_xla)
 
 
 class ToyKernel(Kernel):

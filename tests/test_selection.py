@@ -50,6 +50,7 @@ from selection_toys import (
     toy_cfg,
     toy_input,
     toy_key,
+    toy_xla,
 )
 
 # --- tier 1: cfg= override ---------------------------------------------------------------------------
@@ -385,7 +386,7 @@ def _toy_structure(x, cfg, table, scale):
     a traced one; `scale`, a float option, is data."""
     if isinstance(table, jax.core.Tracer):
         raise NotImplementedError("this implementation needs the table while tracing")
-    return x * cfg.fwd_params.block_q * scale + float(np.asarray(table).sum())
+    return toy_xla(x, cfg) * scale + float(np.asarray(table).sum())
 
 
 kernel_registry.register(STRUCTURE_TOY_OP, Platform.XLA, Backend.ANY)(_toy_structure)
@@ -399,11 +400,12 @@ def test_autotune_keeps_concrete_integer_options_concrete():
     """A concrete integer option reaches the timed candidates concrete, under an outer jit too (the
     block-sparse Mosaic kernels declined every candidate when tuning handed them a traced mask)."""
     tuner = CountingTuner()
-    kernel = StructureToyKernel(candidates=[toy_cfg(FAST), toy_cfg(MEDIUM)])
+    candidates = [toy_cfg(n, sleep_ms=SLEEP_MS[n]) for n in (MEDIUM, FAST)]  # the winner clearly fastest
+    kernel = StructureToyKernel(candidates=candidates)
     executor, x, table = make_executor("autotune", tuner), toy_input(), jnp.array([1, 2], jnp.int32)
     out = jax.jit(lambda v, s: executor(kernel, v, table=table, scale=s))(x, jnp.float32(0.5))
-    assert set(tuner.timings) == {toy_cfg(FAST), toy_cfg(MEDIUM)}
-    np.testing.assert_allclose(out, x * 0.5 * min(tuner.timings, key=tuner.timings.get).fwd_params.block_q + 3)
+    assert set(tuner.timings) == set(candidates)
+    np.testing.assert_allclose(out, x * 0.5 * FAST + 3)
 
 
 def test_autotune_skips_a_failing_candidate():
