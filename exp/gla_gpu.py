@@ -108,10 +108,10 @@ def compare(name, fn, ref_fn, args):
 
 def check(args):
     b, s, h, d = args.check_shape
-    t = GlaTiling()
+    t = GlaTiling(cube_diagonal=args.cube)
     triton = engine_of(t, args.interpret)
     chunk = args.chunk
-    log(f"check: Triton vs XLA (float32 inputs, highest precision); rel/max errors; B={b} S={s} H={h} D={d}")
+    log(f"check ({t}): Triton vs XLA (float32 inputs, highest precision); rel/max errors; B={b} S={s} H={h} D={d}")
     for dtype in (jnp.bfloat16, jnp.float32):
 
         @guarded(f"check {jnp.dtype(dtype).name}")
@@ -192,14 +192,15 @@ def e2e(args):
     gla_args = (q, k, v, g)
     triton = engine_of(GlaTiling(), args.interpret)
     builders = {}
-    for name, engine in (("xla", None), ("triton", triton)):
+    engines = (("triton", triton),) if args.gla_only else (("xla", None), ("triton", triton))
+    for name, engine in engines:
         fn = gla_fn(engine, args.chunk, return_state=False)
         builders[f"gla {name} fwd"] = functools.partial(forward_step, fn, gla_args)
         builders[f"gla {name} fwd+bwd"] = functools.partial(training_step, fn, gla_args)
     if not args.interpret:
         flash = lambda q, k, v: flash_attention(q, k, v, causal=True)
         builders["flash_causal fwd+bwd"] = functools.partial(training_step, flash, gla_args[:3])
-    for name, engine in (("xla", None), ("triton", triton)):
+    for name, engine in () if args.gla_only else engines:
         fn = lightning_fn(engine, args.chunk)
         builders[f"lightning {name} fwd+bwd"] = functools.partial(training_step, fn, gla_args[:3])
     for name, tiling, chunk in E2E_VARIANTS:
@@ -238,11 +239,11 @@ def kernels(args):
 
 # End-to-end forward+backward variants of GLA beside the default (name, tiling, chunk).
 E2E_VARIANTS = [
-    ("triton C128", GlaTiling(), 128),
-    ("triton C32", GlaTiling(), 32),
-    ("triton C16", GlaTiling(), 16),
-    ("triton states32x64", GlaTiling(state_k=32, state_v=64), 64),
-    ("triton C32 grads k64 w4", GlaTiling(block_k=64, grads_warps=4), 32),
+    ("triton C32 cube k128 w8", GlaTiling(cube_diagonal=True), 32),
+    ("triton C32 cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4), 32),
+    ("triton C32 cube k32 w4", GlaTiling(cube_diagonal=True, block_k=32, grads_warps=4), 32),
+    ("triton C64 cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4), 64),
+    ("triton C64 cube k32 w4", GlaTiling(cube_diagonal=True, block_k=32, grads_warps=4), 64),
     ("triton C32 grads k32 w4", GlaTiling(block_k=32, grads_warps=4), 32),
 ]
 
@@ -279,6 +280,8 @@ def main():
     p.add_argument("--budget", type=float, default=210.0, help="seconds after which no new variant is compiled")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--cube", action="store_true", help="check: the cube of decays (GlaTiling.cube_diagonal)")
+    p.add_argument("--gla-only", action="store_true", help="e2e: GLA on Triton and flash only (no XLA, no lightning)")
     p.add_argument("--cache-dir", default="/tmp/ejkernel_gla_jax_cache", help="JAX compilation cache ('' for none)")
     args = ARGS = p.parse_args()
     args.interpret = args.cpu_smoke

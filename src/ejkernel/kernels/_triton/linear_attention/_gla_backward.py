@@ -23,6 +23,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     _gate_columns,
     _iota,
     _masked_exp,
+    _own_decays,
     _own_keys,
     _ratio,
     _shared,
@@ -164,13 +165,19 @@ def _grads_kernel(
             dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
         d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys
 
-        def diagonal(j, decay, grads, m=m, q=q, d_scores=d_scores):
-            dq, dk = grads
-            w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * decay
-            dq += w * k_ref[m * SUB + j, :].astype(F32)[None, :]
-            return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
+        if s["cube"]:  # pairs[t, j, :]: the gradient of q_t ⊙ k_j's product, each row t >= j decayed
+            pairs = d_scores[:, :, None] * _own_decays(g_ref, m * SUB)
+            dq += jnp.sum(pairs * k[None, :, :], axis=1)
+            dk += jnp.sum(pairs * q[:, None, :], axis=0)
+        else:
 
-        dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk))
+            def diagonal(j, decay, grads, m=m, q=q, d_scores=d_scores):
+                dq, dk = grads
+                w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * decay
+                dq += w * k_ref[m * SUB + j, :].astype(F32)[None, :]
+                return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
+
+            dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk))
         dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
@@ -229,6 +236,7 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         chunk=chunk,
         scale=scale,
         mm=t.mm(q.dtype),
+        cube=t.cube_diagonal,
     )(*args)
 
 

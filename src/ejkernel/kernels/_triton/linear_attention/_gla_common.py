@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 SUB = 16  # tokens per row block of the intra-chunk product (the smallest matmul edge)
+CUBE_CHANNELS = 32  # key channels per step of the scores kernel's cube of decays (`GlaTiling.cube_diagonal`)
 F32 = jnp.float32
 
 
@@ -26,7 +27,10 @@ class GlaTiling:
     a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
-    N=128: 1.066 against 1.122 ms).
+    N=128: 1.066 against 1.122 ms). `cube_diagonal`: the in-chunk products of a row block's own keys
+    (per-channel gates) from the whole `[SUB, SUB, D]` cube of decays (`_own_decays`) instead of a loop of
+    SUB dependent steps (`_own_keys`); D is the program's key channels (the gradient kernel's `block_k`,
+    the scores kernel's tiles of `CUBE_CHANNELS`).
     """
 
     state_k: int = 64
@@ -42,6 +46,7 @@ class GlaTiling:
     interpret: bool = False
     precise: bool = True
     fuse_head_scores: bool = True
+    cube_diagonal: bool = False
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(
@@ -123,6 +128,14 @@ def _own_keys(g_ref, first: int, body, carry):
 
     start = (jnp.zeros((SUB, g_ref.shape[-1]), F32), g_ref[first + SUB - 1, :][None, :], carry)
     return lax.fori_loop(0, SUB, step, start)[2]
+
+
+def _own_decays(g_ref, first, channels=slice(None)):
+    """`[SUB, SUB, D]`: `e^{g_t − g_j}` on the channels `channels` for the rows t >= j of the row block at
+    `first` (0 above): one exponential each, every exponent <= 0 for decaying gates."""
+    g = g_ref[pl.ds(first, SUB), channels]
+    keep = _iota((SUB, SUB, 1), 0) >= _iota((SUB, SUB, 1), 1)
+    return _masked_exp(g[:, None, :] - g[None, :, :], keep)
 
 
 # ---- the in-chunk kernels of a gate per head ----

@@ -11,6 +11,7 @@ from jax.experimental.pallas import triton as plgpu
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_common import (
+    CUBE_CHANNELS,
     F32,
     SUB,
     GlaTiling,
@@ -20,6 +21,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     _gate_columns,
     _iota,
     _masked_exp,
+    _own_decays,
     _own_keys,
     _ratio,
     _shared,
@@ -118,7 +120,7 @@ def _cumulative(t: GlaTiling, chunk: int, a):
     )(a)
 
 
-def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
+def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, cube: bool):
     """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal)."""
     first = pl.multiple_of(lax.rem(pl.program_id(0), jnp.int32(chunk // SUB)) * SUB, SUB)
     q = q_ref[...].astype(F32)
@@ -128,6 +130,16 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
     keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], before)
     scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
     col = _iota((1, chunk), 1)
+    if cube:  # the block's own keys from cubes of decays over tiles of channels, stored beside the rest
+        own = jnp.zeros((SUB, SUB), F32)
+        for c in range(0, q_ref.shape[-1], CUBE_CHANNELS):
+            channels = pl.ds(c, min(CUBE_CHANNELS, q_ref.shape[-1]))
+            products = q_ref[:, channels].astype(F32)[:, None, :] * k_ref[pl.ds(first, SUB), channels].astype(F32)
+            own += jnp.sum(products * _own_decays(g_ref, first, channels), axis=2)
+        outside = (col < first) | (col >= first + SUB)
+        plgpu.store(a_ref, scores.astype(a_ref.dtype), mask=jnp.broadcast_to(outside, scores.shape))
+        a_ref[:, pl.ds(first, SUB)] = own.astype(a_ref.dtype)
+        return
 
     def diagonal(j, decay, scores):  # key `first + j`, one of the block's own rows
         weights = jnp.sum(q * k_ref[first + j, :].astype(F32)[None, :] * decay, axis=1, keepdims=True)
@@ -160,6 +172,7 @@ def _scores(t: GlaTiling, chunk: int, q, k, g):
         "ejkernel_gla_scores",
         chunk=chunk,
         mm=t.mm(q.dtype),
+        cube=t.cube_diagonal,
     )(q, k, g)
 
 
