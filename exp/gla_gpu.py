@@ -239,12 +239,13 @@ def kernels(args):
 
 # End-to-end forward+backward variants of GLA beside the default (name, tiling, chunk).
 E2E_VARIANTS = [
-    ("triton C32 cube k128 w8", GlaTiling(cube_diagonal=True), 32),
+    ("triton C32 cube w32", GlaTiling(cube_diagonal=True, grads_width=32), 32),
+    ("triton C32 cube w64", GlaTiling(cube_diagonal=True, grads_width=64), 32),
+    ("triton C64 cube w32", GlaTiling(cube_diagonal=True, grads_width=32), 64),
+    ("triton C64 cube w32 warps4", GlaTiling(cube_diagonal=True, grads_width=32, grads_warps=4), 64),
     ("triton C32 cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4), 32),
-    ("triton C32 cube k32 w4", GlaTiling(cube_diagonal=True, block_k=32, grads_warps=4), 32),
-    ("triton C64 cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4), 64),
     ("triton C64 cube k32 w4", GlaTiling(cube_diagonal=True, block_k=32, grads_warps=4), 64),
-    ("triton C32 grads k32 w4", GlaTiling(block_k=32, grads_warps=4), 32),
+    ("triton C32 loop w32", GlaTiling(grads_width=32), 32),
 ]
 
 # (kernel, label, tiling): the default first.
@@ -264,11 +265,13 @@ KERNEL_VARIANTS = [
     ("outputs", "v64 w4", GlaTiling(block_v=64)),
     ("outputs", "v128 w8", GlaTiling(output_warps=8)),
     ("grads", "default k128 w8", GlaTiling()),
-    ("grads", "k128 w4", GlaTiling(grads_warps=4)),
-    ("grads", "k64 w4", GlaTiling(block_k=64, grads_warps=4)),
-    ("grads", "k64 w8", GlaTiling(block_k=64)),
+    ("grads", "k128 w8 width32", GlaTiling(grads_width=32)),
+    ("grads", "cube k128 w8 width32", GlaTiling(cube_diagonal=True, grads_width=32)),
+    ("grads", "cube k128 w8 width64", GlaTiling(cube_diagonal=True, grads_width=64)),
+    ("grads", "cube k128 w4 width32", GlaTiling(cube_diagonal=True, grads_width=32, grads_warps=4)),
+    ("grads", "cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4)),
     ("grads", "k32 w4", GlaTiling(block_k=32, grads_warps=4)),
-    ("grads", "k32 w2", GlaTiling(block_k=32, grads_warps=2)),
+    ("scores", "cube w4", GlaTiling(cube_diagonal=True)),
 ]
 
 

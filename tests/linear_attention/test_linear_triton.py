@@ -5,6 +5,7 @@ the state passes loop over chunks inside one program per (row, head, state tile)
 grids (chunks x rows x heads) stay under a few dozen programs.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -60,11 +61,14 @@ def test_gla_tiles_and_row_blocks(cube):
     """Chunks of four row blocks (earlier and later blocks around each), several state, value and key
     tiles per head (dv, and a per-head gate's gradient, summed over key tiles); per-channel gates with a
     per-head one added, then a gate per head alone (its own `[B, T, H, 1]` path) with k and v shared by
-    the two query heads. Each block's own keys by the loop of decays and by their cube."""
+    the two query heads. Each block's own keys by the loop of decays, or by their cube with the gradient
+    kernel's key channels in two steps of one tile."""
     d = 32
     q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
     h0 = rand((2, 2, d, d))
-    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, cube_diagonal=cube)
+    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16)
+    if cube:
+        tiling = dataclasses.replace(tiling, block_k=32, grads_width=16, cube_diagonal=True)
     engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
     fn = lambda q, k, v, g, gamma, h0: gla_attention_xla(
@@ -192,7 +196,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     ):
         text = lowered(functools.partial(train, fn), *args)
         assert all(name in text for name in kernels)
-    cube = TritonEngine(Tiling(32, 4, 2, interpret=False), GlaTiling(block_k=64, cube_diagonal=True))
+    cube = TritonEngine(Tiling(32, 4, 2, interpret=False), GlaTiling(cube_diagonal=True, grads_width=32))
     cubed = lambda q, k, v, g: gla_attention_xla(q, k, v, g, engine=lambda cfg: cube)
     text = lowered(functools.partial(train, cubed), x, x, x, gate)
     assert all(f"ejkernel_gla_{name}" in text for name in ("scores", "grads"))

@@ -29,8 +29,9 @@ class GlaTiling:
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
     N=128: 1.066 against 1.122 ms). `cube_diagonal`: the in-chunk products of a row block's own keys
     (per-channel gates) from the whole `[SUB, SUB, D]` cube of decays (`_own_decays`) instead of a loop of
-    SUB dependent steps (`_own_keys`); D is the program's key channels (the gradient kernel's `block_k`,
-    the scores kernel's tiles of `CUBE_CHANNELS`).
+    SUB dependent steps (`_own_keys`); D is the gradient kernel's `grads_width`, the scores kernel's
+    `CUBE_CHANNELS`. `grads_width`: key channels per step of the gradient kernel's loop over its
+    `block_k` (a narrower step keeps fewer values live; the products of do and v are made once).
     """
 
     state_k: int = 64
@@ -47,6 +48,7 @@ class GlaTiling:
     precise: bool = True
     fuse_head_scores: bool = True
     cube_diagonal: bool = False
+    grads_width: int = 128
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(
@@ -55,6 +57,7 @@ class GlaTiling:
             state_v=min(self.state_v, dv),
             block_v=min(self.block_v, dv),
             block_k=min(self.block_k, dk),
+            grads_width=min(self.grads_width, self.block_k, dk),
         )
 
     def mm(self, dtype):
@@ -112,7 +115,7 @@ def _gate_columns(g_ref, keys):
     return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
 
 
-def _own_keys(g_ref, first: int, body, carry):
+def _own_keys(g_ref, first: int, body, carry, channels=slice(None)):
     """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
     `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
     e^{g_{j+1} − g_j} ⊙ decay_{j+1}` (1 on row j): one exponential per key and channel, each of one
@@ -122,11 +125,12 @@ def _own_keys(g_ref, first: int, body, carry):
     def step(i, state):
         decay, g_next, carry = state
         j = SUB - 1 - i
-        g_j = g_ref[first + j, :][None, :]
+        g_j = g_ref[first + j, channels][None, :]
         decay = jnp.where(row == j, 1.0, decay * jnp.exp(g_next - g_j))
         return decay, g_j, body(j, decay, carry)
 
-    start = (jnp.zeros((SUB, g_ref.shape[-1]), F32), g_ref[first + SUB - 1, :][None, :], carry)
+    g_last = g_ref[first + SUB - 1, channels][None, :]
+    start = (jnp.zeros((SUB, g_last.shape[-1]), F32), g_last, carry)
     return lax.fori_loop(0, SUB, step, start)[2]
 
 
