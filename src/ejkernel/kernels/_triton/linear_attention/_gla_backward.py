@@ -156,19 +156,16 @@ def _grads_kernel(
     def rows_of(m: int):
         return pl.ds(m * SUB, SUB)
 
-    def own(m: int):  # [SUB, SUB]: the block's own keys
-        return scale * dot(do_ref[rows_of(m), :].astype(mm), v_ref[rows_of(m), :].astype(mm), trans_b=True)
-
-    def earlier(m: int):  # [SUB, keys]: the keys of the blocks before m
+    def earlier(m: int, do):  # [SUB, keys]: block m's queries on the keys of the blocks before it
         keys = pl.ds(0, pl.next_power_of_2(m * SUB))
-        return scale * dot(do_ref[rows_of(m), :].astype(mm), v_ref[keys, :].astype(mm), trans_b=True)
+        return scale * dot(do, v_ref[keys, :].astype(mm), trans_b=True)
 
-    def later(m: int):  # [queries, SUB]: the queries of the blocks after m
+    def later(m: int, v):  # [queries, SUB]: the queries of the blocks after m on block m's keys
         size = pl.next_power_of_2(chunk - (m + 1) * SUB)
         queries = pl.ds(chunk - size, size)
-        return scale * dot(do_ref[queries, :].astype(mm), v_ref[rows_of(m), :].astype(mm), trans_b=True)
+        return scale * dot(do_ref[queries, :].astype(mm), v, trans_b=True)
 
-    dv = [jnp.zeros((SUB, v_ref.shape[-1]), F32) for _ in range(num_blocks)]
+    dv = [None] * num_blocks  # summed over the channel steps
     for first_channel in range(0, k_ref.shape[-1], width):
         channels = pl.ds(first_channel, width)
         g_last = g_ref[chunk - 1, channels][None, :]
@@ -182,15 +179,16 @@ def _grads_kernel(
         for m in reversed(range(num_blocks)):
             rows = rows_of(m)
             q, k, g = q_ref[rows, channels].astype(F32), k_ref[rows, channels].astype(F32), g_ref[rows, channels]
-            do = do_ref[rows, :].astype(mm)
+            do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
             dq = scale * dot(do, e_ref[channels, :].astype(mm), trans_b=True) * jnp.exp(g)
             dk = dk_exit[m]
             if m > 0:
-                dq += _from_earlier(m, k_ref, g_ref, once(("earlier", m), lambda m=m: earlier(m)), g, channels, mm)
+                d_scores = once(("earlier", m), lambda m=m, do=do: earlier(m, do))
+                dq += _from_earlier(m, k_ref, g_ref, d_scores, g, channels, mm)
             if m < num_blocks - 1:
-                d_scores = once(("later", m), lambda m=m: later(m))
+                d_scores = once(("later", m), lambda m=m, v=v: later(m, v))
                 dk += _from_later(m, q_ref, g_ref, d_scores, g, channels, mm, chunk)
-            d_scores = once(("own", m), lambda m=m: own(m))
+            d_scores = once(("own", m), lambda do=do, v=v: scale * dot(do, v, trans_b=True))  # its own keys
             if s["cube"]:  # pairs[t, j, :]: the gradient of q_t ⊙ k_j's product, each row t >= j decayed
                 pairs = d_scores[:, :, None] * _own_decays(g_ref, m * SUB, channels)
                 dq += jnp.sum(pairs * k[None, :, :], axis=1)
@@ -204,16 +202,17 @@ def _grads_kernel(
                     return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
                 dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk), channels)
-            dv[m] += dot((k * jnp.exp(g_last - g)).astype(mm), dh)
+            part = dot((k * jnp.exp(g_last - g)).astype(mm), dh)
+            dv[m] = part if dv[m] is None else dv[m] + part
+            if first_channel + width == k_ref.shape[-1]:  # the last step: dv of this block is whole
+                intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
+                dv_ref[rows, :] = (dv[m] + jnp.where(own_tile, intra, 0.0)).astype(dv_ref.dtype)
             dg = q * dq - k * dk
             total = jnp.sum(dg, axis=0, keepdims=True)
             da_ref[rows, channels] = after + total - jnp.cumsum(dg, axis=0) + dg
             after += total
             dq_ref[rows, channels] = dq.astype(dq_ref.dtype)
             dk_ref[rows, channels] = dk.astype(dk_ref.dtype)
-    for m in range(num_blocks):
-        intra = scale * dot(a_ref[:, rows_of(m)].astype(mm), do_ref[...].astype(mm), trans_a=True)
-        dv_ref[rows_of(m), :] = (dv[m] + jnp.where(own_tile, intra, 0.0)).astype(dv_ref.dtype)
 
 
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
