@@ -394,12 +394,17 @@ ERRORS = {
     "cu decreasing": (
         lambda: MaskInfo.from_cu_seqlens(np.array([0, 3, 2]), q_len=4),
         ValueError,
-        r"cu_seqlens_q must be non-decreasing, got \[0, 3, 2\]",
+        r"cu_seqlens_q must rise from 0 without decreasing, got \[0, 3, 2\]",
     ),
     "cu too long": (
         lambda: MaskInfo.from_cu_seqlens(np.array([0, 2, 7]), q_len=4),
         ValueError,
-        r"cu_seqlens_q gives lengths \[2, 5\], longer than the axis \(4\)",
+        r"cu_seqlens_q: each of its lengths \[2, 5\] must be <= 4 \(the length of the axis\)",
+    ),
+    "cu not from 0": (
+        lambda: MaskInfo.from_cu_seqlens(np.array([3, 5, 7]), q_len=4),
+        ValueError,
+        r"cu_seqlens_q must rise from 0 without decreasing, got \[3, 5, 7\]",
     ),
     "cu rank": (
         lambda: MaskInfo.from_cu_seqlens(np.zeros((2, 3), np.int32), q_len=4),

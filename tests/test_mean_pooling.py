@@ -41,6 +41,8 @@ def test_empty_sequence_gives_zeros():
     out = mean_pooling(randn((9, 8)), cu)
     assert out.shape == (3, 8)
     assert bool(jnp.all(out[1] == 0))
+    empty = mean_pooling(randn((2, 0, 8)))  # no tokens at all: zeros, not 0 / 0
+    assert empty.shape == (2, 8) and bool(jnp.all(empty == 0))
 
 
 def test_public_function_under_jit_vmap_and_checkpoint():
@@ -71,6 +73,8 @@ def test_sharded_over_batch_equals_unsharded():
         (lambda: mean_pooling(jnp.ones((2, 3))), ValueError, "x must have layout"),
         (lambda: mean_pooling(jnp.ones((4, 3)), jnp.array([0.0, 4.0])), Exception, "cu_seqlens"),
         (lambda: mean_pooling(jnp.ones((4, 3)), jnp.array([4], jnp.int32)), ValueError, "cu_seqlens"),
+        (lambda: mean_pooling(jnp.ones((4, 3)), jnp.array([0, 3, 9], jnp.int32)), ValueError, "last bound, 9,"),
+        (lambda: mean_pooling(jnp.ones((4, 3)), jnp.array([0, 3, 2], jnp.int32)), ValueError, "rise from 0"),
         (lambda: mean_pooling(jnp.ones((2, 4, 3)), chunk_size=3), ValueError, "chunk_size"),
         (lambda: mean_pooling(jnp.ones((2, 4, 3)), platform="cuda"), ValueError, "mean_pooling"),
         (lambda: mean_pooling(jnp.ones((2, 4, 3)), platform="tpu"), ValueError, "platform"),

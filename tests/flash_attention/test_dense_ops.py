@@ -63,6 +63,33 @@ def test_sdpa_matches_reference_with_lengths_window_and_mask_info():
     )
 
 
+def test_sdpa_rows_without_keys_are_zeros():
+    q, k, v = qkv()
+    out = scaled_dot_product_attention(q, k, v, None, None, jnp.array([0, 9], jnp.int32))
+    assert bool(jnp.all(out[0] == 0)) and bool(jnp.all(jnp.isfinite(out)))
+
+
+WRONG_MASK = MaskInfo.from_segments(jnp.zeros((B, S + 2), jnp.int32))
+BAD_INPUTS = [
+    (lambda q, k, v: scaled_dot_product_attention(q, k, v, None, jnp.array([-1, 5], jnp.int32)), "cum_seqlens_q[0]"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k, v, None, None, jnp.array([3, 50])), "cum_seqlens_k[1]"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k, v, None, jnp.array([3], jnp.int32)), "cum_seqlens_q"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k, v[..., :8]), "value's head dim"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask_info=WRONG_MASK), "mask_info"),
+    (lambda q, k, v: attention(q, k, v, mask_info=WRONG_MASK), "mask_info"),
+    (lambda q, k, v: attention(q, k, v, dtype=jnp.int32), "dtype"),
+    (lambda q, k, v: attention(q, k, v, softmax_dtype=jnp.int32), "softmax_dtype"),
+    (lambda q, k, v: attention(q, k, v, None, None, jnp.zeros((0,))), "softmax_aux"),
+]
+
+
+@pytest.mark.parametrize(("call", "words"), BAD_INPUTS)
+def test_bad_inputs_name_the_argument(call, words):
+    with pytest.raises((ValueError, TypeError)) as info:
+        call(*qkv())
+    assert words in str(info.value), str(info.value)[:500]
+
+
 @pytest.mark.gpu
 def test_sdpa_cuda_matches_xla():
     q, k, v = qkv(jnp.bfloat16)

@@ -126,6 +126,7 @@ def test_sharded_sequence_is_refused_with_a_pointer_to_ring_attention():
         flash_attention(q, k, v, causal=True, mesh=mesh, in_specs=(seq, P(), P()), out_specs=seq)
 
 
+PAST = jnp.array([[0, 9], [1, 0]], jnp.int32)  # page 9 of a cache of B pages
 BAD_INPUTS = [
     ("rank", lambda q, k, v: flash_attention(q[0], k, v), "query"),
     ("head dim mismatch", lambda q, k, v: flash_attention(q, k[..., :8], v), "dim"),
@@ -137,6 +138,9 @@ BAD_INPUTS = [
     ("soft cap", lambda q, k, v: flash_attention(q, k, v, logits_soft_cap=0.0), "logits_soft_cap"),
     ("partial mesh", lambda q, k, v: flash_attention(q, k, v, in_specs=(P(),) * 3), "mesh"),
     ("unknown platform", lambda q, k, v: flash_attention(q, k, v, platform="metal"), "platform"),
+    ("page past the cache", lambda q, k, v: flash_attention(q, k, v, None, None, None, None, PAST), "block_tables"),
+    ("empty sinks", lambda q, k, v: flash_attention(q, k, v, None, None, None, jnp.zeros((0,))), "softmax_aux"),
+    ("float seed", lambda q, k, v: flash_attention(q, k, v, dropout_prob=0.1, dropout_seed=jnp.array(1.5)), "seed"),
 ]
 
 

@@ -171,6 +171,10 @@ def _bad_calls():
             "query_start_loc",
         ),
         "num_seqs past the sequences": (lambda: modules.ragged_page_attention_v2(*set_(v2, 5, 9)), "num_seqs"),
+        "num_seqs of two values": (
+            lambda: modules.ragged_page_attention_v2(*set_(v2, 5, jnp.array([2, 2], jnp.int32))),
+            "num_seqs must be one integer",
+        ),
         "odd combined heads": (lambda: modules.ragged_page_attention_v2(*set_(v2, 1, v2[1][:, :, :3])), "interleave"),
         "integer compute dtype": (
             lambda: modules.ragged_page_attention_v2(*v2, compute_dtype=jnp.int32),

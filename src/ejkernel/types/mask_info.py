@@ -103,17 +103,27 @@ def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
     return (min(a[0], b[0]), min(a[1], b[1]))
 
 
+def check_bounds(name: str, cu: jax.Array, limit: int, *, total: bool, exact: bool = False) -> None:
+    """Cumulative lengths `[0, n1, n1+n2, ...]`, checked where concrete (outside `jit`): from 0, never
+    decreasing, and each length (`total`: the last bound; `exact`: equal to it) at most `limit`."""
+    if isinstance(cu, jax.core.Tracer):
+        return
+    bounds = np.asarray(cu)
+    wanted = f"{'== ' if exact else '<= '}{limit}"
+    if bounds[0] != 0 or (np.diff(bounds) < 0).any():
+        raise ValueError(f"{name} must rise from 0 without decreasing, got {bounds.tolist()}")
+    ends = bounds[-1:] if total else np.diff(bounds)
+    if (ends != limit).any() if exact else (ends > limit).any():
+        what = f"its last bound, {bounds[-1]}," if total else f"each of its lengths {ends.tolist()}"
+        raise ValueError(f"{name}: {what} must be {wanted} (the length of the axis), got {bounds.tolist()}")
+
+
 def padding_segment_ids(name: str, cu: ArrayLike, length: int) -> jax.Array:
     """Segment ids [B, length] of a padded batch: row b is valid (0) for its first cu[b+1]-cu[b] tokens."""
     cu = _int_array(name, cu, (None,), "[batch + 1]")
     if cu.shape[0] < 2:
         raise ValueError(f"{name} must have at least 2 entries [0, n1, ...], got shape {cu.shape}")
-    if not isinstance(cu, jax.core.Tracer):
-        lengths = np.diff(np.asarray(cu))
-        if (lengths < 0).any():
-            raise ValueError(f"{name} must be non-decreasing, got {np.asarray(cu).tolist()}")
-        if (lengths > length).any():
-            raise ValueError(f"{name} gives lengths {lengths.tolist()}, longer than the axis ({length})")
+    check_bounds(name, cu, length, total=False)
     return _prefix_segments(cu, length)
 
 

@@ -58,6 +58,13 @@ def check_dropout(dropout_prob, dropout_seed):
         raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
     if dropout_prob > 0.0 and dropout_seed is None:
         raise ValueError("dropout_prob > 0 needs a dropout_seed")
+    check_seed(dropout_seed)
+
+
+def check_seed(dropout_seed) -> None:
+    """A dropout seed is an integer (a float would be cast silently)."""
+    if dropout_seed is not None and not jnp.issubdtype(jnp.result_type(dropout_seed), jnp.integer):
+        raise TypeError(f"dropout_seed must be an integer, got dtype {jnp.result_type(dropout_seed)}")
 
 
 def _dtype_names(dtypes) -> str:
@@ -170,6 +177,8 @@ def canonical_sinks(softmax_aux, num_heads: int, name: str = "softmax_aux"):
     """Sinks as every kernel takes them, 1-D: as given (length H: one per head, else shared by all
     heads); `[H, n]` (n sinks per head) -> each head's log-sum-exp of its n, which is all a softmax
     denominator sees of them; `[1, n]` -> n sinks shared by all heads."""
+    if softmax_aux is not None and softmax_aux.size == 0:
+        raise ValueError(f"{name} must hold at least one sink logit, got shape {softmax_aux.shape}")
     if softmax_aux is None or softmax_aux.ndim == 1:
         return softmax_aux
     if softmax_aux.ndim == 2 and softmax_aux.shape[0] == 1:

@@ -96,7 +96,7 @@ def check_args(
         where = "rhs.shape[2] (transpose_rhs=True)" if transpose_rhs else "rhs.shape[1]"
         raise ValueError(f"{where} must equal lhs.shape[1] = {k} (the contraction), got {rhs_k}")
     if num_local == 0:
-        raise ValueError("rhs must hold at least one group, got shape {rhs.shape}")
+        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
     if getattr(group_sizes, "ndim", None) != 1:
         raise ValueError(f"group_sizes must be [groups], got shape {getattr(group_sizes, 'shape', None)}")
     _integer("group_sizes", group_sizes)

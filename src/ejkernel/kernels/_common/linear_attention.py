@@ -29,6 +29,7 @@ from jax import lax
 
 from ejkernel.ops import Invocation, Kernel
 from ejkernel.ops.config import KernelConfig
+from ejkernel.types.mask_info import check_bounds
 
 L2_EPS = 1e-6  # q and k are divided by sqrt(Σ x² + L2_EPS) when `use_qk_l2norm` is on
 
@@ -96,12 +97,7 @@ def check_cu_seqlens(cu_seqlens, batch: int, total: int) -> int:
         raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got shape {cu_seqlens.shape}")
     if batch != 1:
         raise ValueError(f"with cu_seqlens the sequences are packed along axis 1: batch must be 1, got {batch}")
-    if not isinstance(cu_seqlens, jax.core.Tracer):
-        bounds = np.asarray(cu_seqlens)
-        if bounds[0] != 0 or bounds[-1] != total or np.any(np.diff(bounds) < 0):
-            raise ValueError(
-                f"cu_seqlens must rise from 0 to the packed length {total} without decreasing, got {bounds.tolist()}"
-            )
+    check_bounds("cu_seqlens", cu_seqlens, total, total=True, exact=True)
     return cu_seqlens.shape[0] - 1
 
 

@@ -19,10 +19,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ejkernel.kernels._common.attention import check_broadcastable
-from ejkernel.types.mask_info import window_pair
+from ejkernel.types.mask_info import check_bounds, window_pair
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +114,7 @@ def check_cu_seqlens(cu_seqlens, length: int) -> None:
         raise TypeError(f"cu_seqlens must be an integer array, got dtype {cu_seqlens.dtype}")
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got shape {cu_seqlens.shape}")
-    if not isinstance(cu_seqlens, jax.core.Tracer):
-        cu = np.asarray(cu_seqlens)
-        if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] > length:
-            raise ValueError(f"cu_seqlens must rise from 0 to at most the sequence length {length}, got {cu.tolist()}")
+    check_bounds("cu_seqlens", cu_seqlens, length, total=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +175,12 @@ def canonical_call(
                 f"got dtype {attention_mask.dtype}"
             )
         check_broadcastable("attention_mask", attention_mask, batch, heads, q_len, kv_len, seq_broadcast=False)
-    if softmax_aux is not None and (softmax_aux.ndim != 1 or not jnp.issubdtype(softmax_aux.dtype, jnp.floating)):
-        raise ValueError(f"softmax_aux must be a 1-D float array, got {softmax_aux.dtype}{list(softmax_aux.shape)}")
+    if softmax_aux is not None and (
+        softmax_aux.ndim != 1 or softmax_aux.size == 0 or not jnp.issubdtype(softmax_aux.dtype, jnp.floating)
+    ):
+        raise ValueError(
+            f"softmax_aux must be a non-empty 1-D float array, got {softmax_aux.dtype}{list(softmax_aux.shape)}"
+        )
     q_seg = kv_seg = None
     if cu_seqlens is not None:
         if q_len != kv_len:

@@ -214,6 +214,8 @@ def check_sequence_values(
     if not is_concrete(page_tables, kv_len, query_start_loc, active, kv_start):
         return
     lens = np.asarray(kv_len).astype(np.int64).reshape(-1)
+    if len(lens) == 0:  # no sequences: nothing to check
+        return
     tables = np.asarray(page_tables).reshape(len(lens), -1)
     active = len(lens) if active is None else int(np.asarray(active).reshape(-1)[0])
     if not 0 <= active <= len(lens):

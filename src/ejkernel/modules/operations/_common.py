@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import BeartypeConf, beartype
 from jaxtyping import jaxtyped
 
@@ -33,3 +34,16 @@ def require_int(name: str, x: Any) -> None:
 def require_rank(name: str, x: jax.Array, ranks: tuple[int, ...] | range, layout: str) -> None:
     if x.ndim not in ranks:
         raise ValueError(f"{name} must have layout {layout}, got shape {tuple(x.shape)}")
+
+
+def require_lengths(name: str, lengths: jax.Array, batch: int, length: int) -> None:
+    """Per-row valid lengths: integer `[batch]`, each in `[0, length]` (checked where concrete)."""
+    require_int(name, lengths)
+    if lengths.shape != (batch,):
+        raise ValueError(f"{name} must be [batch] = ({batch},), got shape {tuple(lengths.shape)}")
+    if isinstance(lengths, jax.core.Tracer):
+        return
+    values = np.asarray(lengths)
+    bad = np.flatnonzero((values < 0) | (values > length))
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {values[bad[0]]} is outside [0, {length}] (the length of the axis)")

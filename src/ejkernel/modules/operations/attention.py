@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.attention import canonical_sinks, check_broadcastable
 from ejkernel.modules.operations._attention_args import check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import Kernel, KernelConfig
@@ -69,6 +69,12 @@ def attention(
         raise ValueError("dropout with deterministic=False needs dropout_rng")
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    for name, wanted in (("dtype", dtype), ("softmax_dtype", softmax_dtype)):
+        if wanted is not None and not jnp.issubdtype(wanted, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point dtype, got {jnp.dtype(wanted)}")
+    mask = None if mask_info is None else mask_info.get_or_compute_attention_mask()
+    if mask is not None:
+        check_broadcastable("mask_info's attention mask", mask, batch, heads, q_len, key.shape[1], seq_broadcast=False)
     return executor(
         Attention(),
         query,
@@ -77,7 +83,7 @@ def attention(
         bias,
         dropout_rng,
         canonical_sinks(softmax_aux, heads),
-        attention_mask=None if mask_info is None else mask_info.get_or_compute_attention_mask(),
+        attention_mask=mask,
         softmax_scale=float(dim**-0.5 if softmax_scale is None else softmax_scale),
         logits_soft_cap=logits_soft_cap,
         dtype=jnp.dtype(dtype),

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jax.typing import ArrayLike
 from jaxtyping import Array, Float
@@ -150,8 +151,6 @@ def blocksparse_attention(
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({key.shape[1]})")
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
-    if softmax_aux is not None and softmax_aux.shape[-1] == 0:
-        raise ValueError("softmax_aux must not be empty")
     mask = canonical_sparse_mask(
         batch,
         heads,
@@ -166,6 +165,8 @@ def blocksparse_attention(
     )
     bias = check_bias(bias, batch, heads, q_len, kv_len)
     softmax_aux = canonical_sinks(softmax_aux, heads)
+    if query.size == 0 or kv_len == 0:  # no rows or no keys: every output is 0
+        return jnp.zeros((batch, heads, q_len, value.shape[-1]), query.dtype)
     return executor(
         BlockSparseAttention(),
         query,

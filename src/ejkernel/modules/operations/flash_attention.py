@@ -11,10 +11,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.attention import canonical_sinks, check_seed
 from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.modules.operations._attention_args import (
     check_bias,
@@ -109,6 +110,19 @@ def _mosaic_gpu_cfgs(head_dim: int):
         yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(block_k=128, block_q=128))
 
 
+def _check_pages(block_tables, num_blocks: int) -> None:
+    """Every entry of a concrete `block_tables` is a block of the caches (a gather would clamp it)."""
+    if isinstance(block_tables, jax.core.Tracer):
+        return
+    tables = np.asarray(block_tables)
+    bad = np.argwhere((tables < 0) | (tables >= num_blocks))
+    if len(bad):
+        row, col = bad[0]
+        raise ValueError(
+            f"block_tables[{row}, {col}] = {tables[row, col]} is not a block of the key/value caches [0, {num_blocks})"
+        )
+
+
 def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Array:
     """Segment ids of a padded batch: row b is valid (0) for its first cum[b+1]-cum[b] tokens, else -1."""
     require_int(name, cum_seqlens)
@@ -167,6 +181,7 @@ def flash_attention(
     batch, q_len, num_heads, _ = query.shape
     if block_tables is not None:
         # Paged caches: gather each row's pages into a dense [B, max_blocks * block_size, Hkv, D] sequence.
+        _check_pages(block_tables, key.shape[0])
         key = key[block_tables].reshape(batch, -1, *key.shape[2:])
         value = value[block_tables].reshape(batch, -1, *value.shape[2:])
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
@@ -176,6 +191,7 @@ def flash_attention(
         raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
     if dropout_prob > 0.0 and dropout_seed is None:
         dropout_seed = DEFAULT_DROPOUT_SEED
+    check_seed(dropout_seed)
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
     if softmax_scale is None:

@@ -3,10 +3,12 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.types.mask_info import check_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,18 +54,22 @@ def mean_pooling(
 ) -> Float[Array, "..."]:
     """Mean over axis 1: `[B, S, D] -> [B, D]`, `[B, S, h, d] -> [B, h, d]`.
 
-    With `cu_seqlens [N+1]` (cumulative lengths `[0, n1, n1+n2, ...]`), `x` is `[T, D]` (or `[T, h, d]`)
-    holding N sequences back to back, and the result is `[N, D]`; an empty sequence gives zeros.
+    With `cu_seqlens [N+1]` (cumulative lengths `[0, n1, n1+n2, ...]`, the last at most T, checked
+    outside `jit`), `x` is `[T, D]` (or `[T, h, d]`) holding N sequences back to back (tokens past the
+    last bound are ignored), and the result is `[N, D]`. An empty sequence gives zeros.
     Accumulates in float32; the result has `x`'s dtype.
     """
     require_float("x", x)
     if cu_seqlens is None:
         require_rank("x", x, range(3, 8), "[batch, seq, ...features]")
+        if x.shape[1] == 0:
+            return jnp.zeros(x.shape[:1] + x.shape[2:], x.dtype)
     else:
         require_rank("x", x, range(2, 7), "[tokens, ...features] when cu_seqlens is given")
         require_int("cu_seqlens", cu_seqlens)
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must hold at least 2 bounds [0, n1, ...], got shape {cu_seqlens.shape}")
+        check_bounds("cu_seqlens", cu_seqlens, x.shape[0], total=True)
     if cu_seqlens is not None and in_specs is not None and len(in_specs) > 0 and tuple(in_specs[0])[:1] != (None,):
         # Each device would pool its own slice of tokens with the global bounds: a silent wrong answer.
         raise ValueError(

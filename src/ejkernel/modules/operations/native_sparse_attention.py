@@ -11,11 +11,12 @@ import dataclasses
 from typing import Any
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.types.mask_info import check_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +125,14 @@ def native_sparse_attention(
         require_int("cu_seqlens", cu_seqlens)
         if batch != 1:
             raise ValueError(f"with cu_seqlens the sequences are packed into one row: batch must be 1, got {batch}")
-        if not isinstance(cu_seqlens, jax.core.Tracer):
-            cu = np.asarray(cu_seqlens)
-            if cu.shape[0] < 2 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != seq_len:
-                raise ValueError(f"cu_seqlens must rise from 0 to seq={seq_len}, got {cu.tolist()}")
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got {cu_seqlens.shape}")
+        check_bounds("cu_seqlens", cu_seqlens, seq_len, total=True, exact=True)
     counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
     counts_tensor = None if isinstance(block_counts, int) else block_counts
     tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens, g_swa)
+    if query.size == 0:  # no tokens: nothing to attend
+        return jnp.zeros((*query.shape[:3], value.shape[-1]), query.dtype)
     return executor(
         NativeSparseAttention(),
         *tensors,

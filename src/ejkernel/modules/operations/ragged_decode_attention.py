@@ -80,12 +80,15 @@ def ragged_decode_attention(
     check_sequence_values(
         page_tables=np.zeros((batch, 1), np.int32),
         kv_len=sequence_end,
-        page_size=seq_len,
+        page_size=max(seq_len, 1),
+        kv_capacity=seq_len,
         num_pages=batch,
         names={"page_tables": "rows", "kv_len": "sequence_end", "kv_start": "sequence_start"},
         kv_start=sequence_start,
         queries_fit=False,
     )
+    if query.size == 0 or seq_len == 0:  # no rows or no keys: every output is 0
+        return jnp.zeros(query.shape, query.dtype)
     return executor(
         RaggedDecodeAttention(),
         query,

@@ -97,6 +97,8 @@ def ragged_page_attention_v2(
     check_mask_value(mask_value)
     if compute_dtype is not None and not jnp.issubdtype(jnp.dtype(compute_dtype), jnp.floating):
         raise TypeError(f"compute_dtype must be a float dtype or None (the queries' dtype), got {compute_dtype}")
+    if jnp.size(num_seqs) != 1 or not jnp.issubdtype(jnp.result_type(num_seqs), jnp.integer):
+        raise ValueError(f"num_seqs must be one integer (an int or a [1] array), got {num_seqs!r}")
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(1)
     options = dict(
         softmax_scale=resolve_scale(softmax_scale, head_dim),

@@ -252,8 +252,6 @@ def ring_attention(
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
-    if softmax_aux is not None and softmax_aux.shape[-1] == 0:
-        raise ValueError("softmax_aux must not be empty")
     softmax_aux = canonical_sinks(softmax_aux, num_heads)
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5

@@ -5,10 +5,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.attention import check_broadcastable
 from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
-from ejkernel.modules.operations._common import executor, require_int, typechecked
+from ejkernel.modules.operations._common import executor, require_lengths, typechecked
 from ejkernel.ops import Kernel, KernelConfig
 from ejkernel.types import MaskInfo
 
@@ -59,14 +61,19 @@ def scaled_dot_product_attention(
     applied as a dense mask. No `cfg`: there is nothing to tune.
     """
     check_qkv(query, key, value)
-    batch, q_len, heads, _ = query.shape
+    batch, q_len, heads, dim = query.shape
+    kv_len = key.shape[1]
+    if value.shape[-1] != dim:
+        raise ValueError(f"value's head dim must equal the query's ({dim}) here, got value shape {value.shape}")
     if bias is None and init_bias is not None:
         bias = init_bias()
-    bias = check_bias(bias, batch, heads, q_len, key.shape[1])
-    for name, lengths in (("cum_seqlens_q", cum_seqlens_q), ("cum_seqlens_k", cum_seqlens_k)):
+    bias = check_bias(bias, batch, heads, q_len, kv_len)
+    for name, lengths, length in (("cum_seqlens_q", cum_seqlens_q, q_len), ("cum_seqlens_k", cum_seqlens_k, kv_len)):
         if lengths is not None:
-            require_int(name, lengths)
+            require_lengths(name, lengths, batch, length)
     mask = None if mask_info is None else mask_info.get_or_compute_attention_mask()
+    if mask is not None:
+        check_broadcastable("mask_info's attention mask", mask, batch, heads, q_len, kv_len, seq_broadcast=False)
     options = dict(
         scale=softmax_scale,
         is_causal=bool(causal),
@@ -76,7 +83,7 @@ def scaled_dot_product_attention(
     )
     if in_specs is not None and (cum_seqlens_q is not None or cum_seqlens_k is not None):
         raise NotImplementedError("scaled_dot_product_attention: cum_seqlens together with mesh= is not supported yet")
-    return executor(
+    out = executor(
         ScaledDotProductAttention(),
         query,
         key,
@@ -89,3 +96,6 @@ def scaled_dot_product_attention(
         out_specs=out_specs,
         **options,
     )
+    if cum_seqlens_k is None:
+        return out
+    return jnp.where((cum_seqlens_k > 0)[:, None, None, None], out, 0).astype(out.dtype)  # no keys: zeros

@@ -31,7 +31,7 @@ def attention_xla(
     kv_len, kv_heads = key.shape[1], key.shape[2]
     group = num_heads // kv_heads
     softmax_dtype = jnp.dtype(softmax_dtype or jnp.float32)
-    q = query.reshape(batch, q_len, kv_heads, group, -1)
+    q = query.reshape(batch, q_len, kv_heads, group, query.shape[-1])
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", q, key, preferred_element_type=jnp.float32).astype(softmax_dtype)
     logits = logits.reshape(batch, num_heads, q_len, kv_len) * softmax_scale
     if logits_soft_cap is not None:
@@ -47,7 +47,7 @@ def attention_xla(
     if attention_mask is not None:
         allowed = allowed & attention_mask
     masked = jnp.where(allowed, logits, -jnp.inf)
-    row_max = jnp.max(masked, axis=-1, keepdims=True)
+    row_max = jnp.max(masked, axis=-1, keepdims=True, initial=-jnp.inf)  # no keys (Sk = 0): -inf, then zeros
     if softmax_aux is not None:
         sinks = softmax_aux.astype(softmax_dtype)
         sinks = sinks[None, :, None, None] if sinks.shape[0] == num_heads else sinks[None, None, None, :]
@@ -64,4 +64,4 @@ def attention_xla(
     weights = weights.astype(dtype)
     grouped = weights.reshape(batch, kv_heads, group, q_len, kv_len)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", grouped, value.astype(dtype), preferred_element_type=jnp.float32)
-    return out.reshape(batch, q_len, num_heads, -1).astype(dtype), weights
+    return out.reshape(batch, q_len, num_heads, value.shape[-1]).astype(dtype), weights

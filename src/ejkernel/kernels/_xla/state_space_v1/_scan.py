@@ -47,11 +47,11 @@ def _affine_scan(decay, inject, *, reverse: bool = False):
 
 def _by_chunk(a: jax.Array, chunk: int) -> jax.Array:
     """`[b, S, ...]` -> `[S / chunk, b, chunk, ...]` (the layout `lax.scan` walks)."""
-    return jnp.moveaxis(a.reshape(a.shape[0], -1, chunk, *a.shape[2:]), 1, 0)
+    return jnp.moveaxis(a.reshape(a.shape[0], a.shape[1] // chunk, chunk, *a.shape[2:]), 1, 0)
 
 
 def _from_chunks(a: jax.Array) -> jax.Array:
-    return jnp.moveaxis(a, 0, 1).reshape(a.shape[1], -1, *a.shape[3:])
+    return jnp.moveaxis(a, 0, 1).reshape(a.shape[1], a.shape[0] * a.shape[2], *a.shape[3:])
 
 
 def _chunk_states(h0, A, x, B, dt):
