@@ -134,8 +134,9 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, cube: bool):
         own = jnp.zeros((SUB, SUB), F32)
         for c in range(0, q_ref.shape[-1], CUBE_CHANNELS):
             channels = pl.ds(c, min(CUBE_CHANNELS, q_ref.shape[-1]))
-            products = q_ref[:, channels].astype(F32)[:, None, :] * k_ref[pl.ds(first, SUB), channels].astype(F32)
-            own += jnp.sum(products * _own_decays(g_ref, first, channels), axis=2)
+            q_t = q_ref[:, channels].astype(F32)[:, None, :]
+            k_j = k_ref[pl.ds(first, SUB), channels].astype(F32)[None, :, :]
+            own += jnp.sum(q_t * k_j * _own_decays(g_ref, first, channels), axis=2)  # [t, j]
         outside = (col < first) | (col >= first + SUB)
         plgpu.store(a_ref, scores.astype(a_ref.dtype), mask=jnp.broadcast_to(outside, scores.shape))
         a_ref[:, pl.ds(first, SUB)] = own.astype(a_ref.dtype)
