@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.modules import FlashAttentionConfig, flash_attention
+from ejkernel.modules import FlashAttentionConfig, blocksparse_attention, flash_attention
 from ejkernel.ops import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from ejkernel.types import MaskInfo
@@ -88,6 +88,21 @@ def test_paged_kv_via_block_tables():
     k = k_cache[tables].reshape(B, 12, HKV, D)
     v = v_cache[tables].reshape(B, 12, HKV, D)
     assert_close(out, reference(q, k, v, causal=True))
+
+
+def test_masks_under_x64():
+    """With `jax_enable_x64` (loop indices and Python ints become int64), dense and chunked masks still run,
+    in flash attention and block-sparse attention alike."""
+    q, k, v = qkv()
+    dense = MaskInfo.from_attention_mask(jnp.ones((B, S, S), bool)).apply_causal()
+    chunked = MaskInfo.from_segments(jnp.zeros((B, S), jnp.int32)).apply_chunked(4)
+    expected = {m: flash_attention(q, k, v, mask_info=m, cfg=SMALL) for m in (dense, chunked)}
+    bsa = lambda: blocksparse_attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), chunk_size=4, platform="xla")
+    expected_bsa = bsa()
+    with jax.enable_x64(True):
+        for mask, out in expected.items():
+            assert_close(flash_attention(q, k, v, mask_info=mask, cfg=SMALL), out)
+        assert_close(bsa(), expected_bsa)
 
 
 def test_xla_only_options_and_auto_fallback():

@@ -22,7 +22,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ejkernel.kernels._common.attention import fold_sinks, pad_axes
 from ejkernel.types import MaskInfo
@@ -59,7 +58,7 @@ def position_allowed(q_pos, k_pos, *, causal: bool, window: tuple[int, int] | No
     if window is not None:
         ok = both(ok, (k_pos >= q_pos - window[0]) & (k_pos <= q_pos + window[1]))
     if chunk_size is not None:
-        ok = both(ok, lax.div(q_pos, jnp.int32(chunk_size)) == lax.div(k_pos, jnp.int32(chunk_size)))
+        ok = both(ok, q_pos // chunk_size == k_pos // chunk_size)  # positions >= 0: floor is the chunk
     return ok
 
 

@@ -185,7 +185,8 @@ class Tiling:
         return lax.dynamic_slice_in_dim(x, q0, self.block_q, axis=x.ndim - 1)
 
     def _tile_of(self, x, q0, k0):
-        starts = (0, 0, 0, q0, k0)
+        zero = jnp.int32(0)  # one index dtype: loop indices and Python ints are int64 under x64
+        starts = (zero, zero, zero, jnp.asarray(q0, jnp.int32), jnp.asarray(k0, jnp.int32))
         return lax.dynamic_slice(x, starts, (*x.shape[:3], self.block_q, self.block_k))
 
     # ---- one tile ------------------------------------------------------------------------------
