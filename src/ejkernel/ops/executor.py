@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy
+from ejkernel.ops.axis_roles import check_axis_roles
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
 from ejkernel.ops.config import ConfigBase, KernelConfig
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
@@ -274,6 +275,9 @@ class Executor:
         by_slot = specs_by_slot(kernel.op_id, args, in_specs)
         present = sorted(by_slot)
         in_specs = tuple(by_slot[i] for i in present)
+        roles = kernel.axis_roles(args, kwargs)
+        if roles is not None:
+            check_axis_roles(kernel.op_id, mesh, args, kwargs, by_slot, roles, out_specs)
         array_kwargs = kernel.kwarg_specs(kwargs, in_specs)
         static_kwargs = {k: v for k, v in kwargs.items() if k not in array_kwargs}
 

@@ -205,5 +205,10 @@ class Kernel[Cfg: KernelConfig, Out]:
             if any(isinstance(leaf, jax.Array | jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
         }
 
+    def axis_roles(self, args: tuple, kwargs: dict[str, Any]) -> tuple[dict[int, tuple[str, tuple]], Any] | None:
+        """For calls on a mesh: `({position: (name, role per axis)}, output roles)` (`axis_roles.py`); None: the
+        op checks its specs itself (`kwarg_specs`)."""
+        return None
+
     fwd_with_residuals: Callable[..., tuple[Any, Any]] | None = None
     vjp: Callable[..., tuple[Any, ...]] | None = None

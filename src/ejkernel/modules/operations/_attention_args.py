@@ -48,3 +48,23 @@ def dense_mask_spec(mask: jax.Array, q_spec, k_spec) -> PartitionSpec:
     return PartitionSpec(
         q_spec[0] if mask.shape[0] > 1 else None, q_spec[2] if mask.shape[1] > 1 else None, q_spec[1], k_spec[1]
     )
+
+
+def attention_roles(args, *, bias_at: int | None = 3, sinks_at: int | None = 4, heads_first: bool = False):
+    """`Kernel.axis_roles` of a canonical attention call `(query, key, value, ...)` with the bias and sinks
+    (each optional) at `bias_at` / `sinks_at`, in layout `[B, S, H, D]` (`heads_first`: `[B, H, S, D]`):
+    batch, heads and query rows split freely and alike; head dims, and sinks shared by all heads, never.
+    The key/value sequence is left to the op's own check."""
+    query = args[0]
+    num_heads = query.shape[1 if heads_first else 2]
+    rows = lambda seq: ("batch", "heads", seq, "dim") if heads_first else ("batch", seq, "heads", "dim")
+    inputs = {0: ("query", rows("queries")), 1: ("key", rows(None)), 2: ("value", rows(None))}
+    bias = None if bias_at is None else args[bias_at]
+    if bias is not None:  # [1|B, 1|H, Sq, Sk]: a broadcast axis has no role
+        roles = ("batch" if bias.shape[0] > 1 else None, "heads" if bias.shape[1] > 1 else None, "queries", None)
+        inputs[bias_at] = ("bias", roles)
+    sinks = None if sinks_at is None else args[sinks_at]
+    if sinks is not None:
+        inputs[sinks_at] = ("softmax_aux", ("heads",) if sinks.shape[0] == num_heads else ("shared",))
+    out = ("batch", "heads", "queries", None) if heads_first else ("batch", "queries", "heads", None)
+    return inputs, out

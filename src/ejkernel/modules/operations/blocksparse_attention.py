@@ -19,7 +19,7 @@ from jaxtyping import Array, Float
 
 from ejkernel.kernels._common.attention import canonical_sinks
 from ejkernel.kernels._common.block_sparse import canonical_sparse_mask
-from ejkernel.modules.operations._attention_args import check_bias
+from ejkernel.modules.operations._attention_args import attention_roles, check_bias
 from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
@@ -35,6 +35,10 @@ class BlockSparseAttentionConfig(KernelConfig):
 class BlockSparseAttention(Kernel):
     op_id = "blocksparse_attention"
     config_type = BlockSparseAttentionConfig
+
+    def axis_roles(self, args, kwargs):
+        return attention_roles(args, bias_at=4, sinks_at=3, heads_first=True)
+
     # Configs tile the backward too (forward and training calls tuned apart). A mask known while tracing
     # still reaches the implementations concrete: the executor closes over concrete boolean and integer
     # inputs rather than tracing them through its per-mode wrapper.

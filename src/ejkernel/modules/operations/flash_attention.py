@@ -18,6 +18,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.attention import canonical_sinks, check_seed
 from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.modules.operations._attention_args import (
+    attention_roles,
     check_bias,
     check_qkv,
     dense_mask_spec,
@@ -50,6 +51,9 @@ class FlashAttention(Kernel):
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
 
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
+
+    def axis_roles(self, args, kwargs):
+        return attention_roles(args)
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield FlashAttentionConfig(platform=platform)  # the implementation's own defaults
@@ -95,8 +99,11 @@ class FlashAttention(Kernel):
             specs["kv_segment_ids"] = PartitionSpec(k_spec[0], k_spec[1])
         if kwargs.get("attention_mask") is not None:
             specs["attention_mask"] = dense_mask_spec(kwargs["attention_mask"], q_spec, k_spec)
-        if kwargs.get("dropout_seed") is not None:
-            specs["dropout_seed"] = PartitionSpec()
+        if kwargs.get("dropout_seed") is not None:  # masks are drawn from shard-local indices
+            raise NotImplementedError(
+                "flash_attention: dropout with mesh= would draw the same mask on every shard; "
+                "call it without mesh= inside your own shard_map with a seed per shard"
+            )
         return specs
 
 

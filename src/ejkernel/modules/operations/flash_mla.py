@@ -33,6 +33,34 @@ class FlashMLA(Kernel):
     op_id = "flash_mla"
     config_type = FlashMLAConfig
 
+    def axis_roles(self, args, kwargs):
+        """Batch and heads (of the query and of both weights) split alike; sequences, the latent rank and
+        head dims never. Array options are replicated: per-head sinks, and a bias or mask per row or head,
+        need batch and heads unsplit."""
+        query, _, _, _, b_q = args[:5]
+        heads = query.shape[2]
+        inputs = {0: ("query", ("batch", "seq", "heads", "dim")), 1: ("key_value", ("batch", "seq", "dim"))}
+        inputs |= {2: ("w_kc", ("dim", "heads", "dim")), 3: ("w_vc", ("dim", "heads", "dim"))}
+        b_q_roles = ("batch", "seq", "dim") if b_q is None or b_q.ndim == 3 else ("batch", "seq", "heads", "dim")
+        inputs |= {4: ("b_q", b_q_roles), 5: ("b_k", ("batch", "seq", "dim")), 6: ("cu_seqlens", ("tokens",))}
+        sinks = kwargs.get("softmax_aux")
+        if sinks is not None:
+            inputs["softmax_aux"] = ("softmax_aux", ("heads",) if sinks.shape[0] == heads else ("shared",))
+        for name in ("bias", "attention_mask"):
+            if kwargs.get(name) is not None:
+                x = kwargs[name]
+                batched = "batch" if x.shape[0] > 1 else None
+                inputs[name] = (name, (batched, "heads" if x.ndim == 4 and x.shape[1] > 1 else None))
+        return inputs, ("batch", None, "heads", None)
+
+    def kwarg_specs(self, kwargs, in_specs):
+        if kwargs.get("dropout_prob") and not kwargs.get("deterministic", True):  # masks from shard-local indices
+            raise NotImplementedError(
+                "flash_mla: dropout with mesh= would draw the same mask on every shard; "
+                "call it without mesh= inside your own shard_map with a key per shard"
+            )
+        return super().kwarg_specs(kwargs, in_specs)
+
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield FlashMLAConfig(platform=platform)  # the implementation's own defaults
         if platform != "triton":

@@ -24,6 +24,16 @@ class GatedDeltaRule(ChunkedKernel):
     op_id = "gated_delta_rule"
     config_type = GatedDeltaRuleConfig
 
+    def axis_roles(self, args, kwargs):
+        """Batch and heads split alike, and the value channels; the key channels (the state's products)
+        never. The sequence is the op's own check."""
+        per_token = ("batch", None, "heads")
+        inputs = {0: ("query", (*per_token, "state")), 1: ("key", (*per_token, "state"))}
+        inputs |= {2: ("value", (*per_token, "features")), 3: ("beta", per_token), 4: ("decay", per_token)}
+        inputs |= {5: ("seg_ids", ("batch", None)), 6: ("initial_state", ("batch", "heads", "state", "features"))}
+        out = (*per_token, "features")
+        return inputs, (out, ("batch", "heads", None, "features")) if kwargs.get("return_state") else out
+
     def chunk_sizes(self, inv: Invocation) -> tuple[int, ...]:
         return inv.kwargs["autotune_chunk_candidates"] or super().chunk_sizes(inv)
 

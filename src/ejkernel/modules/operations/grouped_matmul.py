@@ -28,6 +28,12 @@ class GroupedMatmulConfig(KernelConfig):
 class GroupedMatmul(Kernel):
     op_id = "grouped_matmul"
     config_type = GroupedMatmulConfig
+
+    def axis_roles(self, args, kwargs):
+        """Never the rows M (group_sizes lay groups out over all of them); experts and columns are the
+        op's own check."""
+        return {0: ("lhs", ("tokens", None)), 4: ("existing_out", ("tokens", None))}, None
+
     tune_argnums = (0, 1)  # configs tile the backward products too
 
     def __init__(self, out_shard_callback: Callable[[jax.Array], jax.Array] | None = None):

@@ -20,6 +20,14 @@ class MeanPooling(Kernel):
     op_id = "mean_pooling"
     config_type = MeanPoolingConfig
 
+    def axis_roles(self, args, kwargs):
+        """Batch and features split freely; the pooled axis (or the packed tokens) never."""
+        x, packed = args[0], args[1] is not None
+        features = tuple(f"features {i}" for i in range(x.ndim - (1 if packed else 2)))  # each split alone
+        inputs = {0: ("x", ("tokens", *features) if packed else ("batch", "seq", *features))}
+        inputs[1] = ("cu_seqlens", ("tokens",))
+        return inputs, (None, *features) if packed else ("batch", *features)
+
     def call_impl(self, impl, args, kwargs, cfg):
         return impl.fn(*args, cfg=cfg)  # chunk_size only seeds the heuristic tiling
 
@@ -70,12 +78,6 @@ def mean_pooling(
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must hold at least 2 bounds [0, n1, ...], got shape {cu_seqlens.shape}")
         check_bounds("cu_seqlens", cu_seqlens, x.shape[0], total=True)
-    if cu_seqlens is not None and in_specs is not None and len(in_specs) > 0 and tuple(in_specs[0])[:1] != (None,):
-        # Each device would pool its own slice of tokens with the global bounds: a silent wrong answer.
-        raise ValueError(
-            f"mean_pooling with cu_seqlens cannot shard the token axis of x (in_specs[0]={in_specs[0]}); "
-            "shard the feature axes instead"
-        )
     if not isinstance(chunk_size, int) or chunk_size <= 0 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     return executor(

@@ -38,6 +38,16 @@ class NativeSparseAttention(Kernel):
     op_id = "native_sparse_attention"
     config_type = NativeSparseAttentionConfig
 
+    def axis_roles(self, args, kwargs):
+        """q, k, v `[B, S, H, D]`, gates `[B, S, H]`, block indices / counts `[B, S, Hkv, ...]` split by batch
+        and heads alike (the sequence is the op's own check)."""
+        per_token = ("batch", None, "heads")
+        inputs = {0: ("query", (*per_token, "dim")), 1: ("key", (*per_token, "dim")), 2: ("value", (*per_token, "dim"))}
+        for i, name in ((3, "g_cmp"), (4, "g_slc"), (5, "block_indices"), (6, "block_counts"), (8, "g_swa")):
+            inputs[i] = (name, per_token)
+        inputs[7] = ("cu_seqlens", ("tokens",))
+        return inputs, (*per_token, None)
+
     def call_impl(self, impl, args, kwargs, cfg):
         kwargs = dict(kwargs)
         counts = kwargs.pop("block_counts", None)  # an int travels as an option, an array as a tensor

@@ -31,6 +31,17 @@ class RaggedDecodeAttention(PagedAttentionKernel):
     op_id = "ragged_decode_attention"
     config_type = RaggedDecodeAttentionConfig
 
+    def axis_roles(self, args, kwargs):
+        """Rows `[B]` of every tensor split alike (the bounds too), heads alike, never the keys' sequence."""
+        query, sinks = args[0], args[5]
+        rows = ("batch", "heads", "dim") if query.ndim == 3 else ("batch", None, "heads", "dim")
+        inputs = {0: ("query", rows), 1: ("key", ("batch", "seq", "heads", "dim"))}
+        inputs |= {2: ("value", ("batch", "seq", "heads", "dim")), 3: ("sequence_start", ("batch",))}
+        inputs[4] = ("sequence_end", ("batch",))
+        if sinks is not None:
+            inputs[5] = ("softmax_aux", ("heads",) if sinks.shape[0] == query.shape[-2] else ("shared",))
+        return inputs, (*rows[:-1], None)
+
     def busy_integers(self, args):
         key, _, end = args[1], args[3], args[4]
         return {4: jnp.full(end.shape, key.shape[1], end.dtype)}  # every sequence's whole key range

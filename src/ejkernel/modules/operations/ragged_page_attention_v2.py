@@ -35,6 +35,17 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
     op_id = "ragged_page_attention_v2"
     config_type = RaggedPageAttentionV2Config
 
+    def axis_roles(self, args, kwargs):
+        """Heads only: the query heads and the pages' interleaved K/V heads alike; tokens, pages and the
+        per-sequence tables never."""
+        queries, sinks = args[0], args[6]
+        inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("kv_pages", ("pages", None, "heads", "dim"))}
+        for i, name in ((2, "context_lens"), (3, "block_tables"), (4, "query_start_loc")):
+            inputs[i] = (name, ("tokens",))
+        if sinks is not None:
+            inputs[6] = ("softmax_aux", ("heads",) if sinks.shape[0] == queries.shape[1] else ("shared",))
+        return inputs, ("tokens", "heads", None)
+
     def busy_integers(self, args):
         queries, kv_pages, lengths, tables = args[:4]
         num_seqs = lengths.shape[0]

@@ -39,6 +39,18 @@ class RaggedPageAttentionV3(PagedAttentionKernel):
     op_id = "ragged_page_attention_v3"
     config_type = RaggedPageAttentionV3Config
 
+    def axis_roles(self, args, kwargs):
+        """Heads only: queries, new keys / values and the cache's K/V groups alike; tokens, pages and the
+        per-sequence tables never. The updated cache keeps the cache's layout."""
+        queries, sinks = args[0], args[8]
+        inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("keys", ("tokens", "heads", "dim"))}
+        inputs |= {2: ("values", ("tokens", "heads", "dim")), 3: ("kv_cache", ("pages", None, "heads", None, "dim"))}
+        for i, name in ((4, "kv_lens"), (5, "block_tables"), (6, "query_start_loc"), (7, "distribution")):
+            inputs[i] = (name, ("tokens",))
+        if sinks is not None:
+            inputs[8] = ("softmax_aux", ("heads",) if sinks.shape[0] == queries.shape[1] else ("shared",))
+        return inputs, (("tokens", "heads", None), ("pages", None, "heads", None, None))
+
     def busy_integers(self, args):
         queries, _, _, cache, lengths, tables = args[:6]
         num_seqs, tokens = lengths.shape[0], queries.shape[0]

@@ -51,6 +51,11 @@ class RingAttention(Kernel):
     op_id = "ring_attention"
     config_type = RingAttentionConfig
 
+    def axis_roles(self, args, kwargs):
+        """Never the head dims; the sequence, heads and sinks are the op's own (`kwarg_specs`)."""
+        dims = (None, None, None, "dim")
+        return {0: ("query", dims), 1: ("key", dims), 2: ("value", dims)}, None
+
     def call_impl(self, impl, args, kwargs, cfg):
         kwargs = dict(kwargs)
         fwd, bwd = _tiles(cfg, kwargs.pop("chunk_size", None))

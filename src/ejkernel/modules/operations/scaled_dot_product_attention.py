@@ -9,7 +9,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.attention import check_broadcastable
-from ejkernel.modules.operations._attention_args import check_bias, check_qkv, dense_mask_spec, parse_window
+from ejkernel.modules.operations._attention_args import (
+    attention_roles,
+    check_bias,
+    check_qkv,
+    dense_mask_spec,
+    parse_window,
+)
 from ejkernel.modules.operations._common import executor, require_lengths, typechecked
 from ejkernel.ops import Kernel, KernelConfig
 from ejkernel.types import MaskInfo
@@ -25,6 +31,16 @@ class ScaledDotProductAttentionConfig(KernelConfig):
 class ScaledDotProductAttention(Kernel):
     op_id = "scaled_dot_product_attention"
     config_type = ScaledDotProductAttentionConfig
+
+    def axis_roles(self, args, kwargs):
+        """As flash attention's, and neither sequence split where positions matter: key/value rows always,
+        query rows with a causal or windowed mask (shard-local positions would restart at 0)."""
+        inputs, out = attention_roles(args, sinks_at=None)
+        positional = kwargs.get("is_causal") or kwargs.get("local_window_size") is not None
+        inputs[0] = ("query", ("batch", "seq" if positional else "queries", "heads", "dim"))
+        for i, name in ((1, "key"), (2, "value")):
+            inputs[i] = (name, ("batch", "seq", "heads", "dim"))
+        return inputs, out
 
     def platform_cfgs(self, platform, inv):
         yield ScaledDotProductAttentionConfig(platform=platform)

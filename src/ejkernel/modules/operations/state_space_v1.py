@@ -70,6 +70,14 @@ class StateSpaceV1(StateSpaceKernel):
     op_id = "state_space_v1"
     config_type = StateSpaceV1Config
 
+    def axis_roles(self, args, kwargs):
+        """Batch and channels split alike; the state axis N never. The sequence is the op's own check."""
+        rows = ("batch", None, "features")
+        inputs = {0: ("hidden_states", rows), 1: ("A", ("features", "state")), 2: ("B", ("batch", None, "state"))}
+        inputs |= {3: ("C", ("batch", None, "state")), 4: ("D", ("features",)), 5: ("dt", rows), 6: ("gate", rows)}
+        inputs[7] = ("initial_state", ("batch", "features", "state"))
+        return inputs, (rows, ("batch", "features", None))
+
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield from super().platform_cfgs(platform, inv)
         if platform == "triton":

@@ -32,6 +32,16 @@ class StateSpaceV2(StateSpaceKernel):
     op_id = "state_space_v2"
     config_type = StateSpaceV2Config
 
+    def axis_roles(self, args, kwargs):
+        """Batch and heads split alike (the groups of B and C are the op's own check); the state axis N
+        never, nor the heads under the gated RMS norm."""
+        heads = "norm" if kwargs.get("use_gated_rmsnorm") else "heads"
+        per_token = ("batch", None, heads)
+        inputs = {0: ("x", (*per_token, None)), 1: ("A", (heads,)), 2: ("B", ("batch", None, None, "state"))}
+        inputs |= {3: ("C", ("batch", None, None, "state")), 4: ("D", (heads,)), 5: ("dt", per_token)}
+        inputs |= {6: ("gate", per_token), 7: ("initial_state", ("batch", heads, None, "state"))}
+        return inputs, (per_token, ("batch", heads, None, None))
+
     def platform_cfgs(self, platform: str, inv: Invocation):
         if platform != "triton":
             yield from super().platform_cfgs(platform, inv)

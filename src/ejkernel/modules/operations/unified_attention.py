@@ -35,6 +35,20 @@ class UnifiedAttention(PagedAttentionKernel):
     op_id = "unified_attention"
     config_type = UnifiedAttentionConfig
 
+    def axis_roles(self, args, kwargs):
+        """Heads only: queries, caches, ALiBi slopes and sinks alike; tokens, blocks, the per-sequence
+        tables and the query-query bias never."""
+        inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("key_cache", ("pages", None, "heads", "dim"))}
+        inputs[2] = ("value_cache", ("pages", None, "heads", "dim"))
+        for i, name in ((3, "kv_lens"), (4, "block_tables"), (5, "query_start_loc")):
+            inputs[i] = (name, ("tokens",))
+        inputs |= {
+            6: ("alibi_slopes", ("heads",)),
+            7: ("qq_bias", ("tokens", "tokens")),
+            8: ("softmax_aux", ("heads",)),
+        }
+        return inputs, ("tokens", "heads", None)
+
     def busy_integers(self, args):
         queries, key_cache, _, lengths, tables = args[:5]
         lengths, tables, starts = busy_sequences(

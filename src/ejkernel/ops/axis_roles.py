@@ -1,0 +1,92 @@
+"""Which axes of an op's tensors a mesh may split, checked before a sharded call runs.
+
+A kernel names the role of each axis of its tensors (`Kernel.axis_roles`): "batch", "heads", "queries",
+"features" (axes each shard computes alone), a role the op computes across ("dim", "seq", "state", ...),
+or None (left to the op's own checks). Under `shard_map` every shard runs the op on its block, so a
+split of the second kind, axes of one role split unlike each other (query heads but not key/value heads:
+the grouped-query pairing shifts), or out_specs that place the result otherwise than the inputs decide
+would each give a silent wrong answer. Here they are errors that name the argument, the axis and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+SPLITTABLE = ("batch", "heads", "queries", "features")
+WHY = {
+    "dim": "the op contracts it (every shard would see a part of each dot product)",
+    "seq": "the op relates positions along it (each shard would see only its own part of the sequence)",
+    "state": "the recurrent state's products run along it (each shard would see a part of each)",
+    "tokens": "packed sequences index across it (each shard would read other sequences' tokens)",
+    "pages": "page tables index it globally (each shard would read the wrong pages)",
+    "shared": "each value serves every head (split, most heads would read the wrong one)",
+    "norm": "the gated RMS norm averages over it (each shard would normalise by its own part)",
+}
+
+
+def _axes(entry) -> tuple[str, ...]:
+    """A spec entry as the mesh axes it names: None -> (), "x" -> ("x",), ("x", "y") -> itself."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple | list) else (entry,)
+
+
+def _padded(spec, rank: int) -> tuple:
+    return tuple(spec) + (None,) * (rank - len(tuple(spec)))
+
+
+def check_axis_roles(op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot: dict[int, Any], roles, out_specs):
+    """`roles = (inputs, output)`: inputs `{position or keyword: (name, (role or None per axis))}` (array
+    keyword options are replicated), output a pytree of role tuples matching `out_specs` (or None:
+    unchecked). Raises ValueError on any split that would change the answer."""
+    inputs, output = roles
+    seen: dict[str, tuple[tuple[str, ...], str]] = {}
+    for position, (name, axis_roles) in inputs.items():
+        keyword = isinstance(position, str)
+        array = kwargs.get(position) if keyword else args[position]
+        if array is None or (not keyword and position not in by_slot):
+            continue
+        spec = _padded(PartitionSpec() if keyword else by_slot[position], len(axis_roles))
+        for axis, role in enumerate(axis_roles):
+            entry = _axes(spec[axis])
+            if role is None:
+                continue
+            where = f"{name}'s axis {axis} ({role})"
+            if entry and role.split()[0] not in SPLITTABLE:  # "features 2": one of several feature axes
+                raise ValueError(
+                    f"{op_id}: in_specs split {where} over {entry}, but {WHY.get(role, 'the op computes across it')}; "
+                    "leave it unsplit"
+                )
+            shards = math.prod(mesh.shape[a] for a in entry)
+            if array.shape[axis] % shards:
+                raise ValueError(
+                    f"{op_id}: in_specs split {where}, of size {array.shape[axis]}, over {entry} "
+                    f"({shards} shards), which do not divide it"
+                )
+            first = seen.setdefault(role, (entry, where))
+            if first[0] != entry:
+                split = lambda axes: f"split over {axes}" if axes else "unsplit"
+                raise ValueError(
+                    f"{op_id}: in_specs have {where} {split(entry)} but {first[1]} {split(first[0])}; "
+                    f"every {role} axis must be split alike"
+                )
+    if output is None:
+        return
+    is_roles = lambda x: isinstance(x, tuple) and all(r is None or isinstance(r, str) for r in x)
+    expected = jax.tree_util.tree_map(
+        lambda r: PartitionSpec(*(seen.get(role, ((),))[0] or None for role in r)), output, is_leaf=is_roles
+    )
+    given = jax.tree_util.tree_leaves(out_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    wanted = jax.tree_util.tree_leaves(expected, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    for i, (got, want) in enumerate(zip(given, wanted, strict=False)):
+        rank = max(len(tuple(got)), len(tuple(want)))
+        if [_axes(e) for e in _padded(got, rank)] != [_axes(e) for e in _padded(want, rank)]:
+            which = "out_specs" if len(wanted) == 1 else f"out_specs[{i}]"
+            raise ValueError(
+                f"{op_id}: {which} = {got}, but the inputs' specs lay the result out as {want}; "
+                "give that (shard_map would otherwise place the shards' results wrongly)"
+            )
