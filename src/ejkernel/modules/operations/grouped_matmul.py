@@ -30,9 +30,13 @@ class GroupedMatmul(Kernel):
     config_type = GroupedMatmulConfig
 
     def axis_roles(self, args, kwargs):
-        """Never the rows M (group_sizes lay groups out over all of them); experts and columns are the
-        op's own check."""
-        return {0: ("lhs", ("tokens", None)), 4: ("existing_out", ("tokens", None))}, None
+        """Never the rows M nor `group_sizes` (which lay the groups out over all rows); the contraction K
+        only with an `out_shard_callback` to sum the shards' parts; experts (with `group_offset`) and the
+        columns N are the op's own check."""
+        contraction = None if self.out_shard_callback is not None else "dim"
+        rhs = (None, None, contraction) if kwargs.get("transpose_rhs") else (None, contraction, None)
+        inputs = {0: ("lhs", ("tokens", contraction)), 1: ("rhs", rhs), 2: ("group_sizes", ("tokens",))}
+        return inputs | {4: ("existing_out", ("tokens", None))}, None
 
     tune_argnums = (0, 1)  # configs tile the backward products too
 
