@@ -28,6 +28,11 @@ WHY = {
 }
 
 
+def sink_roles(sinks, num_heads: int) -> tuple[str]:
+    """The role of a 1-D sinks array: one logit per head (split with the heads), else shared by all."""
+    return ("heads",) if sinks.shape[0] == num_heads else ("shared",)
+
+
 def _axes(entry) -> tuple[str, ...]:
     """A spec entry as the mesh axes it names: None -> (), "x" -> ("x",), ("x", "y") -> itself."""
     if entry is None:

@@ -104,8 +104,13 @@ def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
 
 
 def check_bounds(name: str, cu: jax.Array, limit: int, *, total: bool, exact: bool = False) -> None:
-    """Cumulative lengths `[0, n1, n1+n2, ...]`, checked where concrete (outside `jit`): from 0, never
-    decreasing, and each length (`total`: the last bound; `exact`: equal to it) at most `limit`."""
+    """Cumulative lengths `[0, n1, n1+n2, ...]`: integers `[N + 1]` (N >= 1), and where concrete (outside
+    `jit`) from 0, never decreasing, and each length (`total`: the last bound; `exact`: equal to it) at most
+    `limit`."""
+    if not jnp.issubdtype(cu.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {cu.dtype}")
+    if cu.ndim != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must be [num_seqs + 1] with at least 2 bounds, got shape {cu.shape}")
     if isinstance(cu, jax.core.Tracer):
         return
     bounds = np.asarray(cu)
@@ -121,8 +126,6 @@ def check_bounds(name: str, cu: jax.Array, limit: int, *, total: bool, exact: bo
 def padding_segment_ids(name: str, cu: ArrayLike, length: int) -> jax.Array:
     """Segment ids [B, length] of a padded batch: row b is valid (0) for its first cu[b+1]-cu[b] tokens."""
     cu = _int_array(name, cu, (None,), "[batch + 1]")
-    if cu.shape[0] < 2:
-        raise ValueError(f"{name} must have at least 2 entries [0, n1, ...], got shape {cu.shape}")
     check_bounds(name, cu, length, total=False)
     return _prefix_segments(cu, length)
 

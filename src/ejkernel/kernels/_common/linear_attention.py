@@ -91,13 +91,9 @@ def check_cu_seqlens(cu_seqlens, batch: int, total: int) -> int:
     """
     if cu_seqlens is None:
         return batch
-    if not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
-        raise TypeError(f"cu_seqlens must be an integer array, got dtype {cu_seqlens.dtype}")
-    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
-        raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got shape {cu_seqlens.shape}")
+    check_bounds("cu_seqlens", cu_seqlens, total, total=True, exact=True)
     if batch != 1:
         raise ValueError(f"with cu_seqlens the sequences are packed along axis 1: batch must be 1, got {batch}")
-    check_bounds("cu_seqlens", cu_seqlens, total, total=True, exact=True)
     return cu_seqlens.shape[0] - 1
 
 

@@ -4,6 +4,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from ejkernel.modules.operations._common import require_float, require_rank
+from ejkernel.ops.axis_roles import sink_roles
 from ejkernel.types.mask_info import window_pair
 
 
@@ -65,6 +66,6 @@ def attention_roles(args, *, bias_at: int | None = 3, sinks_at: int | None = 4, 
         inputs[bias_at] = ("bias", roles)
     sinks = None if sinks_at is None else args[sinks_at]
     if sinks is not None:
-        inputs[sinks_at] = ("softmax_aux", ("heads",) if sinks.shape[0] == num_heads else ("shared",))
+        inputs[sinks_at] = ("softmax_aux", sink_roles(sinks, num_heads))
     out = ("batch", "heads", "queries", None) if heads_first else ("batch", "queries", "heads", None)
     return inputs, out

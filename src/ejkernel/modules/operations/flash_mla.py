@@ -10,6 +10,7 @@ from ejkernel.kernels._common.mla import canonical_call
 from ejkernel.modules.operations._attention_args import check_bias, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.axis_roles import sink_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ class FlashMLA(Kernel):
         inputs |= {4: ("b_q", b_q_roles), 5: ("b_k", ("batch", "seq", "dim")), 6: ("cu_seqlens", ("tokens",))}
         sinks = kwargs.get("softmax_aux")
         if sinks is not None:
-            inputs["softmax_aux"] = ("softmax_aux", ("heads",) if sinks.shape[0] == heads else ("shared",))
+            inputs["softmax_aux"] = ("softmax_aux", sink_roles(sinks, heads))
         for name in ("bias", "attention_mask"):
             if kwargs.get(name) is not None:
                 x = kwargs[name]

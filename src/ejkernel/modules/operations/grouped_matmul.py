@@ -28,6 +28,7 @@ class GroupedMatmulConfig(KernelConfig):
 class GroupedMatmul(Kernel):
     op_id = "grouped_matmul"
     config_type = GroupedMatmulConfig
+    tune_argnums = (0, 1)  # configs tile the backward products too
 
     def axis_roles(self, args, kwargs):
         """Never the rows M nor `group_sizes` (which lay the groups out over all rows); the contraction K
@@ -37,8 +38,6 @@ class GroupedMatmul(Kernel):
         rhs = (None, None, contraction) if kwargs.get("transpose_rhs") else (None, contraction, None)
         inputs = {0: ("lhs", ("tokens", contraction)), 1: ("rhs", rhs), 2: ("group_sizes", ("tokens",))}
         return inputs | {4: ("existing_out", ("tokens", None))}, None
-
-    tune_argnums = (0, 1)  # configs tile the backward products too
 
     def __init__(self, out_shard_callback: Callable[[jax.Array], jax.Array] | None = None):
         self.out_shard_callback = out_shard_callback

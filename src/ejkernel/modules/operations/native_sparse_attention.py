@@ -132,12 +132,9 @@ def native_sparse_attention(
     else:
         require_int("block_counts", block_counts)
     if cu_seqlens is not None:
-        require_int("cu_seqlens", cu_seqlens)
+        check_bounds("cu_seqlens", cu_seqlens, seq_len, total=True, exact=True)
         if batch != 1:
             raise ValueError(f"with cu_seqlens the sequences are packed into one row: batch must be 1, got {batch}")
-        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
-            raise ValueError(f"cu_seqlens must be [num_seqs + 1] with at least 2 bounds, got {cu_seqlens.shape}")
-        check_bounds("cu_seqlens", cu_seqlens, seq_len, total=True, exact=True)
     counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
     counts_tensor = None if isinstance(block_counts, int) else block_counts
     tensors = (query, key, value, g_cmp, g_slc, block_indices, counts_tensor, cu_seqlens, g_swa)

@@ -20,6 +20,7 @@ from ejkernel.kernels._common.paged_attention import (
 )
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel
+from ejkernel.ops.axis_roles import sink_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class RaggedDecodeAttention(PagedAttentionKernel):
         inputs |= {2: ("value", ("batch", "seq", "heads", "dim")), 3: ("sequence_start", ("batch",))}
         inputs[4] = ("sequence_end", ("batch",))
         if sinks is not None:
-            inputs[5] = ("softmax_aux", ("heads",) if sinks.shape[0] == query.shape[-2] else ("shared",))
+            inputs[5] = ("softmax_aux", sink_roles(sinks, query.shape[-2]))
         return inputs, (*rows[:-1], None)
 
     def busy_integers(self, args):

@@ -24,6 +24,7 @@ from ejkernel.modules.operations.page_attention import (
     busy_sequences,
     check_tables,
 )
+from ejkernel.ops.axis_roles import sink_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
         for i, name in ((2, "context_lens"), (3, "block_tables"), (4, "query_start_loc")):
             inputs[i] = (name, ("tokens",))
         if sinks is not None:
-            inputs[6] = ("softmax_aux", ("heads",) if sinks.shape[0] == queries.shape[1] else ("shared",))
+            inputs[6] = ("softmax_aux", sink_roles(sinks, queries.shape[1]))
         return inputs, ("tokens", "heads", None)
 
     def busy_integers(self, args):

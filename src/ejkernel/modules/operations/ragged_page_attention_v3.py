@@ -28,6 +28,7 @@ from ejkernel.kernels._common.paged_attention import (
 )
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
+from ejkernel.ops.axis_roles import sink_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,7 @@ class RaggedPageAttentionV3(PagedAttentionKernel):
         for i, name in ((4, "kv_lens"), (5, "block_tables"), (6, "query_start_loc"), (7, "distribution")):
             inputs[i] = (name, ("tokens",))
         if sinks is not None:
-            inputs[8] = ("softmax_aux", ("heads",) if sinks.shape[0] == queries.shape[1] else ("shared",))
+            inputs[8] = ("softmax_aux", sink_roles(sinks, queries.shape[1]))
         return inputs, (("tokens", "heads", None), ("pages", None, "heads", None, None))
 
     def busy_integers(self, args):
