@@ -83,19 +83,24 @@ def gla_fn(engine, chunk, *, cu_seqlens=None, reverse=False, return_state=True):
     return fn
 
 
-def compare(name, fn, ref_fn, args):
-    """Forward (out, state) and the VJP of every argument under one random cotangent."""
+def reference(ref_fn, args):
+    """`(cotangents, [out, state, *gradients])` of `ref_fn` in float32 at full matmul precision."""
     f32 = [a.astype(jnp.float32) for a in args]
-    (out, state), vjp = jax.vjp(jax.jit(fn), *args)
     with jax.default_matmul_precision("highest"):
         (rout, rstate), rvjp = jax.vjp(jax.jit(ref_fn), *f32)
         key = jax.random.split(jax.random.PRNGKey(7))
-        cts = (jax.random.normal(key[0], out.shape, jnp.float32), jax.random.normal(key[1], state.shape, jnp.float32))
-        ref_grads = rvjp(cts)
+        cts = (jax.random.normal(key[0], rout.shape, jnp.float32), jax.random.normal(key[1], rstate.shape, jnp.float32))
+        return cts, [rout, rstate, *rvjp(cts)]
+
+
+def compare(name, fn, ref_fn, args, ref=None):
+    """Forward (out, state) and the VJP of every argument under one random cotangent (`ref`: `reference`'s
+    answer, made here when None)."""
+    cts, refs = ref or reference(ref_fn, args)
+    (out, state), vjp = jax.vjp(jax.jit(fn), *args)
     grads = vjp((cts[0].astype(out.dtype), cts[1]))
     names = ["out", "state", "dq", "dk", "dv", "dg", "dh0"]
     values = [out, state, *grads]
-    refs = [rout, rstate, *ref_grads]
     cells = []
     for n, x, r in zip(names, values, refs, strict=True):
         rel, mx, finite = errors(x, r)
@@ -108,7 +113,7 @@ def compare(name, fn, ref_fn, args):
 
 def check(args):
     b, s, h, d = args.check_shape
-    t = GlaTiling(cube_diagonal=args.cube)
+    t = GlaTiling()
     triton = engine_of(t, args.interpret)
     chunk = args.chunk
     log(f"check ({t}): Triton vs XLA (float32 inputs, highest precision); rel/max errors; B={b} S={s} H={h} D={d}")
@@ -124,6 +129,22 @@ def check(args):
         sb, ss, sh, sd = args.strong_shape
         inputs = make_inputs(sb, ss, sh, sd, jnp.bfloat16, strength=5.0, seed=1)
         compare(f"strong gates bf16 S={ss}", gla_fn(triton, chunk), gla_fn(None, chunk), inputs)
+
+    if args.check_variants:  # each end-to-end variant, dense and with strong gates, against one reference each
+
+        @guarded("check variants")
+        def _():
+            sb, ss, sh, sd = args.strong_shape
+            cases = [
+                ("dense", make_inputs(b, s, h, d, jnp.bfloat16)),
+                ("strong", make_inputs(sb, ss, sh, sd, jnp.bfloat16, strength=5.0, seed=1)),
+            ]
+            for case, inputs in cases:
+                refs = {}
+                for name, tiling, c in E2E_VARIANTS:
+                    ref = refs.get(c) or refs.setdefault(c, reference(gla_fn(None, c), inputs))
+                    fn = gla_fn(engine_of(tiling, args.interpret), c)
+                    guarded(f"check {name}")(functools.partial(compare, f"{case} {name}", fn, None, inputs, ref))
 
     @guarded("check per-head gates")
     def _():
@@ -239,39 +260,34 @@ def kernels(args):
 
 # End-to-end forward+backward variants of GLA beside the default (name, tiling, chunk).
 E2E_VARIANTS = [
-    ("triton C32 cube w32", GlaTiling(cube_diagonal=True, grads_width=32), 32),
-    ("triton C32 cube w64", GlaTiling(cube_diagonal=True, grads_width=64), 32),
-    ("triton C64 cube w32", GlaTiling(cube_diagonal=True, grads_width=32), 64),
-    ("triton C64 cube w32 warps4", GlaTiling(cube_diagonal=True, grads_width=32, grads_warps=4), 64),
-    ("triton C32 cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4), 32),
-    ("triton C64 cube k32 w4", GlaTiling(cube_diagonal=True, block_k=32, grads_warps=4), 64),
-    ("triton C32 loop w32", GlaTiling(grads_width=32), 32),
+    ("triton C32 k32 w4", GlaTiling(block_k=32), 32),
+    ("triton C32 k32 w2", GlaTiling(block_k=32, grads_warps=2), 32),
+    ("triton C32 stages3", GlaTiling(num_stages=3), 32),
+    ("triton C32 states 32x64", GlaTiling(state_k=32), 32),
+    ("triton C64", GlaTiling(), 64),
+    ("triton C16", GlaTiling(), 16),
 ]
 
 # (kernel, label, tiling): the default first.
 KERNEL_VARIANTS = [
     ("cumulative", "default", GlaTiling()),
     ("states", "default 64x64 w4", GlaTiling()),
-    ("states", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
-    ("states", "64x32 w4", GlaTiling(state_k=64, state_v=32)),
+    ("states", "32x64 w4", GlaTiling(state_k=32)),
     ("states", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
-    ("states", "64x64 w4 stages3", GlaTiling(num_stages=3)),
+    ("states", "32x64 w2", GlaTiling(state_k=32, state_warps=2)),
     ("state_grads", "default 64x64 w4", GlaTiling()),
-    ("state_grads", "32x64 w4", GlaTiling(state_k=32, state_v=64)),
+    ("state_grads", "32x64 w4", GlaTiling(state_k=32)),
     ("state_grads", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
-    ("scores", "default w4", GlaTiling()),
-    ("scores", "w2", GlaTiling(scores_warps=2)),
+    ("scores", "default w2", GlaTiling()),
+    ("scores", "w1", GlaTiling(scores_warps=1)),
     ("outputs", "default v128 w4", GlaTiling()),
     ("outputs", "v64 w4", GlaTiling(block_v=64)),
     ("outputs", "v128 w8", GlaTiling(output_warps=8)),
-    ("grads", "default k128 w8", GlaTiling()),
-    ("grads", "k128 w8 width32", GlaTiling(grads_width=32)),
-    ("grads", "cube k128 w8 width32", GlaTiling(cube_diagonal=True, grads_width=32)),
-    ("grads", "cube k128 w8 width64", GlaTiling(cube_diagonal=True, grads_width=64)),
-    ("grads", "cube k128 w4 width32", GlaTiling(cube_diagonal=True, grads_width=32, grads_warps=4)),
-    ("grads", "cube k64 w4", GlaTiling(cube_diagonal=True, block_k=64, grads_warps=4)),
-    ("grads", "k32 w4", GlaTiling(block_k=32, grads_warps=4)),
-    ("scores", "cube w4", GlaTiling(cube_diagonal=True)),
+    ("grads", "default k64 w4", GlaTiling()),
+    ("grads", "k32 w4", GlaTiling(block_k=32)),
+    ("grads", "k32 w2", GlaTiling(block_k=32, grads_warps=2)),
+    ("grads", "k64 w8", GlaTiling(grads_warps=8)),
+    ("grads", "k64 w4 stages3", GlaTiling(num_stages=3)),
 ]
 
 
@@ -283,7 +299,7 @@ def main():
     p.add_argument("--budget", type=float, default=210.0, help="seconds after which no new variant is compiled")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--chunk", type=int, default=64)
-    p.add_argument("--cube", action="store_true", help="check: the cube of decays (GlaTiling.cube_diagonal)")
+    p.add_argument("--check-variants", action="store_true", help="check: every end-to-end variant too")
     p.add_argument("--gla-only", action="store_true", help="e2e: GLA on Triton and flash only (no XLA, no lightning)")
     p.add_argument("--cache-dir", default="/tmp/ejkernel_gla_jax_cache", help="JAX compilation cache ('' for none)")
     args = ARGS = p.parse_args()

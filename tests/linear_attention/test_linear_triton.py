@@ -5,7 +5,6 @@ the state passes loop over chunks inside one program per (row, head, state tile)
 grids (chunks x rows x heads) stay under a few dozen programs.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -56,19 +55,26 @@ def test_gla_packed_reversed_grouped():
     check(fn, ref, args)
 
 
-@pytest.mark.parametrize("cube", [False, True])
-def test_gla_tiles_and_row_blocks(cube):
+def test_gla_gates_of_any_span():
+    """Row blocks whose gates span little take their own keys by matmuls, those whose gates fall fast (here
+    the second half: ~5 per token) the exact loop: both against the reference, in one call."""
+    q, k, v = inputs(seq=64)
+    strength = jnp.where(jnp.arange(64) < 32, 0.5, 7.0)[None, :, None, None]
+    args = [q, k, v, strength * log_decay(2, 64, 2, D), rand((2, 2, D, D))]
+    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)
+    fn = lambda q, k, v, g, h0: gla_attention_triton(q, k, v, g, None, h0, return_state=True, cfg=cfg, interpret=True)
+    check(fn, lambda q, k, v, g, h0: gla_reference(q, k, v, g, None, h0), args)
+
+
+def test_gla_tiles_and_row_blocks():
     """Chunks of four row blocks (earlier and later blocks around each), several state, value and key
     tiles per head (dv, and a per-head gate's gradient, summed over key tiles); per-channel gates with a
     per-head one added, then a gate per head alone (its own `[B, T, H, 1]` path) with k and v shared by
-    the two query heads. Each block's own keys by the loop of decays, or by their cube with the gradient
-    kernel's key channels in two steps of one tile."""
+    the two query heads."""
     d = 32
     q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
     h0 = rand((2, 2, d, d))
-    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16)
-    if cube:
-        tiling = dataclasses.replace(tiling, block_k=32, grads_width=16, cube_diagonal=True)
+    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, head_block_k=16)
     engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
     fn = lambda q, k, v, g, gamma, h0: gla_attention_xla(
@@ -92,7 +98,7 @@ def test_gla_value_heads_share_query_and_key():
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
     q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
     args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
-    tiling = GlaTiling(state_k=16, block_k=16, head_span=1)
+    tiling = GlaTiling(state_k=16, head_block_k=16, head_span=1)
     engine = TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
         q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
@@ -196,10 +202,6 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     ):
         text = lowered(functools.partial(train, fn), *args)
         assert all(name in text for name in kernels)
-    cube = TritonEngine(Tiling(32, 4, 2, interpret=False), GlaTiling(cube_diagonal=True, grads_width=32))
-    cubed = lambda q, k, v, g: gla_attention_xla(q, k, v, g, engine=lambda cfg: cube)
-    text = lowered(functools.partial(train, cubed), x, x, x, gate)
-    assert all(f"ejkernel_gla_{name}" in text for name in ("scores", "grads"))
     engine = TritonEngine(Tiling(32, 4, 2, interpret=False))  # a plain forward with a gate per head: fused
     text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=engine), x, x, x, per_head)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text

@@ -23,9 +23,9 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     _gate_columns,
     _iota,
     _masked_exp,
-    _own_decays,
     _own_keys,
     _ratio,
+    _separable,
     _shared,
     _tile,
     _tiles_sum,
@@ -106,25 +106,25 @@ def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts
 # ---- per-chunk gradients ----
 
 
-def _from_earlier(m: int, k_ref, g_ref, d_scores, g, channels, mm):
-    """dq of row block m through the keys of the earlier blocks (the gate r at the block's first row);
-    `d_scores [SUB, keys]`: the gradient of the block's scores on those keys, before the decays."""
+def _from_earlier(m: int, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm):
+    """dq of row block m through the keys of the earlier blocks (the gate r at the block's first row)."""
     n = m * SUB
-    keys = pl.ds(0, d_scores.shape[1])
-    r = g_ref[n, channels][None, :]
-    weights = k_ref[keys, channels].astype(F32) * _masked_exp(r - g_ref[keys, channels], _iota((keys.size, 1), 0) < n)
+    keys = pl.ds(0, pl.next_power_of_2(n))
+    r = g_ref[n, :][None, :]
+    weights = k_ref[keys, :].astype(F32) * _masked_exp(r - g_ref[keys, :], _iota((keys.size, 1), 0) < n)
+    d_scores = scale * dot(do, v_ref[keys, :].astype(mm), trans_b=True)  # [SUB, keys]
     return dot(d_scores.astype(mm), weights.astype(mm)) * jnp.exp(g - r)
 
 
-def _from_later(m: int, q_ref, g_ref, d_scores, g, channels, mm, chunk: int):
-    """dk of row block m through the queries of the later blocks (the gate r at the block's last row);
-    `d_scores [queries, SUB]`: the gradient of those queries' scores on the block's keys."""
+def _from_later(m: int, q_ref, g_ref, v, do_ref, g, scale, mm, chunk: int):
+    """dk of row block m through the queries of the later blocks (the gate r at the block's last row)."""
     n = (m + 1) * SUB
-    size = d_scores.shape[0]
+    size = pl.next_power_of_2(chunk - n)
     queries = pl.ds(chunk - size, size)
-    r = g_ref[n - 1, channels][None, :]
+    r = g_ref[n - 1, :][None, :]
     later = chunk - size + _iota((size, 1), 0) >= n
-    weights = q_ref[queries, channels].astype(F32) * _masked_exp(g_ref[queries, channels] - r, later)
+    weights = q_ref[queries, :].astype(F32) * _masked_exp(g_ref[queries, :] - r, later)
+    d_scores = scale * dot(do_ref[queries, :].astype(mm), v, trans_b=True)  # [queries, SUB]
     return dot(d_scores.astype(mm), weights.astype(mm), trans_a=True) * jnp.exp(r - g)
 
 
@@ -132,8 +132,7 @@ def _grads_kernel(
     q_ref, k_ref, v_ref, g_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
 ):
     """One chunk's dq, dk and gate gradient on a tile of key channels, and its share of dv, row block by
-    row block from the last, in steps of `width` channels (the products of do and v, which every channel
-    shares, made once).
+    row block from the last.
 
     `e`: the entry state, `dh`: the exit state's gradient, `rs`: `Σ_v e ⊙ dh`. The exit state
     `X = e^{g_C} ⊙ e + (k ⊙ e^{g_C − g})ᵀ v` gives dk its `dk_exit = (v dhᵀ) ⊙ e^{g_C − g}`, dv its
@@ -142,77 +141,58 @@ def _grads_kernel(
     over the rows at or after each (the block's own by `total − cumsum + own`, the later blocks' carried).
     (A gate per head takes `_head_grads_kernel`.)
     """
-    chunk, scale, mm, width = s["chunk"], s["scale"], s["mm"], s["width"]
+    chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
+    g_last = g_ref[chunk - 1, :][None, :]
     row, col = _iota((SUB, 1), 0), _iota((1, SUB), 1)
     num_blocks = chunk // SUB
-    made = {}
+    dk_exit = []  # kept from the first pass over the blocks (the exit's share of the last gate) to the second
+    later = jnp.exp(g_last) * rs_ref[...][None, :]  # Σ over the rows after a block (all blocks: the exit's share)
+    for m in range(num_blocks):
+        rows = pl.ds(m * SUB, SUB)
+        to_exit = jnp.exp(g_last - g_ref[rows, :])
+        dk_exit.append(dot(v_ref[rows, :].astype(mm), dh_ref[...].astype(mm), trans_b=True) * to_exit)
+        later += jnp.sum(k_ref[rows, :].astype(F32) * dk_exit[m], axis=0, keepdims=True)
+    for m in reversed(range(num_blocks)):
+        rows = pl.ds(m * SUB, SUB)
+        q, k, g = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :]
+        do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
+        dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
+        dk = dk_exit[m]
+        if m > 0:
+            dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
+        if m < num_blocks - 1:
+            dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
+        d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys
 
-    def once(key, make):  # a product of do and v: made for the first channel step, reused by the others
-        if key not in made:
-            made[key] = make()
-        return made[key]
+        def by_matmul(grads, m=m, q=q, k=k, g=g, d_scores=d_scores):  # gates of a narrow span (`_separable`)
+            r = g_ref[m * SUB, :][None, :]
+            down, up = jnp.exp(g - r), jnp.exp(r - g)
+            lower = jnp.where(row >= col, d_scores, 0.0).astype(mm)
+            dq = grads[0] + dot(lower, (k * up).astype(mm)) * down
+            return dq, grads[1] + dot(lower, (q * down).astype(mm), trans_a=True) * up
 
-    def rows_of(m: int):
-        return pl.ds(m * SUB, SUB)
+        def diagonal(j, decay, grads, m=m, q=q, d_scores=d_scores):
+            dq, dk = grads
+            w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * decay
+            dq += w * k_ref[m * SUB + j, :].astype(F32)[None, :]
+            return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
-    def earlier(m: int, do):  # [SUB, keys]: block m's queries on the keys of the blocks before it
-        keys = pl.ds(0, pl.next_power_of_2(m * SUB))
-        return scale * dot(do, v_ref[keys, :].astype(mm), trans_b=True)
-
-    def later(m: int, v):  # [queries, SUB]: the queries of the blocks after m on block m's keys
-        size = pl.next_power_of_2(chunk - (m + 1) * SUB)
-        queries = pl.ds(chunk - size, size)
-        return scale * dot(do_ref[queries, :].astype(mm), v, trans_b=True)
-
-    dv = [None] * num_blocks  # summed over the channel steps
-    for first_channel in range(0, k_ref.shape[-1], width):
-        channels = pl.ds(first_channel, width)
-        g_last = g_ref[chunk - 1, channels][None, :]
-        dh = dh_ref[channels, :].astype(mm)
-        dk_exit = []  # kept from the first pass over the blocks (the exit's share of the last gate) to the second
-        after = jnp.exp(g_last) * rs_ref[channels][None, :]  # Σ over the rows after a block (all: the exit's share)
-        for m in range(num_blocks):
-            to_exit = jnp.exp(g_last - g_ref[rows_of(m), channels])
-            dk_exit.append(dot(v_ref[rows_of(m), :].astype(mm), dh, trans_b=True) * to_exit)
-            after += jnp.sum(k_ref[rows_of(m), channels].astype(F32) * dk_exit[m], axis=0, keepdims=True)
-        for m in reversed(range(num_blocks)):
-            rows = rows_of(m)
-            q, k, g = q_ref[rows, channels].astype(F32), k_ref[rows, channels].astype(F32), g_ref[rows, channels]
-            do, v = do_ref[rows, :].astype(mm), v_ref[rows, :].astype(mm)
-            dq = scale * dot(do, e_ref[channels, :].astype(mm), trans_b=True) * jnp.exp(g)
-            dk = dk_exit[m]
-            if m > 0:
-                d_scores = once(("earlier", m), lambda m=m, do=do: earlier(m, do))
-                dq += _from_earlier(m, k_ref, g_ref, d_scores, g, channels, mm)
-            if m < num_blocks - 1:
-                d_scores = once(("later", m), lambda m=m, v=v: later(m, v))
-                dk += _from_later(m, q_ref, g_ref, d_scores, g, channels, mm, chunk)
-            d_scores = once(("own", m), lambda do=do, v=v: scale * dot(do, v, trans_b=True))  # its own keys
-            if s["cube"]:  # pairs[t, j, :]: the gradient of q_t ⊙ k_j's product, each row t >= j decayed
-                pairs = d_scores[:, :, None] * _own_decays(g_ref, m * SUB, channels)
-                dq += jnp.sum(pairs * k[None, :, :], axis=1)
-                dk += jnp.sum(pairs * q[:, None, :], axis=0)
-            else:
-
-                def diagonal(j, decay, grads, m=m, q=q, d_scores=d_scores, channels=channels):
-                    dq, dk = grads
-                    w = jnp.sum(jnp.where(col == j, d_scores, 0.0), axis=1, keepdims=True) * decay
-                    dq += w * k_ref[m * SUB + j, channels].astype(F32)[None, :]
-                    return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
-
-                dq, dk = _own_keys(g_ref, m * SUB, diagonal, (dq, dk), channels)
-            part = dot((k * jnp.exp(g_last - g)).astype(mm), dh)
-            dv[m] = part if dv[m] is None else dv[m] + part
-            if first_channel + width == k_ref.shape[-1]:  # the last step: dv of this block is whole
-                intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
-                dv_ref[rows, :] = (dv[m] + jnp.where(own_tile, intra, 0.0)).astype(dv_ref.dtype)
-            dg = q * dq - k * dk
-            total = jnp.sum(dg, axis=0, keepdims=True)
-            da_ref[rows, channels] = after + total - jnp.cumsum(dg, axis=0) + dg
-            after += total
-            dq_ref[rows, channels] = dq.astype(dq_ref.dtype)
-            dk_ref[rows, channels] = dk.astype(dk_ref.dtype)
+        exact = lambda grads, m=m, diagonal=diagonal: _own_keys(g_ref, m * SUB, diagonal, grads)
+        if s["own_by_matmul"]:
+            dq, dk = lax.cond(_separable(g), by_matmul, exact, (dq, dk))
+        else:
+            dq, dk = exact((dq, dk))
+        dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
+        intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
+        dv += jnp.where(own_tile, intra, 0.0)
+        dg = q * dq - k * dk
+        total = jnp.sum(dg, axis=0, keepdims=True)
+        da_ref[rows, :] = later + total - jnp.cumsum(dg, axis=0) + dg
+        later += total
+        dq_ref[rows, :] = dq.astype(dq_ref.dtype)
+        dk_ref[rows, :] = dk.astype(dk_ref.dtype)
+        dv_ref[rows, :] = dv.astype(dv_ref.dtype)
 
 
 def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
@@ -261,8 +241,7 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         chunk=chunk,
         scale=scale,
         mm=t.mm(q.dtype),
-        cube=t.cube_diagonal,
-        width=t.grads_width,
+        own_by_matmul=t.own_by_matmul,
     )(*args)
 
 
@@ -339,17 +318,17 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     shared = q_ratio == k_ratio > 1 and v_ratio == 1
     span = math.gcd(t.head_span, q_ratio) if shared else 1
     parts = q_ratio // span if shared else 1  # spans per q / k head: their partial sums of dq and dk
-    tiles = dk // t.block_k
+    tiles = dk // t.head_block_k
     block = lambda width: (None, chunk, span, width)
     per_head = lambda width: pl.BlockSpec(block(width), lambda c, b, p, j: (b, c, p, 0))
-    state = pl.BlockSpec((None, None, span, t.block_k, dv), lambda c, b, p, j: (b, c, p, j, 0))
+    state = pl.BlockSpec((None, None, span, t.head_block_k, dv), lambda c, b, p, j: (b, c, p, j, 0))
     if shared:  # program p: span p of the state heads, part p % parts of q / k head p // parts
         q_head = k_head = out_head = functools.partial(_shared, ratio=parts)
     else:  # program p: state head p
         q_head, k_head = (functools.partial(_shared, ratio=r) for r in (q_ratio, k_ratio))
         out_head = lambda p: p
     part = (lambda p: lax.rem(p, jnp.int32(parts))) if parts > 1 else (lambda p: 0)
-    sums = pl.BlockSpec((None, None, chunk, None, t.block_k), lambda c, b, p, j: (part(p), b, c, out_head(p), j))
+    sums = pl.BlockSpec((None, None, chunk, None, t.head_block_k), lambda c, b, p, j: (part(p), b, c, out_head(p), j))
     per_tile = lambda width: pl.BlockSpec((None, None, chunk, span, width), lambda c, b, p, j: (j, b, c, p, 0))
     args = (q, k, v, g, jnp.swapaxes(g[..., 0], 1, 2), do, a, e, dh, rs)
 
@@ -361,11 +340,11 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     dq, dk_, dv_, da = _call(
         _head_grads_kernel,
         t,
-        t.grads_warps,
+        t.head_grads_warps,
         (seq // chunk, batch, heads // span, tiles),
         [
-            pl.BlockSpec((None, chunk, None, t.block_k), lambda c, b, p, j: (b, c, q_head(p), j)),
-            pl.BlockSpec((None, chunk, None, t.block_k), lambda c, b, p, j: (b, c, k_head(p), j)),
+            pl.BlockSpec((None, chunk, None, t.head_block_k), lambda c, b, p, j: (b, c, q_head(p), j)),
+            pl.BlockSpec((None, chunk, None, t.head_block_k), lambda c, b, p, j: (b, c, k_head(p), j)),
             pl.BlockSpec(block(dv), lambda c, b, p, j: (b, c, _shared(p, v_ratio), 0)),
             per_head(1),
             pl.BlockSpec((None, span, chunk), lambda c, b, p, j: (b, p, c)),
@@ -373,7 +352,7 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
             per_head(chunk),
             state,
             state,
-            pl.BlockSpec((None, None, span, t.block_k), lambda c, b, p, j: (b, c, p, j)),
+            pl.BlockSpec((None, None, span, t.head_block_k), lambda c, b, p, j: (b, c, p, j)),
         ],
         [sums, pl.BlockSpec(sums.block_shape, sums.index_map), per_tile(dv), per_tile(1)],
         [

@@ -12,7 +12,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 SUB = 16  # tokens per row block of the intra-chunk product (the smallest matmul edge)
-CUBE_CHANNELS = 32  # key channels per step of the scores kernel's cube of decays (`GlaTiling.cube_diagonal`)
+# A row block whose log gates span at most this takes its own keys by matmuls of `q ⊙ e^{g − r}` and
+# `k ⊙ e^{r − g}` (r: the gate at its first row): every factor stays within e^{±60}, far from float32's and
+# bfloat16's e^{±87}. Wider spans (gates that fall faster than ~4 per token) take the exact loop.
+SEPARABLE_SPAN = 60.0
 F32 = jnp.float32
 
 
@@ -24,31 +27,33 @@ class GlaTiling:
     columns per program of the output kernel; `block_k`: key channels per program of the gradient
     kernel (below Dk, dv is summed over programs in XLA); `head_span`: state heads per program of the
     per-head gradient kernel where they share q and k (Mamba-2: their dq and dk summed in the kernel;
-    a power of two). `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
+    a power of two). The `head_` fields stand for `block_k` and the warps in the kernels of a gate per head.
+    H100, GLA forward+backward at B=2 S=16384 H=16 D=128 bf16, the gradient kernel: 3.04 ms at
+    `block_k` 64 and 4 warps, 3.86 at 128 and 8; the scores kernel: 0.40 ms at 2 warps, 0.55 at 4.
+    `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
-    N=128: 1.066 against 1.122 ms). `cube_diagonal`: the in-chunk products of a row block's own keys
-    (per-channel gates) from the whole `[SUB, SUB, D]` cube of decays (`_own_decays`) instead of a loop of
-    SUB dependent steps (`_own_keys`); D is the gradient kernel's `grads_width`, the scores kernel's
-    `CUBE_CHANNELS`. `grads_width`: key channels per step of the gradient kernel's loop over its
-    `block_k` (a narrower step keeps fewer values live; the products of do and v are made once).
+    N=128: 1.066 against 1.122 ms). `own_by_matmul`: a row block whose gates span at most `SEPARABLE_SPAN`
+    takes its own keys by matmuls (`_separable`) instead of the exact loop of SUB steps (`_own_keys`).
     """
 
     state_k: int = 64
     state_v: int = 64
     block_v: int = 128
-    block_k: int = 128
+    block_k: int = 64
     head_span: int = 8
     state_warps: int = 4
-    scores_warps: int = 4
+    scores_warps: int = 2
     output_warps: int = 4
-    grads_warps: int = 8
+    grads_warps: int = 4
+    head_block_k: int = 128
+    head_scores_warps: int = 4
+    head_grads_warps: int = 8
     num_stages: int = 2
     interpret: bool = False
     precise: bool = True
     fuse_head_scores: bool = True
-    cube_diagonal: bool = False
-    grads_width: int = 128
+    own_by_matmul: bool = True
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(
@@ -57,7 +62,7 @@ class GlaTiling:
             state_v=min(self.state_v, dv),
             block_v=min(self.block_v, dv),
             block_k=min(self.block_k, dk),
-            grads_width=min(self.grads_width, self.block_k, dk),
+            head_block_k=min(self.head_block_k, dk),
         )
 
     def mm(self, dtype):
@@ -115,7 +120,13 @@ def _gate_columns(g_ref, keys):
     return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
 
 
-def _own_keys(g_ref, first: int, body, carry, channels=slice(None)):
+def _separable(g):
+    """Whether a row block's log gates `g [SUB, D]` span at most SEPARABLE_SPAN (a scalar predicate)."""
+    top = jnp.max(jnp.max(g, axis=1), axis=0)
+    return top - jnp.min(jnp.min(g, axis=1), axis=0) <= SEPARABLE_SPAN
+
+
+def _own_keys(g_ref, first: int, body, carry):
     """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
     `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
     e^{g_{j+1} − g_j} ⊙ decay_{j+1}` (1 on row j): one exponential per key and channel, each of one
@@ -125,21 +136,12 @@ def _own_keys(g_ref, first: int, body, carry, channels=slice(None)):
     def step(i, state):
         decay, g_next, carry = state
         j = SUB - 1 - i
-        g_j = g_ref[first + j, channels][None, :]
+        g_j = g_ref[first + j, :][None, :]
         decay = jnp.where(row == j, 1.0, decay * jnp.exp(g_next - g_j))
         return decay, g_j, body(j, decay, carry)
 
-    g_last = g_ref[first + SUB - 1, channels][None, :]
-    start = (jnp.zeros((SUB, g_last.shape[-1]), F32), g_last, carry)
+    start = (jnp.zeros((SUB, g_ref.shape[-1]), F32), g_ref[first + SUB - 1, :][None, :], carry)
     return lax.fori_loop(0, SUB, step, start)[2]
-
-
-def _own_decays(g_ref, first, channels=slice(None)):
-    """`[SUB, SUB, D]`: `e^{g_t − g_j}` on the channels `channels` for the rows t >= j of the row block at
-    `first` (0 above): one exponential each, every exponent <= 0 for decaying gates."""
-    g = g_ref[pl.ds(first, SUB), channels]
-    keep = _iota((SUB, SUB, 1), 0) >= _iota((SUB, SUB, 1), 1)
-    return _masked_exp(g[:, None, :] - g[None, :, :], keep)
 
 
 # ---- the in-chunk kernels of a gate per head ----

@@ -11,7 +11,6 @@ from jax.experimental.pallas import triton as plgpu
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_common import (
-    CUBE_CHANNELS,
     F32,
     SUB,
     GlaTiling,
@@ -21,9 +20,9 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     _gate_columns,
     _iota,
     _masked_exp,
-    _own_decays,
     _own_keys,
     _ratio,
+    _separable,
     _shared,
     _tile,
 )
@@ -120,33 +119,28 @@ def _cumulative(t: GlaTiling, chunk: int, a):
     )(a)
 
 
-def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, cube: bool):
-    """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal)."""
+def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, own_by_matmul: bool):
+    """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal): the keys before it (and,
+    where its gates are `_separable`, its own) by one matmul, through the gate r at its first row."""
     first = pl.multiple_of(lax.rem(pl.program_id(0), jnp.int32(chunk // SUB)) * SUB, SUB)
     q = q_ref[...].astype(F32)
     g = g_ref[pl.ds(first, SUB), :]
-    r = g_ref[first, :][None, :]  # the gate at the block's first row
-    before = _iota((chunk, 1), 0) < first
-    keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], before)
-    scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
+    r = g_ref[first, :][None, :]
     col = _iota((1, chunk), 1)
-    if cube:  # the block's own keys from cubes of decays over tiles of channels, stored beside the rest
-        own = jnp.zeros((SUB, SUB), F32)
-        for c in range(0, q_ref.shape[-1], CUBE_CHANNELS):
-            channels = pl.ds(c, min(CUBE_CHANNELS, q_ref.shape[-1]))
-            q_t = q_ref[:, channels].astype(F32)[:, None, :]
-            k_j = k_ref[pl.ds(first, SUB), channels].astype(F32)[None, :, :]
-            own += jnp.sum(q_t * k_j * _own_decays(g_ref, first, channels), axis=2)  # [t, j]
-        outside = (col < first) | (col >= first + SUB)
-        plgpu.store(a_ref, scores.astype(a_ref.dtype), mask=jnp.broadcast_to(outside, scores.shape))
-        a_ref[:, pl.ds(first, SUB)] = own.astype(a_ref.dtype)
-        return
+
+    def through_r(own: bool):  # the products with the keys before the block (own: and the block's own)
+        taken = _iota((chunk, 1), 0) < first + (SUB if own else 0)
+        keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], taken)
+        scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
+        return jnp.where(col <= first + _iota((SUB, 1), 0), scores, 0.0) if own else scores
 
     def diagonal(j, decay, scores):  # key `first + j`, one of the block's own rows
         weights = jnp.sum(q * k_ref[first + j, :].astype(F32)[None, :] * decay, axis=1, keepdims=True)
         return jnp.where(col == first + j, weights, scores)
 
-    a_ref[...] = _own_keys(g_ref, first, diagonal, scores).astype(a_ref.dtype)
+    exact = lambda: _own_keys(g_ref, first, diagonal, through_r(False))
+    scores = lax.cond(_separable(g), lambda: through_r(True), exact) if own_by_matmul else exact()
+    a_ref[...] = scores.astype(a_ref.dtype)
 
 
 def _scores(t: GlaTiling, chunk: int, q, k, g):
@@ -173,7 +167,7 @@ def _scores(t: GlaTiling, chunk: int, q, k, g):
         "ejkernel_gla_scores",
         chunk=chunk,
         mm=t.mm(q.dtype),
-        cube=t.cube_diagonal,
+        own_by_matmul=t.own_by_matmul,
     )(q, k, g)
 
 
@@ -268,7 +262,7 @@ def _head_scores(t: GlaTiling, chunk: int, q, k, g):
     return _call(
         _head_scores_kernel,
         t,
-        t.scores_warps,
+        t.head_scores_warps,
         (seq // rows, batch, heads),
         [
             pl.BlockSpec((None, rows, None, dk), lambda i, b, h: (b, i, _shared(h, q_ratio), 0)),
