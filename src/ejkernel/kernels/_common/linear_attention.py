@@ -158,7 +158,12 @@ class ChunkedConfig(KernelConfig):
 
 
 class ChunkedKernel(Kernel):
-    """Base of the family's Kernel classes: autotuning tries the default config and a few chunk sizes."""
+    """Base of the family's Kernel classes: autotuning tries the default config and a few chunk sizes, for
+    a training call on forward + backward (q, k and v differentiated): the chunk with the fastest forward
+    trains slower (H100, GLA at B=2 S=16384 H=16 D=128: forward fastest at 64, forward+backward 6.0 ms at
+    32 against 10.0 at 64)."""
+
+    tune_argnums = (0, 1, 2)
 
     def chunk_sizes(self, inv: Invocation) -> tuple[int, ...]:
         del inv
