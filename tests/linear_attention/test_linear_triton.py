@@ -124,6 +124,22 @@ def test_gated_delta_rule_segments():
     check(fn, ref, args)
 
 
+def test_delta_rule_on_the_gated_kernels():
+    """One sequence per row, no segments: the delta rule on GLA's kernels of a gate per head (`_delta`),
+    a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay."""
+    q, k, v = inputs(seq=70)
+    args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), rand((2, 2, D, D))]
+    cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
+    fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
+        q, k, v, b, d, None, h0, return_state=True, cfg=cfg, interpret=True
+    )
+    check(fn, lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0), args)
+    fn = lambda q, k, v, b, h0: kernel_delta_attention_triton(
+        q, k, v, b, None, h0, return_state=True, chunk_size=16, interpret=True
+    )
+    check(fn, lambda q, k, v, b, h0: delta_rule_reference(q, k, v, b, None, h0), args[:4] + args[5:])
+
+
 def test_decode_step_kernel():
     """One token with a state (per-key and per-value gates; the delta rule): the fused step kernel."""
     q, k, v = inputs(seq=1)
@@ -169,6 +185,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     def lowered(fn, *args):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
+    delta = ["ejkernel_delta_states", "ejkernel_delta_state_grads", "ejkernel_gla_outputs", "ejkernel_gla_grads"]
     passes = ["ejkernel_linear_attention_exit_states", "ejkernel_linear_attention_entry_grads"]
     for fn, args, kernels in (
         (
@@ -196,6 +213,13 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         ),
         (
             lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False),
+            (x, x, x, per_head, per_head),
+            delta,
+        ),
+        (  # segments: the XLA chunk parts around the state passes
+            lambda q, k, v, b, d: gated_delta_rule_triton(
+                q, k, v, b, d, jnp.zeros(x.shape[:2], jnp.int32), interpret=False
+            ),
             (x, x, x, per_head, per_head),
             passes,
         ),
@@ -238,8 +262,9 @@ def test_gpu_gla_matches_xla(packed):
 
 
 @pytest.mark.gpu
-def test_gpu_gated_delta_rule_matches_xla():
-    seg = jnp.asarray(jnp.arange(4096) // 1500, jnp.int32)[None].repeat(2, 0)
+@pytest.mark.parametrize("segments", [False, True])  # the gated kernels (`_delta`), the XLA chunk parts
+def test_gpu_gated_delta_rule_matches_xla(segments):
+    seg = jnp.asarray(jnp.arange(4096) // 1500, jnp.int32)[None].repeat(2, 0) if segments else None
     args = [big(2, 4096, 8, 128) for _ in range(3)]
     args += [write_strength(2, 4096, 8), log_decay(2, 4096, 8, strength=0.05), rand((2, 8, 128, 128))]
     call = lambda q, k, v, b, d, h0, platform: gated_delta_rule(

@@ -506,24 +506,26 @@ class Packing(NamedTuple):
 
 
 def packing(batch: int, seq_len: int, block_size: int, cu_seqlens=None) -> Packing:
-    """The packing of `[B, S]` rows: one sequence per row, or the sequences `cu_seqlens` packs into row 0
-    (concrete when `cu_seqlens` is, so that indices can be checked before tracing)."""
-    with jax.ensure_compile_time_eval() if _is_concrete(cu_seqlens) else contextlib.nullcontext():
-        t = jnp.arange(seq_len, dtype=jnp.int32)
-        if cu_seqlens is None:
-            start = jnp.zeros((batch, seq_len), jnp.int32)
-            length = jnp.full((batch, seq_len), seq_len, jnp.int32)
-            cmp_first = start
-        else:
-            cu = jnp.asarray(cu_seqlens, jnp.int32)
-            seq = jnp.searchsorted(cu[1:], t, side="right")
-            firsts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum((cu[1:] - cu[:-1]) // block_size)])
-            start, length, cmp_first = cu[seq][None], (cu[seq + 1] - cu[seq])[None], firsts[seq][None]
-        position = t - start
-        num_cmp = seq_len // block_size
-        block = position // block_size
-        cmp_slot = jnp.where(block < length // block_size, cmp_first + block, num_cmp)
-        return Packing(start, position, length, cmp_first, cmp_slot, num_cmp, block_size)
+    """The packing of `[B, S]` rows: one sequence per row, or the sequences `cu_seqlens` packs into row 0.
+
+    numpy arrays when `cu_seqlens` is concrete (or None), so that indices can be checked before tracing;
+    numpy rather than JAX evaluated eagerly, which fails inside `shard_map` under `jax.set_mesh`."""
+    xp = np if _is_concrete(cu_seqlens) else jnp
+    t = xp.arange(seq_len, dtype=np.int32)
+    if cu_seqlens is None:
+        start = xp.zeros((batch, seq_len), np.int32)
+        length = xp.full((batch, seq_len), seq_len, np.int32)
+        cmp_first = start
+    else:
+        cu = xp.asarray(cu_seqlens).astype(np.int32)
+        seq = xp.searchsorted(cu[1:], t, side="right")
+        firsts = xp.concatenate([xp.zeros(1, np.int32), xp.cumsum((cu[1:] - cu[:-1]) // block_size)]).astype(np.int32)
+        start, length, cmp_first = cu[seq][None], (cu[seq + 1] - cu[seq])[None], firsts[seq][None]
+    position = t - start
+    num_cmp = seq_len // block_size
+    block = position // block_size
+    cmp_slot = xp.where(block < length // block_size, cmp_first + block, num_cmp).astype(np.int32)
+    return Packing(start, position, length, cmp_first, cmp_slot, num_cmp, block_size)
 
 
 def compress(x, pack: Packing):

@@ -20,6 +20,7 @@ nothing overflows however long the sequence, and no decay is ever divided by.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -365,18 +366,21 @@ def wy_transform(k, v, beta, b, same_run=None, from_entry=None):
     `(I + L) U = beta ⊙ (v − exp(b) ⊙ hᵀ k)`, so `u = (I + L)⁻¹ (beta ⊙ v)` and
     `w = (I + L)⁻¹ (beta exp(b) ⊙ k)`, through the explicit inverse of `unit_lower_inverse`.
     `from_entry [..., C]` masks the tokens that see the entry state; `same_run [..., C, C]` the pairs
-    not separated by a restart.
+    not separated by a restart. The products take k's and v's dtype (bfloat16 ones: bfloat16 operands),
+    accumulated in float32; the system is solved in float32, and u, w come in float32.
     """
+    product = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
     lower = decay_matrix(b, strict=True)
     if same_run is not None:
         lower = lower * same_run
-    system = beta[..., :, None] * (k @ jnp.swapaxes(k, -1, -2)) * lower
+    system = beta[..., :, None] * product(k, jnp.swapaxes(k, -1, -2)) * lower
     entry = beta * jnp.exp(b) * (1.0 if from_entry is None else from_entry)
     # Two products at the default precision of the path's other products (TF32 for float32 on GPUs), not one
     # of a concatenated right-hand side: on an H100 (gated_delta_rule B=2 S=16384 H=16 D=128 bf16, forward +
     # backward) the concatenation, its slices and float32 FMA products took 2 of 17 ms of kernel time.
     inverse = unit_lower_inverse(system)
-    return inverse @ (beta[..., None] * v), inverse @ (entry[..., None] * k)
+    scaled = lambda x, by: (by[..., None] * x).astype(x.dtype)
+    return product(inverse.astype(v.dtype), scaled(v, beta)), product(inverse.astype(k.dtype), scaled(k, entry))
 
 
 def delta_chunk(q, k, v, beta, a_head=None, restarts=None) -> ChunkParts:

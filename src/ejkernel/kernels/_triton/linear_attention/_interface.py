@@ -1,9 +1,11 @@
 """Linear attention on the Triton platform: the shared entry points with the heavy parts in GPU kernels.
 
 The gated recurrence (GLA, lightning, recurrent) runs whole in the chunk kernels of `_gla` (inputs in
-their token layout and dtype, forward and backward). The delta rule's chunk parts (WY transform) and
-pullbacks stay in XLA, its chunk-to-chunk state passes run as one kernel per direction
-(`_kernels.exit_states`, `_kernels.entry_grads`). A one-token call (decoding) is one fused step kernel.
+their token layout and dtype, forward and backward). So does the delta rule of one sequence per row
+(`_delta`: GLA's kernels of a gate per head around state passes of its own, the WY transform in XLA);
+with restarts (segment ids) its chunk parts and pullbacks stay in XLA, and its chunk-to-chunk state
+passes run as one kernel per direction (`_kernels.exit_states`, `_kernels.entry_grads`). A one-token call
+(decoding) is one fused step kernel.
 Calls it does not serve (the recurrent form, head dims that are not powers of two in [16, 256]) raise
 NotImplementedError before any kernel is traced.
 """
@@ -16,6 +18,7 @@ import functools
 import jax.numpy as jnp
 
 from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.linear_attention._delta import delta_chunked
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, gla_chunked
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, fused_step
 from ejkernel.kernels._xla.linear_attention._interface import (
@@ -49,6 +52,7 @@ class TritonEngine(Engine):
     gla: GlaTiling = dataclasses.field(default_factory=GlaTiling)
     min_chunk = MIN_CHUNK
     gated_chunk = 32  # H100, B=2 S=16384 H=16 D=128 bf16, GLA forward+backward: 6.0 ms, 10.1 at 64, 6.7 at 16
+    delta_chunk = 32  # the same shape, gated delta rule forward+backward: 10.6 ms, 11.2 at 64
 
     @property
     def passes(self):
@@ -86,6 +90,20 @@ class TritonEngine(Engine):
             layout.owners(),
             empty,
         )
+        return layout.unpad(out), final
+
+    def delta(self, xs: dict, init, layout, *, scale: float):
+        """The chunked delta rule in `_delta`'s kernels: q, k, v `[B, S, H, ·]`, beta and the log gates per
+        head `a_head` (zeros without) `[B, S, H]`; one sequence per row. q and k enter the kernels in v's
+        dtype (normalised, they come in float32, whose matmuls would take full-precision FMAs)."""
+        v, beta = xs["v"], xs["beta"]
+        q, k = (xs[name].astype(v.dtype) for name in ("q", "k"))
+        gate = xs.get("a_head", jnp.zeros(beta.shape, jnp.float32))
+        tiling = dataclasses.replace(
+            self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
+        )
+        inputs = (layout.pad(x) for x in (q, k, v, gate, beta))
+        out, final = delta_chunked(tiling, self.tiling, scale, layout.chunk, *inputs, init)
         return layout.unpad(out), final
 
     def decode(self, step, tokens, init):

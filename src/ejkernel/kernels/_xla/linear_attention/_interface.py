@@ -39,15 +39,19 @@ class Engine:
     per batch row (`tokens` `[B, H, ...]`, returns `(out [B, H, Dv], state)`), or None for the recurrent
     form in `lax.scan`; `gated(xs, init, layout, *, scale)`: the whole chunked form of the gated
     recurrence (no delta rule) on token-layout inputs, or None to run it through `chunked`;
-    `check` raises NotImplementedError for calls the platform does not serve; `gated_chunk`: the gated
-    recurrence's chunk size where the config names none.
+    `delta(xs, init, layout, *, scale)`: likewise the chunked delta rule of one sequence per row without
+    restarts, or None; `check` raises NotImplementedError for calls the platform does not serve;
+    `gated_chunk` / `delta_chunk`: the gated recurrence's / the gated delta rule's chunk size where the
+    config names none.
     """
 
     passes = ScanPasses()
     decode = None
     gated = None
+    delta = None
     min_chunk = 1
     gated_chunk = DEFAULT_CHUNK
+    delta_chunk = DEFAULT_CHUNK
 
     def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         """The chunked form on chunk-layout inputs (float32; `dtype` the caller's): `(out, exit states)`."""
@@ -112,9 +116,14 @@ def linear_attention(
     shape = (num_states, num_heads, dk, v.shape[-1])
     init = jnp.zeros(shape, jnp.float32) if initial_state is None else _f32(initial_state)
     # The engine's own gated form takes q, k, v as given (dtype, unscaled, grouped heads not repeated).
-    whole = beta is None and not recurrent and engine.gated is not None
+    whole = not recurrent and (
+        engine.gated is not None
+        if beta is None
+        else engine.delta is not None and restarts is None and cu_seqlens is None
+    )
     if whole:
-        xs = dict(q=q, k=k, v=v, a_head=_f32(g), a_key=_f32(gk))
+        gates = dict(a_key=_f32(gk)) if beta is None else dict(beta=_f32(beta))
+        xs = dict(q=q, k=k, v=v, a_head=_f32(g), **gates)
     else:
         if k.shape[2] < q.shape[2]:  # grouped-query: each key/value head serves a group of query heads
             kv_head = jnp.arange(num_heads) // (num_heads // k.shape[2])
@@ -146,7 +155,7 @@ def linear_attention(
         else ChunkLayout.packed(cu_seqlens, seq_len, chunk)
     )
     if whole:
-        out, final = engine.gated(xs, init, layout, scale=scale)
+        out, final = (engine.gated if beta is None else engine.delta)(xs, init, layout, scale=scale)
     else:
         chunks = {name: layout.to_chunks(x) for name, x in xs.items()}
         if recurrent:
@@ -413,6 +422,7 @@ def gated_delta_rule_xla(
     del autotune_chunk_candidates  # chooses the configs tried by autotuning, not the computation
     gates = {"beta": (beta, "head"), "decay": (decay, "head")}
     check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state, seg_ids=seg_ids)
+    runner = engine(cfg)
     out, state = _delta_rule(
         query,
         key,
@@ -424,7 +434,7 @@ def gated_delta_rule_xla(
         scale=_scale(None, query),
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
-        chunk=_chunk(cfg),
-        engine=engine(cfg),
+        chunk=_chunk(cfg, runner.delta_chunk),
+        engine=runner,
     )
     return _returned(out, state, return_state)

@@ -40,8 +40,8 @@ class SelectionWalk:
             jnp.broadcast_to(x, (batch, seq_len, kv_heads)).reshape(-1)
             for x in np.ix_(np.arange(batch), np.arange(seq_len), np.arange(kv_heads))
         )
-        self.base = (b * kv_heads + h) * padded_len + start[b, t]
-        self.position = position[b, t]
+        self.base = (b * kv_heads + h) * padded_len + jnp.asarray(start)[b, t]
+        self.position = jnp.asarray(position)[b, t]
 
     def rows(self, w):
         block = jnp.maximum(self.blocks[:, w], 0)
