@@ -51,6 +51,12 @@ CASES = {
         lambda: modules.mean_pooling(randn((4, 16, 8)), mesh=mesh(), in_specs=(P(None, "x"),), out_specs=R),
         "x's axis 1 (seq)",
     ),
+    "grouped matmul columns split, out_specs whole": (  # (shard 0's columns came back, [M, N / 4])
+        lambda: modules.grouped_matmul(
+            randn((8, 16)), randn((2, 16, 8)), jnp.array([3, 5]), mesh=mesh(), in_specs=(R, HEADS, R), out_specs=R
+        ),
+        "out_specs",
+    ),
 }
 
 

@@ -32,12 +32,12 @@ class GroupedMatmul(Kernel):
 
     def axis_roles(self, args, kwargs):
         """Never the rows M nor `group_sizes` (which lay the groups out over all rows); the contraction K
-        only with an `out_shard_callback` to sum the shards' parts; experts (with `group_offset`) and the
-        columns N are the op's own check."""
+        only with an `out_shard_callback` to sum the shards' parts; the columns N freely, the output's split
+        as the weights'; experts (with `group_offset`) are the op's own check."""
         contraction = None if self.out_shard_callback is not None else "dim"
-        rhs = (None, None, contraction) if kwargs.get("transpose_rhs") else (None, contraction, None)
+        rhs = (None, "features", contraction) if kwargs.get("transpose_rhs") else (None, contraction, "features")
         inputs = {0: ("lhs", ("tokens", contraction)), 1: ("rhs", rhs), 2: ("group_sizes", ("tokens",))}
-        return inputs | {4: ("existing_out", ("tokens", None))}, None
+        return inputs | {4: ("existing_out", ("tokens", "features"))}, ("tokens", "features")
 
     def __init__(self, out_shard_callback: Callable[[jax.Array], jax.Array] | None = None):
         self.out_shard_callback = out_shard_callback
