@@ -51,6 +51,20 @@ CASES = {
         lambda: modules.mean_pooling(randn((4, 16, 8)), mesh=mesh(), in_specs=(P(None, "x"),), out_specs=R),
         "x's axis 1 (seq)",
     ),
+    "ragged v2 heads split inside a K/V pair": (  # (a ZeroDivisionError deep in the core before)
+        lambda: modules.ragged_page_attention_v2(
+            randn((6, 8, 16)),
+            randn((8, 4, 4, 16)),  # two K/V heads, interleaved: four entries
+            jnp.array([5, 7]),
+            jnp.array([[0, 1, 2, 3], [4, 5, 6, 7]]),
+            jnp.array([0, 3, 6]),
+            jnp.array([2]),
+            mesh=mesh(),
+            in_specs=(P(None, "x"), HEADS, R, R, R, R),
+            out_specs=P(None, "x"),
+        ),
+        "whole groups of 2",
+    ),
     "grouped matmul columns split, out_specs whole": (  # (shard 0's columns came back, [M, N / 4])
         lambda: modules.grouped_matmul(
             randn((8, 16)), randn((2, 16, 8)), jnp.array([3, 5]), mesh=mesh(), in_specs=(R, HEADS, R), out_specs=R

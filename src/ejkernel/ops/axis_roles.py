@@ -2,10 +2,12 @@
 
 A kernel names the role of each axis of its tensors (`Kernel.axis_roles`): "batch", "heads", "queries",
 "features" (axes each shard computes alone), a role the op computes across ("dim", "seq", "state", ...),
-or None (left to the op's own checks). Under `shard_map` every shard runs the op on its block, so a
-split of the second kind, axes of one role split unlike each other (query heads but not key/value heads:
-the grouped-query pairing shifts), or out_specs that place the result otherwise than the inputs decide
-would each give a silent wrong answer. Here they are errors that name the argument, the axis and the fix.
+or None (left to the op's own checks). "role/n": that role in units of n entries that a shard must
+hold whole (K and V heads interleaved along one axis: "heads/2"). Under `shard_map` every shard runs the
+op on its block, so a split of the second kind, axes of one role split unlike each other (query heads but
+not key/value heads: the grouped-query pairing shifts), or out_specs that place the result otherwise than
+the inputs decide would each give a silent wrong answer. Here they are errors that name the argument, the
+axis and the fix.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def check_axis_roles(op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot:
             entry = _axes(spec[axis])
             if role is None:
                 continue
+            role, _, unit = role.partition("/")
+            unit = int(unit or 1)
             where = f"{name}'s axis {axis} ({role})"
             if entry and role.split()[0] not in SPLITTABLE:  # "features 2": one of several feature axes
                 raise ValueError(
@@ -67,10 +71,11 @@ def check_axis_roles(op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot:
                     "leave it unsplit"
                 )
             shards = math.prod(mesh.shape[a] for a in entry)
-            if array.shape[axis] % shards:
+            if array.shape[axis] % (shards * unit):
+                whole = f" into whole groups of {unit}" if unit > 1 else ""
                 raise ValueError(
                     f"{op_id}: in_specs split {where}, of size {array.shape[axis]}, over {entry} "
-                    f"({shards} shards), which do not divide it"
+                    f"({shards} shards), which do not divide it{whole}"
                 )
             first = seen.setdefault(role, (entry, where))
             if first[0] != entry:

@@ -37,10 +37,10 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
     config_type = RaggedPageAttentionV2Config
 
     def axis_roles(self, args, kwargs):
-        """Heads only: the query heads and the pages' interleaved K/V heads alike; tokens, pages and the
-        per-sequence tables never."""
+        """Heads only: the query heads and the pages' interleaved K/V heads alike (whole K/V pairs per
+        shard); tokens, pages and the per-sequence tables never."""
         queries, sinks = args[0], args[6]
-        inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("kv_pages", ("pages", None, "heads", "dim"))}
+        inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("kv_pages", ("pages", None, "heads/2", "dim"))}
         for i, name in ((2, "context_lens"), (3, "block_tables"), (4, "query_start_loc")):
             inputs[i] = (name, ("tokens",))
         if sinks is not None:
