@@ -156,6 +156,11 @@ def test_sharded_over_batch_and_heads():
     mesh = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4])
     q, kv, wk, wv, bq, bk = mla_inputs()
     specs = (P("data", None, "model"), P("data"), P(None, "model"), P(None, "model"), P("data"), P("data"))
-    sharded = lambda *a: flash_mla(*a, causal=True, mesh=mesh, in_specs=specs, out_specs=P("data", None, "model"))
-    reference = lambda *a: flash_mla_reference(*a, causal=True)
+    sharded = lambda *a, **kw: flash_mla(
+        *a, causal=True, mesh=mesh, in_specs=specs, out_specs=P("data", None, "model"), **kw
+    )
+    reference = lambda *a, **kw: flash_mla_reference(*a, causal=True, **kw)
     check_forward_and_grads(jax.jit(sharded), jax.jit(reference), [q, kv, wk, wv, bq, bk], (0, 1, 2, 3, 4, 5), q.dtype)
+    # Keyword arrays follow the query's split: sinks per head, a bias per batch row and head.
+    options = dict(softmax_aux=randn((q.shape[2],)), bias=randn((q.shape[0], q.shape[2], q.shape[1], kv.shape[1])))
+    assert_close(sharded(q, kv, wk, wv, bq, bk, **options), reference(q, kv, wk, wv, bq, bk, **options))

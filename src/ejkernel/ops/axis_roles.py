@@ -46,18 +46,22 @@ def _padded(spec, rank: int) -> tuple:
     return tuple(spec) + (None,) * (rank - len(tuple(spec)))
 
 
-def check_axis_roles(op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot: dict[int, Any], roles, out_specs):
+def check_axis_roles(
+    op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot: dict[int, Any], roles, out_specs, kwarg_specs=None
+):
     """`roles = (inputs, output)`: inputs `{position or keyword: (name, (role or None per axis))}` (array
-    keyword options are replicated), output a pytree of role tuples matching `out_specs` (or None:
-    unchecked). Raises ValueError on any split that would change the answer."""
+    keyword options laid out as `kwarg_specs` says, `Kernel.kwarg_specs`; replicated where it names none),
+    output a pytree of role tuples matching `out_specs` (or None: unchecked). Raises ValueError on any split
+    that would change the answer."""
     inputs, output = roles
+    kwarg_specs = kwarg_specs or {}
     seen: dict[str, tuple[tuple[str, ...], str]] = {}
     for position, (name, axis_roles) in inputs.items():
         keyword = isinstance(position, str)
         array = kwargs.get(position) if keyword else args[position]
         if array is None or (not keyword and position not in by_slot):
             continue
-        spec = _padded(PartitionSpec() if keyword else by_slot[position], len(axis_roles))
+        spec = _padded(kwarg_specs.get(position, PartitionSpec()) if keyword else by_slot[position], len(axis_roles))
         for axis, role in enumerate(axis_roles):
             entry = _axes(spec[axis])
             if role is None:

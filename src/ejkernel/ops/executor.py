@@ -278,7 +278,7 @@ class Executor:
         array_kwargs = kernel.kwarg_specs(kwargs, in_specs)  # the op's own checks first: their words are its own
         roles = kernel.axis_roles(args, kwargs)
         if roles is not None:
-            check_axis_roles(kernel.op_id, mesh, args, kwargs, by_slot, roles, out_specs)
+            check_axis_roles(kernel.op_id, mesh, args, kwargs, by_slot, roles, out_specs, array_kwargs)
         static_kwargs = {k: v for k, v in kwargs.items() if k not in array_kwargs}
 
         def body(tensors, dynamic):

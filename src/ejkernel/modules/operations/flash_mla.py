@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, Shaped
 
 from ejkernel.kernels._common.mla import canonical_call
@@ -36,8 +37,7 @@ class FlashMLA(Kernel):
 
     def axis_roles(self, args, kwargs):
         """Batch and heads (of the query and of both weights) split alike; sequences, the latent rank and
-        head dims never. Array options are replicated: per-head sinks, and a bias or mask per row or head,
-        need batch and heads unsplit."""
+        head dims never. Array options follow the query's batch and heads (`kwarg_specs`)."""
         query, _, _, _, b_q = args[:5]
         heads = query.shape[2]
         inputs = {0: ("query", ("batch", "seq", "heads", "dim")), 1: ("key_value", ("batch", "seq", "dim"))}
@@ -55,12 +55,25 @@ class FlashMLA(Kernel):
         return inputs, ("batch", None, "heads", None)
 
     def kwarg_specs(self, kwargs, in_specs):
+        """Sinks of more than one logit follow the query heads' split (as one per head; a longer shared list
+        with split heads is then refused by the roles); a bias or mask per batch row or head follows the
+        query's batch and heads (shared ones stay whole)."""
         if kwargs.get("dropout_prob") and not kwargs.get("deterministic", True):  # masks from shard-local indices
             raise NotImplementedError(
                 "flash_mla: dropout with mesh= would draw the same mask on every shard; "
                 "call it without mesh= inside your own shard_map with a key per shard"
             )
-        return super().kwarg_specs(kwargs, in_specs)
+        specs = super().kwarg_specs(kwargs, in_specs)
+        batch, _, heads = (tuple(in_specs[0]) + (None,) * 3)[:3]
+        sinks = kwargs.get("softmax_aux")
+        if sinks is not None and sinks.shape[0] > 1:
+            specs["softmax_aux"] = PartitionSpec(heads)
+        for name in ("bias", "attention_mask"):
+            x = kwargs.get(name)
+            if x is not None:
+                per_head = heads if x.ndim == 4 and x.shape[1] > 1 else None
+                specs[name] = PartitionSpec(batch if x.shape[0] > 1 else None, per_head)
+        return specs
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield FlashMLAConfig(platform=platform)  # the implementation's own defaults
