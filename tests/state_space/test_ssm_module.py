@@ -86,6 +86,14 @@ def test_sharded_channels_and_heads_equal_the_reference():
     v2_ref = lambda x, A, B, dt, h0: state_space_v2_reference(x, A, B, C2, D2, dt, gate2, h0)
     check_forward_and_grads(packed(v1), packed(v1_ref), [x, A, dt, h0], (0, 1, 2, 3), jnp.float32)
     check_forward_and_grads(packed(v2), packed(v2_ref), [x2, A2, B2, dt2, h02], (0, 1, 2, 3, 4), jnp.float32)
+    # Two groups of B/C split with the heads: each shard holds one group and its heads.
+    x3, A3, B3, C3, D3, dt3, _, _ = v2_inputs(seq=8, head_dim=4, gate=False, initial=False)
+    hs, two = P(None, None, "model"), jax.make_mesh((2,), ("model",), devices=jax.devices()[:2])
+    specs = (hs, P("model"), hs, hs, P("model"), hs)
+    y, *_ = state_space_v2(
+        x3, A3, B3, C3, D3, dt3, n_groups=2, mesh=two, in_specs=specs, out_specs=(hs, P(None, "model"))
+    )
+    assert_close(y, state_space_v2_reference(x3, A3, B3, C3, D3, dt3, n_groups=2)[0])
 
 
 def _v1(**kw):
