@@ -81,6 +81,8 @@ def state_space_v2_reference(
     """
     if use_gated_rmsnorm and gate is None:
         raise ValueError("use_gated_rmsnorm=True needs a gate")
+    if B.shape[2] != n_groups or C.shape[2] != n_groups:
+        raise ValueError(f"B and C must hold n_groups={n_groups} groups, got {B.shape} and {C.shape}")
     xf, A, B, C, D, dt, gate, h = _f32(x, A, B, C, D, dt, gate, initial_state)
     batch, seq, heads, head_dim = xf.shape
     group_of_head = jnp.arange(heads) // (heads // n_groups)
