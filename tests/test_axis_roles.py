@@ -65,6 +65,18 @@ CASES = {
         ),
         "whole groups of 2",
     ),
+    "ring attention batch split, out_specs whole": (  # (shard 0's batch came back, failing the return type)
+        lambda: modules.ring_attention(
+            q,
+            k,
+            v,
+            axis_name="sp",
+            mesh=jax.make_mesh((2, 2), ("d", "sp"), devices=jax.devices()[:4]),
+            in_specs=(P("d", "sp"),) * 3,
+            out_specs=P(None, "sp"),
+        ),
+        "out_specs",
+    ),
     "grouped matmul columns split, out_specs whole": (  # (shard 0's columns came back, [M, N / 4])
         lambda: modules.grouped_matmul(
             randn((8, 16)), randn((2, 16, 8)), jnp.array([3, 5]), mesh=mesh(), in_specs=(R, HEADS, R), out_specs=R

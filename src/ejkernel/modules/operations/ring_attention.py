@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
 from ejkernel.kernels._common.attention import canonical_sinks
-from ejkernel.modules.operations._attention_args import check_bias, check_qkv, parse_window
+from ejkernel.modules.operations._attention_args import attention_roles, check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, flash_attention
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
@@ -52,9 +52,9 @@ class RingAttention(Kernel):
     config_type = RingAttentionConfig
 
     def axis_roles(self, args, kwargs):
-        """Never the head dims; the sequence, heads and sinks are the op's own (`kwarg_specs`)."""
-        dims = (None, None, None, "dim")
-        return {0: ("query", dims), 1: ("key", dims), 2: ("value", dims)}, None
+        """Attention's (`attention_roles`): batch, heads and query rows alike, the output laid out as the
+        query; the key/value sequence (split over the ring) is the op's own."""
+        return attention_roles(args, bias_at=4, sinks_at=3)
 
     def call_impl(self, impl, args, kwargs, cfg):
         kwargs = dict(kwargs)
