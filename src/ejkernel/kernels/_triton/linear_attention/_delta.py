@@ -35,28 +35,23 @@ from ejkernel.kernels._triton.linear_attention._gla_backward import _head_grads
 from ejkernel.kernels._triton.linear_attention._gla_common import F32, GlaTiling, _call, _tile, _tiles_sum
 from ejkernel.kernels._triton.linear_attention._gla_forward import _cumulative, _head_scores, _outputs
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 
 # ---- the WY transform, per chunk in XLA ----
 
 
-def _to_chunks(x, chunk: int):
-    """`[B, T, H, ...] -> [B, NC, H, C, ...]`."""
-    batch, seq, heads = x.shape[:3]
-    return jnp.moveaxis(x.reshape(batch, seq // chunk, chunk, heads, *x.shape[3:]), 3, 2)
-
-
-def _from_chunks(x):
-    """`[B, NC, H, C, D] -> [B, T, H, D]`."""
-    batch, num, heads, chunk, dim = x.shape
-    return jnp.moveaxis(x, 2, 3).reshape(batch, num * chunk, heads, dim)
+def _chunks(x, chunk: int) -> ChunkLayout:
+    """The layout of `x [B, T, H, ...]` cut into chunks (T a multiple of `chunk`)."""
+    return ChunkLayout.dense(x.shape[0], x.shape[1], chunk)
 
 
 def _wy(chunk: int, k, v, beta, a):
     """`(u, w)` `[B, T, H, D]` float32 of every chunk (products in k's and v's dtype, the system solved in
     float32); `a [B, T, H]` the log gates (summed within chunks here)."""
-    gates = jnp.cumsum(_to_chunks(a, chunk), axis=-1)
-    u, w = wy_transform(_to_chunks(k, chunk), _to_chunks(v, chunk), _to_chunks(beta, chunk), gates)
-    return _from_chunks(u), _from_chunks(w)
+    layout = _chunks(k, chunk)
+    gates = jnp.cumsum(layout.to_chunks(a), axis=-1)
+    u, w = wy_transform(*(layout.to_chunks(x) for x in (k, v, beta)), gates)
+    return layout.from_chunks(u), layout.from_chunks(w)
 
 
 # ---- the sequential passes (one program per batch row, head and tile of value columns) ----
@@ -207,9 +202,9 @@ def _bwd(tiling, passes, scale, chunk, residuals, cotangents):
     dh, d_init, rs, du = _delta_state_grads(t, passes, chunk, scale, q, k, w, g, d_out, scores, e, d_final)
     dq, dk, _, da = _head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs)
     mm = t.mm(q.dtype)
-    entry = _to_chunks(du.astype(mm), chunk)  # dw = −dU hᵀ with h the chunk's entry state
-    dw = -jnp.einsum("bnhcv,bnhkv->bnhck", entry, e.astype(mm), preferred_element_type=F32)
-    dk_wy, dv, d_beta, da_wy = wy_vjp((du, _from_chunks(dw)))
+    layout = _chunks(du, chunk)  # dw = −dU hᵀ with h the chunk's entry state
+    dw = -jnp.einsum("nbhcv,bnhkv->nbhck", layout.to_chunks(du.astype(mm)), e.astype(mm), preferred_element_type=F32)
+    dk_wy, dv, d_beta, da_wy = wy_vjp((du, layout.from_chunks(dw)))
     dk = (dk.astype(F32) + dk_wy).astype(k.dtype)
     return dq.astype(q.dtype), dk, dv, _tiles_sum(da)[..., 0] + da_wy, d_beta, d_init
 

@@ -106,7 +106,7 @@ def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts
 # ---- per-chunk gradients ----
 
 
-def _from_earlier(m: int, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm):
+def _from_earlier(m: int, k_ref, g_ref, v_ref, do, g, scale, mm):
     """dq of row block m through the keys of the earlier blocks (the gate r at the block's first row)."""
     n = m * SUB
     keys = pl.ds(0, pl.next_power_of_2(n))
@@ -160,7 +160,7 @@ def _grads_kernel(
         dq = scale * dot(do, e_ref[...].astype(mm), trans_b=True) * jnp.exp(g)
         dk = dk_exit[m]
         if m > 0:
-            dq += _from_earlier(m, q_ref, k_ref, g_ref, v_ref, do, g, scale, mm)
+            dq += _from_earlier(m, k_ref, g_ref, v_ref, do, g, scale, mm)
         if m < num_blocks - 1:
             dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
         d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys

@@ -62,6 +62,10 @@ class TritonEngine(Engine):
         engine = dataclasses.replace(self, tiling=dataclasses.replace(self.tiling, precise=dtype == jnp.float32))
         return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
 
+    def _gla_tiling(self, dtype) -> GlaTiling:
+        """The GLA kernels' tiling for inputs of `dtype` (float32: full-precision matmuls)."""
+        return dataclasses.replace(self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(dtype) == jnp.float32)
+
     def gated(self, xs: dict, init, layout, *, scale: float):
         """The gated recurrence in the `_gla` kernels: a gate per key channel `[B, S, H, Dk]` (per-head
         gates added in), or one per head `[B, S, H, 1]` (zeros without gates). H = the most heads of q and
@@ -76,11 +80,8 @@ class TritonEngine(Engine):
         else:
             gate = xs.get("a_head", jnp.zeros((*q.shape[:2], heads), jnp.float32))[..., None]
         empty = jnp.zeros(init.shape[:1], bool) if layout.empty is None else layout.empty
-        tiling = dataclasses.replace(
-            self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
-        )
         out, final = gla_chunked(
-            tiling,
+            self._gla_tiling(v.dtype),
             scale,
             layout.tokens is not None,
             *(layout.pad(x) for x in (q, k, v, gate)),
@@ -99,11 +100,8 @@ class TritonEngine(Engine):
         v, beta = xs["v"], xs["beta"]
         q, k = (xs[name].astype(v.dtype) for name in ("q", "k"))
         gate = xs.get("a_head", jnp.zeros(beta.shape, jnp.float32))
-        tiling = dataclasses.replace(
-            self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(v.dtype) == jnp.float32
-        )
         inputs = (layout.pad(x) for x in (q, k, v, gate, beta))
-        out, final = delta_chunked(tiling, self.tiling, scale, layout.chunk, *inputs, init)
+        out, final = delta_chunked(self._gla_tiling(v.dtype), self.tiling, scale, layout.chunk, *inputs, init)
         return layout.unpad(out), final
 
     def decode(self, step, tokens, init):
