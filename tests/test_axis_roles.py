@@ -77,6 +77,18 @@ CASES = {
         ),
         "out_specs",
     ),
+    "ring attention query batch split, key batch not": (
+        lambda: modules.ring_attention(
+            q,
+            q,
+            q,
+            axis_name="sp",
+            mesh=jax.make_mesh((2, 2), ("d", "sp"), devices=jax.devices()[:4]),
+            in_specs=(P("d", "sp"), P(None, "sp"), P(None, "sp")),
+            out_specs=P("d", "sp"),
+        ),
+        "key's axis 0 (batch)",
+    ),
     "grouped matmul columns split, out_specs whole": (  # (shard 0's columns came back, [M, N / 4])
         lambda: modules.grouped_matmul(
             randn((8, 16)), randn((2, 16, 8)), jnp.array([3, 5]), mesh=mesh(), in_specs=(R, HEADS, R), out_specs=R
