@@ -191,6 +191,10 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
         stages_bwd=stages_bwd,
         q_tiles_per_cta=cta_rows // CTA_ROWS,
         heads_major=True,
+        # tiles fetched into L2 two steps ahead: a tile listed by few rows misses L2 on its first read
+        # (H200, S=16384 H=16 D=128, random blocks, forward+backward at 10% / 25%: 1.845 / 4.043 ms
+        # against 1.887 / 4.148 without; the forward alone unchanged)
+        prefetch=2,
         chunk_size=mask.chunk_size,
         table_q=table_q,
         table_k=table_k,

@@ -191,7 +191,7 @@ def stream_query_tiles(st: Static, walk: QueryTiles, walk_refs, q_ref, do_ref, l
             do_consumed,
         ),
     )
-    memory_warpgroup(lambda: feed(list(streams), walk.total(span), st.stages_bwd))
+    memory_warpgroup(lambda: feed(list(streams), walk.total(span), st.stages_bwd, prefetch=st.prefetch))
     return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], walk, span, streams)
 
 

@@ -147,10 +147,11 @@ class Stream:
         )
 
 
-def feed(streams: list[Stream], steps, stages: int, start=0):
+def feed(streams: list[Stream], steps, stages: int, start=0, prefetch: int = 0):
     """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `(start + step) % stages`.
 
     `start` counts the steps fed before (a CTA's earlier query tile): the ring of slots goes on.
+    `prefetch > 0`: after step n's copies, step n + prefetch's tiles are fetched into L2 (`Static.prefetch`).
     """
 
     @pl.loop(0, steps)
@@ -161,6 +162,13 @@ def feed(streams: list[Stream], steps, stages: int, start=0):
             pl.when(n >= stages)(lambda s=s: plgpu.barrier_wait(s.consumed.at[slot]))
             for source, buffers in s.copies:
                 plgpu.copy_gmem_to_smem(source(step), buffers.at[slot], s.ready.at[slot])
+        if prefetch:
+
+            @pl.when(step + prefetch < steps)
+            def _():
+                for s in streams:
+                    for source, _ in s.copies:
+                        plgpu.async_prefetch(source(step + prefetch))
 
 
 def memory_warpgroup(run):
@@ -395,7 +403,7 @@ def stream_key_tiles(st: Static, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, 
     walk = walk.bind(walk_refs, b, h)
     cta_row, lo, hi, key_row = walk.tile(lax.axis_index("q_tiles"), 0)
     streams = key_value_streams(st, k_ref, v_ref, smem, barriers, b, h, key_row, block)
-    memory_warpgroup(lambda: feed(list(streams), hi - lo, stages))
+    memory_warpgroup(lambda: feed(list(streams), hi - lo, stages, prefetch=st.prefetch))
     return QueryCta(b, h, wg, cta_row, lo, hi, walk, streams)
 
 

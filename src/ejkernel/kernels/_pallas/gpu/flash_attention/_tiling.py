@@ -46,6 +46,9 @@ class Static:
     overlap_schedule: bool = True  # with `overlap`: the two warpgroups still take turns issuing matmuls
     q_tiles_per_cta: int = 1  # forward: 1, or 2 (a long and a short causal tile; an even tile count)
     heads_major: bool = False  # arrays [B, H, S, D] (block-sparse attention's layout), not [B, S, H, D]
+    # streamed tiles fetched into L2 this many steps before their copy (0: none): block-sparse walks
+    # visit each tile a few times, so its first read misses L2 and waits on memory
+    prefetch: int = 0
 
     @property
     def group(self) -> int:
