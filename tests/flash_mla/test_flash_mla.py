@@ -164,3 +164,12 @@ def test_sharded_over_batch_and_heads():
     # Keyword arrays follow the query's split: sinks per head, a bias per batch row and head.
     options = dict(softmax_aux=randn((q.shape[2],)), bias=randn((q.shape[0], q.shape[2], q.shape[1], kv.shape[1])))
     assert_close(sharded(q, kv, wk, wv, bq, bk, **options), reference(q, kv, wk, wv, bq, bk, **options))
+    # A shared list of sinks (not one per head) under split heads: folded to one logit, its gradient exact.
+    shared = randn((q.shape[2] + 1,))
+    check_forward_and_grads(
+        jax.jit(lambda q, s: sharded(q, kv, wk, wv, bq, bk, softmax_aux=s)),
+        jax.jit(lambda q, s: reference(q, kv, wk, wv, bq, bk, softmax_aux=s)),
+        [q, shared],
+        (0, 1),
+        q.dtype,
+    )

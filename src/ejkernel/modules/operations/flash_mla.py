@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, Shaped
 
@@ -55,9 +56,9 @@ class FlashMLA(Kernel):
         return inputs, ("batch", None, "heads", None)
 
     def kwarg_specs(self, kwargs, in_specs):
-        """Sinks of more than one logit follow the query heads' split (as one per head; a longer shared list
-        with split heads is then refused by the roles); a bias or mask per batch row or head follows the
-        query's batch and heads (shared ones stay whole)."""
+        """Sinks of more than one logit (one per head: `flash_mla` folds a shared list into one logit) follow
+        the query heads' split; a bias or mask per batch row or head follows the query's batch and heads
+        (shared ones stay whole)."""
         if kwargs.get("dropout_prob") and not kwargs.get("deterministic", True):  # masks from shard-local indices
             raise NotImplementedError(
                 "flash_mla: dropout with mesh= would draw the same mask on every shard; "
@@ -132,7 +133,7 @@ def flash_mla(
     output). Dropout applies with `dropout_prob > 0` and `deterministic=False` and needs `dropout_rng`.
     The softmax runs in float32 whatever `softmax_dtype` says. Returns `[B, Sq, Hq, Dv]` in query's dtype.
     `mesh=`/`in_specs=`/`out_specs=` run it under `jax.shard_map` (shard batch, or heads with `w_kc`/`w_vc`
-    sharded on their head axis alike; array options such as `bias` are replicated).
+    sharded on their head axis alike; sinks and a bias or mask per batch row or head follow that split).
     """
     batch, q_len, heads, _ = query.shape
     bias = check_bias(bias, batch, heads, q_len, key_value.shape[1])
@@ -151,6 +152,10 @@ def flash_mla(
     )
     call = canonical_call(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens, **options)  # checks everything
     options["softmax_scale"] = call.attention["softmax_scale"]
+    if softmax_aux is not None and softmax_aux.shape[0] not in (1, heads):
+        # A shared list reaches each denominator only through its log-sum-exp: one shared logit, so that
+        # under `mesh=` sinks are either per head (split with the heads) or one logit (replicated).
+        options["softmax_aux"] = jax.nn.logsumexp(softmax_aux.astype(jnp.float32))[None].astype(softmax_aux.dtype)
     return executor(
         FlashMLA(),
         *(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens),
