@@ -267,6 +267,44 @@ def timings(ops: Ops, shape, backward: bool, repeats: int, only: str, budget: fl
     ]
 
 
+def even_pattern(seq: int, per_row: int):
+    """(bool mask [1, 1, S, S] on the device, density): every 128-row query tile lists `per_row` key tiles spread
+    over the keys, and every key tile is listed by `per_row` query tiles (tile (r, (r + j * n / per_row) mod n))."""
+    n = seq // BLOCK
+    tiles = np.zeros((n, n), bool)
+    rows = np.arange(n)[:, None]
+    tiles[rows, (rows + np.arange(per_row)[None] * (n // per_row)) % n] = True
+    dense = np.repeat(np.repeat(tiles, BLOCK, 0), BLOCK, 1)
+    return jnp.asarray(dense[None, None]), float(tiles.mean())
+
+
+def costs(ops: Ops, shape, per_row: list[int], repeats: int):
+    """The Mosaic kernels' time against the key tiles each query tile lists (all alike, so no CTA waits on
+    another): a line `time = fixed + per_tile * n` per mode, and its cost per CTA and per listed tile."""
+    batch, seq, heads, dim = shape
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(key, (batch, heads, seq, dim), jnp.bfloat16) for key in keys)
+    loss = lambda fn: jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+    calls = {}
+    for n in per_row:
+        fn = functools.partial(ops.mosaic, attention_mask=even_pattern(seq, n)[0], causal=False)
+        for mode, step in (("fwd", jax.jit(fn)), ("fwd+bwd", jax.jit(loss(fn)))):
+            calls[(mode, n)] = functools.partial(step, q, k, v)
+            jax.block_until_ready(calls[(mode, n)]())
+        log(f"costs: {n} tiles per row compiled")
+    seconds = time_fns(calls, repeats=repeats, warmup=2)
+    waves = batch * heads * (seq // BLOCK) / getattr(jax.devices()[0], "core_count", 1)
+    for mode in ("fwd", "fwd+bwd"):
+        n = np.array(per_row, float)
+        t = np.array([seconds[(mode, m)] for m in per_row]) * 1e6
+        per_tile, fixed = np.polyfit(n, t, 1)
+        print(f"{mode:8s} " + "  ".join(f"n={m}: {x:.1f} us" for m, x in zip(per_row, t, strict=True)))
+        print(
+            f"{mode:8s} fit: {fixed:.1f} + {per_tile:.2f} n us; per CTA ({waves:.1f} CTAs per SM): "
+            f"{fixed / waves:.2f} us fixed, {per_tile / waves:.3f} us per listed tile"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-check", action="store_true")
@@ -276,6 +314,7 @@ def main():
     parser.add_argument("--budget", type=float, default=210.0, help="seconds after which no further variant compiles")
     parser.add_argument("--stall", type=float, default=150.0, help="watchdog: seconds without progress")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU, Mosaic in interpret mode")
+    parser.add_argument("--costs", default="", help="only fit time to listed tiles per row at these counts (1,4,16)")
     args = parser.parse_args()
     start_watchdog(args.stall)
     device = jax.devices()[0]
@@ -283,6 +322,10 @@ def main():
     ops = Ops(args.cpu_smoke)
     results, rows = [], []
     shape = (1, 512, 2, 128) if args.cpu_smoke else (1, 16384, 16, 128)
+    if args.costs:
+        with ops.context():
+            costs(ops, shape, [int(n) for n in args.costs.split(",")], 2 if args.cpu_smoke else args.repeats)
+        return
     with ops.context():
         if not args.skip_check:
             for case in check_cases(args.cpu_smoke):
