@@ -108,11 +108,6 @@ def packed_segment_ids(cu_seqlens, length: int) -> jax.Array:
     return jnp.where(positions < bounds[-1], ids, -1)
 
 
-def check_cu_seqlens(cu_seqlens, length: int) -> None:
-    """An int `[N+1]` array; where concrete, `0 = cu[0] <= cu[1] <= ... <= cu[N] <= length`."""
-    check_bounds("cu_seqlens", cu_seqlens, length, total=True)
-
-
 @dataclasses.dataclass(frozen=True)
 class MlaCall:
     """A checked call: its sizes and the canonical options of the attention over the latent rows."""
@@ -183,7 +178,7 @@ def canonical_call(
             raise ValueError(
                 f"cu_seqlens packs one sequence axis: query and key_value lengths differ ({q_len}, {kv_len})"
             )
-        check_cu_seqlens(cu_seqlens, q_len)
+        check_bounds("cu_seqlens", cu_seqlens, q_len, total=True)
         q_seg = kv_seg = jnp.broadcast_to(packed_segment_ids(cu_seqlens, q_len), (batch, q_len))
     if softmax_scale is None:
         softmax_scale = (dims.nope_dim + dims.rope_dim) ** -0.5

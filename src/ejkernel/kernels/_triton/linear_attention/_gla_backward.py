@@ -179,10 +179,7 @@ def _grads_kernel(
             return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
         exact = lambda grads, m=m, diagonal=diagonal: _own_keys(g_ref, m * SUB, diagonal, grads)
-        if s["own_by_matmul"]:
-            dq, dk = lax.cond(_separable(g), by_matmul, exact, (dq, dk))
-        else:
-            dq, dk = exact((dq, dk))
+        dq, dk = lax.cond(_separable(g), by_matmul, exact, (dq, dk))
         dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
@@ -241,7 +238,6 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         chunk=chunk,
         scale=scale,
         mm=t.mm(q.dtype),
-        own_by_matmul=t.own_by_matmul,
     )(*args)
 
 

@@ -33,8 +33,7 @@ class GlaTiling:
     `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
-    N=128: 1.066 against 1.122 ms). `own_by_matmul`: a row block whose gates span at most `SEPARABLE_SPAN`
-    takes its own keys by matmuls (`_separable`) instead of the exact loop of SUB steps (`_own_keys`).
+    N=128: 1.066 against 1.122 ms).
     """
 
     state_k: int = 64
@@ -53,7 +52,6 @@ class GlaTiling:
     interpret: bool = False
     precise: bool = True
     fuse_head_scores: bool = True
-    own_by_matmul: bool = True
 
     def fit(self, dk: int, dv: int) -> GlaTiling:
         return dataclasses.replace(

@@ -119,7 +119,7 @@ def _cumulative(t: GlaTiling, chunk: int, a):
     )(a)
 
 
-def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, own_by_matmul: bool):
+def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
     """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal): the keys before it (and,
     where its gates are `_separable`, its own) by one matmul, through the gate r at its first row."""
     first = pl.multiple_of(lax.rem(pl.program_id(0), jnp.int32(chunk // SUB)) * SUB, SUB)
@@ -139,7 +139,7 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm, own_by_matmul:
         return jnp.where(col == first + j, weights, scores)
 
     exact = lambda: _own_keys(g_ref, first, diagonal, through_r(False))
-    scores = lax.cond(_separable(g), lambda: through_r(True), exact) if own_by_matmul else exact()
+    scores = lax.cond(_separable(g), lambda: through_r(True), exact)
     a_ref[...] = scores.astype(a_ref.dtype)
 
 
@@ -167,7 +167,6 @@ def _scores(t: GlaTiling, chunk: int, q, k, g):
         "ejkernel_gla_scores",
         chunk=chunk,
         mm=t.mm(q.dtype),
-        own_by_matmul=t.own_by_matmul,
     )(q, k, g)
 
 

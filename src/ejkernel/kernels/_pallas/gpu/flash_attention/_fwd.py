@@ -79,7 +79,7 @@ def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
 
         def feed_tile(j, start):
             _, lo, hi, streams = query_tile(j)
-            feed(streams, hi - lo, stages, start, st.prefetch)
+            feed(streams, hi - lo, stages, start, prefetch=st.prefetch)
             return start + hi - lo
 
         def feed_all():
