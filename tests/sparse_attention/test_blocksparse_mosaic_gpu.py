@@ -24,7 +24,7 @@ from ejkernel.kernels._pallas.gpu.blocksparse_attention._interface import (
     blocksparse_attention_mosaic_gpu,
     mosaic_blocksparse,
 )
-from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import column_lists, row_lists
+from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import column_lists, launch_order, row_lists
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
 from ejkernel.modules import blocksparse_attention
 from ejkernel.ops import BwdParams, FwdParams
@@ -125,7 +125,7 @@ def test_segment_ids_known_only_at_run_time_lower_for_cuda():
 INTERPRET_CASES = {
     "gqa-per-head-table-empty-rows-sinks-d64-fused": (
         (1, 2, 1, 256, 256, 64),
-        {"attention_mask": block_mask(1, 2, 256, 256, 128, density=0.6, empty_rows=(1,), seed=2), "causal": False},
+        {"attention_mask": block_mask(1, 2, 256, 256, 128, density=0.6, empty_rows=(0,), seed=2), "causal": False},
         True,
     ),
     "causal-window-segments-padded-keys-d128": (
@@ -219,6 +219,12 @@ def test_packed_lists_say_what_the_table_says(per_head):
             assert (listed % n_q).tolist() == q_blocks[b, h, kb, : q_counts[b, h, kb]].tolist()
             assert col_edges[g] == q_edges[b, h, kb]
     assert np.array_equal(np.asarray(traced(dense))[..., :2], rows[..., :2])
+    # CTAs launch longest first: a permutation of the 128-row tiles (two per table tile here), most steps first
+    order = launch_order(counts, 2)
+    steps = np.repeat(counts, 2, axis=-1)
+    assert np.array_equal(np.sort(order, axis=-1), np.broadcast_to(np.arange(steps.shape[-1]), steps.shape))
+    assert (np.diff(np.take_along_axis(steps, order, axis=-1), axis=-1) <= 0).all()
+    assert np.array_equal(np.asarray(jax.jit(lambda c: launch_order(c, 2))(counts)), order)
 
 
 # ---- what it declines ----

@@ -30,6 +30,7 @@ from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import (
     column_lists,
     concrete,
     key_tiles,
+    launch_order,
     query_tiles,
     row_lists,
 )
@@ -47,13 +48,13 @@ DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 TABLE_TILES = (128, 256)  # the table's tiles: whole 128-row CTAs
 
 
-def _walks(st: SparseStatic, rows, cols, q_seg, kv_seg):
+def _walks(st: SparseStatic, rows, row_order, cols, col_order, q_seg, kv_seg):
     num_q_tiles, num_q_blocks = st.q_len_padded // CTA_ROWS, st.q_len_padded // st.table_q
     segments = () if q_seg is None else (q_seg, kv_seg)
     return (
-        key_tiles(st, st.block_k, rows, num_q_tiles, segments, st.q_tiles_per_cta),
-        key_tiles(st, st.block_k_dq, rows, num_q_tiles, segments),
-        query_tiles(st, st.block_q_dkv, cols, num_q_blocks, segments),
+        key_tiles(st, st.block_k, rows, row_order, num_q_tiles, segments, st.q_tiles_per_cta),
+        key_tiles(st, st.block_k_dq, rows, row_order, num_q_tiles, segments),
+        query_tiles(st, st.block_q_dkv, cols, col_order, num_q_blocks, segments),
     )
 
 
@@ -64,8 +65,8 @@ def _forward(st: SparseStatic, q, k, v, sinks, *lists):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(st, q, k, v, sinks, rows, cols, q_seg, kv_seg):
-    return _forward(st, q, k, v, sinks, rows, cols, q_seg, kv_seg)[0]
+def _attention(st, q, k, v, sinks, rows, row_order, cols, col_order, q_seg, kv_seg):
+    return _forward(st, q, k, v, sinks, rows, row_order, cols, col_order, q_seg, kv_seg)[0]
 
 
 def _attention_fwd(st, q, k, v, sinks, *lists):
@@ -79,7 +80,7 @@ def _attention_bwd(st, residuals, do):
     q, k, v, sinks, lists, out, lse = residuals
     _, dq_tiles, dkv_tiles = _walks(st, *lists)
     dq, dk, dv, dsinks = backward(st, q, k, v, sinks, out, lse, do.astype(out.dtype), dq_tiles, dkv_tiles)
-    return dq, dk, dv, dsinks, None, None, None, None
+    return dq, dk, dv, dsinks, *(None,) * len(lists)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -209,15 +210,25 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
     if st.segments:  # padded positions belong to no segment
         q_seg = pad_axes(mask.q_segment_ids.astype(jnp.int32), {1: q_pad}, value=-1)
         kv_seg = pad_axes(mask.kv_segment_ids.astype(jnp.int32), {1: kv_pad}, value=-1)
-    lists = (row_lists(table), column_lists(table, call.heads // call.kv_heads), q_seg, kv_seg)
+    group = call.heads // call.kv_heads
+    cols = column_lists(table, group)
+    lists = (
+        row_lists(table),
+        launch_order(table.kv_counts, table_q // CTA_ROWS),
+        cols,
+        launch_order(cols[..., group], table_k // CTA_ROWS),  # every head's steps of each key tile
+        q_seg,
+        kv_seg,
+    )
     return st, q, k, v, call.sink, lists
 
 
 def mosaic_blocksparse(query, key, value, softmax_aux=None, bias=None, **options):
     """The kernels' differentiable block-sparse attention without the device check (lets CPU tests lower
     it for CUDA, or run it in Mosaic GPU interpret mode)."""
-    st, q, k, v, sinks, (rows, cols, q_seg, kv_seg) = plan(query, key, value, softmax_aux, bias, **options)
-    out = _attention(st, q, k, v, sinks, jnp.asarray(rows), jnp.asarray(cols), q_seg, kv_seg)
+    st, q, k, v, sinks, lists = plan(query, key, value, softmax_aux, bias, **options)
+    *tables, q_seg, kv_seg = lists
+    out = _attention(st, q, k, v, sinks, *(jnp.asarray(x) for x in tables), q_seg, kv_seg)
     return out if out.shape[2] == st.q_len else out[:, :, : st.q_len]
 
 

@@ -166,7 +166,7 @@ def stream_query_tiles(st: Static, walk: QueryTiles, walk_refs, q_ref, do_ref, l
     bq = st.block_q_dkv
     b, kv_h, wg = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("wg")
     walk = walk.bind(walk_refs, b, kv_h)
-    cta_col = lax.axis_index("kv_tiles") * CTA_ROWS
+    cta_col = walk.key_tile(lax.axis_index("kv_tiles")) * CTA_ROWS
     span = walk.span(cta_col)
 
     def rows_of(ref):

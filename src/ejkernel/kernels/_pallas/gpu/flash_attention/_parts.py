@@ -339,6 +339,10 @@ class QueryTiles:
         del refs, b, kv_h
         return self
 
+    def key_tile(self, cta):
+        """The 128-key tile of the CTA launched `cta`-th among its head's."""
+        return cta
+
     def span(self, cta_col):
         """The CTA's query tiles (both warpgroups' needs): `(lo, hi, tiles per head)`."""
         lo = query_ranges(self.st, cta_col, ROWS, self.block, self.num_blocks)[0]
