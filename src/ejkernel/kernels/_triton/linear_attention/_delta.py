@@ -200,7 +200,7 @@ def _bwd(tiling, passes, scale, chunk, residuals, cotangents):
     d_out, d_final = cotangents
     t = tiling.fit(q.shape[-1], values.shape[-1])
     dh, d_init, rs, du = _delta_state_grads(t, passes, chunk, scale, q, k, w, g, d_out, scores, e, d_final)
-    dq, dk, _, da = _head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs)
+    dq, dk, _, da = _head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs, values_grad=False)
     mm = t.mm(q.dtype)
     layout = _chunks(du, chunk)  # dw = −dU hᵀ with h the chunk's entry state
     dw = -jnp.einsum("nbhcv,bnhkv->nbhck", layout.to_chunks(du.astype(mm)), e.astype(mm), preferred_element_type=F32)

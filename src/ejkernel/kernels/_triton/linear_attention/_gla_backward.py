@@ -250,7 +250,7 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
 
 
 def _head_grads_kernel(
-    q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, dv_ref, da_ref, **s
+    q_ref, k_ref, v_ref, g_ref, g_row_ref, do_ref, a_ref, e_ref, dh_ref, rs_ref, dq_ref, dk_ref, *out_refs, **s
 ):
     """`_grads_kernel` for a gate per head, on whole chunks, for a span of state heads that read one q and k
     (per-head refs `[..., span, ...]`, the heads walked in a loop): `dS = (scale do vᵀ) ⊙ D`; dq = `dS k`
@@ -263,9 +263,11 @@ def _head_grads_kernel(
     `M = (scale do vᵀ) ⊙ A` in float32, `Σ_s M[t, s] − Σ_s M[s, t]`, where each pair's one value cancels
     exactly (key tile 0; a gate's total over a sequence, as Mamba-2's dA, can be a thousandth of its terms);
     the entry and exit states' shares from the exact `q ⊙ dq_entry` and `k ⊙ dk_exit`, and the exit's share
-    of the last gate `e^{g_C} Σ rs + Σ k ⊙ dk_exit` on every row.
+    of the last gate `e^{g_C} Σ rs + Σ k ⊙ dk_exit` on every row. `out_refs`: (dv_ref, da_ref), or (da_ref,)
+    without `values_grad` (the delta rule, whose values are not an input).
     """
-    chunk, scale, mm, span = s["chunk"], s["scale"], s["mm"], s["span"]
+    chunk, scale, mm, span, values_grad = s["chunk"], s["scale"], s["mm"], s["span"], s["values_grad"]
+    dv_ref, da_ref = out_refs if values_grad else (None, *out_refs)
     own_tile = pl.program_id(3) == 0  # the program that adds the key-tile-free terms
     total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
     eye = _iota((chunk, 1), 0) == _iota((1, chunk), 1)
@@ -280,7 +282,6 @@ def _head_grads_kernel(
         products = d_products * a.astype(F32)  # M
         columns = jnp.sum(jnp.where(eye, jnp.sum(products, axis=0, keepdims=True), 0.0), axis=1, keepdims=True)
         dg = jnp.where(own_tile, jnp.sum(products, axis=1, keepdims=True) - columns, 0.0)
-        dv = jnp.where(own_tile, scale * dot(a.astype(mm), do, trans_a=True), 0.0)
         d_scores = (d_products * _decays(g, g_row_ref[i, :][None, :])).astype(mm)
         dq = scale * dot(do, e_ref[i, :, :].astype(mm), trans_b=True) * jnp.exp(g)
         dg += jnp.sum(q.astype(F32) * dq, axis=1, keepdims=True)
@@ -291,8 +292,10 @@ def _head_grads_kernel(
         exits = jnp.sum(k.astype(F32) * dk, axis=1, keepdims=True)
         dg -= exits
         dk += dot(d_scores, q.astype(mm), trans_a=True)
-        dv += dot((k.astype(F32) * to_exit).astype(mm), dh)
-        dv_ref[:, i, :] = dv.astype(dv_ref.dtype)
+        if values_grad:
+            dv = jnp.where(own_tile, scale * dot(a.astype(mm), do, trans_a=True), 0.0)
+            dv += dot((k.astype(F32) * to_exit).astype(mm), dh)
+            dv_ref[:, i, :] = dv.astype(dv_ref.dtype)
         later = jnp.exp(g_last) * jnp.sum(rs_ref[i, :][None, :], axis=1, keepdims=True) + total(exits)
         da_ref[:, i, :] = later + total(dg) - jnp.cumsum(dg, axis=0) + dg
         return grads[0] + dq, grads[1] + dk
@@ -303,11 +306,12 @@ def _head_grads_kernel(
     dk_ref[...] = dk.astype(dk_ref.dtype)
 
 
-def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
+def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, values_grad: bool = True):
     """`_grads` for a gate per head: one program per chunk, batch row, tile of key channels and span of
     state heads. Where q and k are shared by groups of state heads (and v is not: Mamba-2), a span is
     `gcd(t.head_span, group)` heads of one group and dq, dk come per q / k head, summed over the group in
-    the kernel (over its spans in XLA); else a span is one head, dq and dk per state head."""
+    the kernel (over its spans in XLA); else a span is one head, dq and dk per state head. Without
+    `values_grad` no dv is computed (None in its place)."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
     q_ratio, k_ratio, v_ratio = (_ratio(heads, x) for x in (q, k, v))
@@ -333,7 +337,9 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         dtype = x.dtype if (shared and parts == 1) or (not shared and ratio == 1) else F32
         return out_struct((parts, batch, seq, out_heads, dk), dtype, *args)
 
-    dq, dk_, dv_, da = _call(
+    dv_spec = [per_tile(dv)] if values_grad else []
+    dv_shape = out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args)
+    dq, dk_, *dv_, da = _call(
         _head_grads_kernel,
         t,
         t.head_grads_warps,
@@ -350,11 +356,11 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
             state,
             pl.BlockSpec((None, None, span, t.head_block_k), lambda c, b, p, j: (b, c, p, j)),
         ],
-        [sums, pl.BlockSpec(sums.block_shape, sums.index_map), per_tile(dv), per_tile(1)],
+        [sums, pl.BlockSpec(sums.block_shape, sums.index_map), *dv_spec, per_tile(1)],
         [
             summed(q, q_ratio),
             summed(k, k_ratio),
-            out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args),
+            *([dv_shape] if values_grad else []),
             out_struct((tiles, *g.shape), F32, *args),
         ],
         "ejkernel_gla_grads",
@@ -362,5 +368,6 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
         scale=scale,
         mm=t.mm(q.dtype),
         span=span,
+        values_grad=values_grad,
     )(*args)
-    return _tiles_sum(dq), _tiles_sum(dk_), dv_, da
+    return _tiles_sum(dq), _tiles_sum(dk_), dv_[0] if values_grad else None, da
