@@ -16,6 +16,7 @@ import dataclasses
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common import SMEM_BYTES
 from ejkernel.kernels._common.attention import (
     attention_vjp,
     bounded_soft_cap,
@@ -40,7 +41,6 @@ WHO = "triton flash_attention"
 # Shared memory per thread block on H100/H200; the software pipeline keeps `num_stages` copies of each
 # loop step's loaded tiles there. Defaults are shrunk to leave Triton headroom for its own scratch;
 # an explicit tiling is refused only when its tiles alone cannot fit.
-SMEM_BYTES = 227 * 1024
 DEFAULT_SMEM_BUDGET = SMEM_BYTES - 16 * 1024
 
 

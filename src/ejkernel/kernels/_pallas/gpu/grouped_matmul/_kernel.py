@@ -37,13 +37,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ejkernel.kernels._common import SMEM_BYTES
 from ejkernel.kernels._common.grouped_matmul import local_group_bounds, work_items
 
 COMPUTE_WGS = 2
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40
-# Shared memory a CTA may use on Hopper (227 KiB), less room for the barriers (8 bytes each).
-SMEM_BUDGET = 227 * 1024 - 1024
+SMEM_BUDGET = SMEM_BYTES - 1024  # less room for the barriers (8 bytes each)
 
 
 @dataclasses.dataclass(frozen=True)
