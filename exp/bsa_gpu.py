@@ -278,16 +278,20 @@ def even_pattern(seq: int, per_row: int):
     return jnp.asarray(dense[None, None]), float(tiles.mean())
 
 
-def costs(ops: Ops, shape, per_row: list[int], repeats: int):
+def costs(ops: Ops, shape, per_row: list[int], repeats: int, paired: bool = False):
     """The Mosaic kernels' time against the key tiles each query tile lists (all alike, so no CTA waits on
-    another): a line `time = fixed + per_tile * n` per mode, and its cost per CTA and per listed tile."""
+    another): a line `time = fixed + per_tile * n` per mode, and its cost per CTA and per listed tile.
+    `paired`: two query tiles per forward CTA (`fwd_params.block_m=256`), whose second tile's loads start
+    while the first runs: the drop of the fixed cost is what a CTA's start and end cost beside the
+    pipeline's fill and drain, which each tile still pays."""
     batch, seq, heads, dim = shape
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(key, (batch, heads, seq, dim), jnp.bfloat16) for key in keys)
     loss = lambda fn: jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
     calls = {}
+    cfg = BlockSparseAttentionConfig(platform="pallas", fwd_params=FwdParams(block_m=256)) if paired else None
     for n in per_row:
-        fn = functools.partial(ops.mosaic, attention_mask=even_pattern(seq, n)[0], causal=False)
+        fn = functools.partial(ops.mosaic, attention_mask=even_pattern(seq, n)[0], causal=False, cfg=cfg)
         for mode, step in (("fwd", jax.jit(fn)), ("fwd+bwd", jax.jit(loss(fn)))):
             calls[(mode, n)] = functools.partial(step, q, k, v)
             jax.block_until_ready(calls[(mode, n)]())
@@ -300,7 +304,7 @@ def costs(ops: Ops, shape, per_row: list[int], repeats: int):
         per_tile, fixed = np.polyfit(n, t, 1)
         print(f"{mode:8s} " + "  ".join(f"n={m}: {x:.1f} us" for m, x in zip(per_row, t, strict=True)))
         print(
-            f"{mode:8s} fit: {fixed:.1f} + {per_tile:.2f} n us; per CTA ({waves:.1f} CTAs per SM): "
+            f"{mode:8s} fit: {fixed:.1f} + {per_tile:.2f} n us; per query tile ({waves:.1f} per SM): "
             f"{fixed / waves:.2f} us fixed, {per_tile / waves:.3f} us per listed tile"
         )
 
@@ -315,6 +319,7 @@ def main():
     parser.add_argument("--stall", type=float, default=150.0, help="watchdog: seconds without progress")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU, Mosaic in interpret mode")
     parser.add_argument("--costs", default="", help="only fit time to listed tiles per row at these counts (1,4,16)")
+    parser.add_argument("--paired", action="store_true", help="--costs with two query tiles per forward CTA")
     args = parser.parse_args()
     start_watchdog(args.stall)
     device = jax.devices()[0]
@@ -324,7 +329,8 @@ def main():
     shape = (1, 512, 2, 128) if args.cpu_smoke else (1, 16384, 16, 128)
     if args.costs:
         with ops.context():
-            costs(ops, shape, [int(n) for n in args.costs.split(",")], 2 if args.cpu_smoke else args.repeats)
+            per_row = [int(n) for n in args.costs.split(",")]
+            costs(ops, shape, per_row, 2 if args.cpu_smoke else args.repeats, args.paired)
         return
     with ops.context():
         if not args.skip_check:
