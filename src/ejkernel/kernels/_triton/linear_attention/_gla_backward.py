@@ -338,7 +338,8 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
         return out_struct((parts, batch, seq, out_heads, dk), dtype, *args)
 
     dv_spec = [per_tile(dv)] if values_grad else []
-    dv_shape = out_struct((tiles, batch, seq, heads, dv), F32 if v_ratio > 1 or tiles > 1 else v.dtype, *args)
+    dv_dtype = F32 if v_ratio > 1 or tiles > 1 else v.dtype
+    dv_out = [out_struct((tiles, batch, seq, heads, dv), dv_dtype, *args)] if values_grad else []
     dq, dk_, *dv_, da = _call(
         _head_grads_kernel,
         t,
@@ -360,7 +361,7 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
         [
             summed(q, q_ratio),
             summed(k, k_ratio),
-            *([dv_shape] if values_grad else []),
+            *dv_out,
             out_struct((tiles, *g.shape), F32, *args),
         ],
         "ejkernel_gla_grads",

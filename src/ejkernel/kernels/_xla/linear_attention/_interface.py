@@ -115,12 +115,10 @@ def linear_attention(
     engine.check(dk=dk, dv=v.shape[-1], chunk=chunk, recurrent=recurrent, one_token=one_token)
     shape = (num_states, num_heads, dk, v.shape[-1])
     init = jnp.zeros(shape, jnp.float32) if initial_state is None else _f32(initial_state)
-    # The engine's own gated form takes q, k, v as given (dtype, unscaled, grouped heads not repeated).
-    whole = not recurrent and (
-        engine.gated is not None
-        if beta is None
-        else engine.delta is not None and restarts is None and cu_seqlens is None
-    )
+    # The engine's own whole form (gated, or the delta rule of one sequence per row) takes q, k, v as
+    # given (dtype, unscaled, grouped heads not repeated).
+    own_form = engine.gated if beta is None else engine.delta if restarts is None and cu_seqlens is None else None
+    whole = not recurrent and own_form is not None
     if whole:
         gates = dict(a_key=_f32(gk)) if beta is None else dict(beta=_f32(beta))
         xs = dict(q=q, k=k, v=v, a_head=_f32(g), **gates)
@@ -155,7 +153,7 @@ def linear_attention(
         else ChunkLayout.packed(cu_seqlens, seq_len, chunk)
     )
     if whole:
-        out, final = (engine.gated if beta is None else engine.delta)(xs, init, layout, scale=scale)
+        out, final = own_form(xs, init, layout, scale=scale)
     else:
         chunks = {name: layout.to_chunks(x) for name, x in xs.items()}
         if recurrent:

@@ -301,8 +301,14 @@ class KeyTiles:
         return self
 
     def row(self, cta, j):
-        """First query row of the CTA's j-th query tile."""
-        return query_tile_row(cta, j, self.num_q_tiles, self.tiles_per_cta)
+        """First query row of the CTA's j-th query tile (of `tiles_per_cta`, 1 or 2).
+
+        One tile: N-1-cta, so causal calls launch their longest rows first. Two: N-1-cta, then cta, so
+        every CTA of a causal call does the same work, and the second tile's first key/value tiles load
+        while the first tile finishes.
+        """
+        last = self.num_q_tiles - 1 - cta
+        return (last if self.tiles_per_cta == 1 else jnp.where(j == 0, last, cta)) * CTA_ROWS
 
     def tile(self, cta, j):
         """`(row, lo, hi, key_row)`: the j-th query tile's first row, its steps [lo, hi), and
@@ -409,17 +415,6 @@ def stream_key_tiles(st: Static, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, 
     streams = key_value_streams(st, k_ref, v_ref, smem, barriers, b, h, key_row, block)
     memory_warpgroup(lambda: feed(list(streams), hi - lo, stages, prefetch=st.prefetch))
     return QueryCta(b, h, wg, cta_row, lo, hi, walk, streams)
-
-
-def query_tile_row(cta, j, num_q_tiles: int, tiles_per_cta: int):
-    """First query row of a CTA's j-th query tile (of `tiles_per_cta`, 1 or 2).
-
-    One tile: N-1-cta, so causal calls launch their longest rows first. Two: N-1-cta, then cta, so
-    every CTA of a causal call does the same work, and the second tile's first key/value tiles load
-    while the first tile finishes.
-    """
-    last = num_q_tiles - 1 - cta
-    return (last if tiles_per_cta == 1 else jnp.where(j == 0, last, cta)) * CTA_ROWS
 
 
 def cta_key_tiles(st: Static, cta_row, block: int, num_blocks: int):
