@@ -163,16 +163,9 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
             f"{WHO} serves masks that are constant on its {table_q}x{table_k} tiles (given concretely); "
             "this one varies within tiles or is only known at run time"
         )
+    partial = _partial_tiles(table)
     choices = kernel_choices(
-        head_dim,
-        query.dtype,
-        call.kv_len,
-        call.soft_cap,
-        block_k,
-        block_q_dkv,
-        stages_bwd,
-        _partial_tiles(table),
-        mask.causal,
+        head_dim, query.dtype, call.kv_len, call.soft_cap, block_k, block_q_dkv, stages_bwd, partial, mask.causal
     )
     if fused:
         choices["fused_bwd"] = True
@@ -202,6 +195,7 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
         table_batch=table.kv_blocks.shape[0] > 1,
         table_heads=table.kv_blocks.shape[1] > 1,
         segments=mask.q_segment_ids is not None,
+        partial_tiles=partial,
         **choices,
     )
     q_pad, kv_pad = st.q_len_padded - call.q_len, st.kv_len_padded - call.kv_len

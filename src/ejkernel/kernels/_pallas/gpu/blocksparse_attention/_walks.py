@@ -50,6 +50,7 @@ class SparseStatic(Static):
     table_batch: bool = False  # the table differs per batch row / per query head (else one for all)
     table_heads: bool = False
     segments: bool = False  # query i sees key j only if their segment ids are equal and >= 0
+    partial_tiles: bool = True  # the table lists tiles that need a mask (else the kernels trace no masked step)
 
     @property
     def kv_len_padded(self) -> int:
@@ -175,6 +176,7 @@ def _walk_classes():
 
         def __init__(self, st: SparseStatic, block: int, lists, order, num_q_tiles: int, segments=(), tiles_per_cta=1):
             super().__init__(st, block, 0, num_q_tiles, tiles_per_cta)
+            self.masked = st.partial_tiles
             self.per_block = st.table_k // block
             self.arrays = (lists, order, *segments)
 
@@ -218,6 +220,7 @@ def _walk_classes():
 
         def __init__(self, st: SparseStatic, block: int, lists, order, num_q_blocks: int, segments=()):
             super().__init__(st, block, 0)
+            self.masked = st.partial_tiles
             self.per_block, self.num_q_blocks = st.table_q // block, num_q_blocks
             self.arrays = (lists, order, *segments)
 

@@ -95,7 +95,7 @@ def backward_dq(st: Static, q, k, v, do, lse, delta, walk: KeyTiles | None = Non
                 return dq
 
             own = cta.walk.own(row0)
-            dq = run_segments(step, zero_acc((ROWS, head_dim)), lo, *own, hi)
+            dq = run_segments(step, zero_acc((ROWS, head_dim)), lo, *own, hi, masked=cta.walk.masked)
             qs[...] = (dq * st.softmax_scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qs, rows_at(st, dq_ref, b, rows, h))
@@ -221,7 +221,7 @@ def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_read
                 plgpu.barrier_wait(s.ready.at[slot])
             return step(g, mode, t, slot, carry)
 
-        return run_segments(one, carry, lo, *own_g, hi)
+        return run_segments(one, carry, lo, *own_g, hi, masked=cta.walk.masked)
 
     zeros = zero_acc((ROWS, k_ref.shape[-1]))
     dk, dv = lax.fori_loop(0, st.group, head, (zeros, zeros))

@@ -258,7 +258,7 @@ def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
 
                 if not st.overlap:
                     pl.when(wg == 1)(schedule_sync)
-                    write(*run_segments(step, (acc, m, denom), lo, *own, hi))
+                    write(*run_segments(step, (acc, m, denom), lo, *own, hi, masked=walk.masked))
                     pl.when(wg == 0)(schedule_sync)
                 else:
                     own_lo, full_lo, full_hi, own_hi = own
@@ -282,7 +282,15 @@ def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
                         clip = lambda t: jnp.clip(t, t1, own_hi)
                         carry = (acc, m1, denom1, p16)
                         acc1, m1, denom1, p16 = run_segments(
-                            overlapped_step, carry, t1, t1, clip(full_lo), clip(full_hi), own_hi, own_hi
+                            overlapped_step,
+                            carry,
+                            t1,
+                            t1,
+                            clip(full_lo),
+                            clip(full_hi),
+                            own_hi,
+                            own_hi,
+                            masked=walk.masked,
                         )
                         last = slot_of(own_hi - 1)
                         plgpu.barrier_wait(v_ready.at[last])

@@ -188,17 +188,21 @@ def skip_step(streams: list[Stream], slot):
         plgpu.barrier_arrive(s.consumed.at[slot])
 
 
-def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi):
+def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi, masked: bool = True):
     """Runs `step_fn(mode, t, carry)` over the CTA's steps [lo, hi) for one warpgroup.
 
     Steps outside [own_lo, own_hi) are "skip"; those in [full_lo, full_hi) need no mask ("full");
-    the rest are "masked".
+    the rest are "masked". `masked=False`: the walk knows at trace time that no step needs a mask, so
+    every own step is "full" and no masked step is traced (a never-run masked loop still costs: beside
+    it ptxas serialises every wgmma of the kernel).
     """
+    if not masked:
+        full_lo, full_hi = own_lo, own_hi
     runs = [
         (lo, own_lo, "skip"),
-        (own_lo, full_lo, "masked"),
+        *(((own_lo, full_lo, "masked"),) if masked else ()),
         (full_lo, full_hi, "full"),
-        (full_hi, own_hi, "masked"),
+        *(((full_hi, own_hi, "masked"),) if masked else ()),
         (own_hi, hi, "skip"),
     ]
     for start, end, mode in runs:
@@ -291,6 +295,7 @@ class KeyTiles:
     """
 
     arrays: tuple = ()
+    masked = True  # some step may need a mask (else `run_segments` traces none)
 
     def __init__(self, st: Static, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
         self.st, self.block, self.num_blocks = st, block, num_blocks
@@ -337,6 +342,7 @@ class QueryTiles:
     """
 
     arrays: tuple = ()
+    masked = True  # as `KeyTiles.masked`
 
     def __init__(self, st: Static, block: int, num_blocks: int):
         self.st, self.block, self.num_blocks = st, block, num_blocks
