@@ -3,9 +3,11 @@
 The kernels (`flash_attention._fwd`, `_bwd`) take a walk: for each query tile (forward, dQ) the key
 tiles it streams and, for each key CTA (dK/dV, fused backward), the query tiles of each head of its
 group. Flash attention's walks stream contiguous runs of tiles; these stream what the block table
-lists, partial blocks first (masked: positional rules, key length, segment ids read from global
-memory), then full ones (no mask work). A table block of `table_k` keys is `table_k / block` steps of
-the kernel's `block`-row tiles, in order.
+lists: its full blocks (no mask work) and its partial ones (masked: positional rules, key length,
+segment ids read from global memory), the forward and dQ the full ones first (`run_segments` says
+why), dK/dV in the table's order, partial ones first. A table without partial blocks traces no
+masked step at all (`SparseStatic.partial_tiles`). A table block of `table_k` keys is
+`table_k / block` steps of the kernel's `block`-row tiles, in order.
 
 CTAs run their tiles longest list first (`launch_order`): the GPU starts CTAs in launch order as SMs
 free up, so the last ones to start are short and few SMs idle at the end (H200, S=16384 H=16 D=128,
@@ -190,20 +192,33 @@ def _walk_classes():
             launched = jnp.where(j == 0, cta, self.num_q_tiles - 1 - cta)
             return self.order_ref[(*self.at, launched)] * CTA_ROWS
 
-        def key_row(self, row, t):
-            """First key row of step t of the query tile holding `row`."""
-            if self.per_block == 1:
-                return self._entry(row, 2 + t) * self.st.table_k
+        def _counts(self, row):
+            """(listed blocks, partial ones among them) of the query tile holding `row`."""
+            return self._entry(row, 0), self._entry(row, 1)
+
+        def key_row(self, row, t, counts=None):
+            """First key row of step t of the query tile holding `row` (`counts`: its `_counts`, if read).
+
+            The steps take the full blocks first and the partial ones last (the table lists them the
+            other way round): see `run_segments` on why masked steps come last.
+            """
             n = jnp.int32(self.per_block)
-            return self._entry(row, 2 + lax.div(t, n)) * self.st.table_k + lax.rem(t, n) * self.block
+            entry = t if self.per_block == 1 else lax.div(t, n)
+            if self.masked:
+                listed, partial = self._counts(row) if counts is None else counts
+                full = listed - partial
+                entry = jnp.where(entry < full, entry + partial, entry - full)
+            first = self._entry(row, 2 + entry) * self.st.table_k
+            return first if self.per_block == 1 else first + lax.rem(t, n) * self.block
 
         def tile(self, cta, j):
             row = self.row(cta, j)
-            return row, 0, self._entry(row, 0) * self.per_block, lambda i: self.key_row(row, i)
+            counts = self._counts(row)
+            return row, 0, counts[0] * self.per_block, lambda i: self.key_row(row, i, counts)
 
         def own(self, row0):
-            steps = self._entry(row0, 0) * self.per_block
-            return 0, self._entry(row0, 1) * self.per_block, steps, steps
+            listed, partial = self._counts(row0)
+            return 0, 0, (listed - partial) * self.per_block, listed * self.per_block
 
         def mask(self, s, row0, t, fill=MASKED):
             col0 = self.key_row(row0, t)

@@ -279,7 +279,11 @@ def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
                         plgpu.barrier_arrive(k_consumed.at[first])
                         p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
                         t1 = own_lo + 1
-                        clip = lambda t: jnp.clip(t, t1, own_hi)
+
+                        def clip(t):  # (t1 itself where t <= own_lo at trace time: no leading masked loop)
+                            static = isinstance(t, int) and isinstance(own_lo, int) and t <= own_lo
+                            return t1 if static else jnp.clip(t, t1, own_hi)
+
                         carry = (acc, m1, denom1, p16)
                         acc1, m1, denom1, p16 = run_segments(
                             overlapped_step,

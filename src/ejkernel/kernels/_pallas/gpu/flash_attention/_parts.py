@@ -193,8 +193,12 @@ def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi, maske
 
     Steps outside [own_lo, own_hi) are "skip"; those in [full_lo, full_hi) need no mask ("full");
     the rest are "masked". `masked=False`: the walk knows at trace time that no step needs a mask, so
-    every own step is "full" and no masked step is traced (a never-run masked loop still costs: beside
-    it ptxas serialises every wgmma of the kernel).
+    every own step is "full" and no masked step is traced.
+
+    (ptxas serialises every wgmma of the forward, C7513, when a masked loop runs before the full one, even
+    one that never runs: the full step's softmax then writes its P tile into the registers that the
+    in-flight P·V still reads. Walks put their masked steps after the full ones, and runs empty at trace
+    time are not traced.)
     """
     if not masked:
         full_lo, full_hi = own_lo, own_hi
@@ -206,6 +210,8 @@ def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi, maske
         (own_hi, hi, "skip"),
     ]
     for start, end, mode in runs:
+        if isinstance(start, int) and isinstance(end, int) and start >= end:
+            continue  # empty at trace time: no loop traced
         carry = lax.fori_loop(start, end, lambda t, c, mode=mode: step_fn(mode, t, c), carry)
     return carry
 
