@@ -30,13 +30,15 @@ def report(label, call):
     jax.block_until_ready(call())
     new = sorted(set(os.listdir(DUMP)) - seen)
     seen.update(new)
-    serial = []
+    serial, spills = [], []
     for name in new:
         if name.endswith(".ptxas"):
             with open(os.path.join(DUMP, name), errors="replace") as f:
-                if "C7513" in f.read():
-                    serial.append(name)
-    print(f"{label}: {sum(n.endswith('.ptxas') for n in new)} kernels, serialised: {serial}", flush=True)
+                text = f.read()
+            serial += [name] if "C7513" in text else []
+            spills += [f"{name}: {line.strip()}" for line in text.splitlines() if "bytes spill stores" in line]
+    spilled = [line for line in spills if not line.endswith(" 0 bytes spill stores, 0 bytes spill loads")]
+    print(f"{label}: {len(spills)} kernels, serialised: {serial}, spilling: {spilled}", flush=True)
 
 
 S, H, D = 16384, 16, 128

@@ -230,9 +230,13 @@ def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
                     # (never `bounded`, which has no alpha: the overlapped forward runs without soft cap;
                     # the alpha slot starts as a copy of m, which has its shape and layout)
                     state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), p16, m, denom, m)
-                    _, acc, p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                    _, acc, new_p16, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                    # The old P stays live until P·V has completed (after the wait for acc): else LLVM may
+                    # put the new P, computed while P·V runs, into the registers P·V still reads, and
+                    # ptxas then serialises every wgmma of the kernel (C7513).
+                    acc, _ = lax.optimization_barrier((acc, p16))
                     plgpu.barrier_arrive(v_consumed.at[prev])
-                    return rescale(acc, alpha), m_new, denom, p16
+                    return rescale(acc, alpha), m_new, denom, new_p16
 
                 m0 = 0.0 if st.bounded else MASKED
                 m = plgpu.layout_cast(jnp.full((ROWS,), m0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))

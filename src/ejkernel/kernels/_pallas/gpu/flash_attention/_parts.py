@@ -195,10 +195,10 @@ def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi, maske
     the rest are "masked". `masked=False`: the walk knows at trace time that no step needs a mask, so
     every own step is "full" and no masked step is traced.
 
-    (ptxas serialises every wgmma of the forward, C7513, when a masked loop runs before the full one, even
-    one that never runs: the full step's softmax then writes its P tile into the registers that the
-    in-flight P·V still reads. Walks put their masked steps after the full ones, and runs empty at trace
-    time are not traced.)
+    (Runs empty at trace time are not traced: a loop of masked steps traced before the full one, even one
+    that never runs, once led LLVM to put the forward's new P tile into the registers that the in-flight
+    P·V still read, and ptxas then serialised every wgmma of the kernel, C7513. The forward now keeps the
+    old P live until P·V completes, and block-sparse walks stream their masked steps last.)
     """
     if not masked:
         full_lo, full_hi = own_lo, own_hi
