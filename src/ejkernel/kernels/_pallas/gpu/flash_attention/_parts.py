@@ -200,15 +200,11 @@ def run_segments(step_fn, carry, lo, own_lo, full_lo, full_hi, own_hi, hi, maske
     P·V still read, and ptxas then serialised every wgmma of the kernel, C7513. The forward now keeps the
     old P live until P·V completes, and block-sparse walks stream their masked steps last.)
     """
-    if not masked:
-        full_lo, full_hi = own_lo, own_hi
-    runs = [
-        (lo, own_lo, "skip"),
-        *(((own_lo, full_lo, "masked"),) if masked else ()),
-        (full_lo, full_hi, "full"),
-        *(((full_hi, own_hi, "masked"),) if masked else ()),
-        (own_hi, hi, "skip"),
-    ]
+    if masked:
+        own = [(own_lo, full_lo, "masked"), (full_lo, full_hi, "full"), (full_hi, own_hi, "masked")]
+    else:
+        own = [(own_lo, own_hi, "full")]
+    runs = [(lo, own_lo, "skip"), *own, (own_hi, hi, "skip")]
     for start, end, mode in runs:
         if isinstance(start, int) and isinstance(end, int) and start >= end:
             continue  # empty at trace time: no loop traced
