@@ -31,8 +31,11 @@ from ejkernel.kernels._xla import flash_mla as _xla_flash_mla  # noqa: F401
 from ejkernel.kernels._xla import grouped_matmul as _xla_grouped_matmul  # noqa: F401
 from ejkernel.kernels._xla import linear_attention as _xla_linear_attention  # noqa: F401
 from ejkernel.kernels._xla import mean_pooling as _xla_mean_pooling  # noqa: F401
+from ejkernel.kernels._xla import multi_latent_ragged_page_attention as _xla_mla_ragged_paged  # noqa: F401
 from ejkernel.kernels._xla import native_sparse_attention as _xla_native_sparse_attention  # noqa: F401
 from ejkernel.kernels._xla import paged_attention as _xla_paged_attention  # noqa: F401
+from ejkernel.kernels._xla import quantized_matmul as _xla_quantized_matmul  # noqa: F401
+from ejkernel.kernels._xla import ragged_gated_delta_rule as _xla_ragged_gated_delta_rule  # noqa: F401
 from ejkernel.kernels._xla import ring_attention as _xla_ring_attention  # noqa: F401
 from ejkernel.kernels._xla import scaled_dot_product_attention as _xla_sdpa  # noqa: F401
 from ejkernel.kernels._xla import state_space_v1 as _xla_state_space_v1  # noqa: F401

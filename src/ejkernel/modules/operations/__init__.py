@@ -27,6 +27,14 @@ from ejkernel.modules.operations.lightning_attention import (
     lightning_attention,
 )
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.modules.operations.multi_latent_ragged_page_attention import (
+    MultiLatentRaggedPageAttention,
+    MultiLatentRaggedPageAttentionConfig,
+    MultiLatentRaggedPageAttentionV2,
+    MultiLatentRaggedPageAttentionV2Config,
+    multi_latent_ragged_page_attention,
+    multi_latent_ragged_page_attention_v2,
+)
 from ejkernel.modules.operations.native_sparse_attention import (
     NativeSparseAttention,
     NativeSparseAttentionConfig,
@@ -38,10 +46,16 @@ from ejkernel.modules.operations.prefill_page_attention import (
     PrefillPageAttentionConfig,
     prefill_page_attention,
 )
+from ejkernel.modules.operations.quantized_matmul import QuantizedMatmul, QuantizedMatmulConfig, quantized_matmul
 from ejkernel.modules.operations.ragged_decode_attention import (
     RaggedDecodeAttention,
     RaggedDecodeAttentionConfig,
     ragged_decode_attention,
+)
+from ejkernel.modules.operations.ragged_gated_delta_rule import (
+    RaggedGatedDeltaRule,
+    RaggedGatedDeltaRuleConfig,
+    ragged_gated_delta_rule,
 )
 from ejkernel.modules.operations.ragged_page_attention_v2 import (
     RaggedPageAttentionV2,
@@ -68,6 +82,13 @@ from ejkernel.modules.operations.state_space_v1 import StateSpaceV1, StateSpaceV
 from ejkernel.modules.operations.state_space_v2 import StateSpaceV2, StateSpaceV2Config, state_space_v2
 from ejkernel.modules.operations.unified_attention import UnifiedAttention, UnifiedAttentionConfig, unified_attention
 
+# Upstream's other names for two ops.
+gdr_attention, kda_attention = gated_delta_rule, kernel_delta_attention
+
+# Upstream spells these two with a lower-case v; the same class objects, so isinstance holds either way.
+RaggedPageAttentionv2, RaggedPageAttentionv2Config = RaggedPageAttentionV2, RaggedPageAttentionV2Config
+RaggedPageAttentionv3, RaggedPageAttentionv3Config = RaggedPageAttentionV3, RaggedPageAttentionV3Config
+
 __all__ = [
     "Attention",
     "AttentionConfig",
@@ -89,18 +110,30 @@ __all__ = [
     "LightningAttentionConfig",
     "MeanPooling",
     "MeanPoolingConfig",
+    "MultiLatentRaggedPageAttention",
+    "MultiLatentRaggedPageAttentionConfig",
+    "MultiLatentRaggedPageAttentionV2",
+    "MultiLatentRaggedPageAttentionV2Config",
     "NativeSparseAttention",
     "NativeSparseAttentionConfig",
     "PageAttention",
     "PageAttentionConfig",
     "PrefillPageAttention",
     "PrefillPageAttentionConfig",
+    "QuantizedMatmul",
+    "QuantizedMatmulConfig",
     "RaggedDecodeAttention",
     "RaggedDecodeAttentionConfig",
+    "RaggedGatedDeltaRule",
+    "RaggedGatedDeltaRuleConfig",
     "RaggedPageAttentionV2",
     "RaggedPageAttentionV2Config",
     "RaggedPageAttentionV3",
     "RaggedPageAttentionV3Config",
+    "RaggedPageAttentionv2",
+    "RaggedPageAttentionv2Config",
+    "RaggedPageAttentionv3",
+    "RaggedPageAttentionv3Config",
     "RecurrentAttention",
     "RecurrentAttentionConfig",
     "RingAttention",
@@ -118,15 +151,21 @@ __all__ = [
     "flash_attention",
     "flash_mla",
     "gated_delta_rule",
+    "gdr_attention",
     "gla_attention",
     "grouped_matmul",
+    "kda_attention",
     "kernel_delta_attention",
     "lightning_attention",
     "mean_pooling",
+    "multi_latent_ragged_page_attention",
+    "multi_latent_ragged_page_attention_v2",
     "native_sparse_attention",
     "page_attention",
     "prefill_page_attention",
+    "quantized_matmul",
     "ragged_decode_attention",
+    "ragged_gated_delta_rule",
     "ragged_page_attention_v2",
     "ragged_page_attention_v3",
     "recurrent_attention",

@@ -1,0 +1,145 @@
+"""The ragged gated delta rule in plain JAX: packed requests, each on its own slot of a state pool.
+
+Semantics are those of `ejkernel.reference.ragged_gated_delta_rule`. Request `r` owns tokens
+`[qsl[r], qsl[r+1])` and slot `state_indices[r]`; `qsl` and `state_indices` may be traced (serving runs
+under `jit`), so every shape is static and the request bounds are only read as data:
+
+- decode path (every request has at most one token): one `delta_step` per request, in float32;
+- chunked path (any mix): the family's packed chunked form (`linear_attention` with `cu_seqlens`: each
+  request starts on a chunk boundary, WY/UT transform inside chunks, states passed between them) in
+  float32. Tokens before `qsl[0]` join request 0 and tokens from `qsl[N]` on join request N-1 as zero
+  tokens (q = k = v = beta = decay = 0), which output zeros and leave a state exactly as it was.
+
+`lax.cond` on the traced lengths picks the path; both give the same result. New states are written
+back by `scatter_first`: only non-empty requests write, and of several sharing a slot only the first.
+Everything is plain autodiff-able JAX (the chunked form through its custom VJP), so `jax.grad` of a
+surrounding model runs and differentiates through the op.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ejkernel.kernels._common.linear_attention import delta_step, l2_normalize
+from ejkernel.kernels._xla.linear_attention._interface import linear_attention
+
+DEFAULT_CHUNK = 64
+
+
+def delta_inputs(query, key, value, beta, decay, use_qk_l2norm: bool):
+    """Float32 inputs of the recurrence: q (normalised if asked, then scaled by `Dk^-½`), k, v, beta, decay."""
+    q, k = (l2_normalize(query), l2_normalize(key)) if use_qk_l2norm else (query, key)
+    f32 = lambda x: x.astype(jnp.float32)
+    decay = jnp.zeros(beta.shape, jnp.float32) if decay is None else f32(decay)
+    return f32(q) * query.shape[-1] ** -0.5, f32(k), f32(value), f32(beta), decay
+
+
+def read_states(recurrent_state, slots):
+    """`[n, H, Dk, Dv]` float32: the states at `slots` (out-of-range slots clamped; they are never written)."""
+    return jnp.take(recurrent_state, slots, axis=0, mode="clip").astype(jnp.float32)
+
+
+def scatter_first(recurrent_state, slots, states, keep):
+    """`recurrent_state` with `states[i]` written at `slots[i]` for the rows where `keep` is set.
+
+    Of several kept rows naming one slot, the first (lowest row) writes it; out-of-range slots are
+    dropped. Every write lands on its own slot, so the result never depends on the scatter's order.
+    """
+    num_slots, rows = recurrent_state.shape[0], jnp.arange(slots.shape[0], dtype=jnp.int32)
+    keep = keep & (slots >= 0) & (slots < num_slots)
+    target = jnp.where(keep, slots, num_slots)
+    first = jnp.full((num_slots + 1,), slots.shape[0], jnp.int32).at[target].min(rows)
+    target = jnp.where(keep & (first[target] == rows), target, num_slots)
+    return recurrent_state.at[target].set(states.astype(recurrent_state.dtype), mode="drop")
+
+
+def _decode(xs, init, bounds, lengths):
+    """Each request's one token (if any) as a single delta-rule step: `(out [T,H,Dv], final [N,...])`."""
+    num_tokens = xs[0].shape[0]
+    token = jnp.minimum(bounds[:-1], num_tokens - 1)
+    final, out = delta_step(init, *(x[token] for x in xs))
+    placed = jnp.where(lengths > 0, token, num_tokens)
+    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop"), final
+
+
+def _chunked(xs, init, bounds, chunk_size: int):
+    """Every request in the packed chunked form: `(out [T,H,Dv], final [N,...])`."""
+    q, k, v, beta, decay = xs
+    num_tokens = q.shape[0]
+    cu_seqlens = bounds.at[0].set(0).at[-1].set(num_tokens)  # padding tokens join the first and last request
+    out, final = linear_attention(
+        q[None],
+        k[None],
+        v[None],
+        scale=1.0,
+        g=decay[None],
+        beta=beta[None],
+        initial_state=init,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+    )
+    return out[0], final
+
+
+def ragged_gated_delta_rule_xla(
+    query,
+    key,
+    value,
+    beta,
+    decay=None,
+    recurrent_state=None,
+    query_start_loc=None,
+    state_indices=None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    use_qk_l2norm: bool = True,
+    cfg=None,
+):
+    """`ragged_gated_delta_rule` in plain JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`.
+
+    Arguments as the public op's (checked there); `cfg.chunk_size`, when given, wins over `chunk_size`.
+    Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing.
+    """
+    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
+    for name, x in required.items():
+        if x is None:
+            raise ValueError(f"{name} is required, got None")
+    chunk = getattr(cfg, "chunk_size", None) or chunk_size
+    num_tokens = query.shape[0]
+    if num_tokens == 0 or state_indices.shape[0] == 0:
+        return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
+    bounds = lax.cummax(jnp.clip(query_start_loc.astype(jnp.int32), 0, num_tokens))
+    lengths = bounds[1:] - bounds[:-1]
+    positions = jnp.arange(num_tokens)
+    inside = (positions >= bounds[0]) & (positions < bounds[-1])  # tokens of some request
+    xs = delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
+    xs = tuple(jnp.where(inside.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0) for x in xs)
+    slots = state_indices.astype(jnp.int32)
+    init = read_states(recurrent_state, slots)
+    out, final = lax.cond(
+        jnp.all(lengths <= 1),
+        lambda xs, init: _decode(xs, init, bounds, lengths),
+        lambda xs, init: _chunked(xs, init, bounds, chunk),
+        xs,
+        init,
+    )
+    return out.astype(query.dtype), scatter_first(recurrent_state, slots, final, lengths > 0)
+
+
+def decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices, use_qk_l2norm: bool):
+    """One decode step per token: token `i` reads slot `state_indices[i]` and writes its new state there.
+
+    Returns `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`. Of tokens naming one
+    slot, the first (lowest index) writes it; out-of-range slots are read clamped and never written.
+    """
+    if state_indices.shape != query.shape[:1]:
+        raise ValueError(
+            f"state_indices must be [tokens] = ({query.shape[0]},) (one slot per token), got {state_indices.shape}"
+        )
+    slots = state_indices.astype(jnp.int32)
+    final, out = delta_step(
+        read_states(recurrent_state, slots), *delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
+    )
+    keep = jnp.ones(slots.shape, bool)
+    return out.astype(query.dtype), scatter_first(recurrent_state, slots, final, keep)

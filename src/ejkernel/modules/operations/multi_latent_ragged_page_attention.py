@@ -1,0 +1,322 @@
+"""`multi_latent_ragged_page_attention` and its `_v2`: MLA serving over a paged latent cache.
+
+One serving step of multi-head latent attention (DeepSeek-V2/V3) in the weight-absorbed form: each new
+token's latent row `c [L]` and RoPE key `r [R]` are written into a packed paged cache, then every query
+token (absorbed into latent space, `q_nope [Hq, L]` and `q_pe [Hq, R]`) attends causally over its
+sequence's cached rows, with the latent rows as values (MQA over one shared latent head). The output
+stays latent: the caller applies `W_UV`. The two ops differ only in their configs (v2: block sizes per
+decode / prefill / mixed case).
+"""
+
+import dataclasses
+import math
+import numbers
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.paged_attention import check_float, kv_packing, last_positions_window, resolve_scale
+from ejkernel.modules.operations._common import executor
+from ejkernel.modules.operations.page_attention import busy_sequences
+from ejkernel.ops import Invocation, Kernel, KernelConfig
+
+
+def _positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
+
+
+class _MlaConfigChecks:
+    """What both MLA configs validate; `per_case` configs take `(decode, prefill, mixed)` block sizes."""
+
+    per_case: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        for name in ("fwd_params", "bwd_params"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{owner}.{name} must be None (this op is tiled by num_queries_per_block and "
+                    f"num_kv_pages_per_block), got {getattr(self, name)!r}"
+                )
+        for name in ("num_kv_pages_per_block", "num_queries_per_block"):
+            value = getattr(self, name)
+            if self.per_case and isinstance(value, list | tuple):
+                if len(value) != 3:
+                    raise ValueError(
+                        f"{owner}.{name} must be an int or a (decode, prefill, mixed) triple, "
+                        f"got {len(value)} entries: {value!r}"
+                    )
+                for entry in value:
+                    _positive_int(owner, name, entry)
+                object.__setattr__(self, name, tuple(value))
+            elif value is not None:
+                _positive_int(owner, name, value)
+        for name in ("chunk_prefill_size", "vmem_limit_bytes"):
+            if getattr(self, name) is not None:
+                _positive_int(owner, name, getattr(self, name))
+        for name in ("num_warps", "num_stages"):
+            _positive_int(owner, name, getattr(self, name))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by name (`default` for an unknown name), as EasyDeL reads its operation configs."""
+        return getattr(self, name, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
+    """Tiling of `multi_latent_ragged_page_attention`; None leaves a size to the implementation.
+
+    `chunk_prefill_size`: prefill tokens per kernel chunk; `num_kv_pages_per_block`: cache pages per
+    step; `num_queries_per_block`: query tokens per tile (any positive ints); `vmem_limit_bytes`: TPU
+    scoped memory; `num_warps`, `num_stages`: GPU kernels. The XLA path reads the two block sizes only
+    (tiling at most `num_queries_per_block` queries, fewer when sequences average fewer, and rounding
+    both to powers of two). `fwd_params` / `bwd_params` of `KernelConfig` are not used and must be None.
+    """
+
+    chunk_prefill_size: int | None = None
+    num_kv_pages_per_block: int | None = None
+    num_queries_per_block: int | None = None
+    vmem_limit_bytes: int | None = None
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
+    """Tiling of `multi_latent_ragged_page_attention_v2`: as `MultiLatentRaggedPageAttentionConfig`, except that
+    `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list
+    is kept as a tuple; an int means all three). The XLA path uses the mixed entry.
+    """
+
+    per_case: ClassVar[bool] = True
+
+    chunk_prefill_size: int | None = None
+    num_kv_pages_per_block: int | tuple[int, int, int] | None = None
+    num_queries_per_block: int | tuple[int, int, int] | None = None
+    vmem_limit_bytes: int | None = None
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+class MultiLatentRaggedPageAttention(Kernel):
+    op_id = "multi_latent_ragged_page_attention"
+    config_type = MultiLatentRaggedPageAttentionConfig
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        """Autotuning tries 16 and 32 queries per block (upstream's candidates)."""
+        for queries in (16, 32):
+            yield self.config_type(platform=platform, num_queries_per_block=queries)
+
+    def busy_integers(self, args):
+        queries, cache, lengths, tables = args[0], args[4], args[5], args[6]
+        num_seqs = lengths.shape[0]
+        page_size = cache.shape[1] * cache.shape[2]
+        lengths, tables, starts = busy_sequences(
+            num_seqs, tables.shape[0] // num_seqs, page_size, cache.shape[0], queries.shape[0]
+        )
+        return {5: lengths, 6: tables.reshape(-1), 7: starts, 8: jnp.asarray([0, 0, num_seqs], jnp.int32)}
+
+
+class MultiLatentRaggedPageAttentionV2(MultiLatentRaggedPageAttention):
+    op_id = "multi_latent_ragged_page_attention_v2"
+    config_type = MultiLatentRaggedPageAttentionV2Config
+
+
+def _shape(x) -> tuple:
+    return tuple(getattr(x, "shape", ()))
+
+
+def _check_rank(name: str, x, rank: int, layout: str) -> None:
+    if getattr(x, "ndim", None) != rank:
+        raise ValueError(f"{name} must be {rank}-D {layout}, got shape {_shape(x)}")
+
+
+def _single_head(name: str, x, layout: str):
+    """`[T, D]`, or `[T, 1, D]` squeezed to it (one kv head: the latent head)."""
+    if getattr(x, "ndim", None) == 3 and x.shape[1] == 1:
+        return x[:, 0]
+    _check_rank(name, x, 2, f"{layout} (or [T, 1, ...] with one head)")
+    return x
+
+
+def _check_index(name: str, x, layout: str) -> None:
+    dtype = jnp.result_type(x)
+    if dtype != jnp.int32:
+        raise ValueError(f"{name} must be int32, got {dtype}")
+    _check_rank(name, x, 1, layout)
+
+
+def _check_scale(name: str, value, *, positive: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number or None, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return float(value)
+
+
+def _checked_call(
+    kernel: MultiLatentRaggedPageAttention,
+    queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
+    *, softmax_scale, sliding_window, logits_soft_cap, mask_value, q_scale, k_scale, v_scale, platform, cfg,
+):  # fmt: skip
+    """Checks one call of either op (ValueError naming the argument), canonicalises it and runs `kernel`."""
+    _check_rank("queries_nope", queries_nope, 3, "[T, Hq, L]")
+    _check_rank("queries_pe", queries_pe, 3, "[T, Hq, R]")
+    keys_values = _single_head("keys_values", keys_values, "[T, L]")
+    keys_pe = _single_head("keys_pe", keys_pe, "[T, R]")
+    _check_rank("kv_cache", kv_cache, 4, "[pages, rows, packing, a128(L) + a128(R)]")
+    floats = dict(queries_nope=queries_nope, queries_pe=queries_pe, keys_values=keys_values, keys_pe=keys_pe)
+    for name, x in (*floats.items(), ("kv_cache", kv_cache)):
+        check_float(name, x)
+    num_tokens, num_heads, latent = queries_nope.shape
+    for name, x in (("queries_pe", queries_pe), ("keys_values", keys_values), ("keys_pe", keys_pe)):
+        if x.shape[0] != num_tokens:
+            raise ValueError(f"{name} must have queries_nope's {num_tokens} tokens, got shape {_shape(x)}")
+    if queries_pe.shape[1] != num_heads:
+        raise ValueError(f"queries_pe must have queries_nope's {num_heads} heads, got shape {_shape(queries_pe)}")
+    if keys_values.shape[-1] != latent:
+        raise ValueError(f"keys_values' last dim must equal queries_nope's (L = {latent}), got {keys_values.shape[-1]}")
+    rope = queries_pe.shape[-1]
+    if keys_pe.shape[-1] != rope:
+        raise ValueError(f"keys_pe's last dim must equal queries_pe's (R = {rope}), got {keys_pe.shape[-1]}")
+    width = -(-latent // 128) * 128 + -(-rope // 128) * 128
+    if kv_cache.shape[3] != width:
+        raise ValueError(
+            f"kv_cache's last dim must be a128(L) + a128(R) = {width} (L={latent}, R={rope}), got {kv_cache.shape[3]}"
+        )
+    packing = kv_packing(kv_cache.dtype)
+    if kv_cache.shape[2] != packing:
+        raise ValueError(
+            f"kv_cache's packing axis (2) must be 32 / bits({kv_cache.dtype}) = {packing}, got {kv_cache.shape[2]}"
+        )
+
+    _check_index("kv_lens", kv_lens, "[N]")
+    num_seqs = kv_lens.shape[0]
+    if num_seqs == 0:
+        raise ValueError("kv_lens must hold at least one sequence (N >= 1), got shape (0,)")
+    if getattr(block_tables, "ndim", None) == 2:
+        if block_tables.shape[0] != num_seqs:
+            raise ValueError(f"block_tables as [N, P] must have N = {num_seqs} rows, got shape {_shape(block_tables)}")
+        block_tables = block_tables.reshape(-1)
+    _check_index("block_tables", block_tables, "[N * P] (or [N, P])")
+    _check_index("query_start_loc", query_start_loc, "[N + 1]")
+    if jnp.result_type(distribution) != jnp.int32:
+        raise ValueError(f"distribution must be int32, got {jnp.result_type(distribution)}")
+    if _shape(distribution) != (3,):
+        raise ValueError(f"distribution must have shape (3,) ([i, j, k]), got {_shape(distribution)}")
+    if block_tables.shape[0] % num_seqs:
+        raise ValueError(
+            f"len(block_tables) must be a multiple of N = {num_seqs} (N * pages per seq), got {block_tables.shape[0]}"
+        )
+    if query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(f"query_start_loc must have N + 1 = {num_seqs + 1} entries, got {query_start_loc.shape[0]}")
+
+    last_positions_window(sliding_window)
+    if logits_soft_cap is not None and (
+        isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real) or logits_soft_cap == 0
+    ):
+        raise ValueError(f"logits_soft_cap must be a non-zero number or None, got {logits_soft_cap!r}")
+    options = dict(
+        softmax_scale=resolve_scale(softmax_scale, latent + rope),
+        sliding_window=None if sliding_window is None else int(sliding_window),
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        mask_value=None if mask_value is None else float(mask_value),
+        q_scale=_check_scale("q_scale", q_scale, positive=True),
+        k_scale=_check_scale("k_scale", k_scale, positive=False),
+        v_scale=_check_scale("v_scale", v_scale, positive=False),
+    )
+    args = (queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc)
+    return executor(kernel, *args, distribution, platform=platform, cfg=cfg, **options)
+
+
+def multi_latent_ragged_page_attention(
+    queries_nope: jax.Array,
+    queries_pe: jax.Array,
+    keys_values: jax.Array,
+    keys_pe: jax.Array,
+    kv_cache: jax.Array,
+    kv_lens: jax.Array,
+    block_tables: jax.Array,
+    query_start_loc: jax.Array,
+    distribution: jax.Array,
+    /,
+    *,
+    softmax_scale: float | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    mask_value: float | None = None,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    platform: str | None = None,
+    cfg: MultiLatentRaggedPageAttentionConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One MLA serving step: writes the new latent rows into the paged cache, then attends. `(out, kv_cache)`.
+
+    Shapes: `queries_nope [T, Hq, L]` (absorbed into latent space), `queries_pe [T, Hq, R]`,
+    `keys_values [T, L]` (or `[T, 1, L]`), `keys_pe [T, R]`, `kv_cache [pages, rows, packing,
+    a128(L) + a128(R)]` with `packing = 32 / bits(dtype)` and `page_size = rows * packing`; int32
+    `kv_lens [N]`, `block_tables [N * P]` (or `[N, P]`), `query_start_loc [N + 1]`, `distribution [3]`.
+
+    Sequence `s < distribution[2]` owns tokens `query_start_loc[s] : query_start_loc[s + 1]` (the offsets
+    need not start at 0) at positions `kv_lens[s] - q_len … kv_lens[s] - 1`; position `p` lives in page
+    `block_tables[s * P + p // page_size]` at `[(p % page_size) // packing, (p % page_size) % packing]`,
+    as `[c, 0…, r, 0…]` (each part zero-padded to a multiple of 128). The new `c = keys_values[t]`,
+    `r = keys_pe[t]` are written there (cast to the cache dtype); nothing else of the cache changes,
+    and table entries past the pages covering `kv_len` are never read or written. `distribution[0:2]`
+    are scheduling hints (any `0 <= i <= j <= k` gives the same result); sequences from `k` on are ignored.
+
+    Each query (position p) attends over positions `i <= p` (and `i >= p - sliding_window + 1`) of its
+    sequence, read after the write: logits `softmax_scale · (q_nope·c_i + q_pe·r_i)` (default scale
+    `(L + R)^-0.5`, the latent widths: pass the model's), times `k_scale`; with `q_scale` the queries
+    are first quantised like the cache (`q / q_scale` rounded to its dtype, saturating) and the logits
+    scaled back by `q_scale`; then `cap · tanh(ℓ / cap)` with `logits_soft_cap`. `out = Σ softmax · c_i`,
+    times `v_scale`, in float32 sums, returned `[T, Hq, L]` in `queries_nope`'s dtype; tokens of no
+    processed sequence are 0. `mask_value` is accepted (masked positions are excluded exactly).
+
+    The cache update is functional: under `jax.jit(..., donate_argnums=4)` XLA updates it in place. Not
+    meant to be differentiated, but `jax.grad` through it (with respect to the queries) works.
+    """
+    return _checked_call(
+        MultiLatentRaggedPageAttention(),
+        queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
+        softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
+    )  # fmt: skip
+
+
+def multi_latent_ragged_page_attention_v2(
+    queries_nope: jax.Array,
+    queries_pe: jax.Array,
+    keys_values: jax.Array,
+    keys_pe: jax.Array,
+    kv_cache: jax.Array,
+    kv_lens: jax.Array,
+    block_tables: jax.Array,
+    query_start_loc: jax.Array,
+    distribution: jax.Array,
+    /,
+    *,
+    softmax_scale: float | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    mask_value: float | None = None,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    platform: str | None = None,
+    cfg: MultiLatentRaggedPageAttentionV2Config | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`multi_latent_ragged_page_attention` with a config whose block sizes may be given per case
+    (`MultiLatentRaggedPageAttentionV2Config`); arguments, result and semantics are the same."""
+    return _checked_call(
+        MultiLatentRaggedPageAttentionV2(),
+        queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
+        softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
+    )  # fmt: skip

@@ -1,0 +1,190 @@
+"""`quantized_matmul`: `x` times weights packed by `ejkernel.quantization` (affine, nf4, mxfp4/8, nvfp4/8).
+
+Layouts (`ejkernel.quantization.matmul`): without transpose `w` packs `W [K, N]` grouped along N and
+`y = x @ W`; with it `w` packs `W [N, K]` grouped along K and `y = x @ Wᵀ`. Weights from
+`prepack_quantized_weights(kernel[in, out], transpose=False)` fit the first.
+"""
+
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.modules.operations._common import executor
+from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.quantization.matmul import check_matmul_operands, resolve_transpose
+from ejkernel.quantization.modes import resolve_params
+
+TPU_PATHS = ("packed", "hybrid", "predecode")
+GEMV_MODES = ("auto", "on", "off")
+REVSPLIT_MODES = ("auto", "on", "off")
+REVSPLIT_PARTS = (1, 2, 4, 8, 16)
+STRICT_FUSE_ENV = "EJKERNEL_QMM_STRICT_FUSED"
+TILE_VALUES = 1 << 22
+"""Dequantized values per tile in the heuristic tiling (16 MiB of float32): few loop steps, bounded memory."""
+
+
+def _power_of_two(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and not value & (value - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedMatmulConfig(KernelConfig):
+    """Tiling and operand precision of a quantized matmul.
+
+    `block_m`, `block_n`, `block_k`: rows of x, output columns and contraction per tile (powers of two);
+    the XLA path tiles the packed rows of W by `block_k` (no transpose: rows are K) or `block_n` (transpose:
+    rows are N). `num_warps`, `num_stages`, `split_k`: GPU kernel launch options. `use_bf16`: bf16 dot
+    operands for 16-bit `x` (else f16). `tpu_path`: `"packed"` or None; legacy `"hybrid"`/`"predecode"` are
+    accepted. Only the fields a platform reads have any effect there, and none changes what is computed.
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    use_bf16: bool = True
+    split_k: int | None = None
+    tpu_path: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        for field in ("block_m", "block_n", "block_k", "num_warps"):
+            if not _power_of_two(getattr(self, field)):
+                raise ValueError(f"{name}.{field} must be a positive power of two, got {getattr(self, field)!r}")
+        for field, optional in (("num_stages", False), ("split_k", True)):
+            value = getattr(self, field)
+            if not (optional and value is None) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(
+                    f"{name}.{field} must be a positive int{' or None' if optional else ''}, got {value!r}"
+                )
+        if not isinstance(self.use_bf16, bool):
+            raise ValueError(f"{name}.use_bf16 must be a bool, got {self.use_bf16!r}")
+        if self.tpu_path is not None and self.tpu_path not in TPU_PATHS:
+            raise ValueError(f"{name}.tpu_path must be one of {TPU_PATHS} or None, got {self.tpu_path!r}")
+
+
+def _tile_field(inv: Invocation) -> str:
+    return "block_n" if inv.kwargs["transpose"] else "block_k"
+
+
+class QuantizedMatmul(Kernel):
+    op_id = "quantized_matmul"
+    config_type = QuantizedMatmulConfig
+
+    def heuristic_cfg(self, inv: Invocation) -> QuantizedMatmulConfig:
+        """Row tiles of about `TILE_VALUES` dequantized values (a power of two of rows, at least 8): a large
+        matrix is walked in a few tiles, a small one in one."""
+        w, scales = inv.args[1], inv.args[2]
+        columns = max(1, scales.shape[1] * inv.kwargs["group_size"])
+        rows = max(8, min(1 << max(0, (TILE_VALUES // columns).bit_length() - 1), 1 << (w.shape[0] - 1).bit_length()))
+        return QuantizedMatmulConfig(platform=inv.platform, **{_tile_field(inv): rows})
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield self.heuristic_cfg(dataclasses.replace(inv, platform=platform))
+        if platform == "xla":
+            for rows in (128, 512, 2048):
+                yield QuantizedMatmulConfig(platform=platform, **{_tile_field(inv): rows})
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _flag(name: str, value, optional: bool = True) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise ValueError(f"{name} must be a bool{' or None' if optional else ''}, got {value!r}")
+
+
+def _strict_from_env() -> bool:
+    return os.environ.get(STRICT_FUSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def quantized_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    scales: jax.Array,
+    zeros: jax.Array | None = None,
+    /,
+    *,
+    transpose: bool = False,
+    group_size: int | None = None,
+    bits: int | None = None,
+    mode: str = "affine",
+    axis: str | None = None,
+    gemv_mode: str = "auto",
+    revsplit_k: str = "auto",
+    revsplit_k_parts: int | None = None,
+    fuse: bool = True,
+    strict_fuse: bool | None = None,
+    tpu_path: str | None = None,
+    allow_dense_fallback: bool | None = None,
+    use_best_config: bool = False,
+    platform: str | None = None,
+    cfg: QuantizedMatmulConfig | None = None,
+) -> jax.Array:
+    """float32 `[..., N]`: `x [..., K]` (leading dims flattened into M) times the dequantized `w`.
+
+    `w` (uint32), `scales` and `zeros` (affine only, else None) come from `prepack_quantized_weights` /
+    `quantize`; `group_size`, `bits`, `mode` have `quantize`'s defaults and domains. `transpose=False`:
+    `w [K, ceil(N*b/32)]`, `scales [K, N/g]`, `y = x @ W`; `transpose=True`: `w [N, ceil(K*b/32)]`,
+    `scales [N, K/g]`, `y = x @ Wᵀ`. `axis="row"`/`"col"` means transpose False/True and wins when given.
+
+    Strategy knobs, validated and never changing the result: `fuse=False` dequantizes all of `W` before one
+    matmul (else row tiles); `strict_fuse` (None: env `EJKERNEL_QMM_STRICT_FUSED`) forbids dense fallbacks,
+    which the XLA path never needs (it computes every width, odd ones too); `allow_dense_fallback`,
+    `tpu_path`, `gemv_mode`, `revsplit_k`, `revsplit_k_parts` select kernel variants of platforms that have
+    them (none on XLA). `use_best_config=True` picks the tiling through the executor's config selection
+    (caches, autotuning when the policy allows it, else a size heuristic); False uses
+    `QuantizedMatmulConfig()`'s defaults. `cfg` always wins. Differentiable in `x` (`∂x` in x's dtype);
+    `w`, `scales` and `zeros` get zero cotangents.
+    """
+    params = resolve_params(mode, group_size, bits)
+    transpose = resolve_transpose(transpose, axis)
+    _flag("fuse", fuse, optional=False)
+    _flag("use_best_config", use_best_config, optional=False)
+    _flag("strict_fuse", strict_fuse)
+    _flag("allow_dense_fallback", allow_dense_fallback)
+    strict = _strict_from_env() if strict_fuse is None else strict_fuse
+    if strict and allow_dense_fallback:
+        raise ValueError("strict_fuse=True forbids dense fallbacks: allow_dense_fallback=True contradicts it")
+    if strict and not fuse:
+        raise ValueError("strict_fuse=True requires fuse=True (fuse=False is the dense path)")
+    if tpu_path is not None:
+        _choice("tpu_path", tpu_path, TPU_PATHS)
+    _choice("gemv_mode", gemv_mode, GEMV_MODES)
+    _choice("revsplit_k", revsplit_k, REVSPLIT_MODES)
+    if revsplit_k == "on" and params.bits != 4:
+        raise ValueError(f"revsplit_k='on' needs a 4-bit mode, got mode={params.mode!r} with {params.bits} bits")
+    if revsplit_k_parts is not None:
+        _choice("revsplit_k_parts", revsplit_k_parts, REVSPLIT_PARTS)
+    x, w, scales = jnp.asarray(x), jnp.asarray(w), jnp.asarray(scales)
+    zeros = None if zeros is None else jnp.asarray(zeros)
+    k, n = check_matmul_operands(x, w, scales, zeros, params, transpose)
+    lead = x.shape[:-1]
+    if gemv_mode == "on" and math.prod(lead) != 1:
+        raise ValueError(f"gemv_mode='on' needs a single row of x (M = 1), got x of shape {tuple(x.shape)}")
+    if cfg is None and not use_best_config:
+        cfg = QuantizedMatmulConfig(platform="auto" if platform is None else platform)
+    out = executor(
+        QuantizedMatmul(),
+        x.reshape(-1, k),
+        w,
+        scales,
+        zeros,
+        platform=platform,
+        cfg=cfg,
+        transpose=transpose,
+        group_size=params.group_size,
+        bits=params.bits,
+        mode=params.mode,
+        fuse=fuse,
+    )
+    return out.reshape(*lead, n)
