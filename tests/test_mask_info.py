@@ -104,25 +104,55 @@ def test_from_segments_cross_attention_and_dtype():
 
 
 @pytest.mark.parametrize("shape", [(2, 7, 9), (2, 1, 7, 9), (2, 3, 7, 9)])
-@pytest.mark.parametrize("dtype", [np.bool_, np.int32])
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.float32])
 def test_from_attention_mask_dense(shape, dtype):
     mask = random_bool(shape)
     mask[0, ..., 2, :] = False  # an empty query row (in every head)
     mask[1, ..., :, 4] = False  # an empty key column
     mi = MaskInfo.from_attention_mask(mask.astype(dtype))
-    assert mi.has_dense_mask and not mi.has_segments
     full = mask if mask.ndim == 4 else mask[:, None]
     np.testing.assert_array_equal(mask_of(mi), oracle(dense=full))
+    # Stored ids are padding-style and only describe the mask: a query is real if it attends anywhere
+    # (in any head), a key if anyone attends to it. Kernels get the dense mask alone.
+    assert mi.has_dense_mask and mi.has_segments
     q, kv = mi.get_or_compute_segment_ids()
-    # Inferred ids: -1 exactly where a query (key) attends nothing; equal ids where rows (columns) are equal.
-    merged = full.any(axis=1)
-    np.testing.assert_array_equal(np.asarray(q) >= 0, merged.any(axis=2))
-    np.testing.assert_array_equal(np.asarray(kv) >= 0, merged.any(axis=1))
-    for b, i, i2 in itertools.product(range(merged.shape[0]), range(merged.shape[1]), range(merged.shape[1])):
-        if merged[b, i].any() and merged[b, i2].any():
-            assert (q[b, i] == q[b, i2]) == (merged[b, i] == merged[b, i2]).all()
+    np.testing.assert_array_equal(q, np.where(full.any(axis=(1, 3)), 0, -1))
+    np.testing.assert_array_equal(kv, np.where(full.any(axis=(1, 2)), 0, -1))
     assert int(q[0, 2]) == -1 and int(kv[1, 4]) == -1
+    c = mi.canonical(num_heads=3)
+    assert c.q_segment_ids is None and c.kv_segment_ids is None
+    np.testing.assert_array_equal(c.attention_mask, full)
     np.testing.assert_array_equal(mi.q_lengths(), full.any(axis=(1, 3)).sum(1))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_segment_ids_inferred_from_a_dense_mask(per_head):
+    """A dense mask held without ids (`MaskInfo(_attention_mask=...)`): ids inferred by grouping equal
+    rows (columns), -1 for a query (key) that attends nothing; `materialize_segment_ids` stores them."""
+    full = random_bool((2, 3, 7, 9))
+    full[0, :, 2, :] = False
+    mi = MaskInfo(_attention_mask=jnp.asarray(full))
+    assert not mi.has_segments
+    stored = mi.materialize_segment_ids(per_head=per_head)
+    assert stored.has_segments and stored.materialize_segment_ids() is stored
+    q, kv = stored.get_or_compute_segment_ids()
+    assert q.dtype == kv.dtype == jnp.int32
+    if not per_head:
+        np.testing.assert_array_equal(q, mi.q_segment_ids)
+    assert q.shape == ((2, 3, 7) if per_head else (2, 7))
+    merged = full if per_head else full.any(axis=1, keepdims=True)
+    q, kv = np.asarray(q).reshape(merged.shape[:-1]), np.asarray(kv).reshape(*merged.shape[:2], 9)
+    np.testing.assert_array_equal(q >= 0, merged.any(axis=3))
+    np.testing.assert_array_equal(kv >= 0, merged.any(axis=2))
+    # Two real queries share an id exactly when their rows are equal.
+    real = merged.any(axis=3)
+    same_rows = (merged[..., :, None, :] == merged[..., None, :, :]).all(-1)
+    both = real[..., :, None] & real[..., None, :]
+    np.testing.assert_array_equal((q[..., :, None] == q[..., None, :])[both], same_rows[both])
+    # The ids describe the mask; they never change it (grouped ids are not comparable across q and kv).
+    np.testing.assert_array_equal(mask_of(stored), full)
+    np.testing.assert_array_equal(mask_of(stored.apply_causal()), mask_of(mi.apply_causal()))
+    assert stored.canonical(3).q_segment_ids is None
 
 
 def test_from_attention_mask_padding_2d():
@@ -270,6 +300,252 @@ def test_canonical_fields():
     assert dense.attention_mask.shape == (2, 4, 8, 8) and dense.attention_mask.dtype == jnp.bool_
 
 
+# ------------------------------------------------------------- EasyDeL's forms (API.md 4.3.4)
+
+
+def causal_padded(valid):
+    """[B, 1, S, S]: real tokens [B, S] attend real tokens at or before them."""
+    size = valid.shape[1]
+    return valid[:, None, :, None] & valid[:, None, None, :] & np.tril(np.ones((size, size), bool))
+
+
+def bias_of(mask, dtype):
+    return np.where(mask, 0.0, float(jnp.finfo(dtype).min))
+
+
+def test_constructor_keywords():
+    dense = random_bool((2, 2, 5, 6))
+    # As operations/kernels/vanilla_attention.py:197 and modules/gemma4/modeling_gemma4.py:793 build one.
+    np.testing.assert_array_equal(MaskInfo(_attention_mask=jnp.asarray(dense)).attention_mask, dense)
+    as_int = MaskInfo(_attention_mask=jnp.asarray(dense, jnp.int32) * 3)  # nonzero = attend
+    np.testing.assert_array_equal(mask_of(as_int.apply_causal()), dense & np.tril(np.ones((5, 6), bool)))
+    seg = random_segments(2, 5)
+    cu, pos = jnp.array([0, 3, 5]), np.tile(np.arange(5, dtype=np.int32), (2, 1))
+    mi = MaskInfo(
+        _q_segment_ids=jnp.asarray(seg),
+        _kv_segment_ids=jnp.asarray(seg),
+        _cu_seqlens_q=cu,
+        _cu_seqlens_kv=cu,
+        q_positions=pos,
+        kv_positions=pos,
+        causal_mask_baked_in=True,
+        batch_axis_name="dp",
+        qheads_axis_name=None,
+        kvheads_axis_name=("tp", "ep"),
+        sequence_axis_name=None,
+    )
+    np.testing.assert_array_equal(mask_of(mi), oracle(seg, seg))  # the flag is informational only
+    assert mi.baked_in_masks == {"causal": True, "sliding_window": False, "chunked": False, "token_type_ids": False}
+    np.testing.assert_array_equal(mi.cu_seqlens_q, cu)
+    np.testing.assert_array_equal(mi.cu_seqlens_kv, cu)
+    assert (mi.batch_axis_name, mi.qheads_axis_name, mi.kvheads_axis_name) == ("dp", None, ("tp", "ep"))
+    plain = MaskInfo.from_segments(seg)
+    axes = plain.batch_axis_name, plain.qheads_axis_name, plain.kvheads_axis_name, plain.sequence_axis_name
+    assert axes == (("dp", "fsdp"), "tp", "tp", "sp")
+    assert plain.cu_seqlens_q is None and not any(plain.baked_in_masks.values())
+    assert not hasattr(plain, "_causal_baked")  # EasyDeL probes for it; upstream has no such field
+
+
+def test_dynamic_init():
+    valid = random_bool((2, 8), p=0.7)
+    given = MaskInfo.from_segments(random_segments(2, 8))
+    assert MaskInfo.dynamic_init(mask_info=given, input_ids=np.zeros((3, 5), np.int32), attention_mask=valid) is given
+    # As modules/llama/modeling_llama.py:434 calls it; the model then applies causality.
+    mi = MaskInfo.dynamic_init(
+        mask_info=None, input_ids=np.zeros((2, 8), np.int32), inputs_embeds=None, attention_mask=valid.astype(np.int32)
+    )
+    assert mi.has_segments and not mi.has_dense_mask and not mi.causal
+    np.testing.assert_array_equal(mi.q_segment_ids, np.where(valid, 0, -1))
+    np.testing.assert_array_equal(mask_of(mi.apply_causal()), causal_padded(valid))
+    np.testing.assert_array_equal(mask_of(MaskInfo.dynamic_init(attention_mask=valid * 2.5)), mask_of(mi))  # nonzero
+    traced = jax.jit(lambda m: MaskInfo.dynamic_init(attention_mask=m).apply_causal().attention_mask)(valid)
+    np.testing.assert_array_equal(traced, causal_padded(valid))
+    everyone = np.ones((2, 8), bool)
+    for shaped in (dict(input_ids=np.zeros((2, 8), np.int32)), dict(inputs_embeds=np.zeros((2, 8, 4), np.float32))):
+        np.testing.assert_array_equal(mask_of(MaskInfo.dynamic_init(**shaped).apply_causal()), causal_padded(everyone))
+    dense = random_bool((2, 1, 8, 8))
+    np.testing.assert_array_equal(mask_of(MaskInfo.dynamic_init(attention_mask=dense)), dense)
+    np.testing.assert_array_equal(mask_of(MaskInfo.dynamic_init(attention_mask=dense[:, 0])), dense)
+
+
+def test_from_attention_mask_keyword_float_and_inverted():
+    cross = random_bool((2, 5, 7)).astype(np.float32)
+    # As modules/roberta/modeling_roberta.py:1451 calls it.
+    mi = MaskInfo.from_attention_mask(attention_mask=cross[:, None, :, :])
+    np.testing.assert_array_equal(mi.attention_mask, cross[:, None] != 0)
+    blocked = MaskInfo.from_attention_mask(cross, mask_is_valid=False)  # PyTorch style: nonzero = blocked
+    np.testing.assert_array_equal(blocked.attention_mask, cross[:, None] == 0)
+    np.testing.assert_array_equal(blocked.q_segment_ids, np.where((cross == 0).any(-1), 0, -1))
+    padding = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], np.float32)
+    pad = MaskInfo.from_attention_mask(padding, mask_is_valid=False, sequence_axis_name=None, batch_axis_name="dp")
+    assert pad.has_segments and not pad.has_dense_mask
+    assert (pad.sequence_axis_name, pad.batch_axis_name, pad.qheads_axis_name) == (None, "dp", "tp")
+    np.testing.assert_array_equal(pad.q_segment_ids, np.where(padding == 0, 0, -1))
+    positions = np.tile(np.arange(7, dtype=np.int32), (2, 1))
+    with_positions = MaskInfo.from_attention_mask(cross, positions[:, :5], kv_positions=positions)  # generation.py
+    np.testing.assert_array_equal(with_positions.get_or_compute_positions()[1], positions)
+
+
+def test_transforms_set_baked_in_flags():
+    mi = MaskInfo.from_segments(random_segments(2, 8))
+    types = np.ones((2, 8), np.int32)
+    made = {
+        "causal": [mi.apply_causal(), mi.apply_causal(offset=1)],
+        "sliding_window": [mi.apply_sliding_window(2), mi.apply_sliding_window(2, offset=1)],
+        "chunked": [mi.apply_chunked(4), mi.apply_chunked(4, offset=1)],
+        "token_type_ids": [mi.apply_token_type_ids(types)],
+    }
+    for key, outs in made.items():
+        for out in outs:
+            assert out.baked_in_masks == {name: name == key for name in made}
+    assert not any(mi.apply_kv_lengths(np.array([3, 8])).baked_in_masks.values())
+    every = mi.apply_causal().apply_sliding_window(3).apply_chunked(2).apply_token_type_ids(types)
+    assert all(every.baked_in_masks.values()) and every.sliding_window_baked_in
+    # Informational only: setting the flags changes neither the mask nor what kernels get.
+    flagged = mi.replace(causal_mask_baked_in=True, sliding_window_baked_in=True, chunked_mask_baked_in=True)
+    np.testing.assert_array_equal(mask_of(flagged), mask_of(mi))
+    c = flagged.canonical(2)
+    assert not c.causal and c.sliding_window is None and c.attention_mask is None
+
+
+def test_q_attention_mask():
+    seg = random_segments(3, 7)
+    q_mask = MaskInfo.from_segments(seg, random_segments(3, 4)).apply_causal().q_attention_mask
+    assert q_mask.dtype == jnp.int32 and q_mask.shape == (3, 7)
+    np.testing.assert_array_equal(q_mask, (seg >= 0).astype(np.int32))
+    dense = random_bool((3, 2, 7, 5))
+    dense[0, :, 3] = False
+    q_mask = MaskInfo.from_attention_mask(dense).q_attention_mask
+    assert q_mask.dtype == jnp.int32
+    np.testing.assert_array_equal(q_mask, dense.any(axis=(1, 3)).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", [np.dtype("float32"), jnp.bfloat16, jnp.float16, None])
+def test_create_bias(dtype):
+    valid = random_bool((2, 6), p=0.7)
+    mi = MaskInfo.dynamic_init(attention_mask=valid).apply_causal().apply_sliding_window((2, 0))
+    window = np.tril(np.ones((6, 6), bool), 0) & np.triu(np.ones((6, 6), bool), -2)
+    want = jnp.dtype(jnp.float32 if dtype is None else dtype)
+    bias = mi.bias if dtype is None else mi.create_bias(dtype)  # as layers/attention/_flexible.py:1246
+    assert bias.dtype == want and bias.shape == (2, 1, 6, 6)
+    np.testing.assert_array_equal(np.asarray(bias, np.float32), bias_of(causal_padded(valid) & window, want))
+
+
+def test_materialize():
+    seg = random_segments(2, 6)
+    mi = MaskInfo.from_segments(seg).apply_causal()
+    assert mi.materialize_segment_ids() is mi
+    held = mi.materialize_attention_mask(jnp.float32)
+    assert held.has_dense_mask and held.attention_mask.dtype == jnp.float32
+    np.testing.assert_array_equal(held.attention_mask, oracle(seg, seg, causal=True))
+    np.testing.assert_array_equal(held.q_segment_ids, seg)
+    assert held.materialize_attention_mask() is held and held.causal_mask_baked_in
+
+
+def test_replace_with_a_cut_mask_as_the_window_path_does():
+    """layers/attention/_flexible.py:1078: EasyDeL applies the window itself, cuts the keys, and
+    replaces the mask without cutting the kv ids. The mask given is the mask afterwards."""
+    valid = np.ones((2, 10), bool)
+    valid[1, :3] = False  # left padding
+    mi = MaskInfo.dynamic_init(attention_mask=valid).apply_causal()
+    i, j = np.arange(10)[:, None], np.arange(10)[None, :]
+    cut = (np.asarray(mi.attention_mask) & (j >= i - 3))[..., 6:]  # the last 4 keys, as prefill keeps
+    out = mi.replace(attention_mask=jnp.asarray(cut), sliding_window_baked_in=True)
+    np.testing.assert_array_equal(out.attention_mask, cut)  # causality is not applied again to cut keys
+    assert out.sliding_window_baked_in and out.causal_mask_baked_in and not out.causal
+    np.testing.assert_array_equal(out.create_bias(jnp.float32), bias_of(cut, jnp.float32))
+    np.testing.assert_array_equal(out.q_segment_ids, np.where(valid, 0, -1))  # kept: its length matches
+    assert out.kv_segment_ids.shape == (2, 4)  # dropped, then inferred from the new mask
+    np.testing.assert_array_equal(np.asarray(out.kv_segment_ids) >= 0, cut.any(axis=(1, 2)))
+    c = out.canonical(2)
+    assert c.q_segment_ids is None and not c.causal and c.sliding_window is None
+    np.testing.assert_array_equal(c.attention_mask, cut)
+
+
+def test_replace_with_cut_kv_ids_and_positions_as_decoding_does():
+    """operations/kernels/decode_attention.py:172: mask, kv ids and kv positions cut alike, per row."""
+    seg = random_segments(2, 12)
+    pos = np.tile(np.arange(12, dtype=np.int32) + 100, (2, 1))
+    mi = MaskInfo.from_segments(seg, seg, pos, pos).apply_causal()
+    start, width = np.array([2, 5]), 6
+    take = lambda x: np.stack([x[b, ..., start[b] : start[b] + width] for b in range(2)])
+    mask, kv_ids, kv_pos = take(np.asarray(mi.attention_mask)), take(seg), take(pos)
+    out = mi.replace(attention_mask=mask, sliding_window_baked_in=True, kv_segment_ids=kv_ids, kv_positions=kv_pos)
+    np.testing.assert_array_equal(out.attention_mask, mask)
+    np.testing.assert_array_equal(out.kv_segment_ids, kv_ids)
+    np.testing.assert_array_equal(out.kv_positions, kv_pos)
+    np.testing.assert_array_equal(out.q_segment_ids, seg)
+    np.testing.assert_array_equal(out.q_positions, pos)
+    lengths = np.array([3, 6])  # transforms applied afterwards act on the new mask
+    np.testing.assert_array_equal(
+        mask_of(out.apply_kv_lengths(lengths)), mask & (np.arange(6) < lengths[:, None, None, None])
+    )
+
+
+def test_replace_rules():
+    seg = random_segments(2, 6)
+    cu = jnp.array([0, 4, 6])
+    mi = MaskInfo(
+        _q_segment_ids=jnp.asarray(seg), _kv_segment_ids=jnp.asarray(seg), _cu_seqlens_q=cu, _cu_seqlens_kv=cu
+    )
+    same = mi.replace(attention_mask=None, q_segment_ids=None, cu_seqlens_q=None)  # upstream's names: None keeps
+    np.testing.assert_array_equal(mask_of(same), oracle(seg, seg))
+    np.testing.assert_array_equal(same.cu_seqlens_q, cu)
+    zeros = np.zeros((2, 6), np.int32)
+    swapped = mi.replace(q_segment_ids=zeros)  # ids are this mask's source: the mask follows them
+    assert swapped.cu_seqlens_q is None and swapped.cu_seqlens_kv is None  # cleared: the ids changed
+    np.testing.assert_array_equal(mask_of(swapped), oracle(zeros, seg))
+    kept = mi.replace(q_segment_ids=zeros, cu_seqlens_q=np.array([0, 6, 12]))
+    np.testing.assert_array_equal(kept.cu_seqlens_q, [0, 6, 12])
+    assert kept.cu_seqlens_kv is None
+    # Any field is set as given, None included.
+    with_pos = mi.replace(q_positions=jnp.asarray(zeros), batch_axis_name=("dp",), sequence_axis_name=None)
+    assert with_pos.replace(q_positions=None).q_positions is None
+    assert with_pos.batch_axis_name == ("dp",) and with_pos.sequence_axis_name is None
+    # A 3-D mask becomes [B, 1, Sq, Sk] and is the whole mask: no pending transform applies on top.
+    dense = random_bool((2, 6, 6))
+    busy = mi.apply_causal().apply_kv_lengths(np.array([2, 6])).apply_token_type_ids(zeros + 1)
+    out = busy.replace(attention_mask=dense.astype(np.float32))
+    np.testing.assert_array_equal(out.attention_mask, dense[:, None])
+    assert out.kv_length_limit is None and out.token_type_ids is None and out.cu_seqlens_q is None
+    assert out.token_type_ids_baked_in and out.causal_mask_baked_in  # flags are left as they were
+    np.testing.assert_array_equal(out.kv_segment_ids, np.where(np.arange(6) < [[2], [6]], seg, -1))
+    # Fields given in the same call win over those resets.
+    causal_too = mi.replace(attention_mask=dense, causal=True)
+    np.testing.assert_array_equal(mask_of(causal_too), dense[:, None] & np.tril(np.ones((6, 6), bool)))
+
+
+def test_pytree_keeps_flags_and_axis_names_static():
+    def build():
+        mask = random_bool((2, 1, 6, 6))
+        return MaskInfo.from_attention_mask(mask, batch_axis_name=["dp"], qheads_axis_name="mp").apply_sliding_window(2)
+
+    mi = build()
+    assert mi.batch_axis_name == ("dp",)  # a list of axes is kept as a (hashable) tuple
+    leaves, treedef = jax.tree_util.tree_flatten(mi)
+    assert len(leaves) == 3 and all(isinstance(x, jax.Array) for x in leaves)  # ids and mask only
+    back = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert back.sliding_window_baked_in and back.qheads_axis_name == "mp" and back.sliding_window == (2, 2)
+    np.testing.assert_array_equal(mask_of(back), mask_of(mi))
+    assert back.canonical(1).q_segment_ids is None  # the ids still only describe the mask
+    traces = []
+
+    @jax.jit
+    def bias(m):
+        traces.append((m.baked_in_masks, m.qheads_axis_name))  # static: plain Python values while tracing
+        return m.create_bias(jnp.float32), m
+
+    out, returned = bias(mi)
+    np.testing.assert_array_equal(out, bias_of(mask_of(mi), jnp.float32))
+    assert returned.sliding_window_baked_in and returned.batch_axis_name == ("dp",)
+    other = build()
+    np.testing.assert_array_equal(bias(other)[0], bias_of(mask_of(other), jnp.float32))
+    assert len(traces) == 1  # new arrays, same flags: no retrace
+    bias(mi.replace(sliding_window_baked_in=False))
+    bias(mi.replace(qheads_axis_name="tp"))
+    assert len(traces) == 3 and not traces[1][0]["sliding_window"] and traces[2][1] == "tp"
+
+
 # ------------------------------------------------------------------------- jit, vmap, shard_map
 
 
@@ -381,10 +657,10 @@ ERRORS = {
         ValueError,
         r"kv_segment_ids must have shape \[batch, kv_len\] = \(2, \?\), got \(3, 5\)",
     ),
-    "float mask": (
-        lambda: MaskInfo.from_attention_mask(np.ones((2, 4, 4), np.float32)),
+    "complex mask": (
+        lambda: MaskInfo.from_attention_mask(np.ones((2, 4, 4), np.complex64)),
         TypeError,
-        r"mask must be boolean or integer.*float32",
+        r"attention_mask must be boolean, integer or float.*complex64",
     ),
     "mask rank": (
         lambda: MaskInfo.from_attention_mask(np.ones((1, 2, 1, 4, 4), bool)),
@@ -492,6 +768,25 @@ ERRORS = {
         r"batch_size must be a positive integer, got 0",
     ),
     "no source": (lambda: MaskInfo().get_or_compute_attention_mask(), ValueError, r"MaskInfo has no source"),
+    "dynamic_init nothing": (lambda: MaskInfo.dynamic_init(), ValueError, r"dynamic_init needs mask_info"),
+    "dynamic_init input_ids rank": (
+        lambda: MaskInfo.dynamic_init(input_ids=np.zeros((2, 3, 4), np.int32)),
+        ValueError,
+        r"input_ids must have 2 dimensions",
+    ),
+    "bias int dtype": (lambda: SEGMENTS.create_bias(jnp.int32), TypeError, r"create_bias needs a float dtype"),
+    "materialize nothing": (lambda: MaskInfo().materialize_segment_ids(), ValueError, r"neither segment ids"),
+    "replace unknown": (lambda: SEGMENTS.replace(mask=SEG), TypeError, r"unknown fields \['mask'\]"),
+    "replace mask rank": (
+        lambda: SEGMENTS.replace(attention_mask=np.ones((2, 5), bool)),
+        ValueError,
+        r"attention_mask must have shape \[batch, q_len, kv_len\]",
+    ),
+    "replace ids length": (
+        lambda: SEGMENTS.replace(attention_mask=np.ones((2, 5, 4), bool), kv_segment_ids=SEG),
+        ValueError,
+        r"kv_segment_ids must have length 4 like the attention_mask, got \(2, 5\)",
+    ),
 }
 
 

@@ -17,6 +17,13 @@ A transform that static flags cannot express (a causal or window offset, a windo
 traced under `jit`, the query / key slices of decoding) is *baked*: the mask as it stands, with the
 transform applied, becomes the dense source, and the segment ids are kept (sliced alike) so that they
 still answer. Kernels then receive that dense mask.
+
+Segment ids held beside a dense mask that they were not folded into (those `from_attention_mask` and
+`materialize_segment_ids` derive from the mask, or those kept beside a mask given to `replace`) only
+describe it: `.q_segment_ids` returns them, but the dense mask alone is the hard constraint.
+
+The `*_baked_in` flags and the axis names are carried for the caller (EasyDeL reads them to decide
+what it still has to pass a kernel, and how to shard); they never change the mask.
 """
 
 from __future__ import annotations
@@ -31,9 +38,63 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
-Window = tuple[int, int]
-UNLIMITED = 2**30
-"""A window side given as None (no limit); large, yet safe in int32 position arithmetic."""
+from ejkernel.types.mask_arrays import (
+    UNLIMITED,
+    Window,
+    check_bounds,
+    checked_positions,
+    clamp_window,
+    int_array,
+    intersect_windows,
+    is_traced,
+    is_zero,
+    mask_to_segment_ids,
+    nonzero_mask,
+    padding_ids,
+    padding_segment_ids,
+    per_row,
+    positions_in_runs,
+    positive_int,
+    random_mask,
+    segment_ids_to_mask,
+    segment_ids_to_qkv_masks,
+    window_pair,
+)
+
+__all__ = [  # with the helpers that lived here before `mask_arrays`: kernels import them from this module
+    "UNLIMITED",
+    "CanonicalMask",
+    "MaskInfo",
+    "Window",
+    "check_bounds",
+    "clamp_window",
+    "intersect_windows",
+    "mask_to_segment_ids",
+    "padding_segment_ids",
+    "segment_ids_to_mask",
+    "segment_ids_to_qkv_masks",
+    "window_pair",
+]
+
+BATCH_AXES = ("dp", "fsdp")
+"""Default `batch_axis_name`: the mesh axes a batch is sharded over."""
+AXIS_FIELDS = ("batch_axis_name", "qheads_axis_name", "kvheads_axis_name", "sequence_axis_name")
+BAKED_IN_FIELDS = {
+    "causal": "causal_mask_baked_in",
+    "sliding_window": "sliding_window_baked_in",
+    "chunked": "chunked_mask_baked_in",
+    "token_type_ids": "token_type_ids_baked_in",
+}
+"""`baked_in_masks` keys and the flags that answer them."""
+REPLACE_ALIASES = {
+    "attention_mask": "_attention_mask",
+    "q_segment_ids": "_q_segment_ids",
+    "kv_segment_ids": "_kv_segment_ids",
+    "cu_seqlens_q": "_cu_seqlens_q",
+    "cu_seqlens_kv": "_cu_seqlens_kv",
+}
+"""Upstream's names that `replace` takes for the source fields (None: keep the field)."""
+SOURCE_FIELDS = {"_attention_mask", "_q_segment_ids", "_kv_segment_ids"}
 
 
 class CanonicalMask(NamedTuple):
@@ -47,178 +108,17 @@ class CanonicalMask(NamedTuple):
     sliding_window: Window | None
 
 
-def _shape_text(shape: tuple[int | None, ...]) -> str:
-    return "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-
-
-def _int_array(name: str, x: ArrayLike, shape: tuple[int | None, ...], legend: str) -> jax.Array:
-    """`x` as int32, after checking that it holds integers and has `shape` (None: any size)."""
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must hold integers, got dtype {x.dtype}")
-    if len(x.shape) != len(shape) or any(e not in (None, g) for e, g in zip(shape, x.shape, strict=True)):
-        raise ValueError(f"{name} must have shape {legend} = {_shape_text(shape)}, got {x.shape}")
-    return x if x.dtype == jnp.int32 else x.astype(jnp.int32)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _is_traced(value: object) -> bool:
-    return isinstance(value, jax.core.Tracer)
-
-
-def _is_zero(offset: object) -> bool:
-    """A static offset of 0 (no shift): the transform can stay a flag."""
-    return isinstance(offset, int | np.integer) and not isinstance(offset, bool) and offset == 0
-
-
-def window_pair(window: int | tuple[int, int], name: str = "window") -> Window:
-    """An int `w` means `(w, w)`; a pair is `(left, right)`; both sides must be non-negative ints."""
-    pair = (window, window) if isinstance(window, int | np.integer) else window
-    if (
-        not isinstance(pair, tuple | list)
-        or len(pair) != 2
-        or any(not isinstance(w, int | np.integer) or isinstance(w, bool) for w in pair)
-    ):
-        raise TypeError(f"{name} must be an int or a (left, right) pair of ints, got {window!r}")
-    if min(pair) < 0:
-        raise ValueError(f"{name} must be non-negative, got {window!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def clamp_window(window: Window | None, reach: int) -> Window | None:
-    """`(left, right)` with each side at most `reach`: past every position a window masks nothing more,
-    and kernels computing positions in int32 must not see sides like 2**40."""
-    return None if window is None else (min(window[0], reach), min(window[1], reach))
-
-
-def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
-    """The window allowed by both of two `(left, right)` windows (None: no window)."""
-    if a is None or b is None:
-        return a if b is None else b
-    return (min(a[0], b[0]), min(a[1], b[1]))
-
-
-def check_bounds(name: str, cu: jax.Array, limit: int, *, total: bool, exact: bool = False) -> None:
-    """Cumulative lengths `[0, n1, n1+n2, ...]`: integers `[N + 1]` (N >= 1), and where concrete (outside
-    `jit`) from 0, never decreasing, and each length (`total`: the last bound; `exact`: equal to it) at most
-    `limit`."""
-    if not jnp.issubdtype(cu.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {cu.dtype}")
-    if cu.ndim != 1 or cu.shape[0] < 2:
-        raise ValueError(f"{name} must be [num_seqs + 1] with at least 2 bounds, got shape {cu.shape}")
-    if isinstance(cu, jax.core.Tracer):
-        return
-    bounds = np.asarray(cu)
-    wanted = f"{'== ' if exact else '<= '}{limit}"
-    if bounds[0] != 0 or (np.diff(bounds) < 0).any():
-        raise ValueError(f"{name} must rise from 0 without decreasing, got {bounds.tolist()}")
-    ends = bounds[-1:] if total else np.diff(bounds)
-    if (ends != limit).any() if exact else (ends > limit).any():
-        what = f"its last bound, {bounds[-1]}," if total else f"each of its lengths {ends.tolist()}"
-        raise ValueError(f"{name}: {what} must be {wanted} (the length of the axis), got {bounds.tolist()}")
-
-
-def padding_segment_ids(name: str, cu: ArrayLike, length: int) -> jax.Array:
-    """Segment ids [B, length] of a padded batch: row b is valid (0) for its first cu[b+1]-cu[b] tokens."""
-    cu = _int_array(name, cu, (None,), "[batch + 1]")
-    check_bounds(name, cu, length, total=False)
-    return _prefix_segments(cu, length)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _prefix_segments(cu: jax.Array, length: int) -> jax.Array:
-    lengths = cu[1:] - cu[:-1]
-    return jnp.where(jnp.arange(length) < lengths[:, None], 0, -1).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _random_mask(key: jax.Array, shape: tuple[int, ...], sparsity: float) -> jax.Array:
-    draw = jax.random.uniform(key, (math.prod(shape),)).reshape(shape)  # flat: compiles fast on CPU
-    row_max = draw == draw.max(axis=-1, keepdims=True)  # one random key per row, always kept
-    return (draw >= sparsity) | row_max
-
-
-# ------------------------------------------------------------------------------ module helpers
-
-
-def _group_ids(rows: jax.Array) -> jax.Array:
-    """[..., N, M] bool -> [..., N] int32: rows with equal patterns share an id, numbered in order of
-    first appearance from 0; all-False rows get -1."""
-    same = jnp.all(rows[..., :, None, :] == rows[..., None, :, :], axis=-1)  # [..., N, N]
-    first = jnp.argmax(same, axis=-1)  # the first row with this row's pattern
-    valid = jnp.any(rows, axis=-1)
-    n = rows.shape[-2]
-    founds = (first == jnp.arange(n)) & valid  # rows that start a new group
-    before = jnp.cumsum(founds, axis=-1) - founds  # groups started before each row
-    ids = jnp.take_along_axis(before, first, axis=-1)
-    return jnp.where(valid, ids, -1).astype(jnp.int32)
-
-
-def mask_to_segment_ids(mask: ArrayLike, per_head: bool = False) -> tuple[jax.Array, jax.Array]:
-    """(q_segment_ids, kv_segment_ids) of a bool mask `[Sq, Sk]`, `[B, Sq, Sk]` or `[B, H, Sq, Sk]`.
-
-    Queries with equal rows share an id, as do keys with equal columns; a query or key that attends
-    nothing gets -1. For a block-diagonal mask (packed documents) the ids reproduce the mask exactly;
-    for others they group equal patterns only. A 4-D mask gives `[B, S]` ids from the union of its
-    heads, or `[B, H, S]` with `per_head=True`.
-    """
-    m = jnp.asarray(mask).astype(jnp.bool_)
-    if m.ndim not in (2, 3, 4):
-        raise ValueError(f"mask must be [Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk], got shape {m.shape}")
-    if m.ndim == 4 and not per_head:
-        m = jnp.any(m, axis=1)
-    return _group_ids(m), _group_ids(jnp.swapaxes(m, -1, -2))
-
-
-def segment_ids_to_qkv_masks(
-    q_segment_ids: ArrayLike, kv_segment_ids: ArrayLike | None = None, dtype: DTypeLike = jnp.bool_
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(q_mask [B, Sq], kv_mask [B, Sk], attention_mask [B, 1, Sq, Sk]) in `dtype` from segment ids
-    (-1: padding; equal ids attend). `kv_segment_ids` defaults to the query's."""
-    q = jnp.asarray(q_segment_ids)
-    kv = q if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-    q_valid, kv_valid = q >= 0, kv >= 0
-    pairs = (q[..., :, None] == kv[..., None, :]) & q_valid[..., :, None] & kv_valid[..., None, :]
-    return q_valid.astype(dtype), kv_valid.astype(dtype), pairs[..., None, :, :].astype(dtype)
-
-
-def segment_ids_to_mask(
-    segment_ids: ArrayLike | tuple[ArrayLike, ArrayLike],
-    dtype: DTypeLike = jnp.bool_,
-    return_separate_masks: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
-    """The `[B, 1, Sq, Sk]` mask of segment ids `[B, S]` (self-attention) or of a `(q, kv)` pair; with
-    `return_separate_masks`, `(q_mask, kv_mask, attention_mask)` as `segment_ids_to_qkv_masks`."""
-    q, kv = segment_ids if isinstance(segment_ids, tuple) else (segment_ids, None)
-    masks = segment_ids_to_qkv_masks(q, kv, dtype)
-    return masks if return_separate_masks else masks[2]
-
-
-def _positions_in_runs(ids: jax.Array) -> jax.Array:
-    """[..., S] -> each token's index within its run of equal consecutive ids (a packed document's positions)."""
-    index = jnp.arange(ids.shape[-1], dtype=jnp.int32)
-    starts = jnp.concatenate([jnp.ones_like(ids[..., :1], bool), ids[..., 1:] != ids[..., :-1]], axis=-1)
-    run_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=ids.ndim - 1)
-    return index - run_start
-
-
-# ------------------------------------------------------------------------------------- MaskInfo
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class MaskInfo:
-    """An attention mask as a pytree: its source arrays are leaves, its static transforms aux data.
+    """An attention mask as a pytree: its arrays are leaves; flags, sizes and axis names aux data.
 
-    Build one with a `from_*` classmethod. The sources: segment ids (`_q_segment_ids` [B, Sq],
-    `_kv_segment_ids` [B, Sk], negative = padding) and/or a dense `_attention_mask` [B, 1|H, Sq, Sk]
-    bool; the mask is the AND of the sources and the transforms. `q_positions` / `kv_positions` are
-    carried for the caller (RoPE); they do not change the mask. Methods work on any leading batch
-    shape, so a `MaskInfo` can be `vmap`ped over its batch axis.
+    Build one with a `from_*` classmethod (or `dynamic_init`). The sources: segment ids
+    (`_q_segment_ids` [B, Sq], `_kv_segment_ids` [B, Sk], negative = padding) and/or a dense
+    `_attention_mask` [B, 1|H, Sq, Sk] (bool or int, nonzero = attend); the mask is the AND of the
+    sources and the transforms, except that ids which only describe a dense mask (see the module
+    docstring) take no part. `q_positions` / `kv_positions` and `_cu_seqlens_q` / `_cu_seqlens_kv`
+    are carried for the caller (RoPE, varlen kernels); they do not change the mask. Methods work on any
+    leading batch shape, so a `MaskInfo` can be `vmap`ped over its batch axis.
     """
 
     _q_segment_ids: jax.Array | None = None
@@ -228,10 +128,27 @@ class MaskInfo:
     token_type_ids: jax.Array | None = None
     q_positions: jax.Array | None = None
     kv_positions: jax.Array | None = None
+    _cu_seqlens_q: jax.Array | None = None
+    _cu_seqlens_kv: jax.Array | None = None
     causal: bool = False
     sliding_window: Window | None = None
     chunk_size: int | None = None
     mask_dtype: str = "bool"
+    _ids_describe_only: bool = False
+    causal_mask_baked_in: bool = False
+    sliding_window_baked_in: bool = False
+    chunked_mask_baked_in: bool = False
+    token_type_ids_baked_in: bool = False
+    batch_axis_name: str | tuple[str, ...] | None = BATCH_AXES
+    qheads_axis_name: str | tuple[str, ...] | None = "tp"
+    kvheads_axis_name: str | tuple[str, ...] | None = "tp"
+    sequence_axis_name: str | tuple[str, ...] | None = "sp"
+
+    def __post_init__(self):
+        # Axis names are aux data, which must hash: a list of axes becomes a tuple.
+        for name in AXIS_FIELDS:
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     # ----------------------------------------------------------------------------- constructors
 
@@ -249,37 +166,90 @@ class MaskInfo:
 
         With `is_attn_mask=True` the arrays are 0/1 padding masks (nonzero = a real token) instead.
         """
-        q = _int_array("q_segment_ids", q_segment_ids, (None, None), "[batch, q_len]")
+        q = int_array("q_segment_ids", q_segment_ids, (None, None), "[batch, q_len]")
         kv = q if kv_segment_ids is None else None
         if kv is None:
-            kv = _int_array("kv_segment_ids", kv_segment_ids, (q.shape[0], None), "[batch, kv_len]")
+            kv = int_array("kv_segment_ids", kv_segment_ids, (q.shape[0], None), "[batch, kv_len]")
         if is_attn_mask:
-            q, kv = (jnp.where(ids != 0, 0, -1).astype(jnp.int32) for ids in (q, kv))
-        return cls(_q_segment_ids=q, _kv_segment_ids=kv, **_positions(q_positions, kv_positions, q.shape, kv.shape))
+            q, kv = padding_ids(q != 0), padding_ids(kv != 0)
+        return cls(
+            _q_segment_ids=q, _kv_segment_ids=kv, **checked_positions(q_positions, kv_positions, q.shape, kv.shape)
+        )
 
     @classmethod
     def from_attention_mask(
-        cls, mask: ArrayLike, q_positions: ArrayLike | None = None, kv_positions: ArrayLike | None = None
+        cls,
+        attention_mask: ArrayLike,
+        q_positions: ArrayLike | None = None,
+        kv_positions: ArrayLike | None = None,
+        *,
+        mask_is_valid: bool = True,
+        batch_axis_name: str | tuple[str, ...] | None = BATCH_AXES,
+        qheads_axis_name: str | tuple[str, ...] | None = "tp",
+        kvheads_axis_name: str | tuple[str, ...] | None = "tp",
+        sequence_axis_name: str | tuple[str, ...] | None = "sp",
     ) -> Self:
-        """From a bool/int mask (nonzero = attend): [B, Sq, Sk], [B, 1|H, Sq, Sk], or [B, S] padding.
+        """From a bool, int or float mask, nonzero = attend (`mask_is_valid=False`: nonzero = blocked, as
+        in PyTorch): [B, S] padding, [B, Sq, Sk] or [B, 1|H, Sq, Sk].
 
-        A [B, S] mask marks valid tokens (for queries and keys alike) and becomes segment ids 0 / -1.
+        A [B, S] mask marks real tokens (queries and keys alike) and becomes segment ids 0 / -1. A dense
+        mask is kept as given, with padding ids that describe it: a query is real if it attends to any
+        key in any head, a key if any query attends to it.
         """
-        m = jnp.asarray(mask)
-        if m.dtype != jnp.bool_ and not jnp.issubdtype(m.dtype, jnp.integer):
-            raise TypeError(f"mask must be boolean or integer (nonzero = attend), got dtype {m.dtype}")
-        m = m.astype(jnp.bool_)
+        m = nonzero_mask("attention_mask", attention_mask)
+        m = m if mask_is_valid else ~m
+        axes = dict(
+            batch_axis_name=batch_axis_name,
+            qheads_axis_name=qheads_axis_name,
+            kvheads_axis_name=kvheads_axis_name,
+            sequence_axis_name=sequence_axis_name,
+        )
         if m.ndim == 2:
-            return cls.from_segments(m.astype(jnp.int32), None, q_positions, kv_positions, is_attn_mask=True)
+            padding = cls.from_segments(m.astype(jnp.int32), None, q_positions, kv_positions, is_attn_mask=True)
+            return dataclasses.replace(padding, **axes)
         if m.ndim == 3:
             m = m[:, None]
         if m.ndim != 4:
             raise ValueError(
-                "mask must have shape [batch, seq], [batch, q_len, kv_len] or "
+                "attention_mask must have shape [batch, seq], [batch, q_len, kv_len] or "
                 f"[batch, 1 or heads, q_len, kv_len], got {m.shape}"
             )
         batch, _, q_len, kv_len = m.shape
-        return cls(_attention_mask=m, **_positions(q_positions, kv_positions, (batch, q_len), (batch, kv_len)))
+        return cls(
+            _attention_mask=m,
+            _q_segment_ids=padding_ids(jnp.any(m, axis=(1, 3))),
+            _kv_segment_ids=padding_ids(jnp.any(m, axis=(1, 2))),
+            _ids_describe_only=True,
+            **checked_positions(q_positions, kv_positions, (batch, q_len), (batch, kv_len)),
+            **axes,
+        )
+
+    @classmethod
+    def dynamic_init(
+        cls,
+        *,
+        mask_info: MaskInfo | None = None,
+        input_ids: ArrayLike | None = None,
+        inputs_embeds: ArrayLike | None = None,
+        attention_mask: ArrayLike | None = None,
+    ) -> MaskInfo:
+        """The mask of a model call: `mask_info` itself when given; else `from_attention_mask(attention_mask)`
+        (nonzero = a real token or an allowed pair); else every token real, in the shape of `input_ids`
+        [B, S] or of `inputs_embeds` [B, S, D]. Nothing causal is applied: the model does that."""
+        if mask_info is not None:
+            return mask_info
+        if attention_mask is None:
+            name, shaped, rank = (
+                ("input_ids", input_ids, 2) if input_ids is not None else ("inputs_embeds", inputs_embeds, 3)
+            )
+            if shaped is None:
+                raise ValueError(
+                    "dynamic_init needs mask_info, attention_mask, input_ids or inputs_embeds; all are None"
+                )
+            if jnp.ndim(shaped) != rank:
+                raise ValueError(f"{name} must have {rank} dimensions, got shape {jnp.shape(shaped)}")
+            attention_mask = jnp.ones(jnp.shape(shaped)[:2], jnp.bool_)
+        return cls.from_attention_mask(attention_mask)
 
     @classmethod
     def from_cu_seqlens(
@@ -302,8 +272,8 @@ class MaskInfo:
         cu_seqlens_k = cu_seqlens_k if cu_seqlens_kv is None else cu_seqlens_kv
         if q_len is None:
             raise ValueError("q_len (the length of the query sequence axis) is required, got None")
-        q_len = _positive_int("q_len", q_len)
-        kv_len = q_len if kv_len is None else _positive_int("kv_len", kv_len)
+        q_len = positive_int("q_len", q_len)
+        kv_len = q_len if kv_len is None else positive_int("kv_len", kv_len)
         q = padding_segment_ids("cu_seqlens_q", cu_seqlens_q, q_len)
         if cu_seqlens_k is None and kv_len == q_len:
             return cls(_q_segment_ids=q, _kv_segment_ids=q)
@@ -333,14 +303,14 @@ class MaskInfo:
     ) -> Self:
         """A random dense mask [B, 1|H, Sq, Sk] dropping about `sparsity` of the pairs, drawn from
         `seed` (or a PRNG `key`); every query row keeps at least one key. For tests and benchmarks."""
-        batch, q_len = _positive_int("batch_size", batch_size), _positive_int("q_len", q_len)
-        kv_len = q_len if kv_len is None else _positive_int("kv_len", kv_len)
-        heads = 1 if num_heads is None else _positive_int("num_heads", num_heads)
+        batch, q_len = positive_int("batch_size", batch_size), positive_int("q_len", q_len)
+        kv_len = q_len if kv_len is None else positive_int("kv_len", kv_len)
+        heads = 1 if num_heads is None else positive_int("num_heads", num_heads)
         if not 0.0 <= sparsity <= 1.0:
             raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
         key = jax.random.PRNGKey(seed) if key is None else key
         return cls.from_attention_mask(
-            _random_mask(key, (batch, heads, q_len, kv_len), sparsity), q_positions, kv_positions
+            random_mask(key, (batch, heads, q_len, kv_len), sparsity), q_positions, kv_positions
         )
 
     # ------------------------------------------------------------------------------- transforms
@@ -348,10 +318,10 @@ class MaskInfo:
     def apply_causal(self, offset: int | ArrayLike = 0) -> Self:
         """Keep keys `j <= i + offset` (positions counted from the start of the row). `offset` may be
         an int or per batch row [B]; 0 is a static flag, anything else is baked into a dense mask."""
-        if _is_zero(offset):
-            return dataclasses.replace(self, causal=True)
-        off = _per_row(offset, "offset")
-        return self._baked(lambda i, j: j <= i + off)
+        if is_zero(offset):
+            return dataclasses.replace(self, causal=True, causal_mask_baked_in=True)
+        off = per_row(offset, "offset")
+        return self._baked(lambda i, j: j <= i + off, causal_mask_baked_in=True)
 
     def apply_sliding_window(
         self,
@@ -375,14 +345,15 @@ class MaskInfo:
         if is_pair and len(sliding_window) != 2:
             raise TypeError(f"window must be an int or a (left, right) pair of ints, got {sliding_window!r}")
         pair = tuple(UNLIMITED if s is None else s for s in sliding_window) if is_pair else (sliding_window,) * 2
-        traced = any(_is_traced(side) for side in pair) or _is_traced(offset)
+        traced = any(is_traced(side) for side in pair) or is_traced(offset)
         if not traced:
             pair = window_pair(pair if is_pair else sliding_window)
-        if mode in (None, "default") and not traced and _is_zero(offset):
-            return dataclasses.replace(self, sliding_window=intersect_windows(pair, self.sliding_window))
-        off = _per_row(offset, "offset")
+        if mode in (None, "default") and not traced and is_zero(offset):
+            window = intersect_windows(pair, self.sliding_window)
+            return dataclasses.replace(self, sliding_window=window, sliding_window_baked_in=True)
+        off = per_row(offset, "offset")
         left, right = (jnp.asarray(side, jnp.int32) for side in pair)
-        out = self._baked(lambda i, j: (j >= i + off - left) & (j <= i + off + right))
+        out = self._baked(lambda i, j: (j >= i + off - left) & (j <= i + off + right), sliding_window_baked_in=True)
         if mode not in ("decode", "prefill"):
             return out
         if traced:
@@ -399,14 +370,14 @@ class MaskInfo:
     def apply_chunked(self, chunk_size: int | ArrayLike, offset: int | ArrayLike = 0) -> Self:
         """Chunked causal attention (Llama 4): keep keys with `i // chunk_size == j // chunk_size` and
         `j <= i + offset`. A static size without offset stays flags; otherwise baked."""
-        if _is_traced(chunk_size) or not _is_zero(offset):
+        if is_traced(chunk_size) or not is_zero(offset):
             size = jnp.asarray(chunk_size, jnp.int32)
-            off = _per_row(offset, "offset")
-            return self._baked(lambda i, j: (i // size == j // size) & (j <= i + off))
-        chunk_size = _positive_int("chunk_size", chunk_size)
+            off = per_row(offset, "offset")
+            return self._baked(lambda i, j: (i // size == j // size) & (j <= i + off), chunked_mask_baked_in=True)
+        chunk_size = positive_int("chunk_size", chunk_size)
         if self.chunk_size not in (None, chunk_size):
             raise ValueError(f"chunk_size {self.chunk_size} is already applied, got {chunk_size}")
-        return dataclasses.replace(self, chunk_size=chunk_size, causal=True)
+        return dataclasses.replace(self, chunk_size=chunk_size, causal=True, chunked_mask_baked_in=True)
 
     def apply_kv_lengths(
         self,
@@ -423,21 +394,21 @@ class MaskInfo:
         keys before `kv_lengths[b]`: the mask takes the shapes of the step's queries and keys.
         """
         batch, _, kv_len = self._dims()
-        lengths = _int_array("kv_lengths", kv_lengths, batch, "[batch]")
+        lengths = int_array("kv_lengths", kv_lengths, batch, "[batch]")
         if not isinstance(lengths, jax.core.Tracer) and (np.asarray(lengths) < 0).any():
             raise ValueError(f"kv_lengths must be non-negative, got {np.asarray(lengths).tolist()}")
         if self.kv_length_limit is not None:
             lengths = jnp.minimum(lengths, self.kv_length_limit)
-        out = dataclasses.replace(self, kv_length_limit=lengths)
+        out = dataclasses.replace(self, kv_length_limit=lengths, _cu_seqlens_kv=None)  # the lengths changed
         if q_len is None and sliding_window is None:
             return out
         row = q_rows = None
         if q_len is not None:
             if end_index is None:
                 raise ValueError("apply_kv_lengths with q_len needs end_index=, where each row's queries end")
-            q_rows = min(_positive_int("q_len", q_len), self._dims()[1])
-            row = jnp.clip(_int_array("end_index", end_index, batch, "[batch]") - q_rows, 0, self._dims()[1] - q_rows)
-        width = kv_len if sliding_window is None else min(_positive_int("sliding_window", sliding_window), kv_len)
+            q_rows = min(positive_int("q_len", q_len), self._dims()[1])
+            row = jnp.clip(int_array("end_index", end_index, batch, "[batch]") - q_rows, 0, self._dims()[1] - q_rows)
+        width = kv_len if sliding_window is None else min(positive_int("sliding_window", sliding_window), kv_len)
         start = jnp.clip(lengths - width, 0, kv_len - width)
         return out._baked(lambda i, j: True)._sliced(row, q_rows, start, width)
 
@@ -451,12 +422,13 @@ class MaskInfo:
             raise ValueError(f"token_type_ids need q_len == kv_len, got {q_len} and {kv_len}")
         if self.token_type_ids is not None:
             raise ValueError("token_type_ids are already applied to this MaskInfo")
-        types = _int_array("token_type_ids", token_type_ids, (*batch, q_len), "[batch, seq]")
-        return dataclasses.replace(self, token_type_ids=types)
+        types = int_array("token_type_ids", token_type_ids, (*batch, q_len), "[batch, seq]")
+        return dataclasses.replace(self, token_type_ids=types, token_type_ids_baked_in=True)
 
-    def _baked(self, allowed) -> Self:
+    def _baked(self, allowed, **fields) -> Self:
         """The mask as it stands AND `allowed(i, j)` (positions, broadcast against `[..., 1|H, Sq, Sk]`)
-        as the dense source; the flags are then part of it. Segment ids stay, kv lengths folded in."""
+        as the dense source, with `fields` replaced; the flags are then part of it. Segment ids stay, kv
+        lengths folded in."""
         _, q_len, kv_len = self._dims()
         i, j = jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :]
         dense = self.get_or_compute_attention_mask() & allowed(i, j)
@@ -471,6 +443,8 @@ class MaskInfo:
             causal=False,
             sliding_window=None,
             chunk_size=None,
+            _ids_describe_only=not self._ids_in_mask,
+            **fields,
         )
 
     def _sliced(self, q_start, q_rows: int | None, kv_start, kv_cols: int) -> Self:
@@ -491,14 +465,21 @@ class MaskInfo:
             _kv_segment_ids=cut(self._kv_segment_ids, kv_start, kv_cols, -1),
             q_positions=cut(self.q_positions, q_start, q_rows, -1),
             kv_positions=cut(self.kv_positions, kv_start, kv_cols, -1),
+            _cu_seqlens_q=self._cu_seqlens_q if q_start is None else None,
+            _cu_seqlens_kv=None,
         )
 
     # ---------------------------------------------------------------------------------- queries
 
     @property
     def has_segments(self) -> bool:
-        """Built from segment ids (also from cu_seqlens or a [B, S] padding mask)."""
-        return self._q_segment_ids is not None
+        """Holds segment ids: given (also as cu_seqlens or a [B, S] padding mask), or describing a dense mask."""
+        return self._q_segment_ids is not None or self._kv_segment_ids is not None
+
+    @property
+    def _ids_in_mask(self) -> bool:
+        """The stored segment ids constrain the mask (rather than only describe a dense one)."""
+        return self.has_segments and not (self._ids_describe_only and self.has_dense_mask)
 
     @property
     def has_dense_mask(self) -> bool:
@@ -506,8 +487,9 @@ class MaskInfo:
         return self._attention_mask is not None
 
     def _dims(self) -> tuple[tuple[int, ...], int, int]:
-        """(batch shape, Sq, Sk), read from the source arrays (so `vmap` and `shard_map` see local sizes)."""
-        if self.has_segments:
+        """(batch shape, Sq, Sk), read from the source arrays (so `vmap` and `shard_map` see local sizes):
+        ids that take part in the mask, else the dense mask (ids that only describe it may be per head)."""
+        if self._ids_in_mask and self._q_segment_ids is not None and self._kv_segment_ids is not None:
             return self._q_segment_ids.shape[:-1], self._q_segment_ids.shape[-1], self._kv_segment_ids.shape[-1]
         if self.has_dense_mask:
             return self._attention_mask.shape[:-3], *self._attention_mask.shape[-2:]
@@ -537,7 +519,7 @@ class MaskInfo:
 
     @property
     def q_segment_ids(self) -> jax.Array:
-        """[B, Sq] int32: the segment ids given, or inferred from a dense mask (`mask_to_segment_ids`)."""
+        """[B, Sq] int32: the segment ids held, or inferred from a dense mask (`mask_to_segment_ids`)."""
         return self.get_or_compute_segment_ids()[0]
 
     @property
@@ -548,7 +530,60 @@ class MaskInfo:
     @property
     def q_position_ids(self) -> jax.Array:
         """[B, Sq] int32: each query's position within its segment (counting restarts at every segment)."""
-        return _positions_in_runs(self.q_segment_ids)
+        return positions_in_runs(self.q_segment_ids)
+
+    @property
+    def q_attention_mask(self) -> jax.Array:
+        """[B, Sq] int32: 1 for a real query (segment id >= 0), 0 for padding; for zeroing padded tokens."""
+        return (self.q_segment_ids >= 0).astype(jnp.int32)
+
+    @property
+    def cu_seqlens_q(self) -> jax.Array | None:
+        """The cumulative query lengths [B + 1] given to the constructor or `replace`, else None."""
+        return self._cu_seqlens_q
+
+    @property
+    def cu_seqlens_kv(self) -> jax.Array | None:
+        """The cumulative key lengths [B + 1] given to the constructor or `replace`, else None."""
+        return self._cu_seqlens_kv
+
+    @property
+    def baked_in_masks(self) -> dict[str, bool]:
+        """Which transforms the mask includes: {"causal", "sliding_window", "chunked", "token_type_ids"}."""
+        return {key: getattr(self, field) for key, field in BAKED_IN_FIELDS.items()}
+
+    @property
+    def bias(self) -> jax.Array:
+        """`create_bias()`: the mask as an additive float32 bias."""
+        return self.create_bias()
+
+    def create_bias(self, dtype: DTypeLike = jnp.float32) -> jax.Array:
+        """The mask [B, 1|H, Sq, Sk] as an additive bias in the float `dtype`: 0 where attention is
+        allowed, the dtype's most negative finite value elsewhere."""
+        dtype = jnp.dtype(dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"create_bias needs a float dtype, got {dtype}")
+        blocked = jnp.asarray(jnp.finfo(dtype).min, dtype)
+        return jnp.where(self.get_or_compute_attention_mask(), jnp.zeros((), dtype), blocked)
+
+    def materialize_segment_ids(self, per_head: bool = False) -> Self:
+        """Self when segment ids are held; else a copy holding the ids inferred from the dense mask
+        (`mask_to_segment_ids`, per head with `per_head`), which describe it without changing it."""
+        if self.has_segments:
+            return self
+        if not self.has_dense_mask:
+            raise ValueError("MaskInfo has neither segment ids nor an attention mask to infer them from")
+        q, kv = mask_to_segment_ids(self._attention_mask, per_head=per_head)
+        return dataclasses.replace(self, _q_segment_ids=q, _kv_segment_ids=kv, _ids_describe_only=True)
+
+    def materialize_attention_mask(self, dtype: DTypeLike = jnp.bool_) -> Self:
+        """Self when a dense mask is held; else a copy holding the whole mask (every transform applied)
+        as its dense source, whose `.attention_mask` comes in `dtype`."""
+        if self.has_dense_mask:
+            return self
+        if not self.has_segments:
+            raise ValueError("MaskInfo has neither an attention mask nor segment ids to build it from")
+        return self._baked(lambda i, j: True).to_dtype(dtype)
 
     def _kv_in_length(self, kv_len: int) -> jax.Array:
         """[..., Sk] True where a key lies before its row's kv length limit."""
@@ -562,11 +597,11 @@ class MaskInfo:
         """
         _, q_len, kv_len = self._dims()
         hard = jnp.ones((1, 1, 1), jnp.bool_)
-        if self.has_segments:
+        if self._ids_in_mask:
             q, kv = self._q_segment_ids[..., :, None], self._kv_segment_ids[..., None, :]
             hard = ((q == kv) & (q >= 0))[..., None, :, :]
         if self.has_dense_mask:
-            hard = hard & self._attention_mask
+            hard = hard & self._attention_mask.astype(jnp.bool_)
         if self.kv_length_limit is not None:
             hard = hard & self._kv_in_length(kv_len)[..., None, None, :]
         i, j = jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :]
@@ -587,25 +622,31 @@ class MaskInfo:
     def get_or_compute_segment_ids(self, per_head: bool = False) -> tuple[jax.Array, jax.Array]:
         """(q_segment_ids [..., Sq], kv_segment_ids [..., Sk]) int32, kv lengths folded in as padding.
 
-        Without segment ids they are inferred from the dense mask (`mask_to_segment_ids`: exact for
-        block-diagonal masks; `per_head` gives them per head of a multi-head mask).
+        Ids not held (both, or the side a `replace` dropped) are inferred from the dense mask
+        (`mask_to_segment_ids`: exact for block-diagonal masks; `per_head` gives them per head of a
+        multi-head mask).
         """
-        _, _, kv_len = self._dims()
-        if self.has_segments:
-            q, kv = self._q_segment_ids, self._kv_segment_ids
-        else:
-            q, kv = mask_to_segment_ids(self._attention_mask, per_head=per_head)
-        if self.kv_length_limit is not None:
-            limit = self._kv_in_length(kv_len)
-            kv = jnp.where(limit[..., None, :] if kv.ndim > limit.ndim else limit, kv, -1)
-        return q, kv
+        self._dims()  # a clear error when there is no source at all
+        q, kv = self._q_segment_ids, self._kv_segment_ids
+        if q is None or kv is None:
+            inferred_q, inferred_kv = mask_to_segment_ids(self._attention_mask, per_head=per_head)
+            q = inferred_q if q is None else q
+            kv = inferred_kv if kv is None else kv
+        return q, self._limited(kv)
+
+    def _limited(self, kv: jax.Array | None) -> jax.Array | None:
+        """Key segment ids [..., Sk] (or per head) with keys past the kv length limit marked padding."""
+        if kv is None or self.kv_length_limit is None:
+            return kv
+        limit = self._kv_in_length(self._dims()[2])
+        return jnp.where(limit[..., None, :] if kv.ndim > limit.ndim else limit, kv, -1)
 
     def get_or_compute_positions(self) -> tuple[jax.Array, jax.Array]:
         """(q_positions [B, Sq], kv_positions [B, Sk]): as given, else each token's position within
         its segment (`q_position_ids`; a single segment counts 0, 1, 2, ...)."""
         q, kv = self.get_or_compute_segment_ids()
-        q_pos = self.q_positions if self.q_positions is not None else _positions_in_runs(q)
-        kv_pos = self.kv_positions if self.kv_positions is not None else _positions_in_runs(kv)
+        q_pos = self.q_positions if self.q_positions is not None else positions_in_runs(q)
+        kv_pos = self.kv_positions if self.kv_positions is not None else positions_in_runs(kv)
         return q_pos, kv_pos
 
     def get_qkv_masks(self, dtype: DTypeLike = jnp.bool_) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -629,7 +670,7 @@ class MaskInfo:
         _, q_len, kv_len = self._dims()
         if q_len != kv_len:
             return False
-        if self.has_segments:
+        if self._ids_in_mask:
             return jnp.array_equal(self._q_segment_ids, self._kv_segment_ids)
         return True
 
@@ -638,25 +679,69 @@ class MaskInfo:
         return dataclasses.replace(self, mask_dtype=jnp.dtype(dtype).name)
 
     def replace(self, **fields) -> Self:
-        """A copy with fields replaced; `attention_mask`, `q_segment_ids` and `kv_segment_ids` (upstream's
-        names) replace the sources. A value of None leaves that field as it is."""
-        names = {"attention_mask": "_attention_mask", "q_segment_ids": "_q_segment_ids"}
-        names["kv_segment_ids"] = "_kv_segment_ids"
-        changes = {names.get(k, k): v for k, v in fields.items() if v is not None}
-        if "_attention_mask" in changes:
-            m = jnp.asarray(changes["_attention_mask"]).astype(jnp.bool_)
-            changes["_attention_mask"] = m[:, None] if m.ndim == 3 else m
+        """A copy with fields replaced.
+
+        Upstream's names `attention_mask`, `q_segment_ids`, `kv_segment_ids`, `cu_seqlens_q` and
+        `cu_seqlens_kv` replace those sources, None keeping them; any field (positions, `*_baked_in`
+        flags, axis names, ...) is set as given, None included. When the mask or the ids change,
+        cu_seqlens not given are cleared.
+
+        A new attention mask ([B, Sq, Sk] or [B, 1|H, Sq, Sk], nonzero = attend) is the whole mask
+        afterwards: pending transforms (causal, window, chunk, kv lengths, token types) are dropped, not
+        applied on top of it; ids held beside it only describe it. Held ids and positions whose length
+        no longer matches it are dropped (ids are then inferred from it on request); given ones must match.
+        """
+        fields_known = {f.name for f in dataclasses.fields(self)}
+        unknown = fields.keys() - REPLACE_ALIASES.keys() - fields_known
+        if unknown:
+            raise TypeError(f"MaskInfo.replace got unknown fields {sorted(unknown)}")
+        kept = {REPLACE_ALIASES[k] for k, v in fields.items() if k in REPLACE_ALIASES and v is None}
+        changes = {REPLACE_ALIASES.get(k, k): v for k, v in fields.items() if not (k in REPLACE_ALIASES and v is None)}
+        for name in ("_cu_seqlens_q", "_cu_seqlens_kv"):
+            if changes.get(name) is not None:
+                changes[name] = int_array(name[1:], changes[name], (None,), "[batch + 1]")
+            elif name not in kept and SOURCE_FIELDS & changes.keys():
+                changes.setdefault(name, None)
+        if changes.get("_attention_mask") is not None:
+            changes = self._whole_mask(changes)
         return dataclasses.replace(self, **changes)
+
+    def _whole_mask(self, changes: dict) -> dict:
+        """`changes` completed for a new `_attention_mask` that is the whole mask (see `replace`)."""
+        mask = nonzero_mask("attention_mask", changes["_attention_mask"])
+        mask = mask[:, None] if mask.ndim == 3 else mask
+        if mask.ndim != 4:
+            raise ValueError(
+                "attention_mask must have shape [batch, q_len, kv_len] or [batch, 1 or heads, q_len, kv_len], "
+                f"got {mask.shape}"
+            )
+        q_len, kv_len = mask.shape[-2:]
+        out = dict(kv_length_limit=None, token_type_ids=None, causal=False, sliding_window=None, chunk_size=None)
+        out.update(_ids_describe_only=True, **changes)  # fields given explicitly win over the resets
+        held = {
+            "_q_segment_ids": (self._q_segment_ids, q_len),
+            "_kv_segment_ids": (self._limited(self._kv_segment_ids), kv_len),  # as part of the old mask
+            "q_positions": (self.q_positions, q_len),
+            "kv_positions": (self.kv_positions, kv_len),
+        }
+        for name, (value, length) in held.items():
+            if name not in changes:
+                out[name] = value if value is not None and value.shape[-1] == length else None
+            elif changes[name] is not None and jnp.shape(changes[name])[-1] != length:
+                shape = jnp.shape(changes[name])
+                raise ValueError(f"{name.lstrip('_')} must have length {length} like the attention_mask, got {shape}")
+        out["_attention_mask"] = mask
+        return out
 
     def canonical(self, num_heads: int) -> CanonicalMask:
         """The kernel's view: segment ids and static flags, plus a dense mask only when they cannot
         express the mask (dense source, chunking, token types). Token types lift causality and the
         window, so with them both live in the dense mask and the flags are off."""
-        num_heads = _positive_int("num_heads", num_heads)
+        num_heads = positive_int("num_heads", num_heads)
         if self.has_dense_mask and self._attention_mask.shape[-3] not in (1, num_heads):
             heads = self._attention_mask.shape[-3]
             raise ValueError(f"attention_mask has {heads} heads, expected 1 or num_heads={num_heads}")
-        q, kv = self.get_or_compute_segment_ids() if self.has_segments else (None, None)
+        q, kv = self.get_or_compute_segment_ids() if self._ids_in_mask else (None, None)
         needs_dense = self.has_dense_mask or self.chunk_size is not None or self.token_type_ids is not None
         flags = self.token_type_ids is None
         return CanonicalMask(
@@ -715,25 +800,6 @@ class MaskInfo:
         return None
 
 
-def _positions(q_positions, kv_positions, q_shape, kv_shape) -> dict:
-    """Checked position arrays for a constructor (None stays None: computed on request)."""
-    out = {}
-    for name, given, shape in (("q_positions", q_positions, q_shape), ("kv_positions", kv_positions, kv_shape)):
-        if given is not None:
-            out[name] = _int_array(name, given, tuple(shape), "[batch, length]")
-    return out
-
-
-def _per_row(value: int | ArrayLike, name: str) -> jax.Array:
-    """An int, or one int per batch row [B], as int32 broadcastable against `[B, 1|H, Sq, Sk]`."""
-    value = jnp.asarray(value)
-    if not jnp.issubdtype(value.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an int or an int array [batch], got dtype {value.dtype}")
-    if value.ndim > 1:
-        raise ValueError(f"{name} must be an int or [batch], got shape {value.shape}")
-    return value.astype(jnp.int32).reshape((*value.shape, 1, 1, 1))
-
-
 jax.tree_util.register_dataclass(
     MaskInfo,
     data_fields=[
@@ -744,6 +810,16 @@ jax.tree_util.register_dataclass(
         "token_type_ids",
         "q_positions",
         "kv_positions",
+        "_cu_seqlens_q",
+        "_cu_seqlens_kv",
     ],
-    meta_fields=["causal", "sliding_window", "chunk_size", "mask_dtype"],
+    meta_fields=[
+        "causal",
+        "sliding_window",
+        "chunk_size",
+        "mask_dtype",
+        "_ids_describe_only",
+        *BAKED_IN_FIELDS.values(),
+        *AXIS_FIELDS,
+    ],
 )
