@@ -36,7 +36,8 @@ def test_matches_reference(dtype, transpose_rhs):
 
 
 def test_group_offset_and_existing_out():
-    """This shard holds groups 2..5: rows of other groups (and past the last) come from existing_out."""
+    """This shard holds groups 2..5: existing_out is added to every row (rows of other groups, and past the
+    last, keep it as it is)."""
     existing = randn((M, N))
     _check(randn((M, K)), randn((4, K, N)), existing, offset=jnp.int32(2), argnums=(0, 1, 2))
 
@@ -184,16 +185,17 @@ def test_expert_parallel_shards_with_offsets_and_callback():
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
-        (lambda a: grouped_matmul(*a, use_v2=True, use_v3=True), ValueError, "use_v2 and use_v3"),
-        (lambda a: grouped_matmul(*a, rhs_bias=jnp.zeros((8, 1, N))), ValueError, "use_v3"),
+        (lambda a: grouped_matmul(*a, use_v2=True, use_v3=True), ValueError, "use_v2 and use_v3 are mutually"),
+        (lambda a: grouped_matmul(*a, rhs_bias=jnp.zeros((8, 1, N))), ValueError, "grouped_matmulv3.*use_v3"),
         (lambda a: grouped_matmul(a[0][:, :5], *a[1:]), ValueError, "contraction"),
         (lambda a: grouped_matmul(a[0].astype(jnp.int32), *a[1:]), Exception, "lhs"),
-        (lambda a: grouped_matmul(a[0].astype(jnp.bfloat16), *a[1:]), TypeError, "share a float dtype"),
+        (lambda a: grouped_matmul(a[0], a[1].astype(jnp.int8), a[2]), TypeError, "integer with rhs_scale"),
         (lambda a: grouped_matmul(*a[:2], a[2].at[0].set(200)), ValueError, "sum to at most"),
         (lambda a: grouped_matmul(*a[:2], a[2].at[0].set(-1)), ValueError, "non-negative"),
         (lambda a: grouped_matmul(*a, 1), ValueError, "group_offset must be in"),
         (lambda a: grouped_matmul(a[0], a[1][:3], a[2]), ValueError, "group_offset"),
-        (lambda a: grouped_matmul(*a, None, jnp.zeros((M, N), jnp.bfloat16)), TypeError, "existing_out"),
+        (lambda a: grouped_matmul(*a, None, jnp.zeros((M, N), jnp.int32)), Exception, "existing_out"),
+        (lambda a: grouped_matmul(*a, None, jnp.zeros((M, N + 1))), Exception, "existing_out"),
         (lambda a: grouped_matmul(*a, use_v3=True, rhs_scale=jnp.ones((8, 5, 1, N))), ValueError, "divide K"),
         (lambda a: grouped_matmul(*a, transpose_rhs=True), ValueError, "transpose_rhs"),
         (lambda a: grouped_matmul(*a, platform="cuda"), ValueError, "grouped_matmul"),

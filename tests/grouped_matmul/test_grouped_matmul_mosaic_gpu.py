@@ -61,6 +61,15 @@ CASES = {
     "pingpong": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, PINGPONG),
     "pingpong-transposed-f32-out-tiny-m": (40, 128, 128, [0, 5, 14, 0, 3, 9, 5], True, jnp.float32, PINGPONG),
     "transposed-steps-of-32": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.bfloat16, NARROW_STEPS),
+    "easydel-flat-fields": (  # upstream's tiles for TPUs, sent to these kernels by platform="pallas"
+        300,
+        256,
+        384,
+        [0, 100, 50, 0, 120],
+        True,
+        jnp.bfloat16,
+        GroupedMatmulConfig(platform="pallas", bypass_xla_tiling=True, block_m=1024, block_n=1024, block_k=512),
+    ),
 }
 
 
@@ -225,15 +234,7 @@ SIZES = jnp.array([0, 100, 50, 0, 120], jnp.int32)
         (lambda a: mosaic_grouped_matmul(a[0][:, :192], a[1][:, :192], a[2]), "multiples of 128"),
         (lambda a: mosaic_grouped_matmul(a[0], a[1][..., :100], a[2]), "output columns"),
         (lambda a: mosaic_grouped_matmul(a[0][:, :160], a[1][:, :160, :256], a[2]), "steps of 64"),
-        (
-            lambda a: mosaic_grouped_matmul(
-                *a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(num_warps=4, block_d=256))
-            ),
-            "registers",
-        ),
-        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(num_warps=2))), "num_warps"),
-        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(fwd_params=FwdParams(block_q=64))), "rows"),
-        (lambda a: mosaic_grouped_matmul(*a, cfg=GroupedMatmulConfig(bwd_params=BwdParams(num_stages=1))), "stages"),
+        (lambda a: mosaic_grouped_matmul(a[0], a[1].astype(jnp.float16), a[2]), "one 16-bit dtype"),
         (lambda a: grouped_matmul_mosaic_gpu(*a), "Hopper"),
     ],
 )
@@ -241,6 +242,24 @@ def test_declines_what_it_does_not_serve(call, words):
     args = (jnp.ones((M, K), jnp.bfloat16), jnp.ones((5, K, N), jnp.bfloat16), SIZES)
     with pytest.raises(NotImplementedError, match=words):
         call(args)
+
+
+@pytest.mark.parametrize(
+    ("params", "tiling"),
+    [
+        (FwdParams(num_warps=4, block_d=256), Tiling(128, 128, 64, 4, 132, True)),  # the accumulator's registers
+        (FwdParams(num_warps=2, block_q=256), Tiling(128, 128, 64, 4, 132, True)),  # 4 warps: ping-pong
+        (FwdParams(num_warps=16, block_q=64, block_d=32), Tiling(128, 64, 64, 4, 132)),  # 8 warps, 64 wide
+        (FwdParams(block_q=1024, block_d=1024, block_k=512, num_stages=1), Tiling(256, 128, 64, 2, 132)),
+    ],
+)
+def test_knobs_are_brought_into_what_the_kernels_take(monkeypatch, params, tiling):
+    """Tile, warp and stage values outside the kernels' ranges are clamped to them, never declined."""
+    monkeypatch.setattr(interface, "num_sms", lambda: 132)
+    got = interface.plan_tiling(params, interface.DEFAULT_FWD, rows=M, contraction=K, cols=N, transposed=False)
+    assert got == tiling
+    drhs = interface.plan_tiling(params, interface.DEFAULT_DRHS, rows=K, contraction=M, cols=N, transposed=True)
+    assert drhs.block_k in (64, 128) and K % drhs.block_m == 0
 
 
 def test_bad_inputs_are_the_shared_checks_errors():

@@ -27,8 +27,9 @@ def grouped_matmul_reference(
         w[k, n] *= rhs_scale[l, k // (K / blocks), 0, n]    when rhs_scale is given
         out[rows of g] = lhs[rows of g] @ w + rhs_bias[l, 0]  (bias when given)
 
-    Every other row (groups not held, rows past the last group) is `existing_out`'s, or 0.
-    The result has dtype `preferred_element_type`. `group_sizes` and `group_offset` must be concrete.
+    Every other row (groups not held, rows past the last group) is 0. Then `existing_out`, cast to
+    `preferred_element_type`, is added to every row (upstream's accumulation). The result has dtype
+    `preferred_element_type` (float32 for None). `group_sizes` and `group_offset` must be concrete.
     """
     x = jnp.asarray(lhs, jnp.float32)
     w = jnp.asarray(rhs, jnp.float32)
@@ -40,13 +41,14 @@ def grouped_matmul_reference(
     sizes = np.asarray(group_sizes)
     offset = 0 if group_offset is None else int(np.asarray(group_offset).reshape(()))
     bounds = np.concatenate([[0], np.cumsum(sizes)])
+    out_dtype = jnp.float32 if preferred_element_type is None else preferred_element_type
     out = jnp.zeros((x.shape[0], w.shape[2]), jnp.float32)
-    if existing_out is not None:
-        out = jnp.asarray(existing_out, jnp.float32)
     for local in range(w.shape[0]):
         start, end = int(bounds[offset + local]), int(bounds[offset + local + 1])
         rows = jnp.matmul(x[start:end], w[local], precision=jax.lax.Precision.HIGHEST)
         if rhs_bias is not None:
             rows = rows + jnp.asarray(rhs_bias, jnp.float32)[local, 0]
         out = out.at[start:end].set(rows)
-    return out.astype(preferred_element_type)
+    if existing_out is not None:
+        out = out + jnp.asarray(existing_out).astype(out_dtype).astype(jnp.float32)
+    return out.astype(out_dtype)

@@ -3,7 +3,7 @@
 A grouped matmul multiplies the rows of `lhs [M, K]` group by group: rows `[start_g, end_g)` (groups
 laid out back to back by `group_sizes`) with `rhs[g] [K, N]`. With `group_offset = o` and an `rhs` of
 `L` groups, this call owns groups `o .. o + L - 1` (an expert-parallel shard); every other row is
-left to `existing_out` (or zeros).
+zeros, and `existing_out`, where given, is added to every row (upstream's rule: owned rows accumulate).
 
 The tile schedule maps groups to `block_m`-row tiles of `lhs` WITHOUT padding each group to a tile:
 the work items are the (tile, group) pairs that meet, in tile order. A tile inside one group is one
@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.search import sorted_position
+from ejkernel.ops.config import BwdParams, FwdParams
 
 # ---- argument checks ----
 
@@ -52,6 +53,31 @@ class Dims:
     num_local: int  # groups of rhs (this call's)
 
 
+def result_dtype(preferred_element_type) -> jnp.dtype:
+    """The output dtype: `preferred_element_type`, float32 when None (as upstream)."""
+    return jnp.dtype(jnp.float32 if preferred_element_type is None else preferred_element_type)
+
+
+def compute_dtype(lhs, rhs) -> jnp.dtype:
+    """The dtype both operands are multiplied in: the promotion of two float dtypes (what `jax.lax.ragged_dot`
+    does with mixed inputs), lhs's for an integer (quantized) rhs."""
+    if jnp.issubdtype(rhs.dtype, jnp.floating):
+        return jnp.promote_types(lhs.dtype, rhs.dtype)
+    return jnp.dtype(lhs.dtype)
+
+
+def check_versions(use_v2: bool, use_v3: bool, rhs_scale=None, rhs_bias=None) -> None:
+    """ValueError for both kernel versions at once, or a v3 option without `use_v3`."""
+    if use_v2 and use_v3:
+        raise ValueError("grouped_matmul: use_v2 and use_v3 are mutually exclusive; got both True")
+    if not use_v3:
+        for name, x in (("rhs_scale", rhs_scale), ("rhs_bias", rhs_bias)):
+            if x is not None:
+                raise ValueError(
+                    f"grouped_matmul: {name} is a grouped_matmulv3 option: expected use_v3=True, got {use_v3}"
+                )
+
+
 def check_args(
     lhs,
     rhs,
@@ -71,24 +97,16 @@ def check_args(
     Shapes, ranks and option conflicts raise ValueError, dtypes TypeError; the values of
     `group_sizes` and `group_offset` are checked where they are concrete (outside `jit`).
     """
-    if use_v2 and use_v3:
-        raise ValueError("grouped_matmul: use_v2 and use_v3 select different kernels; set at most one")
-    if not use_v3:
-        for name, x in (("rhs_scale", rhs_scale), ("rhs_bias", rhs_bias)):
-            if x is not None:
-                raise ValueError(f"grouped_matmul: {name} is a v3 option; pass use_v3=True with it")
+    check_versions(use_v2, use_v3, rhs_scale, rhs_bias)
     if getattr(lhs, "ndim", None) != 2:
         raise ValueError(f"lhs must be [M, K], got shape {getattr(lhs, 'shape', None)}")
     if getattr(rhs, "ndim", None) != 3:
         layout = "[groups, N, K] (transpose_rhs=True)" if transpose_rhs else "[groups, K, N]"
         raise ValueError(f"rhs must be {layout}, got shape {getattr(rhs, 'shape', None)}")
     _float("lhs", lhs)
-    quantized = rhs_scale is not None and not jnp.issubdtype(rhs.dtype, jnp.floating)
-    if quantized:
-        if not jnp.issubdtype(rhs.dtype, jnp.integer):
-            raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
-    elif rhs.dtype != lhs.dtype:
-        raise TypeError(f"lhs and rhs must share a float dtype, got {lhs.dtype} and {rhs.dtype}")
+    integer = jnp.issubdtype(rhs.dtype, jnp.integer)
+    if not jnp.issubdtype(rhs.dtype, jnp.floating) and not (integer and rhs_scale is not None):
+        raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
     m, k = lhs.shape
     num_local = rhs.shape[0]
     n, rhs_k = (rhs.shape[1], rhs.shape[2]) if transpose_rhs else (rhs.shape[2], rhs.shape[1])
@@ -125,16 +143,12 @@ def check_args(
             raise ValueError(f"group_sizes must be non-negative, got {sizes.tolist()}")
         if sizes.sum() > m:
             raise ValueError(f"group_sizes must sum to at most lhs.shape[0] = {m}, got {int(sizes.sum())}")
-    if not jnp.issubdtype(jnp.dtype(preferred_element_type), jnp.floating):
+    if not jnp.issubdtype(result_dtype(preferred_element_type), jnp.floating):
         raise TypeError(f"preferred_element_type must be a float dtype, got {preferred_element_type}")
     if existing_out is not None:
-        if existing_out.shape != (m, n):
-            raise ValueError(f"existing_out must be [M, N] = [{m}, {n}], got {existing_out.shape}")
-        if existing_out.dtype != jnp.dtype(preferred_element_type):
-            raise TypeError(
-                f"existing_out must have dtype preferred_element_type={jnp.dtype(preferred_element_type)}, "
-                f"got {existing_out.dtype}"
-            )
+        if getattr(existing_out, "shape", None) != (m, n):
+            raise ValueError(f"existing_out must be [M, N] = [{m}, {n}], got {getattr(existing_out, 'shape', None)}")
+        _float("existing_out", existing_out)
     if rhs_scale is not None:
         _float("rhs_scale", rhs_scale)
         blocks = rhs_scale.shape[1] if rhs_scale.ndim == 4 else 0
@@ -147,6 +161,51 @@ def check_args(
         if rhs_bias.shape != (num_local, 1, n):
             raise ValueError(f"rhs_bias must be [groups={num_local}, 1, N={n}], got {rhs_bias.shape}")
     return Dims(m=m, k=k, n=n, num_groups=num_groups, num_local=num_local)
+
+
+# ---- configs ----
+
+# Our tiling fields, each with the names a `FwdParams` may carry it under (its matmul names `block_m`, `block_n`
+# mean rows and columns too) and the flat field of upstream's `GroupedMatmulConfig` that fills it.
+_TILE_FIELDS = {
+    "block_q": (("block_q", "block_m"), "block_m"),
+    "block_k": (("block_k",), "block_k"),
+    "block_d": (("block_d", "block_n"), "block_n"),
+    "num_warps": (("num_warps",), "num_warps"),
+    "num_stages": (("num_stages",), "num_stages"),
+}
+
+
+def _power_of_two_below(value: int) -> int:
+    return 1 << (value.bit_length() - 1)
+
+
+def tile_params(cfg) -> tuple[FwdParams | None, BwdParams | None]:
+    """A config's tilings of the forward product and of both backward products, in our field names
+    (`block_q` rows, `block_k` contraction, `block_d` columns, `num_warps`, `num_stages`).
+
+    `fwd_params` / `bwd_params` set their own product's; upstream's flat fields (`cfg.block_m`, `block_n`,
+    `block_k`, `num_warps`, `num_stages`) fill what those leave unset, in both, tiles and warps rounded down
+    to a power of two. None where nothing is set. ValueError where a flat field contradicts a product's.
+    """
+    flat = {}
+    for ours, (_, name) in _TILE_FIELDS.items():
+        value = getattr(cfg, name, None)
+        if value is not None:
+            flat[ours] = value if ours == "num_stages" else _power_of_two_below(value)
+    tilings = []
+    for kind, attribute in ((FwdParams, "fwd_params"), (BwdParams, "bwd_params")):
+        given = getattr(cfg, attribute, None)
+        fields = {}
+        for ours, (names, name) in _TILE_FIELDS.items():
+            own = next((v for v in (getattr(given, n, None) for n in names) if v is not None), None)
+            if own is not None and flat.get(ours, own) != own:
+                raise ValueError(
+                    f"{type(cfg).__name__}: {name}={getattr(cfg, name)!r} contradicts {attribute}.{ours}={own!r}"
+                )
+            fields[ours] = own if own is not None else flat.get(ours)
+        tilings.append(kind(**fields) if any(v is not None for v in fields.values()) else None)
+    return tilings[0], tilings[1]
 
 
 def offset_scalar(group_offset) -> jax.Array:
@@ -296,7 +355,7 @@ def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -
 def dequantize(rhs, rhs_scale, transpose_rhs: bool, dtype):
     """`rhs` with each K block of each output column multiplied by its `rhs_scale [G, blocks, 1, N]`, in `dtype`."""
     if rhs_scale is None:
-        return rhs
+        return rhs.astype(dtype)
     blocks = rhs_scale.shape[1]
     k = rhs.shape[2] if transpose_rhs else rhs.shape[1]
     scale = jnp.repeat(rhs_scale[:, :, 0, :], k // blocks, axis=1)  # [G, K, N]
@@ -311,13 +370,6 @@ def add_group_bias(out, rhs_bias, groups):
         return out
     bias = jnp.where((groups >= 0)[:, None], rhs_bias[jnp.maximum(groups, 0), 0], 0)
     return (out.astype(jnp.float32) + bias.astype(jnp.float32)).astype(out.dtype)
-
-
-def keep_unowned(out, existing_out, groups):
-    """Rows this call does not own come from `existing_out` (the core left zeros there)."""
-    if existing_out is None:
-        return out
-    return jnp.where((groups >= 0)[:, None], out, existing_out)
 
 
 # ---- the differentiable core ----
@@ -379,13 +431,16 @@ def grouped_vjp(gmm, tgmm):
     return core
 
 
-def implementation(gmm, tgmm, tilings, doc: str):
+def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
     """A registered implementation with the public contract, from an implementation's two products.
 
     `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=,
     transpose_rhs=)` returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises
-    NotImplementedError for a call the implementation does not serve. Around the core: the checks, v3
-    dequantisation and bias, and `existing_out`.
+    NotImplementedError for a call the implementation does not serve. `untiled(lhs, rhs, group_sizes,
+    group_offset, transpose_rhs=, out_dtype=, precision=)`, where given, replaces the core (its own
+    derivatives) when `cfg.bypass_xla_tiling` is set. Around the core: the checks, the operands cast to
+    `compute_dtype` (autodiff casts each gradient back to its input's dtype), v3 dequantisation and bias,
+    and `existing_out` added to every row.
     """
     core = grouped_vjp(gmm, tgmm)
 
@@ -420,24 +475,32 @@ def implementation(gmm, tgmm, tilings, doc: str):
             use_v2=use_v2,
             use_v3=use_v3,
         )
-        out_dtype = jnp.dtype(preferred_element_type)
-        st = Static(
-            bool(transpose_rhs),
-            out_dtype,
-            dims.num_local,
-            *tilings(dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=bool(transpose_rhs)),
-        )
-        rhs = dequantize(rhs, rhs_scale, transpose_rhs, lhs.dtype)
+        out_dtype = result_dtype(preferred_element_type)
+        dtype = compute_dtype(lhs, rhs)
+        lhs = lhs.astype(dtype)
+        bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
+        if not bypass:
+            st = Static(
+                bool(transpose_rhs),
+                out_dtype,
+                dims.num_local,
+                *tilings(
+                    dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=bool(transpose_rhs)
+                ),
+            )
+        rhs = dequantize(rhs, rhs_scale, transpose_rhs, dtype)
         group_sizes = group_sizes.astype(jnp.int32)
         offset = offset_scalar(group_offset)
         if min(dims.m, dims.n, dims.k) == 0:
             out = jnp.zeros((dims.m, dims.n), out_dtype)
+        elif bypass:
+            options = dict(transpose_rhs=bool(transpose_rhs), out_dtype=out_dtype, precision=precision)
+            out = untiled(lhs, rhs, group_sizes, None if group_offset is None else offset, **options)
         else:
             out = core(st, lhs, rhs, group_sizes, offset)
-        if rhs_bias is None and existing_out is None:
-            return out
-        groups = row_groups(group_sizes, offset, dims.num_local, dims.m)
-        return keep_unowned(add_group_bias(out, rhs_bias, groups), existing_out, groups)
+        if rhs_bias is not None:
+            out = add_group_bias(out, rhs_bias, row_groups(group_sizes, offset, dims.num_local, dims.m))
+        return out if existing_out is None else out + existing_out.astype(out_dtype)
 
     grouped_matmul.__doc__ = doc
     return grouped_matmul

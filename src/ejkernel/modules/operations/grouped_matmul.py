@@ -1,6 +1,7 @@
 """`grouped_matmul`: the MoE expert matmul, rows of `lhs` grouped by `group_sizes`, one `rhs` per group."""
 
 import dataclasses
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, Shaped
 
-from ejkernel.kernels._common.grouped_matmul import check_args
+from ejkernel.kernels._common.grouped_matmul import check_args, check_versions, result_dtype, tile_params
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.kernel import FORWARD
@@ -22,7 +23,34 @@ class GroupedMatmulConfig(KernelConfig):
 
     In matmul terms: `block_q` rows of lhs per tile (M), `block_k` the contraction step (K), `block_d`
     output columns per tile (N), plus `num_warps` and `num_stages`.
+
+    Upstream's flat fields set one tiling for all three products: `block_m` (our `block_q`), `block_n`
+    (`block_d`), `block_k`, `num_warps`, `num_stages`; None (the default, where upstream has 128, 128, 128,
+    4, 2) leaves a field to the implementation. They fill what `fwd_params` / `bwd_params` leave unset and
+    must not contradict them; tiles are rounded down to a power of two and each implementation fits them to
+    the call (`_common.grouped_matmul.tile_params`). `bypass_xla_tiling=True` makes the XLA platform run
+    XLA's own ragged dot (no tiling, no padding); other platforms ignore it. None of these changes results.
     """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    bypass_xla_tiling: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"GroupedMatmulConfig.{name} must be a positive int or None, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not isinstance(self.bypass_xla_tiling, bool):
+            raise ValueError(f"GroupedMatmulConfig.bypass_xla_tiling must be a bool, got {self.bypass_xla_tiling!r}")
+        tile_params(self)  # a flat field that contradicts fwd_params or bwd_params is an error now, not at the call
 
 
 class GroupedMatmul(Kernel):
@@ -148,23 +176,28 @@ def grouped_matmul(
     `group_sizes [G]` lays the groups out back to back along M (empty groups allowed, sum at most M).
     `rhs` is `[L, K, N]`, or `[L, N, K]` with `transpose_rhs`; it holds groups `o .. o + L - 1` with
     `o = group_offset` (default 0; an expert-parallel shard). Rows of other groups, and rows past the
-    last group, are `existing_out`'s (`[M, N]`, dtype `preferred_element_type`), else zeros. The result
-    has dtype `preferred_element_type` (float32 by default; products accumulate in float32).
+    last group, are zeros. `existing_out [M, N]` (any float dtype), where given, is cast to the result's
+    dtype and added to every row, as upstream does: owned rows accumulate onto it, the others keep it.
+
+    Dtypes, as upstream and `jax.lax.ragged_dot`: lhs and rhs may be different float dtypes (bfloat16
+    activations with float32 weights); they are multiplied in their promoted dtype, and each gradient
+    comes back in its own input's dtype. The result has dtype `preferred_element_type` whatever the
+    inputs' (float32 by default and for None; products accumulate in float32).
 
     v3 options (need `use_v3=True`): `rhs_scale [L, blocks, 1, N]` multiplies each K block of each output
     column of `rhs` (which may then be int8), and `rhs_bias [L, 1, N]` is added to each owned row.
-    `use_v2` names upstream's second kernel and computes the same; at most one of the two may be set.
+    `use_v2` names upstream's second kernel and computes the same; the two are mutually exclusive.
     `interpret` runs Pallas kernels in interpret mode; `do_padding` is accepted for compatibility (every
-    implementation takes any M). `out_shard_callback` is applied to the output (of each shard, under
-    `mesh=`), e.g. a `psum` over a tensor-parallel axis. Differentiable in lhs, rhs, existing_out,
-    rhs_scale and rhs_bias.
+    implementation takes any M). `cfg` tiles the kernels (`GroupedMatmulConfig`; its
+    `bypass_xla_tiling=True` runs XLA's own ragged dot on the XLA platform). `out_shard_callback` is
+    applied to the output (of each shard, under `mesh=`), e.g. a `psum` over a tensor-parallel axis.
+    Differentiable in lhs, rhs, existing_out, rhs_scale and rhs_bias.
     """
-    if use_v2 and use_v3:
-        raise ValueError("grouped_matmul: use_v2 and use_v3 select different kernels; set at most one")
+    check_versions(use_v2, use_v3, rhs_scale, rhs_bias)
     if not isinstance(do_padding, bool) or not isinstance(interpret, bool):
         raise TypeError(f"do_padding and interpret must be bools, got {do_padding!r}, {interpret!r}")
     options = dict(
-        preferred_element_type=jnp.dtype(preferred_element_type),
+        preferred_element_type=result_dtype(preferred_element_type),
         rhs_scale=rhs_scale,
         rhs_bias=rhs_bias,
         transpose_rhs=bool(transpose_rhs),

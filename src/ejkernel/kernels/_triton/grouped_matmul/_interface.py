@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.grouped_matmul import implementation
+from ejkernel.kernels._common.grouped_matmul import implementation, tile_params
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm, tgmm
 
@@ -23,8 +23,8 @@ WHO = "triton grouped_matmul"
 
 
 def _fit(block: int, size: int) -> int:
-    """A small dimension gets a smaller (power-of-two) tile rather than mostly padding."""
-    return min(block, max(MIN_BLOCK, pl.next_power_of_2(size)))
+    """A small dimension gets a smaller (power-of-two) tile rather than mostly padding; none below `MIN_BLOCK`."""
+    return max(MIN_BLOCK, min(block, pl.next_power_of_2(size)))
 
 
 def tiling(params, default, rows: int, contraction: int, cols: int, interpret: bool) -> Tiling:
@@ -32,8 +32,6 @@ def tiling(params, default, rows: int, contraction: int, cols: int, interpret: b
     fields = ("block_q", "block_k", "block_d", "num_warps", "num_stages")
     given = [None if params is None else getattr(params, f) for f in fields]
     bm, bk, bn, warps, stages = (d if g is None else g for g, d in zip(given, default, strict=True))
-    if min(bm, bk, bn) < MIN_BLOCK:
-        raise NotImplementedError(f"{WHO} needs blocks >= {MIN_BLOCK}, got {bm}x{bk}x{bn}")
     return Tiling(_fit(bm, rows), _fit(bk, contraction), _fit(bn, cols), warps, stages, interpret)
 
 
@@ -42,11 +40,12 @@ def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {lhs.dtype}")
     interpret = resolve_interpret(interpret, WHO)
-    fwd, bwd = getattr(cfg, "fwd_params", None), getattr(cfg, "bwd_params", None)
+    fwd, bwd = tile_params(cfg)
+    drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)  # tgmm(dout, lhs) if transposed
     return (
         tiling(fwd, DEFAULT_FWD, dims.m, dims.k, dims.n, interpret),
         tiling(bwd, DEFAULT_BWD, dims.m, dims.n, dims.k, interpret),
-        tiling(bwd, DEFAULT_BWD, dims.k, dims.m, dims.n, interpret),
+        tiling(bwd, DEFAULT_BWD, drhs_rows, dims.m, drhs_cols, interpret),
     )
 
 
@@ -56,8 +55,9 @@ grouped_matmul_triton = implementation(
     _tilings,
     """Grouped matmul `[M, K] x [G, K, N] -> [M, N]` (semantics: `grouped_matmul_reference`) on a GPU.
 
-    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products): `block_q`
-    output rows, `block_k` contraction step, `block_d` output columns, `num_warps`, `num_stages`.
+    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products), or upstream's
+    `cfg.block_m` / `block_k` / `block_n` for all three: `block_q` output rows, `block_k` contraction step,
+    `block_d` output columns (each fitted to its dimension, at least 16), `num_warps`, `num_stages`.
     Products accumulate in float32 at full input precision, whatever `precision` asks. `interpret=None`
     compiles for the GPU (off a GPU that is an error: ask for `interpret=True`). Raises
     NotImplementedError for dtypes the kernels do not take (an integer rhs with `rhs_scale` is dequantised

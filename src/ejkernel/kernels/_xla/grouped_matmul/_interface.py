@@ -4,6 +4,9 @@ The loop visits only the spans of owned rows (`_common.grouped_matmul.row_spans`
 group, from the group's first row on), so the work is that of one dense matmul plus at most one partial
 span per group, and memory stays at the output's size. The backward products are the same loop: `dlhs`
 with the other transpose, `drhs` accumulating `lhs_spanᵀ · dout_span` into its group's `[K, N]` block.
+
+With `cfg.bypass_xla_tiling` the product is instead one `jax.lax.ragged_dot_general` (`ragged`), XLA's own
+grouped matmul: native on TPU and GPU; on CPU, XLA expands it into one masked matmul per group.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.grouped_matmul import implementation, row_spans
+from ejkernel.kernels._common.grouped_matmul import implementation, local_group_bounds, row_spans, tile_params
 
 DEFAULT_BLOCK_M = 512
 MIN_BLOCK_M = 8
@@ -90,9 +93,29 @@ def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling):
     return acc.astype(out_dtype)
 
 
+def ragged(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, precision):
+    """`out [M, N]` by XLA's ragged dot, no tiling and no padding (zeros on unowned rows; JAX differentiates it).
+
+    The ragged dot takes the groups from row 0: a shard's groups (`group_offset` not None) start where the
+    groups before them end, so lhs is rolled to bring that row to 0, and the product back.
+    """
+    m, num_local = lhs.shape[0], rhs.shape[0]
+    contract = 2 if transpose_rhs else 1
+    numbers = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((1,), (contract,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,)
+    )
+    product = lambda x, sizes: lax.ragged_dot_general(
+        x, rhs, sizes, numbers, precision=precision, preferred_element_type=out_dtype
+    )
+    if group_offset is None:
+        return product(lhs, group_sizes)
+    starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
+    return jnp.roll(product(jnp.roll(lhs, -starts[0], axis=0), ends - starts), starts[0], axis=0)
+
+
 def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
-    fwd = getattr(cfg, "fwd_params", None)
-    bwd = getattr(cfg, "bwd_params", None) or fwd
+    fwd, bwd = tile_params(cfg)
+    bwd = bwd or fwd
     return (_block_m(dims.m, fwd), precision), *[(_block_m(dims.m, bwd), precision)] * 2
 
 
@@ -102,8 +125,10 @@ grouped_matmul_xla = implementation(
     _tilings,
     """Grouped matmul `[M, K] x [G, K, N] -> [M, N]` in plain JAX (semantics: `grouped_matmul_reference`).
 
-    Tiles are `cfg.fwd_params.block_q` rows (default 512, at most M rounded up to a power of two); the
-    backward uses `cfg.bwd_params.block_q` (default the forward's). `precision` is every matmul's.
-    `interpret` and `do_padding` concern kernels only and change nothing here.
+    Tiles are `cfg.fwd_params.block_q` rows (or `cfg.block_m`; default 512, at most M rounded up to a power
+    of two); the backward uses `cfg.bwd_params.block_q` (default the forward's). `cfg.bypass_xla_tiling`
+    runs XLA's ragged dot instead (`ragged`). `precision` is every matmul's. `interpret` and `do_padding`
+    concern kernels only and change nothing here.
     """,
+    untiled=ragged,
 )

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
-from ejkernel.kernels._common.grouped_matmul import implementation
+from ejkernel.kernels._common.grouped_matmul import compute_dtype, implementation, tile_params
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -63,44 +63,40 @@ def _fit(block: int, size: int, smallest: int, what: str) -> int:
     return b
 
 
+def _clamp(value: int, lowest: int, highest: int) -> int:
+    return min(max(value, lowest), highest)
+
+
 def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False):
     """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes.
 
     `transposed`: the tgmm product, whose rows (`block_m`) tile x's columns and whose contraction runs over
-    the group's rows (any length, `block_k` a multiple of 64); otherwise gmm, whose rows may be any M.
+    the group's rows (any length, `block_k` 64 or 128); otherwise gmm, whose rows may be any M.
     `num_warps` says how many warps compute one output tile: 8 (the default), both compute warpgroups
     share it; 4, each warpgroup computes its own tiles (ping-pong). `b_nk`: gmm's rhs tiles are `[N, K]`
     (they take contraction steps of 16 and 32 too; `[K, N]` tiles lower only in steps of 64).
+    Knobs outside what the kernels take are brought into it (warps to 4 or 8, tiles into their ranges,
+    at least 2 stages); NotImplementedError only for sizes no tile divides.
     """
     from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import Tiling
 
-    warps = _given(params, "num_warps") or 8
-    if warps not in (4, 8):
-        raise NotImplementedError(f"{WHO}: num_warps is 8 (two warpgroups per tile) or 4 (one, ping-pong), got {warps}")
-    pingpong = warps == 4
-    bm = _given(params, "block_q", "block_m") or default[0]
+    pingpong = (_given(params, "num_warps") or 8) <= 4
     row_blocks = PINGPONG_ROW_BLOCKS if pingpong else ROW_BLOCKS
-    if bm not in row_blocks:
-        raise NotImplementedError(f"{WHO}: with num_warps={warps} the block rows are one of {row_blocks}, got {bm}")
-    wg_rows = bm if pingpong else bm // 2
-    bn = _given(params, "block_d", "block_n") or (ACC_ELEMENTS // wg_rows if pingpong else default[1])
-    bk = _given(params, "block_k") or default[2]
-    stages = _given(params, "num_stages") or default[3]
-    if wg_rows * bn > ACC_ELEMENTS:
-        raise NotImplementedError(
-            f"{WHO}: a warpgroup's accumulator of {wg_rows} x {bn} exceeds its registers (at most {ACC_ELEMENTS})"
-        )
-    if stages < 2:
-        raise NotImplementedError(f"{WHO} needs num_stages >= 2 (one slot loads while one computes), got {stages}")
-    bn = _fit(bn, cols, 64, "the output columns")
+    bm = _clamp(_given(params, "block_q", "block_m") or default[0], *row_blocks)
     if transposed:
-        if rows % bm:
-            raise NotImplementedError(f"{WHO}: the weights' gradient needs rows {rows} in multiples of {bm}")
-        if bk not in (64, 128):
-            raise NotImplementedError(f"{WHO}: the weights' gradient steps 64 or 128 rows, got block_k={bk}")
+        bm = next((b for b in (bm, row_blocks[0]) if rows % b == 0), None)
+        if bm is None:
+            raise NotImplementedError(f"{WHO}: the weights' gradient needs rows {rows} in multiples of {row_blocks[0]}")
+    wg_rows = bm if pingpong else bm // 2
+    bn = _given(params, "block_d", "block_n") or (ACC_ELEMENTS if pingpong else default[1])
+    bn = _fit(_clamp(bn, 64, ACC_ELEMENTS // wg_rows), cols, 64, "the output columns")  # (the accumulator's registers)
+    bk = _given(params, "block_k") or default[2]
+    stages = max(_given(params, "num_stages") or default[3], 2)  # one slot loads while one computes
+    if transposed:
+        bk = _clamp(bk, 64, 128)
     elif b_nk:
-        bk = _fit(min(bk, 64), contraction, 16, "the contraction")
-    elif bk < 64 or contraction % 64:
+        bk = _fit(_clamp(bk, 16, 64), contraction, 16, "the contraction")
+    elif contraction % 64:
         raise NotImplementedError(f"{WHO}: [K, N] weights need the contraction ({contraction}) in steps of 64")
     else:
         bk = 64
@@ -118,7 +114,7 @@ class Planned:
 
 def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits."""
-    fwd, bwd = getattr(cfg, "fwd_params", None), getattr(cfg, "bwd_params", None)
+    fwd, bwd = tile_params(cfg)
     # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
     drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
     return Planned(
@@ -175,6 +171,8 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if jnp.dtype(x.dtype) not in DTYPES:
             raise NotImplementedError(f"{WHO} takes bfloat16/float16 {name}, got {x.dtype}")
+    if compute_dtype(lhs, rhs) not in DTYPES:  # (bfloat16 with float16 is multiplied in float32)
+        raise NotImplementedError(f"{WHO} takes one 16-bit dtype for lhs and rhs, got {lhs.dtype} and {rhs.dtype}")
     out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
     if out_dtype not in OUT_DTYPES:
         raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
@@ -189,11 +187,12 @@ def mosaic_grouped_matmul(lhs, rhs, group_sizes, group_offset=None, existing_out
 def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
     """Grouped matmul `[M, K] x [G, K, N] -> [M, N]` (semantics: `grouped_matmul_reference`) on a Hopper GPU.
 
-    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products): `block_q` (or
-    `block_m`) output rows per CTA, 128 or 256; `block_d` (or `block_n`) output columns; `block_k` the
-    contraction step (the weights' gradient: group rows per step, 64 or 128); `num_stages` shared-memory
-    slots (cut to fit). Column and contraction tiles shrink to divide the call's sizes. `num_warps` is
-    moot (three warpgroups per CTA). Products accumulate in float32, whatever `precision` asks. Raises
+    Tiles from `cfg.fwd_params` (forward) and `cfg.bwd_params` (both backward products), or upstream's
+    `cfg.block_m` / `block_n` / `block_k` for all three: `block_q` (or `block_m`) output rows per CTA, 128
+    or 256 (64 or 128 with `num_warps=4`: ping-pong); `block_d` (or `block_n`) output columns; `block_k`
+    the contraction step (the weights' gradient: group rows per step, 64 or 128); `num_stages`
+    shared-memory slots (cut to fit). Tiles are brought into those ranges and shrink to divide the call's
+    sizes (`plan_tiling`). Products accumulate in float32, whatever `precision` asks. Raises
     NotImplementedError, before anything is traced, for calls it does not serve (see the module doc).
     """
     check_served(lhs, rhs, group_offset, existing_out, options)  # first: the reason names the feature
