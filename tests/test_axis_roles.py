@@ -26,7 +26,7 @@ def flash(*tensors, in_specs, out_specs=HEADS, **kw):
 CASES = {
     "query heads split, key/value heads not": (lambda: flash(q, k, v, in_specs=(HEADS, R, R)), "key's axis 2 (heads)"),
     "per-head sinks not split with the heads": (
-        lambda: flash(q, k, v, None, None, None, sinks, in_specs=(HEADS,) * 3 + (None,) * 4),
+        lambda: flash(q, k, v, None, None, None, sinks, in_specs=(HEADS,) * 3 + (None,) * 3 + (R,)),
         "softmax_aux's axis 0 (heads)",
     ),
     "head dim split": (lambda: flash(q, k, v, in_specs=(P(None, None, None, "x"),) * 3), "(dim)"),

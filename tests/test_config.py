@@ -109,12 +109,17 @@ def test_json_round_trip(cfg):
 
 
 def test_json_names_type_and_nests_params():
-    cfg = MeanPoolingConfig(platform="xla", fwd_params=FwdParams(block_k=16))
+    """Flat, as upstream writes it: the fields, unset ones left out, tiling under upstream's names; and the
+    class name, so that a config read back is the one written."""
+    cfg = MeanPoolingConfig(platform="xla", fwd_params=FwdParams(block_k=16, block_d=32))
     data = json.loads(cfg.to_json())
-    assert data["type"] == "MeanPoolingConfig"
-    assert data["fields"]["platform"] == "xla"
-    assert data["fields"]["fwd_params"]["block_k"] == 16
-    assert data["fields"]["bwd_params"] is None
+    assert data == {"type": "MeanPoolingConfig", "platform": "xla", "backend": "any",
+                    "fwd_params": {"kv_blocksize": 16, "block_d": 32}}  # fmt: skip
+    assert MeanPoolingConfig.from_json(json.dumps({"platform": "xla"})) == MeanPoolingConfig(platform="xla")
+    older = {"type": "MeanPoolingConfig", "fields": {"platform": "xla", "fwd_params": {"block_k": 16, "block_d": 32}}}
+    assert ConfigBase.from_json(json.dumps(older)) == cfg  # caches written before
+    with pytest.raises(ValueError, match="not a serialised MeanPoolingConfig"):
+        MeanPoolingConfig.from_json(FwdParams(block_q=8).to_json())
 
 
 def test_params_round_trip_alone():

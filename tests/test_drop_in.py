@@ -256,7 +256,8 @@ def test_mask_info_upstream_constructors_and_answers():
     np.testing.assert_array_equal(seg.attention_mask, oracle(SEG, SEG, lambda b, i, j: True))
     np.testing.assert_array_equal(seg.q_position_ids, [[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2]])
     dense = MaskInfo.from_attention_mask(segment_ids_to_mask(jnp.asarray(SEG)))
-    np.testing.assert_array_equal(dense.q_segment_ids, [[0, 0, 0, 1, 1, 1, 1, -1], [0, 0, 0, 0, 0, 1, 1, 1]])
+    # Ids of a dense mask are padding-style (API.md 4.3.4): 0 for a row that attends anywhere, -1 for none.
+    np.testing.assert_array_equal(dense.q_segment_ids, [[0, 0, 0, 0, 0, 0, 0, -1], [0, 0, 0, 0, 0, 0, 0, 0]])
     np.testing.assert_array_equal(dense.kv_segment_ids, dense.q_segment_ids)
     positions = np.tile(np.arange(8, dtype=np.int32) + 5, (2, 1))
     carried = MaskInfo.from_segments(SEG, SEG, positions, positions)
@@ -383,7 +384,41 @@ def test_user_kernel_as_the_seed_writes_it(tmp_path):
     calls.clear()
     executor(MyKernel(), x, scale=3.0)  # from the persistent tier now, no tuning
     assert calls == [persistent.get(key).block]
-    with pytest.raises(TypeError, match=r"must derive from ejkernel\.ops\.KernelConfig"):
+    with pytest.raises(TypeError, match=r"must be a dataclass"):
 
         class Bad(Kernel[int, Array]):
             pass
+
+
+@pytest.mark.parametrize("with_platform", [True, False])
+def test_user_config_is_any_frozen_dataclass(with_platform, tmp_path):
+    """The seed's `Kernel[MyConfig, Array]` with a config that is a plain frozen dataclass (no KernelConfig
+    base): heuristics, an explicit config, `platform=` and autotuning (memory tier only: no JSON form)."""
+    from jax import Array
+
+    from ejkernel import Backend, KernelRegistry, Platform
+    from ejkernel.ops import ConfigCache, ConfigSelectorChain, Executor, Kernel, PersistentCache
+
+    registry = KernelRegistry()
+    registry.register("plain", Platform.XLA, Backend.ANY)(lambda inputs, scale: inputs * scale)
+    fields = [("scale", float, 2.0)] + ([("platform", str, "auto")] if with_platform else [])
+    MyConfig = dataclasses.make_dataclass("MyConfig", fields, frozen=True)
+
+    class MyKernel(Kernel[MyConfig, Array]):
+        def run(self, inputs, cfg):
+            return registry.get("plain", getattr(cfg, "platform", None))(inputs, cfg.scale)
+
+        def candidate_cfgs(self, inv):
+            return [MyConfig()]
+
+    persistent = PersistentCache(tmp_path)
+    executor = Executor(ConfigSelectorChain(cache=ConfigCache(), persistent=persistent, policy="autotune"))
+    x = randn((4,))
+    assert_close(executor(MyKernel(), x), 2 * x)
+    assert_close(executor(MyKernel(), x, _cfg=MyConfig(scale=3.0)), 3 * x)
+    if with_platform:
+        assert_close(executor(MyKernel(), x, platform="xla"), 2 * x)
+    else:
+        with pytest.raises(ValueError, match="MyConfig has no platform field"):
+            executor(MyKernel(), x, platform="xla")
+    assert persistent.entries() == {}

@@ -490,6 +490,24 @@ def test_forward_calls_tune_forward_tilings_only_training_calls_every_candidate(
     assert mode_key(x, "forward") in stored and mode_key(x, "train") in stored
 
 
+def test_forward_autotune_only_times_training_calls_forward_only(monkeypatch):
+    """EasyDeL's `with forward_autotune_only():` around compiled serving steps: a training call tuned inside
+    the block times its forward alone (no gradient traced per candidate); it nests, and ends with the block."""
+    from ejkernel.ops import forward_autotune_only
+    from ejkernel.ops.config import forward_autotune_only as at_upstream_path
+
+    assert at_upstream_path is forward_autotune_only
+    grad, traced = jax.grad, []
+    monkeypatch.setattr(jax, "grad", lambda *a, **k: traced.append(1) or grad(*a, **k))
+    kernel = TrainedToyKernel([toy_cfg(n) for n in (SLOW, FAST, MEDIUM)])
+    train = lambda x: grad(lambda v: jnp.sum(make_executor("autotune")(kernel, v)))(x)
+    with forward_autotune_only() as outer, forward_autotune_only():
+        train(toy_input())
+    assert isinstance(outer, forward_autotune_only) and traced == []
+    train(toy_input()[:3])  # another signature: tuned again, outside the block
+    assert len(traced) == 3  # one per candidate
+
+
 def test_invocation_mode_is_checked():
     with pytest.raises(ValueError, match="mode"):
         Invocation(TOY_OP, (), {}, "auto", "inference")

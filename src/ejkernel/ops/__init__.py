@@ -1,6 +1,6 @@
 """The framework: kernels, invocations, config selection, autotuning, caches and device fingerprints."""
 
-from ejkernel.ops.autotune import AutotunePolicy, Tuner, policy_override
+from ejkernel.ops.autotune import AutotunePolicy, Tuner, forward_autotune_only, policy_override
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_cache
 from ejkernel.ops.config import BwdParams, ConfigBase, FwdParams, KernelConfig
 from ejkernel.ops.executor import (
@@ -27,6 +27,7 @@ __all__ = [
     "Tuner",
     "create_default_executor",
     "device_fingerprint",
+    "forward_autotune_only",
     "get_device_platform",
     "overlay_cache",
     "policy_override",

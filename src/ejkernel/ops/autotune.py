@@ -48,6 +48,32 @@ def policy_override(policy: AutotunePolicy | str) -> Iterator[None]:
         _policy_override.reset(token)
 
 
+_forward_only: contextvars.ContextVar[bool] = contextvars.ContextVar("ejkernel_forward_autotune_only", default=False)
+
+
+class forward_autotune_only:
+    """Within the block, autotuning a differentiated call times its forward alone, as for inference.
+
+    For serving code whose compiled steps are traced with `jax.grad` somewhere inside but never run
+    backward. Configs chosen outside the block are untouched; it nests, and holds per thread and task.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> forward_autotune_only:
+        self._tokens.append(_forward_only.set(True))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _forward_only.reset(self._tokens.pop())
+
+
+def forward_only_tuning() -> bool:
+    """Whether a `forward_autotune_only` block is active here."""
+    return _forward_only.get()
+
+
 def active_policy(executor_policy: AutotunePolicy | None = None) -> AutotunePolicy:
     """Context override, else the executor's own, else `$EJKERNEL_AUTOTUNE_POLICY`, else heuristics."""
     scoped = _policy_override.get()

@@ -46,6 +46,45 @@ def _padded(spec, rank: int) -> tuple:
     return tuple(spec) + (None,) * (rank - len(tuple(spec)))
 
 
+def strip_unit_axes(spec: Any, mesh) -> Any:
+    """`spec` without the mesh axes of size 1 (None stays None)."""
+    if spec is None or mesh is None:
+        return spec
+    entries = []
+    for entry in spec:
+        names = tuple(name for name in _axes(entry) if mesh.shape[name] > 1)
+        entries.append(None if not names else names[0] if len(names) == 1 else names)
+    return PartitionSpec(*entries)
+
+
+def splits(spec: Any) -> bool:
+    """Whether a spec splits any axis (None, `P()` and `P(None, ...)` split nothing)."""
+    return spec is not None and any(entry is not None for entry in spec)
+
+
+def follow_roles(by_slot: dict[int, Any], roles) -> dict[int, Any]:
+    """`by_slot` with every spec not given (None) filled in: each axis of a role each shard computes alone
+    split as the given specs split that role (a per-head sinks array follows the query heads), every other
+    axis unsplit."""
+    inputs = roles[0] if roles is not None else {}
+    seen: dict[str, Any] = {}
+    for position, (_, axis_roles) in inputs.items():
+        spec = by_slot.get(position) if not isinstance(position, str) else None
+        if spec is None:
+            continue
+        for role, entry in zip(axis_roles, _padded(spec, len(axis_roles)), strict=False):
+            if role is not None and entry is not None and role.split()[0] in SPLITTABLE:
+                seen.setdefault(role.partition("/")[0], entry)
+    filled = {}
+    for position, spec in by_slot.items():
+        if spec is None:
+            axis_roles = inputs.get(position, (None, ()))[1]
+            role_of = lambda role: None if role is None else role.partition("/")[0]
+            spec = PartitionSpec(*(seen.get(role_of(role)) for role in axis_roles))
+        filled[position] = spec
+    return filled
+
+
 def check_axis_roles(
     op_id: str, mesh: jax.sharding.Mesh, args, kwargs, by_slot: dict[int, Any], roles, out_specs, kwarg_specs=None
 ):
@@ -97,6 +136,7 @@ def check_axis_roles(
     given = jax.tree_util.tree_leaves(out_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
     wanted = jax.tree_util.tree_leaves(expected, is_leaf=lambda x: isinstance(x, PartitionSpec))
     for i, (got, want) in enumerate(zip(given, wanted, strict=False)):
+        got = strip_unit_axes(got, mesh)
         rank = max(len(tuple(got)), len(tuple(want)))
         if [_axes(e) for e in _padded(got, rank)] != [_axes(e) for e in _padded(want, rank)]:
             which = "out_specs" if len(wanted) == 1 else f"out_specs[{i}]"

@@ -36,9 +36,13 @@ class ConfigBase:
         _CONFIG_TYPES[cls.__name__] = cls
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, nested configs as dicts; fields left unset (None where None is the default) are
+        omitted, as upstream writes them, so `{"platform": ..., "backend": ...}` for a bare config."""
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if value is None and field.default is None:
+                continue
             out[field.name] = value.to_dict() if isinstance(value, ConfigBase) else value
         return out
 
@@ -60,17 +64,22 @@ class ConfigBase:
         return cls(**kwargs)
 
     def to_json(self) -> str:
-        return json.dumps({"type": type(self).__name__, "fields": self.to_dict()}, sort_keys=True)
+        """Flat JSON of `to_dict()` plus the class name under "type" (read back by `from_json`)."""
+        return json.dumps({"type": type(self).__name__, **self.to_dict()}, sort_keys=True)
 
-    @staticmethod
-    def from_json(text: str) -> ConfigBase:
+    @classmethod
+    def from_json(cls, text: str) -> ConfigBase:
+        """The config `to_json` wrote: of the class its "type" names (which must be `cls` or derive from it),
+        else of `cls` itself. Also reads the older `{"type": ..., "fields": {...}}` form."""
         data = json.loads(text)
-        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+        if not isinstance(data, dict):
             raise ValueError(f"not a serialised config: {text[:80]!r}")
-        cls = _CONFIG_TYPES.get(data.get("type", ""))
-        if cls is None:
-            raise ValueError(f"unknown config type {data.get('type')!r}")
-        return cls.from_dict(data["fields"])
+        fields = data["fields"] if isinstance(data.get("fields"), dict) and set(data) <= {"type", "fields"} else data
+        name = data.get("type")
+        target = _CONFIG_TYPES.get(name) if name is not None else (None if cls is ConfigBase else cls)
+        if target is None or not issubclass(target, cls):
+            raise ValueError(f"not a serialised {cls.__name__}: unknown config type {name!r}")
+        return target.from_dict({k: v for k, v in fields.items() if k != "type"})
 
 
 def _tuples(value: Any) -> Any:
@@ -96,6 +105,16 @@ UPSTREAM_PARAM_NAMES = {
     "num_key_splits": "num_splits",
 }
 """Upstream ejkernel's names of the tiling fields -> ours. Both are accepted and readable."""
+
+UPSTREAM_FIELD_NAMES = {
+    "block_q": "q_blocksize",
+    "block_k": "kv_blocksize",
+    "block_m": "blocksize_m",
+    "block_n": "blocksize_n",
+    "block_h": "blocksize_heads",
+    "num_splits": "num_key_splits",
+}
+"""Ours -> the upstream name `FwdParams.to_dict` writes (`block_d` has none)."""
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -144,8 +163,21 @@ class FwdParams(ConfigBase):
             _positive_int(f"{type(self).__name__}.{name}", getattr(self, name))
 
     def __repr__(self) -> str:  # only the fields that are set: tilings read at a glance in logs
-        set_fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if v is not None)
+        set_fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if getattr(self, f.name) is not None
+        )
         return f"{type(self).__name__}({set_fields})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, under upstream's names where upstream has one (`q_blocksize`, ...)."""
+        return {UPSTREAM_FIELD_NAMES.get(name, name): value for name, value in super().to_dict().items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)} - set(UPSTREAM_PARAM_NAMES))
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+        return cls(**data)  # the constructor takes our names and upstream's
 
 
 for _upstream, _ours in UPSTREAM_PARAM_NAMES.items():
@@ -190,3 +222,39 @@ class KernelConfig(ConfigBase):
 
     def with_platform(self, platform: str) -> Self:
         return dataclasses.replace(self, platform=platform)
+
+
+def config_platform(cfg: Any) -> str:
+    """`cfg.platform`; "auto" for a user's config dataclass without that field."""
+    return str(getattr(cfg, "platform", "auto"))
+
+
+def config_backend(cfg: Any) -> str:
+    """`cfg.backend`; "any" for a user's config dataclass without that field."""
+    return str(getattr(cfg, "backend", "any"))
+
+
+def config_with_platform(cfg: Any, platform: str) -> Any:
+    """`cfg` set to run on `platform` (a copy; `cfg` itself when it says so already)."""
+    if config_platform(cfg) == platform:
+        return cfg
+    if "platform" not in {f.name for f in dataclasses.fields(cfg)}:
+        raise ValueError(f"{type(cfg).__name__} has no platform field, so platform={platform!r} cannot be applied")
+    return dataclasses.replace(cfg, platform=platform)
+
+
+def config_of_type(config_type: type, platform: str) -> Any:
+    """The default config of `config_type` for `platform` (a user's dataclass without a platform field:
+    its defaults)."""
+    if "platform" in {f.name for f in dataclasses.fields(config_type)}:
+        return config_type(platform=platform)
+    return config_with_platform(config_type(), platform)
+
+
+def __getattr__(name: str) -> Any:
+    """`forward_autotune_only` at upstream's path too, imported on use: the configs load without JAX."""
+    if name == "forward_autotune_only":
+        from ejkernel.ops.autotune import forward_autotune_only
+
+        return forward_autotune_only
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy
-from ejkernel.ops.axis_roles import check_axis_roles
+from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, forward_only_tuning
+from ejkernel.ops.axis_roles import check_axis_roles, follow_roles, splits, strip_unit_axes
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
-from ejkernel.ops.config import ConfigBase, KernelConfig
+from ejkernel.ops.config import PLATFORMS, ConfigBase, KernelConfig, config_platform, config_with_platform
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
 from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel
 
@@ -66,11 +66,12 @@ class ConfigSelectorChain:
         scoped = overlay_lookup(inv.op_id, key)
         if scoped is not None:
             scoped = self._checked(kernel, scoped, "overlay config")
-            if scoped.platform == "auto" and inv.platform != "auto":
-                scoped = scoped.with_platform(inv.platform)
-            elif inv.platform not in ("auto", scoped.platform):
+            if config_platform(scoped) == "auto" and inv.platform != "auto":
+                scoped = config_with_platform(scoped, inv.platform)
+            elif inv.platform not in ("auto", config_platform(scoped)):
                 raise ValueError(
-                    f"{inv.op_id}: platform={inv.platform!r} contradicts the overlay's platform={scoped.platform!r}"
+                    f"{inv.op_id}: platform={inv.platform!r} contradicts the overlay's "
+                    f"platform={config_platform(scoped)!r}"
                 )
             return scoped
         cached = self.memory.get(key)
@@ -121,7 +122,7 @@ class ConfigSelectorChain:
             def call(args, dynamic):
                 return kernel.run(*args, cfg=cfg, **static, **dynamic)
 
-            if kernel.tune_argnums and inv.mode != FORWARD:  # a training call: time forward + backward
+            if kernel.tune_argnums and inv.mode != FORWARD and not forward_only_tuning():  # forward + backward
                 loss = lambda args, dynamic: _float_sum(call(args, dynamic))
                 grad = jax.grad(lambda diff, args, dynamic: loss(_put(args, kernel.tune_argnums, diff), dynamic))
                 fn = jax.jit(lambda args, dynamic: grad(tuple(args[i] for i in kernel.tune_argnums), args, dynamic))
@@ -139,7 +140,8 @@ class ConfigSelectorChain:
         # would be evaluated eagerly and captured, which Pallas kernels refuse.
         best, timings = (self.tuner or Tuner()).tune(candidates, prepare, label=f"autotune {inv.op_id}")
         self.memory.put(key, best)
-        self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
+        if isinstance(best, ConfigBase):  # a user's own config dataclass has no JSON form: memory only
+            self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
         return best
 
@@ -205,8 +207,8 @@ class Executor:
         if cfg is not None and not isinstance(cfg, kernel.config_type):
             raise TypeError(f"cfg for {kernel.op_id} must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
         platform = resolve_platform(kernel, platform, cfg)
-        if cfg is not None and cfg.platform != platform:
-            cfg = cfg.with_platform(platform)
+        if cfg is not None:
+            cfg = config_with_platform(cfg, platform)
         if mesh is None and in_specs is None and out_specs is None:
             return self._run(kernel, args, kwargs, cfg, platform)
         if mesh is None or in_specs is None or out_specs is None:
@@ -272,11 +274,11 @@ class Executor:
         return call(*args)
 
     def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
-        by_slot = specs_by_slot(kernel.op_id, args, in_specs)
+        roles = kernel.axis_roles(args, kwargs)
+        by_slot = follow_roles(specs_by_slot(kernel.op_id, args, in_specs, mesh), roles)
         present = sorted(by_slot)
         in_specs = tuple(by_slot[i] for i in present)
         array_kwargs = kernel.kwarg_specs(kwargs, in_specs)  # the op's own checks first: their words are its own
-        roles = kernel.axis_roles(args, kwargs)
         if roles is not None:
             check_axis_roles(kernel.op_id, mesh, args, kwargs, by_slot, roles, out_specs, array_kwargs)
         static_kwargs = {k: v for k, v in kwargs.items() if k not in array_kwargs}
@@ -307,44 +309,47 @@ class Executor:
         return jax.jit(laid_out)(tuple(args[i] for i in present), {k: kwargs[k] for k in array_kwargs})
 
 
-def specs_by_slot(op_id: str, args: Sequence[Any], in_specs: Sequence[Any]) -> dict[int, Any]:
-    """`{position: spec}` of the tensor arguments passed (`args[i] is not None`).
+def specs_by_slot(op_id: str, args: Sequence[Any], in_specs: Sequence[Any], mesh=None) -> dict[int, Any]:
+    """`{position: spec or None}` of the tensor arguments passed (`args[i] is not None`).
 
-    `in_specs` holds one spec per tensor passed, or, as upstream code writes it, one per positional
-    slot from the first up to at least the last tensor passed, with None for the slots not passed. A
-    non-None spec for a tensor that was not passed is an error; None for one passed means replicated.
+    `in_specs` holds one spec per tensor passed, or, as upstream code writes it, one per positional slot
+    (None or a spec that splits nothing for the slots not passed; slots past its end, if it holds at least
+    as many specs as tensors passed, get None: EasyDeL gives 7 for flash attention's 8 slots). None for
+    a tensor passed means "not given": the executor lays it out as the op's axis roles say (sinks with the
+    heads, say), else replicated. With `mesh`, axes of size 1 are dropped from every spec: they split nothing.
     """
-    in_specs = tuple(in_specs)
+    in_specs = tuple(strip_unit_axes(spec, mesh) for spec in in_specs)
     present = [i for i, a in enumerate(args) if a is not None]
-    replicated = lambda spec: jax.sharding.PartitionSpec() if spec is None else spec
     if len(in_specs) == len(present):
-        return {i: replicated(spec) for i, spec in zip(present, in_specs, strict=True)}
-    if present and present[-1] < len(in_specs) <= len(args):
-        stray = [i for i, spec in enumerate(in_specs) if spec is not None and args[i] is None]
+        return dict(zip(present, in_specs, strict=True))
+    if len(present) <= len(in_specs) <= len(args):
+        stray = [i for i, spec in enumerate(in_specs) if args[i] is None and splits(spec)]
         if stray:
             raise ValueError(
                 f"{op_id}: in_specs[{stray[0]}] = {in_specs[stray[0]]} is given for a tensor argument that was "
                 f"not passed (positional slot {stray[0]} is None)"
             )
-        return {i: replicated(in_specs[i]) for i in present}
+        return {i: in_specs[i] if i < len(in_specs) else None for i in present}
     raise ValueError(
         f"{op_id}: in_specs needs one spec per tensor argument passed ({len(present)}), or one per positional "
-        f"slot up to the last tensor passed (at least {present[-1] + 1 if present else 0}, at most {len(args)}), "
-        f"got {len(in_specs)}"
+        f"slot (from {len(present)} to {len(args)}), got {len(in_specs)}"
     )
 
 
 def resolve_platform(kernel: Kernel, platform: str | None, cfg: KernelConfig | None) -> str:
     """One platform from `platform=` and `cfg.platform`; they must agree when both name one."""
     requested = "auto" if platform is None else str(platform)
-    allowed = kernel.config_type.allowed_platforms
+    allowed = getattr(kernel.config_type, "allowed_platforms", PLATFORMS)
     if requested not in allowed:
         raise ValueError(f"{kernel.op_id}: platform must be one of {allowed}, got {platform!r}")
-    if cfg is None or cfg.platform == "auto":
+    if requested != "auto" and "platform" not in {f.name for f in dataclasses.fields(kernel.config_type)}:
+        name = kernel.config_type.__name__
+        raise ValueError(f"{kernel.op_id}: {name} has no platform field, so platform={requested!r} cannot be applied")
+    if cfg is None or config_platform(cfg) == "auto":
         return requested
-    if requested not in ("auto", cfg.platform):
-        raise ValueError(f"{kernel.op_id}: platform={requested!r} contradicts cfg.platform={cfg.platform!r}")
-    return cfg.platform
+    if requested not in ("auto", config_platform(cfg)):
+        raise ValueError(f"{kernel.op_id}: platform={requested!r} contradicts cfg.platform={config_platform(cfg)!r}")
+    return config_platform(cfg)
 
 
 _default_chain = ConfigSelectorChain()

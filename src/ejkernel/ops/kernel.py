@@ -11,7 +11,7 @@ from typing import Any, ClassVar, get_args, get_origin
 import jax
 import jax.numpy as jnp
 
-from ejkernel.ops.config import FwdParams, KernelConfig
+from ejkernel.ops.config import FwdParams, KernelConfig, config_backend, config_of_type, config_platform
 from ejkernel.registry import Implementation, current_backend, kernel_registry
 
 
@@ -125,10 +125,10 @@ class Kernel[Cfg: KernelConfig, Out]:
         for base in getattr(cls, "__orig_bases__", ()):
             if get_origin(base) is Kernel and get_args(base) and isinstance(get_args(base)[0], type):
                 config = get_args(base)[0]
-                if not issubclass(config, KernelConfig):
+                if not dataclasses.is_dataclass(config):
                     raise TypeError(
-                        f"{cls.__name__}: the config type of Kernel[...] must derive from "
-                        f"ejkernel.ops.KernelConfig, got {config.__name__}"
+                        f"{cls.__name__}: the config type of Kernel[...] must be a dataclass "
+                        f"(ejkernel.ops.KernelConfig or any frozen dataclass), got {config.__name__}"
                     )
                 cls.config_type = config
 
@@ -147,16 +147,16 @@ class Kernel[Cfg: KernelConfig, Out]:
 
     def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
         """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
-        here = current_backend().value
-        if cfg.backend not in ("any", here):
+        here, backend, platform = current_backend().value, config_backend(cfg), config_platform(cfg)
+        if backend not in ("any", here):
             raise ValueError(
-                f"{self.op_id}: {type(cfg).__name__}.backend={cfg.backend!r} cannot run on this device ({here}); "
+                f"{self.op_id}: {type(cfg).__name__}.backend={backend!r} cannot run on this device ({here}); "
                 f"use backend='any' or '{here}'"
             )
-        if cfg.platform != "auto":
-            impl = next(iter(self.implementations(cfg.platform)), None)
+        if platform != "auto":
+            impl = next(iter(self.implementations(platform)), None)
             if impl is None:
-                kernel_registry.get(self.op_id, cfg.platform)  # raises the registry's error, listing what exists
+                kernel_registry.get(self.op_id, platform)  # raises the registry's error, listing what exists
             return self.call_impl(impl, args, kwargs, cfg)
         reasons = []
         for impl in self.implementations():
@@ -182,11 +182,14 @@ class Kernel[Cfg: KernelConfig, Out]:
         return tuple(busy[i] if i in busy and traced(i) else a for i, a in enumerate(args)), kwargs
 
     def heuristic_cfg(self, inv: Invocation) -> KernelConfig:
-        return self.config_type(platform=inv.platform)
+        return config_of_type(self.config_type, inv.platform)
 
     def platform_cfgs(self, platform: str, inv: Invocation) -> Iterable[KernelConfig]:
-        """Configs worth timing for one platform; by default a few square tilings."""
-        yield self.config_type(platform=platform)
+        """Configs worth timing for one platform; by default a few square tilings (a user's own config
+        dataclass: its defaults)."""
+        yield config_of_type(self.config_type, platform)
+        if not issubclass(self.config_type, KernelConfig):
+            return
         for block in (64, 128):
             yield self.config_type(platform=platform, fwd_params=FwdParams(block_q=block, block_k=block))
 

@@ -780,3 +780,37 @@ def implementation(algorithm: str, core, name: str):
     impl.__doc__ = adapter.__doc__
     impl.__name__ = impl.__qualname__ = name
     return impl
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigTiling:
+    """The tiling a serving op's config asks for (None: the kernel's default)."""
+
+    block_q: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    num_splits: int | None = None
+
+
+def config_tiling(cfg, page_size: int) -> ConfigTiling:
+    """`cfg`'s tiling: its `fwd_params` and `num_splits`, else upstream's knobs on the config
+    (`num_queries_per_block`, `num_kv_pages_per_block` pages of `page_size` keys per step, `num_warps`,
+    `num_stages`, `num_par_softmax_segments`), block sizes rounded up to the powers of two the kernels tile by."""
+    params = getattr(cfg, "fwd_params", None)
+
+    def pick(ours: str, upstream: str, scale: int = 1, pow2: bool = True) -> int | None:
+        value = getattr(params, ours, None)
+        if value is None and getattr(cfg, upstream, None) is not None:
+            value = getattr(cfg, upstream) * scale
+            value = 1 << (value - 1).bit_length() if pow2 else value
+        return value
+
+    splits = getattr(cfg, "num_splits", None) or getattr(cfg, "num_par_softmax_segments", None)
+    return ConfigTiling(
+        block_q=pick("block_q", "num_queries_per_block"),
+        block_k=pick("block_k", "num_kv_pages_per_block", page_size),
+        num_warps=pick("num_warps", "num_warps"),
+        num_stages=pick("num_stages", "num_stages", pow2=False),
+        num_splits=splits,
+    )

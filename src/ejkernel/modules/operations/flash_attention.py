@@ -239,13 +239,13 @@ def flash_attention(
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
         slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)
-        by_position = specs_by_slot("flash_attention", slots, in_specs)
+        by_position = specs_by_slot("flash_attention", slots, in_specs, mesh)
         if block_tables is not None:
             # The pages were gathered into dense rows above: those follow the query's batch sharding and
             # keep the caches' head sharding (a sharded page or page-slot axis has no meaning there).
-            q_spec = tuple(by_position[0]) + (None,) * 4
+            q_spec = tuple(by_position[0] or ()) + (None,) * 4
             for position in (1, 2):
-                cache_spec = tuple(by_position[position]) + (None,) * 4
+                cache_spec = tuple(by_position[position] or ()) + (None,) * 4
                 by_position[position] = PartitionSpec(q_spec[0], None, *cache_spec[2:4])
         in_specs = tuple(by_position[i] for i in (0, 1, 2, 3, 6) if i in by_position)
     return executor(

@@ -7,6 +7,7 @@ with q and k L2-normalised along `Dk` by default (`ejkernel.reference.linear_att
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_chunk_size, check_linear_call
@@ -45,7 +46,7 @@ def gated_delta_rule(
     value: Float[Array, "batch seq heads dim_v"],
     beta: Float[Array, "batch seq heads"],
     decay: Float[Array, "batch seq heads"] | None = None,
-    seg_ids: Int[Array, "batch seq"] | None = None,
+    seg_ids: Int[Array, "batch seq"] | Float[Array, "batch heads dim_k dim_v"] | None = None,
     initial_state: Float[Array, "batch heads dim_k dim_v"] | None = None,
     /,
     *,
@@ -68,7 +69,23 @@ def gated_delta_rule(
     `initial_state` is a decode step. `autotune_chunk_candidates` are the chunk sizes autotuning tries.
     Returns `out [B,S,H,Dv]`, or `(out, final_state float32)` with `return_state`. With `mesh`,
     `in_specs` (one per tensor passed, or per positional slot) may shard batch and heads, never the sequence.
+
+    Upstream 0.0.78's order, `(query, key, value, beta, decay, initial_state)`, also works (EasyDeL calls it
+    so): a float `[B,H,Dk,Dv]` array sixth, with nothing seventh, is the initial state, and a sixth spec in
+    `in_specs` is its spec. `use_chunked=False` runs on `xla` whatever `platform` or `cfg` say (the
+    recurrent form has no other implementation).
     """
+    if seg_ids is not None and jnp.issubdtype(seg_ids.dtype, jnp.floating):
+        if initial_state is not None:
+            raise TypeError(
+                "gated_delta_rule: the sixth argument is seg_ids (integer [B, S]) or, with nothing seventh, the "
+                f"initial state (float [B, H, Dk, Dv]); got a float array {tuple(seg_ids.shape)} and an initial_state"
+            )
+        seg_ids, initial_state = None, seg_ids
+        if in_specs is not None and len(in_specs) >= 6:
+            in_specs = (*in_specs[:5], None, *in_specs[5:])
+    if not use_chunked:
+        platform, cfg = "xla", None if cfg is None else dataclasses.replace(cfg, platform="xla")
     check_linear_call(
         query,
         key,
@@ -83,8 +100,8 @@ def gated_delta_rule(
         for size in autotune_chunk_candidates:
             check_chunk_size("autotune_chunk_candidates", size)
     tensors = (query, key, value, beta, decay, seg_ids, initial_state)
-    by_slot = {} if in_specs is None else specs_by_slot("gated_delta_rule", tensors, in_specs)
-    if any(tuple(spec)[1:2] not in ((), (None,)) for slot, spec in by_slot.items() if slot < 6):  # per token
+    by_slot = {} if in_specs is None else specs_by_slot("gated_delta_rule", tensors, in_specs, mesh)
+    if any(tuple(spec or ())[1:2] not in ((), (None,)) for slot, spec in by_slot.items() if slot < 6):  # per token
         raise ValueError(
             f"gated_delta_rule runs a recurrence along the sequence: in_specs must not shard axis 1, got {in_specs}"
         )

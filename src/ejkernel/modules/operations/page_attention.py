@@ -6,6 +6,7 @@ Also home of what the six serving ops share at the public boundary (`PagedAttent
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
@@ -32,18 +33,33 @@ class PagedAttentionConfig(KernelConfig):
     `fwd_params.block_q`: queries of one sequence per tile (XLA); `block_k`: key positions per step;
     `num_warps`, `num_stages` (Triton). `num_splits`: how many parts each tile's keys are cut in and
     merged by log-sum-exp (flash-decoding on GPU; None: the kernel decides).
+
+    Upstream's knobs are fields too, read where `fwd_params` leaves a size unset
+    (`kernels._common.paged_attention.config_tiling`): `num_kv_pages_per_block` (pages per key step),
+    `num_queries_per_block`, `num_warps`, `num_stages`. Any positive int is valid: sizes are rounded up
+    to the powers of two the kernels tile by. Knobs never change results; None: the kernel decides.
     """
 
     num_splits: int | None = None
+    num_kv_pages_per_block: int | None = None
+    num_queries_per_block: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    knob_fields: ClassVar[tuple[str, ...]] = (
+        "num_splits",
+        "num_kv_pages_per_block",
+        "num_queries_per_block",
+        "num_warps",
+        "num_stages",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_splits is not None and (
-            isinstance(self.num_splits, bool) or not isinstance(self.num_splits, int) or self.num_splits < 1
-        ):
-            raise ValueError(
-                f"{type(self).__name__}.num_splits must be a positive int or None, got {self.num_splits!r}"
-            )
+        for name in self.knob_fields:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
 
 
 class PagedAttentionKernel(Kernel):

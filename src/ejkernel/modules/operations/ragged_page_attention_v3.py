@@ -7,7 +7,7 @@ its value. `ejkernel.utils.make_dummy_rpa_inputs` builds valid inputs.
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,12 @@ from ejkernel.ops.axis_roles import sink_roles
 
 @dataclasses.dataclass(frozen=True)
 class RaggedPageAttentionV3Config(PagedAttentionConfig):
-    """Tiling of `ragged_page_attention_v3` (see `PagedAttentionConfig`)."""
+    """Tiling of `ragged_page_attention_v3` (see `PagedAttentionConfig`); `chunk_prefill_size` is upstream's
+    cap on prefill tokens per kernel call, accepted for its TPU schedule (our cores take any mix in one call)."""
+
+    chunk_prefill_size: int | None = None
+
+    knob_fields: ClassVar[tuple[str, ...]] = (*PagedAttentionConfig.knob_fields, "chunk_prefill_size")
 
 
 class RaggedPageAttentionV3(PagedAttentionKernel):

@@ -27,7 +27,7 @@ def recurrent_attention(
     query: Float[Array, "batch seq heads dim_k"],
     key: Float[Array, "batch seq kv_heads dim_k"],
     value: Float[Array, "batch seq kv_heads dim_v"],
-    g: Float[Array, "batch seq heads"] | None = None,
+    g: Float[Array, "batch seq heads"] | Float[Array, "batch seq heads dim_k"] | None = None,
     g_gamma: Float[Array, "*gamma_batch heads"] | None = None,
     gk: Float[Array, "batch seq heads dim_k"] | None = None,
     gv: Float[Array, "batch seq heads dim_v"] | None = None,
@@ -48,8 +48,11 @@ def recurrent_attention(
     fewer heads than the query (grouped). `initial_state [B,H,Dk,Dv]` seeds the state; with
     `cu_seqlens [N+1]` the batch is 1 and holds N packed sequences (states `[N,H,Dk,Dv]`). `reverse`
     runs from the last token to the first. Returns `out [B,S,H,Dv]`, or `(out, final_state float32)`
-    with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`.
+    with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`. A `g` per key channel,
+    `[B,S,H,Dk]` (upstream's shape), is a key gate: it joins `gk` (log decays add).
     """
+    if g is not None and g.ndim == 4:
+        g, gk = None, g if gk is None else gk + g
     dk, _ = check_linear_call(
         query,
         key,

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
@@ -176,7 +177,7 @@ def _sequence_specs(axis_name: str, specs: list, out_spec, num_heads: int, aux) 
         fixed.append(PartitionSpec(*entries))
     q = _entries(fixed[0])  # (batch and heads split alike: the executor's axis-role check)
     if aux is not None:
-        aux_spec = specs[3] if len(specs) > 3 else PartitionSpec()
+        aux_spec = specs[3] if len(specs) > 3 and specs[3] is not None else PartitionSpec()
         if aux.shape[0] == num_heads and q[2] is not None:
             aux_spec = PartitionSpec(q[2])  # one sink per head: shard them with the heads
         fixed.append(aux_spec)
@@ -227,8 +228,8 @@ def ring_attention(
     feature of `flash_attention` (dense masks included). An additive `bias [1|B, 1|H, Sq, Sk]` is sliced
     per step: each device keeps its query rows and applies the columns of the key block it holds
     (inside your own `shard_map`, pass the local rows against every key, `[1|B, 1|H, Lq, Sk]`; the XLA
-    steps serve it). Not supported over a ring (NotImplementedError naming the argument): dense
-    attention masks in `mask_info`; nor anywhere: `mask_builder`, `fused_backward=True`.
+    steps serve it). A dense attention mask in `mask_info` rides on that bias (with `mesh=` or a context
+    mesh; not inside your own `shard_map`). Not supported: `mask_builder`, `fused_backward=True`.
     See the module docstring for the three calling modes and the layouts.
     """
     check_qkv(query, key, value)
@@ -295,20 +296,24 @@ def ring_attention(
         if axis not in mesh.axis_names:
             what = "axis_name=None means 'sp', which" if axis_name is None else f"axis_name={axis!r}"
             raise ValueError(f"ring_attention: {what} is not an axis of the mesh (axes: {tuple(mesh.axis_names)})")
-        by_slot = specs_by_slot("ring_attention", (query, key, value, softmax_aux, bias), in_specs)
+        by_slot = specs_by_slot("ring_attention", (query, key, value, softmax_aux, bias), in_specs, mesh)
         in_specs = [by_slot[i] for i in sorted(by_slot)]
     window = parse_window(sliding_window)
-    q_seg = kv_seg = None
+    q_seg = kv_seg = dense_mask = None
     if mask_info is not None:
         canonical = mask_info.canonical(num_heads)
-        if canonical.attention_mask is not None:
-            raise NotImplementedError(
-                "ring_attention does not support a dense attention mask in mask_info (from_attention_mask, "
-                "chunked or token-type masks); use segment ids (MaskInfo.from_segments) with causal / sliding_window"
-            )
         causal = causal or canonical.causal
         window = intersect_windows(window, canonical.sliding_window)
-        q_seg, kv_seg = canonical.q_segment_ids, canonical.kv_segment_ids
+        q_seg, kv_seg, dense_mask = canonical.q_segment_ids, canonical.kv_segment_ids, canonical.attention_mask
+    if dense_mask is not None:
+        if mesh is None:
+            raise NotImplementedError(
+                "ring_attention inside your own shard_map does not support a dense attention mask in mask_info "
+                "(from_attention_mask, chunked or token-type masks); use segment ids (MaskInfo.from_segments) "
+                "with causal / sliding_window, or call it with mesh= and global arrays"
+            )
+        mask_bias, seen = _dense_mask_as_bias(dense_mask, q_seg, kv_seg, causal, window, q_len, kv_len)
+        bias = mask_bias if bias is None else bias + mask_bias
 
     if mesh is not None:  # shard the sequence over `axis` ourselves
         specs, out_specs = _sequence_specs(axis, list(in_specs), out_specs, num_heads, softmax_aux)
@@ -335,7 +340,7 @@ def ring_attention(
         layout="mirrored" if specs is not None and causal else "contiguous",
         chunk_size=chunk_size,
     )
-    return executor(
+    out = executor(
         RingAttention(),
         query,
         key,
@@ -349,3 +354,26 @@ def ring_attention(
         out_specs=out_specs,
         **options,
     )
+    return out if dense_mask is None else out * seen.astype(out.dtype)
+
+
+MASKED_BIAS = -1e9  # exp(MASKED_BIAS + any float32 logit - row max) is exactly 0
+
+
+def _dense_mask_as_bias(mask, q_seg, kv_seg, causal: bool, window, q_len: int, kv_len: int):
+    """A dense `[B|1, H|1, Sq, Sk]` mask as an additive bias (0 where it attends, `MASKED_BIAS` where not,
+    constant: no gradient), and `[B|1, Sq, H|1, 1]` booleans: whether a query row sees any key under every
+    rule of the call. The ring's kernels apply causal, window and segments exactly; rows whose only
+    keys left are the mask's get the bias's uniform weights, so the output is multiplied by the second
+    (zeros there, and no gradient from them, as `flash_attention` gives)."""
+    bias = jax.lax.stop_gradient(jnp.where(mask, 0.0, MASKED_BIAS).astype(jnp.float32))
+    i, j = jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :]
+    allowed = jnp.asarray(mask, bool)
+    if causal:
+        allowed = allowed & (j <= i)
+    if window is not None:
+        allowed = allowed & (j >= i - window[0]) & (j <= i + window[1])
+    if q_seg is not None:
+        qs, ks = q_seg[:, None, :, None], kv_seg[:, None, None, :]
+        allowed = allowed & (qs >= 0) & (ks >= 0) & (qs == ks)
+    return bias, jnp.any(allowed, axis=-1).transpose(0, 2, 1)[..., None]

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.attention import check_broadcastable
@@ -18,6 +19,7 @@ from ejkernel.modules.operations._attention_args import (
 )
 from ejkernel.modules.operations._common import executor, require_lengths, typechecked
 from ejkernel.ops import Kernel, KernelConfig
+from ejkernel.ops.executor import specs_by_slot
 from ejkernel.types import MaskInfo
 
 
@@ -46,8 +48,14 @@ class ScaledDotProductAttention(Kernel):
         yield ScaledDotProductAttentionConfig(platform=platform)
 
     def kwarg_specs(self, kwargs, in_specs):
+        """The dense mask follows the query and key rows; per-row lengths follow the batch."""
         mask = kwargs.get("mask")
-        return {} if mask is None else {"mask": dense_mask_spec(mask, in_specs[0], in_specs[1])}
+        specs = {} if mask is None else {"mask": dense_mask_spec(mask, in_specs[0], in_specs[1])}
+        batch = (tuple(in_specs[0]) or (None,))[0]
+        for name in ("query_seq_lengths", "key_value_seq_lengths"):
+            if kwargs.get(name) is not None:
+                specs[name] = PartitionSpec(batch)
+        return specs
 
 
 @typechecked
@@ -97,8 +105,10 @@ def scaled_dot_product_attention(
         key_value_seq_lengths=cum_seqlens_k,
         local_window_size=parse_window(sliding_window),
     )
-    if in_specs is not None and (cum_seqlens_q is not None or cum_seqlens_k is not None):
-        raise NotImplementedError("scaled_dot_product_attention: cum_seqlens together with mesh= is not supported yet")
+    if in_specs is not None:  # one per tensor passed or per slot of the six; the lengths follow the batch
+        slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k)
+        by_slot = specs_by_slot("scaled_dot_product_attention", slots, in_specs, mesh)
+        in_specs = tuple(by_slot[i] for i in range(4) if i in by_slot)
     out = executor(
         ScaledDotProductAttention(),
         query,

@@ -1,7 +1,7 @@
 """`unified_attention`: vLLM-style mixed prefill/decode attention over separate paged K and V caches."""
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 from jaxtyping import Array, Float, Int
@@ -28,7 +28,18 @@ from ejkernel.modules.operations.page_attention import (
 
 @dataclasses.dataclass(frozen=True)
 class UnifiedAttentionConfig(PagedAttentionConfig):
-    """Tiling of `unified_attention` (see `PagedAttentionConfig`)."""
+    """Tiling of `unified_attention` (see `PagedAttentionConfig`), with upstream's names for the split-key
+    decode: `num_par_softmax_segments` (our `num_splits` where that is unset) and `seq_threshold_3d` (the
+    call's own `seq_threshold_3d` wins); both steer GPU schedules only."""
+
+    seq_threshold_3d: int | None = None
+    num_par_softmax_segments: int | None = None
+
+    knob_fields: ClassVar[tuple[str, ...]] = (
+        *PagedAttentionConfig.knob_fields,
+        "seq_threshold_3d",
+        "num_par_softmax_segments",
+    )
 
 
 class UnifiedAttention(PagedAttentionKernel):

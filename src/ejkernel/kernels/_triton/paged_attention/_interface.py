@@ -15,7 +15,13 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, prepare_tiles, span_bound
+from ejkernel.kernels._common.paged_attention import (
+    PagedBatch,
+    config_tiling,
+    finish_tiles,
+    prepare_tiles,
+    span_bound,
+)
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.paged_attention._kernel import Tiling, partial_sums
 from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
@@ -42,13 +48,11 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> Tiling:
         raise NotImplementedError(f"triton paged attention supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
     if max(batch.key_rows.shape[0], batch.value_rows.shape[0]) >= 2**31:
         raise NotImplementedError("triton paged attention indexes cache rows in int32: the cache has too many rows")
-    params = getattr(cfg, "fwd_params", None)
+    params = config_tiling(cfg, st.rows.page_size)
     group = batch.num_heads // st.num_kv_heads
-    block_q = (params and params.block_q) or min(default_block_q(batch), max(1, MAX_ROWS // group))
-    block_k = (params and params.block_k) or (64 if width <= 128 else 32)
-    if block_k < 16:
-        raise NotImplementedError(f"triton paged attention needs block_k >= 16, got {block_k}")
-    splits = getattr(cfg, "num_splits", None) or st.num_splits
+    block_q = params.block_q or min(default_block_q(batch), max(1, MAX_ROWS // group))
+    block_k = max(16, params.block_k or (64 if width <= 128 else 32))  # tl.dot needs 16 rows at least
+    splits = params.num_splits or st.num_splits
     if not splits:  # enough programs to fill the GPU, but each split at least 4 steps long
         tiles = max(1, batch.num_tokens // block_q)
         most = max(1, span_bound(st, block_q) // (4 * block_k))
@@ -59,8 +63,8 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> Tiling:
         rows=_pow2(block_q * group),
         width=width,
         num_splits=int(splits),
-        num_warps=(params and params.num_warps) or 4,
-        num_stages=(params and params.num_stages) or 2,
+        num_warps=params.num_warps or 4,
+        num_stages=params.num_stages or 2,
         interpret=resolve_interpret(interpret, "triton paged attention"),
     )
 

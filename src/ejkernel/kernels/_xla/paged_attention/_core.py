@@ -20,6 +20,7 @@ from jax import lax
 from ejkernel.kernels._common.paged_attention import (
     PagedBatch,
     adjust_logits,
+    config_tiling,
     finalize,
     key_span,
     online_softmax_step,
@@ -58,7 +59,7 @@ def _gather(rows: jax.Array, index: jax.Array) -> jax.Array:
 def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
     """`[T, Hq, D]` attention of every query over its sequence's pages (zeros for queries of no sequence).
 
-    `cfg.fwd_params.block_q` (queries per tile) and `block_k` (key positions per step) tile the walk;
+    The config's `block_q` (queries per tile) and `block_k` (key positions per step) tile the walk;
     unset, they follow the batch (one query per tile for decode, ~64 MiB gathered per step).
     """
     st, rows_of = batch.static, batch.static.rows
@@ -66,11 +67,11 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
     dtype = batch.queries.dtype
     if num_tokens == 0 or batch.num_seqs == 0:
         return jnp.zeros((num_tokens, num_heads, st.head_dim), dtype)
-    params = getattr(cfg, "fwd_params", None)
-    block_q = (params and params.block_q) or default_block_q(batch)
+    params = config_tiling(cfg, st.rows.page_size)
+    block_q = params.block_q or default_block_q(batch)
     tiles = query_tiles(batch, block_q)
     num_tiles = tiles.seq.shape[0]
-    block_k = (params and params.block_k) or default_block_k(batch, num_tiles, block_q)
+    block_k = params.block_k or default_block_k(batch, num_tiles, block_q)
     bound = span_bound(st, block_q)
     block_k = min(block_k, 1 << max(bound - 1, 0).bit_length())
     num_steps = min(-(-bound // block_k) + 1, -(-st.max_kv_len // block_k))

@@ -8,7 +8,14 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention import PagedBatch, finish_tiles, kv_packing, prepare_tiles, span_bound
+from ejkernel.kernels._common.paged_attention import (
+    PagedBatch,
+    config_tiling,
+    finish_tiles,
+    kv_packing,
+    prepare_tiles,
+    span_bound,
+)
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_sums
 from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
@@ -32,9 +39,8 @@ def plan(batch: PagedBatch, cfg, interpret) -> Plan:
     packing = 1 if head_major else kv_packing(batch.key_rows.dtype)
     if layout.slot_stride % packing:
         packing = 1
-    params = getattr(cfg, "fwd_params", None)
     group = batch.num_heads // st.num_kv_heads
-    block_q = (params and params.block_q) or min(default_block_q(batch), max(1, MAX_ROWS // group))
+    block_q = config_tiling(cfg, layout.page_size).block_q or min(default_block_q(batch), max(1, MAX_ROWS // group))
     table_width = batch.page_tables.shape[1]
     interpret = resolve_interpret(interpret)
     return Plan(
