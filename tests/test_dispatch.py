@@ -90,8 +90,12 @@ def test_explicit_platform_without_implementation_lists_what_exists():
 
 
 def test_auto_with_no_accepting_impl_lists_every_reason():
+    """The error is upstream's `EjkernelRuntimeError` and a `NotImplementedError` (how an implementation declines)."""
+    from ejkernel import EjkernelRuntimeError
+
     with pytest.raises(NotImplementedError) as err:
         make_executor()(NoneKernel(), toy_input())
+    assert isinstance(err.value, EjkernelRuntimeError)
     message = str(err.value)
     assert NONE_OP in message
     assert "reason one" in message and "reason two" in message

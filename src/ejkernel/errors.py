@@ -2,5 +2,9 @@
 
 
 class EjkernelRuntimeError(RuntimeError):
-    """A call that no implementation can serve, or one an explicitly requested implementation does not
-    support; upstream raises it for the same cases."""
+    """A call that the implementations of an op cannot serve (upstream raises it for the same cases)."""
+
+
+class NoImplementationError(EjkernelRuntimeError, NotImplementedError):
+    """No implementation on this device accepts the call; the message lists each one's reason. Also a
+    `NotImplementedError`, which an implementation raises to decline a call."""

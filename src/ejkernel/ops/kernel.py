@@ -11,6 +11,7 @@ from typing import Any, ClassVar, get_args, get_origin
 import jax
 import jax.numpy as jnp
 
+from ejkernel.errors import NoImplementationError
 from ejkernel.ops.config import FwdParams, KernelConfig, config_backend, config_of_type, config_platform
 from ejkernel.registry import Implementation, current_backend, kernel_registry
 
@@ -164,7 +165,7 @@ class Kernel[Cfg: KernelConfig, Out]:
                 return self.call_impl(impl, args, kwargs, cfg)
             except NotImplementedError as err:
                 reasons.append(f"{impl.platform.value}: {err}")
-        raise NotImplementedError(
+        raise NoImplementationError(
             f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)
         )
 
