@@ -114,6 +114,16 @@ def test_unified_attention_with_easydel_config_matches_the_reference():
         modules.unified_attention(*args, cfg=cfg, platform="triton")
 
 
+@pytest.mark.gpu
+def test_unified_attention_on_triton_with_easydel_config():
+    """EasyDeL hard-codes `platform="triton"` with this config: on a GPU it runs (the split-key decode too)."""
+    cfg = modules.UnifiedAttentionConfig(num_warps=8, num_stages=2, num_par_softmax_segments=4, seq_threshold_3d=64)
+    for case in (dict(), dict(q_lens=(1, 1, 0, 1, 1))):
+        args, _ = unified_case(np.random.default_rng(2), **case)
+        out = modules.unified_attention(*args, cfg=cfg, platform="triton")
+        assert_close(out, paged_reference.unified_attention_reference(*args))
+
+
 # ----------------------------------------------------------------------------- shard specs as upstream writes them
 
 

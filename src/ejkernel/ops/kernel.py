@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, get_args, get_origin
@@ -33,6 +34,9 @@ def _describe(value: Any) -> Any:
 
 
 FORWARD, TRAIN = "forward", "train"
+
+dispatch_log = logging.getLogger("ejkernel.dispatch")
+"""At DEBUG, one line per implementation run (at trace time): the op, the platform, and why."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,13 +162,19 @@ class Kernel[Cfg: KernelConfig, Out]:
             impl = next(iter(self.implementations(platform)), None)
             if impl is None:
                 kernel_registry.get(self.op_id, platform)  # raises the registry's error, listing what exists
-            return self.call_impl(impl, args, kwargs, cfg)
+            out = self.call_impl(impl, args, kwargs, cfg)
+            dispatch_log.debug("%s: %s ran (platform=%r asked for)", self.op_id, impl.platform.value, platform)
+            return out
         reasons = []
         for impl in self.implementations():
             try:
-                return self.call_impl(impl, args, kwargs, cfg)
+                out = self.call_impl(impl, args, kwargs, cfg)
             except NotImplementedError as err:
                 reasons.append(f"{impl.platform.value}: {err}")
+                continue
+            declined = f"; declined first: {'; '.join(reasons)}" if reasons else ""
+            dispatch_log.debug("%s: %s ran (platform='auto')%s", self.op_id, impl.platform.value, declined)
+            return out
         raise NoImplementationError(
             f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)
         )
