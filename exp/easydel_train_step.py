@@ -70,6 +70,7 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.insert(0, _PlaceholderFinder())
+os.environ.setdefault("ENABLE_DISTRIBUTED_INIT", "0")  # EasyDeL's switch: the lent machine looks like a cluster
 
 import easydel_shims  # noqa: E402
 

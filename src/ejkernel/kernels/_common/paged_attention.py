@@ -382,6 +382,25 @@ def v3_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: 
     return (num_pages, page_size, -(-2 * num_kv_heads // packing), packing, -(-head_dim // 128) * 128)
 
 
+def new_token_rows(tables, kv_lens, query_start, query_len, num_tokens: int, page_size: int, num_pages: int):
+    """`[T]` int32: the row, in a cache viewed as `[pages * page_size, ...]`, where each new token goes.
+
+    Token `j` of sequence `s` (its queries are the last positions of its context) goes to position
+    `pos = kv_lens[s] - query_len[s] + j`: row `page * page_size + pos % page_size` of page
+    `tables[s, pos // page_size]`. Tokens of no sequence and positions outside the table row or the cache
+    get `pages * page_size`, which a scatter with `mode="drop"` drops.
+    """
+    token = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(sorted_position(query_start + query_len, token), 0, tables.shape[0] - 1)
+    offset = token - query_start[seq]
+    pos = kv_lens.astype(jnp.int32)[seq] - query_len[seq] + offset
+    column = pos // page_size
+    page = tables[seq, jnp.clip(column, 0, tables.shape[1] - 1)]
+    valid = (offset >= 0) & (offset < query_len[seq]) & (pos >= 0) & (column < tables.shape[1])
+    valid &= (page >= 0) & (page < num_pages)
+    return jnp.where(valid, page * page_size + pos % page_size, num_pages * page_size)
+
+
 def write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_loc, count) -> jax.Array:
     """The cache of `ragged_page_attention_v3` with each active sequence's new keys/values written in.
 
@@ -396,15 +415,7 @@ def write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_lo
     max_seqs = kv_lens.shape[0]
     tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
     query_start, query_len = _ragged_lengths(query_start_loc, count, max_seqs)
-    token = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(sorted_position(query_start + query_len, token), 0, max_seqs - 1)
-    offset = token - query_start[seq]
-    pos = kv_lens.astype(jnp.int32)[seq] - query_len[seq] + offset
-    column = pos // page_size
-    page = tables[seq, jnp.clip(column, 0, tables.shape[1] - 1)]
-    valid = (offset >= 0) & (offset < query_len[seq]) & (pos >= 0) & (column < tables.shape[1])
-    valid &= (page >= 0) & (page < num_pages)
-    flat_slot = jnp.where(valid, page * page_size + pos % page_size, num_pages * page_size)  # invalid: dropped
+    flat_slot = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
     new = jnp.stack([keys, values], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     new = jnp.pad(new, ((0, 0), (0, groups * packing - 2 * num_kv_heads), (0, width - head_dim)))
     flat = kv_cache.reshape(num_pages * page_size, groups * packing, width)

@@ -23,9 +23,9 @@ from ejkernel.kernels._common.paged_attention import (
     PagedBatch,
     Static,
     last_positions_window,
+    new_token_rows,
     quantize_queries,
 )
-from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 from ejkernel.ops.config import FwdParams, KernelConfig
 
@@ -63,15 +63,7 @@ def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, 
     num_pages, rows, packing, width = kv_cache.shape
     page_size = rows * packing
     num_tokens, latent = keys_values.shape
-    token = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(sorted_position(query_start + query_len, token), 0, tables.shape[0] - 1)
-    offset = token - query_start[seq]
-    pos = kv_lens.astype(jnp.int32)[seq] - query_len[seq] + offset
-    column = pos // page_size
-    page = tables[seq, jnp.clip(column, 0, tables.shape[1] - 1)]
-    valid = (offset >= 0) & (offset < query_len[seq]) & (pos >= 0) & (column < tables.shape[1])
-    valid &= (page >= 0) & (page < num_pages)
-    row = jnp.where(valid, page * page_size + pos % page_size, num_pages * page_size)  # invalid rows: dropped
+    row = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
     rope_col = _align128(latent)
     new = jnp.zeros((num_tokens, width), kv_cache.dtype)
     new = new.at[:, :latent].set(keys_values.astype(kv_cache.dtype))
