@@ -167,6 +167,28 @@ def test_paged_flash_attention_as_easydel_calls_it():
     assert_close(out, expected)
 
 
+def test_blocksparse_and_ragged_v2_with_easydel_specs():
+    """EasyDeL's blocksparse call (`P(None)` for the bias slot it leaves None) and RPA v2 call (`Ps()` for
+    the per-sequence arrays, the pages split on their combined K/V heads), heads over 4 devices."""
+    from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
+    from serving_attention.paged_cases import ragged_v2_case
+
+    q, k, v = randn((2, 8, 32, 16)), randn((2, 4, 32, 16)), randn((2, 4, 32, 16))
+    heads = P(None, "tp")
+    out = modules.blocksparse_attention(
+        q, k, v, None, None, causal=True, mesh=mesh((4,), ("tp",)), in_specs=(heads, heads, heads, None, P(None)),
+        out_specs=heads,
+    )  # fmt: skip
+    assert_close(out, blocksparse_attention_reference(q, k, v, causal=True))
+    args, options = ragged_v2_case(np.random.default_rng(3), heads=8, kv_heads=4, sinks=None)
+    token_heads = P(None, "tp")
+    specs = (token_heads, P(None, None, "tp"), P(), P(), P(), P(), P(None))
+    out = modules.ragged_page_attention_v2(
+        *args, **options, mesh=mesh((4,), ("tp",)), in_specs=specs, out_specs=token_heads
+    )
+    assert_close(out, paged_reference.ragged_page_attention_v2_reference(*args, **options))
+
+
 def test_sdpa_given_six_specs():
     """EasyDeL's six specs, the lengths' following the batch split (they are per-row valid lengths)."""
     q, k, v = randn((4, 8, 4, 16)), randn((4, 8, 4, 16)), randn((4, 8, 4, 16))

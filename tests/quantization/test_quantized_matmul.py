@@ -47,6 +47,19 @@ def test_matches_reference(mode, bits, transpose):
     assert_close(y, x @ kernel, tol=0.25)  # and it is a product with (roughly) the kernel
 
 
+def test_rows_split_over_a_mesh():
+    """`mesh=`: the rows of x over 4 devices, the packed weights whole; a split of the packed columns is refused."""
+    from jax.sharding import PartitionSpec as P
+
+    x, weights, _ = _packed("affine", 4, False)
+    x = jnp.concatenate([x] * 4)[:16]
+    mesh = jax.make_mesh((4,), ("dp",), devices=jax.devices()[:4])
+    y = quantized_matmul(x, *weights, mesh=mesh, in_specs=(P("dp"), P(), P(), P()), out_specs=P("dp"))
+    assert_close(y, quantized_matmul_reference(x, *weights))
+    with pytest.raises(ValueError, match="w's axis 1"):
+        quantized_matmul(x, *weights, mesh=mesh, in_specs=(P("dp"), P(None, "dp"), P(), P()), out_specs=P("dp"))
+
+
 def test_knobs_do_not_change_the_result(monkeypatch):
     x, weights, _ = _packed("affine", 5, False)
     call = lambda **kw: quantized_matmul(x, *weights, bits=5, **kw)

@@ -208,6 +208,24 @@ def test_easydel_call_form():
     assert bool(jnp.array_equal(out_2d, out)) and bool(jnp.array_equal(cache_2d, cache))
 
 
+def test_heads_split_over_a_mesh():
+    """`mesh=`: the query heads split over 2 devices, the latents, cache and tables whole on each; a split
+    cache is refused by name."""
+    from jax.sharding import PartitionSpec as P
+
+    args = make_case()
+    mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
+    heads, whole = P(None, "tp"), P()
+    specs = (heads, heads) + (whole,) * 7
+    out, cache = multi_latent_ragged_page_attention(*args, mesh=mesh, in_specs=specs, out_specs=(heads, whole))
+    ref_out, ref_cache = multi_latent_ragged_page_attention_reference(*args)
+    assert_close(out, ref_out)
+    assert bool(jnp.array_equal(cache, ref_cache))
+    with pytest.raises(ValueError, match="kv_cache's axis 0"):
+        split_cache = (heads, heads, whole, whole, P("tp")) + (whole,) * 4
+        multi_latent_ragged_page_attention(*args, mesh=mesh, in_specs=split_cache, out_specs=(heads, whole))
+
+
 def _bad(index, value=None, **options):
     """A call with argument `index` replaced by `value(args)` (None: unchanged) and these options."""
     return index, value, options

@@ -110,6 +110,16 @@ class MultiLatentRaggedPageAttention(Kernel):
         for queries in (16, 32):
             yield self.config_type(platform=platform, num_queries_per_block=queries)
 
+    def axis_roles(self, args, kwargs):
+        """Query heads only: every head reads the one shared latent cache, so the new latents, the cache and
+        the per-sequence arrays stay whole on each shard (each writes the same rows into its copy)."""
+        inputs = {0: ("queries_nope", ("tokens", "heads", "dim")), 1: ("queries_pe", ("tokens", "heads", "dim"))}
+        inputs |= {2: ("keys_values", ("tokens", "dim")), 3: ("keys_pe", ("tokens", "dim"))}
+        inputs |= {4: ("kv_cache", ("pages", None, None, "dim"))}
+        for i, name in ((5, "kv_lens"), (6, "block_tables"), (7, "query_start_loc"), (8, "distribution")):
+            inputs[i] = (name, ("tokens",))
+        return inputs, (("tokens", "heads", None), ("pages", None, None, None))
+
     def busy_integers(self, args):
         queries, cache, lengths, tables = args[0], args[4], args[5], args[6]
         num_seqs = lengths.shape[0]
@@ -162,7 +172,8 @@ def _check_scale(name: str, value, *, positive: bool) -> float | None:
 def _checked_call(
     kernel: MultiLatentRaggedPageAttention,
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-    *, softmax_scale, sliding_window, logits_soft_cap, mask_value, q_scale, k_scale, v_scale, platform, cfg,
+    *, softmax_scale, sliding_window, logits_soft_cap, mask_value, q_scale, k_scale, v_scale, platform, cfg, mesh,
+    in_specs, out_specs,
 ):  # fmt: skip
     """Checks one call of either op (ValueError naming the argument), canonicalises it and runs `kernel`."""
     _check_rank("queries_nope", queries_nope, 3, "[T, Hq, L]")
@@ -231,7 +242,8 @@ def _checked_call(
         v_scale=_check_scale("v_scale", v_scale, positive=False),
     )
     args = (queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc)
-    return executor(kernel, *args, distribution, platform=platform, cfg=cfg, **options)
+    sharding = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    return executor(kernel, *args, distribution, platform=platform, cfg=cfg, **sharding, **options)
 
 
 def multi_latent_ragged_page_attention(
@@ -255,6 +267,9 @@ def multi_latent_ragged_page_attention(
     v_scale: float | None = None,
     platform: str | None = None,
     cfg: MultiLatentRaggedPageAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One MLA serving step: writes the new latent rows into the paged cache, then attends. `(out, kv_cache)`.
 
@@ -280,13 +295,16 @@ def multi_latent_ragged_page_attention(
     processed sequence are 0. `mask_value` is accepted (masked positions are excluded exactly).
 
     The cache update is functional: under `jax.jit(..., donate_argnums=4)` XLA updates it in place. Not
-    meant to be differentiated, but `jax.grad` through it (with respect to the queries) works.
+    meant to be differentiated, but `jax.grad` through it (with respect to the queries) works. With
+    `mesh`, `in_specs` (one per tensor, or per slot) may split the query heads only: the latents, the
+    cache and the index arrays stay whole on every shard, and `out_specs` is `(heads split, P())`.
     """
     return _checked_call(
         MultiLatentRaggedPageAttention(),
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
+        mesh=mesh, in_specs=in_specs, out_specs=out_specs,
     )  # fmt: skip
 
 
@@ -311,6 +329,9 @@ def multi_latent_ragged_page_attention_v2(
     v_scale: float | None = None,
     platform: str | None = None,
     cfg: MultiLatentRaggedPageAttentionV2Config | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`multi_latent_ragged_page_attention` with a config whose block sizes may be given per case
     (`MultiLatentRaggedPageAttentionV2Config`); arguments, result and semantics are the same."""
@@ -319,4 +340,5 @@ def multi_latent_ragged_page_attention_v2(
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
+        mesh=mesh, in_specs=in_specs, out_specs=out_specs,
     )  # fmt: skip

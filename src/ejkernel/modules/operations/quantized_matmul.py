@@ -8,6 +8,7 @@ Layouts (`ejkernel.quantization.matmul`): without transpose `w` packs `W [K, N]`
 import dataclasses
 import math
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,13 @@ class QuantizedMatmul(Kernel):
     op_id = "quantized_matmul"
     config_type = QuantizedMatmulConfig
 
+    def axis_roles(self, args, kwargs):
+        """Rows of x only: the contraction and the packed columns (codes of several columns share a word,
+        groups share a scale) stay whole."""
+        inputs = {0: ("x", ("batch", "dim"))}
+        inputs |= {i: (name, ("packed", "packed")) for i, name in ((1, "w"), (2, "scales"), (3, "zeros"))}
+        return inputs, ("batch", None)
+
     def heuristic_cfg(self, inv: Invocation) -> QuantizedMatmulConfig:
         """Row tiles of about `TILE_VALUES` dequantized values (a power of two of rows, at least 8): a large
         matrix is walked in a few tiles, a small one in one."""
@@ -129,6 +137,9 @@ def quantized_matmul(
     use_best_config: bool = False,
     platform: str | None = None,
     cfg: QuantizedMatmulConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
 ) -> jax.Array:
     """float32 `[..., N]`: `x [..., K]` (leading dims flattened into M) times the dequantized `w`.
 
@@ -144,7 +155,8 @@ def quantized_matmul(
     them (none on XLA). `use_best_config=True` picks the tiling through the executor's config selection
     (caches, autotuning when the policy allows it, else a size heuristic); False uses
     `QuantizedMatmulConfig()`'s defaults. `cfg` always wins. Differentiable in `x` (`∂x` in x's dtype);
-    `w`, `scales` and `zeros` get zero cotangents.
+    `w`, `scales` and `zeros` get zero cotangents. With `mesh`, `in_specs` (one per tensor, or per slot)
+    may split the rows of a 2-D `x`; the packed weights and their metadata stay whole on every shard.
     """
     params = resolve_params(mode, group_size, bits)
     transpose = resolve_transpose(transpose, axis)
@@ -173,6 +185,8 @@ def quantized_matmul(
         raise ValueError(f"gemv_mode='on' needs a single row of x (M = 1), got x of shape {tuple(x.shape)}")
     if cfg is None and not use_best_config:
         cfg = QuantizedMatmulConfig(platform="auto" if platform is None else platform)
+    if mesh is not None and x.ndim != 2:
+        raise ValueError(f"with mesh=, x must be 2-D [M, K] (its specs name its axes), got shape {tuple(x.shape)}")
     out = executor(
         QuantizedMatmul(),
         x.reshape(-1, k),
@@ -181,6 +195,9 @@ def quantized_matmul(
         zeros,
         platform=platform,
         cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
         transpose=transpose,
         group_size=params.group_size,
         bits=params.bits,
