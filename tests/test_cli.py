@@ -53,6 +53,38 @@ def test_bench_unknown_op_lists_available(capsys):
     assert "mean_pooling" in capsys.readouterr().err
 
 
+def test_bench_lists_benchmarks_and_takes_op_names(monkeypatch, capsys):
+    import ejkernel.benchmarks.mla as mla
+
+    assert main(["bench"]) == 0
+    assert "serving_attention" in capsys.readouterr().out.split("page_attention")[0]
+    ran = []
+    monkeypatch.setattr(mla, "main", ran.append)
+    assert main(["bench", "flash_mla", "--quick"]) == 0
+    assert ran == [["--quick"]] and "timed by the mla benchmark" in capsys.readouterr().out
+
+
+def test_version_and_python_dash_m():
+    import subprocess
+    import sys
+
+    from ejkernel import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    done = subprocess.run([sys.executable, "-m", "ejkernel", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"ejkernel {__version__}"
+
+
+def test_cache_export_writes_standard_output_by_default(capsys):
+    from ejkernel.ops import device_fingerprint
+
+    PersistentCache().put(f"mean_pooling|{device_fingerprint()}|sig", MeanPoolingConfig(platform="xla"))
+    assert main(["cache", "export"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"mean_pooling|sig": MeanPoolingConfig(platform="xla").to_json()}
+
+
 @pytest.mark.parametrize("argv", [[], ["cache", "drop"]])
 def test_bad_command_lines_exit_with_usage(argv):
     with pytest.raises(SystemExit):

@@ -73,20 +73,40 @@ def _export(cache, out: str | None) -> int:
         op, fingerprint, signature = key.split("|", 2)
         if fingerprint == here:
             shipped[f"{op}|{signature}"] = entry["config"]
-    path = pathlib.Path(out or shipped_config_name(describe_device()["device_kind"]))
-    path.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(shipped)} tuned configs to {path}")
+    text = json.dumps(shipped, indent=1, sort_keys=True) + "\n"
+    if out is None:  # standard output: redirect it to ops/tuned/<device kind>.json to ship it
+        sys.stdout.write(text)
+        print(f"{len(shipped)} tuned configs; shipped as {shipped_config_name(describe_device()['device_kind'])}",
+              file=sys.stderr)  # fmt: skip
+        return 0
+    pathlib.Path(out).write_text(text)
+    print(f"wrote {len(shipped)} tuned configs to {out}")
     return 0
 
 
-def _bench(args) -> int:
+def _benchmarks() -> dict[str, tuple[str, ...]]:
+    """Benchmark module -> the ops it times (its `OPS`)."""
     import ejkernel.benchmarks as benchmarks
 
-    available = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_"))
-    if args.op not in available:
-        print(f"no benchmark {args.op!r}; available: {', '.join(available)}", file=sys.stderr)
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_"))
+    return {name: importlib.import_module(f"ejkernel.benchmarks.{name}").OPS for name in names}
+
+
+def _bench(args) -> int:
+    available = _benchmarks()
+    if args.op is None:
+        print("benchmarks (ejkernel bench NAME, or the name of an op it times):")
+        for name, ops in available.items():
+            print(f"  {name:18s} {', '.join(ops)}")
+        return 0
+    name = args.op if args.op in available else next((b for b, ops in available.items() if args.op in ops), None)
+    if name is None:
+        listed = "; ".join(f"{b} ({', '.join(ops)})" for b, ops in available.items())
+        print(f"no benchmark times {args.op!r}; benchmarks (and their ops): {listed}", file=sys.stderr)
         return 2
-    importlib.import_module(f"ejkernel.benchmarks.{args.op}").main(args.rest)
+    if name != args.op:
+        print(f"{args.op} is timed by the {name} benchmark")
+    importlib.import_module(f"ejkernel.benchmarks.{name}").main(args.rest)
     return 0
 
 
@@ -102,21 +122,24 @@ def _autotune(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ejkernel import __version__
+
     p = argparse.ArgumentParser(prog="ejkernel", description=__doc__)
+    p.add_argument("--version", action="version", version=f"ejkernel {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="device, fingerprint and the registered implementations").set_defaults(fn=_info)
     sub.add_parser("demo", help="run every op here against its reference").set_defaults(fn=_demo)
     cache = sub.add_parser("cache", help="the persistent config cache")
     cache.add_argument("action", choices=["list", "clear", "export"])
-    cache.add_argument("--out", help="export: file to write (default: ops/tuned/<device kind>.json name)")
+    cache.add_argument("--out", help="export: the file to write (default: standard output)")
     cache.set_defaults(fn=_cache)
-    bench = sub.add_parser("bench", help="run ejkernel.benchmarks.<op> (JSON + PNG)")
-    bench.add_argument("op")
+    bench = sub.add_parser("bench", help="run a benchmark, by its name or an op it times (JSON + PNG); none: list")
+    bench.add_argument("op", nargs="?", help="a benchmark (ejkernel.benchmarks.<name>) or an op it times")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see its --help)")
     bench.set_defaults(fn=_bench)
     tune = sub.add_parser("autotune", help="run ejkernel.benchmarks.<op> with autotuning on, caching every winner")
     tune.add_argument("--export", help="then write this device's tuned configs to this file (shipped format)")
-    tune.add_argument("op")
+    tune.add_argument("op", help="a benchmark (ejkernel.benchmarks.<name>) or an op it times")
     tune.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark (see its --help)")
     tune.set_defaults(fn=_autotune)
     args = p.parse_args(argv)

@@ -15,6 +15,9 @@ from ejkernel.modules import flash_attention
 from ejkernel.registry import kernel_registry
 from ejkernel.types import MaskInfo
 
+OPS = ("flash_attention",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 # The eight shapes of anchors.md: 16k tokens per call.
 SHAPES = [(1, 16384, 16, 128), (2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
 QUICK_SHAPES = [(1, 256, 2, 64)]

@@ -16,6 +16,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import grouped_matmul
 from ejkernel.registry import kernel_registry
 
+OPS = ("grouped_matmul",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 SHAPES = [(32768, 4096, 1536, 64)]  # M, K, N, groups
 QUICK_SHAPES = [(256, 64, 32, 8)]
 

@@ -17,6 +17,9 @@ from ejkernel.kernels._xla.linear_attention import linear_attention
 from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention
 from ejkernel.registry import kernel_registry
 
+OPS = ("gla_attention", "gated_delta_rule")
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 SHAPE = (2, 16384, 16, 128)  # B, S, H, D (Dk = Dv = D)
 QUICK_SHAPE = (1, 128, 2, 32)
 

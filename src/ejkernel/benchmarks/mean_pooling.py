@@ -13,6 +13,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import mean_pooling
 from ejkernel.registry import kernel_registry
 
+OPS = ("mean_pooling",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 SHAPES = [(64, 4096, 4096), (8, 8192, 2048), (256, 512, 1024)]
 QUICK_SHAPES = [(4, 128, 64)]
 

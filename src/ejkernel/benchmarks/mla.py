@@ -16,6 +16,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import flash_mla
 from ejkernel.registry import kernel_registry
 
+OPS = ("flash_mla",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 # (batch, query length, context, heads, rank, d_nope, d_rope, d_v)
 DECODE = (64, 1, 8192, 16, 512, 128, 64, 128)
 PREFILL = (1, 4096, 4096, 16, 512, 128, 64, 128)

@@ -19,6 +19,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.registry import kernel_registry
 
+OPS = ("ring_attention",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 SHAPE = (1, 65536, 16, 128)  # B, S, H, D
 QUICK_SHAPE = (1, 256, 2, 32)
 

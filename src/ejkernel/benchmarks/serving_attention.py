@@ -22,6 +22,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.kernels._common.paged_attention import v3_cache_shape
 from ejkernel.registry import kernel_registry
 
+OPS = ("page_attention", "unified_attention", "ragged_page_attention_v3")
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 DECODE = [(b, c) for b in (8, 32, 64, 128) for c in (1024, 4096, 8192, 32768)]
 # (decode sequences, their context, prefill chunks, chunk length, prefill context)

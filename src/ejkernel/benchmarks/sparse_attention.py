@@ -18,6 +18,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import blocksparse_attention, flash_attention
 from ejkernel.registry import kernel_registry
 
+OPS = ("blocksparse_attention",)
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 SHAPE = (1, 16384, 16, 128)  # B, S, H, D
 QUICK_SHAPE = (1, 512, 2, 64)
 DENSITIES = (0.10, 0.25)

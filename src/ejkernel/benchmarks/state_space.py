@@ -28,6 +28,9 @@ from ejkernel.benchmarks._harness import parser, print_table, time_variants, wri
 from ejkernel.modules import StateSpaceV2Config, state_space_v1, state_space_v2
 from ejkernel.registry import kernel_registry
 
+OPS = ("state_space_v1", "state_space_v2")
+"""The ops this benchmark times (`ejkernel bench <op>` runs it)."""
+
 V2_SHAPE = dict(batch=2, seq=16384, heads=32, head_dim=64, state=128, groups=1, chunk=256)
 V1_SHAPE = dict(batch=2, seq=16384, channels=4096, state=16)
 DECODE_BATCH = 64
