@@ -54,8 +54,9 @@ def _cache(args) -> int:
     entries = cache.entries()
     print(f"{cache.path}: {len(entries)} entries")
     for key, entry in sorted(entries.items()):
-        op, fingerprint, signature = key.split("|", 2)
-        print(f"  {op}  {fingerprint}  {signature[:80]}\n    -> {entry['config']}")
+        op, _, rest = key.partition("|")
+        config = entry.get("config", "(no config)") if isinstance(entry, dict) else f"(malformed entry: {entry!r:.60})"
+        print(f"  {op}  {rest[:100]}\n    -> {config}")
     return 0
 
 
@@ -70,8 +71,8 @@ def _export(cache, out: str | None) -> int:
     here = device_fingerprint()
     shipped = {}
     for key, entry in cache.entries().items():
-        op, fingerprint, signature = key.split("|", 2)
-        if fingerprint == here:
+        op, fingerprint, signature = [*key.split("|", 2), "", ""][:3]
+        if fingerprint == here and isinstance(entry, dict) and isinstance(entry.get("config"), str):
             shipped[f"{op}|{signature}"] = entry["config"]
     text = json.dumps(shipped, indent=1, sort_keys=True) + "\n"
     if out is None:  # standard output: redirect it to ops/tuned/<device kind>.json to ship it

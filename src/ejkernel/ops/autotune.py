@@ -81,11 +81,31 @@ def active_policy(executor_policy: AutotunePolicy | None = None) -> AutotunePoli
         return scoped
     if executor_policy is not None:
         return executor_policy
-    value = os.environ.get(POLICY_ENV, AutotunePolicy.HEURISTICS.value).strip().lower()
+    value = os.environ.get(POLICY_ENV, "").strip().lower() or AutotunePolicy.HEURISTICS.value
     try:
         return AutotunePolicy(value)
     except ValueError:
         raise ValueError(f"{POLICY_ENV} must be one of {[p.value for p in AutotunePolicy]}, got {value!r}") from None
+
+
+def env_flag(name: str) -> bool | None:
+    """A 0/1 environment variable: None when unset or blank; any other value is an error naming it."""
+    value = os.environ.get(name, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    if value:
+        raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+    return None
+
+
+def env_threads() -> int:
+    """`$EJKERNEL_AUTOTUNE_THREADS` (1 when unset or blank); anything but a positive integer is an error."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return 1
+    if not value.isdecimal() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 C = TypeVar("C")
@@ -163,7 +183,7 @@ class Tuner:
         compile_threads: int | None = None,
     ) -> None:
         if compile_threads is None:
-            compile_threads = int(os.environ.get(THREADS_ENV) or 1)
+            compile_threads = env_threads()
         if warmup < 0 or repeats < 1 or margin < 0 or compile_threads < 1:
             raise ValueError(
                 "Tuner needs warmup >= 0, repeats >= 1, margin >= 0, compile_threads >= 1, got "
@@ -172,8 +192,8 @@ class Tuner:
         self.warmup, self.repeats, self.margin, self.min_sample_s = warmup, repeats, margin, min_sample_s
         self.compile_threads = compile_threads
         if progress is None:
-            env = os.environ.get(PROGRESS_ENV)
-            progress = env == "1" if env is not None else sys.stderr.isatty()
+            progress = env_flag(PROGRESS_ENV)
+            progress = sys.stderr.isatty() if progress is None else progress
         self.progress = progress
 
     def tune(
@@ -188,7 +208,7 @@ class Tuner:
             from tqdm.auto import tqdm
 
             iterator = tqdm(candidates, desc=label, leave=False, file=sys.stderr)
-        verbose, start = os.environ.get(LOG_ENV) == "1", time.perf_counter()
+        verbose, start = bool(env_flag(LOG_ENV)), time.perf_counter()
 
         def attempt(candidate: C) -> Callable[[], Any] | Exception:
             if verbose:  # before the attempt: a candidate that kills the process is named in the log

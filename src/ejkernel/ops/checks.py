@@ -10,24 +10,19 @@ synchronises with the host.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ejkernel.ops.autotune import env_flag
 
 CHECKS_ENV = "EJKERNEL_CHECKS"
 
 
 def checks_enabled() -> bool:
-    """Whether `EJKERNEL_CHECKS` asks for checks inside compiled programs (`1`/`true`/`yes`/`on`; `0`,
-    `false`, `no`, `off` or unset: no); any other value is an error naming the variable."""
-    value = os.environ.get(CHECKS_ENV, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{CHECKS_ENV} must be 1 or 0 (or true/false, yes/no, on/off), got {value!r}")
+    """Whether `EJKERNEL_CHECKS=1` asks for checks inside compiled programs (0 or unset: no; any other
+    value is an error naming the variable)."""
+    return bool(env_flag(CHECKS_ENV))
 
 
 def is_traced(*values) -> bool:

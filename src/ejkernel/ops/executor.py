@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -16,12 +15,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, forward_only_tuning
+from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, env_flag, forward_only_tuning
 from ejkernel.ops.axis_roles import check_axis_roles, follow_roles, splits, strip_unit_axes
-from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup
-from ejkernel.ops.config import PLATFORMS, ConfigBase, KernelConfig, config_platform, config_with_platform
+from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup, warn_once
+from ejkernel.ops.config import (
+    PLATFORMS,
+    ConfigBase,
+    KernelConfig,
+    config_backend,
+    config_platform,
+    config_with_platform,
+)
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
 from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel
+from ejkernel.registry import current_backend
 
 log = logging.getLogger("ejkernel.ops")
 
@@ -35,7 +42,52 @@ def shipped_config_name(device_kind: str) -> str:
 def _shipped_configs(device_kind: str) -> dict[str, str]:
     """Tuned configs shipped for a device kind (`ops/tuned/<kind>.json`: `op|signature` -> config JSON)."""
     path = resources.files("ejkernel.ops").joinpath("tuned", shipped_config_name(device_kind))
-    return json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        shipped = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(shipped, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as err:
+        warn_once((str(path),), f"ejkernel: ignoring the shipped configs {path}: {err}")
+        return {}
+    return shipped
+
+
+def _shipped_config(kernel: Kernel, inv: Invocation) -> KernelConfig | None:
+    """The config shipped for this call, if there is one and it can run it here (else one warning)."""
+    kind, name = describe_device()["device_kind"], f"{inv.op_id}|{inv.signature}"
+    text = _shipped_configs(kind).get(name)
+    if text is None:
+        return None
+    try:
+        cfg = ConfigBase.from_json(text)
+        reason = _inapplicable(kernel, inv, cfg)
+    except Exception as err:  # a malformed shipped config falls back to the heuristic, never fails the call
+        cfg, reason = None, f"{type(err).__name__}: {err}"
+    if reason is None:
+        return cfg
+    warn_once(("shipped", kind, name, reason), f"ejkernel: ignoring the config shipped for {kind}, {name}: {reason}")
+    return None
+
+
+def _inapplicable(kernel: Kernel, inv: Invocation, cfg: ConfigBase) -> str | None:
+    """Why a stored config cannot serve this call here (None if it can): another op's config type, a backend
+    or platform this host lacks, a platform other than the call asks for."""
+    if not isinstance(cfg, kernel.config_type):
+        return f"a {type(cfg).__name__}, not a {kernel.config_type.__name__}"
+    backend, platform, here = config_backend(cfg), config_platform(cfg), current_backend().value
+    if backend not in ("any", here):
+        return f"backend={backend!r}, but this host is {here}"
+    if platform == "auto":
+        return None
+    if inv.platform not in ("auto", platform):
+        return f"platform={platform!r}, but the call asks for platform={inv.platform!r}"
+    try:
+        missing = not kernel.implementations(platform)
+    except Exception:  # an op outside the registry: its own run() judges the platform
+        missing = False
+    if missing:
+        return f"platform={platform!r}, which has no implementation of {kernel.op_id} on this host ({here})"
+    return None
 
 
 class ConfigSelectorChain:
@@ -77,17 +129,19 @@ class ConfigSelectorChain:
         cached = self.memory.get(key)
         if cached is not None:
             return cached
-        stored = self.persistent.get(key)
-        if isinstance(stored, kernel.config_type):
+        stored = self.persistent.get(key, check=lambda cfg: _inapplicable(kernel, inv, cfg))
+        if stored is not None:
             self.memory.put(key, stored)
             return stored
         if active_policy(self.policy) is AutotunePolicy.AUTOTUNE:
             tuned = self._autotune(kernel, inv, key)
             if tuned is not None:
                 return tuned
+        shipped = _shipped_config(kernel, inv)
+        if shipped is not None:
+            return shipped
         try:
-            shipped = _shipped_configs(describe_device()["device_kind"]).get(f"{inv.op_id}|{inv.signature}")
-            chosen = ConfigBase.from_json(shipped) if shipped else kernel.heuristic_cfg(inv)
+            chosen = kernel.heuristic_cfg(inv)
         except Exception as err:
             raise RuntimeError(f"{inv.op_id}: no config could be chosen for this call: {err}") from err
         if not isinstance(chosen, kernel.config_type):
@@ -111,7 +165,7 @@ class ConfigSelectorChain:
         start = time.perf_counter()
         with jax.ensure_compile_time_eval():  # concrete stand-ins even while tracing (under jit)
             args, kwargs = kernel.tuning_inputs(inv)
-        if os.environ.get(LOG_ENV) == "1":
+        if env_flag(LOG_ENV):
             jax.block_until_ready((args, kwargs))
             seconds = time.perf_counter() - start
             log.warning("autotune %s: %d candidates, inputs made in %.1f s", inv.op_id, len(candidates), seconds)
@@ -141,7 +195,7 @@ class ConfigSelectorChain:
         best, timings = (self.tuner or Tuner()).tune(candidates, prepare, label=f"autotune {inv.op_id}")
         self.memory.put(key, best)
         if isinstance(best, ConfigBase):  # a user's own config dataclass has no JSON form: memory only
-            self.persistent.put(key, best, median_seconds=timings[best], candidates=len(candidates))
+            self.persistent.try_put(key, best, median_seconds=timings[best], candidates=len(candidates))
         log.info("%s: tuned %s (%.3f ms of %d candidates)", inv.op_id, best, 1e3 * timings[best], len(timings))
         return best
 

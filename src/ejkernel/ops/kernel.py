@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.errors import NoImplementationError
+from ejkernel.ops.autotune import env_flag
 from ejkernel.ops.config import FwdParams, KernelConfig, config_backend, config_of_type, config_platform
 from ejkernel.registry import Implementation, current_backend, kernel_registry
 
@@ -36,7 +38,19 @@ def _describe(value: Any) -> Any:
 FORWARD, TRAIN = "forward", "train"
 
 dispatch_log = logging.getLogger("ejkernel.dispatch")
-"""At DEBUG, one line per implementation run (at trace time): the op, the platform, and why."""
+"""At DEBUG, one line per implementation run (at trace time): the op, the platform, and why.
+`EJKERNEL_LOG_DISPATCH=1` prints them to standard error."""
+DISPATCH_ENV = "EJKERNEL_LOG_DISPATCH"
+
+
+@functools.cache
+def _dispatch_to_stderr() -> None:
+    """Once per process: with `EJKERNEL_LOG_DISPATCH=1`, the dispatch lines go to standard error."""
+    if env_flag(DISPATCH_ENV):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("ejkernel: %(message)s"))
+        dispatch_log.addHandler(handler)
+        dispatch_log.setLevel(logging.DEBUG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +166,7 @@ class Kernel[Cfg: KernelConfig, Out]:
 
     def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
         """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
+        _dispatch_to_stderr()
         here, backend, platform = current_backend().value, config_backend(cfg), config_platform(cfg)
         if backend not in ("any", here):
             raise ValueError(
