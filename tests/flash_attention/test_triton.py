@@ -216,3 +216,23 @@ class TestOnGpu:
         fn = jax.jit(lambda q, k, v: flash_attention_triton(q, k, v, **static, interpret=False))
         ref = lambda q, k, v: flash_attention_reference(q, k, v, **static)
         check_forward_and_grads(fn, ref, (q, k, v), (0, 1, 2), jnp.bfloat16)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("logits", ["raw", "soft cap, bias, sinks"])
+def test_forward_and_backward_lower_for_cuda(cuda_lowering, logits):
+    """Both ways the kernels take logits lower to Triton for an H100: raw `q·k` (whose backward exponent is
+    an explicit FMA, so that logit·scale is not rounded at large logits) and base-2 logits."""
+    q, k = randn((1, 256, 4, 64), jnp.bfloat16), randn((1, 256, 2, 64), jnp.bfloat16)
+    extra, kw = (None, None), dict(causal=True)
+    if logits != "raw":
+        extra, kw = (randn((1, 4, 256, 256), jnp.bfloat16), randn((4,))), dict(logits_soft_cap=20.0)
+
+    def fn(q, k, v):
+        return _interface.flash_attention_triton(q, k, v, *extra, softmax_scale=0.125, interpret=False, **kw)
+
+    train = lambda *a: jax.vjp(fn, *a)[1](fn(*a))
+    text = jax.jit(train).trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    for name in ("fwd", "bwd_dq", "bwd_dkv"):
+        assert f"ejkernel_flash_attention_{name}" in text, name
+    assert text.count("fma.rn.f32") == (2 if logits == "raw" else 0)

@@ -56,6 +56,12 @@ class BlockKernel(Protocol):
     the kernel applies its causal / window mask to those absolute positions, and segment ids as given.
     `diagonal` (static) says the two pieces hold the same positions (step 0, a piece with itself): the
     block a causal mask cuts along its diagonal. Otherwise no key shares a position with a query.
+
+    A kernel with a float attribute `lse_unit` gives and takes each log-sum-exp as a pair (offset, rest)
+    worth `lse_unit * offset + rest`, -inf where rest is: the offset a logit of the row in the kernel's
+    own units, exact, and the rest small. One float rounds a log-sum-exp to its ulp (~0.004 at 4e4),
+    and every weight the backward recomputes from it would be off by that much; the pair keeps them
+    exact at any logit size. The merges below keep the pair.
     """
 
     def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal: bool, bias=None):
@@ -147,9 +153,20 @@ def _fold(acc, pred, block, combine, axes):
     return update(acc) if pred is None else lax.cond(pred, update, typed, acc)
 
 
-def _merge(acc, new):
-    """Log-sum-exp merge of two partial softmax results, each (out [B, S, H, D] f32, lse [B, H, S] f32)."""
+def _merge(acc, new, unit=None):
+    """Log-sum-exp merge of two partial softmax results, each (out [B, S, H, D] f32, lse [B, H, S] f32);
+    with a `unit`, each lse is a pair (offset, rest) (see `BlockKernel`), merged onto the larger offset."""
     (out, lse), (out_b, lse_b) = acc, new
+    if unit is not None:
+        (offset, rest), (offset_b, rest_b) = lse, lse_b
+        # A row with nothing allowed has no offset: it must not win the max.
+        top = jnp.maximum(
+            jnp.where(rest == -jnp.inf, -jnp.inf, offset), jnp.where(rest_b == -jnp.inf, -jnp.inf, offset_b)
+        )
+        top = jnp.where(top == -jnp.inf, 0.0, top)
+        # Offsets near each other subtract exactly: both rests move onto the common offset without rounding.
+        out, rest = _merge((out, unit * (offset - top) + rest), (out_b, unit * (offset_b - top) + rest_b))
+        return out, (top, rest)
     top = jnp.maximum(lse, lse_b)
     top = jnp.where(top == -jnp.inf, 0.0, top)
     w, w_b = jnp.exp(lse - top), jnp.exp(lse_b - top)
@@ -173,17 +190,25 @@ def _sink_logits(aux, num_heads: int):
     return jnp.broadcast_to(aux, (num_heads, aux.shape[0]))
 
 
-def _with_sinks(out, lse, sink_lse):
+def _with_sinks(out, lse, sink_lse, unit=None):
     """One piece's (out, lse) with the sinks joined to its denominator."""
+    if unit is not None:  # onto the rest, relative to the row's offset
+        offset, rest = lse
+        out, rest = _with_sinks(out, rest, sink_lse - unit * offset)
+        return out, (offset, rest)
     total = jnp.logaddexp(lse, sink_lse)
     return out * jnp.swapaxes(jnp.exp(lse - total), 1, 2)[..., None], total
 
 
-def _sink_grad(sinks, out, lse, d_out):
+def _sink_grad(sinks, out, lse, d_out, unit=None):
     """[H, n_sinks] from one piece's rows: sinks only add to the denominator, so
     d sink_m = -sum_i exp(sink_m - lse_i) delta_i."""
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, Sq, H]
-    p_sink = jnp.exp(sinks[None, :, None, :] - lse[..., None])  # [B, H, Sq, n_sinks]
+    if unit is None:
+        p_sink = jnp.exp(sinks[None, :, None, :] - lse[..., None])  # [B, H, Sq, n_sinks]
+    else:
+        offset, rest = lse
+        p_sink = jnp.exp((sinks[None, :, None, :] - unit * offset[..., None]) - rest[..., None])
     return -jnp.sum(p_sink * jnp.swapaxes(delta, 1, 2)[..., None], axis=(0, 2))
 
 
@@ -209,10 +234,14 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
     batch, size, num_heads, _ = q[0].shape
     dv = v[0].shape[-1]
     q_offsets = spec.offsets(me, size, n)
+    unit = getattr(kernel, "lse_unit", None)
 
     def empty():
         out = jnp.zeros((batch, size, num_heads, dv), jnp.float32)
-        return vary(out, axes), vary(jnp.full((batch, num_heads, size), -jnp.inf, jnp.float32), axes)
+        lse = jnp.full((batch, num_heads, size), -jnp.inf, jnp.float32)
+        if unit is not None:
+            lse = (jnp.zeros_like(lse), lse)
+        return vary(out, axes), jax.tree_util.tree_map(lambda x: vary(x, axes), lse)
 
     # Each result starts as its diagonal block's (None until then); unequal lengths have none: empty.
     results = [None if diagonal(0, a, a) else empty() for a in range(len(q))]
@@ -232,11 +261,11 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
             visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
-            results[a] = _fold(results[a], visible, compute, _merge, axes)
+            results[a] = _fold(results[a], visible, compute, functools.partial(_merge, unit=unit), axes)
         block = following
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
-        results = [_with_sinks(out, lse, sink_lse) for out, lse in results]
+        results = [_with_sinks(out, lse, sink_lse, unit) for out, lse in results]
     return tuple(out.astype(q[0].dtype) for out, _ in results), tuple(lse for _, lse in results)
 
 
@@ -297,7 +326,8 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     d_aux = None
     if aux is not None:
         sinks = _sink_logits(aux, num_heads)  # [H, n_sinks]
-        d_sinks = sum(_sink_grad(sinks, *piece) for piece in zip(out, lse, d_out, strict=True))
+        unit = getattr(kernel, "lse_unit", None)
+        d_sinks = sum(_sink_grad(sinks, *piece, unit) for piece in zip(out, lse, d_out, strict=True))
         d_aux = d_sinks[:, 0] if aux.shape[0] == num_heads else jnp.sum(d_sinks, axis=0)
         d_aux = sum_to_vma(d_aux, aux).astype(aux.dtype)
     # Summed over the mesh axes an input is replicated on (no-ops for the usual sharded q, k, v).

@@ -1,7 +1,6 @@
 """Flash attention backward (FlashAttention-2 style), as two Pallas-Triton kernels.
 
-With `delta = rowsum(dO * O)` precomputed (plain jnp), P is recomputed from the saved base-2
-logsumexp and
+With `delta = rowsum(dO * O)` precomputed (plain jnp), P is recomputed from the base-2 logsumexp and
 
     dV = (P∘Z)ᵀ dO,   dP = (dO Vᵀ)∘Z,   dS = P∘(dP − delta),   dQ = scale·(dS∘C) K,   dK = scale·(dS∘C)ᵀ Q
 
@@ -18,13 +17,25 @@ gradient is `−Σ exp(sink − lse)·delta`, taken in the wrapper.
   hold allowed keys, like the forward. It also writes dBias (dS tiles), zeros for skipped blocks.
 
 Both skip fully masked blocks and apply positional masks only on edge blocks, like the forward.
+
+Large logits. The forward gives each row's logsumexp L as (offset, rest), exact; the kernels take one
+float32 `lse`, L rounded, and recompute P' = 2^(logit - lse) = P·2^-e with e = lse - L, up to ~0.002 at
+|logit| ~ 4e4 (where the ulp is ~0.004): dropped, that row factor put dV off by 2.5e-3 there, 0.33 near
+1e7. The wrapper scales each row of dO (and so delta) by 2^e instead, which gives the exact dV and dS
+from P' (dS = P'·(dP·2^e - delta·2^e)), so the kernels' loops keep one operation per element for the
+exponent (taking the offset and rest apart there cost the backward 8-15% on an H200). Without soft cap
+or bias that operation is logit·scale - lse with the product unrounded (an FMA), as the forward's
+denominator is exact relative to the offset.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -50,7 +61,66 @@ from ejkernel.kernels._triton.flash_attention._fwd import (
     needs_edges,
     query_block_index,
     query_block_operands,
+    raw_logits,
 )
+
+
+def _split12(c: float) -> tuple[float, float]:
+    """A float32 constant as hi + lo, each of at most 12 significant bits: products with 12-bit halves are exact."""
+    c32 = np.float32(c)
+    hi = (c32.view(np.uint32) & np.uint32(0xFFFFF000)).view(np.float32)
+    return float(hi), float(np.float32(c32 - hi))
+
+
+def _halves(x):
+    """x as hi + lo (exactly), each of at most 12 significant bits."""
+    hi = lax.reduce_precision(x, exponent_bits=8, mantissa_bits=11)
+    return hi, x - hi
+
+
+def _scaled_minus(x, scale: float, lse, *, interpret: bool):
+    """x·scale - lse with the product unrounded (one FMA): its ulp at |logit| ~ 4e4 would be ~0.004.
+
+    Compiled: one `fma.rn.f32` (an explicit instruction, so it cannot be left uncontracted). Interpreted:
+    the same value from exact 12-bit half products. `x` may be -inf (masked) and `lse` +inf (empty row).
+    """
+    lse = jnp.broadcast_to(lse, x.shape)
+    if not interpret:
+        scale_bits = np.float32(scale).view(np.uint32)
+        [y] = plgpu.elementwise_inline_asm(
+            f"fma.rn.f32 $0, $1, 0f{int(scale_bits):08X}, $2;",
+            args=[x, -lse],
+            constraints="=f,f,f",
+            pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)],
+        )
+        return y
+    c_hi, c_lo = _split12(scale)
+    x_hi, x_lo = _halves(x)
+    y = ((x_hi * c_hi - lse) + (x_lo * c_hi + x_hi * c_lo)) + x_lo * c_lo
+    return jnp.where(x == -jnp.inf, -jnp.inf, y)
+
+
+def _weights(x, lse, st: Static, raw: bool):
+    """P' = 2^(logit - lse) of a logit tile (raw `q·k` when `raw`, else base 2); lse = +inf gives 0."""
+    x = _scaled_minus(x, st.softmax_scale * LOG2E, lse, interpret=st.interpret) if raw else x - lse
+    return exp2(x, interpret=st.interpret)
+
+
+def single_lse(st: Static, offset, rest, raw: bool):
+    """The forward's (offset, rest) -> (lse, e): the base-2 logsumexp L = offset·scale·log2(e) + rest
+    (offset + rest without `raw`) rounded to one float32, and e = lse - L to float32 precision."""
+    big, mid, tiny = offset, 0.0, 0.0
+    if raw:  # offset·scale = big + mid + tiny, each an exact product of halves
+        c_hi, c_lo = _split12(st.softmax_scale * LOG2E)
+        o_hi, o_lo = _halves(offset)
+        big, mid, tiny = o_hi * c_hi, o_lo * c_hi + o_hi * c_lo, o_lo * c_lo
+    lse = big + (mid + (rest + tiny))
+    # Each step below is exact until the values are as small as rest: lse is near big (or both are small)
+    # and mid cancels what is left of the product.
+    e = (((lse - big) - mid) - rest) - tiny
+    empty = rest == jnp.inf
+    return jnp.where(empty, jnp.inf, lse), jnp.where(empty, 0.0, e)
 
 
 def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: int, kv_len_padded: int):
@@ -73,12 +143,13 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
     seed = seed_ref[...] if ops.dropout else None
     batch_head = b * st.num_heads + h
     keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
+    raw = raw_logits(st, ops.bias)
 
     logits = functools.partial(
         key_block_logits,
         st=st,
         ops=ops,
-        raw=False,
+        raw=raw,
         block_k=block_k,
         q_pos=q_pos,
         q_seg=q_seg,
@@ -88,7 +159,7 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
 
     def step(kb, dq, edge: bool):
         cols, k_pos, k, x, t = logits(kb, q, edge)
-        p = exp2(x - lse, interpret=st.interpret)  # lse = +inf on empty rows: p = 0 there
+        p = _weights(x, lse, st, raw)  # lse = +inf on empty rows: p = 0 there
         dp = dot(do, v_ref[cols, :], trans_b=True)
         if ops.dropout:
             keep = dropout_keep(seed, batch_head, q_pos, k_pos, st.dropout_prob)
@@ -145,6 +216,7 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
     kv_seg = kv_seg_ref[...][:, None] if ops.segments else None
     seed = seed_ref[...] if ops.dropout else None
     keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
+    raw = raw_logits(st, ops.bias)
 
     def tile_t(ref, per_head: bool, g, rows):
         """A `[block_q, block_k]` tile of a bias-like operand, transposed to `[block_k, block_q]`."""
@@ -156,8 +228,9 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, g, :], do_ref[rows, g, :]
         lse, delta = lse_ref[g, rows][None, :], delta_ref[g, rows][None, :]
-        bias_t = tile_t(bias_ref, ops.bias_heads, g, rows) if ops.bias else None
-        x, t = logits_base2(dot(k, q, trans_b=True), bias_t, st)  # [block_k, block_q]
+        x, t = dot(k, q, trans_b=True), None  # [block_k, block_q]
+        if not raw:
+            x, t = logits_base2(x, tile_t(bias_ref, ops.bias_heads, g, rows) if ops.bias else None, st)
         q_pos = q_start + jnp.arange(block_q, dtype=jnp.int32)[None, :]
         allowed = and_masks(
             position_mask(
@@ -170,7 +243,7 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
         )
         if allowed is not None:
             x = jnp.where(allowed, x, -jnp.inf)
-        p = exp2(x - lse, interpret=st.interpret)
+        p = _weights(x, lse, st, raw)
         dp = dot(v, do, trans_b=True)
         if ops.dropout:
             keep = dropout_keep(seed, b * st.num_heads + hkv * group + g, q_pos, k_pos, st.dropout_prob)
@@ -315,11 +388,26 @@ def dk_dv(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_seg, kv_s
     )(*args)
 
 
+def _small_lse(st: Static, bias, sinks) -> bool:
+    """Whether every logsumexp is bounded below 2^7 (soft-capped logits, no bias or sinks): rounded to one
+    float32 it is then within 2^-17 (as it always was), and the wrapper skips the 2^e pass over dO."""
+    if st.soft_cap is None or bias is not None or sinks is not None:
+        return False
+    return abs(st.soft_cap) * LOG2E + math.log2(st.kv_len) < 2.0**7
+
+
 def backward(st: Static, residuals, do):
     """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
-    q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse = residuals
+    q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, (offset, rest) = residuals
+    lse, e = single_lse(st, offset, rest, raw_logits(st, bias is not None))
     do = do.astype(out.dtype)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+    if not _small_lse(st, bias, sinks):
+        # dO's rows times 2^e undo the kernels' P' = P·2^-e (see the module's docstring); delta follows.
+        # A pass over dO: ~35 us, 0.4-3.4% of an H200's bf16 backward at 4k tokens (B 4, H 16, D 64-128).
+        w = jnp.exp2(e)
+        do = (do.astype(jnp.float32) * jnp.swapaxes(w, 1, 2)[..., None]).astype(out.dtype)
+        delta = delta * w
     operands = (q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed)
     dq, dbias = dq_and_dbias(st, st.bwd_dq, *operands)
     dk, dv = dk_dv(st, st.bwd, *operands)
@@ -327,7 +415,8 @@ def backward(st: Static, residuals, do):
         dbias = sum_to_bias_shape(dbias, bias)
     dsinks = None
     if sinks is not None:
-        # d lse / d sink = P_sink = exp(sink - lse), and d out / d lse = -out: dsink = -Σ P_sink·delta.
+        # d lse / d sink = P_sink = exp(sink - lse), and d out / d lse = -out: dsink = -Σ P_sink·delta
+        # (here P_sink·2^-e against delta·2^e).
         p_sink = jnp.exp2(sinks.astype(jnp.float32)[None, :, None] * LOG2E - lse)
         dsinks = -jnp.sum(p_sink * delta, axis=(0, 2)).astype(sinks.dtype)
     return dq, dk, dv, dbias, dsinks

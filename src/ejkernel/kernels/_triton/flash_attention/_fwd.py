@@ -11,8 +11,13 @@ near 69), and a second, light pass recomputes the blocks that hold such rows wit
 of the online softmax. Dropping the max and the rescale saved 2-20% of the forward on an H100.
 Key blocks that are fully allowed by position (causal, window, key length) run without any
 positional masking; only the edge blocks build a mask tile. Outputs are the attention output and
-each row's logsumexp in base 2 (float32 `[B, H, Sq]`, +inf for a row with no allowed key and no
-sink), which is all the backward needs.
+each row's logsumexp in two float32 parts `[B, H, Sq]`, which is all the backward needs: the row's
+offset (its largest logit, or 0 without a running max or allowed key), in the units the running max
+is kept in (raw `q·k` without soft cap and bias), and the rest in base 2 (+inf for a row with no
+allowed key and no sink). One float rounds the logsumexp to its ulp, ~0.004 at |logit| ~ 4e4, and
+the backward must know by how much (see `_bwd`). With a running max the weights are taken from
+differences to it, which are exact, so that the denominator is exactly relative to the offset
+whatever the compiler contracts into an FMA.
 
 Arrays arrive padded by the wrapper: sequence lengths to block multiples and head dims to powers of
 two. `Static` carries the true lengths, so padded keys are masked and padded query rows are ignored.
@@ -94,6 +99,11 @@ def logits_base2(s, bias_tile, st: Static):
     return x, t
 
 
+def raw_logits(st: Static, bias: bool) -> bool:
+    """Whether the kernels keep logits as raw `q·k` (no soft cap, no bias): the scale then joins in the exponent."""
+    return st.soft_cap is None and not bias
+
+
 def key_block_logits(
     kb, q, edge: bool, *, st: Static, ops: Operands, raw: bool, block_k: int, q_pos, q_seg, kv_len_padded: int, refs
 ):
@@ -134,10 +144,10 @@ def query_block_index(pid, num_q_blocks: int, causal: bool):
 
 
 def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_padded: int, redo: bool):
-    """One query block's output and base-2 logsumexp.
+    """One query block's output and logsumexp (offset, rest).
 
     With `st.checked_zero_offset` the forward launches this twice. The first pass uses offset 0 and
-    marks each row whose sum of weights left `ZERO_OFFSET_SUMS` with a NaN logsumexp. In the second
+    marks each row whose sum of weights left `ZERO_OFFSET_SUMS` with a NaN rest. In the second
     (`redo`, outputs aliased to the first's) a program whose block holds a marked row recomputes the
     block with the running max, and the others return at once. The redo is a launch of its own because
     a second key loop in the same kernel slowed the first by up to 20% (H100, head dim 64, causal).
@@ -147,8 +157,8 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
     q_seg_ref, kv_seg_ref = read(ops.segments), read(ops.segments)
     sink_ref, seed_ref = read(ops.sinks), read(ops.dropout)
-    _, marked_lse_ref = read(redo), read(redo)  # the first pass's outputs (aliased to o_ref, lse_ref)
-    o_ref, lse_ref = read.rest()
+    _, _, marked_rest_ref = read(redo), read(redo), read(redo)  # the first pass's outputs, aliased to ours
+    o_ref, offset_ref, rest_ref = read.rest()
 
     block_q, block_k = st.fwd.block_q, st.fwd.block_k
     qi = query_block_index(pl.program_id(0), num_q_blocks, st.causal)
@@ -156,7 +166,7 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
     q_start = qi * block_q
     q_pos = q_start + jnp.arange(block_q, dtype=jnp.int32)[:, None]
     batch_head = b * st.num_heads + h
-    raw = st.soft_cap is None and not ops.bias  # the running max is of raw scores
+    raw = raw_logits(st, ops.bias)  # the running max is of raw scores
 
     def base2(x):
         """Running-max units -> base-2 logits."""
@@ -191,7 +201,9 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
                 # A row with nothing allowed so far keeps m = -inf; shift it by 0 so no inf - inf appears.
                 shift = jnp.where(m_next == -jnp.inf, 0.0, m_next)
                 alpha = exp2(base2(m_prev - shift), interpret=st.interpret)
-                p = exp2(base2(x) - base2(shift)[:, None], interpret=st.interpret)
+                # Scaled difference, not x·scale - shift·scale: the latter's rounding of shift·scale (or an
+                # FMA's exact x·scale) would skew every weight of the row against the backward's.
+                p = exp2(base2(x - shift[:, None]), interpret=st.interpret)
                 l_next = l_prev * alpha + jnp.sum(p, axis=1)
                 acc = acc * alpha[:, None]
             if ops.dropout:
@@ -227,20 +239,24 @@ def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_
             low, high = ZERO_OFFSET_SUMS
             row_ok = (denom >= low) & (denom <= high) & (jnp.sum(acc, axis=1) * 0.0 == 0.0)
             row_ok = row_ok | (q_pos[:, 0] >= st.q_len)
-        m = base2(m)
+        offset = jnp.where(m == -jnp.inf, 0.0, m)  # a row that saw no key keeps offset 0
+        lift = 0.0  # the rest's part above log2(denom): where a sink outweighs the offset
         if ops.sinks:  # the sinks join the denominator only
             sink = sink_ref[pl.ds(h, 1)] * LOG2E  # [1], already this head's log-sum-exp of its sinks
-            m, alpha, denom = join_sink(m, denom, sink, functools.partial(exp2, interpret=st.interpret))
+            m2 = base2(offset)
+            shift, alpha, denom = join_sink(m2, denom, sink, functools.partial(exp2, interpret=st.interpret))
             acc = acc * alpha[:, None]
-        empty = denom == 0.0  # no allowed key and no sink: output 0, lse +inf (every p recomputes to 0)
+            lift = shift - m2
+        empty = denom == 0.0  # no allowed key and no sink: output 0, rest +inf (every p recomputes to 0)
         denom = jnp.where(empty, 1.0, denom)
         keep_scale = 1.0 / (1.0 - st.dropout_prob) if ops.dropout else 1.0
         o_ref[...] = (acc * (keep_scale / denom)[:, None]).astype(o_ref.dtype)
-        lse = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
-        lse_ref[...] = jnp.where(row_ok, lse, jnp.nan) if mark else lse
+        rest = jnp.where(empty, jnp.inf, lift + jnp.log2(denom))
+        offset_ref[...] = offset
+        rest_ref[...] = jnp.where(row_ok, rest, jnp.nan) if mark else rest
 
     if redo:
-        marked = marked_lse_ref[...]  # NaN != NaN marks a row
+        marked = marked_rest_ref[...]  # NaN != NaN marks a row
         pl.when(jnp.max(jnp.where(marked != marked, 1, 0)) > 0)(lambda: attend(zero_offset=False, mark=False))
     else:
         zero_offset = st.bounded or st.checked_zero_offset
@@ -289,8 +305,12 @@ REDO_TILING = Tiling(block_q=64, block_k=32, num_warps=4, num_stages=1)
 
 
 def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
-    """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse2 [B, H, Sqp] float32)."""
-    out, lse = _launch(st, False, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
+    """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse = (offset, rest), each [B, H, Sqp] float32).
+
+    A row's base-2 logsumexp is `offset·scale·log2(e) + rest` with raw logits (no soft cap, no bias),
+    else `offset + rest`; the backward takes the pair as it is.
+    """
+    out, offset, rest = _launch(st, False, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed)
     if st.checked_zero_offset:
         # Divisors of the first pass's blocks, so the padded lengths hold a whole number of them.
         redo_tiling = dataclasses.replace(
@@ -299,8 +319,8 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
             block_k=min(REDO_TILING.block_k, st.fwd.block_k),
         )
         redo_st = dataclasses.replace(st, fwd=redo_tiling)
-        out, lse = _launch(redo_st, True, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse)
-    return out, lse
+        out, offset, rest = _launch(redo_st, True, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, offset, rest)
+    return out, (offset, rest)
 
 
 def _launch(st: Static, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, *marked):
@@ -331,6 +351,7 @@ def _launch(st: Static, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, s
     out_specs = [
         pl.BlockSpec((None, block_q, None, value_dim), lambda i, b, h: (b, qmap(i), h, 0)),
         pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
+        pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, qmap(i))),
     ]
     kernel = functools.partial(
         _forward_kernel, st=st, ops=ops, num_q_blocks=num_q_blocks, kv_len_padded=kv_len_padded, redo=redo
@@ -343,8 +364,9 @@ def _launch(st: Static, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, s
         out_shape=[
             out_struct((batch, q_len_padded, num_heads, value_dim), q.dtype, *args),
             out_struct((batch, num_heads, q_len_padded), jnp.float32, *args),
+            out_struct((batch, num_heads, q_len_padded), jnp.float32, *args),
         ],
-        input_output_aliases={len(args): 0, len(args) + 1: 1} if redo else {},
+        input_output_aliases={len(args) + i: i for i in range(3)} if redo else {},
         compiler_params=plgpu.CompilerParams(num_warps=st.fwd.num_warps, num_stages=st.fwd.num_stages),
         interpret=st.interpret,
         name="ejkernel_flash_attention_fwd_redo" if redo else "ejkernel_flash_attention_fwd",

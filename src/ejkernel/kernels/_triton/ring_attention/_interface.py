@@ -4,8 +4,10 @@ The Triton kernels take static masks, so this route serves calls where every vis
 either the diagonal block (cuDNN-style top-left causal mask) or entirely allowed by position: causal
 or full attention with equal query and key/value lengths, and no sliding window (declined with
 `NotImplementedError`; the XLA ring takes those). Soft cap and segment ids are the kernels' own;
-sinks join in the ring's final merge. The kernels' log-sum-exp is base 2 and +inf on rows with
-nothing allowed; the ring's is natural and -inf there: converted both ways here.
+sinks join in the ring's final merge. The kernels' log-sum-exp is a pair (offset, rest): the row's
+largest logit in the kernels' units and the rest in base 2, +inf on rows with nothing allowed. The
+ring keeps the pair (`lse_unit`), with the rest natural and -inf there: converted both ways here.
+One float would round the log-sum-exp to its ulp, and the backward's weights with it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class TritonBlock:
     bwd_params: BwdParams | None
     interpret: bool | None = None
 
+    @property
+    def lse_unit(self) -> float:
+        """Natural units per unit of the kernels' offset: raw `q·k` without a soft cap, base-2 logits with one."""
+        return self.softmax_scale if self.logits_soft_cap is None else LN2
+
     def plan(self, q, k, v, q_seg, kv_seg, causal: bool):
         return plan(
             q,
@@ -60,17 +67,19 @@ class TritonBlock:
 
     def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal, bias=None):
         st, operands, (q_len, value_dim) = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
-        out, lse2 = forward(st, *operands)
-        lse2 = lse2[:, :, :q_len]
-        lse = jnp.where(lse2 == jnp.inf, -jnp.inf, lse2 * LN2)
-        return out[:, :q_len, :, :value_dim].astype(jnp.float32), lse
+        out, (offset, rest2) = forward(st, *operands)
+        offset, rest2 = offset[:, :, :q_len], rest2[:, :, :q_len]
+        rest = jnp.where(rest2 == jnp.inf, -jnp.inf, rest2 * LN2)
+        return out[:, :q_len, :, :value_dim].astype(jnp.float32), (offset, rest)
 
     def backward(self, q, k, v, q_seg, kv_seg, out, lse, d_out, q_offset, kv_offset, diagonal, bias=None):
         st, operands, _ = self.plan(q, k, v, q_seg, kv_seg, self.causal and diagonal)
         rows, cols = operands[0].shape[1], operands[2].shape[3]  # padded query rows, value columns
-        # Padded query rows get lse = +inf (p = 0) and a zero output gradient: they contribute nothing.
+        # Padded query rows get rest = +inf (p = 0) and a zero output gradient: they contribute nothing.
         pad = lambda x: _pad_to(_pad_to(x.astype(q.dtype), 1, rows), 3, cols)
-        lse2 = _pad_to(jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E), 2, rows, jnp.inf)
+        offset, rest = lse
+        rest2 = _pad_to(jnp.where(rest == -jnp.inf, jnp.inf, rest * LOG2E), 2, rows, jnp.inf)
+        lse2 = (_pad_to(offset, 2, rows), rest2)
         dq, dk, dv, _, _ = backward(st, (*operands, pad(out), lse2), pad(d_out))
         q_len, k_len = q.shape[1], k.shape[1]
         dq = dq[:, :q_len, :, : q.shape[3]]
