@@ -192,7 +192,7 @@ def test_expert_parallel_shards_with_offsets_and_callback():
         (lambda a: grouped_matmul(a[0], a[1].astype(jnp.int8), a[2]), TypeError, "integer with rhs_scale"),
         (lambda a: grouped_matmul(*a[:2], a[2].at[0].set(200)), ValueError, "sum to at most"),
         (lambda a: grouped_matmul(*a[:2], a[2].at[0].set(-1)), ValueError, "non-negative"),
-        (lambda a: grouped_matmul(*a, 1), ValueError, "group_offset must be in"),
+        (lambda a: grouped_matmul(*a, 1), ValueError, r"group_offset = 1 is outside \[0, 0\]"),
         (lambda a: grouped_matmul(a[0], a[1][:3], a[2]), ValueError, "group_offset"),
         (lambda a: grouped_matmul(*a, None, jnp.zeros((M, N), jnp.int32)), Exception, "existing_out"),
         (lambda a: grouped_matmul(*a, None, jnp.zeros((M, N + 1))), Exception, "existing_out"),

@@ -211,12 +211,12 @@ BAD_INPUTS = {
     "decreasing query_start_loc": (
         _bad(query_start_loc=lambda x: x.at[2].set(5)),
         ValueError,
-        "query_start_loc must rise",
+        r"query_start_loc\[3\] = 4 is outside \[query_start_loc\[i - 1\], 8\]",
     ),
     "query_start_loc past the tokens": (
         _bad(query_start_loc=lambda x: x.at[-1].set(9)),
         ValueError,
-        "query_start_loc must rise",
+        r"query_start_loc\[5\] = 9 is outside",
     ),
     "slot out of range": (_bad(state_indices=lambda x: x.at[0].set(SLOTS)), ValueError, r"state_indices\[0\]"),
     "chunk_size": (_bad(chunk_size=lambda _: 0), ValueError, "chunk_size must be a positive int"),

@@ -211,8 +211,8 @@ def test_bad_input_names_the_argument(case):
         call()
 
 
-def test_clamped_under_jit_stays_finite():
-    """Under jit out-of-range page indices are clamped (documented): the output stays finite."""
+def test_page_index_off_the_cache_under_jit_stays_finite():
+    """Under jit a page index off the cache holds no key (documented): the output stays finite."""
     rng = np.random.default_rng(1)
     q, kc, vc, lens, tables = CASES["page_attention"](rng)[0]
     tables = tables.at[0, 0].set(10_000)

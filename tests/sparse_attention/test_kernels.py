@@ -148,9 +148,10 @@ def test_gpu_triton_native_sparse_matches_xla_and_auto_takes_triton():
     args = [q, k, v, g, g]
     check_forward_and_grads(jax.jit(triton), jax.jit(xla), args, tuple(range(5)), jnp.float32, 2e-3, 4e-3)
     args = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-    cfg = NativeSparseAttentionConfig(block_size=32, bwd_params=BwdParams(num_warps=8))
+    cfg = NativeSparseAttentionConfig(bwd_params=BwdParams(num_warps=8))
     indices = jnp.asarray(np.random.default_rng(0).integers(-1, 128, (2, 4096, 2, 8)), jnp.int32)
-    triton = lambda q, k, v: native_sparse_attention(q, k, v, None, None, indices, 6, cfg=cfg, platform="triton")
+    options = dict(block_size=32, cfg=cfg, platform="triton")
+    triton = lambda q, k, v: native_sparse_attention(q, k, v, None, None, indices, 6, **options)
     xla = lambda q, k, v: native_sparse_attention_xla(q, k, v, None, None, indices, 6, block_size=32)
     check_forward_and_grads(jax.jit(triton), jax.jit(xla), args, (0, 1, 2), jnp.bfloat16)
 

@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 from ejkernel.kernels._common.block_sparse import clean_selection, packing
 from ejkernel.kernels._xla.native_sparse_attention import native_sparse_attention_xla
 from ejkernel.modules import NativeSparseAttentionConfig, native_sparse_attention
+from ejkernel.ops import overlay_cache
 from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
 
@@ -100,15 +101,49 @@ def test_public_default_block_size_jit_and_sharding():
         native_sparse_attention(q, k, v, mesh=mesh, in_specs=(P(None, "data"),) * 3, out_specs=P())
 
 
-def test_public_block_size_from_config_and_checkpointed_gradient():
+def test_public_block_size_argument_and_checkpointed_gradient():
     q, k, v = inputs()
     indices, counts = random_selection(B, S, HKV, 3, -(-S // 16), seed=2)
-    cfg = NativeSparseAttentionConfig(platform="xla", block_size=16)
     fn = lambda q: jnp.sum(
-        jax.checkpoint(lambda q: native_sparse_attention(q, k, v, None, None, indices, counts, cfg=cfg))(q) ** 2
+        jax.checkpoint(lambda q: native_sparse_attention(q, k, v, None, None, indices, counts, block_size=16))(q) ** 2
     )
     ref = lambda q: jnp.sum(native_sparse_attention_reference(q, k, v, None, None, indices, counts, block_size=16) ** 2)
     assert_close(jax.grad(fn)(q), jax.grad(ref)(q), tol=1e-4)
+
+
+def test_config_block_size_never_changes_the_result():
+    """Upstream's `cfg.block_size` still constructs and reads back; equal to the call's (or None) it runs, any
+    other value is refused, whether given as `cfg=` or met as a cache entry (here an overlay)."""
+    q, k, v = inputs()
+    g = randn((B, S, H))
+    call = lambda **options: native_sparse_attention(q, k, v, g, g, None, 2, block_size=8, platform="xla", **options)
+    expected = native_sparse_attention_reference(q, k, v, g, g, None, 2, block_size=8)
+    for cfg in (NativeSparseAttentionConfig(block_size=8), NativeSparseAttentionConfig()):
+        assert NativeSparseAttentionConfig.from_json(cfg.to_json()) == cfg
+        assert_close(call(cfg=cfg), expected)
+    stale = NativeSparseAttentionConfig(platform="xla", block_size=16)
+    with pytest.raises(ValueError, match=r"cfg.block_size=16 differs from the call's block_size=8"):
+        call(cfg=stale)
+    with overlay_cache({"native_sparse_attention": stale}), pytest.raises(ValueError, match="block_size"):
+        call()
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit", "grad"])
+def test_public_sliding_window_packed_at_tile_lengths(mode):
+    """Packed sequences with the sliding branch on xla, where the packing's segment ids fill whole tiles of the
+    sliding branch (40 tokens): these once reached the block-sparse walk as numpy and failed on a traced index."""
+    seq = 40
+    q, k, v = inputs(batch=1, seq=seq, heads=4, kv_heads=2)
+    gates = [randn((1, seq, 4)) for _ in range(3)]
+    cu = jnp.array([0, 13, 29, seq], jnp.int32)
+    options = dict(window_size=8, block_size=8)
+    fn = lambda q, k, v, *g: native_sparse_attention(q, k, v, *g[:2], None, 2, cu, g[2], platform="xla", **options)
+    ref = lambda q, k, v, *g: native_sparse_attention_reference(q, k, v, *g[:2], None, 2, cu, g[2], **options)
+    args = [q, k, v, *gates]
+    if mode == "grad":
+        check_forward_and_grads(fn, jax.jit(ref), args, tuple(range(6)), jnp.float32)
+    else:
+        assert_close((jax.jit(fn) if mode == "jit" else fn)(*args), ref(*args))
 
 
 BAD_INPUTS = [
@@ -138,7 +173,8 @@ BAD_INPUTS = [
         lambda q, k, v: native_sparse_attention(q[:1], k[:1], v[:1], None, None, None, 2, jnp.array([0, 9])),
         "cu_seqlens",
     ),
-    ("block size", lambda q, k, v: NativeSparseAttentionConfig(block_size=0), "block_size"),
+    ("block size", lambda q, k, v: native_sparse_attention(q, k, v, block_size=0), "block_size"),
+    ("config block size", lambda q, k, v: NativeSparseAttentionConfig(block_size=0), "block_size"),
     (
         "sliding gate without a window",
         lambda q, k, v: native_sparse_attention(q, k, v, None, None, None, 2, None, jnp.ones((B, S, H))),

@@ -30,11 +30,13 @@ def multi_latent_ragged_page_attention_reference(
     positions `kv_lens[s] - q_len … kv_lens[s] - 1`) and the pages `block_tables[s * P : (s + 1) * P]`.
 
     1. Each new token's `c = keys_values[t]` and `r = keys_pe[t]` are written at its position, cast to
-       the cache dtype.
-    2. Query token `t` at position `p`, head `h`, over positions `i < kv_len` read after the write:
+       the cache dtype (sequence by sequence; not below position 0, nor on a page outside the cache).
+    2. Query token `t` at position `p`, head `h`, over positions `i < kv_len` read after the write
+       (those on a page outside the cache hold no key):
        `ℓ = scale · (q_nope·c_i + q_pe·r_i) · k_scale · q_scale`, where with `q_scale` the queries are
        first `q / q_scale` rounded to the cache dtype (saturating); then `cap · tanh(ℓ / cap)`; keys
-       `i <= p` (and `i >= p - w + 1` with a window `w`); `out = v_scale · Σ softmax(ℓ)_i c_i`.
+       `i <= p` (and `i >= p - w + 1` with a window `w`); `out = v_scale · Σ softmax(ℓ)_i c_i` (0 for
+       a query with no key).
     Tokens of no processed sequence are 0; `scale` defaults to `(L + R)^-0.5`.
     """
     num_tokens, num_heads, latent = queries_nope.shape
@@ -58,7 +60,9 @@ def multi_latent_ragged_page_attention_reference(
         new = jnp.zeros((q_len, width), kv_cache.dtype)
         new = new.at[:, :latent].set(keys_values[start : start + q_len].astype(kv_cache.dtype))
         new = new.at[:, rope_col : rope_col + rope].set(keys_pe[start : start + q_len].astype(kv_cache.dtype))
-        cache = cache.at[tables[s, pos // page_size], pos % page_size].set(new)
+        pages = tables[s, np.maximum(pos, 0) // page_size]
+        kept = (pos >= 0) & (pages >= 0) & (pages < num_pages)
+        cache = cache.at[pages[kept], pos[kept] % page_size].set(new[kept])
         sequences.append((s, start, q_len, kv_len))
 
     scale = (latent + rope) ** -0.5 if softmax_scale is None else softmax_scale
@@ -75,7 +79,8 @@ def multi_latent_ragged_page_attention_reference(
     out = jnp.zeros((num_tokens, num_heads, latent), jnp.float32)
     for s, start, q_len, kv_len in sequences:
         i = np.arange(kv_len)
-        feats = cache[tables[s, i // page_size], i % page_size].astype(jnp.float32)  # [kv_len, width]
+        pages = tables[s, i // page_size]
+        feats = cache[np.clip(pages, 0, num_pages - 1), i % page_size].astype(jnp.float32)  # [kv_len, width]
         c, r = feats[:, :latent], feats[:, rope_col : rope_col + rope]
         tokens = slice(start, start + q_len)
         logits = jnp.einsum("jhl,il->hji", q_nope[tokens], c, precision=HIGHEST)
@@ -83,10 +88,13 @@ def multi_latent_ragged_page_attention_reference(
         if logits_soft_cap is not None:
             logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
         p = (kv_len - q_len + np.arange(q_len))[:, None]
-        allowed = i[None, :] <= p
+        allowed = (i[None, :] <= p) & ((pages >= 0) & (pages < num_pages))[None, :]
         if sliding_window is not None:
             allowed &= i[None, :] >= p - sliding_window + 1
-        weights = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
+        row_max = jnp.max(jnp.where(allowed, logits, -jnp.inf), axis=-1, keepdims=True)
+        weights = jnp.exp(jnp.where(allowed, logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0), -jnp.inf))
+        denom = jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights / jnp.where(denom > 0, denom, 1.0)
         o = jnp.einsum("hji,il->jhl", weights, c, precision=HIGHEST)
         out = out.at[tokens].set(o if v_scale is None else o * v_scale)
     return out, cache.reshape(kv_cache.shape)

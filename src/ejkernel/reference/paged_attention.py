@@ -1,8 +1,10 @@
 """Reference serving attention: dense float32 attention over each sequence's gathered pages.
 
 One definition (`ragged_attention_reference`) and one adapter per op that gathers each sequence's keys
-and values from its layout into dense `[kv_len, Hkv, D]` arrays. Index arrays must be concrete (the
-reference loops over sequences in Python); it is the oracle of the tests, never registered.
+and values from its layout into dense `[kv_len, Hkv, D]` arrays. A position whose page-table entry is
+not a page of the cache holds no key (it is masked, and `ragged_page_attention_v3` writes nothing there).
+Index arrays must be concrete (the reference loops over sequences in Python); it is the oracle of the
+tests, never registered.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def ragged_attention_reference(
     *,
     softmax_scale: float,
     kv_start=None,
+    key_mask=None,
     logits_soft_cap=None,
     window=None,
     causal=True,
@@ -66,7 +69,8 @@ def ragged_attention_reference(
     1. `s = softmax_scale · <q, k>`; soft cap c: `s = c · tanh(s / c)`;
     2. ALiBi: `s += slope[h] · (k - (kv_len - q_len))`; query-query bias:
        `s += qq_bias[j, k - (kv_len - q_len)]` where both indices fall inside `qq_bias`;
-    3. allowed: `k >= kv_start[s]`; causal `k <= p`; window `(left, right)`: `p - left <= k <= p + right`;
+    3. allowed: `k >= kv_start[s]` and `key_mask[s][k]` (bool `[kv_len_s]`: positions holding a key); causal
+       `k <= p`; window `(left, right)`: `p - left <= k <= p + right`;
     4. softmax over the allowed keys with the sink logits (per head if `len == Hq`, else shared) in
        the denominator only; a row with no allowed key is 0;
     5. `out = value_scale · Σ p_k v_k`. Tokens of no sequence are 0.
@@ -103,6 +107,8 @@ def ragged_attention_reference(
         allowed = np.ones((n, kv_len), bool)
         if kv_start is not None:
             allowed &= k_pos >= int(np.asarray(kv_start)[s])
+        if key_mask is not None:
+            allowed &= np.asarray(key_mask[s])[None, :]
         if causal:
             allowed &= k_pos <= q_pos
         if window is not None:
@@ -128,18 +134,22 @@ def ragged_attention_reference(
     return out.astype(queries.dtype)
 
 
-def _sequences(pages_of_k, pages_of_v, tables, lens, page_size, head_shape):
-    """Each sequence's dense `[kv_len, Hkv, D]` keys and values: its first pages, in table order.
+def _sequences(pages_of_k, pages_of_v, tables, lens, page_size, head_shape, num_pages):
+    """Each sequence's dense `[kv_len, Hkv, D]` keys and values (its first pages, in table order) and which
+    of its positions hold a key (bool `[kv_len]`: their page is one of the cache's `num_pages`).
 
     `pages_of_k(pages)` gives the pages `[n, page_size, Hkv, D]` of page indices `pages` (int array).
     """
-    keys, values = [], []
+    keys, values, held = [], [], []
     for row, kv_len in zip(np.asarray(tables), np.asarray(lens).tolist(), strict=True):
         pages = np.asarray(row)[: -(-kv_len // page_size)]
+        in_cache = (pages >= 0) & (pages < num_pages)
+        held.append(np.repeat(in_cache, page_size)[:kv_len])
+        pages = np.clip(pages, 0, num_pages - 1)
         for out, pages_of in ((keys, pages_of_k), (values, pages_of_v)):
             dense = pages_of(pages).reshape(-1, *head_shape)[:kv_len] if kv_len else None
             out.append(jnp.zeros((0, *head_shape), jnp.float32) if dense is None else dense)
-    return keys, values
+    return keys, values, held
 
 
 def _scale(scale, head_dim):
@@ -156,17 +166,18 @@ def page_attention_reference(
 ):  # fmt: skip
     """`page_attention`: query `[N, H, D]`, caches `[blocks, Hkv, block_size, D]`; query at position len - 1."""
     num_seqs, _, head_dim = query.shape
-    _, num_kv_heads, block_size, _ = key_cache.shape
-    keys, values = _sequences(
+    num_blocks, num_kv_heads, block_size, _ = key_cache.shape
+    keys, values, held = _sequences(
         lambda p: key_cache[p].swapaxes(1, 2),
         lambda p: value_cache[p].swapaxes(1, 2),
         block_tables,
         context_lens,
         block_size,
         (num_kv_heads, head_dim),
+        num_blocks,
     )
     return ragged_attention_reference(
-        query, keys, values, np.arange(num_seqs), np.ones(num_seqs, int),
+        query, keys, values, np.arange(num_seqs), np.ones(num_seqs, int), key_mask=held,
         softmax_scale=_scale(attn_scale, head_dim), logits_soft_cap=attn_logits_soft_cap,
         window=_window(sliding_window),
     )  # fmt: skip
@@ -178,17 +189,18 @@ def prefill_page_attention_reference(
 ):  # fmt: skip
     """`prefill_page_attention`: the `chunk` last queries of one sequence; caches `[Hkv, pages, page_size, D]`."""
     chunk, _, head_dim = query.shape
-    num_kv_heads, _, page_size, _ = key_cache.shape
-    keys, values = _sequences(
+    num_kv_heads, num_pages, page_size, _ = key_cache.shape
+    keys, values, held = _sequences(
         lambda p: jnp.moveaxis(key_cache[:, p], 0, 2),
         lambda p: jnp.moveaxis(value_cache[:, p], 0, 2),
         np.asarray(page_indices)[None],
         np.asarray(context_len).reshape(1),
         page_size,
         (num_kv_heads, head_dim),
+        num_pages,
     )
     return ragged_attention_reference(
-        query, keys, values, [0], [chunk], softmax_scale=_scale(softmax_scale, head_dim),
+        query, keys, values, [0], [chunk], key_mask=held, softmax_scale=_scale(softmax_scale, head_dim),
         logits_soft_cap=attn_logits_soft_cap, window=_window(sliding_window),
     )  # fmt: skip
 
@@ -209,21 +221,22 @@ def ragged_page_attention_v2_reference(
     Queries, keys and values are rounded to `compute_dtype` (the dtype of the matmul operands).
     """
     _, _, head_dim = queries.shape
-    _, page_size, combined, _ = kv_pages.shape
+    num_pages, page_size, combined, _ = kv_pages.shape
     out_dtype = queries.dtype
     if compute_dtype is not None:
         queries, kv_pages = queries.astype(compute_dtype), kv_pages.astype(compute_dtype)
-    keys, values = _sequences(
+    keys, values, held = _sequences(
         lambda p: kv_pages[p][:, :, 0::2],
         lambda p: kv_pages[p][:, :, 1::2],
         block_tables,
         context_lens,
         page_size,
         (combined // 2, head_dim),
+        num_pages,
     )
     start, lengths = _ragged_queries(query_start_loc, num_seqs)
     out = ragged_attention_reference(
-        queries, keys, values, start, lengths, softmax_scale=_scale(softmax_scale, head_dim),
+        queries, keys, values, start, lengths, key_mask=held, softmax_scale=_scale(softmax_scale, head_dim),
         logits_soft_cap=logits_soft_cap, window=_window(sliding_window), softmax_aux=softmax_aux,
     )  # fmt: skip
     return out.astype(out_dtype)
@@ -238,10 +251,10 @@ def ragged_page_attention_v3_reference(
 
     Cache `[pages, page_size, ceil(2 Hkv / packing), packing, D_pad]`: combined head `c = 2h` holds key
     head h and `2h + 1` its value, at `[c // packing, c % packing]` (a written slot's other heads and
-    padded dims are 0). Token j of sequence s goes to
-    position `kv_lens[s] - q_len + j`. With `q_scale` the queries are `q / q_scale` rounded to the cache
-    dtype (saturated to its range; the output keeps the queries' dtype) and the logits are scaled by
-    `q_scale`; `k_scale` scales the logits, `v_scale` the output.
+    padded dims are 0). Token j of sequence s goes to position `kv_lens[s] - q_len + j`, sequence by
+    sequence (not below position 0, nor on a page outside the cache). With `q_scale` the queries are
+    `q / q_scale` rounded to the cache dtype (saturated to its range; the output keeps the queries'
+    dtype) and the logits are scaled by `q_scale`; `k_scale` scales the logits, `v_scale` the output.
     """
     _, num_kv_heads, head_dim = keys.shape
     num_pages, page_size, groups, packing, width = kv_cache.shape
@@ -256,15 +269,18 @@ def ragged_page_attention_v3_reference(
         rows = jnp.zeros((lengths[s], groups * packing, width), kv_cache.dtype)  # unused heads and dims are 0
         rows = rows.at[:, 0 : 2 * num_kv_heads : 2, :head_dim].set(keys[tokens].astype(kv_cache.dtype))
         rows = rows.at[:, 1 : 2 * num_kv_heads : 2, :head_dim].set(values[tokens].astype(kv_cache.dtype))
-        combined = combined.at[tables[s, pos // page_size], pos % page_size].set(rows)
+        pages = tables[s, np.maximum(pos, 0) // page_size]
+        kept = (pos >= 0) & (pages >= 0) & (pages < num_pages)
+        combined = combined.at[pages[kept], pos[kept] % page_size].set(rows[kept])
     new_cache = combined.reshape(kv_cache.shape)
-    seq_keys, seq_values = _sequences(
+    seq_keys, seq_values, held = _sequences(
         lambda p: combined[p][:, :, 0 : 2 * num_kv_heads : 2, :head_dim],
         lambda p: combined[p][:, :, 1 : 2 * num_kv_heads : 2, :head_dim],
         tables,
         kv_lens,
         page_size,
         (num_kv_heads, head_dim),
+        num_pages,
     )
     scale = _scale(softmax_scale, head_dim)
     if q_scale is not None:
@@ -275,7 +291,8 @@ def ragged_page_attention_v3_reference(
     if k_scale is not None:
         scale *= k_scale
     out = ragged_attention_reference(
-        queries, seq_keys, seq_values, start, lengths, softmax_scale=scale, logits_soft_cap=logits_soft_cap,
+        queries, seq_keys, seq_values, start, lengths, key_mask=held, softmax_scale=scale,
+        logits_soft_cap=logits_soft_cap,
         window=_window(sliding_window), softmax_aux=softmax_aux, value_scale=v_scale,
     )  # fmt: skip
     return out, new_cache
@@ -307,13 +324,15 @@ def unified_attention_reference(
 ):  # fmt: skip
     """`unified_attention`: caches `[blocks, block_size, Hkv, D]`; ALiBi `slope · (k - (kv_len - q_len))`."""
     _, _, head_dim = queries.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    keys, values = _sequences(
-        lambda p: key_cache[p], lambda p: value_cache[p], block_tables, kv_lens, block_size, (num_kv_heads, head_dim)
-    )
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    keys, values, held = _sequences(
+        lambda p: key_cache[p], lambda p: value_cache[p], block_tables, kv_lens, block_size, (num_kv_heads, head_dim),
+        num_blocks,
+    )  # fmt: skip
     start, lengths = _ragged_queries(query_start_loc, kv_lens.shape[0])
     return ragged_attention_reference(
-        queries, keys, values, start, lengths, softmax_scale=_scale(softmax_scale, head_dim), causal=causal,
+        queries, keys, values, start, lengths, key_mask=held, softmax_scale=_scale(softmax_scale, head_dim),
+        causal=causal,
         logits_soft_cap=logits_soft_cap, window=_window(sliding_window), softmax_aux=softmax_aux,
         alibi_slopes=alibi_slopes, qq_bias=qq_bias,
     )  # fmt: skip

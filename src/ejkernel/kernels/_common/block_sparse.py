@@ -712,8 +712,11 @@ def native_selection(
 def sliding_branch(attend, query, key, value, cu_seqlens, pack: Packing, window_size: int, softmax_scale: float):
     """NSA's sliding-window branch `[B, S, H, Dv]`: query t attends the keys t - window_size < s <= t of its
     sequence, through `attend`, a platform's block-sparse attention (`[B, H, S, D]` layout), whose cost
-    follows the window."""
-    segments = None if cu_seqlens is None else pack.start  # packed: a sequence's first token names it
+    follows the window.
+
+    Packed, a sequence's first token names its segment; the ids go in as a JAX array, as the kernels
+    index them with traced block numbers (the packing is numpy when `cu_seqlens` is concrete)."""
+    segments = None if cu_seqlens is None else jnp.asarray(pack.start)
     out = attend(
         *(jnp.swapaxes(x, 1, 2) for x in (query, key, value)),
         causal=True,

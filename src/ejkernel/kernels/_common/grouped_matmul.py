@@ -21,15 +21,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from ejkernel.kernels._common.bounds import check_with
 from ejkernel.kernels._common.search import sorted_position
+from ejkernel.ops.checks import is_traced
 from ejkernel.ops.config import BwdParams, FwdParams
 
 # ---- argument checks ----
-
-
-def _is_concrete(x) -> bool:
-    return x is not None and not isinstance(x, jax.core.Tracer)
 
 
 def _float(name: str, x) -> None:
@@ -94,8 +93,8 @@ def check_args(
 ) -> Dims:
     """Checks a call of the public contract (see `grouped_matmul_reference`) and returns its sizes.
 
-    Shapes, ranks and option conflicts raise ValueError, dtypes TypeError; the values of
-    `group_sizes` and `group_offset` are checked where they are concrete (outside `jit`).
+    Shapes, ranks and option conflicts raise ValueError, dtypes TypeError; so do bad values of
+    `group_sizes` and `group_offset` outside `jit` (under it with `EJKERNEL_CHECKS=1`; else `owned_groups`).
     """
     check_versions(use_v2, use_v3, rhs_scale, rhs_bias)
     if getattr(lhs, "ndim", None) != 2:
@@ -126,23 +125,23 @@ def check_args(
         if group_offset.shape not in ((), (1,)):
             raise ValueError(f"group_offset must be a scalar or shape [1], got shape {group_offset.shape}")
         _integer("group_offset", group_offset)
-        if _is_concrete(group_offset):
-            offset = int(np.asarray(group_offset).reshape(()))
-            if not 0 <= offset <= num_groups - num_local:
-                raise ValueError(
-                    f"group_offset must be in [0, {num_groups - num_local}] (groups {num_groups}, rhs holds "
-                    f"{num_local}), got {offset}"
-                )
+        last = num_groups - num_local
+        check_with(
+            "group_offset",
+            group_offset.reshape(()),
+            lambda xp, o: (o >= 0) & (o <= last),
+            f"[0, {last}] (rhs holds {num_local} of the {num_groups} groups of group_sizes)",
+        )
     elif num_groups != num_local:
         raise ValueError(
             f"group_sizes has {num_groups} groups but rhs holds {num_local}: pass group_offset to say which it holds"
         )
-    if _is_concrete(group_sizes):
-        sizes = np.asarray(group_sizes)
-        if (sizes < 0).any():
-            raise ValueError(f"group_sizes must be non-negative, got {sizes.tolist()}")
-        if sizes.sum() > m:
-            raise ValueError(f"group_sizes must sum to at most lhs.shape[0] = {m}, got {int(sizes.sum())}")
+    check_with(
+        "group_sizes",
+        group_sizes,
+        lambda xp, sizes: (sizes >= 0) & (running_ends(xp, sizes, m + 1) <= m),
+        f"its range: non-negative sizes that sum to at most lhs.shape[0] = {m}",
+    )
     if not jnp.issubdtype(result_dtype(preferred_element_type), jnp.floating):
         raise TypeError(f"preferred_element_type must be a float dtype, got {preferred_element_type}")
     if existing_out is not None:
@@ -213,6 +212,26 @@ def offset_scalar(group_offset) -> jax.Array:
     if group_offset is None:
         return jnp.int32(0)
     return jnp.asarray(group_offset).reshape(()).astype(jnp.int32)
+
+
+def running_ends(xp, sizes, cap: int):
+    """Where each group ends: running sums of the sizes clamped to >= 0, saturating at `cap` (int32 never
+    overflows); `xp` is numpy or jax.numpy."""
+    if xp is np:
+        return np.minimum(np.cumsum(np.clip(np.asarray(sizes, np.int64), 0, cap)), cap)
+    return lax.associative_scan(lambda a, b: jnp.minimum(a + b, cap), jnp.clip(sizes, 0, cap))
+
+
+def owned_groups(group_sizes, group_offset, num_local: int, m: int) -> tuple[jax.Array, jax.Array]:
+    """`(group sizes int32, offset int32 scalar)` in range, the rule under `jit` (checked values pass as
+    they are): each size clamped to >= 0 and their running sum to M (the group crossing M ends there, later
+    ones are empty); an offset outside `[0, G - L]` owns no rows (every size 0)."""
+    sizes, offset = group_sizes.astype(jnp.int32), offset_scalar(group_offset)
+    if not is_traced(sizes, offset):
+        return sizes, offset
+    ends = running_ends(jnp, sizes, m)
+    inside = (offset >= 0) & (offset <= sizes.shape[0] - num_local)
+    return jnp.where(inside, jnp.diff(ends, prepend=0), 0), jnp.where(inside, offset, 0)
 
 
 # ---- the tile schedule ----
@@ -489,8 +508,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
                 ),
             )
         rhs = dequantize(rhs, rhs_scale, transpose_rhs, dtype)
-        group_sizes = group_sizes.astype(jnp.int32)
-        offset = offset_scalar(group_offset)
+        group_sizes, offset = owned_groups(group_sizes, group_offset, dims.num_local, dims.m)
         if min(dims.m, dims.n, dims.k) == 0:
             out = jnp.zeros((dims.m, dims.n), out_dtype)
         elif bypass:

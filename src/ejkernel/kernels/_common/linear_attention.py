@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejkernel.kernels._common.bounds import check_packed
 from ejkernel.ops import Invocation, Kernel
 from ejkernel.ops.config import KernelConfig
-from ejkernel.types.mask_info import check_bounds
 
 L2_EPS = 1e-6  # q and k are divided by sqrt(Σ x² + L2_EPS) when `use_qk_l2norm` is on
 
@@ -88,11 +88,12 @@ def check_g_gamma(g_gamma, batch: int, num_heads: int) -> None:
 def check_cu_seqlens(cu_seqlens, batch: int, total: int) -> int:
     """Packed sequences: batch 1, `cu_seqlens [N+1]` integer from 0 to the token count; returns N.
 
-    Values are checked when concrete (outside `jit`).
+    Bad values are a ValueError (under `jit` with `EJKERNEL_CHECKS=1` only; else `linear_attention`
+    clamps them: `bounds.clamp_packed`, exact).
     """
     if cu_seqlens is None:
         return batch
-    check_bounds("cu_seqlens", cu_seqlens, total, total=True, exact=True)
+    check_packed("cu_seqlens", cu_seqlens, total, exact=True)
     if batch != 1:
         raise ValueError(f"with cu_seqlens the sequences are packed along axis 1: batch must be 1, got {batch}")
     return cu_seqlens.shape[0] - 1

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable
-from ejkernel.types.mask_info import check_bounds, window_pair
+from ejkernel.kernels._common.bounds import check_packed, clamp_packed
+from ejkernel.types.mask_info import window_pair
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +141,8 @@ def canonical_call(
     """Checks a call of the public contract and turns its options into flash attention's canonical keywords.
 
     The default scale is `1 / sqrt(d_nope + d_rope)` (the head dim of the decompressed scores);
-    `cu_seqlens` becomes segment ids (tokens past its last bound are padding, with zero output);
+    `cu_seqlens` becomes segment ids (tokens past its last bound are padding, with zero output; traced
+    bounds are clamped first, each into `[previous bound, S]`, the first to 0);
     dropout (`dropout_prob > 0` and `deterministic=False`) draws its seed from `dropout_rng`. The
     softmax runs in float32 whatever `softmax_dtype` (None or a float dtype) says.
     """
@@ -178,8 +180,9 @@ def canonical_call(
             raise ValueError(
                 f"cu_seqlens packs one sequence axis: query and key_value lengths differ ({q_len}, {kv_len})"
             )
-        check_bounds("cu_seqlens", cu_seqlens, q_len, total=True)
-        q_seg = kv_seg = jnp.broadcast_to(packed_segment_ids(cu_seqlens, q_len), (batch, q_len))
+        check_packed("cu_seqlens", cu_seqlens, q_len)
+        bounds = clamp_packed(cu_seqlens, q_len)
+        q_seg = kv_seg = jnp.broadcast_to(packed_segment_ids(bounds, q_len), (batch, q_len))
     if softmax_scale is None:
         softmax_scale = (dims.nope_dim + dims.rope_dim) ** -0.5
     window = None if sliding_window is None else window_pair(sliding_window, "sliding_window")

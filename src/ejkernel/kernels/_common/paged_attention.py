@@ -17,8 +17,17 @@ Shared math: the query tiles the cores work on (`query_tiles`), the key span a t
 step, the merge of per-split partial sums with the sinks (`finalize`), the query rows a kernel reads
 (`prepare_tiles`, `finish_tiles`) and the cache write of `ragged_page_attention_v3` (`write_kv_cache`).
 `implementation` wraps a platform's core in each op's signature. The public functions check their
-arguments with the `check_*` helpers here; index values are checked when concrete (outside `jit`),
-and under `jit` out-of-range page indices and lengths are clamped to the table and the cache.
+arguments with the `check_*` helpers here: index values through `ejkernel.ops.checks` (outside `jit`,
+and under it with `EJKERNEL_CHECKS=1`). Otherwise every index value has one meaning, in every core
+(the adapters clamp, the cores mask):
+
+- a key length is clamped to `[0, capacity]` (the table's positions, or the op's bound), a first key
+  to `[0, length]`; queries keep the positions `kv_len - q_len + j`, so queries before position 0
+  (more queries than keys) see no key causally and give zeros;
+- query bounds are clamped to `[0, T]` and made non-decreasing (`ragged_queries`); the sequence
+  count to `[0, N]`; tokens of no sequence give zeros;
+- a position whose page-table entry is not a page of the cache holds no key (`page_in_cache`:
+  masked, it adds nothing), and a new token is not written there (`new_token_rows`).
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ejkernel.kernels._common.attention import fold_sinks, join_sink
 from ejkernel.kernels._common.search import sorted_position
+from ejkernel.ops.checks import check_values, checks_enabled, is_traced
 
 DEFAULT_MASK_VALUE = -2.381976426469702e38
 # A mask value at or below this is "minus infinity" for every logit these ops produce: masked keys are
@@ -118,10 +129,6 @@ class PagedBatch:
 # ---- argument checks ----
 
 
-def is_concrete(*xs) -> bool:
-    return all(x is None or not isinstance(x, jax.core.Tracer) for x in xs)
-
-
 def check_float(name: str, x, dtypes=None) -> None:
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
@@ -200,59 +207,97 @@ def check_sinks(name: str, sinks, num_heads: int, *, per_head: bool) -> None:
         raise ValueError(f"{name} must be {want}, got shape {tuple(sinks.shape)}")
 
 
+class _InOrder:
+    """`check_values` calls that report only the first failure, as eager checks do: under `jit` they run
+    unordered, so each stays silent once an earlier one (or `fine` false: earlier checks) failed."""
+
+    def __init__(self, xp, fine=True):
+        self.xp, self.fine = xp, xp.asarray(fine)
+
+    def __call__(self, name: str, values, valid, expected: str) -> None:
+        check_values(name, values, valid | ~self.fine, expected)
+        self.fine = self.fine & self.xp.all(valid)
+
+
 def check_sequence_values(
     *, page_tables, kv_len, page_size: int, num_pages: int, names: dict[str, str], query_start_loc=None,
     num_tokens: int = 0, active=None, kv_start=None, kv_capacity: int | None = None, queries_fit: bool = True,
+    starts_at_zero: bool = True, prior_ok=True,
 ) -> None:  # fmt: skip
-    """Values of concrete index arrays (skipped when any is traced): lengths, query ranges, page indices.
+    """Values of the index arrays (`ejkernel.ops.checks.check_values`: eager, or under `jit` opted in).
 
-    `names` maps "page_tables", "kv_len" (and "query_start_loc", "kv_start") to the op's argument names.
-    Without `query_start_loc` each sequence has one query. Only the first `active` sequences are
+    `names` maps "page_tables", "kv_len" (and "query_start_loc", "kv_start", "active") to the op's argument
+    names. Without `query_start_loc` each sequence has one query; with it, its first `active + 1` bounds
+    rise (from 0 if `starts_at_zero`) to at most `num_tokens`. Only the first `active` sequences are
     checked (the op ignores the others), and only the pages a sequence's `kv_len` reaches must be pages
-    of the cache. With `queries_fit`, no sequence has more queries than keys (they end its context).
+    of the cache (`page_tables` is `[N, W]` or flat `[N * W]`). With `queries_fit`, no sequence has more
+    queries than keys (they end its context). `prior_ok`: whether the op's earlier checks passed (else
+    these report nothing).
     """
-    if not is_concrete(page_tables, kv_len, query_start_loc, active, kv_start):
+    traced = is_traced(page_tables, kv_len, query_start_loc, active, kv_start, prior_ok)
+    if traced and not checks_enabled():
         return
-    lens = np.asarray(kv_len).astype(np.int64).reshape(-1)
-    if len(lens) == 0:  # no sequences: nothing to check
+    xp = jnp if traced else np
+    check = _InOrder(xp, prior_ok)
+    lens = xp.asarray(kv_len).reshape(-1).astype(xp.int32)
+    num_seqs = lens.shape[0]
+    if num_seqs == 0:  # no sequences: nothing to check
         return
-    tables = np.asarray(page_tables).reshape(len(lens), -1)
-    active = len(lens) if active is None else int(np.asarray(active).reshape(-1)[0])
-    if not 0 <= active <= len(lens):
-        raise ValueError(f"{names['active']} = {active} is outside [0, {len(lens)}] (the sequences given)")
-    tables, lens = tables[:active], lens[:active]
-    if query_start_loc is None:
-        loc = np.arange(active + 1)
-    else:
-        loc = np.asarray(query_start_loc).astype(np.int64)[: active + 1]
-        if loc[0] != 0 or (np.diff(loc) < 0).any() or loc[-1] > num_tokens:
-            raise ValueError(
-                f"{names['query_start_loc']} must rise from 0 to at most the {num_tokens} query tokens over its "
-                f"first {active + 1} entries, got {loc.tolist()}"
-            )
-    q_lens = np.diff(loc)
-    first = np.zeros_like(lens) if kv_start is None else np.asarray(kv_start)[:active].astype(np.int64)
-    capacity = tables.shape[1] * page_size if kv_capacity is None else min(kv_capacity, tables.shape[1] * page_size)
-    used = np.arange(tables.shape[1])[None, :] < -(-np.clip(lens, 0, None) // page_size)[:, None]
-    kv, start = names["kv_len"], names.get("kv_start")
-    problems = [
-        ((lens < 0) | (lens > capacity), lambda i: f"{kv}[{i}] = {lens[i]} is outside [0, {capacity}]"),
-        ((first < 0) | (first > lens), lambda i: f"{start}[{i}] = {first[i]} is outside [0, {kv}[{i}] = {lens[i]}]"),
-        (
-            (q_lens > lens) & queries_fit,
-            lambda i: f"sequence {i} has {q_lens[i]} queries but {kv}[{i}] = {lens[i]} (its queries end its context)",
-        ),
-        (
-            used & ((tables < 0) | (tables >= num_pages)),
-            lambda i: (
-                f"{names['page_tables']}[{i[0]}, {i[1]}] = {tables[i]} is not a page of the cache [0, {num_pages})"
-            ),
-        ),
-    ]
-    for bad, message in problems:
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(message(where if len(where) > 1 else where[0]))
+    tables = xp.asarray(page_tables)
+    capacity = (tables.size // num_seqs) * page_size
+    capacity = capacity if kv_capacity is None else min(capacity, kv_capacity)
+    count = num_seqs
+    if active is not None:
+        active = xp.asarray(active).reshape(-1)[0].astype(xp.int32)
+        valid = (active >= 0) & (active <= num_seqs)
+        check(names["active"], active, valid, f"[0, {num_seqs}] (the sequences given)")
+        count = xp.clip(active, 0, num_seqs)
+    live = xp.arange(num_seqs) < count
+    q_lens = xp.ones((num_seqs,), xp.int32)
+    if query_start_loc is not None:
+        name, loc = names["query_start_loc"], xp.asarray(query_start_loc).reshape(-1).astype(xp.int32)
+        index = xp.arange(num_seqs + 1)
+        lower = xp.concatenate([xp.zeros((1,), xp.int32), loc[:-1]])
+        upper = xp.where((index == 0) & starts_at_zero, 0, num_tokens)
+        valid = (index > count) | ((loc >= lower) & (loc <= upper))
+        rising = "from 0 to at most" if starts_at_zero else "within"
+        check(name, loc, valid, f"[{name}[i - 1], {num_tokens}] (rising {rising} the {num_tokens} tokens)")
+        q_lens = loc[1:] - loc[:-1]
+    kv = names["kv_len"]
+    check(kv, lens, ~live | ((lens >= 0) & (lens <= capacity)), f"[0, {capacity}]")
+    if kv_start is not None:
+        first = xp.asarray(kv_start).reshape(-1).astype(xp.int32)
+        check(names["kv_start"], first, ~live | ((first >= 0) & (first <= lens)), f"[0, {kv}[i]]")
+    if queries_fit:
+        expected = f"[its number of queries, {capacity}] (a sequence's queries are the last positions of its context)"
+        check(kv, lens, ~live | (lens >= q_lens), expected)
+    rows = tables.reshape(num_seqs, -1)
+    pages = -(-xp.clip(lens, 0, capacity) // page_size)
+    used = live[:, None] & (xp.arange(rows.shape[1])[None, :] < pages[:, None])
+    valid = (~used | page_in_cache(rows, num_pages)).reshape(tables.shape)
+    check(names["page_tables"], tables, valid, f"[0, {num_pages}) (the pages of the cache)")
+
+
+def check_distribution(distribution, query_start_loc, num_seqs: int, *, decode_counts: bool):
+    """`distribution = [i, j, k]` with `0 <= i <= j <= k <= num_seqs`; with `decode_counts`, sequences
+    `[0, i)` hold one query each (`query_start_loc`). Returns whether they passed (`prior_ok` of the
+    op's next checks)."""
+    traced = is_traced(distribution, query_start_loc)
+    if traced and not checks_enabled():
+        return True
+    xp = jnp if traced else np
+    check = _InOrder(xp)
+    dist = xp.asarray(distribution).reshape(-1).astype(xp.int32)
+    lower = xp.concatenate([xp.zeros((1,), xp.int32), dist[:-1]])
+    valid = (dist >= lower) & (dist <= num_seqs)
+    check("distribution", dist, valid, f"the order 0 <= i <= j <= k <= {num_seqs} of [i, j, k]")
+    if decode_counts:
+        loc = xp.asarray(query_start_loc).reshape(-1).astype(xp.int32)
+        decode = xp.arange(num_seqs) < dist[0]
+        q_lens = loc[1:] - loc[:-1]
+        expected = "{1} (distribution[0] = i makes sequences [0, i) decode one token each)"
+        check("q_len of sequence", q_lens, ~decode | (q_lens == 1), expected)
+    return check.fine
 
 
 # ---- adapters: each op's arguments (its full signature, public defaults) -> PagedBatch ----
@@ -276,6 +321,7 @@ def page_attention_batch(
     num_seqs, _, head_dim = query.shape
     num_blocks, num_kv_heads, block_size, _ = key_cache.shape
     capacity = block_tables.shape[1] * block_size
+    capacity = capacity if max_context_len is None else min(capacity, int(max_context_len))
     return PagedBatch(
         queries=query,
         key_rows=_rows_view(key_cache),
@@ -283,7 +329,7 @@ def page_attention_batch(
         page_tables=block_tables.astype(jnp.int32),
         query_start=jnp.arange(num_seqs, dtype=jnp.int32),
         query_len=jnp.ones((num_seqs,), jnp.int32),
-        kv_len=context_lens.astype(jnp.int32),
+        kv_len=clamp_lengths(context_lens, capacity),
         static=Static(
             rows=CacheRows(block_size, num_blocks, num_kv_heads * block_size, 1, block_size),
             num_kv_heads=num_kv_heads,
@@ -291,7 +337,7 @@ def page_attention_batch(
             softmax_scale=resolve_scale(attn_scale, head_dim, "attn_scale"),
             soft_cap=check_soft_cap(attn_logits_soft_cap, "attn_logits_soft_cap"),
             window=last_positions_window(sliding_window),
-            max_kv_len=capacity if max_context_len is None else min(capacity, int(max_context_len)),
+            max_kv_len=capacity,
             num_splits=int(num_splits),
         ),
     )
@@ -312,7 +358,7 @@ def prefill_batch(
         page_tables=page_indices.astype(jnp.int32)[None, :],
         query_start=jnp.zeros((1,), jnp.int32),
         query_len=jnp.full((1,), chunk, jnp.int32),
-        kv_len=context_len.astype(jnp.int32).reshape(1),
+        kv_len=clamp_lengths(context_len.reshape(1), page_indices.shape[0] * page_size),
         static=Static(
             rows=CacheRows(page_size, num_pages, page_size, 1, num_pages * page_size),
             num_kv_heads=num_kv_heads,
@@ -325,12 +371,21 @@ def prefill_batch(
     )
 
 
-def _ragged_lengths(query_start_loc, count, max_seqs: int):
-    """(query_start, query_len) of cumulative `query_start_loc`; sequences at or past `count` get no queries."""
-    loc = query_start_loc.astype(jnp.int32)
-    lengths = loc[1:] - loc[:-1]
-    lengths = jnp.where(jnp.arange(max_seqs) < jnp.asarray(count, jnp.int32).reshape(-1)[0], lengths, 0)
-    return loc[:-1], jnp.maximum(lengths, 0)
+def clamp_lengths(kv_len, capacity: int) -> jax.Array:
+    """Key lengths as int32, clamped to `[0, capacity]` (the positions of a page table row, or the op's bound)."""
+    return jnp.clip(kv_len.astype(jnp.int32), 0, capacity)
+
+
+def ragged_queries(query_start_loc, count, num_seqs: int, num_tokens: int):
+    """`(query_start, query_len)` `[N]` int32 of cumulative bounds `query_start_loc [N + 1]`.
+
+    The bounds are clamped to `[0, num_tokens]` and made non-decreasing (a running max), so sequences
+    own disjoint token ranges; `count` is clamped to `[0, N]` and sequences from it on get no queries.
+    """
+    loc = lax.cummax(jnp.clip(query_start_loc.astype(jnp.int32), 0, num_tokens))
+    count = jnp.clip(jnp.asarray(count, jnp.int32).reshape(-1)[0], 0, num_seqs)
+    lengths = jnp.where(jnp.arange(num_seqs) < count, loc[1:] - loc[:-1], 0)
+    return loc[:-1], lengths
 
 
 def _interleaved_rows(num_pages: int, page_size: int, combined_heads: int) -> CacheRows:
@@ -348,7 +403,7 @@ def ragged_v2_batch(
     _, num_heads, head_dim = queries.shape
     num_pages, page_size, combined_heads, _ = kv_pages.shape
     view = _rows_view(kv_pages)
-    query_start, query_len = _ragged_lengths(query_start_loc, num_seqs, context_lens.shape[0])
+    query_start, query_len = ragged_queries(query_start_loc, num_seqs, context_lens.shape[0], queries.shape[0])
     return PagedBatch(
         queries=queries,
         key_rows=view,
@@ -356,7 +411,7 @@ def ragged_v2_batch(
         page_tables=block_tables.astype(jnp.int32),
         query_start=query_start,
         query_len=query_len,
-        kv_len=context_lens.astype(jnp.int32),
+        kv_len=clamp_lengths(context_lens, block_tables.shape[1] * page_size),
         sinks=fold_sinks(softmax_aux, num_heads),
         static=Static(
             rows=_interleaved_rows(num_pages, page_size, combined_heads),
@@ -385,36 +440,37 @@ def v3_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: 
 def new_token_rows(tables, kv_lens, query_start, query_len, num_tokens: int, page_size: int, num_pages: int):
     """`[T]` int32: the row, in a cache viewed as `[pages * page_size, ...]`, where each new token goes.
 
-    Token `j` of sequence `s` (its queries are the last positions of its context) goes to position
-    `pos = kv_lens[s] - query_len[s] + j`: row `page * page_size + pos % page_size` of page
-    `tables[s, pos // page_size]`. Tokens of no sequence and positions outside the table row or the cache
-    get `pages * page_size`, which a scatter with `mode="drop"` drops.
+    Token `j` of sequence `s` (its queries are the last positions of its context; `kv_lens` clamped to
+    the table) goes to position `pos = kv_lens[s] - query_len[s] + j`: row `page * page_size + pos %
+    page_size` of page `tables[s, pos // page_size]`. Tokens of no sequence, positions below 0 and pages
+    outside the cache get `pages * page_size`, which a scatter with `mode="drop"` drops; of tokens
+    naming one row only the last keeps it (as if written in order), so the rows kept are unique.
     """
+    dropped = num_pages * page_size
     token = jnp.arange(num_tokens, dtype=jnp.int32)
     seq = jnp.clip(sorted_position(query_start + query_len, token), 0, tables.shape[0] - 1)
     offset = token - query_start[seq]
-    pos = kv_lens.astype(jnp.int32)[seq] - query_len[seq] + offset
+    pos = kv_lens[seq] - query_len[seq] + offset
     column = pos // page_size
     page = tables[seq, jnp.clip(column, 0, tables.shape[1] - 1)]
     valid = (offset >= 0) & (offset < query_len[seq]) & (pos >= 0) & (column < tables.shape[1])
-    valid &= (page >= 0) & (page < num_pages)
-    return jnp.where(valid, page * page_size + pos % page_size, num_pages * page_size)
+    rows = jnp.where(valid & page_in_cache(page, num_pages), page * page_size + pos % page_size, dropped)
+    order = jnp.argsort(rows, stable=True)
+    ranked = rows[order]
+    overwritten = (ranked == jnp.roll(ranked, -1)) & (token < num_tokens - 1)
+    return rows.at[order].set(jnp.where(overwritten, dropped, ranked), unique_indices=True)
 
 
-def write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_loc, count) -> jax.Array:
-    """The cache of `ragged_page_attention_v3` with each active sequence's new keys/values written in.
+def write_kv_cache(keys, values, kv_cache, tables, kv_lens, query_start, query_len) -> jax.Array:
+    """The cache of `ragged_page_attention_v3` with each sequence's new keys/values written in.
 
-    Token `j` of sequence `s` (its queries are the last positions of its context) goes to position
-    `pos = kv_lens[s] - q_len[s] + j`: slot `pos % page_size` of page `block_tables[s * W + pos // page_size]`;
-    kv head `h` fills combined head `2h` (key) and `2h + 1` (value), the head dim zero-padded. Tokens of
-    ignored sequences and writes outside the cache are dropped. A scatter of the new rows only, so
-    under `jit` with the cache donated the update happens in place.
+    Token `j` of sequence `s` goes to its row of `new_token_rows` (`tables [N, W]`, clamped `kv_lens`,
+    the sequences' queries); kv head `h` fills combined head `2h` (key) and `2h + 1` (value), the head
+    dim zero-padded. A scatter of the new rows only, so under `jit` with the cache donated the update
+    happens in place.
     """
     num_tokens, num_kv_heads, head_dim = keys.shape
     num_pages, page_size, groups, packing, width = kv_cache.shape
-    max_seqs = kv_lens.shape[0]
-    tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
-    query_start, query_len = _ragged_lengths(query_start_loc, count, max_seqs)
     flat_slot = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
     new = jnp.stack([keys, values], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
     new = jnp.pad(new, ((0, 0), (0, groups * packing - 2 * num_kv_heads), (0, width - head_dim)))
@@ -443,19 +499,20 @@ def ragged_v3_batch(
     `k_scale` scales the logits and `v_scale` the output (dequantised K and V).
     """
     del vmem_limit_bytes
-    kv_cache = write_kv_cache(keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution[2])
     _, num_heads, head_dim = queries.shape
     num_pages, page_size, groups, packing, _ = kv_cache.shape
     max_seqs = kv_lens.shape[0]
+    tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
+    kv_len = clamp_lengths(kv_lens, tables.shape[1] * page_size)
+    query_start, query_len = ragged_queries(query_start_loc, distribution[2], max_seqs, queries.shape[0])
+    kv_cache = write_kv_cache(keys, values, kv_cache, tables, kv_len, query_start, query_len)
     view = _rows_view(kv_cache)
-    query_start, query_len = _ragged_lengths(query_start_loc, distribution[2], max_seqs)
     scale = resolve_scale(softmax_scale, head_dim)
     if q_scale is not None:
         queries = quantize_queries(queries, q_scale, kv_cache.dtype)
         scale *= float(q_scale)
     if k_scale is not None:
         scale *= float(k_scale)
-    tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
     return PagedBatch(
         queries=queries,
         key_rows=view,
@@ -463,7 +520,7 @@ def ragged_v3_batch(
         page_tables=tables,
         query_start=query_start,
         query_len=query_len,
-        kv_len=kv_lens.astype(jnp.int32),
+        kv_len=kv_len,
         sinks=fold_sinks(softmax_aux, num_heads),
         static=Static(
             rows=_interleaved_rows(num_pages, page_size, groups * packing),
@@ -485,6 +542,7 @@ def ragged_decode_batch(
     """`ragged_decode_attention`: dense `[B, S, Hkv, D]` K/V, each row a page of its own; keys `[start, end)`."""
     batch, seq_len, num_kv_heads, head_dim = key.shape
     query = query.reshape(batch, -1, head_dim)
+    end = clamp_lengths(sequence_end, seq_len)
     return PagedBatch(
         queries=query,
         key_rows=_rows_view(key),
@@ -492,8 +550,8 @@ def ragged_decode_batch(
         page_tables=jnp.arange(batch, dtype=jnp.int32)[:, None],
         query_start=jnp.arange(batch, dtype=jnp.int32),
         query_len=jnp.ones((batch,), jnp.int32),
-        kv_len=sequence_end.astype(jnp.int32),
-        kv_start=sequence_start.astype(jnp.int32),
+        kv_len=end,
+        kv_start=jnp.clip(sequence_start.astype(jnp.int32), 0, end),
         sinks=fold_sinks(softmax_aux, query.shape[1]),
         static=Static(
             rows=CacheRows(seq_len, batch, seq_len * num_kv_heads, num_kv_heads, 1),
@@ -516,7 +574,7 @@ def unified_batch(
     del seq_threshold_3d
     _, num_heads, head_dim = queries.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    query_start, query_len = _ragged_lengths(query_start_loc, kv_lens.shape[0], kv_lens.shape[0])
+    query_start, query_len = ragged_queries(query_start_loc, kv_lens.shape[0], kv_lens.shape[0], queries.shape[0])
     return PagedBatch(
         queries=queries,
         key_rows=_rows_view(key_cache),
@@ -524,7 +582,7 @@ def unified_batch(
         page_tables=block_tables.astype(jnp.int32),
         query_start=query_start,
         query_len=query_len,
-        kv_len=kv_lens.astype(jnp.int32),
+        kv_len=clamp_lengths(kv_lens, block_tables.shape[1] * block_size),
         sinks=fold_sinks(softmax_aux, num_heads),
         alibi_slopes=alibi_slopes,
         qq_bias=qq_bias,
@@ -625,17 +683,24 @@ def tile_bias(st: Static, k_pos, context, alibi=None, qq_bias=None, q_index=None
     return bias
 
 
-def adjust_logits(s, q_pos, k_pos, lo, hi, st: Static, bias=None):
+def page_in_cache(page, num_pages: int):
+    """Whether page-table entries name pages of the cache: a position on any other entry holds no key."""
+    return (page >= 0) & (page < num_pages)
+
+
+def adjust_logits(s, q_pos, k_pos, lo, hi, st: Static, bias=None, key_ok=None):
     """Scaled `q·k` tile -> soft cap, then `bias`, then disallowed keys at -inf.
 
-    `q_pos`, `k_pos`, `lo`, `hi` and `bias` broadcast against `s`; keys count inside `[lo, hi)` and
-    where the causal / window masks allow them.
+    `q_pos`, `k_pos`, `lo`, `hi`, `bias` and `key_ok` broadcast against `s`; keys count inside `[lo, hi)`,
+    where the causal / window masks allow them and where `key_ok` (their page is in the cache) holds.
     """
     if st.soft_cap is not None:
         s = st.soft_cap * jnp.tanh(s / st.soft_cap)
     if bias is not None:
         s = s + bias
     allowed = (k_pos >= lo) & (k_pos < hi)
+    if key_ok is not None:
+        allowed &= key_ok
     if st.causal:
         allowed &= k_pos <= q_pos
     if st.window is not None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from beartype import BeartypeConf, beartype
 from jaxtyping import jaxtyped
 
+from ejkernel.kernels._common.bounds import check_with
 from ejkernel.ops import create_default_executor
 
 executor = create_default_executor()
@@ -37,13 +37,10 @@ def require_rank(name: str, x: jax.Array, ranks: tuple[int, ...] | range, layout
 
 
 def require_lengths(name: str, lengths: jax.Array, batch: int, length: int) -> None:
-    """Per-row valid lengths: integer `[batch]`, each in `[0, length]` (checked where concrete)."""
+    """Per-row valid lengths: integer `[batch]`, each in `[0, length]` (values checked outside `jit`, and
+    under it with `EJKERNEL_CHECKS=1`; the op states its rule for others)."""
     require_int(name, lengths)
     if lengths.shape != (batch,):
         raise ValueError(f"{name} must be [batch] = ({batch},), got shape {tuple(lengths.shape)}")
-    if isinstance(lengths, jax.core.Tracer):
-        return
-    values = np.asarray(lengths)
-    bad = np.flatnonzero((values < 0) | (values > length))
-    if len(bad):
-        raise ValueError(f"{name}[{bad[0]}] = {values[bad[0]]} is outside [0, {length}] (the length of the axis)")
+    in_range = lambda xp, values: (values >= 0) & (values <= length)
+    check_with(name, lengths, in_range, f"[0, {length}] (the length of the axis)")

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.attention import canonical_sinks, check_seed
+from ejkernel.kernels._common.bounds import padded_lengths
 from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.modules.operations._attention_args import (
     attention_roles,
@@ -26,9 +27,10 @@ from ejkernel.modules.operations._attention_args import (
 )
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.checks import check_values, is_traced
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import clamp_window, intersect_windows, padding_segment_ids
+from ejkernel.types.mask_info import clamp_window, intersect_windows
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
 XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}
@@ -117,25 +119,28 @@ def _mosaic_gpu_cfgs(head_dim: int):
         yield FlashAttentionConfig(platform="pallas", bwd_params=BwdParams(block_k=128, block_q=128))
 
 
-def _check_pages(block_tables, num_blocks: int) -> None:
-    """Every entry of a concrete `block_tables` is a block of the caches (a gather would clamp it)."""
-    if isinstance(block_tables, jax.core.Tracer):
-        return
-    tables = np.asarray(block_tables)
-    bad = np.argwhere((tables < 0) | (tables >= num_blocks))
-    if len(bad):
-        row, col = bad[0]
-        raise ValueError(
-            f"block_tables[{row}, {col}] = {tables[row, col]} is not a block of the key/value caches [0, {num_blocks})"
-        )
+def _pages(block_tables, num_blocks: int, block_size: int):
+    """`(tables, kv segment ids or None)`: entries outside `[0, num_blocks)` are a ValueError (eager, or
+    with `EJKERNEL_CHECKS=1`); under `jit` they are clamped into the caches for the gather and their
+    `block_size` keys are marked padding (-1), so they take no part."""
+    traced = is_traced(block_tables)
+    tables = block_tables if traced else np.asarray(block_tables)
+    ok = (tables >= 0) & (tables < num_blocks)
+    check_values("block_tables", tables, ok, f"[0, {num_blocks - 1}] (the blocks of the key/value caches)")
+    if not traced:
+        return block_tables, None
+    segments = jnp.repeat(jnp.where(ok, 0, -1).astype(jnp.int32), block_size, axis=1)
+    return jnp.clip(block_tables, 0, num_blocks - 1), segments
 
 
 def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Array:
-    """Segment ids of a padded batch: row b is valid (0) for its first cum[b+1]-cum[b] tokens, else -1."""
+    """Segment ids of a padded batch: row b is valid (0) for its first cum[b+1]-cum[b] tokens (that length
+    clamped into [0, length] under `jit`), else -1."""
     require_int(name, cum_seqlens)
     if cum_seqlens.shape != (batch + 1,):
         raise ValueError(f"{name} must have shape [batch + 1] = ({batch + 1},), got {cum_seqlens.shape}")
-    return padding_segment_ids(name, cum_seqlens, length)
+    lengths = padded_lengths(name, cum_seqlens, length)
+    return jnp.where(jnp.arange(length) < lengths[:, None], 0, -1).astype(jnp.int32)
 
 
 def _merge_segments(a, b):
@@ -183,14 +188,20 @@ def flash_attention(
     Dropout without `dropout_seed` uses seed 0 (the same mask at every call: pass a seed per training
     step). With `block_tables [B, max_blocks]`, `key` and `value` are paged caches
     `[blocks, block_size, kv_heads, dim]`.
+
+    Bad values of `cum_seqlens_*` (not rising from 0, a row longer than the axis) and `block_tables`
+    entries outside `[0, blocks)` are a ValueError outside `jit`. Under `jit`: each row's length
+    `cum[b+1] - cum[b]` is clamped into `[0, seq]`, and a table entry outside the caches reads no keys
+    (its block's positions are padding; a query row left without keys returns zeros).
     """
     check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape
+    page_seg = None
     if block_tables is not None:
         # Paged caches: gather each row's pages into a dense [B, max_blocks * block_size, Hkv, D] sequence.
-        _check_pages(block_tables, key.shape[0])
-        key = key[block_tables].reshape(batch, -1, *key.shape[2:])
-        value = value[block_tables].reshape(batch, -1, *value.shape[2:])
+        pages, page_seg = _pages(block_tables, key.shape[0], key.shape[1])
+        key = key[pages].reshape(batch, -1, *key.shape[2:])
+        value = value[pages].reshape(batch, -1, *value.shape[2:])
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
         raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
     kv_len = key.shape[1]
@@ -209,6 +220,7 @@ def flash_attention(
     window = parse_window(sliding_window)
     q_seg = None if cum_seqlens_q is None else _padding_segments("cum_seqlens_q", cum_seqlens_q, batch, q_len)
     kv_seg = None if cum_seqlens_k is None else _padding_segments("cum_seqlens_k", cum_seqlens_k, batch, kv_len)
+    kv_seg = _merge_segments(kv_seg, page_seg)
     attention_mask = None
     if mask_info is not None:
         canonical = mask_info.canonical(num_heads)

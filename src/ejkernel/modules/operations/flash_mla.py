@@ -130,8 +130,10 @@ def flash_mla(
     `(left, right)` or int, `logits_soft_cap`, sinks `softmax_aux`, additive `bias` and boolean
     `attention_mask` (`[1|B, 1|Hq, Sq, Sk]`). `cu_seqlens [N+1]` packs N sequences along the sequence
     axis (query and key_value of equal length; positions past the last bound are padding with zero
-    output). Dropout applies with `dropout_prob > 0` and `deterministic=False` and needs `dropout_rng`.
-    The softmax runs in float32 whatever `softmax_dtype` says. Returns `[B, Sq, Hq, Dv]` in query's dtype.
+    output); bad bounds are a ValueError outside `jit`, and under `jit` each bound is clamped into
+    `[previous bound, S]` (the first to 0): a sequence past S is empty. Dropout applies with
+    `dropout_prob > 0` and `deterministic=False` and needs `dropout_rng`. The softmax runs in float32
+    whatever `softmax_dtype` says. Returns `[B, Sq, Hq, Dv]` in query's dtype.
     `mesh=`/`in_specs=`/`out_specs=` run it under `jax.shard_map` (shard batch, or heads with `w_kc`/`w_vc`
     sharded on their head axis alike; sinks and a bias or mask per batch row or head follow that split).
     """

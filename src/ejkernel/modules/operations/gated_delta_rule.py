@@ -64,9 +64,10 @@ def gated_delta_rule(
 
     `decay [B,S,H]` is a per-head log decay (the factor is `exp(decay)`), optional. `seg_ids [B,S]`
     packs sequences into a row: the state restarts from zeros where the id changes, and tokens with a
-    negative id are padding (zeros out, state untouched). `initial_state [B,H,Dk,Dv]` seeds each row's
-    first sequence. `use_chunked=False` runs the XLA recurrent form; a one-token call with an
-    `initial_state` is a decode step. `autotune_chunk_candidates` are the chunk sizes autotuning tries.
+    negative id are padding (zeros out, state untouched); every integer is valid, under `jit` too.
+    `initial_state [B,H,Dk,Dv]` seeds each row's first sequence. `use_chunked=False` runs the XLA
+    recurrent form; a one-token call with an `initial_state` is a decode step.
+    `autotune_chunk_candidates` are the chunk sizes autotuning tries.
     Returns `out [B,S,H,Dv]`, or `(out, final_state float32)` with `return_state`. With `mesh`,
     `in_specs` (one per tensor passed, or per positional slot) may shard batch and heads, never the sequence.
 

@@ -47,6 +47,10 @@ def gla_attention(
     1, holds N sequences back to back, each with its own recurrence and state `[N,H,Dk,Dv]`.
     `reverse` runs from the last token to the first. Returns `out [B,S,H,Dv]`, or
     `(out, final_state float32)` with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`.
+
+    `cu_seqlens` must rise from 0 without decreasing to S (a ValueError outside `jit`); under `jit` each
+    bound is clamped into `[previous bound, S]`, the first to 0 and the last to S (a sequence past S is
+    empty), and the result is that of the clamped bounds.
     """
     dk, _ = check_linear_call(
         query,

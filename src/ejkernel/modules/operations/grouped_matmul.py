@@ -178,6 +178,9 @@ def grouped_matmul(
     `o = group_offset` (default 0; an expert-parallel shard). Rows of other groups, and rows past the
     last group, are zeros. `existing_out [M, N]` (any float dtype), where given, is cast to the result's
     dtype and added to every row, as upstream does: owned rows accumulate onto it, the others keep it.
+    Negative sizes, sizes summing past M and an offset outside `[0, G - L]` are a ValueError outside
+    `jit`. Under `jit` each size is clamped to >= 0 and their running sum to M (the group crossing M ends
+    there, later groups are empty), and an out-of-range offset owns no rows (zeros, plus `existing_out`).
 
     Dtypes, as upstream and `jax.lax.ragged_dot`: lhs and rhs may be different float dtypes (bfloat16
     activations with float32 weights); they are multiplied in their promoted dtype, and each gradient

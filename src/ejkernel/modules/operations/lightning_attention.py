@@ -50,6 +50,10 @@ def lightning_attention(
     state; with `cu_seqlens [N+1]` the batch is 1 and holds N packed sequences (states `[N,H,Dk,Dv]`).
     `reverse` runs from the last token to the first. Returns `out [B,S,H,Dv]`, or
     `(out, final_state float32)` with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`.
+
+    `cu_seqlens` must rise from 0 without decreasing to S (a ValueError outside `jit`); under `jit` each
+    bound is clamped into `[previous bound, S]`, the first to 0 and the last to S (a sequence past S is
+    empty), and the result is that of the clamped bounds.
     """
     check_layer(layer_idx, num_layers)
     dk, _ = check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.bounds import check_packed
 from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
-from ejkernel.types.mask_info import check_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +62,11 @@ def mean_pooling(
 ) -> Float[Array, "..."]:
     """Mean over axis 1: `[B, S, D] -> [B, D]`, `[B, S, h, d] -> [B, h, d]`.
 
-    With `cu_seqlens [N+1]` (cumulative lengths `[0, n1, n1+n2, ...]`, the last at most T, checked
-    outside `jit`), `x` is `[T, D]` (or `[T, h, d]`) holding N sequences back to back (tokens past the
-    last bound are ignored), and the result is `[N, D]`. An empty sequence gives zeros.
+    With `cu_seqlens [N+1]` (cumulative lengths `[0, n1, n1+n2, ...]`, the last at most T), `x` is
+    `[T, D]` (or `[T, h, d]`) holding N sequences back to back (tokens past the last bound are ignored),
+    and the result is `[N, D]`. An empty sequence gives zeros. Bad bounds are a ValueError outside `jit`;
+    under `jit` each bound is clamped into `[previous bound, T]` (the first to 0), so a sequence past T
+    is empty (zeros) and one running past T ends there.
     Accumulates in float32; the result has `x`'s dtype.
     """
     require_float("x", x)
@@ -74,7 +76,7 @@ def mean_pooling(
             return jnp.zeros(x.shape[:1] + x.shape[2:], x.dtype)
     else:
         require_rank("x", x, range(2, 7), "[tokens, ...features] when cu_seqlens is given")
-        check_bounds("cu_seqlens", cu_seqlens, x.shape[0], total=True)
+        check_packed("cu_seqlens", cu_seqlens, x.shape[0])
     if not isinstance(chunk_size, int) or chunk_size <= 0 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     return executor(

@@ -16,7 +16,14 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.paged_attention import check_float, kv_packing, last_positions_window, resolve_scale
+from ejkernel.kernels._common.paged_attention import (
+    check_distribution,
+    check_float,
+    check_sequence_values,
+    kv_packing,
+    last_positions_window,
+    resolve_scale,
+)
 from ejkernel.modules.operations._common import executor
 from ejkernel.modules.operations.page_attention import busy_sequences
 from ejkernel.ops import Invocation, Kernel, KernelConfig
@@ -226,6 +233,24 @@ def _checked_call(
         )
     if query_start_loc.shape[0] != num_seqs + 1:
         raise ValueError(f"query_start_loc must have N + 1 = {num_seqs + 1} entries, got {query_start_loc.shape[0]}")
+    distribution_ok = check_distribution(distribution, query_start_loc, num_seqs, decode_counts=False)
+    check_sequence_values(
+        page_tables=block_tables,
+        kv_len=kv_lens,
+        page_size=kv_cache.shape[1] * packing,
+        num_pages=kv_cache.shape[0],
+        names={
+            "page_tables": "block_tables",
+            "kv_len": "kv_lens",
+            "query_start_loc": "query_start_loc",
+            "active": "distribution[2]",
+        },
+        query_start_loc=query_start_loc,
+        num_tokens=num_tokens,
+        active=distribution[2],
+        prior_ok=distribution_ok,
+        starts_at_zero=False,
+    )
 
     last_positions_window(sliding_window)
     if logits_soft_cap is not None and (
@@ -285,6 +310,13 @@ def multi_latent_ragged_page_attention(
     `r = keys_pe[t]` are written there (cast to the cache dtype); nothing else of the cache changes,
     and table entries past the pages covering `kv_len` are never read or written. `distribution[0:2]`
     are scheduling hints (any `0 <= i <= j <= k` gives the same result); sequences from `k` on are ignored.
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `distribution[2]` is clamped to `[0, N]`; `query_start_loc` to `[0, T]` and
+    made non-decreasing (a running max); `kv_lens` to `[0, P·page_size]` (new tokens it puts before
+    position 0 are not written and give zeros); a `block_tables` entry it reaches outside `[0, pages)`
+    holds no keys (its positions are masked) and is not written; of new tokens naming one cache row,
+    the last wins.
 
     Each query (position p) attends over positions `i <= p` (and `i >= p - sliding_window + 1`) of its
     sequence, read after the write: logits `softmax_scale · (q_nope·c_i + q_pe·r_i)` (default scale

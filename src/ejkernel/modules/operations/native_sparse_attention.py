@@ -1,10 +1,10 @@
 """`native_sparse_attention` (NSA): a compressed branch over block means, a selected branch over chosen blocks
 and an optional sliding-window branch.
 
-The block size is the config's (`NativeSparseAttentionConfig.block_size`, default 64). The public
-function checks the arguments; every implementation shares the compressed branch and the choice of
-blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and computes the selected branch,
-whose cost follows the number of selected blocks.
+The block size is an argument of the call (`block_size=64`): it changes the result, so no config
+chooses it. The public function checks the arguments; every implementation shares the compressed
+branch and the choice of blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and
+computes the selected branch, whose cost follows the number of selected blocks.
 """
 
 import dataclasses
@@ -18,19 +18,28 @@ from ejkernel.modules.operations._common import executor, require_float, require
 from ejkernel.ops import Invocation, Kernel, KernelConfig
 from ejkernel.types.mask_info import check_bounds
 
+DEFAULT_BLOCK_SIZE = 64
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
 
 @dataclasses.dataclass(frozen=True)
 class NativeSparseAttentionConfig(KernelConfig):
-    """`block_size`: tokens per block (of the compressed means and of the selection; part of the op's
-    meaning, so autotuning never changes it); `fwd_params`/`bwd_params`: the kernels' warps and stages."""
+    """`fwd_params`/`bwd_params`: the kernels' warps and stages.
 
-    block_size: int = 64
+    `block_size` is upstream's field, kept so that its configs still construct and read back: the
+    block size is the call's `block_size` argument, and a config whose `block_size` is set to another
+    value is refused when it runs (None, the default, follows the call)."""
+
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size <= 0:
+        if self.block_size is not None and not _positive_int(self.block_size):
             raise ValueError(
-                f"NativeSparseAttentionConfig.block_size must be a positive integer, got {self.block_size!r}"
+                f"NativeSparseAttentionConfig.block_size must be a positive integer or None, got {self.block_size!r}"
             )
 
 
@@ -54,7 +63,13 @@ class NativeSparseAttention(Kernel):
         args = list(args)
         if counts is not None:
             args[6] = counts
-        return impl.fn(*args, block_size=cfg.block_size, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
+        block_size = kwargs.pop("block_size", DEFAULT_BLOCK_SIZE)
+        if cfg.block_size not in (None, block_size):
+            raise ValueError(
+                f"native_sparse_attention: cfg.block_size={cfg.block_size} differs from the call's "
+                f"block_size={block_size}; a config cannot change the result: pass block_size= instead"
+            )
+        return impl.fn(*args, block_size=block_size, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield NativeSparseAttentionConfig(platform=platform)
@@ -85,6 +100,7 @@ def native_sparse_attention(
     *,
     softmax_scale: float | None = None,
     window_size: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     platform: str | None = None,
     cfg: NativeSparseAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -95,7 +111,7 @@ def native_sparse_attention(
     queries (any head ratio).
 
     Per sequence (a batch row, or with `cu_seqlens [N+1]` and batch 1 each packed sequence), keys in
-    blocks of `cfg.block_size` tokens counted from the sequence's start, query head h reading
+    blocks of `block_size` tokens counted from the sequence's start, query head h reading
     key/value head h // (heads // kv_heads):
     - compressed branch (only with `g_cmp`): query t attends the means of the complete blocks that
       end at or before it;
@@ -109,6 +125,8 @@ def native_sparse_attention(
       the gate comes as a trailing positional tensor and the window as a keyword, as in
       flash-linear-attention's NSA, so calls without them are unchanged;
     - no gate `g_slc` means the selected branch enters ungated. Default scale `dim ** -0.5`.
+    `block_size` is an argument, not a config field, as it changes the result (upstream read it from
+    `cfg.block_size`; such a config must now agree with the call).
     Differentiable in query, key, value and the gates; the block choice is not differentiated.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -124,6 +142,8 @@ def native_sparse_attention(
             require_float(name, g)
     if block_indices is not None:
         require_int("block_indices", block_indices)
+    if not _positive_int(block_size):
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if isinstance(block_counts, bool):
         raise TypeError(f"block_counts must be an int or an integer array, got {block_counts!r}")
     if isinstance(block_counts, int):
@@ -150,5 +170,6 @@ def native_sparse_attention(
         out_specs=out_specs,
         softmax_scale=None if softmax_scale is None else float(softmax_scale),
         window_size=window_size,
+        block_size=block_size,
         **counts_option,
     )

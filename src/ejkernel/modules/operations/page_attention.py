@@ -139,8 +139,12 @@ def page_attention(
 
     Masked keys are excluded exactly: `mask_value` may be any value <= -1e4 (it acts as -inf).
     `num_splits`, `pages_per_compute_block`, `megacore_mode` and `inline_seq_dim` steer schedules only
-    (the result does not change). Outside `jit`, context lengths and the block indices they reach are
-    checked; under `jit` they are clamped to the table and the cache.
+    (the result does not change).
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `context_lens` is clamped to `[0, max_blocks·block_size]` (and to
+    `max_context_len`), and a `block_tables` entry it reaches outside `[0, num_blocks)` holds no keys
+    (its positions are masked).
     """
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, num_kv_heads, block_size, _ = key_cache.shape

@@ -57,8 +57,12 @@ def prefill_page_attention(
     `[Hkv, pages, page_size, D]`; query `i` sits at position `context_len - chunk + i`, so the chunk
     must not be longer than the context. `softmax_scale` defaults to `D**-0.5`; soft cap
     `c·tanh(s/c)`; `sliding_window=w` keeps the last `w` positions up to the query's own. Masked keys
-    are excluded exactly (`mask_value` <= -1e4 acts as -inf). Outside `jit` the length and the page
-    indices it reaches are checked; under `jit` they are clamped to the table and the cache.
+    are excluded exactly (`mask_value` <= -1e4 acts as -inf).
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `context_len` is clamped to `[0, pages_per_seq·page_size]` (queries it puts
+    before position 0, when the chunk is longer, give zeros), and a `page_indices` entry it reaches
+    outside `[0, num_pages)` holds no keys (its positions are masked).
     """
     chunk, num_heads, head_dim = query.shape
     num_kv_heads, num_pages, page_size, _ = key_cache.shape

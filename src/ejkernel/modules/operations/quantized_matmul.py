@@ -37,9 +37,11 @@ class QuantizedMatmulConfig(KernelConfig):
 
     `block_m`, `block_n`, `block_k`: rows of x, output columns and contraction per tile (powers of two);
     the XLA path tiles the packed rows of W by `block_k` (no transpose: rows are K) or `block_n` (transpose:
-    rows are N). `num_warps`, `num_stages`, `split_k`: GPU kernel launch options. `use_bf16`: bf16 dot
-    operands for 16-bit `x` (else f16). `tpu_path`: `"packed"` or None; legacy `"hybrid"`/`"predecode"` are
-    accepted. Only the fields a platform reads have any effect there, and none changes what is computed.
+    rows are N). `num_warps`, `num_stages`, `split_k`: GPU kernel launch options. `use_bf16`: upstream's
+    choice of bf16 or f16 dot operands for 16-bit `x`, accepted for compatibility: operands here are in
+    `x`'s dtype, so that a config never changes a result. `tpu_path`: `"packed"` or None; legacy
+    `"hybrid"`/`"predecode"` are accepted. Only the fields a platform reads have any effect there, and none
+    changes what is computed.
     """
 
     block_m: int = 128

@@ -74,8 +74,11 @@ def ragged_decode_attention(
     empty range gives 0). `softmax_scale` defaults to `D**-0.5`; soft cap `c·tanh(s/c)`;
     `sliding_window`: an int `w` keeps the last `w` positions up to the query's own, a pair
     `(left, right)` keeps `q - left <= k <= q + right`; `softmax_aux` are sink logits (length Hq: one
-    per head, else shared) in the denominator only. Outside `jit` the bounds are checked; under `jit`
-    they are clamped to the rows.
+    per head, else shared) in the denominator only.
+
+    Bounds: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `sequence_end` is clamped to `[0, S]` and `sequence_start` to
+    `[0, sequence_end]` (the clamped end: an empty range gives 0).
     """
     batch, seq_len, num_kv_heads, head_dim = key.shape
     num_heads = query.shape[-2]

@@ -15,6 +15,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops.checks import check_values, checks_enabled, is_traced
 
 
 def _check_chunk_size(name: str, value) -> None:
@@ -78,7 +79,7 @@ def _check_shape(name: str, x, shape: tuple, layout: str) -> None:
 
 
 def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices) -> None:
-    """Shapes and dtypes; where `query_start_loc` and `state_indices` are concrete (outside `jit`), their values."""
+    """Shapes and dtypes, then the values of `query_start_loc` and `state_indices` (`check_values`)."""
     required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
     for name, x in required.items():
         if x is None:
@@ -102,20 +103,19 @@ def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc
         raise ValueError("query_start_loc must be [num_requests + 1], got shape (0,)")
     num_requests = query_start_loc.shape[0] - 1
     _check_shape("state_indices", state_indices, (num_requests,), "[num_requests] (len(query_start_loc) - 1)")
-    if isinstance(query_start_loc, jax.core.Tracer) or isinstance(state_indices, jax.core.Tracer):
+    traced = is_traced(query_start_loc, state_indices)
+    if traced and not checks_enabled():
         return
-    bounds, slots = np.asarray(query_start_loc), np.asarray(state_indices)
-    if (bounds < 0).any() or (np.diff(bounds) < 0).any() or (bounds > num_tokens).any():
-        raise ValueError(
-            f"query_start_loc must rise without decreasing within [0, {num_tokens}] (the tokens), got {bounds.tolist()}"
-        )
-    busy = np.diff(bounds) > 0
-    bad = np.flatnonzero(busy & ((slots < 0) | (slots >= recurrent_state.shape[0])))
-    if len(bad):
-        raise ValueError(
-            f"state_indices[{bad[0]}] = {slots[bad[0]]} is outside [0, {recurrent_state.shape[0]}) "
-            "(the slots of recurrent_state)"
-        )
+    xp = jnp if traced else np
+    bounds, slots = xp.asarray(query_start_loc), xp.asarray(state_indices)
+    lower = xp.concatenate([xp.zeros((1,), bounds.dtype), bounds[:-1]])
+    expected = f"[query_start_loc[i - 1], {num_tokens}] (the bounds rise without decreasing within the tokens)"
+    rising = (bounds >= lower) & (bounds <= num_tokens)
+    check_values("query_start_loc", bounds, rising, expected)
+    busy = bounds[1:] > bounds[:-1]
+    num_slots = recurrent_state.shape[0]
+    valid = ~busy | ((slots >= 0) & (slots < num_slots)) | ~xp.all(rising)  # one error, as eagerly
+    check_values("state_indices", slots, valid, f"[0, {num_slots}) (the slots of recurrent_state)")
 
 
 def ragged_gated_delta_rule(
@@ -146,10 +146,13 @@ def ragged_gated_delta_rule(
 
     All math is float32. Requests of at most one token take a decode path, others the chunked form, with
     `chunk_size` tokens per chunk (a knob; `cfg.chunk_size` wins when `cfg` is given; `platform`
-    overrides `cfg.platform`). Runs under `jit` with traced `query_start_loc` / `state_indices` (their
-    values are checked only outside `jit`). Meant for inference; `jax.grad` through it runs and
-    differentiates the plain JAX computation. With `mesh`, `in_specs` (one per tensor passed, or per
-    positional slot) may split heads and value channels, never tokens, slots or the index arrays.
+    overrides `cfg.platform`). Runs under `jit` with traced `query_start_loc` / `state_indices`: a bad
+    value raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`); otherwise under
+    `jit` the bounds are clamped to `[0, T]` and made non-decreasing (a running max), and a non-empty
+    request whose slot is outside `[0, S)` is dropped (its tokens give zeros, no slot is written).
+    Meant for inference; `jax.grad` through it runs and differentiates the plain JAX computation. With
+    `mesh`, `in_specs` (one per tensor passed, or per positional slot) may split heads and value
+    channels, never tokens, slots or the index arrays.
     """
     _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
     _check_chunk_size("chunk_size", chunk_size)

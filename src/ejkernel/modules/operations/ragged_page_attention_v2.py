@@ -92,8 +92,13 @@ def ragged_page_attention_v2(
     (`mask_value` None or <= -1e4); `optimized` and `vmem_limit_bytes` steer schedules only.
 
     `num_seqs` (an int or a 1-element array) is a tensor argument: with `mesh=`, `in_specs` has a spec
-    for it. Outside `jit`, lengths, `query_start_loc` and the page indices are checked; under `jit`
-    they are clamped to the table and the cache.
+    for it.
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `num_seqs` is clamped to `[0, N]`; `query_start_loc` to `[0, tokens]` and
+    made non-decreasing (a running max; tokens of no sequence give zeros); `context_lens` to
+    `[0, pages_per_seq·page_size]` (queries it puts before position 0 give zeros); and a
+    `block_tables` entry it reaches outside `[0, num_pages)` holds no keys (its positions are masked).
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_pages, page_size, combined, _ = kv_pages.shape

@@ -11,17 +11,16 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.paged_attention import (
+    check_distribution,
     check_heads,
     check_same_dtype,
     check_sequence_values,
     check_shape,
     check_sinks,
     check_soft_cap,
-    is_concrete,
     last_positions_window,
     resolve_scale,
     v3_cache_shape,
@@ -66,19 +65,6 @@ class RaggedPageAttentionV3(PagedAttentionKernel):
         decode = num_seqs if tokens == num_seqs else 0  # one token each: the decode-only sequences
         distribution = jnp.asarray([decode, decode, num_seqs], jnp.int32)
         return {4: lengths, 5: tables.reshape(-1), 6: starts, 7: distribution}
-
-
-def _check_distribution(distribution, query_start_loc, max_seqs: int) -> None:
-    """`[i, j, k]` with `0 <= i <= j <= k <= max_seqs`; sequences `[0, i)` hold one query each."""
-    if not is_concrete(distribution, query_start_loc):
-        return
-    i, j, k = (int(x) for x in np.asarray(distribution))
-    if not 0 <= i <= j <= k <= max_seqs:
-        raise ValueError(f"distribution must be [i, j, k] with 0 <= i <= j <= k <= {max_seqs}, got {[i, j, k]}")
-    q_lens = np.diff(np.asarray(query_start_loc)[: i + 1])
-    if (q_lens != 1).any():
-        s = int(np.argwhere(q_lens != 1)[0, 0])
-        raise ValueError(f"distribution says sequences [0, {i}) decode one token, but sequence {s} has {q_lens[s]}")
 
 
 def _positive_scale(name: str, value) -> None:
@@ -129,8 +115,14 @@ def ragged_page_attention_v3(
     per-head sink logits. `vmem_limit_bytes` steers TPU schedules only.
 
     Under `jax.jit(..., donate_argnums=3)` the cache is updated in place (only the new rows are
-    written). Outside `jit`, lengths, `query_start_loc`, `distribution` and the page indices are
-    checked; under `jit` they are clamped, and writes outside the cache are dropped.
+    written).
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `distribution[2]` is clamped to `[0, max_seqs]` (`[0:2]` only steer TPU
+    schedules); `query_start_loc` to `[0, tokens]` and made non-decreasing (a running max; tokens of no
+    sequence give zeros); `kv_lens` to `[0, W·page_size]` (new tokens it puts before position 0 are not
+    written and give zeros); a `block_tables` entry it reaches outside `[0, num_pages)` holds no keys
+    (its positions are masked) and is not written; of new tokens naming one cache row, the last wins.
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_kv_heads = keys.shape[1]
@@ -157,14 +149,14 @@ def ragged_page_attention_v3(
         v_scale=v_scale,
     )
     last_positions_window(sliding_window)
-    _check_distribution(distribution, query_start_loc, max_seqs)
+    distribution_ok = check_distribution(distribution, query_start_loc, max_seqs, decode_counts=True)
     check_sequence_values(
         page_tables=block_tables,
         kv_len=kv_lens,
         page_size=page_size,
         num_pages=num_pages,
         names={
-            "page_tables": "block_tables (as [max_seqs, pages_per_seq])",
+            "page_tables": "block_tables",
             "kv_len": "kv_lens",
             "query_start_loc": "query_start_loc",
             "active": "distribution[2]",
@@ -172,6 +164,7 @@ def ragged_page_attention_v3(
         query_start_loc=query_start_loc,
         num_tokens=num_tokens,
         active=distribution[2],
+        prior_ok=distribution_ok,
     )
     return executor(
         RaggedPageAttentionV3(),

@@ -50,6 +50,10 @@ def recurrent_attention(
     runs from the last token to the first. Returns `out [B,S,H,Dv]`, or `(out, final_state float32)`
     with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`. A `g` per key channel,
     `[B,S,H,Dk]` (upstream's shape), is a key gate: it joins `gk` (log decays add).
+
+    `cu_seqlens` must rise from 0 without decreasing to S (a ValueError outside `jit`); under `jit` each
+    bound is clamped into `[previous bound, S]`, the first to 0 and the last to S (a sequence past S is
+    empty), and the result is that of the clamped bounds.
     """
     if g is not None and g.ndim == 4:
         g, gk = None, g if gk is None else gk + g

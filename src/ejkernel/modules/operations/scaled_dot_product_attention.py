@@ -1,11 +1,11 @@
-"""`scaled_dot_product_attention`: `jax.nn.dot_product_attention`'s semantics, routed to cuDNN or XLA."""
+"""`scaled_dot_product_attention`: `jax.nn.dot_product_attention`'s semantics, routed to cuDNN or XLA, except that
+a query row that sees no key gives zeros (jax.nn: the mean of V), as in `flash_attention` and `attention`."""
 
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
@@ -36,9 +36,13 @@ class ScaledDotProductAttention(Kernel):
 
     def axis_roles(self, args, kwargs):
         """As flash attention's, and neither sequence split where positions matter: key/value rows always,
-        query rows with a causal or windowed mask (shard-local positions would restart at 0)."""
+        query rows with a causal or windowed mask or query lengths (shard-local positions would restart at 0)."""
         inputs, out = attention_roles(args, sinks_at=None)
-        positional = kwargs.get("is_causal") or kwargs.get("local_window_size") is not None
+        positional = (
+            kwargs.get("is_causal")
+            or kwargs.get("local_window_size") is not None
+            or kwargs.get("query_seq_lengths") is not None
+        )
         inputs[0] = ("query", ("batch", "seq" if positional else "queries", "heads", "dim"))
         for i, name in ((1, "key"), (2, "value")):
             inputs[i] = (name, ("batch", "seq", "heads", "dim"))
@@ -83,6 +87,11 @@ def scaled_dot_product_attention(
     `cum_seqlens_q/k [B]` are the valid lengths of each row (jax.nn's `query_seq_lengths` /
     `key_value_seq_lengths`). `init_bias()` supplies the bias when `bias` is None. A `mask_info` is
     applied as a dense mask. No `cfg`: there is nothing to tune.
+
+    A query row that sees no key gives zeros, and nothing flows back from it: a row past its query
+    length, a row whose keys are all masked (a query segment no key shares, a window past the keys)
+    and a row whose key length is 0 alike. jax.nn gives the mean of V for the second kind; zeros are
+    the rule of `flash_attention` and `attention`, and what a row attending nothing means.
     """
     check_qkv(query, key, value)
     batch, q_len, heads, dim = query.shape
@@ -109,7 +118,7 @@ def scaled_dot_product_attention(
         slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k)
         by_slot = specs_by_slot("scaled_dot_product_attention", slots, in_specs, mesh)
         in_specs = tuple(by_slot[i] for i in range(4) if i in by_slot)
-    out = executor(
+    return executor(
         ScaledDotProductAttention(),
         query,
         key,
@@ -122,6 +131,3 @@ def scaled_dot_product_attention(
         out_specs=out_specs,
         **options,
     )
-    if cum_seqlens_k is None:
-        return out
-    return jnp.where((cum_seqlens_k > 0)[:, None, None, None], out, 0).astype(out.dtype)  # no keys: zeros

@@ -101,8 +101,13 @@ def unified_attention(
     ALiBi bias `alibi_slopes[h] · (k - (kv_len - q_len))` and the query-query bias
     `qq_bias[j, k - (kv_len - q_len)]` (query j of its sequence, keys among its own queries), as in
     vLLM. `sliding_window=w` keeps keys `q - w + 1 <= k <= q`; `softmax_aux [Hq]` are per-head sink
-    logits in the denominator only. `seq_threshold_3d` steers GPU schedules only. Outside `jit`,
-    lengths, `query_start_loc` and the block indices are checked; under `jit` they are clamped.
+    logits in the denominator only. `seq_threshold_3d` steers GPU schedules only.
+
+    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
+    otherwise under `jit`, `query_start_loc` is clamped to `[0, tokens]` and made non-decreasing (a
+    running max; tokens of no sequence give zeros); `kv_lens` to `[0, max_blocks·block_size]` (queries
+    it puts before position 0 see no key causally: zeros); and a `block_tables` entry it reaches
+    outside `[0, num_blocks)` holds no keys (its positions are masked).
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape

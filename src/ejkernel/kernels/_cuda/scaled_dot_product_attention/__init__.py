@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._xla.scaled_dot_product_attention import zero_rows_without_keys
 from ejkernel.registry import Backend, Platform, kernel_registry
 
 
@@ -17,9 +18,14 @@ def sdpa_cudnn(query, key, value, bias=None, *, mask=None, cfg=None, **options):
     if mask is not None:
         raise NotImplementedError("cuDNN route takes no dense mask")
     window = options.get("local_window_size")
-    if window is not None and window[1] != 0 and not options.get("is_causal"):
-        raise NotImplementedError("cuDNN supports a right-side window only together with causal=True")
-    return jax.nn.dot_product_attention(query, key, value, bias, mask, implementation="cudnn", **options)
+    if window is not None and not options.get("is_causal"):
+        if window[1] != 0:
+            raise NotImplementedError("cuDNN supports a right-side window only together with causal=True")
+        # A window (left, 0) keeps keys j <= i already: the same mask as causal with that window, the only form
+        # in which cuDNN applies a window (given without causal, it attends otherwise than the XLA route).
+        options = {**options, "is_causal": True}
+    out = jax.nn.dot_product_attention(query, key, value, bias, mask, implementation="cudnn", **options)
+    return zero_rows_without_keys(out, query, key, **options)  # the XLA route's rule: rows with no key give 0
 
 
 kernel_registry.register("scaled_dot_product_attention", Platform.CUDA, Backend.GPU, priority=30)(sdpa_cudnn)

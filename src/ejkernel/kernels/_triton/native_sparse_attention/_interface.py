@@ -110,8 +110,8 @@ def native_sparse_attention_triton(
     """Native sparse attention `[B, S, H, D] -> [B, S, H, Dv]`, the selected branch on Triton kernels (the
     sliding branch on the block-sparse Triton kernels).
 
-    Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` is the
-    config's and must be a power of two >= 16 here. Warps and stages from `fwd_params` (forward) and
+    Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` must be a
+    power of two >= 16 here. Warps and stages from `fwd_params` (forward) and
     `bwd_params` (dQ and dK/dV). Any head ratio (the query heads of a key/value head are padded to 16
     rows). `interpret=None` compiles for the GPU (off a GPU: an error; `interpret=True` interprets).
     """

@@ -5,7 +5,8 @@ rows are those queries times the `G = Hq / Hkv` query heads that read the progra
 `i * G + g`), so every key/value row loaded serves all of them: grouped-query attention reads each
 page once. The program walks its split of the tile's key span (`key_span`) in steps of `block_k`
 positions: per position it looks up the page in the sequence's page table and gathers the key and
-value rows of its kv head straight from the cache, whatever the op's layout (`CacheRows`). Logits
+value rows of its kv head straight from the cache, whatever the op's layout (`CacheRows`); a position
+whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits
 get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps
 float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
 `finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
@@ -33,6 +34,7 @@ from ejkernel.kernels._common.paged_attention import (
     Static,
     adjust_logits,
     online_softmax_step,
+    page_in_cache,
 )
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
@@ -76,18 +78,24 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, v_ref, *refs, st: Static, t: Til
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
-    def read(rows_ref, offset, pos):
-        """Rows of positions `pos` of this tile's sequence, for this program's kv head -> `[block_k, width]`."""
+    def lookup(pos):
+        """This program's first cache rows of positions `pos` of the tile's sequence, and whether their page is
+        in the cache."""
         column = jnp.clip(lax.div(pos, jnp.int32(layout.page_size)), 0, tables_ref.shape[1] - 1)
-        page = jnp.clip(plgpu.load(tables_ref.at[seq, column]), 0, layout.num_pages - 1)
+        entry = plgpu.load(tables_ref.at[seq, column])
+        page = jnp.clip(entry, 0, layout.num_pages - 1)
         row = page * layout.page_stride + lax.rem(pos, jnp.int32(layout.page_size)) * layout.slot_stride
-        row = row + (head_row + offset)
+        return row + head_row, page_in_cache(entry, layout.num_pages)
+
+    def read(rows_ref, row):
+        """Rows `row [block_k]` of a cache -> `[block_k, width]`."""
         return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=0.0).astype(q.dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
-        k = read(k_ref, layout.key_offset, pos)
-        v = read(v_ref, layout.value_offset, pos)
+        row, key_ok = lookup(pos)
+        k = read(k_ref, row + layout.key_offset)
+        v = read(v_ref, row + layout.value_offset)
         s = dot(q, k, trans_b=True) * st.softmax_scale
         rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
@@ -97,7 +105,7 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, v_ref, *refs, st: Static, t: Til
             index = (jnp.clip(q_index, 0, size - 1)[:, None], jnp.clip(rel, 0, size - 1))
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
-        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias)
+        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
         return online_softmax_step(carry, s, v, lambda p, v: dot(p.astype(v.dtype), v), detach=lambda x: x)
 
     carry = (

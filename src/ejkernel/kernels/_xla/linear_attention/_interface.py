@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.bounds import clamp_packed
 from ejkernel.kernels._common.linear_attention import (
     check_chunk_size,
     check_layer,
@@ -101,8 +102,11 @@ def linear_attention(
     Without `beta`: `h_t = h_{t-1} ⊙ exp(g_t + gk_t[:, None] + gv_t[None, :]) + k_t v_tᵀ`. With `beta [B,S,H]`:
     the delta rule with per-head decay `g`, and state resets before the tokens where `restarts [B,S]` is
     set. Outputs `o_t = scale · q_tᵀ h_t`. `gv` needs the recurrent form. `engine` runs the sequential parts.
+    Traced `cu_seqlens` are clamped (`clamp_packed`, exact: bounds from 0 to S, never decreasing).
     """
     batch, seq_len, _, dk = q.shape
+    if cu_seqlens is not None:
+        cu_seqlens = clamp_packed(cu_seqlens, seq_len, exact=True)
     num_heads = max(q.shape[2], v.shape[2])
     if q.shape[2] < num_heads and (beta is not None or recurrent or gk is not None):
         raise ValueError("a query and key shared by groups of value heads need the chunked form with per-head gates")

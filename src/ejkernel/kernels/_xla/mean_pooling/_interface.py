@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.kernels._common.bounds import clamp_packed
+
 
 def sequence_lengths(cu_seqlens: jax.Array) -> jax.Array:
     return (cu_seqlens[1:] - cu_seqlens[:-1]).astype(jnp.int32)
@@ -25,7 +27,8 @@ def mean_pooling_bwd(g: jax.Array, x_shape: tuple[int, ...], x_dtype, cu_seqlens
 
 
 def pool_with_vjp(forward, x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Array:
-    """`forward(x, cu_seqlens)` with the shared backward (integer `cu_seqlens` gets no cotangent)."""
+    """`forward(x, cu_seqlens)` with the shared backward (integer `cu_seqlens` gets no cotangent); traced
+    `cu_seqlens` are clamped first (`clamp_packed`: each bound into `[previous bound, T]`, the first to 0)."""
 
     @jax.custom_vjp
     def pooled(x, cu_seqlens):
@@ -39,7 +42,7 @@ def pool_with_vjp(forward, x: jax.Array, cu_seqlens: jax.Array | None) -> jax.Ar
         return mean_pooling_bwd(g, x.shape, x.dtype, cu_seqlens), cu_ct
 
     pooled.defvjp(fwd, bwd)
-    return pooled(x, cu_seqlens)
+    return pooled(x, None if cu_seqlens is None else clamp_packed(cu_seqlens, x.shape[0]))
 
 
 def _forward(x, cu_seqlens):

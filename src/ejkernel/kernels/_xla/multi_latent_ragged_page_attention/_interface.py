@@ -8,7 +8,9 @@ position `i` of page `g` at row `g * page_size + i` (packing only folds the slot
 addressing reads it directly. Only the rows of the new tokens are written (a scatter: under donation,
 in place), and the core counts only positions below each `kv_len` (a step's gather of a whole chunk is
 clamped to the cache and masked past it), so entries of a block table past the pages covering
-`kv_len` are never written and whatever they hold never changes the result.
+`kv_len` are never written and whatever they hold never changes the result. Index values follow the
+shared rules of `ejkernel.kernels._common.paged_attention` (lengths and bounds clamped, positions on
+pages outside the cache masked and not written).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from ejkernel.kernels._common.paged_attention import (
     CacheRows,
     PagedBatch,
     Static,
+    clamp_lengths,
     last_positions_window,
     new_token_rows,
     quantize_queries,
+    ragged_queries,
 )
 from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 from ejkernel.ops.config import FwdParams, KernelConfig
@@ -44,22 +48,9 @@ def _mixed(value):
     return value[2] if isinstance(value, tuple) else value
 
 
-def _sequences(kv_lens, query_start_loc, distribution):
-    """`(query_start, query_len)` per sequence `[N]`: sequences from `distribution[2]` on (clipped to
-    `[0, N]`) get no queries, so they are neither written nor attended."""
-    num_seqs = kv_lens.shape[0]
-    loc = query_start_loc.astype(jnp.int32)
-    count = jnp.clip(distribution[2].astype(jnp.int32), 0, num_seqs)
-    lengths = jnp.where(jnp.arange(num_seqs) < count, jnp.maximum(loc[1:] - loc[:-1], 0), 0)
-    return loc[:-1], lengths
-
-
 def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, query_len) -> jax.Array:
-    """The cache with every processed token's `[c, 0…, r, 0…]` at its position (cast to the cache dtype).
-
-    Token `query_start[s] + j` goes to position `kv_lens[s] - query_len[s] + j` of sequence s. Tokens
-    of no sequence, positions below 0 or past the table row, and pages outside the cache are dropped.
-    """
+    """The cache with every processed token's `[c, 0…, r, 0…]` at its row of `new_token_rows` (cast to the
+    cache dtype): token `query_start[s] + j` at position `kv_lens[s] - query_len[s] + j` of sequence s."""
     num_pages, rows, packing, width = kv_cache.shape
     page_size = rows * packing
     num_tokens, latent = keys_values.shape
@@ -69,7 +60,7 @@ def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, 
     new = new.at[:, :latent].set(keys_values.astype(kv_cache.dtype))
     new = new.at[:, rope_col : rope_col + keys_pe.shape[1]].set(keys_pe.astype(kv_cache.dtype))
     flat = kv_cache.reshape(num_pages * page_size, width)
-    return flat.at[row].set(new, mode="drop").reshape(kv_cache.shape)
+    return flat.at[row].set(new, mode="drop", unique_indices=True).reshape(kv_cache.shape)
 
 
 def _core_cfg(cfg, batch: PagedBatch, page_size: int) -> KernelConfig:
@@ -97,7 +88,8 @@ def _run(
     page_size = rows * packing
     num_seqs = kv_lens.shape[0]
     tables = block_tables.astype(jnp.int32).reshape(num_seqs, -1)
-    query_start, query_len = _sequences(kv_lens, query_start_loc, distribution)
+    kv_lens = clamp_lengths(kv_lens, tables.shape[1] * page_size)
+    query_start, query_len = ragged_queries(query_start_loc, distribution[2], num_seqs, num_tokens)
     kv_cache = write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, query_len)
 
     compute = jnp.promote_types(jnp.promote_types(queries_nope.dtype, queries_pe.dtype), kv_cache.dtype)
@@ -119,7 +111,7 @@ def _run(
         page_tables=tables,
         query_start=query_start,
         query_len=query_len,
-        kv_len=kv_lens.astype(jnp.int32),
+        kv_len=kv_lens,
         static=Static(
             rows=CacheRows(page_size, num_pages, page_size, 1, 1),
             num_kv_heads=1,

@@ -117,8 +117,8 @@ def native_sparse_attention_xla(
 ):
     """Native sparse attention `[B, S, H, D] -> [B, S, H, Dv]` in plain JAX (any head ratio).
 
-    Takes the public options of `ejkernel.modules.native_sparse_attention`; `block_size` is the
-    config's. The selected branch costs in proportion to the listed blocks, the sliding branch (XLA
+    Takes the public options of `ejkernel.modules.native_sparse_attention`, `block_size` among them.
+    The selected branch costs in proportion to the listed blocks, the sliding branch (XLA
     block-sparse attention) to the window; the compressed branch is dense over the block means
     (S x S / block_size). Tilings (`fwd_params`, `bwd_params`) have nothing to set here.
     """

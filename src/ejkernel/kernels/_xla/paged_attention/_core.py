@@ -7,6 +7,7 @@ for every tile, only the cache rows of the positions in its own chunk (page tabl
 position), so no call reads more than the pages its sequences own, and never a whole cache or a
 whole page table per sequence. The walk is a static loop over the longest span a tile can have; a
 step in which every tile is done is skipped by a `cond`, so short contexts cost what they use.
+Positions whose page-table entry is not a page of the cache are read clamped and masked (`page_in_cache`).
 
 Plain JAX end to end, so every gradient (queries, caches, sinks, biases) comes from autodiff.
 """
@@ -24,6 +25,7 @@ from ejkernel.kernels._common.paged_attention import (
     finalize,
     key_span,
     online_softmax_step,
+    page_in_cache,
     query_tiles,
     span_bound,
     tile_bias,
@@ -98,18 +100,25 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
     head_rows = jnp.arange(num_kv_heads, dtype=jnp.int32) * rows_of.head_stride
     tables = batch.page_tables
 
-    def read(rows_array, offset, pos):
-        """Cache rows of positions `pos [R, L]` of each tile's sequence -> `[R, L, Hkv, D]`."""
+    def lookup(pos):
+        """First cache rows of positions `pos [R, L]` of each tile's sequence, and whether their page is in the
+        cache (entries outside it are read clamped, then masked)."""
         column = jnp.clip(pos // rows_of.page_size, 0, tables.shape[1] - 1)
-        page = jnp.clip(tables[seq[:, None], column], 0, rows_of.num_pages - 1)
+        entry = tables[seq[:, None], column]
+        page = jnp.clip(entry, 0, rows_of.num_pages - 1)
         base = page * rows_of.page_stride + (pos % rows_of.page_size) * rows_of.slot_stride
+        return base, page_in_cache(entry, rows_of.num_pages)
+
+    def read(rows_array, offset, base):
+        """The rows of `lookup`'s positions -> `[R, L, Hkv, D]`."""
         out = _gather(rows_array, base[..., None] + head_rows + offset)
         return out[..., : st.head_dim].astype(compute)
 
     def step(i, carry):
         pos = (first_chunk + i)[:, None] * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [R, L]
-        k = read(batch.key_rows, rows_of.key_offset, pos)
-        v = read(batch.value_rows, rows_of.value_offset, pos)
+        base, key_ok = lookup(pos)
+        k = read(batch.key_rows, rows_of.key_offset, base)
+        v = read(batch.value_rows, rows_of.value_offset, base)
         s = jnp.einsum("rqhgd,rkhd->rhgqk", q, k, preferred_element_type=jnp.float32) * st.softmax_scale
         k_pos = pos[:, None, None, None, :]
         bias = tile_bias(
@@ -121,7 +130,7 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
             q_index[:, None, None, :, None],
         )
         edge = lambda x: x[:, None, None, None, None]
-        s = adjust_logits(s, q_pos, k_pos, edge(lo), edge(hi), st, bias)
+        s = adjust_logits(s, q_pos, k_pos, edge(lo), edge(hi), st, bias, key_ok[:, None, None, None, :])
         matmul = lambda p, v: jnp.einsum("rhgqk,rkhd->rhgqd", p.astype(compute), v, preferred_element_type=jnp.float32)
         return online_softmax_step(carry, s, v, matmul)
 

@@ -9,7 +9,7 @@ forward and the backward of both layouts:
 - `_times_wt(a [M, C]) = a @ Wᵀ`: one independent `[M, tile]` block of the result per row tile.
 
 Without transpose `y = x @ W` and `∂x = g @ Wᵀ`; with it `y = x @ Wᵀ` and `∂x = g @ W`. Dot operands
-are float32 for a float32 `x`; for a 16-bit `x`, bf16 (`cfg.use_bf16`) or f16. Products accumulate
+are in `x`'s dtype (the dequantized tile rounded to it; a config never changes that), products accumulate
 in float32, and the result is float32.
 """
 
@@ -33,8 +33,7 @@ class _Plan:
     params: QuantParams
     transpose: bool
     tile: int  # packed rows per tile
-    operand_dtype: jnp.dtype
-    x_dtype: jnp.dtype
+    x_dtype: jnp.dtype  # also the dot operands' dtype
 
 
 def _row_tiles(w, scales, zeros, tile: int):
@@ -55,8 +54,8 @@ def _row_tiles(w, scales, zeros, tile: int):
 
 
 def _dot(a, b, plan: _Plan, contract_b: int):
-    """`a [M, X]` contracted with `b`'s axis `contract_b` in the plan's operand dtype, float32 out."""
-    op = plan.operand_dtype
+    """`a [M, X]` contracted with `b`'s axis `contract_b`, both in x's dtype, float32 out."""
+    op = plan.x_dtype
     return lax.dot_general(
         a.astype(op), b.astype(op), (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -109,12 +108,6 @@ def _backward(plan: _Plan, residuals, g):
 _quantized_matmul.defvjp(_forward, _backward)
 
 
-def _operand_dtype(x_dtype, use_bf16: bool) -> jnp.dtype:
-    if jnp.dtype(x_dtype).itemsize == 2:
-        return jnp.dtype(jnp.bfloat16 if use_bf16 else jnp.float16)
-    return jnp.dtype(jnp.float32)
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "transpose", "group_size", "bits", "mode", "fuse"))
 def quantized_matmul_xla(
     x, w, scales, zeros=None, *, cfg, transpose: bool, group_size: int, bits: int, mode: str, fuse: bool
@@ -132,7 +125,6 @@ def quantized_matmul_xla(
         QuantParams(mode, group_size, bits),
         transpose,
         tile,
-        _operand_dtype(x.dtype, cfg.use_bf16),
         jnp.dtype(x.dtype),
     )
     return _quantized_matmul(x, w, scales, zeros, plan)

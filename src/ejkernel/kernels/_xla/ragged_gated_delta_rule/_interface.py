@@ -12,6 +12,8 @@ under `jit`), so every shape is static and the request bounds are only read as d
 
 `lax.cond` on the traced lengths picks the path; both give the same result. New states are written
 back by `scatter_first`: only non-empty requests write, and of several sharing a slot only the first.
+Out-of-range values have one meaning: bounds are clamped to `[0, T]` and made non-decreasing, and a
+request whose slot is outside the pool is dropped (its tokens become zero tokens, nothing is written).
 Everything is plain autodiff-able JAX (the chunked form through its custom VJP), so `jax.grad` of a
 surrounding model runs and differentiates through the op.
 """
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.kernels._common.linear_attention import delta_step, l2_normalize
+from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._xla.linear_attention._interface import linear_attention
 
 DEFAULT_CHUNK = 64
@@ -99,7 +102,8 @@ def ragged_gated_delta_rule_xla(
     """`ragged_gated_delta_rule` in plain JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`.
 
     Arguments as the public op's (checked there); `cfg.chunk_size`, when given, wins over `chunk_size`.
-    Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing.
+    Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing, and requests whose
+    slot is outside `[0, S)` are dropped (zero outputs, no write).
     """
     required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
     for name, x in required.items():
@@ -111,11 +115,13 @@ def ragged_gated_delta_rule_xla(
         return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
     bounds = lax.cummax(jnp.clip(query_start_loc.astype(jnp.int32), 0, num_tokens))
     lengths = bounds[1:] - bounds[:-1]
-    positions = jnp.arange(num_tokens)
-    inside = (positions >= bounds[0]) & (positions < bounds[-1])  # tokens of some request
+    slots = state_indices.astype(jnp.int32)
+    positions = jnp.arange(num_tokens, dtype=jnp.int32)
+    request = jnp.clip(sorted_position(bounds[1:], positions), 0, slots.shape[0] - 1)
+    slot_ok = (slots >= 0) & (slots < recurrent_state.shape[0])
+    inside = (positions >= bounds[0]) & (positions < bounds[-1]) & slot_ok[request]  # tokens of a kept request
     xs = delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
     xs = tuple(jnp.where(inside.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0) for x in xs)
-    slots = state_indices.astype(jnp.int32)
     init = read_states(recurrent_state, slots)
     out, final = lax.cond(
         jnp.all(lengths <= 1),
@@ -131,7 +137,8 @@ def decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices
     """One decode step per token: token `i` reads slot `state_indices[i]` and writes its new state there.
 
     Returns `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`. Of tokens naming one
-    slot, the first (lowest index) writes it; out-of-range slots are read clamped and never written.
+    slot, the first (lowest index) writes it; a token whose slot is out of range outputs zeros and
+    writes nothing.
     """
     if state_indices.shape != query.shape[:1]:
         raise ValueError(
@@ -141,5 +148,6 @@ def decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices
     final, out = delta_step(
         read_states(recurrent_state, slots), *delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
     )
-    keep = jnp.ones(slots.shape, bool)
+    keep = (slots >= 0) & (slots < recurrent_state.shape[0])
+    out = jnp.where(keep.reshape((-1,) + (1,) * (out.ndim - 1)), out, 0.0)
     return out.astype(query.dtype), scatter_first(recurrent_state, slots, final, keep)

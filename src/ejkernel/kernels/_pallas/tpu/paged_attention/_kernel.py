@@ -3,7 +3,8 @@
 The grid is `(query tiles, page steps)`. Both page tables and the tiles' metadata are prefetched as
 scalars, so the key/value BlockSpecs' index maps pick step `p`'s physical page of the tile's
 sequence (`tables[seq, lo // page_size + p]`): each step DMAs one whole page (every kv head) into
-VMEM. Steps past the tile's last page point at that page again (no new DMA) and skip compute. A
+VMEM. Steps past the tile's last page point at that page again (no new DMA) and skip compute, as do
+steps whose table entry is not a page of the cache (`page_in_cache`: its DMA is clamped, its keys masked). A
 tile's rows are its queries times the query heads of each kv head (`tile_rows`), so a page serves
 every head that reads it. The online softmax carries float32 `(acc, m, l)` per kv head in VMEM
 scratch, initialised at the first step and written out at the last; `finish_tiles` normalises.
@@ -34,6 +35,7 @@ from ejkernel.kernels._common.paged_attention import (
     PagedBatch,
     adjust_logits,
     online_softmax_step,
+    page_in_cache,
 )
 
 NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -73,6 +75,7 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, *refs, batch_static, plan: Plan,
     context, first = meta_ref[tile, CONTEXT], meta_ref[tile, FIRST]
     first_page = lo // layout.page_size
     page = first_page + step
+    entry = tables_ref[meta_ref[tile, SEQ], jnp.minimum(page, tables_ref.shape[1] - 1)]
 
     @pl.when(step == 0)
     def _init():
@@ -86,7 +89,7 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, *refs, batch_static, plan: Plan,
         combined = head * layout.head_stride + offset
         return ref[:, combined // plan.packing, combined % plan.packing, :]
 
-    @pl.when((hi > lo) & (page * layout.page_size < hi))
+    @pl.when((hi > lo) & (page * layout.page_size < hi) & page_in_cache(entry, layout.num_pages))
     def _attend():
         shape = (plan.rows, layout.page_size)
         q_pos = context + first + lax.broadcasted_iota(jnp.int32, shape, 0) // group
