@@ -1,8 +1,18 @@
 """ejkernel: fast, exact, differentiable and shardable kernels for JAX."""
 
 from ejkernel.errors import EjkernelRuntimeError
+from ejkernel.explain import Explanation, explain
 from ejkernel.registry import Backend, KernelRegistry, Platform, kernel_registry
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "EjkernelRuntimeError", "KernelRegistry", "Platform", "__version__", "kernel_registry"]
+__all__ = [
+    "Backend",
+    "EjkernelRuntimeError",
+    "Explanation",
+    "KernelRegistry",
+    "Platform",
+    "__version__",
+    "explain",
+    "kernel_registry",
+]

@@ -27,7 +27,7 @@ from ejkernel.ops.config import (
     config_with_platform,
 )
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
-from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel
+from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel, log_dispatch
 from ejkernel.registry import current_backend
 
 log = logging.getLogger("ejkernel.ops")
@@ -112,8 +112,15 @@ class ConfigSelectorChain:
         self.policy = AutotunePolicy(policy) if policy is not None else None
 
     def select(self, kernel: Kernel, inv: Invocation, override: KernelConfig | None = None) -> KernelConfig:
+        """The config of a call, from the first tier that answers (logged to `ejkernel.dispatch` at DEBUG)."""
+        chosen, tier = self._select(kernel, inv, override)
+        mode = f", {inv.mode} call" if inv.mode else ""
+        log_dispatch("%s: config %r from the %s%s", inv.op_id, chosen, tier, mode)
+        return chosen
+
+    def _select(self, kernel: Kernel, inv: Invocation, override: KernelConfig | None) -> tuple[KernelConfig, str]:
         if override is not None:
-            return self._checked(kernel, override, "cfg")
+            return self._checked(kernel, override, "cfg"), "cfg= argument"
         key = inv.cache_key(device_fingerprint())
         scoped = overlay_lookup(inv.op_id, key)
         if scoped is not None:
@@ -125,28 +132,28 @@ class ConfigSelectorChain:
                     f"{inv.op_id}: platform={inv.platform!r} contradicts the overlay's "
                     f"platform={config_platform(scoped)!r}"
                 )
-            return scoped
+            return scoped, "overlay"
         cached = self.memory.get(key)
         if cached is not None:
-            return cached
+            return cached, "in-memory cache"
         stored = self.persistent.get(key, check=lambda cfg: _inapplicable(kernel, inv, cfg))
         if stored is not None:
             self.memory.put(key, stored)
-            return stored
+            return stored, f"persistent cache ({self.persistent.path})"
         if active_policy(self.policy) is AutotunePolicy.AUTOTUNE:
             tuned = self._autotune(kernel, inv, key)
             if tuned is not None:
-                return tuned
+                return tuned, "autotuner"
         shipped = _shipped_config(kernel, inv)
         if shipped is not None:
-            return shipped
+            return shipped, f"configs shipped for {describe_device()['device_kind']}"
         try:
             chosen = kernel.heuristic_cfg(inv)
         except Exception as err:
             raise RuntimeError(f"{inv.op_id}: no config could be chosen for this call: {err}") from err
         if not isinstance(chosen, kernel.config_type):
             raise RuntimeError(f"{inv.op_id}: no config could be chosen for this call (heuristics gave {chosen!r})")
-        return chosen
+        return chosen, "heuristics"
 
     @staticmethod
     def _checked(kernel: Kernel, cfg: Any, what: str) -> KernelConfig:

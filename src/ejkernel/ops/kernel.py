@@ -53,6 +53,12 @@ def _dispatch_to_stderr() -> None:
         dispatch_log.setLevel(logging.DEBUG)
 
 
+def log_dispatch(message: str, *args: Any) -> None:
+    """One `ejkernel.dispatch` line at DEBUG (to standard error with `EJKERNEL_LOG_DISPATCH=1`)."""
+    _dispatch_to_stderr()
+    dispatch_log.debug(message, *args)
+
+
 @dataclasses.dataclass(frozen=True)
 class Invocation:
     """One call of an op: its positional tensors, its keyword options and the requested platform.
@@ -166,7 +172,6 @@ class Kernel[Cfg: KernelConfig, Out]:
 
     def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
         """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
-        _dispatch_to_stderr()
         here, backend, platform = current_backend().value, config_backend(cfg), config_platform(cfg)
         if backend not in ("any", here):
             raise ValueError(
@@ -178,7 +183,7 @@ class Kernel[Cfg: KernelConfig, Out]:
             if impl is None:
                 kernel_registry.get(self.op_id, platform)  # raises the registry's error, listing what exists
             out = self.call_impl(impl, args, kwargs, cfg)
-            dispatch_log.debug("%s: %s ran (platform=%r asked for)", self.op_id, impl.platform.value, platform)
+            log_dispatch("%s: %s serves the call (platform=%r asked for)", self.op_id, impl.platform.value, platform)
             return out
         reasons = []
         for impl in self.implementations():
@@ -188,7 +193,7 @@ class Kernel[Cfg: KernelConfig, Out]:
                 reasons.append(f"{impl.platform.value}: {err}")
                 continue
             declined = f"; declined first: {'; '.join(reasons)}" if reasons else ""
-            dispatch_log.debug("%s: %s ran (platform='auto')%s", self.op_id, impl.platform.value, declined)
+            log_dispatch("%s: %s serves the call (platform='auto')%s", self.op_id, impl.platform.value, declined)
             return out
         raise NoImplementationError(
             f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)

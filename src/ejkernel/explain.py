@@ -1,0 +1,70 @@
+"""`ejkernel.explain`: what `platform="auto"` would run for a call, without running it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The dispatch decisions of one traced call, in order: for each op reached, the config and the tier
+    that chose it, then the implementation that ran and those that declined first (with their reasons)."""
+
+    lines: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def explain(op: str | Callable, *args: Any, **kwargs: Any) -> Explanation:
+    """Trace `op(*args, **kwargs)` (no computation: shapes only, `jax.eval_shape`) and report which config
+    each ejkernel op it reaches would take and from which tier (cfg=, overlay, caches, autotuner, shipped
+    configs, heuristics), which implementation would run, and why each one before it declined.
+
+    `op` is a public op function or its name (`"flash_attention"`). Positional array arguments may be
+    arrays or `jax.ShapeDtypeStruct`s (traced); other arguments are passed as they are. A call that is
+    differentiated selects its training config instead: to explain that, pass a function that takes
+    `jax.grad` of one using the op.
+    """
+    if isinstance(op, str):
+        import ejkernel.modules as modules
+
+        if op not in modules.__all__ or not callable(getattr(modules, op)) or op[0].isupper():
+            raise ValueError(f"explain: op must be a public op function or its name, got {op!r}")
+        op = getattr(modules, op)
+    from ejkernel.ops.kernel import dispatch_log
+
+    collect = _Collect()
+    level = dispatch_log.level
+    dispatch_log.addHandler(collect)
+    dispatch_log.setLevel(logging.DEBUG)
+    is_array = lambda x: isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
+    arrays = [i for i, a in enumerate(args) if is_array(a)]
+
+    def call(*traced):
+        full = list(args)
+        for i, a in zip(arrays, traced, strict=True):
+            full[i] = a
+        return op(*full, **kwargs)
+
+    try:
+        jax.eval_shape(call, *(args[i] for i in arrays))
+    finally:
+        dispatch_log.removeHandler(collect)
+        dispatch_log.setLevel(level)
+    return Explanation(tuple(collect.lines))
