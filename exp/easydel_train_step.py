@@ -120,7 +120,9 @@ class _Reached(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage().split(" (")[0])
+        message = record.getMessage()
+        if " serves the call" in message:
+            self.lines.append(message.split(" (")[0])
 
 
 def run(args, mechanism: str, ids):
