@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.benchmarks._harness import print_table, time_fn
+from ejkernel.benchmarks._harness import format_value, time_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +144,46 @@ def _serving_inputs(key, op):
     return tuple(inputs[n] for n in names), {}
 
 
+def _ragged_gdr_inputs(key):
+    """8 requests (decode steps, prefill chunks, one empty) after 2 padding tokens, on a pool of 10 states."""
+    k = jax.random.split(key, 6)
+    lengths = np.array([1, 1, 37, 1, 64, 0, 1, 20])
+    tokens = 2 + int(lengths.sum())
+    q, kk, v = (jax.random.normal(x, (tokens, 4, 64), jnp.bfloat16) for x in k[:3])
+    beta = jax.nn.sigmoid(jax.random.normal(k[3], (tokens, 4)))
+    decay = -jax.nn.softplus(jax.random.normal(k[4], (tokens, 4)))
+    state = 0.1 * jax.random.normal(k[5], (10, 4, 64, 64))
+    starts = jnp.asarray(2 + np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
+    slots = jnp.asarray(np.random.default_rng(0).permutation(10)[:8], jnp.int32)
+    return (q, kk, v, beta, decay, state, starts, slots), {}
+
+
+def _mla_serving_inputs(key):
+    """An MLA serving step (latent 128, RoPE 64, 8 heads) over v3's mixed schedule, bf16 packed latent pages."""
+    from ejkernel.utils import make_dummy_rpa_inputs
+
+    tables = make_dummy_rpa_inputs(
+        rng_seed=1, num_seqs=8, pages_per_seq=16, page_size=16, num_q_heads=8, num_kv_heads=1, head_dim=64,
+        kv_dtype=jnp.bfloat16, decode_prefill_mixed=(4, 6, 8),
+    )  # fmt: skip
+    tokens, pages = tables["queries"].shape[0], tables["kv_cache"].shape[0]
+    k = jax.random.split(key, 5)
+    q_nope, q_pe = (jax.random.normal(x, (tokens, 8, d), jnp.bfloat16) for x, d in ((k[0], 128), (k[1], 64)))
+    latent, rope = (jax.random.normal(x, (tokens, d), jnp.bfloat16) for x, d in ((k[2], 128), (k[3], 64)))
+    cache = jax.random.normal(k[4], (pages, 8, 2, 256), jnp.bfloat16)  # 16 slots a page, packed in pairs
+    names = ("kv_lens", "block_tables", "query_start_loc", "distribution")
+    return (q_nope, q_pe, latent, rope, cache, *(tables[n] for n in names)), {}
+
+
+def _quantized_matmul_inputs(key):
+    """bf16 activations [64, 512] times 4-bit affine weights [512, 256] packed as EasyDeL packs them."""
+    from ejkernel.quantization import prepack_quantized_weights
+
+    kx, kw = jax.random.split(key)
+    weights = prepack_quantized_weights(jax.random.normal(kw, (512, 256)) / 512**0.5, bits=4, transpose=False)
+    return (jax.random.normal(kx, (64, 512), jnp.bfloat16), *weights), {"bits": 4}
+
+
 def _cases() -> list[DemoCase]:
     from ejkernel.reference import paged_attention as paged
     from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
@@ -157,7 +197,10 @@ def _cases() -> list[DemoCase]:
         linear_recurrence_reference,
     )
     from ejkernel.reference.mean_pooling import mean_pooling_reference
+    from ejkernel.reference.multi_latent_ragged_page_attention import multi_latent_ragged_page_attention_reference
     from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
+    from ejkernel.reference.quantized_matmul import quantized_matmul_reference
+    from ejkernel.reference.ragged_gated_delta_rule import ragged_gated_delta_rule_reference
     from ejkernel.reference.state_space import state_space_v1_reference, state_space_v2_reference
 
     attention_reference = functools.partial(flash_attention_reference, softmax_scale=64**-0.5, causal=True)
@@ -240,15 +283,39 @@ def _cases() -> list[DemoCase]:
             paged.compiled(lambda *a: paged.ragged_page_attention_v3_reference(*a)[0]),
             output=lambda result: result[0],
         ),
+        DemoCase(
+            "multi_latent_ragged_page_attention",
+            _mla_serving_inputs,
+            lambda *a: multi_latent_ragged_page_attention_reference(*a)[0],
+            output=lambda result: result[0],
+        ),
+        DemoCase(
+            "ragged_gated_delta_rule",
+            _ragged_gdr_inputs,
+            lambda *a: ragged_gated_delta_rule_reference(*a)[0],
+            output=lambda result: result[0],
+        ),
+        DemoCase(
+            "quantized_matmul",
+            _quantized_matmul_inputs,
+            functools.partial(quantized_matmul_reference, bits=4),
+        ),
     ]
 
 
+COLUMNS = (("op", 36), ("platform", 9), ("ran", 8), ("rel_error", 10), ("ms", 9), ("ok", 3))
+
+
 def run_demo() -> int:
+    """Every op on this device against its reference: one row printed as each finishes, naming the
+    implementation that served it (`auto`'s choice, from the dispatch log)."""
     import ejkernel.modules as modules
     from ejkernel import kernel_registry
+    from ejkernel.explain import dispatch_lines
 
     print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})")
-    rows, failures = [], 0
+    print("  ".join(name.ljust(width) for name, width in COLUMNS), flush=True)
+    failures = 0
     for index, case in enumerate(_cases()):
         args, options = case.make_inputs(jax.random.PRNGKey(index))
         expected = np.asarray(case.reference(*args), np.float64)
@@ -259,13 +326,14 @@ def run_demo() -> int:
             if case.takes_platform:
                 options = {**options, "platform": platform}
             fn = jax.jit(lambda *a, op=op, o=options, pick=case.output: pick(op(*a, **o)))
-            out = np.asarray(jnp.asarray(fn(*args), jnp.float32), np.float64)
+            with dispatch_lines() as lines:
+                out = np.asarray(jnp.asarray(fn(*args), jnp.float32), np.float64)
+            served = [line.split(": ")[1].split(" serves")[0] for line in lines if " serves the call" in line]
             error = float(np.linalg.norm(out - expected) / max(np.linalg.norm(expected), 1e-30))
             ok = bool(np.isfinite(out).all()) and error < 2e-2
             failures += not ok
             seconds = time_fn(lambda f=fn, a=args: f(*a), repeats=5)
-            rows.append(
-                dict(op=case.op, platform=platform, rel_error=error, ms=1e3 * seconds, ok="yes" if ok else "NO")
-            )
-    print_table(rows, ["op", "platform", "rel_error", "ms", "ok"])
+            ran = "+".join(dict.fromkeys(served)) or "-"
+            row = (case.op, platform, ran, format_value(error), format_value(1e3 * seconds), "yes" if ok else "NO")
+            print("  ".join(v.ljust(w) for v, (_, w) in zip(row, COLUMNS, strict=True)), flush=True)
     return 1 if failures else 0

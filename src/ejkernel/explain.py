@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -31,6 +32,21 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@contextlib.contextmanager
+def dispatch_lines() -> Iterator[list[str]]:
+    """The `ejkernel.dispatch` lines of every call traced inside the block (a list filled as they come)."""
+    from ejkernel.ops.kernel import dispatch_log
+
+    collect, level = _Collect(), dispatch_log.level
+    dispatch_log.addHandler(collect)
+    dispatch_log.setLevel(logging.DEBUG)
+    try:
+        yield collect.lines
+    finally:
+        dispatch_log.removeHandler(collect)
+        dispatch_log.setLevel(level)
+
+
 def explain(op: str | Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `op(*args, **kwargs)` (no computation: shapes only, `jax.eval_shape`) and report which config
     each ejkernel op it reaches would take and from which tier (cfg=, overlay, caches, autotuner, shipped
@@ -47,12 +63,6 @@ def explain(op: str | Callable, *args: Any, **kwargs: Any) -> Explanation:
         if op not in modules.__all__ or not callable(getattr(modules, op)) or op[0].isupper():
             raise ValueError(f"explain: op must be a public op function or its name, got {op!r}")
         op = getattr(modules, op)
-    from ejkernel.ops.kernel import dispatch_log
-
-    collect = _Collect()
-    level = dispatch_log.level
-    dispatch_log.addHandler(collect)
-    dispatch_log.setLevel(logging.DEBUG)
     is_array = lambda x: isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
     arrays = [i for i, a in enumerate(args) if is_array(a)]
 
@@ -62,9 +72,6 @@ def explain(op: str | Callable, *args: Any, **kwargs: Any) -> Explanation:
             full[i] = a
         return op(*full, **kwargs)
 
-    try:
+    with dispatch_lines() as lines:
         jax.eval_shape(call, *(args[i] for i in arrays))
-    finally:
-        dispatch_log.removeHandler(collect)
-        dispatch_log.setLevel(level)
-    return Explanation(tuple(collect.lines))
+    return Explanation(tuple(lines))

@@ -74,13 +74,13 @@ def write_results(out_dir: str, name: str, rows: list[dict], meta: dict, plot: C
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    widths = [max(len(c), *(len(format_value(r.get(c))) for r in rows)) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for r in rows:
-        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+        print("  ".join(format_value(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return "-" if v is None else str(v)
