@@ -192,6 +192,7 @@ def _bad(**changes):
 
 
 BAD_INPUTS = {
+    "no beta": (_bad(beta=lambda _: None), ValueError, "beta is required"),
     "no recurrent_state": (_bad(recurrent_state=lambda _: None), ValueError, "recurrent_state is required"),
     "no query_start_loc": (_bad(query_start_loc=lambda _: None), ValueError, "query_start_loc is required"),
     "no state_indices": (_bad(state_indices=lambda _: None), ValueError, "state_indices is required"),

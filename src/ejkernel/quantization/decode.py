@@ -68,11 +68,45 @@ def decode_layout(w_q, scales, zeros, params: QuantParams, dtype=jnp.float32, un
 
 
 def dequantize(w_q, scales, zeros=None, *, group_size=None, bits=None, mode="affine", axis="row", runtime_config=None):
-    """Values `[..., R, n_groups * g]` (the layout `quantize` grouped; leading dims follow `scales`).
+    """Packed codes and group metadata back to values, in the layout `quantize` grouped.
 
-    `axis` is checked and otherwise ignored, as upstream: `dequantize(*quantize(w, axis="row"))` is `w`
-    with its last two axes swapped. Float32 unless `runtime_config` says otherwise; plain JAX,
-    differentiable with respect to floating `scales` and `zeros`.
+    Each value is decoded from its code q and its group's metadata: affine `(q - z) · s`, nf4 `NF4[q] · s`,
+    mx modes `val(q) · 2^int8(byte)` (the power of two applied exactly in float32), nv modes
+    `val(q) · e4m3(byte)`. `axis` is checked and otherwise ignored, as upstream:
+    `dequantize(*quantize(w, axis="row"))` is `w` with its last two axes swapped. Plain JAX, differentiable
+    with respect to floating `scales` and `zeros`.
+
+    Args:
+        w_q: `[..., R, words]` uint32 packed codes, `words = ceil(n_groups · group_size · bits / 32)`.
+        scales: `[..., R, n_groups]`: float for affine and nf4, uint8 for mx and nv modes.
+        zeros: `[..., R, n_groups]` float, required for affine; None (default) for the other modes.
+        group_size: As given to `quantize`; None (default): the mode's default.
+        bits: As given to `quantize`; None (default): 4 for affine.
+        mode: As given to `quantize` (default `"affine"`).
+        axis: `"row"` (default) or `"col"`; checked, otherwise ignored.
+        runtime_config: A `QuantRuntimeConfig` (the arithmetic's and the result's dtypes, the unpacking
+            strategy); None (default): its defaults, float32 throughout.
+
+    Returns:
+        `[..., R, n_groups · group_size]` values, leading dims following `scales`, float32 unless
+        `runtime_config` says otherwise.
+
+    Raises:
+        ValueError: `mode`, `group_size`, `bits` or `axis` outside its domain; `w_q` not uint32; `scales` or
+            `zeros` of the wrong dtype for the mode; `zeros` missing for affine or given for another mode,
+            or not shaped like `scales`; `w_q` and `scales` disagreeing on a leading dim, or a word count
+            that does not fit `scales`; a bad `runtime_config` (or its `"fast"` unpacking with bits not
+            dividing 32).
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.quantization import dequantize, quantize
+        >>> w = np.tile(np.arange(16, dtype=np.float32), (8, 4))  # [8, 64]: groups span 0..15, exact in 4 bits
+        >>> w_hat = dequantize(*quantize(w, axis="col"))
+        >>> print(w_hat.shape, w_hat.dtype, bool((w_hat == w).all()))
+        (8, 64) float32 True
+        >>> bool((dequantize(*quantize(w.T)) == w).all())  # axis="row" swapped the last two axes
+        True
     """
     params = resolve_params(mode, group_size, bits)
     resolve_axis(axis)

@@ -79,12 +79,54 @@ def quantize_layout(layout: jax.Array, params: QuantParams, runtime: QuantRuntim
 
 
 def quantize(w, /, group_size=None, bits=None, mode="affine", axis="row", runtime_config=None):
-    """Quantize `w [..., A, B]` (float, rank >= 2) in groups of `group_size` consecutive values.
+    """Quantize `w [..., A, B]` in groups of `group_size` consecutive values: packed codes and group metadata.
 
     `axis="col"` groups along the last axis as given (layout `[..., A, B]`); `axis="row"` first swaps the
-    last two axes (layout `[..., B, A]`). With layout `[..., R, n]` (`n % group_size == 0`), returns
-    `(w_q uint32[..., R, ceil(n*b/32)], scales[..., R, n/g], zeros)` for affine and `(w_q, scales)` for
-    the other modes (see `ejkernel.quantization.modes`). Jittable with every option static.
+    last two axes (layout `[..., B, A]`). In the layout `[..., R, n]` each group is encoded in `mode`, and
+    the codes are packed LSB-first into uint32 words along the last axis (`ejkernel.quantization.packing`).
+    Statistics are computed in float32 whatever the input dtype, and codes from the metadata as stored
+    (after rounding to its dtype), so `dequantize` sees exactly the scales the codes were made for.
+    Jittable with every option static.
+
+    The modes (`ejkernel.quantization.modes`): affine codes `clip(round_half_even(G / s + z), 0, 2^b - 1)`
+    with `s = (max - min) / (2^b - 1)` (1 for a constant group) and the fractional `z = -min / s`; nf4 the
+    NF4 value nearest `G / max|G|`, scale `max|G|`; mxfp4 / mxfp8 the E2M1 / E4M3 code nearest `G · 2^-e`,
+    with the shared exponent `e = ceil(log2(max|G| / vmax))` stored as an int8 byte; nvfp4 / nvfp8 the
+    E2M1 / E4M3 code nearest `G / e4m3(σ)`, with `σ` the E4M3 code nearest `max|G| / vmax` (0x01 at least
+    for a nonzero group). An all-zero group gets scale 1 (exponent 0, `σ` 0x00).
+
+    Args:
+        w: `[..., A, B]` float (any float dtype; NumPy accepted), rank >= 2.
+        group_size: Values per group, dividing the grouped axis: 16, 32, ..., 1024 for affine and nf4 (None,
+            default: 64); 32 for mx and 16 for nv modes (None or that value).
+        bits: Code width for affine, 1 to 8; None (default): 4. Ignored by the other modes (4 or 8 bits by
+            their format).
+        mode: `"affine"` (default), `"nf4"`, `"mxfp4"`, `"mxfp8"`, `"nvfp4"` or `"nvfp8"`, any case.
+        axis: `"row"` (default) or `"col"`, as above.
+        runtime_config: A `QuantRuntimeConfig` (the dtype of affine metadata, the encoder's strategy); None
+            (default): its defaults (float32 metadata).
+
+    Returns:
+        tuple: `(w_q, scales, zeros)` for affine, `(w_q, scales)` for the other modes, with `w_q` uint32
+        `[..., R, ceil(n · bits / 32)]`; `scales [..., R, n / group_size]`, float32 for affine (by
+        default), `w`'s dtype for nf4, uint8 for mx (exponent bytes) and nv (E4M3 codes); affine `zeros`
+        shaped and typed like its scales.
+
+    Raises:
+        ValueError: `mode`, `group_size`, `bits` or `axis` outside its domain; `w` of rank < 2 or not
+            floating-point; a `group_size` that does not divide the grouped axis; a `runtime_config` that
+            is not a `QuantRuntimeConfig`.
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.quantization import quantize
+        >>> w = np.random.default_rng(0).standard_normal((128, 64), np.float32)  # [A, B]
+        >>> w_q, scales, zeros = quantize(w)  # affine, 4 bits, groups of 64 along A
+        >>> print(w_q.shape, w_q.dtype, scales.shape, scales.dtype, zeros.shape)
+        (64, 16) uint32 (64, 2) float32 (64, 2)
+        >>> w_q, scales = quantize(w, mode="mxfp4", axis="col")  # groups of 32 along B
+        >>> print(w_q.shape, scales.shape, scales.dtype)
+        (128, 8) (128, 2) uint8
     """
     params = resolve_params(mode, group_size, bits)
     axis = resolve_axis(axis)
@@ -106,10 +148,40 @@ def quantize(w, /, group_size=None, bits=None, mode="affine", axis="row", runtim
 def prepack_quantized_weights(
     w, /, group_size=None, bits=None, mode="affine", transpose=True, axis=None, runtime_config=None
 ):
-    """`quantize(w, ..., axis=a)` with `a = axis` if given, else `"row"` if `transpose` else `"col"`.
+    """Quantize a weight matrix for `ejkernel.modules.quantized_matmul`: `quantize(w, ..., axis=a)`.
 
-    `prepack_quantized_weights(kernel[in, out], transpose=False)` packs `w_q[in, .]` grouped along `out`:
-    the layout of `quantized_matmul(..., transpose=False)`. Jittable with the options static.
+    `a` is `axis` if given, else `"row"` if `transpose` else `"col"`. For `kernel [in, out]`, the default
+    `transpose=True` packs `W [out, in]` grouped along `in`, the layout of `quantized_matmul` with
+    `transpose=True`; `transpose=False` packs `w_q [in, .]` grouped along `out`, the layout of
+    `quantized_matmul` with `transpose=False`. Jittable with the options static.
+
+    Args:
+        w: `[..., A, B]` float, rank >= 2 (a kernel `[in, out]`).
+        group_size: As `quantize`'s; None (default): the mode's default.
+        bits: As `quantize`'s; None (default): 4 for affine.
+        mode: As `quantize`'s (default `"affine"`).
+        transpose: A bool (default True), used when `axis` is None, as above.
+        axis: `"row"` or `"col"`, overriding `transpose`; None (default).
+        runtime_config: As `quantize`'s; None (default).
+
+    Returns:
+        tuple: `quantize`'s result, `(w_q, scales, zeros)` for affine, else `(w_q, scales)`.
+
+    Raises:
+        ValueError: A non-bool `transpose` (with `axis` None), and `quantize`'s errors.
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.quantization import dense_quantized_matmul, prepack_quantized_weights
+        >>> kernel = np.random.default_rng(0).standard_normal((64, 128), np.float32)  # [in, out]
+        >>> w, scales, zeros = prepack_quantized_weights(kernel)  # W [out, in], groups along in
+        >>> print(w.shape, scales.shape)
+        (128, 8) (128, 1)
+        >>> dense_quantized_matmul(np.ones((2, 64), np.float32), w, scales, zeros, transpose=True).shape
+        (2, 128)
+        >>> w, scales, zeros = prepack_quantized_weights(kernel, transpose=False)  # [in, out], along out
+        >>> print(w.shape, scales.shape)
+        (64, 16) (64, 2)
     """
     if axis is None:
         if not isinstance(transpose, bool):

@@ -51,10 +51,41 @@ def check_matmul_operands(x, w, scales, zeros, params: QuantParams, transpose: b
 def dense_quantized_matmul(
     x, w, /, scales, zeros=None, *, transpose=False, group_size=None, bits=None, mode="affine", axis=None
 ) -> jax.Array:
-    """`x [..., K]` times the dequantized weights (`Wᵀ` when transposed): float32 `[..., N]`.
+    """`x [..., K]` times the dequantized weights (`Wᵀ` when transposed), the plain way.
 
-    The plain path, dequantize all of `W` in float32 and multiply once; `ejkernel.modules.quantized_matmul`
-    is the op with tiled implementations and a custom VJP. Differentiable by plain autodiff.
+    Dequantizes all of `W` in float32 and multiplies once, with x cast to float32;
+    `ejkernel.modules.quantized_matmul` is the op with tiled implementations and a custom VJP (its products
+    take x's dtype). Layouts: with `transpose=False`, `w [K, ceil(N·b/32)]` and `scales [K, N/g]` pack
+    `W [K, N]` and `y = x @ W`; with `transpose=True`, `w [N, ceil(K·b/32)]` and `scales [N, K/g]` pack
+    `W [N, K]` and `y = x @ Wᵀ`. Differentiable by plain autodiff.
+
+    Args:
+        x: `[..., K]` float, rank >= 2.
+        w: uint32 packed codes, 2-D, in the layout above.
+        scales: 2-D group metadata: float for affine and nf4, uint8 for mx and nv modes.
+        zeros: Affine zero points, float, shaped like `scales`; None (default) for the other modes.
+        transpose: Which layout `w` has (default False).
+        group_size: As given to `quantize`; None (default): the mode's default.
+        bits: As given to `quantize`; None (default): 4 for affine.
+        mode: As given to `quantize` (default `"affine"`).
+        axis: `"row"` (`transpose=False`) or `"col"` (`transpose=True`), winning over `transpose`; None
+            (default).
+
+    Returns:
+        `y [..., N]`, float32.
+
+    Raises:
+        ValueError: `mode`, `group_size`, `bits`, `axis` or `transpose` outside its domain; x, `w`,
+            `scales` or `zeros` of a wrong dtype, rank or shape.
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.quantization import dense_quantized_matmul, quantize
+        >>> w = np.tile(np.arange(16, dtype=np.float32), (32, 4))  # W [K=32, N=64], exact in 4 bits
+        >>> x = np.ones((3, 32), np.float32)
+        >>> y = dense_quantized_matmul(x, *quantize(w, axis="col"))
+        >>> print(y.shape, y.dtype, bool((y == x @ w).all()))
+        (3, 64) float32 True
     """
     params = resolve_params(mode, group_size, bits)
     transpose = resolve_transpose(transpose, axis)

@@ -12,7 +12,9 @@ import numbers
 from typing import Literal, NamedTuple
 
 QuantizationMode = Literal["affine", "nf4", "mxfp4", "mxfp8", "nvfp4", "nvfp8"]
+"""The type of `mode`: the quantization formats `quantize` knows (any case is accepted at run time)."""
 QuantizationAxis = Literal["row", "col"]
+"""The type of `axis`: `"row"` or `"col"` (see `quantize` and `quantized_matmul`, which use them differently)."""
 
 MODES = ("affine", "nf4", "mxfp4", "mxfp8", "nvfp4", "nvfp8")
 AXES = ("row", "col")

@@ -20,15 +20,31 @@ _DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 class QuantRuntimeConfig:
     """Options of `quantize` / `dequantize` beyond the format (hashable: usable as a static jit argument).
 
-    - `affine_metadata_dtype`: storage of affine `scales` and `zeros`, `"input"` (the weight's dtype),
-      `"bf16"`, `"fp16"` or `"fp32"` (default). Codes are computed from the stored (rounded) values.
-    - `prefer_compute_dtype`: dtype of the dequantization arithmetic, `"bf16"`, `"fp16"` or `"fp32"`.
-    - `dequant_output_dtype`: dtype `dequantize` returns, `"compute"` (the compute dtype), `"bf16"`,
-      `"fp16"` or `"fp32"` (default).
-    - `dequant_unpack_policy` (strategy only): `"auto"`, `"fast"` (split words, widths dividing 32) or
-      `"generic"` (read each code from the words it spans).
-    - `enable_threshold_codebook` (strategy only): nearest codes by binary search over midpoints (True)
-      or by the smallest distance to every code (False).
+    With the defaults everything is deterministic: affine metadata in float32, dequantization in float32.
+    The strategy fields never change a result.
+
+    Attributes:
+        affine_metadata_dtype: Storage of affine `scales` and `zeros`: `"input"` (the weight's dtype),
+            `"bf16"`, `"fp16"` or `"fp32"` (default). Codes are computed from the stored (rounded) values.
+        prefer_compute_dtype: Dtype of the dequantization arithmetic: `"bf16"`, `"fp16"` or `"fp32"`
+            (default).
+        dequant_output_dtype: Dtype `dequantize` returns: `"compute"` (the compute dtype), `"bf16"`,
+            `"fp16"` or `"fp32"` (default).
+        dequant_unpack_policy: Strategy only: `"auto"` (default), `"fast"` (split words; widths dividing
+            32) or `"generic"` (read each code from the words it spans).
+        enable_threshold_codebook: Strategy only: nearest codes by binary search over midpoints (True,
+            default) or by the smallest distance to every code (False).
+
+    Raises:
+        ValueError: A field outside its domain.
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.quantization import QuantRuntimeConfig, dequantize, quantize
+        >>> cfg = QuantRuntimeConfig(affine_metadata_dtype="bf16", dequant_output_dtype="bf16")
+        >>> w_q, scales, zeros = quantize(np.ones((64, 64), np.float32), runtime_config=cfg)
+        >>> print(scales.dtype, dequantize(w_q, scales, zeros, runtime_config=cfg).dtype)
+        bfloat16 bfloat16
     """
 
     affine_metadata_dtype: str = "fp32"
@@ -52,16 +68,25 @@ class QuantRuntimeConfig:
             )
 
     def metadata_dtype(self, input_dtype) -> jnp.dtype:
-        """Dtype of affine scales and zeros for weights of `input_dtype`."""
+        """Dtype of affine scales and zeros for weights of `input_dtype`.
+
+        Args:
+            input_dtype: The weights' dtype.
+
+        Returns:
+            `input_dtype` for `"input"`, else the dtype `affine_metadata_dtype` names.
+        """
         name = self.affine_metadata_dtype
         return jnp.dtype(input_dtype if name == "input" else _DTYPES[name])
 
     @property
     def compute_dtype(self) -> jnp.dtype:
+        """The dtype `prefer_compute_dtype` names."""
         return jnp.dtype(_DTYPES[self.prefer_compute_dtype])
 
     @property
     def output_dtype(self) -> jnp.dtype:
+        """The dtype `dequantize` returns: `compute_dtype` for `"compute"`, else the one named."""
         name = self.dequant_output_dtype
         return self.compute_dtype if name == "compute" else jnp.dtype(_DTYPES[name])
 
@@ -79,12 +104,34 @@ def resolve_runtime(runtime_config) -> QuantRuntimeConfig:
 
 
 def clear_runtime_autotune_cache() -> None:
-    """Forget runtime autotune decisions: there are none to forget, since `quantize` and `dequantize` never
-    time alternatives (their dtypes come from `QuantRuntimeConfig` alone). Tuned `quantized_matmul` tilings
-    live in the executor's config caches: `ejkernel.ops.reset_caches()` clears those."""
+    """Forget runtime autotune decisions: there are none to forget, so this does nothing.
+
+    `quantize` and `dequantize` never time alternatives (their dtypes come from `QuantRuntimeConfig` alone);
+    it exists for upstream callers. Tuned `quantized_matmul` tilings live in the executor's config caches:
+    `ejkernel.ops.reset_caches()` clears those.
+
+    Returns:
+        None.
+
+    Example:
+        >>> from ejkernel.quantization import clear_runtime_autotune_cache, runtime_autotune_cache_sizes
+        >>> clear_runtime_autotune_cache()
+        >>> runtime_autotune_cache_sizes()
+        (0, 0)
+    """
 
 
 def runtime_autotune_cache_sizes() -> tuple[int, int]:
-    """`(quantize entries, dequantize entries)` of the runtime autotune cache: always `(0, 0)`, as nothing
-    is timed (see `clear_runtime_autotune_cache`)."""
+    """The sizes of the runtime autotune cache, which stays empty: nothing is timed.
+
+    Exists for upstream callers (see `clear_runtime_autotune_cache`).
+
+    Returns:
+        `(quantize entries, dequantize entries)`, always `(0, 0)`.
+
+    Example:
+        >>> from ejkernel.quantization import runtime_autotune_cache_sizes
+        >>> runtime_autotune_cache_sizes()
+        (0, 0)
+    """
     return 0, 0

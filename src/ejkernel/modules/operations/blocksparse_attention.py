@@ -29,10 +29,38 @@ from ejkernel.types.mask_info import clamp_window
 @dataclasses.dataclass(frozen=True)
 class BlockSparseAttentionConfig(KernelConfig):
     """`fwd_params.block_q x block_k`: the tiles of the block table (the sparsity's granularity) and of
-    the kernels; `num_warps`/`num_stages` of the forward (`fwd_params`) and backward (`bwd_params`)."""
+    the kernels; `num_warps`/`num_stages` of the forward (`fwd_params`) and backward (`bwd_params`).
+
+    Given as `blocksparse_attention(..., cfg=cfg)`, it replaces the config the executor would select. A
+    field left None is the implementation's own default; an implementation that cannot take a tiling
+    declines it (NotImplementedError). Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"` (Mosaic GPU or TPU).
+        fwd_params: Default None. `FwdParams`: `block_q`, `block_k` (powers of two), `num_warps`,
+            `num_stages`; the Mosaic GPU kernels also read `block_m` and `block_n`.
+        bwd_params: Default None. `BwdParams` of the backward, with the same fields.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+
+    Example:
+        >>> from ejkernel.modules import BlockSparseAttentionConfig
+        >>> from ejkernel.ops import FwdParams
+        >>> BlockSparseAttentionConfig(fwd_params=FwdParams(block_q=64, block_k=64)).fwd_params.block_q
+        64
+    """
 
 
 class BlockSparseAttention(Kernel):
+    """The `Kernel` the executor runs for `blocksparse_attention` (op id `"blocksparse_attention"`).
+
+    It takes `(query, key, value, softmax_aux, bias)` in `[batch, heads, seq, dim]` with the canonical mask
+    `blocksparse_attention` built (segment ids, a dense mask, causal, window, chunk size); call
+    `blocksparse_attention` rather than this class. Differentiated calls get a config of their own
+    (autotuning times forward + backward) over a few tilings. Implementations: Pallas (Mosaic GPU on
+    Hopper, or TPU), Triton (GPU) and XLA.
+    """
+
     op_id = "blocksparse_attention"
     config_type = BlockSparseAttentionConfig
 
@@ -116,21 +144,77 @@ def blocksparse_attention(
 ) -> Float[Array, "batch heads seq_q dim_v"]:
     """Softmax attention `softmax(scale · q kᵀ [+ bias], masked) v` that skips every masked block.
 
-    Layout `[batch, heads, seq, dim]`; fewer key/value heads than query heads is grouped-query
-    attention. Query `i` may attend key `j` (positions from the start of both sequences) where every
-    given mask allows it: `causal` (`j <= i`, on by default), `sliding_window` (`(left, right)` keeps
-    `i - left <= j <= i + right`, an int `w` is `(w, w)`), `chunk_size c` (`i // c == j // c`,
-    chunked local attention), `mask_info` (segments, dense masks and their transforms),
-    `attention_mask` (bool `[B, S]` padding, `[B, Sq, Sk]` or `[B, 1|H, Sq, Sk]`) and `mask_builder`,
-    a function `(q_idx [Sq, 1], kv_idx [1, Sk]) -> bool` mask broadcastable to `[Sq, Sk]` or
-    `[1|B, 1|H, Sq, Sk]`, evaluated once per call (a builder of positions alone gives a constant
-    block table). `bias [1|B, 1|H, Sq, Sk]` is added to the logits after the `logits_soft_cap`;
-    `softmax_aux` are sink logits (length `heads`: one per head; other lengths: shared; `[heads, n]`:
-    n per head) in the denominator only. A query row with nothing to attend is zero, so padded rows are always zero
-    (`purify` asks for nothing more). `fused_backward=True` is served by the XLA implementation
-    and the Mosaic GPU kernels (Hopper), whose backward is one fused pass; `qkv_layouts` and
-    `sequence_parallelism_mesh_axis_name` (sequence parallelism: use `ring_attention`) are not
-    supported (NotImplementedError).
+    Layout `[batch, heads, seq, dim]`, unlike the other attention ops (`[batch, seq, heads, dim]`); fewer
+    key/value heads than query heads is grouped-query attention. Query `i` may attend key `j` (positions
+    from the start of both sequences) where every mask given allows it: `causal` (on by default),
+    `sliding_window`, `chunk_size`, `mask_info`, `attention_mask` and `mask_builder`. They reduce to one
+    mask per call, from which each implementation builds the block table of its tiling once; a block with
+    no allowed pair is never visited. A query row with nothing to attend is zero, so padded rows are always
+    zero (`purify` asks for nothing more).
+
+    Args:
+        query: `[batch, heads, seq_q, dim]`, float16, bfloat16 or float32.
+        key: `[batch, kv_heads, seq_k, dim]` in query's dtype, with `heads % kv_heads == 0`.
+        value: `[batch, kv_heads, seq_k, dim_v]` in query's dtype.
+        softmax_aux: Default None. Float sink logits in the softmax denominator only: length `heads`, one per
+            head; other lengths, shared by all heads; `[heads, n]`, n per head; `[1, n]`, n shared.
+        bias: Default None. Float, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]` (fewer dims get
+            leading 1s); added to the logits after the soft cap.
+        mask_info: Default None. A `MaskInfo`: segments, dense masks and their transforms.
+        attention_mask: Default None. Nonzero = attend: `[batch, seq]` padding of queries and keys alike
+            (needs `seq_q == seq_k`), `[batch, seq_q, seq_k]` or `[batch, 1|heads, seq_q, seq_k]`.
+        sequence_parallelism_mesh_axis_name: Default None. Not supported (NotImplementedError; for sequence
+            parallelism use `ring_attention`).
+        logits_soft_cap: Default None. A positive `c`: logits become `c · tanh(logits / c)`.
+        qkv_layouts: Default None. Not supported (NotImplementedError).
+        softmax_scale: Default None, meaning `dim ** -0.5`.
+        mask_builder: Default None. A function `(q_idx [seq_q, 1], kv_idx [1, seq_k]) -> mask`, boolean or
+            integer, broadcastable to `[seq_q, seq_k]` or `[1|batch, 1|heads, seq_q, seq_k]`; evaluated once
+            per call (a builder of positions alone gives a constant block table).
+        sliding_window: Default None. Non-negative `(left, right)` keeps `i - left <= j <= i + right`; an int
+            `w` means `(w, w)`.
+        chunk_size: Default None. A positive `c`: chunked local attention, `i // c == j // c`.
+        causal: Default True. Keep `j <= i`; pass False for bidirectional attention.
+        fused_backward: Default False. True asks for a backward in one fused pass, served by the XLA
+            implementation and the Mosaic GPU kernels (Hopper); the others decline it.
+        purify: Default False. Accepted for compatibility; it changes nothing.
+        platform: Default None, meaning `"auto"`: the best implementation on this device that accepts the
+            call. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"`.
+        cfg: Default None (a tuned, shipped or heuristic config). A `BlockSparseAttentionConfig`.
+        mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
+            call runs under `jax.shard_map`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot), in the
+            `[batch, heads, seq, dim]` layout. Shard batch or heads: the key/value sequence must stay whole,
+            and so must the query sequence under `causal`, a window or `chunk_size`; segment ids and a dense
+            mask follow.
+        out_specs: Default None. The output's `PartitionSpec`.
+
+    Returns:
+        `[batch, heads, seq_q, dim_v]` in query's dtype; zeros for query rows with nothing to attend (and for
+        empty inputs).
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), query, key
+            and value of different dtypes, a non-float `bias`, a `sliding_window` that is neither an int nor
+            a pair, or a `mask_builder` returning a float mask.
+        ValueError: `heads` not a multiple of `kv_heads`; `logits_soft_cap <= 0`; a `chunk_size` that is not a
+            positive int; a negative window; an `attention_mask` of another rank, or `[batch, seq]` with
+            `seq_q != seq_k`; a `mask_info`, `attention_mask`, `mask_builder`, `bias` or `softmax_aux` of the
+            wrong shape; a platform that is unknown or has no implementation on this device; `mesh`,
+            `in_specs`, `out_specs` not given together, or specs that shard a sequence as forbidden above.
+        NotImplementedError: `qkv_layouts` or `sequence_parallelism_mesh_axis_name` given, or a requested
+            platform that declines the call (a dtype, head dim, tiling or option its kernels do not take).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import blocksparse_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((1, 4, 32, 8), np.float32)  # [batch, heads, seq, dim]
+        >>> kv = rng.standard_normal((1, 2, 32, 8), np.float32)
+        >>> attend = jax.jit(lambda q, kv: blocksparse_attention(q, kv, kv, sliding_window=(8, 0)))  # and causal
+        >>> out = attend(q, kv)
+        >>> out.shape, bool(np.isfinite(out).all())
+        ((1, 4, 32, 8), True)
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         require_float(name, x)

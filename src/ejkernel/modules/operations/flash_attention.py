@@ -38,10 +38,39 @@ XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DE
 
 @dataclasses.dataclass(frozen=True)
 class FlashAttentionConfig(KernelConfig):
-    """Tiling of the forward (`fwd_params`) and backward (`bwd_params`) kernels, and the platform."""
+    """Tiling of the forward (`fwd_params`) and backward (`bwd_params`) kernels, and the platform.
+
+    Given as `flash_attention(..., cfg=cfg)`, it replaces the config the executor would select (tuned,
+    shipped or heuristic). A field left None is the implementation's own default; XLA tiles its backward
+    like its forward when `bwd_params` is None. Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"`, `"cuda"`.
+        fwd_params: Default None. `FwdParams` of the forward: `block_q` x `block_k` tiles (powers of two),
+            `num_warps` and `num_stages` (GPU kernels).
+        bwd_params: Default None. `BwdParams` of the backward, with the same fields.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+
+    Example:
+        >>> from ejkernel.modules import FlashAttentionConfig
+        >>> from ejkernel.ops import FwdParams
+        >>> cfg = FlashAttentionConfig(platform="xla", fwd_params=FwdParams(block_q=64, block_k=64))
+        >>> cfg.platform, cfg.fwd_params.block_k
+        ('xla', 64)
+    """
 
 
 class FlashAttention(Kernel):
+    """The `Kernel` the executor runs for `flash_attention` (op id `"flash_attention"`).
+
+    It takes the canonical call `(query, key, value, bias, softmax_aux)` with the options `flash_attention`
+    resolved (segment ids, `(left, right)` window, scale); call `flash_attention` rather than this class.
+    Differentiated calls get a config of their own (autotuning times forward + backward); on GPUs the
+    candidates add Triton and Mosaic GPU tilings to each implementation's defaults. Implementations other
+    than XLA decline `normalize_output`, `precision` and `logits_dtype` values other than the defaults.
+    """
+
     op_id = "flash_attention"
     config_type = FlashAttentionConfig
 
@@ -177,22 +206,92 @@ def flash_attention(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "batch seq_q heads dim_v"]:
-    """Softmax attention `softmax(scale · q kᵀ [+ bias], masked) v` per head, without an Sq × Sk tensor.
+    """Softmax attention `softmax(scale · q kᵀ [+ bias], masked) v` per head, without a `seq_q × seq_k` tensor.
 
-    Layout `[batch, seq, heads, dim]`; fewer key/value heads than query heads is grouped-query
-    attention (K/V are never repeated). `sliding_window` `(left, right)` keeps keys
-    `q - left <= k <= q + right` (an int `w` is `(w, w)`); `causal` keeps `k <= q` (positions aligned
-    at the start). `cum_seqlens_q/k [B+1]` give each row's valid length (the rest is padding; padded
-    query rows return zeros). `softmax_aux` are sink logits that join the softmax denominator only
-    (1-D of length `heads`: one per head; other lengths: shared by all heads; `[heads, n]`: n per head).
-    Dropout without `dropout_seed` uses seed 0 (the same mask at every call: pass a seed per training
-    step). With `block_tables [B, max_blocks]`, `key` and `value` are paged caches
-    `[blocks, block_size, kv_heads, dim]`.
+    Layout `[batch, seq, heads, dim]`, as in every attention op here except `blocksparse_attention`
+    (`[batch, heads, seq, dim]`). Fewer key/value heads than query heads is grouped-query attention: query
+    head `h` reads key/value head `h // (heads // kv_heads)`; K/V are never repeated. A key is attended
+    where every mask given allows it. The tensors are positional-only, the options keyword-only.
 
     Bad values of `cum_seqlens_*` (not rising from 0, a row longer than the axis) and `block_tables`
-    entries outside `[0, blocks)` are a ValueError outside `jit`. Under `jit`: each row's length
-    `cum[b+1] - cum[b]` is clamped into `[0, seq]`, and a table entry outside the caches reads no keys
-    (its block's positions are padding; a query row left without keys returns zeros).
+    entries outside `[0, blocks)` are a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`,
+    when the program runs). Otherwise, under `jit`, each row's length `cum[b+1] - cum[b]` is clamped into
+    `[0, seq]`, and a table entry outside the caches reads no keys (its block's positions are padding).
+
+    Args:
+        query: `[batch, seq_q, heads, dim]`, float16, bfloat16 or float32 (XLA: also float64).
+        key: `[batch, seq_k, kv_heads, dim]` in query's dtype, with `heads % kv_heads == 0`; with
+            `block_tables`, a paged cache `[blocks, block_size, kv_heads, dim]`.
+        value: `[batch, seq_k, kv_heads, dim_v]` in query's dtype (`dim_v` may differ from `dim`); with
+            `block_tables`, a paged cache `[blocks, block_size, kv_heads, dim_v]`.
+        bias: Default None. Float, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]` (fewer dims get
+            leading 1s); added to the logits after the soft cap.
+        cum_seqlens_q: Default None. Int `[batch + 1]`: row `b` holds `cum[b+1] - cum[b]` real queries at
+            its start and padding after them (padded rows return zeros). Padding per row, not packing.
+        cum_seqlens_k: Default None. Int `[batch + 1]`: the same for the keys (after `block_tables` gathered
+            them); padded keys are never attended.
+        softmax_aux: Default None. Float sink logits that join the softmax denominator only (not scaled,
+            capped or biased): 1-D of length `heads`, one per head; 1-D of another length, shared by all
+            heads; `[heads, n]`, n per head; `[1, n]`, n shared.
+        block_tables: Default None. Int `[batch, max_blocks]`: row `b`'s keys and values are the cache
+            blocks `block_tables[b]` in order, so `seq_k = max_blocks * block_size`.
+        mask_info: Default None. A `MaskInfo` (segment ids, a dense mask, causal / window transforms),
+            combined with the rest: its segments with the padding, its window intersected with
+            `sliding_window`, causal if either asks for it.
+        softmax_scale: Default None, meaning `dim ** -0.5`. The logit scale (an int is taken too).
+        dropout_prob: Default 0.0. Dropout rate in `[0, 1)` on the attention weights.
+        causal: Default False. Keep keys `k <= q`, positions counted from the start of both sequences.
+        dropout_seed: Default None, meaning seed 0 when `dropout_prob > 0` (the same mask at every call:
+            pass a seed per training step). An int or an integer scalar array.
+        sliding_window: Default None. Non-negative `(left, right)` keeps keys `q - left <= k <= q + right`;
+            an int `w` means `(w, w)`.
+        logits_soft_cap: Default None. A positive `c`: logits become `c · tanh(logits / c)`.
+        normalize_output: Default True. False returns `Σ_k exp(s_qk - m_q) v_k` without dividing by the
+            softmax denominator (`m_q` the row max, sinks included). XLA only.
+        precision: Default `jax.lax.Precision.DEFAULT`. Matmul precision of every dot product. XLA only.
+        logits_dtype: Default `jnp.float32`. Accumulation dtype of `q kᵀ` (the softmax is float32
+            regardless). XLA only.
+        platform: Default None, meaning `"auto"`: the best implementation on this device that accepts the
+            call. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"`, `"cuda"`.
+        cfg: Default None (a tuned, shipped or heuristic config). A `FlashAttentionConfig` to use instead.
+        mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
+            call runs under `jax.shard_map`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot). The key/value
+            sequence must stay whole (use `ring_attention`), and so must the query sequence under `causal`
+            or `sliding_window`; segment ids and a dense mask follow the query and keys. With
+            `block_tables`, the gathered rows follow the query's batch and the caches' head sharding.
+        out_specs: Default None. The output's `PartitionSpec`.
+
+    Returns:
+        `[batch, seq_q, heads, dim_v]` in query's dtype. A query row with no key to attend (padding, or every
+        key masked) is zeros and passes no gradient.
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), query, key
+            and value of different dtypes, a float `dropout_seed`, a `sliding_window` that is neither an int
+            nor a pair, or a `cfg` that is not a `FlashAttentionConfig`.
+        ValueError: `heads` not a multiple of `kv_heads`; key and value of another batch or length; a
+            `dropout_prob` outside `[0, 1)`; `logits_soft_cap <= 0`; a negative window; a `bias`,
+            `softmax_aux`, `cum_seqlens_*` or `mask_info` mask of the wrong shape; bad `cum_seqlens_*` or
+            `block_tables` values (see above); a platform that is unknown, has no implementation on this
+            device or contradicts `cfg.platform`; `mesh`, `in_specs`, `out_specs` not given together, or
+            specs that shard a sequence as forbidden above.
+        NotImplementedError: the requested platform declines the call (an XLA-only option, a dtype or head
+            dim its kernels do not take), no implementation accepts it, or dropout with `mesh`.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import flash_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((2, 16, 4, 8), np.float32)  # [batch, seq, heads, dim]
+        >>> kv = rng.standard_normal((2, 16, 2, 8), np.float32)  # 2 key/value heads: grouped-query
+        >>> cum_q = np.array([0, 16, 26], np.int32)  # row 0 holds 16 real queries, row 1 holds 10
+        >>> attend = jax.jit(lambda q, kv, cum_q: flash_attention(q, kv, kv, None, cum_q, causal=True))
+        >>> out = attend(q, kv, cum_q)
+        >>> out.shape, out.dtype
+        ((2, 16, 4, 8), dtype('float32'))
+        >>> bool((np.asarray(out)[1, 10:] == 0).all())  # row 1's padded queries
+        True
     """
     check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape

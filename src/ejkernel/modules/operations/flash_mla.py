@@ -20,6 +20,21 @@ class FlashMLAConfig(KernelConfig):
     """Tiling of the attention over latent rows: `fwd_params` / `bwd_params` (`block_q` query rows,
     `block_k` latent rows per step, `num_warps`, `num_stages`), and `num_splits`, the pieces a kernel
     splits the context into when few queries leave the GPU idle (None: the kernel's choice).
+
+    Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. `"auto"`, `"xla"` or `"triton"` (the platforms with an implementation).
+        fwd_params: Default None. `FwdParams` of the forward, as above.
+        bwd_params: Default None. `BwdParams` of the backward.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+        num_splits: Default None. A positive int.
+
+    Example:
+        >>> from ejkernel.modules import FlashMLAConfig
+        >>> FlashMLAConfig(platform="triton", num_splits=1).num_splits
+        1
     """
 
     num_splits: int | None = None
@@ -33,6 +48,13 @@ class FlashMLAConfig(KernelConfig):
 
 
 class FlashMLA(Kernel):
+    """The `Kernel` the executor runs for `flash_mla` (op id `"flash_mla"`).
+
+    It takes `(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens)` with the options `flash_mla` resolved
+    (shared sinks folded into one logit); call `flash_mla` rather than this class. Triton (GPU) is tried
+    before XLA, its candidates over `block_q`, `block_k`, warps and `num_splits`.
+    """
+
     op_id = "flash_mla"
     config_type = FlashMLAConfig
 
@@ -119,23 +141,80 @@ def flash_mla(
 ) -> Float[Array, "batch seq_q heads d_v"]:
     """Attention whose keys and values are decompressed from one latent row per token, without decompressing.
 
-    `key_value [B, Sk, rank]` holds the latent rows; key/value head g decompresses them with
-    `w_kc[:, g] [rank, d_nope]` and `w_vc[:, g] [rank, Dv]`, and query head h reads head h // (Hq / Hkv).
-    RoPE mode by which of `b_q`, `b_k` are given: neither (`query [.., d_nope]`); only `b_k [B, Sk, d_rope]`
-    (`query [.., d_nope + d_rope]`, its last d_rope dims meet `b_k`); both (decoupled: `query [.., d_nope]`
-    and `b_q [B, Sq, d_rope]`, or per head `[B, Sq, Hq, d_rope]`, meeting `b_k`).
+    `key_value [batch, seq_k, rank]` holds the latent rows; key/value head `g` decompresses them with
+    `w_kc[:, g] [rank, d_nope]` and `w_vc[:, g] [rank, d_v]`, and query head `h` reads head
+    `h // (heads // kv_heads)`. Layout `[batch, seq, heads, dim]` for the query and output, as in
+    `flash_attention`. RoPE mode by which of `b_q`, `b_k` are given: neither (query `[.., d_nope]`); only
+    `b_k` (query `[.., d_nope + d_rope]`, its last `d_rope` dims meet `b_k`); both (decoupled: query
+    `[.., d_nope]` and `b_q`, meeting `b_k`). The tensors are positional-only, the options keyword-only.
 
-    Options as in `flash_attention`: scale (default `1/sqrt(d_nope + d_rope)`), `causal` (top-left
-    aligned: for decoding one token against its whole context, leave it False), `sliding_window`
-    `(left, right)` or int, `logits_soft_cap`, sinks `softmax_aux`, additive `bias` and boolean
-    `attention_mask` (`[1|B, 1|Hq, Sq, Sk]`). `cu_seqlens [N+1]` packs N sequences along the sequence
-    axis (query and key_value of equal length; positions past the last bound are padding with zero
-    output); bad bounds are a ValueError outside `jit`, and under `jit` each bound is clamped into
-    `[previous bound, S]` (the first to 0): a sequence past S is empty. Dropout applies with
-    `dropout_prob > 0` and `deterministic=False` and needs `dropout_rng`. The softmax runs in float32
-    whatever `softmax_dtype` says. Returns `[B, Sq, Hq, Dv]` in query's dtype.
-    `mesh=`/`in_specs=`/`out_specs=` run it under `jax.shard_map` (shard batch, or heads with `w_kc`/`w_vc`
-    sharded on their head axis alike; sinks and a bias or mask per batch row or head follow that split).
+    Bad `cu_seqlens` bounds (not rising from 0, past `seq`) are a ValueError outside `jit` (under `jit` too
+    with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, each bound is clamped into `[previous bound, seq]`
+    (the first to 0), so a sequence past the end is empty.
+
+    Args:
+        query: `[batch, seq_q, heads, d_nope]` (`[.., d_nope + d_rope]` with `b_k` alone), float (Triton:
+            float16, bfloat16 or float32).
+        key_value: `[batch, seq_k, rank]` latent rows in query's dtype (as are `w_kc`, `w_vc`, `b_q`, `b_k`).
+        w_kc: `[rank, kv_heads, d_nope]`: each key/value head's key decompression; `heads % kv_heads == 0`.
+        w_vc: `[rank, kv_heads, d_v]`: each key/value head's value decompression.
+        b_q: Default None. `[batch, seq_q, d_rope]` for every head, or `[batch, seq_q, heads, d_rope]`: the
+            query's RoPE part (decoupled mode); needs `b_k`.
+        b_k: Default None. `[batch, seq_k, d_rope]`: the keys' RoPE part, shared by all heads.
+        cu_seqlens: Default None. Int `[N + 1]`: N sequences packed along the sequence axis of every batch
+            row (needs `seq_q == seq_k`); positions past the last bound are padding, with zero output.
+        softmax_scale: Default None, meaning `(d_nope + d_rope) ** -0.5`.
+        causal: Default False. Keep keys `k <= q`, top-left aligned: for decoding one token against its
+            whole context, leave it False.
+        attention_mask: Default None. Bool or int (nonzero = attend), `[1|batch, 1|heads, seq_q, seq_k]`.
+        bias: Default None. Float, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]` (fewer dims get
+            leading 1s); added to the logits after the soft cap.
+        softmax_aux: Default None. Float 1-D sink logits in the denominator only: length `heads`, one per
+            head; another length, shared by all heads (folded into one logit).
+        logits_soft_cap: Default None. A positive `c`: logits become `c · tanh(logits / c)`.
+        deterministic: Default True. True turns dropout off whatever `dropout_prob` says.
+        dropout_rng: Default None. A `jax.random` key, needed for dropout.
+        dropout_prob: Default 0.0. Rate in `[0, 1)`, applied with `deterministic=False`.
+        sliding_window: Default None. Non-negative `(left, right)` keeps keys `q - left <= k <= q + right`;
+            an int `w` means `(w, w)`.
+        softmax_dtype: Default None. None or a float dtype; the softmax runs in float32 whatever it says.
+        platform: Default None, meaning `"auto"`: Triton on GPUs where it accepts the call (no bias, dense
+            mask, dropout or float64; latent rank up to 1024), else XLA. One of `"auto"`, `"xla"`, `"triton"`.
+        cfg: Default None (a tuned, shipped or heuristic config). A `FlashMLAConfig`.
+        mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
+            call runs under `jax.shard_map`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot): shard batch, or
+            heads with `w_kc`/`w_vc` sharded on their head axis alike; sinks and a bias or mask per batch row
+            or head follow that split. Sequences, the latent rank and head dims are never split.
+        out_specs: Default None. The output's `PartitionSpec`.
+
+    Returns:
+        `[batch, seq_q, heads, d_v]` in query's dtype.
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), tensors of
+            different dtypes, a float `attention_mask`, a `softmax_dtype` that is not a float dtype, or a
+            `sliding_window` that is neither an int nor a pair.
+        ValueError: `heads` not a multiple of `kv_heads`; `b_q` without `b_k`; a query last dim that does not
+            fit the RoPE mode; a `b_q` or `b_k` of the wrong shape; `cu_seqlens` with `seq_q != seq_k` or bad
+            bounds (see above); an `attention_mask` or `bias` of the wrong shape; an empty `softmax_aux`; a
+            `dropout_prob` outside `[0, 1)`; dropout with `deterministic=False` but no `dropout_rng`;
+            `logits_soft_cap <= 0`; a negative window; a platform that is unknown or has no implementation
+            on this device; `mesh`, `in_specs`, `out_specs` not given together.
+        NotImplementedError: a requested platform that declines the call (Triton: see `platform`), or
+            dropout with `mesh`.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import flash_mla
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((2, 1, 4, 16), np.float32)  # one decode step, [batch, seq_q, heads, d_nope]
+        >>> latents = rng.standard_normal((2, 32, 64), np.float32)  # [batch, seq_k, rank]
+        >>> w_kc = rng.standard_normal((64, 1, 16), np.float32)  # [rank, kv_heads, d_nope]
+        >>> w_vc = rng.standard_normal((64, 1, 8), np.float32)  # [rank, kv_heads, d_v]
+        >>> out = jax.jit(flash_mla)(q, latents, w_kc, w_vc)
+        >>> out.shape, out.dtype
+        ((2, 1, 4, 8), dtype('float32'))
     """
     batch, q_len, heads, _ = query.shape
     bias = check_bias(bias, batch, heads, q_len, key_value.shape[1])

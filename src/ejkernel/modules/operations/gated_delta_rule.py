@@ -18,10 +18,32 @@ from ejkernel.ops.executor import specs_by_slot
 
 @dataclasses.dataclass(frozen=True)
 class GatedDeltaRuleConfig(ChunkedConfig):
-    """The tiling of the chunked form (see `ChunkedConfig`)."""
+    """How `gated_delta_rule` runs: the platform and the chunked form's tiling (see `ChunkedConfig`).
+
+    No field changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
+            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
+        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
+        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
+            Triton's state-passing and one-token (decode) kernels. None: defaults.
+        bwd_params: Not read by this op.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
+    """
 
 
 class GatedDeltaRule(ChunkedKernel):
+    """The executor's `Kernel` for `gated_delta_rule`: op id `"gated_delta_rule"`, config `GatedDeltaRuleConfig`.
+
+    Autotuning (policy `autotune`) times the default config and the call's `autotune_chunk_candidates` (else
+    chunks of 32, 64 and 128 tokens), on forward and backward for a differentiated call.
+    """
+
     op_id = "gated_delta_rule"
     config_type = GatedDeltaRuleConfig
 
@@ -60,21 +82,76 @@ def gated_delta_rule(
     in_specs=None,
     out_specs=None,
 ):
-    """The gated delta rule over `[batch, seq, heads, dim]` inputs; `beta` is the per-token write strength.
+    """Gated DeltaNet: the delta rule with a per-head decay, with packed segments and sharding.
 
-    `decay [B,S,H]` is a per-head log decay (the factor is `exp(decay)`), optional. `seg_ids [B,S]`
-    packs sequences into a row: the state restarts from zeros where the id changes, and tokens with a
-    negative id are padding (zeros out, state untouched); every integer is valid, under `jit` too.
-    `initial_state [B,H,Dk,Dv]` seeds each row's first sequence. `use_chunked=False` runs the XLA
-    recurrent form; a one-token call with an `initial_state` is a decode step.
-    `autotune_chunk_candidates` are the chunk sizes autotuning tries.
-    Returns `out [B,S,H,Dv]`, or `(out, final_state float32)` with `return_state`. With `mesh`,
-    `in_specs` (one per tensor passed, or per positional slot) may shard batch and heads, never the sequence.
+    Per batch row and head, with a float32 `[dim_k, dim_v]` state `h`, each token does `h ← h · exp(decay_t)`,
+    `u_t = beta_t (v_t − hᵀ k_t)`, `h ← h + k_t u_tᵀ`, `o_t = (dim_k^-½ · q_t)ᵀ h`
+    (`ejkernel.reference.linear_attention.delta_rule_reference`). With `use_qk_l2norm`, q and k are first
+    divided by `sqrt(Σ x² + 1e-6)` along `dim_k`, in float32. A one-token call with an `initial_state` is a
+    decode step.
+
+    `seg_ids` packs sequences into a row: the state restarts from zeros at a token whose id differs from that
+    of the row's previous non-padding token, and tokens with a negative id are padding (zero output, state
+    untouched). Every integer is valid, under `jit` too.
 
     Upstream 0.0.78's order, `(query, key, value, beta, decay, initial_state)`, also works (EasyDeL calls it
-    so): a float `[B,H,Dk,Dv]` array sixth, with nothing seventh, is the initial state, and a sixth spec in
-    `in_specs` is its spec. `use_chunked=False` runs on `xla` whatever `platform` or `cfg` say (the
-    recurrent form has no other implementation).
+    so): a float `[batch, heads, dim_k, dim_v]` array sixth, with nothing seventh, is the initial state, and a
+    sixth spec in `in_specs` is its spec.
+
+    Args:
+        query: `[batch, seq, heads, dim_k]`, any float dtype; key and value share it.
+        key: `[batch, seq, heads, dim_k]` (as many heads as the query).
+        value: `[batch, seq, heads, dim_v]`.
+        beta: `[batch, seq, heads]` float, the write strength of each token.
+        decay: `[batch, seq, heads]` float, a log decay per head and token (the factor is `exp(decay)`);
+            None (default): none.
+        seg_ids: `[batch, seq]` integer segment ids, as above; None (default): each row is one sequence.
+        initial_state: `[batch, heads, dim_k, dim_v]`, any float dtype, the state before each row's first
+            sequence (later ones start from zeros); None (default): zeros.
+        autotune_chunk_candidates: Tuple or list of chunk sizes (positive powers of two) for autotuning to
+            try; None (default): 32, 64 and 128. It never changes the result.
+        use_qk_l2norm: L2-normalise q and k as above (default True).
+        use_chunked: True (default): the chunked form; False: the recurrent form (token by token), on `xla`
+            whatever `platform` or `cfg` say (it has no other implementation).
+        return_state: Also return the final state (default False).
+        platform: `"auto"`, `"xla"` or `"triton"`; None (default): `cfg.platform`, else auto.
+        cfg: A `GatedDeltaRuleConfig` fixing platform and tiling; None (default): the executor's choice
+            (cache, tuning or heuristics).
+        mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
+            `in_specs` and `out_specs`.
+        in_specs: A `PartitionSpec` per tensor passed, or per positional slot (None where nothing is passed).
+            They may shard the batch, the heads and the value channels; never the sequence or `dim_k`.
+        out_specs: The output's spec, or `(out, state)` specs with `return_state`, laid out as the inputs.
+
+    Returns:
+        `out [batch, seq, heads, dim_v]` in the query's dtype, or with `return_state` the pair
+        `(out, final_state)`, `final_state` float32 `[batch, heads, dim_k, dim_v]`: each row's state after
+        its last token.
+
+    Raises:
+        TypeError: An argument of another rank, dtype kind or named size than above (one line naming it),
+            query, key and value of different dtypes, a float sixth argument beside an `initial_state`, or
+            a `cfg` of another class.
+        ValueError: An `autotune_chunk_candidates` entry that is not a positive power of two; `in_specs` that
+            shard the sequence or split any other axis the op computes across, or specs that disagree with
+            each other or with `out_specs`; only some of `mesh`, `in_specs`, `out_specs`; a `platform` that
+            is unknown, has no implementation on this device or contradicts `cfg.platform`.
+        NotImplementedError: `platform="triton"` with `dim_k` or `dim_v` not a power of two in [16, 256].
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import gated_delta_rule
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((3, 1, 6, 2, 16), np.float32)
+        >>> beta = rng.random((1, 6, 2), np.float32)
+        >>> decay = -rng.random((1, 6, 2), np.float32)
+        >>> seg_ids = np.array([[0, 0, 0, 1, 1, -1]])  # two sequences, then a padding token
+        >>> attend = lambda *a: gated_delta_rule(*a, return_state=True)
+        >>> out, state = jax.jit(attend)(q, k, v, beta, decay, seg_ids)
+        >>> print(out.shape, out.dtype, state.shape, state.dtype)
+        (1, 6, 2, 16) float32 (1, 2, 16, 16) float32
+        >>> bool((out[0, 5] == 0).all())  # the padding token
+        True
     """
     if seg_ids is not None and jnp.issubdtype(seg_ids.dtype, jnp.floating):
         if initial_state is not None:

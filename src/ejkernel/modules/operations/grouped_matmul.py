@@ -22,14 +22,32 @@ class GroupedMatmulConfig(KernelConfig):
     """Tiling of the forward product (`fwd_params`) and of both backward products (`bwd_params`).
 
     In matmul terms: `block_q` rows of lhs per tile (M), `block_k` the contraction step (K), `block_d`
-    output columns per tile (N), plus `num_warps` and `num_stages`.
+    output columns per tile (N), plus `num_warps` and `num_stages`. Upstream's flat fields set one tiling
+    for all three products; they fill what `fwd_params` / `bwd_params` leave unset and must not contradict
+    them; tiles are rounded down to a power of two and each implementation fits them to the call
+    (`_common.grouped_matmul.tile_params`). None of these fields changes results.
 
-    Upstream's flat fields set one tiling for all three products: `block_m` (our `block_q`), `block_n`
-    (`block_d`), `block_k`, `num_warps`, `num_stages`; None (the default, where upstream has 128, 128, 128,
-    4, 2) leaves a field to the implementation. They fill what `fwd_params` / `bwd_params` leave unset and
-    must not contradict them; tiles are rounded down to a power of two and each implementation fits them to
-    the call (`_common.grouped_matmul.tile_params`). `bypass_xla_tiling=True` makes the XLA platform run
-    XLA's own ragged dot (no tiling, no padding); other platforms ignore it. None of these changes results.
+    Attributes:
+        platform: `"auto"` (default), `"xla"`, `"triton"` or `"pallas"` (Mosaic GPU, or TPU).
+        fwd_params: The forward product's tiling, a `FwdParams` of `block_q`, `block_k`, `block_d`,
+            `num_warps` and `num_stages`; None (default): the implementation's. On XLA only `block_q` is
+            read (rows per tile, default 512).
+        bwd_params: The tiling of both backward products, as `fwd_params`; None (default): the
+            implementation's (on XLA the forward's `block_q`).
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+        block_m: Upstream's rows per tile (our `block_q`), a positive int; None (default, upstream's 128):
+            left to the implementation.
+        block_n: Upstream's output columns per tile (our `block_d`); None (default, upstream's 128).
+        block_k: Upstream's contraction step; None (default, upstream's 128).
+        num_warps: Upstream's warps per program; None (default, upstream's 4).
+        num_stages: Upstream's pipeline stages; None (default, upstream's 2).
+        bypass_xla_tiling: True makes the XLA platform run XLA's own ragged dot (no tiling, no padding);
+            other platforms ignore it. Default False.
+
+    Raises:
+        ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling`, a flat
+            field contradicting `fwd_params` or `bwd_params`, or an unknown `platform` or `backend`.
     """
 
     block_m: int | None = None
@@ -54,6 +72,13 @@ class GroupedMatmulConfig(KernelConfig):
 
 
 class GroupedMatmul(Kernel):
+    """The executor's `Kernel` for `grouped_matmul`: op id `"grouped_matmul"`, config `GroupedMatmulConfig`.
+
+    `out_shard_callback`, when given, is applied to every implementation's output. Configs tile the backward
+    too, so a differentiated call gets its own config; autotuning (policy `autotune`) times a few tilings
+    per platform.
+    """
+
     op_id = "grouped_matmul"
     config_type = GroupedMatmulConfig
     tune_argnums = (0, 1)  # configs tile the backward products too
@@ -171,30 +196,78 @@ def grouped_matmul(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "m _"]:
-    """`out [M, N]`: rows `[start_g, end_g)` of `lhs [M, K]` times `rhs[g] [K, N]`, group by group.
+    """The MoE expert matmul: rows `[start_g, end_g)` of `lhs [M, K]` times `rhs[g] [K, N]`, group by group.
 
-    `group_sizes [G]` lays the groups out back to back along M (empty groups allowed, sum at most M).
-    `rhs` is `[L, K, N]`, or `[L, N, K]` with `transpose_rhs`; it holds groups `o .. o + L - 1` with
-    `o = group_offset` (default 0; an expert-parallel shard). Rows of other groups, and rows past the
-    last group, are zeros. `existing_out [M, N]` (any float dtype), where given, is cast to the result's
-    dtype and added to every row, as upstream does: owned rows accumulate onto it, the others keep it.
-    Negative sizes, sizes summing past M and an offset outside `[0, G - L]` are a ValueError outside
-    `jit`. Under `jit` each size is clamped to >= 0 and their running sum to M (the group crossing M ends
-    there, later groups are empty), and an out-of-range offset owns no rows (zeros, plus `existing_out`).
+    `group_sizes` lays the groups out back to back along M (empty groups allowed, sum at most M). `rhs`
+    holds groups `o .. o + L - 1` with `o = group_offset` (an expert-parallel shard). Rows of other groups,
+    and rows past the last group, are zeros; `existing_out`, where given, is cast to the result's dtype and
+    added to every row, as upstream does: owned rows accumulate onto it, the others keep it. Negative sizes,
+    sizes summing past M and an offset outside `[0, G - L]` are a ValueError outside `jit` (under it too
+    with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, each size is clamped to >= 0 and their running sum to
+    M (the group crossing M ends there, later groups are empty), and an out-of-range offset owns no rows
+    (zeros, plus `existing_out`).
 
     Dtypes, as upstream and `jax.lax.ragged_dot`: lhs and rhs may be different float dtypes (bfloat16
-    activations with float32 weights); they are multiplied in their promoted dtype, and each gradient
-    comes back in its own input's dtype. The result has dtype `preferred_element_type` whatever the
-    inputs' (float32 by default and for None; products accumulate in float32).
+    activations with float32 weights); they are multiplied in their promoted dtype, products accumulate in
+    float32, and each gradient comes back in its own input's dtype. Differentiable in lhs, rhs,
+    existing_out, rhs_scale and rhs_bias.
 
-    v3 options (need `use_v3=True`): `rhs_scale [L, blocks, 1, N]` multiplies each K block of each output
-    column of `rhs` (which may then be int8), and `rhs_bias [L, 1, N]` is added to each owned row.
-    `use_v2` names upstream's second kernel and computes the same; the two are mutually exclusive.
-    `interpret` runs Pallas kernels in interpret mode; `do_padding` is accepted for compatibility (every
-    implementation takes any M). `cfg` tiles the kernels (`GroupedMatmulConfig`; its
-    `bypass_xla_tiling=True` runs XLA's own ragged dot on the XLA platform). `out_shard_callback` is
-    applied to the output (of each shard, under `mesh=`), e.g. a `psum` over a tensor-parallel axis.
-    Differentiable in lhs, rhs, existing_out, rhs_scale and rhs_bias.
+    Args:
+        lhs: `[M, K]` float, the rows (tokens sorted by group).
+        rhs: `[L, K, N]` (`[L, N, K]` with `transpose_rhs`), float, or integer (int8) with `rhs_scale`: the
+            weights of L groups; `L` is the number of groups G without `group_offset`.
+        group_sizes: `[G]` integer, the rows of each group, in order.
+        group_offset: Scalar or `[1]` integer array, or an int: the first group `rhs` holds; None (default):
+            0, and then `L` must be G.
+        existing_out: `[M, N]`, any float dtype, added as above; None (default): nothing.
+        preferred_element_type: The result's float dtype (default float32; None: float32).
+        rhs_scale: `[L, blocks, 1, N]` float, v3 only: multiplies each of `blocks` equal K blocks of each
+            output column of `rhs`; `blocks` divides K. None (default).
+        rhs_bias: `[L, 1, N]` float, v3 only: added to each owned row. None (default).
+        transpose_rhs: `rhs` is `[L, N, K]` (default False).
+        interpret: Run Pallas kernels in interpret mode (default False); a bool.
+        do_padding: Accepted for compatibility (default True; every implementation takes any M); a bool.
+        precision: The XLA platform's matmul precision (default `jax.lax.Precision.DEFAULT`); the kernels
+            of other platforms accumulate in float32 whatever it says.
+        use_v2: Upstream's second kernel; computes the same (default False).
+        use_v3: Allow the v3 options `rhs_scale` and `rhs_bias` (default False).
+        out_shard_callback: Applied to the output (of each shard, under `mesh`), e.g. a `psum` over a
+            tensor-parallel axis; None (default).
+        platform: `"auto"`, `"xla"`, `"triton"` or `"pallas"`; None (default): `cfg.platform`, else auto.
+        cfg: A `GroupedMatmulConfig` tiling the kernels; None (default): the executor's choice (cache,
+            tuning or heuristics).
+        mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
+            `in_specs` and `out_specs`. Each shard checks its own shapes.
+        in_specs: A `PartitionSpec` per tensor passed, or per positional slot. They may split N (the output
+            as the weights); K only with an `out_shard_callback` that sums the shards' parts; never M or
+            `group_sizes`. `rhs_scale` and `rhs_bias` follow `rhs`.
+        out_specs: The output's spec, laid out as the inputs.
+
+    Returns:
+        `out [M, N]` in `preferred_element_type`.
+
+    Raises:
+        TypeError: An argument of another rank, dtype kind or named size than above (one line naming it),
+            an integer `rhs` without `rhs_scale`, a non-float `preferred_element_type`, non-bool
+            `interpret` or `do_padding`, or a `cfg` of another class.
+        ValueError: `use_v2` and `use_v3` together, or a v3 option without `use_v3`; mismatched K or other
+            shapes; `group_sizes` with fewer than L entries, or more without `group_offset`; bad
+            `group_sizes` or `group_offset` values (rule above); sharding specs that split what the op
+            computes across, or that disagree; a `platform` that is unknown, has no implementation on this
+            device or contradicts `cfg.platform`.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import grouped_matmul
+        >>> rng = np.random.default_rng(0)
+        >>> lhs = rng.standard_normal((6, 4), np.float32)
+        >>> rhs = rng.standard_normal((3, 4, 5), np.float32)
+        >>> group_sizes = np.array([2, 0, 3])  # rows 0-1: group 0, rows 2-4: group 2, row 5: none
+        >>> out = jax.jit(grouped_matmul)(lhs, rhs, group_sizes)
+        >>> print(out.shape, out.dtype)
+        (6, 5) float32
+        >>> bool(np.allclose(out[2:5], lhs[2:5] @ rhs[2], atol=1e-5)), bool((out[5] == 0).all())
+        (True, True)
     """
     check_versions(use_v2, use_v3, rhs_scale, rhs_bias)
     if not isinstance(do_padding, bool) or not isinstance(interpret, bool):

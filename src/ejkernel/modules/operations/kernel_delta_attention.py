@@ -15,10 +15,32 @@ from ejkernel.ops import Invocation
 
 @dataclasses.dataclass(frozen=True)
 class KernelDeltaAttentionConfig(ChunkedConfig):
-    """The tiling of the chunked form (see `ChunkedConfig`); `chunk_size` None takes the call's `chunk_size`."""
+    """How `kernel_delta_attention` runs: the platform and the chunked form's tiling (see `ChunkedConfig`).
+
+    No field changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): the call's
+            `chunk_size`. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
+        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
+        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
+            Triton's state-passing and one-token (decode) kernels. None: defaults.
+        bwd_params: Not read by this op.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
+    """
 
 
 class KernelDeltaAttention(ChunkedKernel):
+    """The executor's `Kernel` for `kernel_delta_attention`: config `KernelDeltaAttentionConfig`.
+
+    Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times the
+    default config and chunks of 32, 64 and 128 tokens, on forward and backward for a differentiated call.
+    """
+
     op_id = "kernel_delta_attention"
     config_type = KernelDeltaAttentionConfig
 
@@ -44,13 +66,57 @@ def kernel_delta_attention(
     platform: str | None = None,
     cfg: KernelDeltaAttentionConfig | None = None,
 ):
-    """The delta rule over `[batch, seq, heads, dim]` inputs; `beta` is the per-token write strength.
+    """KDA: the delta rule with a per-head decay, over `[batch, seq, heads, dim]` inputs.
 
-    `decay [B,S,H]` is a per-head log decay (the factor is `exp(decay)`), optional.
-    `initial_state [B,H,Dk,Dv]` seeds the state. `chunk_size` (a power of two) sets the chunks of the
-    chunked form; `use_chunked=False` runs the XLA recurrent form (token by token). A one-token call
-    with an `initial_state` is a decode step. Returns `out [B,S,H,Dv]`, or `(out, final_state float32)`
-    with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`.
+    Per batch row and head, with a float32 `[dim_k, dim_v]` state `h`, each token does `h ← h · exp(decay_t)`,
+    `u_t = beta_t (v_t − hᵀ k_t)`, `h ← h + k_t u_tᵀ`, `o_t = (softmax_scale · q_t)ᵀ h`
+    (`ejkernel.reference.linear_attention.delta_rule_reference`). With `use_qk_l2norm`, q and k are first
+    divided by `sqrt(Σ x² + 1e-6)` along `dim_k`, in float32. A one-token call with an `initial_state` is a
+    decode step.
+
+    Args:
+        query: `[batch, seq, heads, dim_k]`, any float dtype; key and value share it.
+        key: `[batch, seq, heads, dim_k]` (as many heads as the query).
+        value: `[batch, seq, heads, dim_v]`.
+        beta: `[batch, seq, heads]` float, the write strength of each token.
+        decay: `[batch, seq, heads]` float, a log decay per head and token (the factor is `exp(decay)`);
+            None (default): none.
+        initial_state: `[batch, heads, dim_k, dim_v]`, any float dtype, the state before the first token;
+            None (default): zeros.
+        softmax_scale: Multiplies the (normalised) query; None (default): `dim_k ** -0.5`.
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two (default 64); a config
+            (given, cached or tuned) that names its own wins. It never changes the result beyond rounding.
+        use_qk_l2norm: L2-normalise q and k as above (default True).
+        use_chunked: True (default): the chunked form; False: the recurrent form (token by token, on XLA).
+        return_state: Also return the final state (default False).
+        platform: `"auto"`, `"xla"` or `"triton"`; None (default): `cfg.platform`, else auto.
+        cfg: A `KernelDeltaAttentionConfig` fixing platform and tiling; None (default): the executor's
+            choice (cache, tuning, else the call's `chunk_size`).
+
+    Returns:
+        `out [batch, seq, heads, dim_v]` in the query's dtype, or with `return_state` the pair
+        `(out, final_state)`, `final_state` float32 `[batch, heads, dim_k, dim_v]`.
+
+    Raises:
+        TypeError: An argument of another rank, dtype kind or named size than above (one line naming it),
+            query, key and value of different dtypes, or a `cfg` of another class.
+        ValueError: `chunk_size` not a positive power of two; a `platform` that is unknown, has no
+            implementation on this device or contradicts `cfg.platform`.
+        NotImplementedError: `platform="triton"` for a call it does not serve: `use_chunked=False` over
+            more than one token, or `dim_k` or `dim_v` not a power of two in [16, 256].
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import kernel_delta_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = rng.standard_normal((2, 2, 8, 2, 16), np.float32)
+        >>> v = rng.standard_normal((2, 8, 2, 4), np.float32)
+        >>> beta = rng.random((2, 8, 2), np.float32)
+        >>> decay = -rng.random((2, 8, 2), np.float32)
+        >>> attend = lambda *a: kernel_delta_attention(*a, chunk_size=4, return_state=True)
+        >>> out, state = jax.jit(attend)(q, k, v, beta, decay)
+        >>> print(out.shape, out.dtype, state.shape, state.dtype)
+        (2, 8, 2, 4) float32 (2, 2, 16, 4) float32
     """
     check_chunk_size("chunk_size", chunk_size)
     dk, _ = check_linear_call(

@@ -76,11 +76,33 @@ class _MlaConfigChecks:
 class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
     """Tiling of `multi_latent_ragged_page_attention`; None leaves a size to the implementation.
 
-    `chunk_prefill_size`: prefill tokens per kernel chunk; `num_kv_pages_per_block`: cache pages per
-    step; `num_queries_per_block`: query tokens per tile (any positive ints); `vmem_limit_bytes`: TPU
-    scoped memory; `num_warps`, `num_stages`: GPU kernels. The XLA path reads the two block sizes only
-    (tiling at most `num_queries_per_block` queries, fewer when sequences average fewer, and rounding
-    both to powers of two). `fwd_params` / `bwd_params` of `KernelConfig` are not used and must be None.
+    The XLA path, the only one, reads the two block sizes only: it tiles at most `num_queries_per_block`
+    queries, fewer when sequences average fewer, and rounds both sizes to powers of two. Sizes never change
+    results.
+
+    Attributes:
+        platform: `str`, default "auto". "auto" or "xla" serve the op; the other names of `KernelConfig` are
+            accepted here but have no implementation of it.
+        fwd_params: must be None (this op is tiled by the fields below).
+        bwd_params: must be None.
+        backend: `str`, default "any". "any", "gpu", "tpu" or "cpu": the device kind the config is for;
+            running it on another kind raises a ValueError.
+        chunk_prefill_size: `int | None`, default None. Prefill tokens per kernel chunk (upstream's TPU
+            kernel): not read.
+        num_kv_pages_per_block: `int | None`, default None. Cache pages per key step.
+        num_queries_per_block: `int | None`, default None. Query tokens per tile.
+        vmem_limit_bytes: `int | None`, default None. TPU scoped memory: not read.
+        num_warps: `int`, default 4. For GPU kernels: not read.
+        num_stages: `int`, default 1. For GPU kernels: not read.
+
+    Raises:
+        ValueError: `fwd_params` or `bwd_params` not None; a size, `num_warps` or `num_stages` that is not a
+            positive int (None allowed where it is the default); a `platform` or `backend` not listed.
+
+    Example:
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionConfig
+        >>> MultiLatentRaggedPageAttentionConfig(num_queries_per_block=16).num_queries_per_block
+        16
     """
 
     chunk_prefill_size: int | None = None
@@ -93,9 +115,23 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
-    """Tiling of `multi_latent_ragged_page_attention_v2`: as `MultiLatentRaggedPageAttentionConfig`, except that
-    `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list
-    is kept as a tuple; an int means all three). The XLA path uses the mixed entry.
+    """Tiling of `multi_latent_ragged_page_attention_v2`: as `MultiLatentRaggedPageAttentionConfig`, with triples.
+
+    `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list is
+    kept as a tuple; an int means all three). The XLA path uses the mixed entry.
+
+    Attributes:
+        num_kv_pages_per_block: `int | tuple[int, int, int] | None`, default None. Cache pages per key step.
+        num_queries_per_block: `int | tuple[int, int, int] | None`, default None. Query tokens per tile.
+
+    Raises:
+        ValueError: as `MultiLatentRaggedPageAttentionConfig`, and a block-size sequence that is not three
+            positive ints.
+
+    Example:
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionV2Config
+        >>> MultiLatentRaggedPageAttentionV2Config(num_queries_per_block=[8, 32, 16]).num_queries_per_block
+        (8, 32, 16)
     """
 
     per_case: ClassVar[bool] = True
@@ -109,6 +145,11 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
 
 
 class MultiLatentRaggedPageAttention(Kernel):
+    """`multi_latent_ragged_page_attention` as the executor runs it (config `MultiLatentRaggedPageAttentionConfig`).
+
+    Autotuning tries 16 and 32 queries per block (upstream's candidates).
+    """
+
     op_id = "multi_latent_ragged_page_attention"
     config_type = MultiLatentRaggedPageAttentionConfig
 
@@ -138,6 +179,11 @@ class MultiLatentRaggedPageAttention(Kernel):
 
 
 class MultiLatentRaggedPageAttentionV2(MultiLatentRaggedPageAttention):
+    """`multi_latent_ragged_page_attention_v2` as the executor runs it.
+
+    Its config is `MultiLatentRaggedPageAttentionV2Config`; it autotunes as `MultiLatentRaggedPageAttention`.
+    """
+
     op_id = "multi_latent_ragged_page_attention_v2"
     config_type = MultiLatentRaggedPageAttentionV2Config
 
@@ -298,38 +344,108 @@ def multi_latent_ragged_page_attention(
 ) -> tuple[jax.Array, jax.Array]:
     """One MLA serving step: writes the new latent rows into the paged cache, then attends. `(out, kv_cache)`.
 
-    Shapes: `queries_nope [T, Hq, L]` (absorbed into latent space), `queries_pe [T, Hq, R]`,
-    `keys_values [T, L]` (or `[T, 1, L]`), `keys_pe [T, R]`, `kv_cache [pages, rows, packing,
-    a128(L) + a128(R)]` with `packing = 32 / bits(dtype)` and `page_size = rows * packing`; int32
-    `kv_lens [N]`, `block_tables [N * P]` (or `[N, P]`), `query_start_loc [N + 1]`, `distribution [3]`.
+    Multi-head latent attention (DeepSeek-V2/V3) in the weight-absorbed form: each cached position holds a
+    latent row `c [L]` and a RoPE key `r [R]`, which serve as its key and, `c` alone, as its value: multi-query
+    attention over one shared latent head. The queries come absorbed into latent space (`q_nope [Hq, L]`,
+    `q_pe [Hq, R]`), and the output stays latent: the caller applies `W_UV`.
 
-    Sequence `s < distribution[2]` owns tokens `query_start_loc[s] : query_start_loc[s + 1]` (the offsets
-    need not start at 0) at positions `kv_lens[s] - q_len … kv_lens[s] - 1`; position `p` lives in page
-    `block_tables[s * P + p // page_size]` at `[(p % page_size) // packing, (p % page_size) % packing]`,
-    as `[c, 0…, r, 0…]` (each part zero-padded to a multiple of 128). The new `c = keys_values[t]`,
-    `r = keys_pe[t]` are written there (cast to the cache dtype); nothing else of the cache changes,
-    and table entries past the pages covering `kv_len` are never read or written. `distribution[0:2]`
-    are scheduling hints (any `0 <= i <= j <= k` gives the same result); sequences from `k` on are ignored.
+    Sequence `s < distribution[2]` owns the tokens `query_start_loc[s]:query_start_loc[s + 1]` (the offsets need
+    not start at 0), at positions `kv_lens[s] - q_len .. kv_lens[s] - 1`. Their `c = keys_values[t]` and
+    `r = keys_pe[t]` are written first (cast to the cache dtype); then each query at position `p` attends over
+    the positions `i <= p` (and `i >= p - sliding_window + 1`) of its sequence: logits
+    `softmax_scale * (q_nope·c_i + q_pe·r_i)`, times `k_scale`, then `cap * tanh(l / cap)` with
+    `logits_soft_cap`; `out = sum_i softmax_i * c_i` in float32 sums, times `v_scale`. With `q_scale` the
+    queries are first quantised like the cache (`q / q_scale` rounded to its dtype, saturating) and the logits
+    scaled back by `q_scale`. Tokens of no processed sequence give zeros; sequences from `distribution[2]` on
+    are ignored. `distribution[0:2]` are checked but do not change the result (any `0 <= i <= j <= k` gives the
+    same).
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `distribution[2]` is clamped to `[0, N]`; `query_start_loc` to `[0, T]` and
-    made non-decreasing (a running max); `kv_lens` to `[0, P·page_size]` (new tokens it puts before
-    position 0 are not written and give zeros); a `block_tables` entry it reaches outside `[0, pages)`
-    holds no keys (its positions are masked) and is not written; of new tokens naming one cache row,
-    the last wins.
+    Cache layout: one packed latent cache `[num_pages, page_size // packing, packing, a128(L) + a128(R)]`,
+    `packing = 32 // bits(dtype)` and `a128(n)` meaning `n` rounded up to a multiple of 128. Position `p` of
+    sequence `s` lives in page `block_tables[s * P + p // page_size]` at
+    `[(p % page_size) // packing, (p % page_size) % packing]` as the row `[c, 0..., r, 0...]`. Unlike
+    `ragged_page_attention_v3`, whose packing folds K/V heads into words, this packs consecutive positions and
+    has no heads. Nothing else of the cache changes, and table entries past the pages covering `kv_len` are
+    never read or written. The update is functional: under `jax.jit(..., donate_argnums=4)` XLA makes it in
+    place.
 
-    Each query (position p) attends over positions `i <= p` (and `i >= p - sliding_window + 1`) of its
-    sequence, read after the write: logits `softmax_scale · (q_nope·c_i + q_pe·r_i)` (default scale
-    `(L + R)^-0.5`, the latent widths: pass the model's), times `k_scale`; with `q_scale` the queries
-    are first quantised like the cache (`q / q_scale` rounded to its dtype, saturating) and the logits
-    scaled back by `q_scale`; then `cap · tanh(ℓ / cap)` with `logits_soft_cap`. `out = Σ softmax · c_i`,
-    times `v_scale`, in float32 sums, returned `[T, Hq, L]` in `queries_nope`'s dtype; tokens of no
-    processed sequence are 0. `mask_value` is accepted (masked positions are excluded exactly).
+    Index values: outside `jit`, a bad one raises a ValueError naming it: `distribution` not
+    `0 <= i <= j <= k <= N`, `query_start_loc` not rising within `[0, T]`, a `kv_lens` entry outside
+    `[q_len, P * page_size]`, or a `block_tables` entry it reaches outside `[0, num_pages)`. Under `jit` they are
+    checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise
+    `distribution[2]` is clamped to `[0, N]`; `query_start_loc` to `[0, T]` and made non-decreasing (a running
+    max); `kv_lens` to `[0, P * page_size]` (new tokens it puts before position 0 are not written and give
+    zeros); a `block_tables` entry it reaches outside `[0, num_pages)` holds no keys (its positions are masked)
+    and is not written; of new tokens naming one cache row, the last wins.
 
-    The cache update is functional: under `jax.jit(..., donate_argnums=4)` XLA updates it in place. Not
-    meant to be differentiated, but `jax.grad` through it (with respect to the queries) works. With
-    `mesh`, `in_specs` (one per tensor, or per slot) may split the query heads only: the latents, the
-    cache and the index arrays stay whole on every shard, and `out_specs` is `(heads split, P())`.
+    Sharding: with `mesh`, `in_specs` (one per tensor, or one per slot) and `out_specs` (all three or none),
+    only the query heads may be split: every head reads the one shared latent cache, so the new latents, the
+    cache and the index arrays stay whole on every shard (each writes the same rows into its copy), and
+    `out_specs` is `(heads split, P())`. Not meant to be differentiated, but `jax.grad` through it (with
+    respect to the queries) works.
+
+    Args:
+        queries_nope: `[T, Hq, L]` float. The queries' non-RoPE part, absorbed into latent space.
+        queries_pe: `[T, Hq, R]` float. The queries' RoPE part.
+        keys_values: `[T, L]` (or `[T, 1, L]`) float. Each token's new latent row `c`.
+        keys_pe: `[T, R]` (or `[T, 1, R]`) float. Each token's new RoPE key `r`.
+        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float. The packed latent
+            cache (above).
+        kv_lens: `[N]` int32, `N >= 1`. Each sequence's length, its new tokens included.
+        block_tables: `[N * P]` (or `[N, P]`) int32. Sequence `s`'s pages in order at `[s * P:(s + 1) * P]`.
+        query_start_loc: `[N + 1]` int32. The sequences' token bounds, rising within `[0, T]`.
+        distribution: `[3]` int32. `[i, j, k]`: the first `k` sequences are processed (`i`, `j`: upstream's
+            decode / prefill split).
+        softmax_scale: `float | None`, default None (`(L + R) ** -0.5`, the latent widths: pass the model's).
+            Multiplies the logits.
+        sliding_window: `int | None`, default None. A positive `w` keeps positions `p - w + 1 <= i <= p`.
+        logits_soft_cap: `float | None`, default None. A non-zero `cap` (its sign does not matter) caps the
+            scaled logits as `cap * tanh(l / cap)`.
+        mask_value: `float | None`, default None. Accepted and unused: masked positions are excluded exactly.
+        q_scale: `float | None`, default None. Positive, finite: quantise the queries (above).
+        k_scale: `float | None`, default None. Finite: multiplies the logits.
+        v_scale: `float | None`, default None. Finite: multiplies the output.
+        platform: `str | None`, default None ("auto"). "xla" is the one implementation.
+        cfg: `MultiLatentRaggedPageAttentionConfig | None`, default None (chosen by the executor). The tiling;
+            it never changes the result.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per
+            positional slot.
+        out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
+
+    Returns:
+        tuple: `(out, kv_cache)`. `out` is `[T, Hq, L]` in `queries_nope`'s dtype (rows of tokens no processed
+        sequence owns are 0); `kv_cache` the updated cache, of the input's shape and dtype.
+
+    Raises:
+        TypeError: `queries_nope`, `queries_pe`, `keys_values`, `keys_pe` or `kv_cache` not floating-point,
+            or `cfg` not a `MultiLatentRaggedPageAttentionConfig`.
+        ValueError: an array of the wrong rank, or whose tokens, heads, `L` or `R` disagree with
+            `queries_nope` and `queries_pe`; a cache whose last axis is not `a128(L) + a128(R)` or whose axis 2
+            is not its dtype's `packing`; index arrays not int32 or of the wrong shape (`kv_lens` empty,
+            `block_tables` not `N` rows or a multiple of `N` entries, `query_start_loc` not `N + 1`,
+            `distribution` not `(3,)`); `softmax_scale`, `q_scale`, `k_scale` or `v_scale` not a finite number
+            (`q_scale` not positive); `logits_soft_cap` zero or not a number; `sliding_window` below 1; a
+            `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
+            `mesh`, `in_specs`, `out_specs` not given together, or specs that split anything but the query
+            heads; outside `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import multi_latent_ragged_page_attention
+        >>> T, Hq, L, R = 3, 2, 16, 8  # tokens, query heads, latent and RoPE widths
+        >>> kv_cache = jnp.zeros((4, 4, 1, 256))  # 4 pages of 4 positions; float32: packing 1; 128 + 128
+        >>> kv_lens, block_tables = jnp.array([2, 5], jnp.int32), jnp.array([0, 1, 2, 3], jnp.int32)
+        >>> query_start_loc, distribution = jnp.array([0, 1, 3], jnp.int32), jnp.array([1, 1, 2], jnp.int32)
+        >>> out, kv_cache = multi_latent_ragged_page_attention(
+        ...     jnp.ones((T, Hq, L)), jnp.ones((T, Hq, R)), jnp.ones((T, L)), jnp.ones((T, R)), kv_cache,
+        ...     kv_lens, block_tables, query_start_loc, distribution)
+        >>> out.shape, out.dtype
+        ((3, 2, 16), dtype('float32'))
+        >>> bool((kv_cache[0, 1, 0, :16] == 1).all())  # token 0, position 1 of sequence 0: c in its row
+        True
     """
     return _checked_call(
         MultiLatentRaggedPageAttention(),
@@ -365,8 +481,59 @@ def multi_latent_ragged_page_attention_v2(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """`multi_latent_ragged_page_attention` with a config whose block sizes may be given per case
-    (`MultiLatentRaggedPageAttentionV2Config`); arguments, result and semantics are the same."""
+    """`multi_latent_ragged_page_attention` with a config whose block sizes may be given per case.
+
+    Arguments, result, errors and semantics are those of `multi_latent_ragged_page_attention`; only `cfg`
+    differs (`MultiLatentRaggedPageAttentionV2Config`: `(decode, prefill, mixed)` block sizes).
+
+    Args:
+        queries_nope: `[T, Hq, L]` float. The queries' non-RoPE part, absorbed into latent space.
+        queries_pe: `[T, Hq, R]` float. The queries' RoPE part.
+        keys_values: `[T, L]` (or `[T, 1, L]`) float. Each token's new latent row.
+        keys_pe: `[T, R]` (or `[T, 1, R]`) float. Each token's new RoPE key.
+        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float. The packed latent
+            cache.
+        kv_lens: `[N]` int32, `N >= 1`. Each sequence's length, its new tokens included.
+        block_tables: `[N * P]` (or `[N, P]`) int32. Each sequence's pages in order.
+        query_start_loc: `[N + 1]` int32. The sequences' token bounds, rising within `[0, T]`.
+        distribution: `[3]` int32. `[i, j, k]`: the first `k` sequences are processed.
+        softmax_scale: `float | None`, default None (`(L + R) ** -0.5`). Multiplies the logits.
+        sliding_window: `int | None`, default None. A positive `w` keeps the last `w` positions.
+        logits_soft_cap: `float | None`, default None. A non-zero cap of the scaled logits.
+        mask_value: `float | None`, default None. Accepted and unused.
+        q_scale: `float | None`, default None. Positive, finite: quantise the queries like the cache.
+        k_scale: `float | None`, default None. Finite: multiplies the logits.
+        v_scale: `float | None`, default None. Finite: multiplies the output.
+        platform: `str | None`, default None ("auto"). "xla" is the one implementation.
+        cfg: `MultiLatentRaggedPageAttentionV2Config | None`, default None (chosen by the executor). The
+            tiling; it never changes the result.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (query heads only).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per slot.
+        out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
+
+    Returns:
+        tuple: `(out, kv_cache)`: `out` `[T, Hq, L]` in `queries_nope`'s dtype and the updated cache.
+
+    Raises:
+        TypeError: a non-float array where a float one is due, or `cfg` not a
+            `MultiLatentRaggedPageAttentionV2Config`.
+        ValueError: as `multi_latent_ragged_page_attention` (shapes, index dtypes and values, options,
+            platform, sharding).
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionV2Config, multi_latent_ragged_page_attention_v2
+        >>> T, Hq, L, R = 3, 2, 16, 8
+        >>> cfg = MultiLatentRaggedPageAttentionV2Config(num_queries_per_block=(8, 16, 16))
+        >>> out, kv_cache = multi_latent_ragged_page_attention_v2(
+        ...     jnp.ones((T, Hq, L)), jnp.ones((T, Hq, R)), jnp.ones((T, L)), jnp.ones((T, R)),
+        ...     jnp.zeros((4, 4, 1, 256)), jnp.array([2, 5], jnp.int32), jnp.array([0, 1, 2, 3], jnp.int32),
+        ...     jnp.array([0, 1, 3], jnp.int32), jnp.array([1, 1, 2], jnp.int32), cfg=cfg)
+        >>> out.shape, kv_cache.shape
+        ((3, 2, 16), (4, 4, 1, 256))
+    """
     return _checked_call(
         MultiLatentRaggedPageAttentionV2(),
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,

@@ -29,9 +29,23 @@ def _positive_int(value: Any) -> bool:
 class NativeSparseAttentionConfig(KernelConfig):
     """`fwd_params`/`bwd_params`: the kernels' warps and stages.
 
-    `block_size` is upstream's field, kept so that its configs still construct and read back: the
-    block size is the call's `block_size` argument, and a config whose `block_size` is set to another
-    value is refused when it runs (None, the default, follows the call)."""
+    `block_size` is upstream's field, kept so that its configs still construct and read back: the block
+    size is the call's `block_size` argument, and a config whose `block_size` is set to another value is
+    refused (ValueError) when it runs. Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. `"auto"`, `"xla"` or `"triton"` (the platforms with an implementation).
+        fwd_params: Default None. `FwdParams` of the forward kernels (`num_warps`, `num_stages`).
+        bwd_params: Default None. `BwdParams` of the backward kernels.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+        block_size: Default None, meaning the call's. A positive int, which must equal the call's.
+
+    Example:
+        >>> from ejkernel.modules import NativeSparseAttentionConfig
+        >>> NativeSparseAttentionConfig(platform="xla").block_size is None
+        True
+    """
 
     block_size: int | None = None
 
@@ -44,6 +58,13 @@ class NativeSparseAttentionConfig(KernelConfig):
 
 
 class NativeSparseAttention(Kernel):
+    """The `Kernel` the executor runs for `native_sparse_attention` (op id `"native_sparse_attention"`).
+
+    It takes the nine tensors of `native_sparse_attention` (an int `block_counts` travels as an option) and
+    passes `block_size` to the implementations; call `native_sparse_attention` rather than this class.
+    Implementations: Triton (GPU), then XLA.
+    """
+
     op_id = "native_sparse_attention"
     config_type = NativeSparseAttentionConfig
 
@@ -107,27 +128,83 @@ def native_sparse_attention(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "batch seq heads dim_v"]:
-    """`g_slc · selected + g_cmp · compressed + g_swa · sliding` attention of `[batch, seq, heads, dim]`
-    queries (any head ratio).
+    """`g_slc · selected + g_cmp · compressed + g_swa · sliding` attention (native sparse attention, NSA).
 
-    Per sequence (a batch row, or with `cu_seqlens [N+1]` and batch 1 each packed sequence), keys in
-    blocks of `block_size` tokens counted from the sequence's start, query head h reading
-    key/value head h // (heads // kv_heads):
-    - compressed branch (only with `g_cmp`): query t attends the means of the complete blocks that
-      end at or before it;
-    - selected branch: query t attends the keys s <= t of the blocks listed for it and its key/value
-      head: the first `block_counts` (int, or per token `[batch, seq, kv_heads]`) entries of
-      `block_indices [batch, seq, kv_heads, n]` (-1 lists nothing; repeats count once), or without
-      indices the top `block_counts` blocks by the compressed branch's probability summed over the
-      head's query heads, with the query's own block always first;
-    - sliding branch (with `g_swa [batch, seq, heads]` and `window_size > 0`, both or neither): query t
-      attends the keys t - window_size < s <= t of its sequence. API.md's signature has no such branch;
-      the gate comes as a trailing positional tensor and the window as a keyword, as in
-      flash-linear-attention's NSA, so calls without them are unchanged;
-    - no gate `g_slc` means the selected branch enters ungated. Default scale `dim ** -0.5`.
-    `block_size` is an argument, not a config field, as it changes the result (upstream read it from
-    `cfg.block_size`; such a config must now agree with the call).
+    Layout `[batch, seq, heads, dim]`, one sequence for queries and keys; any head ratio, query head `h`
+    reading key/value head `h // (heads // kv_heads)`. Per sequence (a batch row, or with `cu_seqlens` and
+    batch 1 each packed sequence), keys in blocks of `block_size` tokens counted from the sequence's start:
+
+    - compressed branch (only with `g_cmp`): query t attends the means of the complete blocks that end at
+      or before it;
+    - selected branch: query t attends the keys `s <= t` of the blocks listed for it and its key/value head:
+      the first `block_counts` entries of `block_indices` (-1 lists nothing; repeats count once), or without
+      indices the top `block_counts` blocks by the compressed branch's probability summed over the head's
+      query heads, with the query's own block always first; without `g_slc` it enters ungated;
+    - sliding branch (with `g_swa` and `window_size > 0`, both or neither): query t attends the keys
+      `t - window_size < s <= t` of its sequence. API.md's signature has no such branch: the gate comes as a
+      trailing positional tensor and the window as a keyword, as in flash-linear-attention's NSA, so calls
+      without them are unchanged.
+
     Differentiable in query, key, value and the gates; the block choice is not differentiated.
+    `block_size` is an argument, not a config field, as it changes the result (upstream read it from
+    `cfg.block_size`; such a config must now agree with the call). The tensors are positional-only, the
+    options keyword-only.
+
+    Args:
+        query: `[batch, seq, heads, dim]`, float (Triton: float16, bfloat16 or float32).
+        key: `[batch, seq, kv_heads, dim]` in query's dtype, with `heads % kv_heads == 0`.
+        value: `[batch, seq, kv_heads, dim_v]` in query's dtype.
+        g_cmp: Default None (no compressed branch in the output). Float `[batch, seq, heads]`: its gate.
+        g_slc: Default None (the selected branch ungated). Float `[batch, seq, heads]`: its gate.
+        block_indices: Default None (blocks chosen from the compressed branch). Int
+            `[batch, seq, kv_heads, n]`: block numbers within each token's sequence; blocks after the token's
+            own are ignored. Entries outside `[-1, blocks of the sequence)` are a ValueError outside `jit`;
+            under `jit` such an entry lists nothing.
+        block_counts: Default 16. A non-negative int, or int `[batch, seq, kv_heads]` per token: how many
+            blocks each token attends (the first entries of `block_indices`, or the top ones chosen).
+        cu_seqlens: Default None. Int `[N + 1]`: bounds of N sequences packed into one row (batch must be 1),
+            rising from 0 to exactly `seq`; other bounds are a ValueError outside `jit` and go unchecked
+            under it (keep them valid).
+        g_swa: Default None (no sliding branch). Float `[batch, seq, heads]`: its gate; needs
+            `window_size > 0`.
+        softmax_scale: Default None, meaning `dim ** -0.5`.
+        window_size: Default 0 (no sliding branch). A non-negative int; a positive one needs `g_swa`.
+        block_size: Default 64. Tokens per block, a positive int (Triton: a power of two of at least 16).
+        platform: Default None, meaning `"auto"`: Triton on GPUs where it accepts the call, else XLA. One of
+            `"auto"`, `"xla"`, `"triton"`.
+        cfg: Default None. A `NativeSparseAttentionConfig`; its `block_size` must be None or the call's.
+        mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
+            call runs under `jax.shard_map`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot); shard batch or
+            heads alike, never the sequence.
+        out_specs: Default None. The output's `PartitionSpec`.
+
+    Returns:
+        `[batch, seq, heads, dim_v]` in query's dtype.
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), query, key
+            and value of different dtypes, non-float gates, a non-integer `block_indices`, or a bool
+            `block_counts`.
+        ValueError: `heads` not a multiple of `kv_heads`; a `block_size` that is not a positive int; negative
+            `block_counts`; bad `block_indices` or `cu_seqlens` values (see above); `cu_seqlens` with
+            `batch != 1`; `g_swa` without `window_size > 0` or the reverse; a negative `window_size`; a
+            `cfg.block_size` other than `block_size`; a platform that is unknown or has no implementation on
+            this device; `mesh`, `in_specs`, `out_specs` not given together, or specs that shard the sequence.
+        NotImplementedError: a requested platform that declines the call (Triton: another dtype, a head dim
+            over 256, a `block_size` that is not a power of two of at least 16).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import native_sparse_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((1, 32, 4, 8), np.float32)
+        >>> kv = rng.standard_normal((1, 32, 2, 8), np.float32)
+        >>> gate = np.full((1, 32, 4), 0.5, np.float32)  # g_cmp and g_slc
+        >>> nsa = jax.jit(lambda q, kv, g: native_sparse_attention(q, kv, kv, g, g, None, 2, block_size=8))
+        >>> out = nsa(q, kv, gate)  # per query: 2 selected blocks of 8 keys, and the compressed branch
+        >>> out.shape, bool(np.isfinite(out).all())
+        ((1, 32, 4, 8), True)
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         require_float(name, x)

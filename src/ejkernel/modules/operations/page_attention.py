@@ -28,16 +28,36 @@ from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
 
 @dataclasses.dataclass(frozen=True)
 class PagedAttentionConfig(KernelConfig):
-    """Tiling of the serving ops' cores.
+    """Tiling of the six serving ops' cores, and the base of each one's config.
 
-    `fwd_params.block_q`: queries of one sequence per tile (XLA); `block_k`: key positions per step;
-    `num_warps`, `num_stages` (Triton). `num_splits`: how many parts each tile's keys are cut in and
-    merged by log-sum-exp (flash-decoding on GPU; None: the kernel decides).
+    Knobs never change results; None leaves a knob to the kernel. Upstream's knobs are read where
+    `fwd_params` leaves a size unset (`kernels._common.paged_attention.config_tiling`); any positive int is
+    valid for them: block sizes and warps are rounded up to the powers of two the kernels tile by.
 
-    Upstream's knobs are fields too, read where `fwd_params` leaves a size unset
-    (`kernels._common.paged_attention.config_tiling`): `num_kv_pages_per_block` (pages per key step),
-    `num_queries_per_block`, `num_warps`, `num_stages`. Any positive int is valid: sizes are rounded up
-    to the powers of two the kernels tile by. Knobs never change results; None: the kernel decides.
+    Attributes:
+        platform: `str`, default "auto". "auto", "xla", "triton", "pallas" or "cuda" (see the op's `platform`).
+        fwd_params: `FwdParams | None`, default None. `block_q`: queries of one sequence per tile (XLA);
+            `block_k`: key positions per step; `num_warps`, `num_stages` (Triton). Powers of two.
+        bwd_params: `BwdParams | None`, default None. Not read: the serving ops have no backward kernel.
+        backend: `str`, default "any". "any", "gpu", "tpu" or "cpu": the device kind the config is for;
+            running it on another kind raises a ValueError.
+        num_splits: `int | None`, default None. How many parts each tile's keys are cut in and merged by
+            log-sum-exp (flash-decoding on GPU); None: the kernel decides.
+        num_kv_pages_per_block: `int | None`, default None. Pages per key step (upstream's name).
+        num_queries_per_block: `int | None`, default None. Queries per tile (upstream's name).
+        num_warps: `int | None`, default None. Triton warps per program.
+        num_stages: `int | None`, default None. Triton pipeline stages.
+
+    Raises:
+        ValueError: a knob that is neither a positive int nor None (a bool included), a `platform` or
+            `backend` not listed above, or `fwd_params` / `bwd_params` of another type.
+
+    Example:
+        >>> from ejkernel.modules import PageAttentionConfig
+        >>> from ejkernel.ops import FwdParams
+        >>> cfg = PageAttentionConfig(platform="xla", fwd_params=FwdParams(block_k=256), num_splits=4)
+        >>> cfg.fwd_params.block_k, cfg.num_splits
+        (256, 4)
     """
 
     num_splits: int | None = None
@@ -63,7 +83,11 @@ class PagedAttentionConfig(KernelConfig):
 
 
 class PagedAttentionKernel(Kernel):
-    """A serving op as the executor sees it: its implementations take `cfg` as given (None fields: defaults)."""
+    """A serving op as the executor sees it: its implementations take `cfg` as given (None fields: defaults).
+
+    Autotuning tries the default config, then on Triton `block_k` 32, 64, 128 with 1, 4 or 16 splits, on
+    XLA `block_k` 256 and 1024.
+    """
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield self.config_type(platform=platform)
@@ -78,9 +102,21 @@ class PagedAttentionKernel(Kernel):
 
 
 def busy_sequences(num_seqs: int, pages_per_seq: int, page_size: int, num_pages: int, tokens: int):
-    """Autotuning stand-ins for a serving call's traced integers (`Kernel.busy_integers`): every context fills
-    its table row (pages dealt round the cache), and the tokens are shared evenly, each sequence's at the
-    end of its context. Returns `(context lengths [N], page tables [N, pages_per_seq], query starts [N+1])`."""
+    """Autotuning stand-ins for a serving call's traced integers (`Kernel.busy_integers`).
+
+    Every context fills its table row (pages dealt round the cache), and the tokens are shared evenly,
+    each sequence's at the end of its context.
+
+    Args:
+        num_seqs: `int`. Sequences `N`.
+        pages_per_seq: `int`. Entries of a page table row.
+        page_size: `int`. Positions per page.
+        num_pages: `int`. Pages of the cache.
+        tokens: `int`. Query tokens to share among the sequences.
+
+    Returns:
+        tuple: `(context lengths [N], page tables [N, pages_per_seq], query starts [N + 1])`, int32 arrays.
+    """
     tables = jnp.arange(num_seqs * pages_per_seq, dtype=jnp.int32).reshape(num_seqs, pages_per_seq) % num_pages
     lengths = jnp.full((num_seqs,), pages_per_seq * page_size, jnp.int32)
     shares = tokens // num_seqs + (jnp.arange(num_seqs) < tokens % num_seqs)
@@ -89,16 +125,27 @@ def busy_sequences(num_seqs: int, pages_per_seq: int, page_size: int, num_pages:
 
 
 def check_tables(name: str, tables, rows: int | None = None) -> None:
-    """A page table: 2-D integer `[rows, pages per sequence]`."""
+    """Checks that a page table is 2-D, `[rows, pages per sequence]`.
+
+    Args:
+        name: `str`. The argument's name, for the message.
+        tables: the page table (an array).
+        rows: `int | None`, default None. The rows it must have; None: any number.
+
+    Raises:
+        ValueError: `tables` is not 2-D or has another number of rows.
+    """
     check_shape(name, tables, (rows, None), "[sequences, pages per sequence]")
 
 
 @dataclasses.dataclass(frozen=True)
 class PageAttentionConfig(PagedAttentionConfig):
-    """Tiling of `page_attention` (see `PagedAttentionConfig`)."""
+    """Tiling of `page_attention`: the fields and rules of `PagedAttentionConfig`."""
 
 
 class PageAttention(PagedAttentionKernel):
+    """`page_attention` as the executor runs it (config `PageAttentionConfig`)."""
+
     op_id = "page_attention"
     config_type = PageAttentionConfig
 
@@ -129,22 +176,80 @@ def page_attention(
     platform: str | None = None,
     cfg: PageAttentionConfig | None = None,
 ) -> Float[Array, "num_seqs num_heads head_dim"]:
-    """Decode attention: sequence `i`'s query (at position `context_lens[i] - 1`) over its cache pages.
+    """Decode attention: each sequence's one query over its pages of a paged K/V cache.
 
-    Caches are `[blocks, Hkv, block_size, D]`; `block_tables[i]` lists sequence i's blocks in order,
-    and only the first `ceil(context_lens[i] / block_size)` entries are read. Query heads are a
-    multiple of Hkv (grouped-query). `attn_scale` defaults to `D**-0.5`; `attn_logits_soft_cap` caps
-    logits as `c·tanh(s/c)`; `sliding_window=w` keeps the last `w` positions. A context of 0 gives
-    zeros. `max_context_len` promises every context is at most that long (keys past it are not read).
+    Sequence `i`'s query sits at position `context_lens[i] - 1` and attends to keys `0 .. context_lens[i] - 1`,
+    which live in the pages `block_tables[i]` lists, in order; only its first `ceil(context_lens[i] / page_size)`
+    entries are read. A context of 0 gives zeros. Query head `h` reads kv head `h // (num_heads // num_kv_heads)`
+    (grouped-query). Masked keys are excluded exactly, whatever `mask_value`.
 
-    Masked keys are excluded exactly: `mask_value` may be any value <= -1e4 (it acts as -inf).
-    `num_splits`, `pages_per_compute_block`, `megacore_mode` and `inline_seq_dim` steer schedules only
-    (the result does not change).
+    Cache layout: separate K and V caches `[num_pages, num_kv_heads, page_size, head_dim]`, kv heads before
+    slots. The other serving ops differ: `prefill_page_attention` puts kv heads first
+    (`[num_kv_heads, num_pages, page_size, head_dim]`); `unified_attention` (and `flash_attention` with
+    `block_tables`) puts slots first (`[num_pages, page_size, num_kv_heads, head_dim]`);
+    `ragged_page_attention_v2` keeps K and V interleaved in one cache `[num_pages, page_size, 2 * num_kv_heads,
+    head_dim]`; `ragged_page_attention_v3` packs that interleaving 5-D; the MLA ops keep one packed latent cache.
+    The scale is `attn_scale` here, `softmax_scale` elsewhere; all default to `head_dim ** -0.5` except
+    `ragged_page_attention_v3` (1.0).
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `context_lens` is clamped to `[0, max_blocks·block_size]` (and to
-    `max_context_len`), and a `block_tables` entry it reaches outside `[0, num_blocks)` holds no keys
-    (its positions are masked).
+    Index values: outside `jit`, a `context_lens` entry outside `[0, max_blocks * page_size]` (or above
+    `max_context_len`) or a `block_tables` entry it reaches outside `[0, num_pages)` raises a ValueError naming it.
+    Under `jit` they are checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that
+    message); otherwise `context_lens` is clamped to `[0, max_blocks * page_size]` (and to `max_context_len`), and
+    a `block_tables` entry it reaches outside `[0, num_pages)` holds no keys (its positions are masked).
+
+    Args:
+        query: `[num_seqs, num_heads, head_dim]` float. One query per sequence, the decode token.
+        key_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `query`'s dtype. The key pages;
+            `num_heads` must be a multiple of `num_kv_heads`.
+        value_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `query`'s dtype. The value pages.
+        context_lens: `[num_seqs]` int. Each sequence's number of keys, its query's position included.
+        block_tables: `[num_seqs, max_blocks]` int. Row `i` lists sequence `i`'s pages in order.
+        attn_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
+        max_context_len: `int | None`, default None (the table's capacity). A promise, >= 1, that no context is
+            longer: keys past it are not read.
+        num_splits: `int`, default 0 (the kernel decides). Parts a context's keys are split in and merged
+            (flash-decoding); a hint to the GPU schedule, the result does not change.
+        mask_value: `float`, default `DEFAULT_MASK_VALUE` (about -2.4e38). Any value `<= -1e4` acts as -inf.
+        attn_logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        pages_per_compute_block: `int | None`, default None. Upstream's TPU block size: checked (>= 1), then
+            ignored.
+        megacore_mode: `str | None`, default None. Upstream's TPU option, None, "kv_head" or "batch": checked,
+            then ignored.
+        inline_seq_dim: `bool`, default True. Upstream's TPU option: ignored.
+        sliding_window: `int | None`, default None. A positive `w` keeps the last `w` positions, the query's
+            own included.
+        platform: `str | None`, default None ("auto": the best implementation on this device: Triton on a
+            GPU where it serves the call, else XLA). "xla", "triton" (GPU) or "pallas" (TPU) asks for that one.
+        cfg: `PageAttentionConfig | None`, default None (chosen by the executor). The tiling; it never changes
+            the result.
+
+    Returns:
+        jax.Array: `[num_seqs, num_heads, head_dim]` in `query`'s dtype, each sequence's attention output.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `query` and the caches of different dtypes, an option of the wrong type, or `cfg`
+            not a `PageAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; `attn_scale` not finite;
+            `attn_logits_soft_cap` not positive; `mask_value` above -1e4; `sliding_window`, `max_context_len`
+            or `pages_per_compute_block` below 1; `num_splits` below 0; another `megacore_mode`; a `platform`
+            not listed, contradicting `cfg.platform` or with no implementation on this device; outside
+            `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import page_attention
+        >>> query = jnp.ones((2, 4, 8))  # 2 sequences, 4 query heads, head_dim 8
+        >>> key_cache = value_cache = jnp.ones((4, 2, 16, 8))  # 4 pages, 2 kv heads, 16 slots a page
+        >>> context_lens = jnp.array([0, 20])  # sequence 1 spans two pages
+        >>> block_tables = jnp.array([[3, 0], [1, 2]])
+        >>> out = page_attention(query, key_cache, value_cache, context_lens, block_tables)
+        >>> out.shape, out.dtype, bool((out[0] == 0).all())  # an empty context gives zeros
+        ((2, 4, 8), dtype('float32'), True)
     """
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, num_kv_heads, block_size, _ = key_cache.shape

@@ -22,10 +22,12 @@ from ejkernel.modules.operations.page_attention import PagedAttentionConfig, Pag
 
 @dataclasses.dataclass(frozen=True)
 class PrefillPageAttentionConfig(PagedAttentionConfig):
-    """Tiling of `prefill_page_attention` (see `PagedAttentionConfig`)."""
+    """Tiling of `prefill_page_attention`: the fields and rules of `PagedAttentionConfig`."""
 
 
 class PrefillPageAttention(PagedAttentionKernel):
+    """`prefill_page_attention` as the executor runs it (config `PrefillPageAttentionConfig`)."""
+
     op_id = "prefill_page_attention"
     config_type = PrefillPageAttentionConfig
 
@@ -51,18 +53,65 @@ def prefill_page_attention(
     platform: str | None = None,
     cfg: PrefillPageAttentionConfig | None = None,
 ) -> Float[Array, "chunk num_heads head_dim"]:
-    """Causal attention of the last `chunk` positions of one sequence over its pages.
+    """Causal attention of the last `chunk` positions of one sequence over its pages (a prefill chunk).
 
-    The sequence's `context_len[0]` keys live in pages `page_indices` (in order) of the caches
-    `[Hkv, pages, page_size, D]`; query `i` sits at position `context_len - chunk + i`, so the chunk
-    must not be longer than the context. `softmax_scale` defaults to `D**-0.5`; soft cap
-    `c·tanh(s/c)`; `sliding_window=w` keeps the last `w` positions up to the query's own. Masked keys
-    are excluded exactly (`mask_value` <= -1e4 acts as -inf).
+    The sequence's `context_len[0]` keys live in the pages `page_indices` lists, in order. Query `i` sits at
+    position `context_len[0] - chunk + i` and sees the keys up to its own position, so the chunk must not be
+    longer than the context. Query head `h` reads kv head `h // (num_heads // num_kv_heads)`. Masked keys are
+    excluded exactly, whatever `mask_value`.
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `context_len` is clamped to `[0, pages_per_seq·page_size]` (queries it puts
-    before position 0, when the chunk is longer, give zeros), and a `page_indices` entry it reaches
-    outside `[0, num_pages)` holds no keys (its positions are masked).
+    Cache layout: separate K and V caches `[num_kv_heads, num_pages, page_size, head_dim]`, kv heads first,
+    unlike `page_attention` (`[num_pages, num_kv_heads, page_size, head_dim]`) and `unified_attention`
+    (`[num_pages, page_size, num_kv_heads, head_dim]`).
+
+    Index values: outside `jit`, a `context_len` outside `[chunk, pages_per_seq * page_size]` or a
+    `page_indices` entry it reaches outside `[0, num_pages)` raises a ValueError naming it. Under `jit` they are
+    checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise
+    `context_len` is clamped to `[0, pages_per_seq * page_size]` (queries it puts before position 0, when the
+    chunk is longer, give zeros), and a `page_indices` entry it reaches outside `[0, num_pages)` holds no keys
+    (its positions are masked).
+
+    Args:
+        query: `[chunk, num_heads, head_dim]` float. The chunk's queries, the context's last `chunk` positions.
+        key_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `query`'s dtype. The key pages;
+            `num_heads` must be a multiple of `num_kv_heads`.
+        value_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `query`'s dtype. The value pages.
+        context_len: `[1]` int. The sequence's number of keys, the chunk included.
+        page_indices: `[pages_per_seq]` int. The sequence's pages in order; entries past
+            `ceil(context_len / page_size)` are not read.
+        softmax_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
+        mask_value: `float`, default `DEFAULT_MASK_VALUE` (about -2.4e38). Any value `<= -1e4` acts as -inf.
+        attn_logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        sliding_window: `int | None`, default None. A positive `w` keeps the last `w` positions up to the
+            query's own.
+        platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
+            "xla" or "triton" (GPU) asks for that one.
+        cfg: `PrefillPageAttentionConfig | None`, default None (chosen by the executor). The tiling; it never
+            changes the result.
+
+    Returns:
+        jax.Array: `[chunk, num_heads, head_dim]` in `query`'s dtype, the chunk's attention output.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `query` and the caches of different dtypes, an option of the wrong type, or `cfg`
+            not a `PrefillPageAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; `softmax_scale` not finite;
+            `attn_logits_soft_cap` not positive; `mask_value` above -1e4; `sliding_window` below 1; a
+            `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
+            outside `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import prefill_page_attention
+        >>> query = jnp.ones((3, 4, 8))  # a chunk of 3 queries, 4 heads, head_dim 8
+        >>> key_cache = value_cache = jnp.ones((2, 4, 16, 8))  # 2 kv heads, 4 pages of 16 slots
+        >>> out = prefill_page_attention(query, key_cache, value_cache, jnp.array([20]), jnp.array([2, 0]))
+        >>> out.shape, out.dtype
+        ((3, 4, 8), dtype('float32'))
     """
     chunk, num_heads, head_dim = query.shape
     num_kv_heads, num_pages, page_size, _ = key_cache.shape

@@ -35,13 +35,28 @@ def _power_of_two(value) -> bool:
 class QuantizedMatmulConfig(KernelConfig):
     """Tiling and operand precision of a quantized matmul.
 
-    `block_m`, `block_n`, `block_k`: rows of x, output columns and contraction per tile (powers of two);
-    the XLA path tiles the packed rows of W by `block_k` (no transpose: rows are K) or `block_n` (transpose:
-    rows are N). `num_warps`, `num_stages`, `split_k`: GPU kernel launch options. `use_bf16`: upstream's
-    choice of bf16 or f16 dot operands for 16-bit `x`, accepted for compatibility: operands here are in
-    `x`'s dtype, so that a config never changes a result. `tpu_path`: `"packed"` or None; legacy
-    `"hybrid"`/`"predecode"` are accepted. Only the fields a platform reads have any effect there, and none
-    changes what is computed.
+    Only the fields a platform reads have any effect there, and none changes what is computed.
+
+    Attributes:
+        block_m: Rows of x per tile, a positive power of two (default 128).
+        block_n: Output columns per tile, a positive power of two (default 128); the XLA path tiles the
+            packed rows of W by it with transpose (rows are N).
+        block_k: Contraction per tile, a positive power of two (default 64); the XLA path tiles the packed
+            rows of W by it without transpose (rows are K).
+        num_warps: GPU kernel launch option, a positive power of two (default 4).
+        num_stages: GPU kernel launch option, a positive int (default 3).
+        use_bf16: Upstream's choice of bf16 or f16 dot operands for 16-bit `x`, accepted for compatibility
+            (default True): operands here are in `x`'s dtype, so that a config never changes a result.
+        split_k: GPU kernel launch option, a positive int or None (default).
+        tpu_path: `"packed"` or None (default); legacy `"hybrid"` / `"predecode"` are accepted.
+        platform: `"auto"` (default) or `"xla"`, the one implementation.
+        fwd_params: Not read by this op.
+        bwd_params: Not read by this op.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: A field outside the domain above, or an unknown `platform` or `backend`.
     """
 
     block_m: int = 128
@@ -78,6 +93,12 @@ def _tile_field(inv: Invocation) -> str:
 
 
 class QuantizedMatmul(Kernel):
+    """The executor's `Kernel` for `quantized_matmul`: op id `"quantized_matmul"`, config `QuantizedMatmulConfig`.
+
+    Without a measured config, row tiles of about `TILE_VALUES` dequantized values; autotuning (policy
+    `autotune`) also times 128, 512 and 2048 packed rows per tile on XLA.
+    """
+
     op_id = "quantized_matmul"
     config_type = QuantizedMatmulConfig
 
@@ -143,22 +164,76 @@ def quantized_matmul(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> jax.Array:
-    """float32 `[..., N]`: `x [..., K]` (leading dims flattened into M) times the dequantized `w`.
+    """`x [..., K]` times weights packed by `ejkernel.quantization` (affine, nf4, mxfp4/8, nvfp4/8).
 
-    `w` (uint32), `scales` and `zeros` (affine only, else None) come from `prepack_quantized_weights` /
-    `quantize`; `group_size`, `bits`, `mode` have `quantize`'s defaults and domains. `transpose=False`:
-    `w [K, ceil(N*b/32)]`, `scales [K, N/g]`, `y = x @ W`; `transpose=True`: `w [N, ceil(K*b/32)]`,
-    `scales [N, K/g]`, `y = x @ Wᵀ`. `axis="row"`/`"col"` means transpose False/True and wins when given.
+    Leading dims of x are flattened into M. Layouts (`ejkernel.quantization.matmul`): with `transpose=False`,
+    `w [K, ceil(N·b/32)]` and `scales [K, N/g]` pack `W [K, N]` grouped along N and `y = x @ W`; with
+    `transpose=True`, `w [N, ceil(K·b/32)]` and `scales [N, K/g]` pack `W [N, K]` grouped along K and
+    `y = x @ Wᵀ`. `prepack_quantized_weights(kernel[in, out])` gives the second layout, and with
+    `transpose=False` the first. Row tiles of W are dequantized, rounded to x's dtype and multiplied in it,
+    accumulating in float32, so the full float W never exists (`fuse=False`: one tile of all rows).
 
-    Strategy knobs, validated and never changing the result: `fuse=False` dequantizes all of `W` before one
-    matmul (else row tiles); `strict_fuse` (None: env `EJKERNEL_QMM_STRICT_FUSED`) forbids dense fallbacks,
-    which the XLA path never needs (it computes every width, odd ones too); `allow_dense_fallback`,
-    `tpu_path`, `gemv_mode`, `revsplit_k`, `revsplit_k_parts` select kernel variants of platforms that have
-    them (none on XLA). `use_best_config=True` picks the tiling through the executor's config selection
-    (caches, autotuning when the policy allows it, else a size heuristic); False uses
-    `QuantizedMatmulConfig()`'s defaults. `cfg` always wins. Differentiable in `x` (`∂x` in x's dtype);
-    `w`, `scales` and `zeros` get zero cotangents. With `mesh`, `in_specs` (one per tensor, or per slot)
-    may split the rows of a 2-D `x`; the packed weights and their metadata stay whole on every shard.
+    Strategy knobs are validated and never change the result: `strict_fuse` forbids dense fallbacks, which
+    the XLA path never needs (it computes every width, odd ones too); `allow_dense_fallback`, `tpu_path`,
+    `gemv_mode`, `revsplit_k` and `revsplit_k_parts` select kernel variants of platforms that have them
+    (none on XLA). Differentiable in `x` (`∂x` in x's dtype); `w`, `scales` and `zeros` get zero
+    cotangents.
+
+    Args:
+        x: `[..., K]` float, rank >= 2.
+        w: uint32 packed codes, `[K, ceil(N·b/32)]`, or `[N, ceil(K·b/32)]` with `transpose`.
+        scales: `[K, N/g]` (`[N, K/g]` with `transpose`): float for affine and nf4, uint8 codes for mx and nv
+            modes.
+        zeros: Affine zero points, float, shaped like `scales`; None (default) for the other modes.
+        transpose: Which layout `w` has, as above (default False).
+        group_size: Values per group, g; None (default): `quantize`'s default for the mode (64; 32 for mx,
+            16 for nv modes, which allow nothing else). Must be the one `w` was quantized with.
+        bits: Code width of affine, 1 to 8; None (default): 4. Other modes fix it.
+        mode: `"affine"` (default), `"nf4"`, `"mxfp4"`, `"mxfp8"`, `"nvfp4"` or `"nvfp8"`, any case.
+        axis: Upstream's name of the layout: `"row"` is `transpose=False`, `"col"` is `transpose=True` (not
+            the `axis` given to `quantize`); it wins when given. None (default).
+        gemv_mode: `"auto"` (default), `"on"` (x must be one row) or `"off"`.
+        revsplit_k: `"auto"` (default), `"on"` (needs a 4-bit mode) or `"off"`.
+        revsplit_k_parts: 1, 2, 4, 8 or 16; None (default).
+        fuse: True (default): dequantize row tiles of W; False: all of W before one matmul.
+        strict_fuse: Forbid dense fallbacks; None (default): env `EJKERNEL_QMM_STRICT_FUSED` (1, true, yes,
+            on).
+        tpu_path: `"packed"`, or the legacy `"hybrid"` / `"predecode"`; None (default).
+        allow_dense_fallback: A bool or None (default).
+        use_best_config: True: the tiling from the executor's config selection (caches, autotuning when the
+            policy allows it, else a size heuristic); False (default): `QuantizedMatmulConfig()`'s
+            defaults. `cfg` always wins.
+        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto.
+        cfg: A `QuantizedMatmulConfig`; None (default): as `use_best_config` says.
+        mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
+            `in_specs` and `out_specs`, and a 2-D `x`.
+        in_specs: A `PartitionSpec` per tensor passed, or per positional slot. They may split the rows of
+            `x`; the packed weights and their metadata stay whole on every shard.
+        out_specs: The output's spec, laid out as the inputs.
+
+    Returns:
+        `y [..., N]`, float32.
+
+    Raises:
+        ValueError: A `mode`, `group_size`, `bits`, `axis`, `transpose` or knob outside its domain;
+            `strict_fuse` with `allow_dense_fallback=True` or `fuse=False`; `gemv_mode="on"` with more
+            than one row, or `revsplit_k="on"` with another width than 4 bits; x, `w`, `scales` or `zeros`
+            of a wrong dtype or shape (`zeros` given outside affine, or missing for it); `mesh` with x not
+            2-D; sharding specs that split the packed axes; a `platform` that is unknown, has no
+            implementation on this device or contradicts `cfg.platform`.
+        TypeError: A `cfg` of another class.
+
+    Example:
+        >>> import numpy as np
+        >>> from ejkernel.modules import quantized_matmul
+        >>> from ejkernel.quantization import prepack_quantized_weights
+        >>> kernel = np.random.default_rng(0).standard_normal((64, 128), np.float32)  # [in, out]
+        >>> w, scales, zeros = prepack_quantized_weights(kernel, transpose=False)  # 4-bit affine, g = 64
+        >>> print(w.shape, w.dtype, scales.shape)
+        (64, 16) uint32 (64, 2)
+        >>> y = quantized_matmul(np.ones((2, 3, 64), np.float32), w, scales, zeros)
+        >>> print(y.shape, y.dtype)
+        (2, 3, 128) float32
     """
     params = resolve_params(mode, group_size, bits)
     transpose = resolve_transpose(transpose, axis)

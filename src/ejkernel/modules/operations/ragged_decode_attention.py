@@ -25,10 +25,12 @@ from ejkernel.ops.axis_roles import sink_roles
 
 @dataclasses.dataclass(frozen=True)
 class RaggedDecodeAttentionConfig(PagedAttentionConfig):
-    """Tiling of `ragged_decode_attention` (see `PagedAttentionConfig`)."""
+    """Tiling of `ragged_decode_attention`: the fields and rules of `PagedAttentionConfig`."""
 
 
 class RaggedDecodeAttention(PagedAttentionKernel):
+    """`ragged_decode_attention` as the executor runs it (config `RaggedDecodeAttentionConfig`)."""
+
     op_id = "ragged_decode_attention"
     config_type = RaggedDecodeAttentionConfig
 
@@ -67,18 +69,77 @@ def ragged_decode_attention(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "batch num_heads head_dim"] | Float[Array, "batch 1 num_heads head_dim"]:
-    """Decode step of a padded batch: row b's query (at position `end - 1`) over keys `[start, end)`.
+    """Decode step of a padded batch over dense K/V: row `b`'s query over its keys `[start, end)`.
 
-    `query` is `[B, Hq, D]` or `[B, 1, Hq, D]` (the output has its rank); `key`/`value` `[B, S, Hkv, D]`
-    with Hq a multiple of Hkv. `sequence_start[b] <= sequence_end[b] <= S` bound the valid keys (an
-    empty range gives 0). `softmax_scale` defaults to `D**-0.5`; soft cap `c·tanh(s/c)`;
-    `sliding_window`: an int `w` keeps the last `w` positions up to the query's own, a pair
-    `(left, right)` keeps `q - left <= k <= q + right`; `softmax_aux` are sink logits (length Hq: one
-    per head, else shared) in the denominator only.
+    Row `b`'s query sits at position `sequence_end[b] - 1` and attends to the keys
+    `sequence_start[b] <= k < sequence_end[b]` of its row; an empty range gives zeros, and so do no rows or
+    `seq == 0`. Query head `h` reads kv head `h // (num_heads // num_kv_heads)`. `sliding_window`: an int `w`
+    keeps the last `w` positions up to the query's own; a pair `(left, right)` keeps `q - left <= k <= q + right`
+    (no key lies past the query, so `right` changes nothing). The sinks `softmax_aux` join the softmax
+    denominator only.
 
-    Bounds: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `sequence_end` is clamped to `[0, S]` and `sequence_start` to
-    `[0, sequence_end]` (the clamped end: an empty range gives 0).
+    Layout: not paged. `key` and `value` are dense `[batch, seq, num_kv_heads, head_dim]` arrays, one row per
+    sequence, where the paged ops read their keys through page tables.
+
+    Bounds: outside `jit`, a `sequence_end` outside `[0, seq]` or a `sequence_start` outside
+    `[0, sequence_end]` raises a ValueError naming it. Under `jit` they are checked only with
+    `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise `sequence_end` is
+    clamped to `[0, seq]` and `sequence_start` to `[0, sequence_end]` (the clamped end: an empty range gives
+    zeros).
+
+    Sharding: with `mesh`, `in_specs` and `out_specs` (all three or none) the call runs under `shard_map`.
+    Rows and heads may be split: every tensor's batch axis alike (the bounds too) and the heads alike; never
+    the keys' sequence axis or the head dims.
+
+    Args:
+        query: `[batch, num_heads, head_dim]` or `[batch, 1, num_heads, head_dim]` float. Each row's query; the
+            output has its rank.
+        key: `[batch, seq, num_kv_heads, head_dim]`, `query`'s dtype. The keys; `num_heads` must be a multiple
+            of `num_kv_heads`.
+        value: `[batch, seq, num_kv_heads, head_dim]`, `query`'s dtype. The values.
+        sequence_start: `[batch]` int. Each row's first valid key.
+        sequence_end: `[batch]` int. The end (exclusive) of each row's valid keys.
+        softmax_aux: `[sinks]` float or None, default None (positional only, as every tensor). Sink logits,
+            in the softmax denominator only: `num_heads` of them give one per head; any other number is shared
+            by every head.
+        softmax_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
+        sliding_window: `int | tuple[int, int] | None`, default None. A positive int, or a pair of ints >= 0
+            (above).
+        logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
+            "xla" or "triton" (GPU) asks for that one.
+        cfg: `RaggedDecodeAttentionConfig | None`, default None (chosen by the executor). The tiling; it never
+            changes the result.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per
+            positional slot.
+        out_specs: `PartitionSpec | None`, default None. The output's spec.
+
+    Returns:
+        jax.Array: the shape of `query` (`[batch, num_heads, head_dim]` or `[batch, 1, num_heads, head_dim]`),
+        in its dtype: each row's attention output.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `query`, `key` and `value` of different dtypes, an option of the wrong type, or `cfg`
+            not a `RaggedDecodeAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; an empty `softmax_aux`; `softmax_scale` not
+            finite; `logits_soft_cap` not positive; `sliding_window` neither a positive int nor a pair of
+            ints >= 0; a `platform` not listed, contradicting `cfg.platform` or with no implementation on this
+            device; `mesh`, `in_specs`, `out_specs` not given together, or specs that split a sequence axis or
+            the head dims; outside `jit`, a bad bound.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad bound, when the program runs
+            (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import ragged_decode_attention
+        >>> query = jnp.ones((2, 4, 8))  # 2 rows, 4 query heads, head_dim 8
+        >>> key = value = jnp.ones((2, 16, 2, 8))  # 16 key slots per row, 2 kv heads
+        >>> out = ragged_decode_attention(query, key, value, jnp.array([0, 3]), jnp.array([10, 3]))
+        >>> out.shape, out.dtype, bool((out[1] == 0).all())  # row 1's range is empty
+        ((2, 4, 8), dtype('float32'), True)
     """
     batch, seq_len, num_kv_heads, head_dim = key.shape
     num_heads = query.shape[-2]

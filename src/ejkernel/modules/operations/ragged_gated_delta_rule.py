@@ -25,7 +25,20 @@ def _check_chunk_size(name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RaggedGatedDeltaRuleConfig(KernelConfig):
-    """`chunk_size`: tokens per chunk of the chunked prefill form (any positive int; it never changes results)."""
+    """How `ragged_gated_delta_rule` runs; no field changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64). A config
+            given to the call always wins over the call's `chunk_size`.
+        platform: `"auto"` (default) or `"xla"`, the one implementation.
+        fwd_params: Not read by this op.
+        bwd_params: Not read by this op.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive int, or `platform` or `backend` is unknown.
+    """
 
     chunk_size: int = 64
 
@@ -35,6 +48,12 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
 
 
 class RaggedGatedDeltaRule(Kernel):
+    """The executor's `Kernel` for `ragged_gated_delta_rule`: config `RaggedGatedDeltaRuleConfig`.
+
+    Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times chunks
+    of 32, 64 and 128 tokens.
+    """
+
     op_id = "ragged_gated_delta_rule"
     config_type = RaggedGatedDeltaRuleConfig
 
@@ -80,7 +99,8 @@ def _check_shape(name: str, x, shape: tuple, layout: str) -> None:
 
 def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices) -> None:
     """Shapes and dtypes, then the values of `query_start_loc` and `state_indices` (`check_values`)."""
-    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
+    required = {"beta": beta, "recurrent_state": recurrent_state, "query_start_loc": query_start_loc}
+    required["state_indices"] = state_indices
     for name, x in required.items():
         if x is None:
             raise ValueError(f"{name} is required, got None")
@@ -136,24 +156,83 @@ def ragged_gated_delta_rule(
     in_specs=None,
     out_specs=None,
 ) -> tuple[Float[Array, "tokens heads dim_v"], Float[Array, "slots heads dim_k dim_v"]]:
-    """The gated delta rule over packed requests, each continuing from its own slot of a state pool.
+    """The gated delta rule for serving: packed requests, each continuing from its slot of a state pool.
 
-    Request `r` runs over tokens `[query_start_loc[r], query_start_loc[r+1])` (the offsets need not start
-    at 0) from `recurrent_state[state_indices[r]]`, and its final state is written back there. Tokens of
-    no request output zeros; slots of no non-empty request (empty requests included) are returned
-    unchanged; of non-empty requests sharing a slot, the first writes it. `decay [T,H]` is a per-head
-    log decay (None: no decay). Returns `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`.
+    Request `r` runs over tokens `[query_start_loc[r], query_start_loc[r+1])` of the flat inputs, from state
+    `recurrent_state[state_indices[r]]`, and its final state is written back there (Gated DeltaNet,
+    Qwen3-Next). Per token, with the state `h` in float32: `h ← h · exp(decay_t)`,
+    `u_t = beta_t (v_t − hᵀ k_t)`, `h ← h + k_t u_tᵀ`, `o_t = (dim_k^-½ · q_t)ᵀ h`, q and k first divided by
+    `sqrt(Σ x² + 1e-6)` along `dim_k` with `use_qk_l2norm` (`ejkernel.reference.ragged_gated_delta_rule`).
+    All math is float32.
 
-    All math is float32. Requests of at most one token take a decode path, others the chunked form, with
-    `chunk_size` tokens per chunk (a knob; `cfg.chunk_size` wins when `cfg` is given; `platform`
-    overrides `cfg.platform`). Runs under `jit` with traced `query_start_loc` / `state_indices`: a bad
-    value raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`); otherwise under
-    `jit` the bounds are clamped to `[0, T]` and made non-decreasing (a running max), and a non-empty
-    request whose slot is outside `[0, S)` is dropped (its tokens give zeros, no slot is written).
-    Meant for inference; `jax.grad` through it runs and differentiates the plain JAX computation. With
-    `mesh`, `in_specs` (one per tensor passed, or per positional slot) may split heads and value
-    channels, never tokens, slots or the index arrays.
+    The offsets need not start at 0. Tokens of no request output zeros; slots of no non-empty request
+    (empty requests included) come back unchanged; of non-empty requests sharing a slot, each reads the
+    slot's old state and the first writes it. A call whose requests all have at most one token takes a
+    decode path (one step each), any other call the chunked form for every request; both give the same
+    result. Runs under `jit` with traced `query_start_loc` and `state_indices`: a bad value is a ValueError
+    outside `jit` (under it too with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, the bounds are clamped
+    into `[0, tokens]` and made non-decreasing (a running max), and a non-empty request whose slot is
+    outside `[0, slots)` is dropped (its tokens give zeros, no slot is written). Meant for inference;
+    `jax.grad` through it runs and differentiates the plain JAX computation.
+
+    Args:
+        query: `[tokens, heads, dim_k]` float.
+        key: `[tokens, heads, dim_k]` float.
+        value: `[tokens, heads, dim_v]` float.
+        beta: `[tokens, heads]` float, required: the write strength of each token.
+        decay: `[tokens, heads]` float, a log decay per head and token (the factor is `exp(decay)`); None
+            (default): no decay.
+        recurrent_state: `[slots, heads, dim_k, dim_v]` float, required: the state pool.
+        query_start_loc: `[num_requests + 1]` integer, required: the requests' token bounds, rising without
+            decreasing, each in `[0, tokens]`.
+        state_indices: `[num_requests]` integer, required: each request's slot, in `[0, slots)` for a
+            non-empty request (an empty request's may be anything).
+        chunk_size: Tokens per chunk of the chunked form, any positive int (default 64); a `cfg` given wins
+            (its `chunk_size`); never changes the result beyond rounding.
+        use_qk_l2norm: L2-normalise q and k as above (default True).
+        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto. It overrides
+            `cfg.platform` rather than having to agree with it.
+        cfg: A `RaggedGatedDeltaRuleConfig`; None (default): the executor's choice (cache, tuning, else the
+            call's `chunk_size`).
+        mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
+            `in_specs` and `out_specs`.
+        in_specs: A `PartitionSpec` per tensor passed, or per positional slot. They may split the heads and
+            the value channels, never the tokens, the slots, `dim_k` or the index arrays.
+        out_specs: `(out, new_state)` specs, laid out as the inputs.
+
+    Returns:
+        tuple: `(out, new_state)`, with `out [tokens, heads, dim_v]` in the query's dtype and `new_state`,
+        the pool after the writes, in `recurrent_state`'s dtype.
+
+    Raises:
+        TypeError: An argument that is not an array or of the wrong dtype kind, or a `cfg` of another class.
+        ValueError: A required argument that is None; an array of a wrong rank or shape; a bad
+            `query_start_loc` or `state_indices` value (rule above); `chunk_size` not a positive int; sharding
+            specs that split what the op computes across or disagree; a `platform` that is unknown or has
+            no implementation on this device.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from ejkernel.modules import ragged_gated_delta_rule
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = rng.standard_normal((2, 5, 2, 8), np.float32)
+        >>> v = rng.standard_normal((5, 2, 4), np.float32)
+        >>> beta = rng.random((5, 2), np.float32)
+        >>> pool = jnp.zeros((3, 2, 8, 4))  # 3 slots
+        >>> query_start_loc = np.array([0, 4, 5])  # request 0: tokens 0-3, request 1: token 4
+        >>> state_indices = np.array([2, 0])
+        >>> run = jax.jit(ragged_gated_delta_rule)
+        >>> out, new_pool = run(q, k, v, beta, None, pool, query_start_loc, state_indices)
+        >>> print(out.shape, new_pool.shape, new_pool.dtype)
+        (5, 2, 4) (3, 2, 8, 4) float32
+        >>> bool((new_pool[1] == pool[1]).all())  # slot 1 serves no request
+        True
     """
+    tensors = (query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
+    query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices = (
+        jnp.asarray(x) if isinstance(x, np.ndarray) else x
+        for x in tensors  # NumPy taken as jax.numpy takes it
+    )
     _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
     _check_chunk_size("chunk_size", chunk_size)
     if platform is not None and isinstance(cfg, RaggedGatedDeltaRuleConfig):

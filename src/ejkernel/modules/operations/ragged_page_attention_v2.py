@@ -29,10 +29,12 @@ from ejkernel.ops.axis_roles import sink_roles
 
 @dataclasses.dataclass(frozen=True)
 class RaggedPageAttentionV2Config(PagedAttentionConfig):
-    """Tiling of `ragged_page_attention_v2` (see `PagedAttentionConfig`)."""
+    """Tiling of `ragged_page_attention_v2`: the fields and rules of `PagedAttentionConfig`."""
 
 
 class RaggedPageAttentionV2(PagedAttentionKernel):
+    """`ragged_page_attention_v2` as the executor runs it (config `RaggedPageAttentionV2Config`)."""
+
     op_id = "ragged_page_attention_v2"
     config_type = RaggedPageAttentionV2Config
 
@@ -80,25 +82,90 @@ def ragged_page_attention_v2(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "tokens num_heads head_dim"]:
-    """Each sequence's queries, packed back to back, over the pages it owns.
+    """Ragged paged attention: many sequences' packed queries (prefill and decode mixed) over one K/V cache.
 
-    Sequence `s < num_seqs` has queries `queries[query_start_loc[s] : query_start_loc[s + 1]]`, the
-    last positions of its `context_lens[s]` keys (causal), which live in pages `block_tables[s]` of
-    `kv_pages [pages, page_size, 2 Hkv, D]`: combined head `2h` holds key head h, `2h + 1` its value.
-    Sequences from `num_seqs` on are ignored (their query rows are 0). `compute_dtype` is the dtype of
-    the matmul operands (float32 accumulation); `softmax_scale` defaults to `D**-0.5`; soft cap
-    `c·tanh(s/c)`; `sliding_window=w` keeps keys `q - w + 1 <= k <= q`; `softmax_aux` are sink logits
-    (length Hq: one per head, else shared) in the denominator only. Masked keys are excluded exactly
-    (`mask_value` None or <= -1e4); `optimized` and `vmem_limit_bytes` steer schedules only.
+    Sequence `s < num_seqs` owns the queries `queries[query_start_loc[s]:query_start_loc[s + 1]]`, the last
+    positions of its `context_lens[s]` keys, and they attend causally over its pages `block_tables[s]` (in
+    order). Sequences from `num_seqs` on are ignored; tokens no processed sequence owns give zeros. Query head
+    `h` reads kv head `h // (num_heads // num_kv_heads)`. The matmul operands are cast to `compute_dtype`
+    (bfloat16 by default, float32 inputs included), with float32 accumulation. Masked keys are excluded exactly.
 
-    `num_seqs` (an int or a 1-element array) is a tensor argument: with `mesh=`, `in_specs` has a spec
-    for it.
+    Cache layout: one cache `[num_pages, page_size, 2 * num_kv_heads, head_dim]` with K and V interleaved on
+    the head axis: combined head `2h` is key head `h`, `2h + 1` its value. `unified_attention` takes separate
+    K and V caches `[num_pages, page_size, num_kv_heads, head_dim]` instead, and `ragged_page_attention_v3`
+    packs this interleaving into 32-bit words (5-D, head dim padded to 128).
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `num_seqs` is clamped to `[0, N]`; `query_start_loc` to `[0, tokens]` and
-    made non-decreasing (a running max; tokens of no sequence give zeros); `context_lens` to
-    `[0, pages_per_seq·page_size]` (queries it puts before position 0 give zeros); and a
-    `block_tables` entry it reaches outside `[0, num_pages)` holds no keys (its positions are masked).
+    Index values: outside `jit`, a bad one raises a ValueError naming it: `num_seqs` outside `[0, max_seqs]`,
+    `query_start_loc` not rising from 0 to at most `tokens`, a `context_lens` entry outside
+    `[q_len, pages_per_seq * page_size]`, or a `block_tables` entry it reaches outside `[0, num_pages)` (only the
+    first `num_seqs` sequences are checked). Under `jit` they are checked only with `EJKERNEL_CHECKS=1` (a bad
+    one then stops the program with that message); otherwise `num_seqs` is clamped to `[0, max_seqs]`;
+    `query_start_loc` to `[0, tokens]` and made non-decreasing (a running max; tokens of no sequence give
+    zeros); `context_lens` to `[0, pages_per_seq * page_size]` (queries it puts before position 0 give zeros);
+    and a `block_tables` entry it reaches outside `[0, num_pages)` holds no keys (its positions are masked).
+
+    Sharding: with `mesh`, `in_specs` and `out_specs` (all three or none) the call runs under `shard_map`.
+    Only heads may be split: the query heads and the cache's combined heads alike, in whole K/V pairs; never
+    tokens, pages, head dims or the index arrays. `num_seqs` becomes a `[1]` array, a tensor argument with a
+    spec of its own. `out_specs` must split the output's heads as the inputs do.
+
+    Args:
+        queries: `[tokens, num_heads, head_dim]` float. Every sequence's queries, packed back to back.
+        kv_pages: `[num_pages, page_size, 2 * num_kv_heads, head_dim]`, `queries`' dtype. The K/V cache
+            (above); `num_heads` must be a multiple of `num_kv_heads`.
+        context_lens: `[max_seqs]` int. Each sequence's number of keys, its queries included.
+        block_tables: `[max_seqs, pages_per_seq]` int. Row `s` lists sequence `s`'s pages in order; entries
+            past `ceil(context_lens[s] / page_size)` are not read.
+        query_start_loc: `[max_seqs + 1]` int. The sequences' query bounds in `queries`, rising from 0.
+        num_seqs: `int` or a 1-element int array. How many sequences (the first) are processed.
+        softmax_aux: `[sinks]` float or None, default None (positional only, as every tensor). Sink logits,
+            in the softmax denominator only: `num_heads` of them give one per head; any other number is shared
+            by every head.
+        softmax_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
+        logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        compute_dtype: float dtype or None, default `jnp.bfloat16`. The matmul operands' dtype; None: the
+            queries' dtype.
+        optimized: `bool`, default False. Upstream's TPU switch: ignored.
+        sliding_window: `int | None`, default None. A positive `w` keeps keys `q - w + 1 <= k <= q`.
+        mask_value: `float | None`, default None. None or any value `<= -1e4`: masked keys are excluded exactly
+            either way.
+        vmem_limit_bytes: `int | None`, default None. Upstream's TPU memory limit: ignored.
+        platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
+            "xla" or "triton" (GPU) asks for that one.
+        cfg: `RaggedPageAttentionV2Config | None`, default None (chosen by the executor). The tiling; it never
+            changes the result.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed (`num_seqs`
+            included), or one per positional slot.
+        out_specs: `PartitionSpec | None`, default None. The output's spec.
+
+    Returns:
+        jax.Array: `[tokens, num_heads, head_dim]` in `queries`' dtype, each query's attention output.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `kv_pages` of another dtype than `queries`, a `compute_dtype` that is not a float
+            dtype, an option of the wrong type, or `cfg` not a `RaggedPageAttentionV2Config`.
+        ValueError: an odd combined-head axis; `num_heads` not a multiple of `num_kv_heads`;
+            `query_start_loc` not `[max_seqs + 1]`; an empty `softmax_aux`; `num_seqs` not one integer;
+            `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1; `mask_value`
+            above -1e4; a `platform` not listed, contradicting `cfg.platform` or with no implementation on
+            this device; `mesh`, `in_specs`, `out_specs` not given together, or specs that split anything but
+            the heads; outside `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import ragged_page_attention_v2
+        >>> queries = jnp.ones((5, 4, 8))  # a 4-token prefill, then a 1-token decode; 4 heads, head_dim 8
+        >>> kv_pages = jnp.ones((4, 16, 2 * 2, 8))  # 4 pages of 16 slots, 2 kv heads as K, V pairs
+        >>> context_lens, query_start_loc = jnp.array([4, 20]), jnp.array([0, 4, 5])
+        >>> block_tables = jnp.array([[0, 1], [2, 3]])
+        >>> out = ragged_page_attention_v2(queries, kv_pages, context_lens, block_tables, query_start_loc, 2)
+        >>> out.shape, out.dtype
+        ((5, 4, 8), dtype('float32'))
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_pages, page_size, combined, _ = kv_pages.shape

@@ -32,8 +32,12 @@ from ejkernel.ops.axis_roles import sink_roles
 
 @dataclasses.dataclass(frozen=True)
 class RaggedPageAttentionV3Config(PagedAttentionConfig):
-    """Tiling of `ragged_page_attention_v3` (see `PagedAttentionConfig`); `chunk_prefill_size` is upstream's
-    cap on prefill tokens per kernel call, accepted for its TPU schedule (our cores take any mix in one call)."""
+    """Tiling of `ragged_page_attention_v3`: the fields and rules of `PagedAttentionConfig`, and one more.
+
+    Attributes:
+        chunk_prefill_size: `int | None`, default None. Upstream's cap on prefill tokens per kernel call, for
+            its TPU schedule: checked like the other knobs, then ignored (our cores take any mix in one call).
+    """
 
     chunk_prefill_size: int | None = None
 
@@ -41,6 +45,8 @@ class RaggedPageAttentionV3Config(PagedAttentionConfig):
 
 
 class RaggedPageAttentionV3(PagedAttentionKernel):
+    """`ragged_page_attention_v3` as the executor runs it (config `RaggedPageAttentionV3Config`)."""
+
     op_id = "ragged_page_attention_v3"
     config_type = RaggedPageAttentionV3Config
 
@@ -98,31 +104,115 @@ def ragged_page_attention_v3(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> tuple[Float[Array, "tokens num_heads head_dim"], Float[Array, "num_pages page_size kv_groups packing padded_dim"]]:
-    """Mixed prefill/decode attention that first appends the new keys/values to the cache: `(out, kv_cache)`.
+    """Ragged paged attention that first writes the new tokens' keys and values into a packed cache.
 
-    Sequence `s < distribution[2]` has queries (and new keys/values) at tokens
-    `query_start_loc[s] : query_start_loc[s + 1]`, the last positions of its `kv_lens[s]` (new tokens
-    included); its pages are `block_tables[s * W : (s + 1) * W]`, `W = len(block_tables) // max_seqs`.
-    New token j of sequence s is written at position `kv_lens[s] - q_len + j`, then every query
-    attends causally over its sequence's pages. `distribution = [i, j, k]`: sequences `[0, i)` decode
-    one token, `[i, j)` are prefill chunks, `[j, k)` mixed, and sequences from `k` on are ignored (not
-    written, output rows 0).
+    Sequence `s < distribution[2]` owns the tokens `query_start_loc[s]:query_start_loc[s + 1]` (its queries and
+    new keys and values), the last positions of its `kv_lens[s]`, new tokens included; its pages are
+    `block_tables[s * W:(s + 1) * W]`, `W = len(block_tables) // max_seqs`. New token `j` of a sequence with
+    `q_len` tokens is written at position `kv_lens[s] - q_len + j`; then every query attends causally over its
+    sequence's pages, read after the write. `distribution = [i, j, k]`: sequences `[0, i)` decode one token,
+    `[i, j)` are prefill chunks, `[j, k)` mixed, and sequences from `k` on are ignored (not written, output
+    rows 0); `i` and `j` are checked but do not change the result. Query head `h` reads kv head
+    `h // (num_heads // num_kv_heads)`.
 
-    The default `softmax_scale` is 1.0 (None: `D**-0.5`). With `q_scale` the queries are quantised as
-    the cache (`q / q_scale` rounded to its dtype, saturating; the output keeps the queries' dtype) and
-    the logits scaled back; `k_scale` scales the logits and `v_scale` the output (dequantised K and V).
-    Soft cap `c·tanh(s/c)`; `sliding_window=w` keeps keys `q - w + 1 <= k <= q`; `softmax_aux [Hq]` are
-    per-head sink logits. `vmem_limit_bytes` steers TPU schedules only.
+    Scale: `softmax_scale` defaults to 1.0, upstream's default, which leaves the logits unscaled: pass
+    `head_dim ** -0.5` (or None) for the usual scaling, the default of every other serving op. With `q_scale`
+    the queries are quantised as the cache (`q / q_scale` rounded to its dtype, saturating; the output keeps
+    the queries' dtype) and the logits scaled back; `k_scale` scales the logits and `v_scale` the output
+    (dequantised K and V).
 
-    Under `jax.jit(..., donate_argnums=3)` the cache is updated in place (only the new rows are
-    written).
+    Cache layout: one packed cache `[num_pages, page_size, ceil(2 * num_kv_heads / packing), packing, D128]`,
+    `packing = 32 // bits(dtype)` (1 for float32, 2 for 16-bit, 4 for 8-bit dtypes) and `D128` the head dim
+    rounded up to a multiple of 128 (zero-padded). Combined head `c` sits at `[page, slot, c // packing,
+    c % packing]`; `c = 2h` is key head `h` and `c = 2h + 1` its value. `ragged_page_attention_v2` keeps the
+    same interleaving unpacked (`[num_pages, page_size, 2 * num_kv_heads, head_dim]`), `page_attention` and
+    `unified_attention` separate K and V caches. `ejkernel.utils.make_dummy_rpa_inputs` builds valid inputs.
+    Under `jax.jit(..., donate_argnums=3)` the cache is updated in place (only the new rows are written).
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `distribution[2]` is clamped to `[0, max_seqs]` (`[0:2]` only steer TPU
-    schedules); `query_start_loc` to `[0, tokens]` and made non-decreasing (a running max; tokens of no
-    sequence give zeros); `kv_lens` to `[0, W·page_size]` (new tokens it puts before position 0 are not
-    written and give zeros); a `block_tables` entry it reaches outside `[0, num_pages)` holds no keys
-    (its positions are masked) and is not written; of new tokens naming one cache row, the last wins.
+    Index values: outside `jit`, a bad one raises a ValueError naming it: `distribution` not
+    `0 <= i <= j <= k <= max_seqs`, a sequence below `i` with other than one token, `query_start_loc` not
+    rising from 0 to at most `tokens`, a `kv_lens` entry outside `[q_len, W * page_size]`, or a `block_tables`
+    entry it reaches outside `[0, num_pages)` (only the first `k` sequences are checked). Under `jit` they are
+    checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise
+    `distribution[2]` is clamped to `[0, max_seqs]`; `query_start_loc` to `[0, tokens]` and made non-decreasing
+    (a running max; tokens of no sequence give zeros); `kv_lens` to `[0, W * page_size]` (new tokens it puts
+    before position 0 are not written and give zeros); a `block_tables` entry it reaches outside
+    `[0, num_pages)` holds no keys (its positions are masked) and is not written; of new tokens naming one
+    cache row, the last wins.
+
+    Sharding: with `mesh`, `in_specs` and `out_specs` (all three or none) the call runs under `shard_map`.
+    Only heads may be split: queries, new keys and values and the cache's group axis (axis 2) alike; never
+    tokens, pages, head dims or the index arrays. `out_specs` is a pair, the output's spec and the cache's
+    (its layout), splitting the heads as the inputs do.
+
+    Args:
+        queries: `[tokens, num_heads, head_dim]` float, any float dtype (the output keeps it). Every
+            sequence's queries, packed back to back.
+        keys: `[tokens, num_kv_heads, head_dim]`, `kv_cache`'s dtype. The new tokens' keys; `num_heads` must
+            be a multiple of `num_kv_heads`.
+        values: `[tokens, num_kv_heads, head_dim]`, `kv_cache`'s dtype. The new tokens' values.
+        kv_cache: `[num_pages, page_size, ceil(2 * num_kv_heads / packing), packing, D128]` float. The packed
+            K/V cache (above).
+        kv_lens: `[max_seqs]` int. Each sequence's length, its new tokens included.
+        block_tables: `[max_seqs * W]` int, flat. Sequence `s`'s pages in order at `[s * W:(s + 1) * W]`;
+            entries past `ceil(kv_lens[s] / page_size)` are not read.
+        query_start_loc: `[max_seqs + 1]` int. The sequences' token bounds, rising from 0.
+        distribution: `[3]` int. `[i, j, k]`: sequences `[0, i)` decode, `[i, j)` prefill, `[j, k)` mixed; the
+            first `k` are processed.
+        softmax_aux: `[num_heads]` float or None, default None (positional only, as every tensor). Per-head
+            sink logits, in the softmax denominator only.
+        softmax_scale: `float | None`, default 1.0 (logits not scaled). Multiplies the logits `q·k`; None:
+            `head_dim ** -0.5`.
+        sliding_window: `int | None`, default None. A positive `w` keeps keys `q - w + 1 <= k <= q`.
+        logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        q_scale: `float | None`, default None. Positive, finite: quantise the queries (above).
+        k_scale: `float | None`, default None. Positive, finite: multiplies the logits.
+        v_scale: `float | None`, default None. Positive, finite: multiplies the output.
+        vmem_limit_bytes: `int | None`, default None. Upstream's TPU memory limit: ignored.
+        platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
+            "xla", "triton" (GPU) or "pallas" (TPU) asks for that one.
+        cfg: `RaggedPageAttentionV3Config | None`, default None (chosen by the executor). The tiling; it never
+            changes the result.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per
+            positional slot.
+        out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
+
+    Returns:
+        tuple: `(out, kv_cache)`. `out` is `[tokens, num_heads, head_dim]` in `queries`' dtype (rows of tokens
+        no processed sequence owns are 0); `kv_cache` the updated cache, of the input's shape and dtype.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `keys`, `values` and `kv_cache` of different dtypes, an option of the wrong type, or
+            `cfg` not a `RaggedPageAttentionV3Config`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; `kv_cache` not the packed shape for
+            `keys`' heads, `head_dim` and its dtype; `query_start_loc` not `[max_seqs + 1]`;
+            `len(block_tables)` not a multiple of `max_seqs`; `q_scale`, `k_scale` or `v_scale` not positive
+            and finite; `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1;
+            a `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
+            `mesh`, `in_specs`, `out_specs` not given together, or specs that split anything but the heads;
+            outside `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import ragged_page_attention_v3
+        >>> queries = jnp.ones((5, 4, 16), jnp.bfloat16)  # 5 tokens, 4 query heads, head_dim 16
+        >>> keys = values = jnp.ones((5, 2, 16), jnp.bfloat16)  # the tokens' new keys and values, 2 kv heads
+        >>> kv_cache = jnp.zeros((4, 8, 2, 2, 128), jnp.bfloat16)  # 4 pages of 8; 4 combined heads, 2 a word
+        >>> kv_lens = jnp.array([3, 4])  # sequence 0 decodes its 3rd token, sequence 1 prefills 4
+        >>> block_tables = jnp.array([0, 1, 2, 3])  # W = 2 pages per sequence
+        >>> query_start_loc, distribution = jnp.array([0, 1, 5]), jnp.array([1, 1, 2])
+        >>> out, kv_cache = ragged_page_attention_v3(
+        ...     queries, keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
+        ...     softmax_scale=16**-0.5)  # the usual scaling; the default 1.0 leaves the logits unscaled
+        >>> out.shape, out.dtype
+        ((5, 4, 16), dtype(bfloat16))
+        >>> bool((kv_cache[2, :4, 0, 0, :16] == 1).all())  # sequence 1's keys (head 0), written to its page 2
+        True
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_kv_heads = keys.shape[1]

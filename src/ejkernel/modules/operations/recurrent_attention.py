@@ -14,10 +14,32 @@ from ejkernel.modules.operations._common import executor, typechecked
 
 @dataclasses.dataclass(frozen=True)
 class RecurrentAttentionConfig(ChunkedConfig):
-    """The tiling of the chunked form (see `ChunkedConfig`)."""
+    """How `recurrent_attention` runs: the platform and the chunked form's tiling (see `ChunkedConfig`).
+
+    No field changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
+            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
+        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
+        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
+            Triton's one-token (decode) kernel; the chunked kernels keep their own tiling. None: defaults.
+        bwd_params: Not read by this op.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
+    """
 
 
 class RecurrentAttention(ChunkedKernel):
+    """The executor's `Kernel` for `recurrent_attention`: op id `"recurrent"`, config `RecurrentAttentionConfig`.
+
+    Autotuning (policy `autotune`) times the default config and chunks of 32, 64 and 128 tokens, on forward
+    and backward for a differentiated call (`ChunkedKernel`).
+    """
+
     op_id = "recurrent"
     config_type = RecurrentAttentionConfig
 
@@ -41,19 +63,67 @@ def recurrent_attention(
     platform: str | None = None,
     cfg: RecurrentAttentionConfig | None = None,
 ):
-    """Gated linear recurrence over `[batch, seq, heads, dim]` inputs.
+    """The general gated linear recurrence: gates per head, per key channel and per value channel.
 
-    Log decays (the factor is `exp(gate)`): `g [B,S,H]` per head, `g_gamma [H]` (or `[B,H]`) constant
-    per head, `gk [B,S,H,Dk]` per key channel, `gv [B,S,H,Dv]` per value channel. Key/value may have
-    fewer heads than the query (grouped). `initial_state [B,H,Dk,Dv]` seeds the state; with
-    `cu_seqlens [N+1]` the batch is 1 and holds N packed sequences (states `[N,H,Dk,Dv]`). `reverse`
-    runs from the last token to the first. Returns `out [B,S,H,Dv]`, or `(out, final_state float32)`
-    with `return_state`. `softmax_scale` defaults to `Dk ** -0.5`. A `g` per key channel,
-    `[B,S,H,Dk]` (upstream's shape), is a key gate: it joins `gk` (log decays add).
+    Per batch row and head, with a float32 `[dim_k, dim_v]` state,
+    `h_t = h_{t-1} ⊙ (exp(g_t) · exp(g_gamma) · exp(gk_t)[:, None] · exp(gv_t)[None, :]) + k_t v_tᵀ` and
+    `o_t = (softmax_scale · q_t)ᵀ h_t` (`ejkernel.reference.linear_attention`). Every gate is an optional log
+    decay (the factor is `exp(gate)`). Key/value may have fewer heads than the query: query head h reads
+    key/value head `h // (heads // kv_heads)`. A `gv`, or packed decoding (fewer than `num_seqs + 1`
+    tokens), runs the recurrent form (token by token, on XLA).
 
-    `cu_seqlens` must rise from 0 without decreasing to S (a ValueError outside `jit`); under `jit` each
-    bound is clamped into `[previous bound, S]`, the first to 0 and the last to S (a sequence past S is
-    empty), and the result is that of the clamped bounds.
+    With `cu_seqlens` the batch is 1 and holds `num_seqs` sequences back to back, each with its own
+    recurrence and state. Bounds must rise from 0, never decreasing, to `seq` exactly: a ValueError outside
+    `jit` (under it too with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, each bound is clamped into
+    `[previous bound, seq]`, the first to 0 and the last to `seq` (a sequence past `seq` is empty), and the
+    result is that of the clamped bounds.
+
+    Args:
+        query: `[batch, seq, heads, dim_k]`, any float dtype; key and value share it.
+        key: `[batch, seq, kv_heads, dim_k]`; `kv_heads` divides `heads`.
+        value: `[batch, seq, kv_heads, dim_v]`.
+        g: `[batch, seq, heads]` float, a log decay per head and token; or `[batch, seq, heads, dim_k]`
+            (upstream's shape), then a key-channel gate that joins `gk` (log decays add). None (default): none.
+        g_gamma: `[heads]`, or `[1 or batch, heads]`, float: a constant log decay per head, at every token;
+            None (default): none.
+        gk: `[batch, seq, heads, dim_k]` float, a log decay per key channel and token; None (default): none.
+        gv: `[batch, seq, heads, dim_v]` float, a log decay per value channel and token; None (default): none.
+        initial_state: `[batch, heads, dim_k, dim_v]` (`[num_seqs, heads, dim_k, dim_v]` with `cu_seqlens`),
+            any float dtype, the state before the first token; None (default): zeros.
+        cu_seqlens: `[num_seqs + 1]` integer bounds of packed sequences, as above; None (default): each batch
+            row is one sequence.
+        softmax_scale: Multiplies the query; None (default): `dim_k ** -0.5`.
+        reverse: Run each sequence from its last token to its first (default False); the state then enters
+            at the last token and leaves after the first.
+        return_state: Also return the final state (default False).
+        platform: `"auto"`, `"xla"` or `"triton"`; None (default): `cfg.platform`, else auto.
+        cfg: A `RecurrentAttentionConfig` fixing platform and tiling; None (default): the executor's choice
+            (cache, tuning or heuristics).
+
+    Returns:
+        `out [batch, seq, heads, dim_v]` in the query's dtype, or with `return_state` the pair
+        `(out, final_state)`, `final_state` float32 and shaped like `initial_state`.
+
+    Raises:
+        TypeError: An argument of another rank, dtype kind or named size than above (one line naming it),
+            query, key and value of different dtypes, or a `cfg` of another class.
+        ValueError: `heads` not a multiple of `kv_heads`; `g_gamma`, `initial_state` or `cu_seqlens` of a
+            wrong shape; `cu_seqlens` with `batch` > 1 or with bad bounds (rule above); a `platform` that is
+            unknown, has no implementation on this device or contradicts `cfg.platform`.
+        NotImplementedError: `platform="triton"` for a call it does not serve: the recurrent form (a `gv`,
+            packed decoding), or `dim_k` or `dim_v` not a power of two in [16, 256].
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import recurrent_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = rng.standard_normal((2, 1, 6, 2, 8), np.float32)
+        >>> v = rng.standard_normal((1, 6, 2, 4), np.float32)
+        >>> g = -rng.random((1, 6, 2), np.float32)  # per head
+        >>> gv = -rng.random((1, 6, 2, 4), np.float32)  # per value channel
+        >>> out = jax.jit(recurrent_attention)(q, k, v, g, None, None, gv)
+        >>> print(out.shape, out.dtype)
+        (1, 6, 2, 4) float32
     """
     if g is not None and g.ndim == 4:
         g, gk = None, g if gk is None else gk + g

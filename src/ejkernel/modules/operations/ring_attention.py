@@ -45,10 +45,38 @@ DEFAULT_AXIS = "sp"
 
 @dataclasses.dataclass(frozen=True)
 class RingAttentionConfig(KernelConfig):
-    """Tiling of the per-step block computation (`fwd_params`, `bwd_params`: block_q, block_k) and the platform."""
+    """Tiling of the per-step block computation (`fwd_params`, `bwd_params`: block_q, block_k) and the platform.
+
+    Ring calls are not autotuned (timing a ring needs its mesh axis bound): without `cfg` the per-step
+    kernel's defaults apply. `ring_attention`'s `chunk_size` fills the block sizes this config leaves None.
+    Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. `"auto"`, `"xla"`, `"triton"` or `"cuda"` (`"pallas"` is accepted but has
+            no ring implementation).
+        fwd_params: Default None. `FwdParams` of each step's forward (`block_q`, `block_k`, `num_warps`,
+            `num_stages`); cuDNN ignores it.
+        bwd_params: Default None. `BwdParams` of each step's backward.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+
+    Example:
+        >>> from ejkernel.modules import RingAttentionConfig
+        >>> from ejkernel.ops import FwdParams
+        >>> RingAttentionConfig(platform="xla", fwd_params=FwdParams(block_q=128, block_k=128)).platform
+        'xla'
+    """
 
 
 class RingAttention(Kernel):
+    """The `Kernel` the executor runs for `ring_attention` (op id `"ring_attention"`).
+
+    It takes the local shards `(query, key, value, softmax_aux, bias)` with the options `ring_attention`
+    resolved, the ring's `axis_name` bound; call `ring_attention` rather than this class. Not autotuned
+    (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Triton (GPU) and XLA, tried in that
+    order on `"auto"`; each runs the same ring around its own flash attention.
+    """
+
     op_id = "ring_attention"
     config_type = RingAttentionConfig
 
@@ -212,25 +240,90 @@ def ring_attention(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> Float[Array, "batch seq_q heads dim_v"]:
-    """Softmax attention over a sequence sharded along the mesh axis `axis_name` (default "sp").
+    """Softmax attention over a sequence sharded along the mesh axis `axis_name` (default `"sp"`).
 
-    Computes exactly `flash_attention` of the whole (unsharded) sequence: `[batch, seq, heads, dim]`
-    layout, fewer key/value heads than query heads for grouped-query attention (never repeated),
-    `causal`, `sliding_window` (`(left, right)` keeps keys `q - left <= k <= q + right`; an int `w` is
-    `(w, w)`), `logits_soft_cap`, `softmax_aux` sink logits (length `heads`: one per head; other
-    lengths: shared), segment ids through `mask_info` (`MaskInfo.from_segments`; with causal / window
-    transforms), `softmax_scale` (default `dim ** -0.5`). Key/value blocks travel around the ring with
-    `ppermute` while the current block is computed; the backward rings too.
+    Computes exactly `flash_attention` of the whole (unsharded) sequence, in the same `[batch, seq, heads,
+    dim]` layout (grouped-query attention when `kv_heads < heads`; K/V never repeated). Key/value blocks
+    travel around the ring with `ppermute` while the current block is computed; the backward rings too.
+    The tensors are positional-only, the options keyword-only. Three ways to call it:
 
-    `chunk_size` is the tile size of the per-step block computation (a power of two; it fills the
-    block sizes that `cfg` leaves open). With no `axis_name` bound and no mesh (given or in context),
-    there is no ring: the call is flash attention of the whole sequence on this device, with every
-    feature of `flash_attention` (dense masks included). An additive `bias [1|B, 1|H, Sq, Sk]` is sliced
-    per step: each device keeps its query rows and applies the columns of the key block it holds
-    (inside your own `shard_map`, pass the local rows against every key, `[1|B, 1|H, Lq, Sk]`; the XLA
-    steps serve it). A dense attention mask in `mask_info` rides on that bias (with `mesh=` or a context
-    mesh; not inside your own `shard_map`). Not supported: `mask_builder`, `fused_backward=True`.
-    See the module docstring for the three calling modes and the layouts.
+    - inside your own `jax.shard_map` where `axis_name` is bound: the arrays are the local sequence shards
+      in contiguous order (device i holds positions `[i L, (i + 1) L)`), and so is the output;
+    - with `mesh=`, `in_specs=`, `out_specs=` and global arrays: the sequence axis is sharded over
+      `axis_name` (the specs' sequence entries may name it or be None), the rest as the specs say;
+    - under `with jax.set_mesh(mesh)` (or the older `with mesh:`) and global arrays: the same, with batch and
+      heads sharded as the inputs' shardings say (else replicated).
+
+    In the last two, a causal call uses the load-balanced mirrored layout (the sequence cut into `2n`
+    chunks, device i computes chunks `2i` and `2n - 1 - 2i`), and the output comes back in the original
+    order. With no `axis_name` bound and no mesh (given, or in context with that axis; with
+    `axis_name=None`, an `"sp"` axis), there is no ring: the call is `flash_attention` of the whole sequence
+    on this device, with every feature of `flash_attention` (dense masks included).
+
+    Args:
+        query: `[batch, seq_q, heads, dim]`, float16, bfloat16 or float32.
+        key: `[batch, seq_k, kv_heads, dim]` in query's dtype, with `heads % kv_heads == 0`.
+        value: `[batch, seq_k, kv_heads, dim_v]` in query's dtype.
+        softmax_aux: Default None. Float sink logits in the softmax denominator only: 1-D of length `heads`,
+            one per head; other lengths, shared by all heads; `[heads, n]`, n per head. Before `bias` here,
+            unlike `flash_attention`.
+        bias: Default None. Float, additive, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]`; each device
+            keeps its query rows and applies the columns of the key block it holds. Inside your own
+            `shard_map` on more than one device it is refused (ValueError): this function checks it against
+            the local keys and the ring against every key; pass it with a mesh instead.
+        mask_info: Default None. A `MaskInfo`: segment ids (`MaskInfo.from_segments`) and causal / window
+            transforms apply exactly. A dense mask (`from_attention_mask`, chunked or token-type masks) rides
+            on the bias with a mesh; inside your own `shard_map` it is NotImplementedError.
+        mask_builder: Default None. Not supported (NotImplementedError when given).
+        sliding_window: Default None. `(left, right)` keeps keys `q - left <= k <= q + right`; an int `w`
+            means `(w, w)`.
+        chunk_size: Default None. A positive power of two: the tile size of the per-step block computation,
+            filling the block sizes `cfg` leaves open (without a ring, only together with `cfg`).
+        causal: Default False. Keep keys `k <= q`, global positions from the start of both sequences.
+        logits_soft_cap: Default None. A positive `c`: logits become `c · tanh(logits / c)`.
+        softmax_scale: Default None, meaning `dim ** -0.5`.
+        axis_name: Default None, meaning `"sp"`. The mesh axis the sequence is sharded over.
+        fused_backward: Default False. True is not supported (NotImplementedError).
+        platform: Default None, meaning `"auto"`: cuDNN (`"cuda"`, GPU: causal or full attention in bfloat16
+            or float16, no window, soft cap, segment ids or bias), Triton (GPU: no window or bias) or XLA
+            (every device and feature), the first that accepts the call.
+        cfg: Default None (the per-step kernel's defaults). A `RingAttentionConfig`.
+        mesh: Default None. A `jax.sharding.Mesh` with an `axis_name` axis; needs `in_specs` and `out_specs`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot), in the
+            `[batch, seq, heads, dim]` layout; `axis_name` may appear on the sequence entry only. The op lays
+            out the bias itself (query rows over `axis_name`); one-per-head sinks follow the heads.
+        out_specs: Default None. The output's `PartitionSpec`; its sequence entry becomes `axis_name`.
+
+    Returns:
+        `[batch, seq_q, heads, dim_v]` in query's dtype, in the original sequence order (inside your own
+        `shard_map`, this device's shard). A query row with no key to attend is zeros.
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument; key and value
+            share query's batch), query, key and value of different dtypes, or a `sliding_window` that is
+            neither an int nor a pair.
+        ValueError: `heads` not a multiple of `kv_heads`; key and value of different lengths; a `chunk_size`
+            that is not a positive power of two; `logits_soft_cap <= 0`; a negative window; a `bias` or
+            `softmax_aux` of the wrong shape; `mesh`, `in_specs`, `out_specs` not given together;
+            `axis_name` not an axis of the mesh (or neither bound nor in the context mesh); specs that shard
+            the sequence over another axis or put `axis_name` elsewhere; with a mesh, sequence lengths not
+            divisible by the axis size (twice it when causal); a platform that is unknown or has no
+            implementation on this device.
+        NotImplementedError: `mask_builder`, `fused_backward=True`, a dense mask inside your own `shard_map`,
+            or a requested platform that declines the call.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from ejkernel.modules import ring_attention
+        >>> mesh = jax.make_mesh((1,), ("sp",))  # (n,) over n devices
+        >>> spec = P(None, "sp")  # [batch, seq, heads, dim], the sequence over "sp"
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((1, 16, 4, 8), np.float32)
+        >>> kv = rng.standard_normal((1, 16, 2, 8), np.float32)
+        >>> out = ring_attention(q, kv, kv, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+        >>> out.shape, bool(np.isfinite(out).all())
+        ((1, 16, 4, 8), True)
     """
     check_qkv(query, key, value)
     batch, q_len, num_heads, head_dim = query.shape

@@ -25,12 +25,35 @@ from ejkernel.types import MaskInfo
 
 @dataclasses.dataclass(frozen=True)
 class ScaledDotProductAttentionConfig(KernelConfig):
-    """Only the platform: both routes are fused library kernels with nothing to tile."""
+    """Only the platform: both routes are fused library kernels with nothing to tile.
+
+    `scaled_dot_product_attention` takes no `cfg`; this config is what the executor selects and caches.
+    Values out of range are a ValueError when the config is built.
+
+    Attributes:
+        platform: Default `"auto"`. `"auto"`, `"xla"` or `"cuda"` (cuDNN).
+        fwd_params: Default None. Unused.
+        bwd_params: Default None. Unused.
+        backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
+            on another kind is refused (ValueError).
+
+    Example:
+        >>> from ejkernel.modules import ScaledDotProductAttentionConfig
+        >>> ScaledDotProductAttentionConfig(platform="cuda").platform
+        'cuda'
+    """
 
     allowed_platforms = ("auto", "xla", "cuda")
 
 
 class ScaledDotProductAttention(Kernel):
+    """The `Kernel` the executor runs for `scaled_dot_product_attention` (op id `"scaled_dot_product_attention"`).
+
+    It takes `(query, key, value, bias)` with `jax.nn.dot_product_attention`'s keyword options (`mask`,
+    `scale`, `is_causal`, `query_seq_lengths`, `key_value_seq_lengths`, `local_window_size`); call
+    `scaled_dot_product_attention` rather than this class. Implementations: cuDNN (`"cuda"`, GPU), then XLA.
+    """
+
     op_id = "scaled_dot_product_attention"
     config_type = ScaledDotProductAttentionConfig
 
@@ -84,14 +107,66 @@ def scaled_dot_product_attention(
 ) -> Float[Array, "batch seq_q heads dim_v"]:
     """Attention as `jax.nn.dot_product_attention` defines it, on cuDNN where it can run, else XLA.
 
-    `cum_seqlens_q/k [B]` are the valid lengths of each row (jax.nn's `query_seq_lengths` /
-    `key_value_seq_lengths`). `init_bias()` supplies the bias when `bias` is None. A `mask_info` is
-    applied as a dense mask. No `cfg`: there is nothing to tune.
+    Layout `[batch, seq, heads, dim]` (grouped-query when `kv_heads < heads`). One difference from jax.nn:
+    a query row that sees no key gives zeros, and nothing flows back from it: a row past its query length,
+    a row whose keys are all masked (a query segment no key shares, a window past the keys) and a row whose
+    key length is 0 alike. jax.nn gives the mean of V for the second kind; zeros are the rule of
+    `flash_attention` and `attention`, and what a row attending nothing means. No `cfg`: there is nothing
+    to tune. The tensors are positional-only, the options keyword-only.
 
-    A query row that sees no key gives zeros, and nothing flows back from it: a row past its query
-    length, a row whose keys are all masked (a query segment no key shares, a window past the keys)
-    and a row whose key length is 0 alike. jax.nn gives the mean of V for the second kind; zeros are
-    the rule of `flash_attention` and `attention`, and what a row attending nothing means.
+    Args:
+        query: `[batch, seq_q, heads, dim]`, float (cuDNN: bfloat16 or float16).
+        key: `[batch, seq_k, kv_heads, dim]` in query's dtype, with `heads % kv_heads == 0`.
+        value: `[batch, seq_k, kv_heads, dim]` in query's dtype; its head dim must be the query's.
+        bias: Default None. Float, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]` (fewer dims get
+            leading 1s); added to the scaled logits.
+        cum_seqlens_q: Default None. Int `[batch]`: each row's number of real queries (jax.nn's
+            `query_seq_lengths`): lengths, not cumulative offsets, whatever the name says. Values outside
+            `[0, seq_q]` are a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`); otherwise,
+            under `jit`, they act as clamped into that range.
+        cum_seqlens_k: Default None. Int `[batch]`: each row's number of real keys (jax.nn's
+            `key_value_seq_lengths`), with the same rules against `seq_k`.
+        mask_info: Default None. A `MaskInfo`, applied as its dense `[1|batch, 1|heads, seq_q, seq_k]` mask
+            (every transform included). cuDNN declines a dense mask: XLA serves such calls.
+        init_bias: Default None. A function of no arguments returning the bias, called when `bias` is None.
+        softmax_scale: Default None, meaning `dim ** -0.5`.
+        causal: Default False. Keep keys `k <= q` (positions from the start of both sequences).
+        sliding_window: Default None. Non-negative `(left, right)` keeps keys `q - left <= k <= q + right`
+            (jax.nn's `local_window_size`); an int `w` means `(w, w)`.
+        platform: Default None, meaning `"auto"`: cuDNN where it accepts the call, else XLA. One of `"auto"`,
+            `"xla"`, `"cuda"`.
+        mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
+            call runs under `jax.shard_map`.
+        in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot); the lengths
+            follow the batch, a dense mask the query and key rows. The key/value sequence may not be split,
+            nor the query sequence under `causal`, a window or query lengths.
+        out_specs: Default None. The output's `PartitionSpec`.
+
+    Returns:
+        `[batch, seq_q, heads, dim]` in query's dtype, with zeros for every query row that sees no key.
+
+    Raises:
+        TypeError: a rank, dtype or size the annotations refuse (one line naming the argument; key and value
+            share query's batch), query, key and value of different dtypes, or a `sliding_window` that is
+            neither an int nor a pair.
+        ValueError: `heads` not a multiple of `kv_heads`; value's head dim not the query's; a `bias` or
+            `mask_info` mask of the wrong shape; lengths outside their range (see above); a negative window;
+            a platform that is unknown or has no implementation on this device; `mesh`, `in_specs`,
+            `out_specs` not given together, or specs that split a sequence as forbidden above.
+        NotImplementedError: `platform="cuda"` for a call cuDNN declines (a dtype other than bfloat16 or
+            float16, a dense mask, a window reaching right of the query without `causal`).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import scaled_dot_product_attention
+        >>> rng = np.random.default_rng(0)
+        >>> q = rng.standard_normal((2, 16, 4, 8), np.float32)
+        >>> kv = rng.standard_normal((2, 16, 2, 8), np.float32)
+        >>> kv_lengths = np.array([16, 0], np.int32)  # row 1 has no key
+        >>> attend = jax.jit(lambda q, kv, n: scaled_dot_product_attention(q, kv, kv, None, None, n, causal=True))
+        >>> out = attend(q, kv, kv_lengths)
+        >>> out.shape, bool((np.asarray(out)[1] == 0).all())
+        ((2, 16, 4, 8), True)
     """
     check_qkv(query, key, value)
     batch, q_len, heads, dim = query.shape

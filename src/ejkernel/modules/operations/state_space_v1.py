@@ -21,8 +21,15 @@ from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 
 @dataclasses.dataclass(frozen=True)
 class ChunkedScanConfig(KernelConfig):
-    """Base of both state-space configs: `chunk_size`, tokens per sequence block of the scan (a power
-    of two; None: the implementation's default), beside the platform and the kernels' tiling."""
+    """Base of both state-space configs: `chunk_size` beside the platform and the kernels' tiling.
+
+    Attributes:
+        chunk_size: Tokens per sequence block of the scan, a positive power of two; None (default): the
+            implementation's default.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two.
+    """
 
     chunk_size: int | None = None
 
@@ -35,14 +42,30 @@ class ChunkedScanConfig(KernelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class StateSpaceV1Config(ChunkedScanConfig):
-    """`chunk_size`: tokens per sequence block; `fwd_params.block_d`: channels per program of the Triton
-    kernels, `fwd_params` / `bwd_params` `num_warps` and `num_stages` those of their forward / backward
-    kernels; the platform."""
+    """How `state_space_v1` runs: the platform and the scan's tiling; no field changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per sequence block (XLA: per scan step; Triton: per program), a positive power of
+            two; None (default): 64. At most the sequence length (rounded up to a power of two on Triton).
+        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
+        fwd_params: `block_d` (channels per program of the Triton kernels, default 32), `num_warps` (4) and
+            `num_stages` (2) of their forward kernels. None: defaults.
+        bwd_params: `num_warps` and `num_stages` of the Triton backward kernels; None: the forward's.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
+    """
 
 
 class StateSpaceKernel(Kernel):
-    """What both state-space ops tell the executor: implementations return `(y, state, conv_state)`,
-    of which the executor carries `(y, state)`; the sequence axis must not be sharded."""
+    """Base of both state-space ops' `Kernel` classes.
+
+    Implementations return `(y, state, conv_state)`, of which the executor carries `(y, state)`; the
+    sequence axis must not be sharded. Autotuning (policy `autotune`) times the default config and chunks
+    of 64, 128 and 256 tokens.
+    """
 
     def call_impl(self, impl, args, kwargs, cfg):
         y, state, _ = impl.fn(*args, cfg=cfg, **kwargs)
@@ -67,6 +90,11 @@ class StateSpaceKernel(Kernel):
 
 
 class StateSpaceV1(StateSpaceKernel):
+    """The executor's `Kernel` for `state_space_v1`: op id `"state_space_v1"`, config `StateSpaceV1Config`.
+
+    On Triton, autotuning also times 16, 32 and 64 channels per program with 2 or 4 warps.
+    """
+
     op_id = "state_space_v1"
     config_type = StateSpaceV1Config
 
@@ -110,19 +138,70 @@ def state_space_v1(
     in_specs: Any = None,
     out_specs: Any = None,
 ) -> tuple[Float[Array, "batch seq channels"], Float[Array, "batch channels state"], Array | None]:
-    """Mamba-1 selective scan over `hidden_states [batch, seq, channels]` with a state `[channels, state]`.
+    """Mamba-1 selective scan over `hidden_states [batch, seq, channels]`, a `[channels, state]` state per row.
 
-    Per token t (`dt` already positive: no softplus is applied):
-        h_t = exp(A · dt_t[:, None]) ⊙ h_{t-1} + (dt_t · x_t)[:, None] · B_t[None, :]
-        y_t = h_t C_t + D · x_t,   then y ← y · act_fn(gate) when a gate is given (act_fn: SiLU by default).
-    `h_0` is `initial_state` (or zeros). Returns `(y [batch, seq, channels], final state [batch, channels,
-    state], conv_state)`: the state has `initial_state`'s dtype when given (keep a float32 cache float32),
-    else `hidden_states`'; `conv_state` is returned unchanged. A length-1 call with `initial_state` is one
-    decode step: chained steps give the full sequence's result. Mixed float dtypes are fine (the scan runs
-    in float32; `A`, `D` and `dt` are often float32 beside bfloat16 activations).
+    Per token t, with `x = hidden_states` and the state `h` in float32 (`ejkernel.reference.state_space`):
+    `h_t = exp(A · dt_t[:, None]) ⊙ h_{t-1} + (dt_t · x_t)[:, None] · B_t[None, :]`, `y_t = h_t C_t + D · x_t`,
+    then `y ← y · act_fn(gate)` when a gate is given. `h_0` is `initial_state` (or zeros). Mixed float dtypes
+    are fine: the scan runs in float32 (`A`, `D` and `dt` are often float32 beside bfloat16 activations).
+    A length-1 call with `initial_state` is one decode step: chained steps give the full sequence's result.
+    `conv_state` (the caller's cache of the causal convolution that runs before the scan) never enters a
+    kernel: it is returned as given, so decode loops can thread both caches through one call.
 
-    With `mesh=`, shard the batch or the channels (never the sequence); `in_specs` has one spec per
-    tensor passed (or per positional slot, None where not passed), `out_specs` is `(y, state[, conv])`.
+    Differences from mamba_ssm's `selective_scan_fn`: the sequence comes before channels and state
+    (`[batch, seq, channels]`, not `(B D L)`; B and C `[batch, seq, state]`, not `(B N L)`); B and C always
+    vary per token and are shared by all channels (no `[channels, state]` or grouped forms); there is no
+    `delta_bias` or `delta_softplus` (pass `softplus(dt + bias)` as `dt`); `D` is required; the final state
+    is always returned, and an `initial_state` may be given.
+
+    Args:
+        hidden_states: `[batch, seq, channels]` float, the input x.
+        A: `[channels, state]` float, the state matrix (negative entries decay).
+        B: `[batch, seq, state]` float, the input projection of each token.
+        C: `[batch, seq, state]` float, the output projection of each token.
+        D: `[channels]` float, the skip connection.
+        dt: `[batch, seq, channels]` float, the step sizes, already positive (no softplus is applied).
+        gate: `[batch, seq, channels]` float, the gate z; None (default): no gating.
+        initial_state: `[batch, channels, state]` float, the state before the first token; None (default):
+            zeros.
+        conv_state: Any array led by `batch`, returned unchanged; None (default).
+        act_fn: The gate's activation, a callable on arrays; None (default): SiLU (`jax.nn.silu`).
+        platform: `"auto"`, `"xla"` or `"triton"`; None (default): `cfg.platform`, else auto.
+        cfg: A `StateSpaceV1Config` fixing platform and tiling; None (default): the executor's choice
+            (cache, tuning or heuristics).
+        mesh: A `jax.sharding.Mesh` to run the scan on under `shard_map`; None (default): no sharding. Needs
+            `in_specs` and `out_specs`.
+        in_specs: A `PartitionSpec` per tensor passed, or per positional slot (None where not passed). They
+            may shard the batch or the channels; never the sequence or the state axis.
+        out_specs: `(y, state)` or `(y, state, conv_state)` specs, laid out as the inputs.
+
+    Returns:
+        tuple: `(y, final_state, conv_state)`, with `y [batch, seq, channels]` in `hidden_states`' dtype;
+        `final_state [batch, channels, state]` in `initial_state`'s dtype when given (keep a float32 cache
+        float32), else `hidden_states`'; `conv_state` as given.
+
+    Raises:
+        TypeError: An argument of another rank, dtype kind, named size or type than above (one line naming
+            it), a non-callable `act_fn`, or a `cfg` of another class.
+        ValueError: `conv_state` not led by `batch`; only some of `mesh`, `in_specs`, `out_specs`, or
+            `out_specs` not 2 or 3 specs; specs that shard the sequence or the state axis, or that disagree;
+            a `platform` that is unknown, has no implementation on this device or contradicts
+            `cfg.platform`.
+        NotImplementedError: `platform="triton"` with inputs not float32, bfloat16 or float16.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from ejkernel.modules import state_space_v1
+        >>> rng = np.random.default_rng(0)
+        >>> batch, seq, channels, state = 2, 8, 4, 3
+        >>> x = rng.standard_normal((batch, seq, channels), np.float32)
+        >>> A = -rng.random((channels, state), np.float32)
+        >>> B, C = rng.standard_normal((2, batch, seq, state), np.float32)
+        >>> D = np.ones(channels, np.float32)
+        >>> dt = rng.random((batch, seq, channels), np.float32)
+        >>> y, h, conv = jax.jit(state_space_v1)(x, A, B, C, D, dt)
+        >>> print(y.shape, h.shape, h.dtype, conv)
+        (2, 8, 4) (2, 4, 3) float32 None
     """
     check_v1(hidden_states, A, B, C, D, dt, gate, initial_state, conv_state, act_fn=act_fn)
     tensors = (hidden_states, A, B, C, D, dt, gate, initial_state)

@@ -28,9 +28,14 @@ from ejkernel.modules.operations.page_attention import (
 
 @dataclasses.dataclass(frozen=True)
 class UnifiedAttentionConfig(PagedAttentionConfig):
-    """Tiling of `unified_attention` (see `PagedAttentionConfig`), with upstream's names for the split-key
-    decode: `num_par_softmax_segments` (our `num_splits` where that is unset) and `seq_threshold_3d` (the
-    call's own `seq_threshold_3d` wins); both steer GPU schedules only."""
+    """Tiling of `unified_attention`: the fields and rules of `PagedAttentionConfig`, and upstream's two more.
+
+    Attributes:
+        seq_threshold_3d: `int | None`, default None. Upstream's threshold for its split-key decode: checked
+            like the other knobs, then ignored.
+        num_par_softmax_segments: `int | None`, default None. Upstream's name for the split count: read as
+            `num_splits` where that is unset (GPU schedules only).
+    """
 
     seq_threshold_3d: int | None = None
     num_par_softmax_segments: int | None = None
@@ -43,6 +48,8 @@ class UnifiedAttentionConfig(PagedAttentionConfig):
 
 
 class UnifiedAttention(PagedAttentionKernel):
+    """`unified_attention` as the executor runs it (config `UnifiedAttentionConfig`)."""
+
     op_id = "unified_attention"
     config_type = UnifiedAttentionConfig
 
@@ -92,22 +99,89 @@ def unified_attention(
     out_specs: Any = None,
     cfg: UnifiedAttentionConfig | None = None,
 ) -> Float[Array, "tokens num_heads head_dim"]:
-    """Each sequence's packed queries over its pages, prefill chunks and decode steps in one call.
+    """vLLM-style unified attention: each sequence's packed queries over its pages, prefill and decode at once.
 
-    Sequence `s` has queries `queries[query_start_loc[s] : query_start_loc[s + 1]]`, the last positions
-    of its `kv_lens[s]` keys, in blocks `block_tables[s]` of the caches `[blocks, block_size, Hkv, D]`.
-    With `causal` (the default) query position p sees keys `k <= p`; without, every key of its sequence.
-    `softmax_scale` defaults to `D**-0.5`; the logits are soft capped (`c·tanh(s/c)`), then get the
-    ALiBi bias `alibi_slopes[h] · (k - (kv_len - q_len))` and the query-query bias
-    `qq_bias[j, k - (kv_len - q_len)]` (query j of its sequence, keys among its own queries), as in
-    vLLM. `sliding_window=w` keeps keys `q - w + 1 <= k <= q`; `softmax_aux [Hq]` are per-head sink
-    logits in the denominator only. `seq_threshold_3d` steers GPU schedules only.
+    Sequence `s` owns the queries `queries[query_start_loc[s]:query_start_loc[s + 1]]`, the last positions of
+    its `kv_lens[s]` keys, which live in the blocks `block_tables[s]` lists, in order. With `causal` (the
+    default) a query at position `p` sees the keys `k <= p`; without, every key of its sequence.
+    `sliding_window=w` keeps keys `p - w + 1 <= k <= p`, with or without `causal`. The logits are
+    `softmax_scale * q·k`, soft capped (`c * tanh(s / c)`), then plus the ALiBi bias
+    `alibi_slopes[h] * (k - (kv_len - q_len))` and the query-query bias `qq_bias[j, k - (kv_len - q_len)]`
+    (query `j` of its sequence, keys among its own queries; 0 outside the bias), as in vLLM. `softmax_aux` are
+    per-head sink logits, in the denominator only. Query head `h` reads kv head
+    `h // (num_heads // num_kv_heads)`; tokens no sequence owns give zeros.
 
-    Index values: a bad one raises a ValueError outside `jit` (under `jit` too with `EJKERNEL_CHECKS=1`);
-    otherwise under `jit`, `query_start_loc` is clamped to `[0, tokens]` and made non-decreasing (a
-    running max; tokens of no sequence give zeros); `kv_lens` to `[0, max_blocks·block_size]` (queries
-    it puts before position 0 see no key causally: zeros); and a `block_tables` entry it reaches
-    outside `[0, num_blocks)` holds no keys (its positions are masked).
+    Cache layout: separate K and V caches `[num_blocks, block_size, num_kv_heads, head_dim]`, slots before
+    heads as in `flash_attention`'s paged caches, where `page_attention` takes
+    `[num_pages, num_kv_heads, page_size, head_dim]` and the ragged ops one interleaved K/V cache
+    (`ragged_page_attention_v2` 4-D, `ragged_page_attention_v3` packed 5-D).
+
+    Index values: outside `jit`, a bad one raises a ValueError naming it: `query_start_loc` not rising from 0
+    to at most `tokens`, a `kv_lens` entry outside `[q_len, max_blocks * block_size]`, or a `block_tables`
+    entry it reaches outside `[0, num_blocks)`. Under `jit` they are checked only with `EJKERNEL_CHECKS=1` (a
+    bad one then stops the program with that message); otherwise `query_start_loc` is clamped to
+    `[0, tokens]` and made non-decreasing (a running max; tokens of no sequence give zeros); `kv_lens` to
+    `[0, max_blocks * block_size]` (with `causal`, queries it puts before position 0 see no key: zeros); and a
+    `block_tables` entry it reaches outside `[0, num_blocks)` holds no keys (its positions are masked).
+
+    Sharding: with `mesh`, `in_specs` and `out_specs` (all three or none) the call runs under `shard_map`.
+    Only heads may be split: queries, caches, `alibi_slopes` and `softmax_aux` alike; never tokens, blocks,
+    head dims, the index arrays or `qq_bias`. `out_specs` must split the output's heads as the inputs do.
+
+    Args:
+        queries: `[tokens, num_heads, head_dim]` float. Every sequence's queries, packed back to back.
+        key_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `queries`' dtype. The key blocks;
+            `num_heads` must be a multiple of `num_kv_heads`.
+        value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `queries`' dtype. The value blocks.
+        kv_lens: `[num_seqs]` int. Each sequence's number of keys, its queries included.
+        block_tables: `[num_seqs, max_blocks]` int. Row `s` lists sequence `s`'s blocks in order; entries past
+            `ceil(kv_lens[s] / block_size)` are not read.
+        query_start_loc: `[num_seqs + 1]` int. The sequences' query bounds in `queries`, rising from 0.
+        alibi_slopes: `[num_heads]` float or None, default None (positional only, as every tensor). Per-head
+            ALiBi slopes (above).
+        qq_bias: `[qq, qq]` float or None, default None (positional only). Bias between a sequence's own
+            queries (above).
+        softmax_aux: `[num_heads]` float or None, default None (positional only). Per-head sink logits.
+        softmax_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
+        causal: `bool`, default True. Whether a query sees only the keys up to its own position.
+        sliding_window: `int | None`, default None. A positive `w` keeps keys `p - w + 1 <= k <= p`.
+        logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
+            `c * tanh(s / c)`.
+        seq_threshold_3d: `int | None`, default None. Upstream's GPU schedule threshold: ignored.
+        platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
+            "xla" or "triton" (GPU) asks for that one.
+        mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
+        in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per
+            positional slot.
+        out_specs: `PartitionSpec | None`, default None. The output's spec.
+        cfg: `UnifiedAttentionConfig | None`, default None (chosen by the executor). The tiling; it never
+            changes the result.
+
+    Returns:
+        jax.Array: `[tokens, num_heads, head_dim]` in `queries`' dtype, each query's attention output.
+
+    Raises:
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
+            naming it), `queries` and the caches of different dtypes, an option of the wrong type, or `cfg`
+            not a `UnifiedAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; `query_start_loc` not `[num_seqs + 1]`;
+            `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1; a `platform`
+            not listed, contradicting `cfg.platform` or with no implementation on this device; `mesh`,
+            `in_specs`, `out_specs` not given together, or specs that split anything but the heads; outside
+            `jit`, a bad index value.
+        jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
+            runs (the message is the ValueError's).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ejkernel.modules import unified_attention
+        >>> queries = jnp.ones((5, 4, 8))  # a 4-token prefill, then a 1-token decode; 4 heads, head_dim 8
+        >>> key_cache = value_cache = jnp.ones((4, 16, 2, 8))  # 4 blocks of 16 slots, 2 kv heads
+        >>> kv_lens, query_start_loc = jnp.array([4, 20]), jnp.array([0, 4, 5])
+        >>> block_tables = jnp.array([[0, 1], [2, 3]])
+        >>> out = unified_attention(queries, key_cache, value_cache, kv_lens, block_tables, query_start_loc)
+        >>> out.shape, out.dtype
+        ((5, 4, 8), dtype('float32'))
     """
     num_tokens, num_heads, head_dim = queries.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
