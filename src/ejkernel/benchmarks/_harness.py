@@ -44,6 +44,21 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def grouped_bars(ax, groups: list[str], series: dict[str, list], ylabel: str, reference: float | None = None) -> None:
+    """One group of bars per shape (`groups`), one bar per series in each (missing values: no bar); a
+    dashed line at `reference` (1.0 for ratios to a copy or to an alternative)."""
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
+    if reference is not None:
+        ax.axhline(reference, color="gray", lw=0.8, ls="--")
+    tilted = len(groups) > 4
+    ax.set_xticks(range(len(groups)), groups, rotation=30 if tilted else 0, ha="right" if tilted else "center", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncols=min(len(series), 4))
+
+
 def write_results(out_dir: str, name: str, rows: list[dict], meta: dict, plot: Callable[[Any, list[dict]], None]):
     """Write `<name>.json` (environment + rows) and `<name>.png` (if matplotlib is installed)."""
     out = pathlib.Path(out_dir)
@@ -64,7 +79,7 @@ def write_results(out_dir: str, name: str, rows: list[dict], meta: dict, plot: C
     except ImportError:
         print("matplotlib missing (pip install 'ejkernel[bench]'): no plot written")
         return out / f"{name}.json"
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     plot(ax, rows)
     ax.set_title(f"{name} on {record['device']['device_kind']}")
     fig.tight_layout()

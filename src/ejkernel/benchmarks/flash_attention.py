@@ -10,7 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import flash_attention
 from ejkernel.registry import kernel_registry
 from ejkernel.types import MaskInfo
@@ -123,12 +123,8 @@ def main(argv=None) -> None:
     print_table(rows, ["B", "S", "H", "D", "causal", "mode", *ratios, "auto ran"])
 
     def plot(ax, rows):
-        labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' c' if r['causal'] else ''} {r['mode']}" for r in rows]
-        for name in variants:
-            ax.plot(range(len(rows)), [r.get(name) or 0 for r in rows], marker="o", label=name)
-        ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("TFLOP/s (bf16)")
-        ax.legend(fontsize=7)
+        labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' causal' if r['causal'] else ''} {r['mode']}" for r in rows]
+        grouped_bars(ax, labels, {name: [r.get(name) for r in rows] for name in variants}, "TFLOP/s (bf16)")
 
     path = write_results(args.out, "flash_attention", rows, {"dtype": "bfloat16"}, plot)
     print(f"wrote {path}")

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import grouped_matmul
 from ejkernel.registry import kernel_registry
 
@@ -84,16 +84,9 @@ def main(argv=None) -> None:
 
     def plot(ax, rows):
         modes = list(dict.fromkeys(r["mode"] for r in rows))
-        variants = list(dict.fromkeys(r["variant"] for r in rows))
-        width = 0.8 / len(variants)
-        for i, variant in enumerate(variants):
-            ys = [
-                next((r["TFLOPs"] for r in rows if r["mode"] == mode and r["variant"] == variant), 0) for mode in modes
-            ]
-            ax.bar([x + i * width for x in range(len(modes))], ys, width, label=variant)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(modes))], modes)
-        ax.set_ylabel("TFLOP/s (bf16)")
-        ax.legend()
+        by = {(r["mode"], r["variant"]): r["TFLOPs"] for r in rows}
+        variants = dict.fromkeys(r["variant"] for r in rows)
+        grouped_bars(ax, modes, {v: [by.get((m, v)) for m in modes] for v in variants}, "TFLOP/s (bf16)")
 
     path = write_results(args.out, "grouped_matmul", rows, {"dtype": "bfloat16"}, plot)
     print(f"wrote {path}")

@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import mean_pooling
 from ejkernel.registry import kernel_registry
 
@@ -55,21 +55,12 @@ def main(argv=None) -> None:
     print_table(rows, ["B", "S", "D", "platform", "ms", "TBps", "copy_TBps", "ratio_to_copy"])
 
     def plot(ax, rows):
-        labels = sorted({f"{r['B']}x{r['S']}x{r['D']}" for r in rows})
-        for platform in dict.fromkeys(r["platform"] for r in rows):
-            ys = [
-                next(
-                    r["ratio_to_copy"]
-                    for r in rows
-                    if r["platform"] == platform and f"{r['B']}x{r['S']}x{r['D']}" == label
-                )
-                for label in labels
-            ]
-            ax.plot(labels, ys, marker="o", label=platform)
-        ax.axhline(1.0, color="gray", lw=0.5)
-        ax.set_ylabel("bandwidth / device-copy bandwidth")
-        ax.set_xlabel("B x S x D (bf16)")
-        ax.legend()
+        shape = lambda r: f"{r['B']}x{r['S']}x{r['D']}"
+        shapes = list(dict.fromkeys(shape(r) for r in rows))
+        by = {(shape(r), r["platform"]): r["ratio_to_copy"] for r in rows}
+        platforms = dict.fromkeys(r["platform"] for r in rows)
+        series = {p: [by.get((s, p)) for s in shapes] for p in platforms}
+        grouped_bars(ax, shapes, series, "bandwidth / device-copy bandwidth", reference=1.0)
 
     path = write_results(args.out, "mean_pooling", rows, {"dtype": "bfloat16"}, plot)
     print(f"wrote {path}")

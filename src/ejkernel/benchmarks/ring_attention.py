@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.registry import kernel_registry
 
@@ -106,13 +106,8 @@ def main(argv=None) -> None:
     print_table(rows, ["B", "S", "H", "Hkv", "D", "causal", "mode", *variants, *ratios])
 
     def plot(ax, rows):
-        names = list(variants)
-        width = 0.8 / len(names)
-        for i, name in enumerate(names):
-            ax.bar([r + i * width for r in range(len(rows))], [row.get(name) or 0 for row in rows], width, label=name)
-        ax.set_xticks([r + 0.4 - width / 2 for r in range(len(rows))], [f"S={row['S']} {row['mode']}" for row in rows])
-        ax.set_ylabel("TFLOP/s (bf16)")
-        ax.legend(fontsize=8)
+        labels = [f"S={row['S']} {row['mode']}" for row in rows]
+        grouped_bars(ax, labels, {name: [row.get(name) for row in rows] for name in variants}, "TFLOP/s (bf16)")
 
     meta = {"dtype": "bfloat16", "devices": n, "ring_platforms": platforms, "flash_platform": args.flash_platform}
     path = write_results(args.out, "ring_attention", rows, meta, plot)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ejkernel.modules
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.kernels._common.paged_attention import v3_cache_shape
 from ejkernel.registry import kernel_registry
 
@@ -147,15 +147,11 @@ def main(argv=None) -> None:
 
     def plot(ax, rows):
         decode_rows = [r for r in rows if r["case"].startswith("decode")]
-        for key in dict.fromkeys((r["op"], r["platform"]) for r in decode_rows):
-            picked = [r for r in decode_rows if (r["op"], r["platform"]) == key]
-            ax.plot(
-                [r["case"][7:] for r in picked], [r["ratio_to_copy"] for r in picked], marker="o", label="/".join(key)
-            )
-        ax.axhline(1.0, color="gray", lw=0.5)
-        ax.set_ylabel("bandwidth / device-copy bandwidth")
-        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
-        ax.legend(fontsize=6)
+        cases = list(dict.fromkeys(r["case"][7:] for r in decode_rows))
+        by = {(r["case"][7:], r["op"], r["platform"]): r["ratio_to_copy"] for r in decode_rows}
+        keys = dict.fromkeys((r["op"], r["platform"]) for r in decode_rows)
+        series = {"/".join(key): [by.get((case, *key)) for case in cases] for key in keys}
+        grouped_bars(ax, cases, series, "decode bandwidth / device-copy bandwidth", reference=1.0)
 
     meta = {"dtype": "bfloat16", "copy_TBps": copy_bw / 1e12, **sizes}
     print(f"wrote {write_results(args.out, 'serving_attention', rows, meta, plot)}")
