@@ -53,8 +53,8 @@ def grouped_bars(ax, groups: list[str], series: dict[str, list], ylabel: str, re
         ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
     if reference is not None:
         ax.axhline(reference, color="gray", lw=0.8, ls="--")
-    tilted = len(groups) > 4
-    ax.set_xticks(range(len(groups)), groups, rotation=30 if tilted else 0, ha="right" if tilted else "center", fontsize=7)
+    rotation, align = (30, "right") if len(groups) > 4 else (0, "center")
+    ax.set_xticks(range(len(groups)), groups, rotation=rotation, ha=align, fontsize=7)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, ncols=min(len(series), 4))
 
