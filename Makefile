@@ -1,5 +1,6 @@
 # `make demo` and `make test` work on a fresh machine: they create .venv (and, for the EasyDeL suite,
-# .venv-integration) with Python >= 3.12 if missing. `make test` = `make unit` + `make integration`.
+# .venv-integration, .venv-jax-lowest) with Python >= 3.12 if missing.
+# `make test` = `make unit` + `make unit-lowest` + `make integration` + `make docs` (what CI runs).
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -7,23 +8,38 @@ STAMP := $(VENV)/.installed
 INTEGRATION := .venv-integration
 INTEGRATION_STAMP := $(INTEGRATION)/.installed
 
-.PHONY: demo test unit integration lint gpu-test clean
+# The lowest JAX pyproject.toml allows (`jax>=X,...`): `make unit` runs on the newest that pip picks,
+# `make unit-lowest` on this one, so that both ends of the range are tested.
+JAX_LOWEST := $(shell sed -n 's/^ *"jax>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+LOWEST := .venv-jax-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
+
+.PHONY: demo test unit unit-lowest integration docs lint gpu-test clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || "$$(tools/find-python)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ejkernel info
 	$(VENV)/bin/ejkernel demo
 
-test: unit integration
+test: unit unit-lowest integration docs
 
 unit: $(STAMP)
 	$(VENV)/bin/ruff check src tests
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_docs.py
+
+$(LOWEST_STAMP): pyproject.toml
+	@test -x $(LOWEST)/bin/python || "$$(tools/find-python)" -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST)/bin/python -m pip install -q -e '.[test,bench]' "jax==$(JAX_LOWEST)"
+	@touch $@
+
+unit-lowest: $(LOWEST_STAMP)
+	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_docs.py
 
 # EasyDeL 0.3.0 itself without its pins (ejkernel 0.0.78, flax 0.12.3): everything else it declares is in
 # tests/integration/requirements.txt.
@@ -39,8 +55,14 @@ integration: $(INTEGRATION_STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 		$(INTEGRATION)/bin/python -m pytest -q tests/integration/test_easydel_sharded.py
 
+# The documentation site (docs/_build/html), from a fresh environment with warnings as errors; then every
+# Python example of its pages and every docstring example (tests/test_docs.py).
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m pytest -q -n 2 -rfEx tests/test_docs.py
+
 gpu-test: $(STAMP)
 	XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 $(PY) -m pytest -q -m gpu -n 4
 
 clean:
-	rm -rf $(VENV) $(INTEGRATION) .cache .pytest_cache
+	rm -rf $(VENV) $(INTEGRATION) $(LOWEST) .cache .pytest_cache docs/_build docs/_build
