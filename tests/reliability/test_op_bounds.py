@@ -17,13 +17,22 @@ import pytest
 
 from ejkernel.kernels._triton.grouped_matmul._interface import grouped_matmul_triton
 from ejkernel.kernels._triton.mean_pooling._interface import mean_pooling_triton
-from ejkernel.modules import flash_attention, flash_mla, gated_delta_rule, gla_attention, grouped_matmul, mean_pooling
+from ejkernel.modules import (
+    flash_attention,
+    flash_mla,
+    gated_delta_rule,
+    gla_attention,
+    grouped_matmul,
+    mean_pooling,
+    native_sparse_attention,
+)
 from ejkernel.modules.operations._common import require_lengths
 from ejkernel.reference.flash_attention import flash_attention_reference
 from ejkernel.reference.flash_mla import flash_mla_reference
 from ejkernel.reference.grouped_matmul import grouped_matmul_reference
 from ejkernel.reference.linear_attention import delta_rule_reference, gla_reference
 from ejkernel.reference.mean_pooling import mean_pooling_reference
+from ejkernel.reference.native_sparse_attention import native_sparse_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
 
 T = 24
@@ -64,6 +73,18 @@ def test_linear_attention_packed_bounds_end_at_the_last_token():
         ref_out, ref_final = gla_reference(q, k, v, g, None, state, _array([*clamped[:-1], T]))
         assert_close(out, ref_out, tol=1e-4)
         assert_close(final, ref_final, tol=1e-4)
+
+
+def test_native_sparse_packed_bounds_end_at_the_last_token():
+    """NSA's bounds must end at T exactly, as the linear-attention family's: the last one is set to T."""
+    q, k, v = randn((1, T, 4, 16)), randn((1, T, 2, 16)), randn((1, T, 2, 16))
+    g_cmp, g_slc = jax.nn.sigmoid(randn((2, 1, T, 4)))
+    jitted = jax.jit(lambda cu: native_sparse_attention(q, k, v, g_cmp, g_slc, None, 2, cu, block_size=4))
+    for bad, clamped in PACKED:
+        reference = native_sparse_attention_reference(
+            q, k, v, g_cmp, g_slc, None, 2, _array([*clamped[:-1], T]), block_size=4
+        )
+        assert_close(jitted(_array(bad)), reference, tol=1e-4)
 
 
 def test_gated_delta_rule_takes_any_segment_ids():
@@ -149,6 +170,11 @@ def _bad_calls():
             _array([[0, 2, -1]]),
         ),
         ("flash_mla cu_seqlens", lambda cu: flash_mla(*mla, None, None, cu), _array([0, 9, 4])),
+        (
+            "native_sparse_attention cu_seqlens",
+            lambda cu: native_sparse_attention(q, q, q, q[..., 0], q[..., 0], None, 2, cu, block_size=4),
+            _array([0, 9, 20]),
+        ),
         ("grouped_matmul group_sizes", lambda sizes: grouped_matmul(lhs, rhs, sizes, 1), _array([5, -1, 3])),
         ("grouped_matmul group_offset", lambda offset: grouped_matmul(lhs, rhs, _array([5, 1, 3]), offset), 2),
         ("require_lengths", lambda lengths: require_lengths("kv_lengths", lengths, 2, 8), _array([3, 9])),

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.bounds import check_packed, clamp_packed
 from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
 from ejkernel.ops import Invocation, Kernel, KernelConfig
-from ejkernel.types.mask_info import check_bounds
 
 DEFAULT_BLOCK_SIZE = 64
 
@@ -163,8 +163,9 @@ def native_sparse_attention(
         block_counts: Default 16. A non-negative int, or int `[batch, seq, kv_heads]` per token: how many
             blocks each token attends (the first entries of `block_indices`, or the top ones chosen).
         cu_seqlens: Default None. Int `[N + 1]`: bounds of N sequences packed into one row (batch must be 1),
-            rising from 0 to exactly `seq`; other bounds are a ValueError outside `jit` and go unchecked
-            under it (keep them valid).
+            rising from 0 to exactly `seq`. Other bounds are a ValueError outside `jit`; under it each is
+            clamped into `[previous bound, seq]`, the first to 0 and the last to `seq` (a sequence past the
+            end is empty), and `EJKERNEL_CHECKS=1` raises the eager error.
         g_swa: Default None (no sliding branch). Float `[batch, seq, heads]`: its gate; needs
             `window_size > 0`.
         softmax_scale: Default None, meaning `dim ** -0.5`.
@@ -229,7 +230,8 @@ def native_sparse_attention(
     else:
         require_int("block_counts", block_counts)
     if cu_seqlens is not None:
-        check_bounds("cu_seqlens", cu_seqlens, seq_len, total=True, exact=True)
+        check_packed("cu_seqlens", cu_seqlens, seq_len, exact=True)
+        cu_seqlens = clamp_packed(cu_seqlens, seq_len, exact=True)
         if batch != 1:
             raise ValueError(f"with cu_seqlens the sequences are packed into one row: batch must be 1, got {batch}")
     counts_option = {"block_counts": int(block_counts)} if isinstance(block_counts, int) else {}
