@@ -94,6 +94,20 @@ def test_inside_user_shard_map(case):
     check(fn, ref, args)
 
 
+def test_bias_inside_user_shard_map():
+    """Inside the caller's shard_map a bias is the local query rows against every key of the ring."""
+    q, k, v = qkv(2)
+    bias = randn((B, H, S, S))
+
+    def body(q, k, v, bias):
+        return ring_attention(q, k, v, None, bias, axis_name="sp", causal=True)
+
+    rows = P(None, None, "sp")
+    fn = jax.shard_map(body, mesh=ring_mesh(), in_specs=(SEQ, SEQ, SEQ, rows), out_specs=SEQ)
+    expected = flash_attention_reference(q, k, v, bias, softmax_scale=D**-0.5, causal=True)
+    assert_close(jax.jit(fn)(q, k, v, bias), expected)
+
+
 # ---- mesh= / in_specs= / out_specs= ----------------------------------------------------------------
 
 

@@ -269,8 +269,8 @@ def ring_attention(
             unlike `flash_attention`.
         bias: Default None. Float, additive, broadcastable as `[1|batch, 1|heads, seq_q, seq_k]`; each device
             keeps its query rows and applies the columns of the key block it holds. Inside your own
-            `shard_map` on more than one device it is refused (ValueError): this function checks it against
-            the local keys and the ring against every key; pass it with a mesh instead.
+            `shard_map`, pass this device's query rows against every key of the ring,
+            `[1|batch, 1|heads, seq_q, n * seq_k]` (n: the size of `axis_name`).
         mask_info: Default None. A `MaskInfo`: segment ids (`MaskInfo.from_segments`) and causal / window
             transforms apply exactly. A dense mask (`from_attention_mask`, chunked or token-type masks) rides
             on the bias with a mesh; inside your own `shard_map` it is NotImplementedError.
@@ -349,13 +349,15 @@ def ring_attention(
     softmax_aux = canonical_sinks(softmax_aux, num_heads)
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
-    bias = check_bias(bias, batch, num_heads, q_len, kv_len)
+    axis = DEFAULT_AXIS if axis_name is None else axis_name
+    # Inside the caller's own shard_map a bias holds the local query rows against every key of the ring.
+    ring_keys = kv_len * jax.lax.axis_size(axis) if mesh is None and _axis_bound(axis) else kv_len
+    bias = check_bias(bias, batch, num_heads, q_len, ring_keys)
 
     if (mesh is None) != (in_specs is None) or (mesh is None) != (out_specs is None):
         given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
         raise ValueError(f"ring_attention: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
 
-    axis = DEFAULT_AXIS if axis_name is None else axis_name
     specs = None
     if mesh is None and not _axis_bound(axis):  # global arrays under `with jax.set_mesh(mesh)`
         mesh = _context_mesh()
