@@ -16,9 +16,9 @@ work. The arrays are sharded contiguously and the halves are exchanged inside th
 is refused on meshes of explicit axes, and point-to-point transfers move each chunk once. The output
 comes back in the original order. `axis_name=None` means "sp".
 
-Implementations per platform: XLA (every device; every feature above), Pallas-Triton (GPU; no sliding
-window) and cuDNN (GPU; causal or full attention only, selected with `platform="cuda"` until checked
-on GPUs). Each runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
+Implementations, in the order `auto` tries them: cuDNN (GPU; causal or full attention only), Pallas-Triton
+(GPU; no sliding window or bias) and XLA (every device; every feature above). Each runs the same ring
+(`ejkernel.kernels._common.ring`) around its flash attention.
 """
 
 import dataclasses
