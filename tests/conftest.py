@@ -12,7 +12,8 @@ import jax
 import jax.experimental.pallas.tpu
 import pytest
 
-_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "jax"
+# One compilation cache per JAX version: `make unit` and `make unit-lowest` run two of them on one tree.
+_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".cache" / f"jax-{jax.__version__}"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
