@@ -126,6 +126,11 @@ def test_config_block_size_never_changes_the_result():
         call(cfg=stale)
     with overlay_cache({"native_sparse_attention": stale}), pytest.raises(ValueError, match="block_size"):
         call()
+    # Upstream's way: no block_size=, the caller's own cfg= gives it (an overlay never does: 64 stays).
+    upstream = native_sparse_attention(q, k, v, g, g, None, 2, platform="xla", cfg=stale)
+    assert_close(upstream, native_sparse_attention_reference(q, k, v, g, g, None, 2, block_size=16))
+    with overlay_cache({"native_sparse_attention": stale}), pytest.raises(ValueError, match="block_size=64"):
+        native_sparse_attention(q, k, v, g, g, None, 2, platform="xla")
 
 
 @pytest.mark.parametrize("mode", ["eager", "jit", "grad"])

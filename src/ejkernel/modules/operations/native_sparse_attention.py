@@ -1,10 +1,11 @@
 """`native_sparse_attention` (NSA): a compressed branch over block means, a selected branch over chosen blocks
 and an optional sliding-window branch.
 
-The block size is an argument of the call (`block_size=64`): it changes the result, so no config
-chooses it. The public function checks the arguments; every implementation shares the compressed
-branch and the choice of blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and
-computes the selected branch, whose cost follows the number of selected blocks.
+The block size belongs to the call (`block_size=`, default 64, or the caller's own `cfg=`'s, as upstream
+reads it): it changes the result, so no config from a cache, an overlay or the autotuner chooses it. The
+public function checks the arguments; every implementation shares the compressed branch and the choice of
+blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and computes the selected branch, whose
+cost follows the number of selected blocks.
 """
 
 import dataclasses
@@ -29,9 +30,10 @@ def _positive_int(value: Any) -> bool:
 class NativeSparseAttentionConfig(KernelConfig):
     """`fwd_params`/`bwd_params`: the kernels' warps and stages.
 
-    `block_size` is upstream's field, kept so that its configs still construct and read back: the block
-    size is the call's `block_size` argument, and a config whose `block_size` is set to another value is
-    refused (ValueError) when it runs. Values out of range are a ValueError when the config is built.
+    `block_size` is upstream's field: set in the `cfg=` a caller passes (and no `block_size=` given), it is
+    the call's block size, as upstream reads it. A config from any other tier (overlay, caches, autotuner,
+    shipped) whose `block_size` differs from the call's is refused (ValueError) when it runs: a config there
+    may not change the result. Values out of range are a ValueError when the config is built.
 
     Attributes:
         platform: Default `"auto"`. `"auto"`, `"xla"` or `"triton"` (the platforms with an implementation).
@@ -39,7 +41,8 @@ class NativeSparseAttentionConfig(KernelConfig):
         bwd_params: Default None. `BwdParams` of the backward kernels.
         backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
             on another kind is refused (ValueError).
-        block_size: Default None, meaning the call's. A positive int, which must equal the call's.
+        block_size: Default None, meaning the call's. A positive int: in the caller's `cfg=`, the call's
+            block size unless `block_size=` is given (then they must agree); elsewhere, the call's.
 
     Example:
         >>> from ejkernel.modules import NativeSparseAttentionConfig
@@ -121,7 +124,7 @@ def native_sparse_attention(
     *,
     softmax_scale: float | None = None,
     window_size: int = 0,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     platform: str | None = None,
     cfg: NativeSparseAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -146,9 +149,9 @@ def native_sparse_attention(
       without them are unchanged.
 
     Differentiable in query, key, value and the gates; the block choice is not differentiated.
-    `block_size` is an argument, not a config field, as it changes the result (upstream read it from
-    `cfg.block_size`; such a config must now agree with the call). The tensors are positional-only, the
-    options keyword-only.
+    `block_size` belongs to the call, as it changes the result: the argument, else the `cfg=` passed (as
+    upstream reads `cfg.block_size`), else 64; a config from another tier cannot change it. The tensors
+    are positional-only, the options keyword-only.
 
     Args:
         query: `[batch, seq, heads, dim]`, float (Triton: float16, bfloat16 or float32).
@@ -170,10 +173,12 @@ def native_sparse_attention(
             `window_size > 0`.
         softmax_scale: Default None, meaning `dim ** -0.5`.
         window_size: Default 0 (no sliding branch). A non-negative int; a positive one needs `g_swa`.
-        block_size: Default 64. Tokens per block, a positive int (Triton: a power of two of at least 16).
+        block_size: Default None: the `cfg=` given's `block_size` if set, else 64. Tokens per block, a
+            positive int (Triton: a power of two of at least 16).
         platform: Default None, meaning `"auto"`: Triton on GPUs where it accepts the call, else XLA. One of
             `"auto"`, `"xla"`, `"triton"`.
-        cfg: Default None. A `NativeSparseAttentionConfig`; its `block_size` must be None or the call's.
+        cfg: Default None. A `NativeSparseAttentionConfig`; its `block_size`, when set, is the call's block
+            size (and must equal `block_size=` when both are given).
         mesh: Default None. A `jax.sharding.Mesh`: with `in_specs` and `out_specs` (the three or none) the
             call runs under `jax.shard_map`.
         in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot); shard batch or
@@ -220,6 +225,8 @@ def native_sparse_attention(
             require_float(name, g)
     if block_indices is not None:
         require_int("block_indices", block_indices)
+    if block_size is None:  # the caller's own config speaks for the call, as upstream reads it
+        block_size = getattr(cfg, "block_size", None) or DEFAULT_BLOCK_SIZE
     if not _positive_int(block_size):
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if isinstance(block_counts, bool):
