@@ -149,8 +149,23 @@ def check_linear_call(
 
 @dataclasses.dataclass(frozen=True)
 class ChunkedConfig(KernelConfig):
-    """Base of the family's configs: `chunk_size`, tokens per chunk of the chunked form (None: the
-    implementation's default); `fwd_params.block_d` / `num_warps` / `num_stages`: the Triton kernels' tiling."""
+    """Base of the linear-attention family's configs: the platform and the chunked form's tiling. No field
+    changes the result beyond rounding.
+
+    Attributes:
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
+            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
+        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
+        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
+            Triton's one-token (decode) kernel and, for the delta rules, its state-passing kernels; the other
+            chunked kernels keep their own tiling. None: defaults.
+        bwd_params: Not read.
+        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
+            call on another kind refuses it.
+
+    Raises:
+        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
+    """
 
     chunk_size: int | None = None
 

@@ -18,23 +18,8 @@ from ejkernel.ops.executor import specs_by_slot
 
 @dataclasses.dataclass(frozen=True)
 class GatedDeltaRuleConfig(ChunkedConfig):
-    """How `gated_delta_rule` runs: the platform and the chunked form's tiling (see `ChunkedConfig`).
-
-    No field changes the result beyond rounding.
-
-    Attributes:
-        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
-            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
-        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
-        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
-            Triton's state-passing and one-token (decode) kernels. None: defaults.
-        bwd_params: Not read by this op.
-        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
-            call on another kind refuses it.
-
-    Raises:
-        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
-    """
+    """How `gated_delta_rule` runs: the fields of `ChunkedConfig` (platform, chunk size, Triton
+    tiling); none changes the result beyond rounding."""
 
 
 class GatedDeltaRule(ChunkedKernel):

@@ -14,23 +14,8 @@ from ejkernel.modules.operations._common import executor, typechecked
 
 @dataclasses.dataclass(frozen=True)
 class GLAttentionConfig(ChunkedConfig):
-    """How `gla_attention` runs: the platform and the chunked form's tiling (see `ChunkedConfig`).
-
-    No field changes the result beyond rounding.
-
-    Attributes:
-        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
-            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
-        platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
-        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
-            Triton's one-token (decode) kernel; the chunked kernels keep their own tiling. None: defaults.
-        bwd_params: Not read by this op.
-        backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
-            call on another kind refuses it.
-
-    Raises:
-        ValueError: `chunk_size` is not a positive power of two, or `platform` or `backend` is unknown.
-    """
+    """How `gla_attention` runs: the fields of `ChunkedConfig` (platform, chunk size, Triton
+    tiling); none changes the result beyond rounding."""
 
 
 class GLAttention(ChunkedKernel):
