@@ -7,7 +7,7 @@ segment ids, with equal query and key/value lengths; sinks join in the ring's fi
 else is declined with `NotImplementedError` (automatic selection then takes another platform).
 
 It uses JAX's cuDNN attention primitives directly (`jax._src.cudnn.fused_attention_stablehlo`, a
-private module of the pinned jax==0.11.2): the forward with its softmax statistics (the row
+private module whose changes between JAX versions `_common/jax_compat.py` absorbs): the forward with its softmax statistics (the row
 log-sum-exp, [B, H, T] float32), and the backward fed with the ring's global output and log-sum-exp.
 """
 
@@ -19,20 +19,15 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.jax_compat import cudnn_fused_attention, cudnn_score_mod_options
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def _cudnn():
-    from jax._src.cudnn import fused_attention_stablehlo
-
-    return fused_attention_stablehlo
-
-
 def _static_options(causal: bool) -> dict:
-    cudnn = _cudnn()
+    cudnn = cudnn_fused_attention()
     return dict(
         seed=0,
         dropout_rate=0.0,
@@ -40,6 +35,7 @@ def _static_options(causal: bool) -> dict:
         mask_type=cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK,
         layout=cudnn.AttentionLayout.BTNH.value,
         sliding_window_length=None,
+        **cudnn_score_mod_options(),
     )
 
 
@@ -50,7 +46,7 @@ def _unused(dtype):
 def cudnn_forward(q, k, v, scale: float, causal: bool):
     """(out [B, T, H, D] in q.dtype, lse [B, H, T] float32) of one cuDNN attention call."""
     none = _unused(q.dtype)
-    out, stats = _cudnn()._dot_product_attention_fwd_impl(
+    out, stats = cudnn_fused_attention()._dot_product_attention_fwd_impl(
         q, k, v, none, none, none, none, none, none, none, scale=scale, is_training=True, **_static_options(causal)
     )
     return out, stats
@@ -59,7 +55,7 @@ def cudnn_forward(q, k, v, scale: float, causal: bool):
 def cudnn_backward(q, k, v, out, lse, d_out, scale: float, causal: bool):
     """(dq, dk, dv) of one cuDNN attention call, recomputing P = exp(S - lse) from the given out / lse."""
     none = _unused(q.dtype)
-    dq, dk, dv = _cudnn()._dot_product_attention_bwd_impl(
+    dq, dk, dv = cudnn_fused_attention()._dot_product_attention_bwd_impl(
         q, k, v, none, none, none, none, none, none, none, lse, out, d_out, scale=scale, **_static_options(causal)
     )[:3]
     return dq, dk, dv

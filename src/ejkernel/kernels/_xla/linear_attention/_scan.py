@@ -134,7 +134,11 @@ def _chunked_bwd(parts_fn, passes, residuals, cotangents):
     dh_in, d_exit_total = passes.entry_grads(p, dh_own, d_exit, starts)
     _, carry_vjp = jax.vjp(chunk_carry, p, h_in)
     dp_carry, _ = carry_vjp(d_exit_total)
-    (dxs,) = parts_vjp(jax.tree.map(jnp.add, dp_output, dp_carry))
+    # The barriers keep XLA from fusing the parts' gradients into the matmuls that consume them: JAX 0.12's
+    # GPU compiler (Triton GEMM fusions) otherwise got Mamba-2's dB and dC wrong (relative error 1.0 on an
+    # H200) where q and k are shared by groups of heads.
+    dp_output, dp_carry = lax.optimization_barrier((dp_output, dp_carry))
+    (dxs,) = parts_vjp(lax.optimization_barrier(jax.tree.map(jnp.add, dp_output, dp_carry)))
     return dxs, init_grad(dh_in, init, starts), None
 
 
