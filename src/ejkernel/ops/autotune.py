@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import jax
 
+from ejkernel.environment import env_flag
+
 POLICY_ENV = "EJKERNEL_AUTOTUNE_POLICY"
 LOG_ENV = "EJKERNEL_LOG_AUTOTUNE"
 PROGRESS_ENV = "EJKERNEL_AUTOTUNE_PROGRESS"
@@ -86,16 +88,6 @@ def active_policy(executor_policy: AutotunePolicy | None = None) -> AutotunePoli
         return AutotunePolicy(value)
     except ValueError:
         raise ValueError(f"{POLICY_ENV} must be one of {[p.value for p in AutotunePolicy]}, got {value!r}") from None
-
-
-def env_flag(name: str) -> bool | None:
-    """A 0/1 environment variable: None when unset or blank; any other value is an error naming it."""
-    value = os.environ.get(name, "").strip()
-    if value in ("0", "1"):
-        return value == "1"
-    if value:
-        raise ValueError(f"{name} must be 1 or 0, got {value!r}")
-    return None
 
 
 def env_threads() -> int:

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, env_flag, forward_only_tuning
+from ejkernel.environment import env_flag
+from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, forward_only_tuning
 from ejkernel.ops.axis_roles import check_axis_roles, follow_roles, splits, strip_unit_axes
 from ejkernel.ops.cache import ConfigCache, PersistentCache, overlay_lookup, warn_once
 from ejkernel.ops.config import (

@@ -13,8 +13,8 @@ from typing import Any, ClassVar, get_args, get_origin
 import jax
 import jax.numpy as jnp
 
+from ejkernel.environment import env_flag
 from ejkernel.errors import NoImplementationError
-from ejkernel.ops.autotune import env_flag
 from ejkernel.ops.config import FwdParams, KernelConfig, config_backend, config_of_type, config_platform
 from ejkernel.registry import Implementation, current_backend, kernel_registry
 

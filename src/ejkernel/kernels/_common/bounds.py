@@ -1,6 +1,6 @@
 """Length, offset and index arguments: their value checks, and the rule of cumulative offsets under `jit`.
 
-Outside `jit` a bad value is a one-line ValueError (`ejkernel.ops.checks.check_values`; with
+Outside `jit` a bad value is a one-line ValueError (`ejkernel.kernels._common.checks.check_values`; with
 `EJKERNEL_CHECKS=1` the same error is raised under `jit` when the program runs). Otherwise, under `jit`,
 each op applies the rule its docstring states, here for offsets (`cu_seqlens`): clamped into their valid
 range, the op then computes what it computes for the clamped values.
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejkernel.ops.checks import check_values, checks_enabled, is_traced
+from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
 
 
 def _require_offsets(name: str, cu) -> None:

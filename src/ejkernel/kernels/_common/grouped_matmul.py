@@ -24,8 +24,8 @@ import numpy as np
 from jax import lax
 
 from ejkernel.kernels._common.bounds import check_with
+from ejkernel.kernels._common.checks import is_traced
 from ejkernel.kernels._common.search import sorted_position
-from ejkernel.ops.checks import is_traced
 from ejkernel.ops.config import BwdParams, FwdParams
 
 # ---- argument checks ----

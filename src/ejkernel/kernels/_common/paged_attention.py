@@ -17,7 +17,7 @@ Shared math: the query tiles the cores work on (`query_tiles`), the key span a t
 step, the merge of per-split partial sums with the sinks (`finalize`), the query rows a kernel reads
 (`prepare_tiles`, `finish_tiles`) and the cache write of `ragged_page_attention_v3` (`write_kv_cache`).
 `implementation` wraps a platform's core in each op's signature. The public functions check their
-arguments with the `check_*` helpers here: index values through `ejkernel.ops.checks` (outside `jit`,
+arguments with the `check_*` helpers here: index values through `ejkernel.kernels._common.checks` (outside `jit`,
 and under it with `EJKERNEL_CHECKS=1`). Otherwise every index value has one meaning, in every core
 (the adapters clamp, the cores mask):
 
@@ -43,8 +43,8 @@ import numpy as np
 from jax import lax
 
 from ejkernel.kernels._common.attention import fold_sinks, join_sink
+from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
 from ejkernel.kernels._common.search import sorted_position
-from ejkernel.ops.checks import check_values, checks_enabled, is_traced
 
 DEFAULT_MASK_VALUE = -2.381976426469702e38
 # A mask value at or below this is "minus infinity" for every logit these ops produce: masked keys are
@@ -224,7 +224,7 @@ def check_sequence_values(
     num_tokens: int = 0, active=None, kv_start=None, kv_capacity: int | None = None, queries_fit: bool = True,
     starts_at_zero: bool = True, prior_ok=True,
 ) -> None:  # fmt: skip
-    """Values of the index arrays (`ejkernel.ops.checks.check_values`: eager, or under `jit` opted in).
+    """Values of the index arrays (`ejkernel.kernels._common.checks.check_values`: eager, or under `jit` opted in).
 
     `names` maps "page_tables", "kv_len" (and "query_start_loc", "kv_start", "active") to the op's argument
     names. Without `query_start_loc` each sequence has one query; with it, its first `active + 1` bounds

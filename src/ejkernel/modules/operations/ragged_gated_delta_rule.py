@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
-from ejkernel.ops.checks import check_values, checks_enabled, is_traced
 
 
 def _check_chunk_size(name: str, value) -> None:

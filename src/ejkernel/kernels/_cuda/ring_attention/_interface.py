@@ -6,9 +6,10 @@ either fully visible or the diagonal block: causal or full attention, without a 
 segment ids, with equal query and key/value lengths; sinks join in the ring's final merge. Everything
 else is declined with `NotImplementedError` (automatic selection then takes another platform).
 
-It uses JAX's cuDNN attention primitives directly (`jax._src.cudnn.fused_attention_stablehlo`, a
-private module whose changes between JAX versions `_common/jax_compat.py` absorbs): the forward with its softmax statistics (the row
-log-sum-exp, [B, H, T] float32), and the backward fed with the ring's global output and log-sum-exp.
+It uses JAX's cuDNN attention primitives directly (`jax._src.cudnn.fused_attention_stablehlo`, a private
+module whose changes between JAX versions `_common/jax_compat.py` absorbs): the forward with its softmax
+statistics (the row log-sum-exp, [B, H, T] float32), and the backward fed with the ring's global output
+and log-sum-exp.
 """
 
 from __future__ import annotations

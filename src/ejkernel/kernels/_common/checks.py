@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.ops.autotune import env_flag
+from ejkernel.environment import env_flag
 
 CHECKS_ENV = "EJKERNEL_CHECKS"
 
