@@ -7,6 +7,7 @@ import jaxlib
 import pytest
 
 import ejkernel
+import ejkernel.version
 from ejkernel.ops import device_fingerprint
 from ejkernel.ops.fingerprint import describe_device
 
@@ -96,7 +97,7 @@ def test_device_without_memory_stats_or_client():
 def test_includes_ejkernel_version(monkeypatch):
     before = device_fingerprint(FakeDevice())
     assert describe_device(FakeDevice())["ejkernel"] == ejkernel.__version__
-    monkeypatch.setattr(ejkernel, "__version__", ejkernel.__version__ + ".post1")
+    monkeypatch.setattr(ejkernel.version, "__version__", ejkernel.__version__ + ".post1")
     after = device_fingerprint(FakeDevice())
     assert after != before
     assert describe_device(FakeDevice())["ejkernel"].endswith(".post1")

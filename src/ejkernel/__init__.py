@@ -3,8 +3,7 @@
 from ejkernel.errors import EjkernelRuntimeError
 from ejkernel.explain import Explanation, explain
 from ejkernel.registry import Backend, KernelRegistry, Platform, kernel_registry
-
-__version__ = "0.1.0"
+from ejkernel.version import __version__
 
 __all__ = [
     "Backend",

@@ -14,8 +14,9 @@ PLATFORMS = [p.value for p in Platform]
 
 def _info(_args) -> int:
     import ejkernel.modules  # noqa: F401  (registers every implementation)
-    from ejkernel import __version__, kernel_registry
+    from ejkernel import kernel_registry
     from ejkernel.ops.fingerprint import describe_device, device_fingerprint
+    from ejkernel.version import __version__
 
     print(f"ejkernel {__version__}")
     for key, value in describe_device().items():
@@ -123,7 +124,7 @@ def _autotune(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ejkernel import __version__
+    from ejkernel.version import __version__
 
     p = argparse.ArgumentParser(prog="ejkernel", description=__doc__)
     p.add_argument("--version", action="version", version=f"ejkernel {__version__}")

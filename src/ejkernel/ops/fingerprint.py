@@ -33,7 +33,7 @@ def get_device_platform(device=None) -> str:
 
 def describe_device(device=None) -> dict[str, str]:
     """The fields of the fingerprint, readable (shown by `ejkernel info`)."""
-    from ejkernel import __version__
+    from ejkernel.version import __version__
 
     device = device if device is not None else jax.devices()[0]
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.reference.dropout import dropout_keep
 
 
 def flash_attention_reference(

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
+from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.types.mask_info import window_pair
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x · LOG2E): the kernels' logits are in base 2

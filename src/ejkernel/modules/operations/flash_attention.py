@@ -18,7 +18,6 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.attention import canonical_sinks, check_seed
 from ejkernel.kernels._common.bounds import padded_lengths
 from ejkernel.kernels._common.checks import check_values, is_traced
-from ejkernel.kernels._common.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.modules.operations._attention_args import (
     attention_roles,
     check_bias,
@@ -29,6 +28,7 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, require_int, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
+from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.types import MaskInfo
 from ejkernel.types.mask_info import clamp_window, intersect_windows
 

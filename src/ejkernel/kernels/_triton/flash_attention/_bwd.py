@@ -41,7 +41,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, sum_to_bias_shape
-from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
     and_masks,
@@ -63,6 +62,7 @@ from ejkernel.kernels._triton.flash_attention._fwd import (
     query_block_operands,
     raw_logits,
 )
+from ejkernel.reference.dropout import dropout_keep
 
 
 def _split12(c: float) -> tuple[float, float]:

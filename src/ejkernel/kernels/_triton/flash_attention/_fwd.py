@@ -34,7 +34,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E, ZERO_OFFSET_SUMS, Operands, RefReader, join_sink
-from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import (
     and_masks,
@@ -45,6 +44,7 @@ from ejkernel.kernels._triton._helpers import (
     segment_guarded,
     segment_span,
 )
+from ejkernel.reference.dropout import dropout_keep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels._common.dropout import dropout_keep
 from ejkernel.kernels._common.vma import varying_axes
+from ejkernel.reference.dropout import dropout_keep
 
 # Default tiles, and the most elements a [B, H, block_q, block_k] float32 score tile may hold before
 # the default blocks are halved. Measured on an H200 (B=1, S=32k, H=16, D=128, bf16): the forward

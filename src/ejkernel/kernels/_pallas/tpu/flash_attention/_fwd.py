@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.attention import Operands, RefReader, join_sink
-from ejkernel.kernels._common.dropout import dropout_keep
+from ejkernel.reference.dropout import dropout_keep
 
 LANES = 128  # TPU vreg lanes: width of the replicated per-row statistics and query segment ids
 SUBLANES = 8  # TPU vreg sublanes: height of the replicated key segment ids and sink logits

@@ -1,7 +1,8 @@
 """Counter-based dropout bits: the same keep mask in every implementation, forward and backward.
 
-The mask is a pure function of (seed, batch·head, query position, key position), so a kernel recomputes
-it block by block instead of storing it, and the reference reproduces it exactly. The hash is murmur3's
+Part of the semantics of dropout, so it lives with the references: every kernel imports this one
+definition. The mask is a pure function of (seed, batch·head, query position, key position), so a kernel
+recomputes it block by block instead of storing it. The hash is murmur3's
 32-bit finaliser applied in a chain. It is written in int32 with masked shifts and a non-negative final
 comparison, so it means the same whether a backend's shifts and compares are signed or unsigned
 (Triton's lowering of unsigned ops differs from XLA's).

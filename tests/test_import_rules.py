@@ -1,0 +1,160 @@
+"""The import rules of `docs/design.md` ("One home per op family"), checked over the source's static import
+graph (every `import` statement, at module level or inside a function).
+
+`PENDING` lists the edges that still break a rule, each to be removed by the issue-41 step named beside it:
+the test fails on any other breach, and on a listed edge that no longer exists (so the list only shrinks).
+"""
+
+import ast
+import pathlib
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+BACKENDS = ("_xla", "_triton", "_pallas", "_cuda")
+
+PENDING = {
+    # the config value types (`ejkernel.ops.config`) read by shared code: typed tilings owned by each op
+    ("ejkernel.kernels._common.grouped_matmul", "ejkernel.ops.config"),
+    ("ejkernel.kernels._common.linear_attention", "ejkernel.ops"),
+    ("ejkernel.kernels._common.linear_attention", "ejkernel.ops.config"),
+    ("ejkernel.kernels._common.state_space", "ejkernel.ops.executor"),
+    # shared cores still in the XLA folder: the family moves to kernels/_common/<family>/
+    ("ejkernel.kernels._cuda.scaled_dot_product_attention", "ejkernel.kernels._xla.scaled_dot_product_attention"),
+    ("ejkernel.kernels._pallas.tpu.paged_attention._interface", "ejkernel.kernels._xla.paged_attention._core"),
+    (
+        "ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface",
+        "ejkernel.kernels._xla.ragged_gated_delta_rule._interface",
+    ),
+    ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_mla._interface"),
+    ("ejkernel.kernels._triton.linear_attention._delta", "ejkernel.kernels._xla.linear_attention._layout"),
+    ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._interface"),
+    ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._scan"),
+    ("ejkernel.kernels._triton.mean_pooling._interface", "ejkernel.kernels._xla.mean_pooling._interface"),
+    ("ejkernel.kernels._triton.paged_attention._interface", "ejkernel.kernels._xla.paged_attention._core"),
+    ("ejkernel.kernels._triton.state_space_v2._interface", "ejkernel.kernels._xla.linear_attention"),
+    ("ejkernel.reference.flash_mla", "ejkernel.kernels._common.mla"),
+    # a public module reading a backend: selection as data, each op's implementations imported by the registry
+    ("ejkernel.modules.operations.grouped_matmul", "ejkernel.kernels._triton.grouped_matmul._interface"),
+}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The package modules an import statement names (a `from m import x` names `m.x` where that is a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join(package + ([node.module] if node.module else []))
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+
+
+def _owner(name: str) -> str | None:
+    """The package module a dotted import target lives in (None outside the package)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for module, path in MODULES.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                edges.update(t for t in map(_owner, _targets(module, node)) if t and t != module)
+        graph[module] = edges
+    return graph
+
+
+def _room(module: str) -> str:
+    """`reference`, `common`, `backend:<name>` (`_pallas.tpu` and `_pallas.gpu` apart), `ops`, `modules`, or
+    `other`."""
+    parts = module.split(".")
+    if parts[1:2] == ["kernels"] and len(parts) > 2:
+        if parts[2] == "_common":
+            return "common"
+        backend = ".".join(parts[2:4]) if parts[2] == "_pallas" else parts[2]  # _pallas.tpu, _pallas.gpu
+        return f"backend:{backend}" if parts[2] in BACKENDS else "other"
+    return parts[1] if len(parts) > 1 and parts[1] in ("reference", "ops", "modules") else "other"
+
+
+def breaches(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Edges that break a rule: `reference/` imports only itself; `kernels/_common` nothing of the
+    framework or the public layer (`ops`, `modules`, `registry`); a backend no other backend; the public
+    layer no backend."""
+    found = set()
+    for source, targets in graph.items():
+        room = _room(source)
+        for target in targets:
+            other = _room(target)
+            if (
+                (room == "reference" and other != "reference")
+                or (room == "common" and (other in ("ops", "modules") or target == "ejkernel.registry"))
+                or (room.startswith("backend:") and other.startswith("backend:") and other != room)
+                or (room == "modules" and other.startswith("backend:"))
+            ):
+                found.add((source, target))
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_breaks_a_rule():
+    found = breaches(import_graph())
+    assert not found - PENDING, f"imports that break the rules of docs/design.md: {sorted(found - PENDING)}"
+    assert not PENDING - found, f"edges gone: remove them from PENDING: {sorted(PENDING - found)}"
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_rules_catch_a_breach():
+    graph = {
+        "ejkernel.reference.x": {"ejkernel.kernels._common.y"},
+        "ejkernel.kernels._triton.a": {"ejkernel.kernels._xla.b"},
+    }
+    graph |= {"ejkernel.a": {"ejkernel.b"}, "ejkernel.b": {"ejkernel.a"}}
+    assert breaches(graph) == {
+        ("ejkernel.reference.x", "ejkernel.kernels._common.y"),
+        ("ejkernel.kernels._triton.a", "ejkernel.kernels._xla.b"),
+    }
+    assert cycles(graph) == [["ejkernel.a", "ejkernel.b"]]
