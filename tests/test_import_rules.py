@@ -32,8 +32,6 @@ PENDING = {
     ("ejkernel.kernels._triton.paged_attention._interface", "ejkernel.kernels._xla.paged_attention._core"),
     ("ejkernel.kernels._triton.state_space_v2._interface", "ejkernel.kernels._xla.linear_attention"),
     ("ejkernel.reference.flash_mla", "ejkernel.kernels._common.mla"),
-    # a public module reading a backend: selection as data, each op's implementations imported by the registry
-    ("ejkernel.modules.operations.grouped_matmul", "ejkernel.kernels._triton.grouped_matmul._interface"),
 }
 
 

@@ -30,6 +30,9 @@ from ejkernel.ops.config import BwdParams, FwdParams
 
 # ---- argument checks ----
 
+# The dtypes the Triton kernels take: also what the public module's heuristic checks before preferring them.
+TRITON_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
 
 def _float(name: str, x) -> None:
     if not jnp.issubdtype(x.dtype, jnp.floating):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, Shaped
 
-from ejkernel.kernels._common.grouped_matmul import check_args, check_versions, result_dtype, tile_params
+from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, check_versions, result_dtype, tile_params
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.kernel import FORWARD
@@ -105,10 +105,8 @@ class GroupedMatmul(Kernel):
         """Undifferentiated calls on a GPU take the Triton kernel where it serves the dtype: its forward beat
         the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed, M=32768 K=4096 N=1536,
         64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster (0.71 against 0.55)."""
-        from ejkernel.kernels._triton.grouped_matmul._interface import SUPPORTED_DTYPES
-
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        if forward_on_gpu and jnp.dtype(inv.args[0].dtype) in SUPPORTED_DTYPES:
+        if forward_on_gpu and jnp.dtype(inv.args[0].dtype) in TRITON_DTYPES:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.grouped_matmul import implementation, tile_params
+from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, implementation, tile_params
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm, tgmm
 
-SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
 # (block_m, block_k, block_n, num_warps, num_stages) of the forward and of both backward products.
 DEFAULT_FWD = (128, 64, 256, 8, 3)
@@ -37,7 +36,7 @@ def tiling(params, default, rows: int, contraction: int, cols: int, interpret: b
 
 def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
-    if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
+    if jnp.dtype(lhs.dtype) not in TRITON_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {lhs.dtype}")
     interpret = resolve_interpret(interpret, WHO)
     fwd, bwd = tile_params(cfg)
