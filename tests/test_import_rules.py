@@ -18,20 +18,16 @@ PENDING = {
     ("ejkernel.kernels._common.linear_attention", "ejkernel.ops.config"),
     ("ejkernel.kernels._common.state_space", "ejkernel.ops.executor"),
     # shared cores still in the XLA folder: the family moves to kernels/_common/<family>/
-    ("ejkernel.kernels._cuda.scaled_dot_product_attention", "ejkernel.kernels._xla.scaled_dot_product_attention"),
-    ("ejkernel.kernels._pallas.tpu.paged_attention._interface", "ejkernel.kernels._xla.paged_attention._core"),
     (
         "ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface",
         "ejkernel.kernels._xla.ragged_gated_delta_rule._interface",
     ),
-    ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_mla._interface"),
+    # flash_mla's differentiated Triton path takes the XLA flash attention's VJP: that core moves to _common
+    ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_attention._interface"),
     ("ejkernel.kernels._triton.linear_attention._delta", "ejkernel.kernels._xla.linear_attention._layout"),
     ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._interface"),
     ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._scan"),
-    ("ejkernel.kernels._triton.mean_pooling._interface", "ejkernel.kernels._xla.mean_pooling._interface"),
-    ("ejkernel.kernels._triton.paged_attention._interface", "ejkernel.kernels._xla.paged_attention._core"),
     ("ejkernel.kernels._triton.state_space_v2._interface", "ejkernel.kernels._xla.linear_attention"),
-    ("ejkernel.reference.flash_mla", "ejkernel.kernels._common.mla"),
 }
 
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels._common.paged_attention import kv_packing, v3_cache_shape
+from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing, v3_cache_shape
 
 __all__ = ["make_dummy_rpa_inputs"]
 

@@ -18,7 +18,7 @@ import pytest
 
 import ejkernel.modules as modules
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.paged_attention import implementation
+from ejkernel.kernels._common.paged_attention.implementations import implementation
 from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core
 from ejkernel.reference import paged_attention as paged_reference
 from ejkernel.reference.multi_latent_ragged_page_attention import multi_latent_ragged_page_attention_reference

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels._common.paged_attention import kv_packing
+from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules import (
     MultiLatentRaggedPageAttentionConfig,
     MultiLatentRaggedPageAttentionV2Config,

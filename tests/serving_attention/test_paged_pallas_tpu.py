@@ -9,7 +9,7 @@ import pytest
 from paged_cases import CASES, jitted_reference, output_of, unified_case
 
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.paged_attention import prefill_batch, unified_batch
+from ejkernel.kernels._common.paged_attention.adapters import prefill_batch, unified_batch
 from ejkernel.kernels._pallas.tpu.paged_attention._interface import plan
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams

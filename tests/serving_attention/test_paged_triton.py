@@ -14,7 +14,8 @@ from paged_cases import CASES, OPS, jitted_reference, output_of, unified_case
 
 import ejkernel.modules as modules
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.paged_attention import implementation, unified_batch
+from ejkernel.kernels._common.paged_attention.adapters import unified_batch
+from ejkernel.kernels._common.paged_attention.implementations import implementation
 from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core, plan
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams
@@ -46,7 +47,7 @@ def test_forward_matches_reference(op, case, options):
 
 
 def test_unified_forward_and_gradients():
-    """ALiBi, query-query bias, sinks, soft cap; gradients through the custom VJP (the XLA backward)."""
+    """ALiBi, query-query bias, sinks, soft cap; gradients through the custom VJP (the plain-JAX backward)."""
     args, _ = unified_case(np.random.default_rng(4))
     fn = jax.jit(lambda *a: triton("unified_attention")(*a, cfg=SMALL, logits_soft_cap=2.0))
     ref = jitted_reference("unified_attention", {"logits_soft_cap": 2.0})

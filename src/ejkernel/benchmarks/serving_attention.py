@@ -19,7 +19,7 @@ import numpy as np
 
 import ejkernel.modules
 from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
-from ejkernel.kernels._common.paged_attention import v3_cache_shape
+from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.registry import kernel_registry
 
 OPS = ("page_attention", "unified_attention", "ragged_page_attention_v3")

@@ -11,6 +11,9 @@ RoPE modes (by which of `b_q`, `b_k` are given): none (`query [.., d_nope]`); on
 (`query [.., d_nope + d_rope]`, its last `d_rope` dims score against `b_k`); both (decoupled: `query
 [.., d_nope]` and `b_q [B, Sq, d_rope]` or `[B, Sq, Hq, d_rope]`, which scores against `b_k`). Rope key
 dims are shared by all heads, so they append to the latent key rows.
+
+`absorbed_attention` is the whole absorbed form around a flash attention: the XLA implementation, and
+the differentiated path of the kernels, which take their backward from it.
 """
 
 from __future__ import annotations
@@ -227,3 +230,27 @@ def expand_values(latent_out, w_vc, dims: MlaDims, dtype) -> jax.Array:
     grouped = latent_out.reshape(dims.batch, dims.q_len, dims.num_kv_heads, dims.group, dims.rank)
     out = jnp.einsum("bshgr,rhd->bshgd", grouped, w_vc, preferred_element_type=jnp.float32)
     return out.reshape(dims.batch, dims.q_len, dims.num_heads, dims.value_dim).astype(dtype)
+
+
+def absorbed_attention(
+    attention, query, key_value, w_kc, w_vc, b_q=None, b_k=None, cu_seqlens=None, *, cfg=None, **options
+):
+    """`[B, Sq, Hq, Dv]` (semantics and options: `flash_mla_reference`) in the absorbed form over `attention`.
+
+    `attention` is a flash attention called as `flash_attention_xla` is (`query, key, value, bias,
+    softmax_aux`, the canonical keywords, `fwd_params` / `bwd_params`); its tiles come from `cfg`. All
+    query heads attend, as one multi-query group, to the latent rows; per-head keys and values are never
+    built, and gradients reach every input through `attention`'s VJP and plain autodiff of the folds.
+    """
+    call = canonical_call(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens, **options)
+    latent_out = attention(
+        absorbed_query(query, w_kc, b_q, b_k, call.dims),
+        latent_keys(key_value, b_k),
+        key_value[:, :, None],
+        options.get("bias"),
+        options.get("softmax_aux"),
+        fwd_params=getattr(cfg, "fwd_params", None),
+        bwd_params=getattr(cfg, "bwd_params", None),
+        **call.attention,
+    )
+    return expand_values(latent_out, w_vc, call.dims, query.dtype)

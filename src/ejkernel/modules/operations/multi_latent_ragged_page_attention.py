@@ -16,14 +16,14 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     check_distribution,
     check_float,
     check_sequence_values,
-    kv_packing,
     last_positions_window,
     resolve_scale,
 )
+from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules.operations._common import executor
 from ejkernel.modules.operations.page_attention import busy_sequences
 from ejkernel.ops import Invocation, Kernel, KernelConfig

@@ -11,7 +11,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     DEFAULT_MASK_VALUE,
     check_heads,
     check_mask_value,
@@ -31,8 +31,9 @@ class PagedAttentionConfig(KernelConfig):
     """Tiling of the six serving ops' cores, and the base of each one's config.
 
     Knobs never change results; None leaves a knob to the kernel. Upstream's knobs are read where
-    `fwd_params` leaves a size unset (`kernels._common.paged_attention.config_tiling`); any positive int is
-    valid for them: block sizes and warps are rounded up to the powers of two the kernels tile by.
+    `fwd_params` leaves a size unset (`kernels._common.paged_attention.implementations.config_tiling`);
+    any positive int is valid for them: block sizes and warps are rounded up to the powers of two the
+    kernels tile by.
 
     Attributes:
         platform: `str`, default "auto". "auto", "xla", "triton", "pallas" or "cuda" (see the op's `platform`).

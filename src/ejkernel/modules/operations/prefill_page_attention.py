@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     DEFAULT_MASK_VALUE,
     check_heads,
     check_mask_value,

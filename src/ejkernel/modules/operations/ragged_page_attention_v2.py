@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     check_heads,
     check_mask_value,
     check_sequence_values,

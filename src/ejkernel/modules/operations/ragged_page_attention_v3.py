@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     check_distribution,
     check_heads,
     check_same_dtype,
@@ -23,8 +23,8 @@ from ejkernel.kernels._common.paged_attention import (
     check_soft_cap,
     last_positions_window,
     resolve_scale,
-    v3_cache_shape,
 )
+from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
 from ejkernel.ops.axis_roles import sink_roles

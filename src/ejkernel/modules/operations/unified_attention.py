@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 import jax
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.paged_attention import (
+from ejkernel.kernels._common.paged_attention.arguments import (
     check_float,
     check_heads,
     check_same_dtype,

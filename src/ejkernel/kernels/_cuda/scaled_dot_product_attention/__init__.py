@@ -5,7 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._xla.scaled_dot_product_attention import zero_rows_without_keys
+from ejkernel.kernels._common.scaled_dot_product_attention import zero_rows_without_keys
 from ejkernel.registry import Backend, Platform, kernel_registry
 
 

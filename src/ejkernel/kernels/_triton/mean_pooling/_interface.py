@@ -4,7 +4,7 @@ One program per (sequence, feature block, split of the sequence) streams its row
 tiles and accumulates in float32, so the input is read exactly once; splitting long sequences keeps
 the GPU full when there are few sequences. XLA adds up the float32 partial sums. A dense `[B, S, ...]`
 batch is pooled as B packed sequences of length S (the reshape is free). The backward is a broadcast, which XLA
-already runs at memory bandwidth, so it is shared with the XLA implementation.
+already runs at memory bandwidth, so it is the one every platform shares (`_common.mean_pooling`).
 """
 
 import functools
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.mean_pooling import pool_with_vjp
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._xla.mean_pooling._interface import pool_with_vjp
 
 DEFAULT_BLOCK_S = 32
 DEFAULT_BLOCK_D = 512

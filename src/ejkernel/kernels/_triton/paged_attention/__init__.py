@@ -4,7 +4,7 @@ Above XLA (priority 10): on a GPU `platform="auto"` takes the kernel, which decl
 what it cannot serve, and XLA serves the rest.
 """
 
-from ejkernel.kernels._common.paged_attention import ADAPTERS, implementation
+from ejkernel.kernels._common.paged_attention.implementations import ADAPTERS, implementation
 from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core
 from ejkernel.registry import Backend, Platform, kernel_registry
 

@@ -1,10 +1,10 @@
-"""The serving ops' Pallas-Triton core: tiling plan, query tiles in, partial sums out, XLA backward.
+"""The serving ops' Pallas-Triton core: tiling plan, query tiles in, partial sums out, plain-JAX backward.
 
 `paged_attention_triton_core(batch, cfg)` refuses (NotImplementedError, before tracing a kernel) what
 the kernel cannot serve, cuts the queries in tiles, gathers each tile's query rows (`tile_rows`),
 runs the kernel and merges its splits with the shared `finalize`. These are inference ops, but they
-must not break the gradient of a model around them: the custom VJP's backward is the XLA core's
-(recomputed, every input), so a gradient through the kernel is exact.
+must not break the gradient of a model around them: the custom VJP's backward is the shared plain-JAX
+core's (`_common.paged_attention.jax_core`, recomputed, every input), so a gradient through the kernel is exact.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention import (
-    PagedBatch,
-    config_tiling,
-    finish_tiles,
-    prepare_tiles,
-    span_bound,
-)
+from ejkernel.kernels._common.paged_attention.core_math import span_bound
+from ejkernel.kernels._common.paged_attention.implementations import config_tiling
+from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch
+from ejkernel.kernels._common.paged_attention.tiles import finish_tiles, prepare_tiles
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.paged_attention._kernel import Tiling, partial_sums
-from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_WIDTH = 256
@@ -80,5 +77,5 @@ def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | N
     t = plan(batch, cfg, interpret)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return paged_attention_core(batch)
-    # Inference ops must not break the gradient of a model around them: the XLA core's exact gradient.
+    # Inference ops must not break the gradient of a model around them: the plain-JAX core's exact gradient.
     return differentiated_as(paged_attention_core, functools.partial(_forward, t))(batch)

@@ -24,18 +24,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.paged_attention import (
-    CONTEXT,
-    FIRST,
-    HI,
-    LO,
-    SEQ,
-    PagedBatch,
-    Static,
-    adjust_logits,
-    online_softmax_step,
-    page_in_cache,
-)
+from ejkernel.kernels._common.paged_attention.core_math import adjust_logits, online_softmax_step
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch, Static, page_in_cache
+from ejkernel.kernels._common.paged_attention.tiles import CONTEXT, FIRST, HI, LO, SEQ
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 

@@ -20,17 +20,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.paged_attention import (
-    CacheRows,
-    PagedBatch,
-    Static,
-    clamp_lengths,
-    last_positions_window,
-    new_token_rows,
-    quantize_queries,
-    ragged_queries,
-)
-from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
+from ejkernel.kernels._common.paged_attention.adapters import clamp_lengths, ragged_queries
+from ejkernel.kernels._common.paged_attention.arguments import last_positions_window
+from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
+from ejkernel.kernels._common.paged_attention.kv_cache import new_token_rows, quantize_queries
+from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, Static
 from ejkernel.ops.config import FwdParams, KernelConfig
 
 

@@ -5,7 +5,7 @@ Validated only in Pallas' TPU interpret mode so far, so it ranks below the XLA p
 suite has passed on a real TPU.
 """
 
-from ejkernel.kernels._common.paged_attention import implementation
+from ejkernel.kernels._common.paged_attention.implementations import implementation
 from ejkernel.kernels._pallas.tpu.paged_attention._interface import paged_attention_tpu_core
 from ejkernel.registry import Backend, Platform, kernel_registry
 

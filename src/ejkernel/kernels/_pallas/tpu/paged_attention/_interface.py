@@ -1,4 +1,4 @@
-"""The serving ops' Pallas TPU core: which calls the kernel serves, its plan, and the XLA backward."""
+"""The serving ops' Pallas TPU core: which calls the kernel serves, its plan, and the plain-JAX backward."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention import (
-    PagedBatch,
-    config_tiling,
-    finish_tiles,
-    kv_packing,
-    prepare_tiles,
-    span_bound,
-)
+from ejkernel.kernels._common.paged_attention.core_math import span_bound
+from ejkernel.kernels._common.paged_attention.implementations import config_tiling
+from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
+from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch
+from ejkernel.kernels._common.paged_attention.tiles import finish_tiles, prepare_tiles
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_sums
-from ejkernel.kernels._xla.paged_attention._core import default_block_q, paged_attention_core
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_ROWS = 128
@@ -64,5 +61,5 @@ def paged_attention_tpu_core(batch: PagedBatch, cfg=None, interpret=None) -> jax
     p = plan(batch, cfg, interpret)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return paged_attention_core(batch)
-    # Inference ops must not break the gradient of a model around them: the XLA core's exact gradient.
+    # Inference ops must not break the gradient of a model around them: the plain-JAX core's exact gradient.
     return differentiated_as(paged_attention_core, functools.partial(_forward, p))(batch)

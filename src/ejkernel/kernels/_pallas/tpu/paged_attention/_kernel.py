@@ -26,17 +26,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ejkernel.kernels._common.paged_attention import (
-    CONTEXT,
-    FIRST,
-    HI,
-    LO,
-    SEQ,
-    PagedBatch,
-    adjust_logits,
-    online_softmax_step,
-    page_in_cache,
-)
+from ejkernel.kernels._common.paged_attention.core_math import adjust_logits, online_softmax_step
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch, page_in_cache
+from ejkernel.kernels._common.paged_attention.tiles import CONTEXT, FIRST, HI, LO, SEQ
 
 NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
 

@@ -9,7 +9,9 @@ whole page table per sequence. The walk is a static loop over the longest span a
 step in which every tile is done is skipped by a `cond`, so short contexts cost what they use.
 Positions whose page-table entry is not a page of the cache are read clamped and masked (`page_in_cache`).
 
-Plain JAX end to end, so every gradient (queries, caches, sinks, biases) comes from autodiff.
+Plain JAX end to end, so every gradient (queries, caches, sinks, biases) comes from autodiff. It serves
+the XLA platform, and the kernels of the other platforms take their backward from it (and the calls with
+no query or no sequence), which is why it lives here and not in the XLA backend.
 """
 
 from __future__ import annotations
@@ -18,18 +20,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels._common.paged_attention import (
-    PagedBatch,
+from ejkernel.kernels._common.paged_attention.core_math import (
     adjust_logits,
-    config_tiling,
     finalize,
     key_span,
     online_softmax_step,
-    page_in_cache,
     query_tiles,
     span_bound,
     tile_bias,
 )
+from ejkernel.kernels._common.paged_attention.implementations import config_tiling
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch, page_in_cache
 
 # Bytes of keys + values one step gathers for all tiles, and of its float32 logits (default chunking).
 GATHER_BUDGET = 64 * 2**20

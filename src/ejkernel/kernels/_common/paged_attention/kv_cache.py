@@ -1,0 +1,73 @@
+"""The caches the serving ops write: `ragged_page_attention_v3`'s packed layout, where new tokens go, the write.
+
+Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.paged_attention.problem import page_in_cache
+from ejkernel.kernels._common.search import sorted_position
+
+
+def kv_packing(dtype) -> int:
+    """How many cache elements share one 32-bit word in `ragged_page_attention_v3`'s cache layout."""
+    return max(1, 32 // (8 * jnp.dtype(dtype).itemsize))
+
+
+def v3_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype) -> tuple[int, ...]:
+    """`[pages, page_size, ceil(2 Hkv / packing), packing, head_dim rounded up to 128]`."""
+    packing = kv_packing(dtype)
+    return (num_pages, page_size, -(-2 * num_kv_heads // packing), packing, -(-head_dim // 128) * 128)
+
+
+def new_token_rows(tables, kv_lens, query_start, query_len, num_tokens: int, page_size: int, num_pages: int):
+    """`[T]` int32: the row, in a cache viewed as `[pages * page_size, ...]`, where each new token goes.
+
+    Token `j` of sequence `s` (its queries are the last positions of its context; `kv_lens` clamped to
+    the table) goes to position `pos = kv_lens[s] - query_len[s] + j`: row `page * page_size + pos %
+    page_size` of page `tables[s, pos // page_size]`. Tokens of no sequence, positions below 0 and pages
+    outside the cache get `pages * page_size`, which a scatter with `mode="drop"` drops; of tokens
+    naming one row only the last keeps it (as if written in order), so the rows kept are unique.
+    """
+    dropped = num_pages * page_size
+    token = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(sorted_position(query_start + query_len, token), 0, tables.shape[0] - 1)
+    offset = token - query_start[seq]
+    pos = kv_lens[seq] - query_len[seq] + offset
+    column = pos // page_size
+    page = tables[seq, jnp.clip(column, 0, tables.shape[1] - 1)]
+    valid = (offset >= 0) & (offset < query_len[seq]) & (pos >= 0) & (column < tables.shape[1])
+    rows = jnp.where(valid & page_in_cache(page, num_pages), page * page_size + pos % page_size, dropped)
+    order = jnp.argsort(rows, stable=True)
+    ranked = rows[order]
+    overwritten = (ranked == jnp.roll(ranked, -1)) & (token < num_tokens - 1)
+    return rows.at[order].set(jnp.where(overwritten, dropped, ranked), unique_indices=True)
+
+
+def write_kv_cache(keys, values, kv_cache, tables, kv_lens, query_start, query_len) -> jax.Array:
+    """The cache of `ragged_page_attention_v3` with each sequence's new keys/values written in.
+
+    Token `j` of sequence `s` goes to its row of `new_token_rows` (`tables [N, W]`, clamped `kv_lens`,
+    the sequences' queries); kv head `h` fills combined head `2h` (key) and `2h + 1` (value), the head
+    dim zero-padded. A scatter of the new rows only, so under `jit` with the cache donated the update
+    happens in place.
+    """
+    num_tokens, num_kv_heads, head_dim = keys.shape
+    num_pages, page_size, groups, packing, width = kv_cache.shape
+    flat_slot = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
+    new = jnp.stack([keys, values], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
+    new = jnp.pad(new, ((0, 0), (0, groups * packing - 2 * num_kv_heads), (0, width - head_dim)))
+    flat = kv_cache.reshape(num_pages * page_size, groups * packing, width)
+    flat = flat.at[flat_slot].set(new.astype(kv_cache.dtype), mode="drop", unique_indices=True)
+    return flat.reshape(kv_cache.shape)
+
+
+def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
+    """`queries / q_scale` rounded to the cache's `dtype`, saturated to its range as a quantiser does (an
+    overflow would be inf or NaN in float8), and kept in the queries' dtype, which the output keeps."""
+    info = jnp.finfo(dtype)
+    scaled = jnp.clip(queries / q_scale, float(info.min), float(info.max))
+    return scaled.astype(dtype).astype(queries.dtype)
