@@ -23,7 +23,7 @@ from ejkernel.modules.operations._attention_args import attention_roles, check_b
 from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import clamp_window
+from ejkernel.types.windows import clamp_window
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_arrays import intersect_windows, window_pair
+from ejkernel.types.windows import intersect_windows, window_pair
 
 
 class SparseMask(NamedTuple):
