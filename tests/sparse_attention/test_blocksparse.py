@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from sparse_cases import block_mask, qkv, sorted_segments
 
-from ejkernel.kernels._common.block_sparse import SparseMask, build_block_table
+from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
+from ejkernel.kernels._common.sparse_attention.masks import SparseMask
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
 from ejkernel.modules import BlockSparseAttentionConfig, blocksparse_attention
 from ejkernel.ops import FwdParams

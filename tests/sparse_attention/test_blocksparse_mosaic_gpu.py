@@ -19,7 +19,8 @@ from jax import export
 from sparse_cases import block_mask, qkv, sorted_segments
 
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.block_sparse import SparseMask, build_block_table
+from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
+from ejkernel.kernels._common.sparse_attention.masks import SparseMask
 from ejkernel.kernels._pallas.gpu.blocksparse_attention._interface import (
     blocksparse_attention_mosaic_gpu,
     mosaic_blocksparse,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.kernels._common.block_sparse import clean_selection, packing
+from ejkernel.kernels._common.sparse_attention.native_sparse import clean_selection, packing
 from ejkernel.kernels._xla.native_sparse_attention import native_sparse_attention_xla
 from ejkernel.modules import NativeSparseAttentionConfig, native_sparse_attention
 from ejkernel.ops import overlay_cache

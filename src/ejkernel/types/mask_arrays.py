@@ -1,5 +1,5 @@
 """Array-level mask helpers behind `MaskInfo`: segment ids and dense masks from each other, padding
-from cumulative lengths, `(left, right)` windows, and the checks that turn bad input into clear errors."""
+from cumulative lengths, and the checks that turn bad input into clear errors."""
 
 import functools
 import math
@@ -8,10 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
-
-Window = tuple[int, int]
-UNLIMITED = 2**30
-"""A window side given as None (no limit); large, yet safe in int32 position arithmetic."""
 
 
 def _shape_text(shape: tuple[int | None, ...]) -> str:
@@ -41,33 +37,6 @@ def is_traced(value: object) -> bool:
 def is_zero(offset: object) -> bool:
     """A static offset of 0 (no shift): the transform can stay a flag."""
     return isinstance(offset, int | np.integer) and not isinstance(offset, bool) and offset == 0
-
-
-def window_pair(window: int | tuple[int, int], name: str = "window") -> Window:
-    """An int `w` means `(w, w)`; a pair is `(left, right)`; both sides must be non-negative ints."""
-    pair = (window, window) if isinstance(window, int | np.integer) else window
-    if (
-        not isinstance(pair, tuple | list)
-        or len(pair) != 2
-        or any(not isinstance(w, int | np.integer) or isinstance(w, bool) for w in pair)
-    ):
-        raise TypeError(f"{name} must be an int or a (left, right) pair of ints, got {window!r}")
-    if min(pair) < 0:
-        raise ValueError(f"{name} must be non-negative, got {window!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def clamp_window(window: Window | None, reach: int) -> Window | None:
-    """`(left, right)` with each side at most `reach`: past every position a window masks nothing more,
-    and kernels computing positions in int32 must not see sides like 2**40."""
-    return None if window is None else (min(window[0], reach), min(window[1], reach))
-
-
-def intersect_windows(a: Window | None, b: Window | None) -> Window | None:
-    """The window allowed by both of two `(left, right)` windows (None: no window)."""
-    if a is None or b is None:
-        return a if b is None else b
-    return (min(a[0], b[0]), min(a[1], b[1]))
 
 
 def check_bounds(name: str, cu: jax.Array, limit: int, *, total: bool, exact: bool = False) -> None:

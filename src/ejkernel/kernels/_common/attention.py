@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
-from ejkernel.types.mask_info import window_pair
+from ejkernel.types.windows import window_pair
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x · LOG2E): the kernels' logits are in base 2
 LN2 = math.log(2.0)  # base-2 log-sum-exp back to natural units

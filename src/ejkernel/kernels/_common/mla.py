@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable
 from ejkernel.kernels._common.bounds import check_packed, clamp_packed
-from ejkernel.types.mask_info import window_pair
+from ejkernel.types.windows import window_pair
 
 
 @dataclasses.dataclass(frozen=True)

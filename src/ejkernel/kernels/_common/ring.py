@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.kernels._common.vma import sum_to_vma, vary, varying_axes
-from ejkernel.types.mask_info import clamp_window
+from ejkernel.types.windows import clamp_window
 
 LAYOUTS = ("contiguous", "mirrored")
 

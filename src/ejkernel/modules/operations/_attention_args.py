@@ -5,7 +5,7 @@ from jax.sharding import PartitionSpec
 
 from ejkernel.modules.operations._common import require_float, require_rank
 from ejkernel.ops.axis_roles import sink_roles
-from ejkernel.types.mask_info import window_pair
+from ejkernel.types.windows import window_pair
 
 
 def check_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> None:

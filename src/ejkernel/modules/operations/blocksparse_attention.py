@@ -3,7 +3,7 @@
 Layout `[batch, heads, seq, dim]` (unlike the other dense ops). The public function checks the
 arguments and reduces every way of giving a mask (`mask_info`, `attention_mask`, `mask_builder`,
 `causal`, `sliding_window`, `chunk_size`) to one canonical mask (see
-`ejkernel.kernels._common.block_sparse`); each implementation builds the block table of its tiling
+`ejkernel.kernels._common.sparse_attention.masks`); each implementation builds the block table of its tiling
 from it once per call and never visits an empty block.
 """
 
@@ -18,12 +18,12 @@ from jax.typing import ArrayLike
 from jaxtyping import Array, Float
 
 from ejkernel.kernels._common.attention import canonical_sinks
-from ejkernel.kernels._common.block_sparse import canonical_sparse_mask
+from ejkernel.kernels._common.sparse_attention.masks import canonical_sparse_mask
 from ejkernel.modules.operations._attention_args import attention_roles, check_bias
 from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import clamp_window
+from ejkernel.types.windows import clamp_window
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import clamp_window, intersect_windows
+from ejkernel.types.windows import clamp_window, intersect_windows
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
 XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}

@@ -4,8 +4,8 @@ and an optional sliding-window branch.
 The block size belongs to the call (`block_size=`, default 64, or the caller's own `cfg=`'s, as upstream
 reads it): it changes the result, so no config from a cache, an overlay or the autotuner chooses it. The
 public function checks the arguments; every implementation shares the compressed branch and the choice of
-blocks (`ejkernel.kernels._common.block_sparse.native_selection`) and computes the selected branch, whose
-cost follows the number of selected blocks.
+blocks (`ejkernel.kernels._common.sparse_attention.native_sparse.native_selection`) and computes the
+selected branch, whose cost follows the number of selected blocks.
 """
 
 import dataclasses

@@ -38,7 +38,7 @@ from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, fl
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.types import MaskInfo
-from ejkernel.types.mask_info import intersect_windows
+from ejkernel.types.windows import intersect_windows
 
 DEFAULT_AXIS = "sp"
 

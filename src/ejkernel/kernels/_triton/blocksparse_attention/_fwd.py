@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, join_sink
-from ejkernel.kernels._common.block_sparse import position_allowed
+from ejkernel.kernels._common.sparse_attention.masks import position_allowed
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import and_masks, dot, exp2
 from ejkernel.kernels._triton.flash_attention._fwd import bias_like_spec, logits_base2

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes, round_up
-from ejkernel.kernels._common.block_sparse import blocksparse_call, build_block_table, padded_mask_operands
+from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
+from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call, padded_mask_operands
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.blocksparse_attention._bwd import backward
 from ejkernel.kernels._triton.blocksparse_attention._fwd import Static, forward
@@ -75,7 +76,7 @@ def blocksparse_attention_triton(
     """Block-sparse attention `[B, H, Sq, D] x [B, Hkv, Sk, D] -> [B, H, Sq, Dv]` on Pallas-Triton kernels.
 
     `**options` are the public options of `ejkernel.modules.blocksparse_attention` (defaults and checks in
-    `_common.block_sparse.blocksparse_call`), plus canonical segment ids.
+    `_common.sparse_attention.checked_call.blocksparse_call`), plus canonical segment ids.
     Tiles: `fwd_params.block_q x block_k` for the table and every kernel (defaults by head dim);
     warps and stages from `fwd_params` (forward) and `bwd_params` (both backward kernels).
     `interpret=None` compiles for the GPU (off a GPU: an error; `interpret=True` interprets).

@@ -1,7 +1,7 @@
 """Native sparse attention with its selected branch on Pallas-Triton kernels.
 
-The shared part (`_common.block_sparse.native_selection`: checks, the compressed branch in jnp and
-the choice of blocks) runs first. This wrapper then lists each token's blocks valid-first, pads the
+The shared part (`_common.sparse_attention.native_sparse.native_selection`: checks, the compressed
+branch in jnp and the choice of blocks) runs first. This wrapper then lists each token's blocks valid-first, pads the
 query heads of a key/value head to at least 16 rows (the matmuls' minimum) and the head dims to
 powers of two, sorts the selections by block for the dK/dV kernel, and calls the kernels
 (`_kernels.py`) under a custom VJP.
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes
-from ejkernel.kernels._common.block_sparse import gate_branches, native_selection, sliding_branch
+from ejkernel.kernels._common.sparse_attention.native_sparse import gate_branches, native_selection, sliding_branch
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.blocksparse_attention import blocksparse_attention_triton
 from ejkernel.kernels._triton.native_sparse_attention import _kernels

@@ -1,9 +1,9 @@
 """Block-sparse attention in plain JAX: the block table's lists walked by the gathered-block core.
 
 Semantics are those of `ejkernel.reference.blocksparse_attention`. The call is checked and its mask
-put in canonical form once (`_common.block_sparse`), the block table is built for this tiling, and
-the core (`_core.py`) walks it: group (batch, head, query block), step w = the w-th listed key block
-of the group. The backward is one fused pass (dQ, dK, dV and dbias in the same walk).
+put in canonical form once (`_common.sparse_attention.checked_call`), the block table is built for
+this tiling, and the core (`_core.py`) walks it: group (batch, head, query block), step w = the w-th
+listed key block of the group. The backward is one fused pass (dQ, dK, dV and dbias in the same walk).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import pad_axes, round_up
-from ejkernel.kernels._common.block_sparse import BlockTable, blocksparse_call, build_block_table, position_allowed
+from ejkernel.kernels._common.sparse_attention.block_table import BlockTable, build_block_table
+from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call
+from ejkernel.kernels._common.sparse_attention.masks import position_allowed
 from ejkernel.kernels._common.vma import sum_to_vma
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -182,7 +184,7 @@ def blocksparse_attention_xla(
     """Block-sparse attention `[B, H, Sq, D] x [B, Hkv, Sk, D] -> [B, H, Sq, Dv]` in plain JAX.
 
     `**options` are the public options of `ejkernel.modules.blocksparse_attention` (defaults and checks in
-    `_common.block_sparse.blocksparse_call`), plus canonical segment ids.
+    `_common.sparse_attention.checked_call.blocksparse_call`), plus canonical segment ids.
     Tiles are `fwd_params.block_q x block_k` (default 128 x 128, clamped to the lengths; the
     backward walks the same table, so `bwd_params` has nothing to set). Cost follows the number of
     listed blocks; memory is linear in the sequence length apart from a bias or dense mask the

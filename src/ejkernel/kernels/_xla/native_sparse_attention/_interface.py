@@ -1,8 +1,8 @@
 """Native sparse attention in plain JAX: the selected branch walked by the gathered-block core.
 
 Semantics are those of `ejkernel.reference.native_sparse_attention`. The shared part
-(`_common.block_sparse.native_selection`: checks, the compressed branch and the choice of blocks)
-runs in plain jnp, and the sliding branch is XLA block-sparse attention. The selected branch is the
+(`_common.sparse_attention.native_sparse.native_selection`: checks, the compressed branch and the
+choice of blocks) runs in plain jnp, and the sliding branch is XLA block-sparse attention. The selected branch is the
 core of `_xla/blocksparse_attention` with one group per (token, key/value head) holding that head's
 query heads, and one listed block a step, under a custom VJP whose backward scatter-adds dK and dV.
 """
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import pad_axes
-from ejkernel.kernels._common.block_sparse import gate_branches, native_selection, sliding_branch
+from ejkernel.kernels._common.sparse_attention.native_sparse import gate_branches, native_selection, sliding_branch
 from ejkernel.kernels._xla.blocksparse_attention import _core
 from ejkernel.kernels._xla.blocksparse_attention._interface import blocksparse_attention_xla
 from ejkernel.ops.config import BwdParams, FwdParams

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import decline, pad_axes, round_up
-from ejkernel.kernels._common.block_sparse import blocksparse_call, build_block_table
+from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
+from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call
 from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import (
     SparseStatic,
     column_lists,
@@ -240,7 +241,7 @@ def blocksparse_attention_mosaic_gpu(
     """Block-sparse attention `[B, H, Sq, D] x [B, Hkv, Sk, D] -> [B, H, Sq, D]` on Hopper GPUs.
 
     `**options` are the public options of `ejkernel.modules.blocksparse_attention` (defaults and checks
-    in `_common.block_sparse.blocksparse_call`), plus canonical segment ids. Tiles:
+    in `_common.sparse_attention.checked_call.blocksparse_call`), plus canonical segment ids. Tiles:
     `fwd_params.block_q x block_k` the block table's (128 or 256; default 128 x 128),
     `fwd_params.block_n` the forward's key step (64 or 128, default 128), `num_stages` its ring,
     `block_m` its query rows per CTA (128, or 256: two query tiles per CTA);

@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from ejkernel.kernels._common.attention import round_up
-from ejkernel.kernels._common.block_sparse import BlockTable
+from ejkernel.kernels._common.sparse_attention.block_table import BlockTable
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, Static, allowed
 
 

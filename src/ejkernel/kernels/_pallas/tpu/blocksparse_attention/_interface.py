@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes, round_up
-from ejkernel.kernels._common.block_sparse import blocksparse_call, build_block_table, padded_mask_operands
+from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
+from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call, padded_mask_operands
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.blocksparse_attention._kernels import Static, backward, forward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES
@@ -61,7 +62,7 @@ def blocksparse_attention_tpu(
     """Block-sparse attention `[B, H, Sq, D] x [B, Hkv, Sk, D] -> [B, H, Sq, Dv]` on TPU kernels.
 
     `**options` are the public options of `ejkernel.modules.blocksparse_attention` (defaults and checks in
-    `_common.block_sparse.blocksparse_call`), plus canonical segment ids.
+    `_common.sparse_attention.checked_call.blocksparse_call`), plus canonical segment ids.
     Tiles: `fwd_params.block_q x block_k` (default 128 x 128) for the table and every kernel; on a
     TPU a key tile must be a multiple of 128 (or the whole padded key axis) and a query tile of the
     dtype's sublane tile. `interpret=None` runs TPU interpret mode off TPU.

@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.kernels._common.attention import Operands, RefReader, join_sink, sum_to_bias_shape
-from ejkernel.kernels._common.block_sparse import position_allowed
+from ejkernel.kernels._common.sparse_attention.masks import position_allowed
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import NN_DIMS, TN_DIMS
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     LANES,
