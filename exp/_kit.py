@@ -68,9 +68,9 @@ def gla_stages(base, chunk: int, scale: float, q, k, v, gate, do, init) -> dict:
     `gate` is the raw log gate (`[B, S, H, Dk or 1]` float32); the later stages' inputs (cumulative gates,
     states, scores, state gradients) are made once here by the earlier kernels at tiling `base`. Arrays go
     in as arguments: closed over, they would be constants that XLA folds for minutes."""
+    from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
     from ejkernel.kernels._triton.linear_attention import _gla_backward as bwd
     from ejkernel.kernels._triton.linear_attention import _gla_forward as fwd
-    from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 
     layout = ChunkLayout.dense(q.shape[0], q.shape[1], chunk)
     seqs = (layout.starts, layout.ends(), layout.owners())

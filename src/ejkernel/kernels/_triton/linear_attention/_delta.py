@@ -28,14 +28,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.linear_attention import wy_transform
+from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
+from ejkernel.kernels._common.linear_attention.numerics import wy_transform
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_backward import _head_grads
 from ejkernel.kernels._triton.linear_attention._gla_common import F32, GlaTiling, _call, _tile, _tiles_sum
 from ejkernel.kernels._triton.linear_attention._gla_forward import _cumulative, _head_scores, _outputs
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 
 # ---- the WY transform, per chunk in XLA ----
 
