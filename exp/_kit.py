@@ -68,22 +68,24 @@ def gla_stages(base, chunk: int, scale: float, q, k, v, gate, do, init) -> dict:
     `gate` is the raw log gate (`[B, S, H, Dk or 1]` float32); the later stages' inputs (cumulative gates,
     states, scores, state gradients) are made once here by the earlier kernels at tiling `base`. Arrays go
     in as arguments: closed over, they would be constants that XLA folds for minutes."""
+    from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
     from ejkernel.kernels._triton.linear_attention import _gla_backward as bwd
     from ejkernel.kernels._triton.linear_attention import _gla_forward as fwd
-    from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 
     layout = ChunkLayout.dense(q.shape[0], q.shape[1], chunk)
     seqs = (layout.starts, layout.ends(), layout.owners())
     bound = lambda fn, *xs: functools.partial(jax.jit(fn), *xs)
-    g = bound(lambda x: fwd._cumulative(base, chunk, x), gate)()
-    e, final = bound(lambda *xs: fwd._states(base, False, *xs), k, v, g, init, *seqs)()
-    a = bound(lambda *xs: fwd._scores(base, chunk, *xs), q, k, g)()
-    dh, _, rs = bound(lambda *xs: bwd._state_grads(base, False, scale, *xs), q, g, do, e, final, *seqs)()
+    g = bound(lambda x: fwd.cumulative_gates(base, chunk, x), gate)()
+    e, final = bound(lambda *xs: fwd.chunk_states(base, False, *xs), k, v, g, init, *seqs)()
+    a = bound(lambda *xs: fwd.chunk_scores(base, chunk, *xs), q, k, g)()
+    dh, _, rs = bound(lambda *xs: bwd.state_grads(base, False, scale, *xs), q, g, do, e, final, *seqs)()
     return {
-        "cumulative": lambda t: bound(lambda x: fwd._cumulative(t, chunk, x), gate),
-        "states": lambda t: bound(lambda *xs: fwd._states(t, False, *xs), k, v, g, init, *seqs),
-        "scores": lambda t: bound(lambda *xs: fwd._scores(t, chunk, *xs), q, k, g),
-        "outputs": lambda t: bound(lambda q, v, g, e, a: fwd._outputs(t, chunk, scale, q, v, g, e, a=a), q, v, g, e, a),
-        "state_grads": lambda t: bound(lambda *xs: bwd._state_grads(t, False, scale, *xs), q, g, do, e, final, *seqs),
-        "grads": lambda t: bound(lambda *xs: bwd._grads(t, chunk, scale, *xs), q, k, v, g, do, a, e, dh, rs),
+        "cumulative": lambda t: bound(lambda x: fwd.cumulative_gates(t, chunk, x), gate),
+        "states": lambda t: bound(lambda *xs: fwd.chunk_states(t, False, *xs), k, v, g, init, *seqs),
+        "scores": lambda t: bound(lambda *xs: fwd.chunk_scores(t, chunk, *xs), q, k, g),
+        "outputs": lambda t: bound(
+            lambda q, v, g, e, a: fwd.chunk_outputs(t, chunk, scale, q, v, g, e, a=a), q, v, g, e, a
+        ),
+        "state_grads": lambda t: bound(lambda *xs: bwd.state_grads(t, False, scale, *xs), q, g, do, e, final, *seqs),
+        "grads": lambda t: bound(lambda *xs: bwd.chunk_grads(t, chunk, scale, *xs), q, k, v, g, do, a, e, dh, rs),
     }

@@ -26,14 +26,10 @@ import jax
 import jax.numpy as jnp
 from _kit import elapsed, errors, gla_stages, log
 
+from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention._interface import (
-    gla_attention_xla,
-    lightning_attention_xla,
-    recurrent_attention_xla,
-)
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
 
@@ -76,7 +72,7 @@ def gla_fn(engine, chunk, *, cu_seqlens=None, reverse=False, return_state=True):
     extra = {} if engine is None else {"engine": engine}
 
     def fn(q, k, v, g, h0=None):
-        return gla_attention_xla(
+        return entries.gla_attention(
             q, k, v, g, None, h0, cu_seqlens, reverse=reverse, return_state=return_state, cfg=cfg, **extra
         )
 
@@ -153,7 +149,7 @@ def check(args):
 
         def per_head(engine):
             extra = {} if engine is None else {"engine": engine}
-            return lambda q, k, v, g, h0: recurrent_attention_xla(
+            return lambda q, k, v, g, h0: entries.recurrent_attention(
                 q, k, v, g, None, None, None, h0, return_state=True, cfg=cfg, **extra
             )
 
@@ -204,7 +200,7 @@ def lightning_fn(engine, chunk):
     """Lightning attention (a fixed decay per head: the per-head gate path) on XLA (engine None) or Triton."""
     cfg = GLAttentionConfig(chunk_size=chunk)
     extra = {} if engine is None else {"engine": engine}
-    return lambda q, k, v: lightning_attention_xla(q, k, v, layer_idx=1, num_layers=4, cfg=cfg, **extra)
+    return lambda q, k, v: entries.lightning_attention(q, k, v, layer_idx=1, num_layers=4, cfg=cfg, **extra)
 
 
 def e2e(args):

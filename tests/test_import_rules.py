@@ -14,20 +14,8 @@ BACKENDS = ("_xla", "_triton", "_pallas", "_cuda")
 PENDING = {
     # the config value types (`ejkernel.ops.config`) read by shared code: typed tilings owned by each op
     ("ejkernel.kernels._common.grouped_matmul", "ejkernel.ops.config"),
-    ("ejkernel.kernels._common.linear_attention", "ejkernel.ops"),
-    ("ejkernel.kernels._common.linear_attention", "ejkernel.ops.config"),
-    ("ejkernel.kernels._common.state_space", "ejkernel.ops.executor"),
-    # shared cores still in the XLA folder: the family moves to kernels/_common/<family>/
-    (
-        "ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface",
-        "ejkernel.kernels._xla.ragged_gated_delta_rule._interface",
-    ),
     # flash_mla's differentiated Triton path takes the XLA flash attention's VJP: that core moves to _common
     ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_attention._interface"),
-    ("ejkernel.kernels._triton.linear_attention._delta", "ejkernel.kernels._xla.linear_attention._layout"),
-    ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._interface"),
-    ("ejkernel.kernels._triton.linear_attention._interface", "ejkernel.kernels._xla.linear_attention._scan"),
-    ("ejkernel.kernels._triton.state_space_v2._interface", "ejkernel.kernels._xla.linear_attention"),
 }
 
 

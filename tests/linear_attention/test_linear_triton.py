@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import pytest
 from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strength
 
+from ejkernel.kernels._common.linear_attention import entries
+from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import (
     TritonEngine,
@@ -22,7 +24,6 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     recurrent_attention_triton,
 )
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention import gla_attention_xla, linear_attention, recurrent_attention_xla
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
@@ -77,12 +78,12 @@ def test_gla_tiles_and_row_blocks():
     tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, head_block_k=16)
     engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
-    fn = lambda q, k, v, g, gamma, h0: gla_attention_xla(
+    fn = lambda q, k, v, g, gamma, h0: entries.gla_attention(
         q, k, v, g, gamma, h0, return_state=True, cfg=cfg, engine=engine
     )
     args = [q, k, v, log_decay(2, 100, 2, d), log_decay(2, strength=0.1), h0]
     check(fn, lambda q, k, v, g, gamma, h0: gla_reference(q, k, v, g, gamma, h0), args)
-    fn = lambda q, k, v, g, h0: recurrent_attention_xla(
+    fn = lambda q, k, v, g, h0: entries.recurrent_attention(
         q, k, v, g, None, None, None, h0, return_state=True, cfg=cfg, engine=engine
     )
     reference = lambda q, k, v, g, h0: linear_recurrence_reference(q, k, v, g, None, None, None, h0)

@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, rand, write_strength
 
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.linear_attention import decay_matrix, unit_lower_inverse
-from ejkernel.kernels._xla.linear_attention import chunked_linear_attention
+from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
+from ejkernel.kernels._common.linear_attention.numerics import decay_matrix, unit_lower_inverse
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,

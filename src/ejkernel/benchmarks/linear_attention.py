@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
-from ejkernel.kernels._xla.linear_attention import linear_attention
+from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention
 from ejkernel.registry import kernel_registry
 

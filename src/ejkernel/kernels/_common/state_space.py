@@ -2,7 +2,7 @@
 
 Platform-neutral pieces, so that every implementation refuses the same calls with the same words and
 computes the same things around its scan:
-- argument checks (`check_v1`, `check_v2`) and the split of user shard specs (`split_specs`);
+- argument checks (`check_v1`, `check_v2`);
 - `run_scan`: the frame of every implementation (initial state, the one-token decode step
   `v1_step` / `v2_step`, the output epilogue `finish_output`: D skip, gated RMSNorm, gate; the dtype
   of the returned state);
@@ -21,8 +21,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-from ejkernel.ops.executor import specs_by_slot
 
 V1_SLOTS = ("hidden_states", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
 V2_SLOTS = ("x", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
@@ -235,18 +233,3 @@ def pad_sequence(arrays: Sequence[jax.Array], chunk: int) -> list[jax.Array]:
     if not pad:
         return list(arrays)
     return [jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in arrays]
-
-
-def split_specs(op_id: str, args: Sequence[Any], in_specs, out_specs) -> tuple[Any, Any]:
-    """The user's shard specs, cut to what the kernel sees: the tensors passed except `conv_state`
-    (the last of `args`, returned as given), and `(y, state)` of the outputs.
-
-    `in_specs` takes either form `specs_by_slot` does; `out_specs` is `(y, state)` or `(y, state, conv_state)`.
-    """
-    if in_specs is None:
-        return None, out_specs
-    by_slot = specs_by_slot(op_id, args, in_specs)
-    kernel_specs = tuple(spec for slot, spec in sorted(by_slot.items()) if slot != len(args) - 1)
-    if not isinstance(out_specs, tuple | list) or len(out_specs) not in (2, 3):
-        raise ValueError(f"out_specs must be (y_spec, state_spec) or (y_spec, state_spec, conv_spec), got {out_specs}")
-    return kernel_specs, tuple(out_specs[:2])

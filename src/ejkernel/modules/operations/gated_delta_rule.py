@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_chunk_size, check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
 from ejkernel.ops.executor import specs_by_slot
 

@@ -8,8 +8,9 @@ import dataclasses
 
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.linear_attention import ChunkedConfig, ChunkedKernel, check_chunk_size, check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
 
 

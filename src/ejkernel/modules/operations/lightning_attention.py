@@ -8,13 +8,9 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention import (
-    ChunkedConfig,
-    ChunkedKernel,
-    check_layer,
-    check_linear_call,
-)
+from ejkernel.kernels._common.linear_attention.checks import check_layer, check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
+from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,15 +8,16 @@ returned as given, so decode loops can thread both caches through one call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.state_space import check_v1, split_specs
+from ejkernel.kernels._common.state_space import check_v1
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.executor import specs_by_slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,21 @@ class StateSpaceV1(StateSpaceKernel):
                         fwd_params=FwdParams(block_d=block_d, num_warps=warps),
                         bwd_params=BwdParams(num_warps=2 * warps),
                     )
+
+
+def split_specs(op_id: str, args: Sequence[Any], in_specs, out_specs) -> tuple[Any, Any]:
+    """The user's shard specs, cut to what the kernel sees: the tensors passed except `conv_state`
+    (the last of `args`, returned as given), and `(y, state)` of the outputs.
+
+    `in_specs` takes either form `specs_by_slot` does; `out_specs` is `(y, state)` or `(y, state, conv_state)`.
+    """
+    if in_specs is None:
+        return None, out_specs
+    by_slot = specs_by_slot(op_id, args, in_specs)
+    kernel_specs = tuple(spec for slot, spec in sorted(by_slot.items()) if slot != len(args) - 1)
+    if not isinstance(out_specs, tuple | list) or len(out_specs) not in (2, 3):
+        raise ValueError(f"out_specs must be (y_spec, state_spec) or (y_spec, state_spec, conv_spec), got {out_specs}")
+    return kernel_specs, tuple(out_specs[:2])
 
 
 @typechecked

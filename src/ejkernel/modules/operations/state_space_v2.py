@@ -13,9 +13,9 @@ from typing import Any
 import jax
 from jaxtyping import Array, Float
 
-from ejkernel.kernels._common.state_space import check_v2, split_specs
+from ejkernel.kernels._common.state_space import check_v2
 from ejkernel.modules.operations._common import executor, typechecked
-from ejkernel.modules.operations.state_space_v1 import ChunkedScanConfig, StateSpaceKernel
+from ejkernel.modules.operations.state_space_v1 import ChunkedScanConfig, StateSpaceKernel, split_specs
 from ejkernel.ops import Invocation
 
 

@@ -4,15 +4,15 @@ Per chunk entered with state `h`, the WY transform (`wy_transform`, in XLA: it i
 gives `u = T (β v)` and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are
 `U = u − w h`. From there the chunk is the gated recurrence with a gate per head and values U: outputs
 `scale · ((q ⊙ e^{g}) h + A U)`, exit state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that
-story). So the delta rule runs GLA's kernels of a gate per head (`_cumulative`, `_head_scores`, `_outputs`,
-`_head_grads`) around two sequential passes of its own, which carry U's dependence on h:
+story). So the delta rule runs GLA's kernels of a gate per head (`cumulative_gates`, `head_scores`, `chunk_outputs`,
+`head_grads`) around two sequential passes of its own, which carry U's dependence on h:
 
 - forward (`_delta_states`): per chunk, `U = u − w h` (stored), then the exit state;
 - backward (`_delta_state_grads`), in reverse from the final state's gradient `d`: the chunk's
   `dU = scale Aᵀ do + (k ⊙ e^{g_C − g}) d` (stored), then the entry state's gradient
   `e^{g_C} d + scale (q ⊙ e^{g})ᵀ do − wᵀ dU`.
 
-The rest of the backward: dq, dk and the gate's gradient through GLA's `_head_grads` (with values U),
+The rest of the backward: dq, dk and the gate's gradient through GLA's `head_grads` (with values U),
 `dw = −dU hᵀ`, and the pullback of the WY transform (XLA, kept from the forward) for the rest of dk, dv,
 dβ and the gate's.
 One sequence per batch row (no restarts, no packing: those take the XLA chunk parts); T a multiple of
@@ -28,14 +28,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.linear_attention import wy_transform
+from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
+from ejkernel.kernels._common.linear_attention.numerics import wy_transform
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._gla_backward import _head_grads
-from ejkernel.kernels._triton.linear_attention._gla_common import F32, GlaTiling, _call, _tile, _tiles_sum
-from ejkernel.kernels._triton.linear_attention._gla_forward import _cumulative, _head_scores, _outputs
+from ejkernel.kernels._triton.linear_attention._gla_backward import head_grads
+from ejkernel.kernels._triton.linear_attention._gla_common import F32, GlaTiling, call_pallas, tile_slice, tiles_sum
+from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates, head_scores
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling
-from ejkernel.kernels._xla.linear_attention._layout import ChunkLayout
 
 # ---- the WY transform, per chunk in XLA ----
 
@@ -66,7 +66,7 @@ def _chunk_gates(g_ref, b, head, first: int, chunk: int):
 def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref, final_ref, *, chunk, mm, bv):
     """Per chunk: store h (its entry state); `U = u − w h` (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`."""
     b, head, vt = (pl.program_id(i) for i in range(3))
-    cols = _tile(vt, bv)
+    cols = tile_slice(vt, bv)
 
     def step(c, h):
         e_ref[b, c, head, :, cols] = h.astype(e_ref.dtype)
@@ -88,7 +88,7 @@ def _delta_states(t: GlaTiling, passes: Tiling, chunk: int, k, w, u, g, init):
     dv = u.shape[-1]
     bv = min(passes.block_v, dv)
     args = (k, w, u, g, init)
-    return _call(
+    return call_pallas(
         _delta_states_kernel,
         t,
         passes.num_warps,
@@ -114,7 +114,7 @@ def _delta_state_grads_kernel(
     `dU = scale Aᵀ do + (k ⊙ e^{g_C − g}) d` (stored); `d ← e^{g_C} d + scale (q ⊙ e^{g})ᵀ do − wᵀ dU`."""
     chunk, scale, mm, bv = s["chunk"], s["scale"], s["mm"], s["bv"]
     b, head, vt = (pl.program_id(i) for i in range(3))
-    cols = _tile(vt, bv)
+    cols = tile_slice(vt, bv)
     num_chunks = dh_ref.shape[1]
 
     def step(i, d):
@@ -143,7 +143,7 @@ def _delta_state_grads(t: GlaTiling, passes: Tiling, chunk: int, scale, q, k, w,
     bv = min(passes.block_v, dv)
     chunks = seq // chunk
     args = (q, k, w, g, do, a, e, d_final)
-    dh, d_init, rs, du = _call(
+    dh, d_init, rs, du = call_pallas(
         _delta_state_grads_kernel,
         t,
         passes.num_warps,
@@ -180,11 +180,11 @@ def delta_chunked(tiling: GlaTiling, passes: Tiling, scale: float, chunk: int, q
 
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w):
     t = tiling.fit(q.shape[-1], v.shape[-1])
-    g = _cumulative(t, chunk, a[..., None])
+    g = cumulative_gates(t, chunk, a[..., None])
     w = w.astype(k.dtype)
     e, values, final = _delta_states(t, passes, chunk, k, w, u.astype(v.dtype), g, init)
-    scores = _head_scores(t, chunk, q, k, g)
-    out = _outputs(t, chunk, scale, q, values, g, e, a=scores)
+    scores = head_scores(t, chunk, q, k, g)
+    out = chunk_outputs(t, chunk, scale, q, values, g, e, a=scores)
     return (out, final), (w, g, e, values, scores)
 
 
@@ -200,13 +200,13 @@ def _bwd(tiling, passes, scale, chunk, residuals, cotangents):
     d_out, d_final = cotangents
     t = tiling.fit(q.shape[-1], values.shape[-1])
     dh, d_init, rs, du = _delta_state_grads(t, passes, chunk, scale, q, k, w, g, d_out, scores, e, d_final)
-    dq, dk, _, da = _head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs, values_grad=False)
+    dq, dk, _, da = head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs, values_grad=False)
     mm = t.mm(q.dtype)
     layout = _chunks(du, chunk)  # dw = −dU hᵀ with h the chunk's entry state
     dw = -jnp.einsum("nbhcv,bnhkv->nbhck", layout.to_chunks(du.astype(mm)), e.astype(mm), preferred_element_type=F32)
     dk_wy, dv, d_beta, da_wy = wy_vjp((du, layout.from_chunks(dw)))
     dk = (dk.astype(F32) + dk_wy).astype(k.dtype)
-    return dq.astype(q.dtype), dk, dv, _tiles_sum(da)[..., 0] + da_wy, d_beta, d_init
+    return dq.astype(q.dtype), dk, dv, tiles_sum(da)[..., 0] + da_wy, d_beta, d_init
 
 
 delta_chunked.defvjp(_fwd, _bwd)

@@ -6,7 +6,7 @@ inputs' dtype (bfloat16 / float16 on tensor cores; float32 in full precision), a
 `g` is the cumulative log gate within each chunk (float32, `[B, T, H, Dk]`, or `[B, T, H, 1]` for a gate
 per head: every formula below broadcasts it over the key channels). Heads: the gate's H state heads run
 one state each; q, k and v may each have fewer heads (a divisor of H), read by groups of consecutive state
-heads (`_shared`: grouped-query attention shares k and v, Mamba-2's SSD shares q and k), and their
+heads (`group_of`: grouped-query attention shares k and v, Mamba-2's SSD shares q and k), and their
 gradients are summed over each group.
 
 Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are `scale ·` it):
@@ -15,16 +15,16 @@ Recurrence per chunk entered with state `h` (`[Dk, Dv]`), unscaled (outputs are 
 of earlier blocks through the gate `r` at the block's first row, `(q_t e^{g_t − r})·(k_s e^{r − g_s})`
 (one matmul), keys of its own block one at a time, exactly; every exponent is <= 0 for decaying gates.
 The backward's intra-chunk products take the same three routes (earlier keys, later queries, own block).
-A gate per head (lightning, Mamba-2) has kernels of its own for both (`_head_scores`, `_head_grads`):
+A gate per head (lightning, Mamba-2) has kernels of its own for both (`head_scores`, `head_grads`):
 its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over whole chunks.
 
-Launches. Forward: `_cumulative` (the gates' cumulative sums), `_states` (sequential over chunks: every
-chunk's entry state, and each sequence's final state), `_scores` (`A`, per row block), `_outputs` (with a
-gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `_outputs` alone,
+Launches. Forward: `cumulative_gates` (the gates' cumulative sums), `chunk_states` (sequential over chunks: every
+chunk's entry state, and each sequence's final state), `chunk_scores` (`A`, per row block), `chunk_outputs` (with a
+gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `chunk_outputs` alone,
 its kernel making the scores; `head_gate_forward` is that forward for Mamba-2, with dt and the D skip
 taken in the kernels).
-Backward: `_state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
-initial states), `_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
+Backward: `state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
+initial states), `chunk_grads` (per chunk: dq, dk, dv, and the gate's gradient, summed back from the
 cumulative gate's `q ⊙ dq − k ⊙ dk` and the exit state's share). Residuals: the cumulative gates, the
 entry states (bfloat16 for bfloat16 inputs) and `A`.
 
@@ -39,9 +39,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._triton.linear_attention._gla_backward import _grads, _state_grads
-from ejkernel.kernels._triton.linear_attention._gla_common import GlaTiling, _tiles_sum
-from ejkernel.kernels._triton.linear_attention._gla_forward import _cumulative, _outputs, _scores, _states
+from ejkernel.kernels._triton.linear_attention._gla_backward import chunk_grads, state_grads
+from ejkernel.kernels._triton.linear_attention._gla_common import GlaTiling, tiles_sum
+from ejkernel.kernels._triton.linear_attention._gla_forward import (
+    chunk_outputs,
+    chunk_scores,
+    chunk_states,
+    cumulative_gates,
+)
 
 # ---- the differentiable whole ----
 
@@ -79,9 +84,9 @@ def head_gate_forward(tiling: GlaTiling, chunk: int, q, k, v, a, init, v_scale, 
     t = tiling.fit(q.shape[-1], v.shape[-1])
     batch, seq = a.shape[:2]
     starts = jnp.full((seq // chunk, batch), -1, jnp.int32).at[0].set(jnp.arange(batch, dtype=jnp.int32))
-    g = _cumulative(t, chunk, a)
-    e, final = _states(t, False, k, v, g, init, starts, starts, starts, v_scale)  # (unpacked: no ends, owners)
-    return _outputs(t, chunk, 1.0, q, v, g, e, k=k, v_scale=v_scale, skip=skip), final
+    g = cumulative_gates(t, chunk, a)
+    e, final = chunk_states(t, False, k, v, g, init, starts, starts, starts, v_scale)  # (unpacked: no ends, owners)
+    return chunk_outputs(t, chunk, 1.0, q, v, g, e, k=k, v_scale=v_scale, skip=skip), final
 
 
 def _fitted(tiling: GlaTiling, q, v, starts):
@@ -91,13 +96,13 @@ def _fitted(tiling: GlaTiling, q, v, starts):
 def _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty, residuals=True):
     """`(outputs, (g, e, A))`; without `residuals` (no backward to come) `A` may stay unwritten (None)."""
     t, chunk = _fitted(tiling, q, v, starts)
-    g = _cumulative(t, chunk, a)
-    e, final = _states(t, packed, k, v, g, init, starts, ends, owners)
+    g = cumulative_gates(t, chunk, a)
+    e, final = chunk_states(t, packed, k, v, g, init, starts, ends, owners)
     if t.fuse_head_scores and g.shape[-1] == 1 and not residuals:
-        scores, out = None, _outputs(t, chunk, scale, q, v, g, e, k=k)
+        scores, out = None, chunk_outputs(t, chunk, scale, q, v, g, e, k=k)
     else:
-        scores = _scores(t, chunk, q, k, g)
-        out = _outputs(t, chunk, scale, q, v, g, e, a=scores)
+        scores = chunk_scores(t, chunk, q, k, g)
+        out = chunk_outputs(t, chunk, scale, q, v, g, e, a=scores)
     return (out, jnp.where(empty[:, None, None, None], init, final)), (g, e, scores)
 
 
@@ -110,13 +115,13 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     q, k, v, starts, ends, owners, empty, g, e, scores = residuals
     d_out, d_final = cotangents
     t, chunk = _fitted(tiling, q, v, starts)
-    dh, d_init, rs = _state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
-    dq, dk, dv, da = _grads(t, chunk, scale, q, k, v, g, d_out, scores, e, dh, rs)
+    dh, d_init, rs = state_grads(t, packed, scale, q, g, d_out, e, d_final, starts, ends, owners)
+    dq, dk, dv, da = chunk_grads(t, chunk, scale, q, k, v, g, d_out, scores, e, dh, rs)
     if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
-        da = _tiles_sum(da)
+        da = tiles_sum(da)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
     dq, dk = _group_sum(dq, q.shape[2], q.dtype), _group_sum(dk, k.shape[2], k.dtype)
-    dv = _group_sum(_tiles_sum(dv), v.shape[2], v.dtype)
+    dv = _group_sum(tiles_sum(dv), v.shape[2], v.dtype)
     return dq, dk, dv, da, d_init, None, None, None, None
 
 

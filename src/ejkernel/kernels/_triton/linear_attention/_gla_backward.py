@@ -17,18 +17,18 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
     GlaTiling,
-    _call,
-    _decays,
-    _everywhere,
-    _gate_columns,
-    _iota,
-    _masked_exp,
-    _own_keys,
-    _ratio,
-    _separable,
-    _shared,
-    _tile,
-    _tiles_sum,
+    call_pallas,
+    everywhere,
+    gate_columns,
+    group_of,
+    group_ratio,
+    iota,
+    masked_exp,
+    own_keys,
+    pair_decays,
+    separable,
+    tile_slice,
+    tiles_sum,
 )
 
 # ---- the reverse sequential pass (one program per batch row, head and state tile) ----
@@ -42,9 +42,9 @@ def _state_grads_kernel(
     as the initial state's gradient where the sequence starts (unpacked: d_final[b] first, d_init[b] last)."""
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
-    q_head = _shared(head, s["q_ratio"])
-    keys, cols = _tile(kt, bk), _tile(vt, bv)
-    gates = _gate_columns(g_ref, keys)
+    q_head = group_of(head, s["q_ratio"])
+    keys, cols = tile_slice(kt, bk), tile_slice(vt, bv)
+    gates = gate_columns(g_ref, keys)
     num_chunks = dh_ref.shape[1]
 
     def step(i, d):
@@ -52,7 +52,7 @@ def _state_grads_kernel(
         if packed:
             end = ends_ref[c, b] > 0
             at = d_final_ref.at[owners_ref[c, b], head, keys, cols]
-            d = jnp.where(end, plgpu.load(at, mask=_everywhere(end, (bk, bv)), other=0.0), d)
+            d = jnp.where(end, plgpu.load(at, mask=everywhere(end, (bk, bv)), other=0.0), d)
         dh_ref[b, c, head, keys, cols] = d.astype(dh_ref.dtype)
         rs_ref[vt, b, c, head, keys] = jnp.sum(e_ref[b, c, head, keys, cols].astype(F32) * d, axis=1)
         first = pl.multiple_of(c * chunk, chunk)
@@ -63,7 +63,7 @@ def _state_grads_kernel(
         if packed:
             start = starts_ref[c, b]
             at = d_init_ref.at[jnp.maximum(start, 0), head, keys, cols]
-            plgpu.store(at, d, mask=_everywhere(start >= 0, (bk, bv)))
+            plgpu.store(at, d, mask=everywhere(start >= 0, (bk, bv)))
         return d
 
     if packed:
@@ -72,14 +72,14 @@ def _state_grads_kernel(
         d_init_ref[b, head, keys, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, keys, cols])
 
 
-def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
+def state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
     """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [N, H, Dk, Dv] float32
     (sequences without a chunk left unwritten), Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32)`."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], do.shape[-1]
     chunks = starts.shape[0]
     args = (starts, ends, owners, q, g, do, e, d_final)
-    dh, d_init, rs = _call(
+    dh, d_init, rs = call_pallas(
         _state_grads_kernel,
         t,
         t.state_warps,
@@ -93,7 +93,7 @@ def _state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts
         ],
         "ejkernel_gla_state_grads",
         chunk=seq // chunks,
-        q_ratio=_ratio(heads, q),
+        q_ratio=group_ratio(heads, q),
         scale=scale,
         packed=packed,
         bk=t.state_k,
@@ -111,7 +111,7 @@ def _from_earlier(m: int, k_ref, g_ref, v_ref, do, g, scale, mm):
     n = m * SUB
     keys = pl.ds(0, pl.next_power_of_2(n))
     r = g_ref[n, :][None, :]
-    weights = k_ref[keys, :].astype(F32) * _masked_exp(r - g_ref[keys, :], _iota((keys.size, 1), 0) < n)
+    weights = k_ref[keys, :].astype(F32) * masked_exp(r - g_ref[keys, :], iota((keys.size, 1), 0) < n)
     d_scores = scale * dot(do, v_ref[keys, :].astype(mm), trans_b=True)  # [SUB, keys]
     return dot(d_scores.astype(mm), weights.astype(mm)) * jnp.exp(g - r)
 
@@ -122,8 +122,8 @@ def _from_later(m: int, q_ref, g_ref, v, do_ref, g, scale, mm, chunk: int):
     size = pl.next_power_of_2(chunk - n)
     queries = pl.ds(chunk - size, size)
     r = g_ref[n - 1, :][None, :]
-    later = chunk - size + _iota((size, 1), 0) >= n
-    weights = q_ref[queries, :].astype(F32) * _masked_exp(g_ref[queries, :] - r, later)
+    later = chunk - size + iota((size, 1), 0) >= n
+    weights = q_ref[queries, :].astype(F32) * masked_exp(g_ref[queries, :] - r, later)
     d_scores = scale * dot(do_ref[queries, :].astype(mm), v, trans_b=True)  # [queries, SUB]
     return dot(d_scores.astype(mm), weights.astype(mm), trans_a=True) * jnp.exp(r - g)
 
@@ -144,7 +144,7 @@ def _grads_kernel(
     chunk, scale, mm = s["chunk"], s["scale"], s["mm"]
     own_tile = pl.program_id(3) == 0  # the program that adds Aᵀ do to dv
     g_last = g_ref[chunk - 1, :][None, :]
-    row, col = _iota((SUB, 1), 0), _iota((1, SUB), 1)
+    row, col = iota((SUB, 1), 0), iota((1, SUB), 1)
     num_blocks = chunk // SUB
     dk_exit = []  # kept from the first pass over the blocks (the exit's share of the last gate) to the second
     later = jnp.exp(g_last) * rs_ref[...][None, :]  # Σ over the rows after a block (all blocks: the exit's share)
@@ -165,7 +165,7 @@ def _grads_kernel(
             dk += _from_later(m, q_ref, g_ref, v, do_ref, g, scale, mm, chunk)
         d_scores = scale * dot(do, v, trans_b=True)  # [SUB, SUB]: the block's own keys
 
-        def by_matmul(grads, m=m, q=q, k=k, g=g, d_scores=d_scores):  # gates of a narrow span (`_separable`)
+        def by_matmul(grads, m=m, q=q, k=k, g=g, d_scores=d_scores):  # gates of a narrow span (`separable`)
             r = g_ref[m * SUB, :][None, :]
             down, up = jnp.exp(g - r), jnp.exp(r - g)
             lower = jnp.where(row >= col, d_scores, 0.0).astype(mm)
@@ -178,8 +178,8 @@ def _grads_kernel(
             dq += w * k_ref[m * SUB + j, :].astype(F32)[None, :]
             return dq, dk + jnp.where(row == j, jnp.sum(w * q, axis=0, keepdims=True), 0.0)
 
-        exact = lambda grads, m=m, diagonal=diagonal: _own_keys(g_ref, m * SUB, diagonal, grads)
-        dq, dk = lax.cond(_separable(g), by_matmul, exact, (dq, dk))
+        exact = lambda grads, m=m, diagonal=diagonal: own_keys(g_ref, m * SUB, diagonal, grads)
+        dq, dk = lax.cond(separable(g), by_matmul, exact, (dq, dk))
         dv = dot((k * jnp.exp(g_last - g)).astype(mm), dh_ref[...].astype(mm))
         intra = scale * dot(a_ref[:, rows].astype(mm), do_ref[...].astype(mm), trans_a=True)
         dv += jnp.where(own_tile, intra, 0.0)
@@ -192,18 +192,18 @@ def _grads_kernel(
         dv_ref[rows, :] = dv.astype(dv_ref.dtype)
 
 
-def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
+def chunk_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     """`(dq, dk, dv, da)` `[B, T, H, ·]` per state head (H: the gate's heads); da: the gradient of the gate
     (before its cumulative sum). An input shared by groups of state heads gets its gradient per state
     head in float32 (the caller sums each group), but for q and k of Mamba-2's layout with a gate per head
-    (per q / k head: `_head_grads`); dv, and da for a gate per head, come per tile of key channels
+    (per q / k head: `head_grads`); dv, and da for a gate per head, come per tile of key channels
     `[tiles, ...]` (the caller sums)."""
     if g.shape[-1] == 1:
-        return _head_grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs)
+        return head_grads(t, chunk, scale, q, k, v, g, do, a, e, dh, rs)
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
-    ratios = [_ratio(heads, x) for x in (q, k, v)]
-    q_head, k_head, v_head = (functools.partial(_shared, ratio=r) for r in ratios)
+    ratios = [group_ratio(heads, x) for x in (q, k, v)]
+    q_head, k_head, v_head = (functools.partial(group_of, ratio=r) for r in ratios)
     tiles = dk // t.block_k
     block = lambda width: (None, chunk, None, width)
     keys = pl.BlockSpec(block(t.block_k), lambda c, b, h, j: (b, c, h, j))
@@ -211,7 +211,7 @@ def _grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     per_tile = lambda width: pl.BlockSpec((None, None, chunk, None, width), lambda c, b, h, j: (j, b, c, h, 0))
     args = (q, k, v, g, do, a, e, dh, rs)
     q_ratio, k_ratio, v_ratio = ratios
-    return _call(
+    return call_pallas(
         _grads_kernel,
         t,
         t.grads_warps,
@@ -270,7 +270,7 @@ def _head_grads_kernel(
     dv_ref, da_ref = out_refs if values_grad else (None, *out_refs)
     own_tile = pl.program_id(3) == 0  # the program that adds the key-tile-free terms
     total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
-    eye = _iota((chunk, 1), 0) == _iota((1, chunk), 1)
+    eye = iota((chunk, 1), 0) == iota((1, chunk), 1)
     q, k = q_ref[...], k_ref[...]
 
     def one_head(i, grads):
@@ -282,7 +282,7 @@ def _head_grads_kernel(
         products = d_products * a.astype(F32)  # M
         columns = jnp.sum(jnp.where(eye, jnp.sum(products, axis=0, keepdims=True), 0.0), axis=1, keepdims=True)
         dg = jnp.where(own_tile, jnp.sum(products, axis=1, keepdims=True) - columns, 0.0)
-        d_scores = (d_products * _decays(g, g_row_ref[i, :][None, :])).astype(mm)
+        d_scores = (d_products * pair_decays(g, g_row_ref[i, :][None, :])).astype(mm)
         dq = scale * dot(do, e_ref[i, :, :].astype(mm), trans_b=True) * jnp.exp(g)
         dg += jnp.sum(q.astype(F32) * dq, axis=1, keepdims=True)
         dq += dot(d_scores, k.astype(mm))
@@ -306,15 +306,15 @@ def _head_grads_kernel(
     dk_ref[...] = dk.astype(dk_ref.dtype)
 
 
-def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, values_grad: bool = True):
-    """`_grads` for a gate per head: one program per chunk, batch row, tile of key channels and span of
+def head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, values_grad: bool = True):
+    """`chunk_grads` for a gate per head: one program per chunk, batch row, tile of key channels and span of
     state heads. Where q and k are shared by groups of state heads (and v is not: Mamba-2), a span is
     `gcd(t.head_span, group)` heads of one group and dq, dk come per q / k head, summed over the group in
     the kernel (over its spans in XLA); else a span is one head, dq and dk per state head. Without
     `values_grad` no dv is computed (None in its place)."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
-    q_ratio, k_ratio, v_ratio = (_ratio(heads, x) for x in (q, k, v))
+    q_ratio, k_ratio, v_ratio = (group_ratio(heads, x) for x in (q, k, v))
     shared = q_ratio == k_ratio > 1 and v_ratio == 1
     span = math.gcd(t.head_span, q_ratio) if shared else 1
     parts = q_ratio // span if shared else 1  # spans per q / k head: their partial sums of dq and dk
@@ -323,9 +323,9 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
     per_head = lambda width: pl.BlockSpec(block(width), lambda c, b, p, j: (b, c, p, 0))
     state = pl.BlockSpec((None, None, span, t.head_block_k, dv), lambda c, b, p, j: (b, c, p, j, 0))
     if shared:  # program p: span p of the state heads, part p % parts of q / k head p // parts
-        q_head = k_head = out_head = functools.partial(_shared, ratio=parts)
+        q_head = k_head = out_head = functools.partial(group_of, ratio=parts)
     else:  # program p: state head p
-        q_head, k_head = (functools.partial(_shared, ratio=r) for r in (q_ratio, k_ratio))
+        q_head, k_head = (functools.partial(group_of, ratio=r) for r in (q_ratio, k_ratio))
         out_head = lambda p: p
     part = (lambda p: lax.rem(p, jnp.int32(parts))) if parts > 1 else (lambda p: 0)
     sums = pl.BlockSpec((None, None, chunk, None, t.head_block_k), lambda c, b, p, j: (part(p), b, c, out_head(p), j))
@@ -340,7 +340,7 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
     dv_spec = [per_tile(dv)] if values_grad else []
     dv_dtype = F32 if v_ratio > 1 or tiles > 1 else v.dtype
     dv_out = [out_struct((tiles, batch, seq, heads, dv), dv_dtype, *args)] if values_grad else []
-    dq, dk_, *dv_, da = _call(
+    dq, dk_, *dv_, da = call_pallas(
         _head_grads_kernel,
         t,
         t.head_grads_warps,
@@ -348,7 +348,7 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
         [
             pl.BlockSpec((None, chunk, None, t.head_block_k), lambda c, b, p, j: (b, c, q_head(p), j)),
             pl.BlockSpec((None, chunk, None, t.head_block_k), lambda c, b, p, j: (b, c, k_head(p), j)),
-            pl.BlockSpec(block(dv), lambda c, b, p, j: (b, c, _shared(p, v_ratio), 0)),
+            pl.BlockSpec(block(dv), lambda c, b, p, j: (b, c, group_of(p, v_ratio), 0)),
             per_head(1),
             pl.BlockSpec((None, span, chunk), lambda c, b, p, j: (b, p, c)),
             per_head(dv),
@@ -371,4 +371,4 @@ def _head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, v
         span=span,
         values_grad=values_grad,
     )(*args)
-    return _tiles_sum(dq), _tiles_sum(dk_), dv_[0] if values_grad else None, da
+    return tiles_sum(dq), tiles_sum(dk_), dv_[0] if values_grad else None, da

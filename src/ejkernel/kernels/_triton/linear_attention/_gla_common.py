@@ -72,7 +72,7 @@ class GlaTiling:
         return jnp.dtype(dtype) if not self.precise and jnp.dtype(dtype) == jnp.bfloat16 else F32
 
 
-def _call(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
+def call_pallas(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
     """`pallas_call` of `kernel(**static)`; specs None: whole arrays (the sequential passes index chunks themselves)."""
     specs = {} if in_specs is None else dict(in_specs=in_specs, out_specs=out_specs)
     return pl.pallas_call(
@@ -86,50 +86,50 @@ def _call(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape
     )
 
 
-def _tile(i, size: int):
+def tile_slice(i, size: int):
     return pl.ds(pl.multiple_of(i * size, size), size)
 
 
-def _iota(shape, axis: int):
+def iota(shape, axis: int):
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def _masked_exp(x, keep):
+def masked_exp(x, keep):
     """`e^x` where `keep`, else 0 (the exponent masked first: no overflow where it is dropped)."""
     return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
 
 
-def _everywhere(cond, shape):
+def everywhere(cond, shape):
     return jnp.full(shape, cond)
 
 
-def _ratio(heads: int, x) -> int:
+def group_ratio(heads: int, x) -> int:
     """How many state heads share each head of `x` (`[B, T, Hx, D]`, Hx a divisor of the state heads)."""
     return heads // x.shape[2]
 
 
-def _shared(head, ratio: int):
+def group_of(head, ratio: int):
     """The head of an input shared by groups of `ratio` state heads that state head `head` reads."""
     return head if ratio == 1 else lax.div(head, jnp.int32(ratio))
 
 
-def _gate_columns(g_ref, keys):
+def gate_columns(g_ref, keys):
     """The gate columns of a tile of key channels: the same ones, or the head's only one."""
     return keys if g_ref.shape[-1] > 1 else pl.ds(0, 1)
 
 
-def _separable(g):
+def separable(g):
     """Whether a row block's log gates `g [SUB, D]` span at most SEPARABLE_SPAN (a scalar predicate)."""
     top = jnp.max(jnp.max(g, axis=1), axis=0)
     return top - jnp.min(jnp.min(g, axis=1), axis=0) <= SEPARABLE_SPAN
 
 
-def _own_keys(g_ref, first: int, body, carry):
+def own_keys(g_ref, first: int, body, carry):
     """`body(j, decay, carry)` for the keys j = SUB − 1, ..., 0 of the row block at `first`, in a loop, with
     `decay [SUB, D]` = `e^{g_t − g_j}` for its rows t >= j (0 above). Built key by key, `decay_j =
     e^{g_{j+1} − g_j} ⊙ decay_{j+1}` (1 on row j): one exponential per key and channel, each of one
     token's gate (every factor <= 1 for decaying gates)."""
-    row = _iota((SUB, 1), 0)
+    row = iota((SUB, 1), 0)
 
     def step(i, state):
         decay, g_next, carry = state
@@ -150,13 +150,13 @@ def _own_keys(g_ref, first: int, body, carry):
 # cumulative gates transposed, `[B, H, T]`).
 
 
-def _decays(g_col, g_row, first: int = 0):
+def pair_decays(g_col, g_row, first: int = 0):
     """`D [R, C]` for the rows `first + r` of a chunk: `e^{g_t − g_s}` where s <= t, else 0."""
     rows, cols = g_col.shape[0], g_row.shape[-1]
-    keep = first + _iota((rows, 1), 0) >= _iota((1, cols), 1)
-    return _masked_exp(g_col - g_row, keep)
+    keep = first + iota((rows, 1), 0) >= iota((1, cols), 1)
+    return masked_exp(g_col - g_row, keep)
 
 
-def _tiles_sum(x):
+def tiles_sum(x):
     """Partial sums `[tiles, ...]` over the tiles of key channels, added up."""
     return x[0] if x.shape[0] == 1 else jnp.sum(x, axis=0)

@@ -14,17 +14,17 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
     GlaTiling,
-    _call,
-    _decays,
-    _everywhere,
-    _gate_columns,
-    _iota,
-    _masked_exp,
-    _own_keys,
-    _ratio,
-    _separable,
-    _shared,
-    _tile,
+    call_pallas,
+    everywhere,
+    gate_columns,
+    group_of,
+    group_ratio,
+    iota,
+    masked_exp,
+    own_keys,
+    pair_decays,
+    separable,
+    tile_slice,
 )
 
 # ---- sequential passes over chunks (one program per batch row, head and state tile) ----
@@ -38,15 +38,15 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
     vs_ref, e_ref, final_ref = refs if s["value_scaled"] else (None, *refs)
     chunk, mm, bk, bv, packed = s["chunk"], s["mm"], s["bk"], s["bv"], s["packed"]
     b, head, kt, vt = (pl.program_id(i) for i in range(4))
-    k_head, v_head = _shared(head, s["k_ratio"]), _shared(head, s["v_ratio"])
-    keys, cols = _tile(kt, bk), _tile(vt, bv)
-    gates = _gate_columns(g_ref, keys)
+    k_head, v_head = group_of(head, s["k_ratio"]), group_of(head, s["v_ratio"])
+    keys, cols = tile_slice(kt, bk), tile_slice(vt, bv)
+    gates = gate_columns(g_ref, keys)
 
     def step(c, h):
         if packed:
             start = starts_ref[c, b]
             at = init_ref.at[jnp.maximum(start, 0), head, keys, cols]
-            h = jnp.where(start >= 0, plgpu.load(at, mask=_everywhere(start >= 0, (bk, bv)), other=0.0), h)
+            h = jnp.where(start >= 0, plgpu.load(at, mask=everywhere(start >= 0, (bk, bv)), other=0.0), h)
         e_ref[b, c, head, keys, cols] = h.astype(e_ref.dtype)
         first = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(first, chunk)
@@ -56,7 +56,7 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
             k = k * vs_ref[b, rows, head, pl.ds(0, 1)]
         h = jnp.exp(g_last)[:, None] * h + dot(k.astype(mm), v_ref[b, rows, v_head, cols].astype(mm), trans_a=True)
         if packed:
-            end = _everywhere(ends_ref[c, b] > 0, (bk, bv))
+            end = everywhere(ends_ref[c, b] > 0, (bk, bv))
             plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=end)
         return h
 
@@ -66,14 +66,14 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         final_ref[b, head, keys, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, keys, cols])
 
 
-def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
+def chunk_states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
     sequences without tokens)`. `v_scale [B, T, H, 1]` float32 (optional): the values are `v_scale ⊙ v`."""
     batch, seq, heads, _ = g.shape
     dk, dv = k.shape[-1], v.shape[-1]
     chunks = starts.shape[0]
     args = (starts, ends, owners, k, v, g, init) + (() if v_scale is None else (v_scale,))
-    return _call(
+    return call_pallas(
         _states_kernel,
         t,
         t.state_warps,
@@ -86,8 +86,8 @@ def _states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_s
         ],
         "ejkernel_gla_states",
         chunk=seq // chunks,
-        k_ratio=_ratio(heads, k),
-        v_ratio=_ratio(heads, v),
+        k_ratio=group_ratio(heads, k),
+        v_ratio=group_ratio(heads, v),
         packed=packed,
         value_scaled=v_scale is not None,
         bk=t.state_k,
@@ -103,11 +103,11 @@ def _cumulative_kernel(a_ref, g_ref):
     g_ref[...] = jnp.cumsum(a_ref[...], axis=0)
 
 
-def _cumulative(t: GlaTiling, chunk: int, a):
+def cumulative_gates(t: GlaTiling, chunk: int, a):
     """The cumulative log gates within each chunk, `[B, T, H, Dk or 1]` float32."""
     batch, seq, heads, width = a.shape
     spec = pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
-    return _call(
+    return call_pallas(
         _cumulative_kernel,
         t,
         4,
@@ -121,45 +121,45 @@ def _cumulative(t: GlaTiling, chunk: int, a):
 
 def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
     """Row block `i` of a chunk's `A` (`[SUB, C]`, zeros right of the diagonal): the keys before it (and,
-    where its gates are `_separable`, its own) by one matmul, through the gate r at its first row."""
+    where its gates are `separable`, its own) by one matmul, through the gate r at its first row."""
     first = pl.multiple_of(lax.rem(pl.program_id(0), jnp.int32(chunk // SUB)) * SUB, SUB)
     q = q_ref[...].astype(F32)
     g = g_ref[pl.ds(first, SUB), :]
     r = g_ref[first, :][None, :]
-    col = _iota((1, chunk), 1)
+    col = iota((1, chunk), 1)
 
     def through_r(own: bool):  # the products with the keys before the block (own: and the block's own)
-        taken = _iota((chunk, 1), 0) < first + (SUB if own else 0)
-        keys = k_ref[...].astype(F32) * _masked_exp(r - g_ref[...], taken)
+        taken = iota((chunk, 1), 0) < first + (SUB if own else 0)
+        keys = k_ref[...].astype(F32) * masked_exp(r - g_ref[...], taken)
         scores = dot((q * jnp.exp(g - r)).astype(mm), keys.astype(mm), trans_b=True)
-        return jnp.where(col <= first + _iota((SUB, 1), 0), scores, 0.0) if own else scores
+        return jnp.where(col <= first + iota((SUB, 1), 0), scores, 0.0) if own else scores
 
     def diagonal(j, decay, scores):  # key `first + j`, one of the block's own rows
         weights = jnp.sum(q * k_ref[first + j, :].astype(F32)[None, :] * decay, axis=1, keepdims=True)
         return jnp.where(col == first + j, weights, scores)
 
-    exact = lambda: _own_keys(g_ref, first, diagonal, through_r(False))
-    scores = lax.cond(_separable(g), lambda: through_r(True), exact)
+    exact = lambda: own_keys(g_ref, first, diagonal, through_r(False))
+    scores = lax.cond(separable(g), lambda: through_r(True), exact)
     a_ref[...] = scores.astype(a_ref.dtype)
 
 
-def _scores(t: GlaTiling, chunk: int, q, k, g):
+def chunk_scores(t: GlaTiling, chunk: int, q, k, g):
     """`A` `[B, T, H, C]` (row t of a chunk: its weights on the chunk's keys), in q's dtype (float32 if precise)."""
     if g.shape[-1] == 1:
-        return _head_scores(t, chunk, q, k, g)
+        return head_scores(t, chunk, q, k, g)
     batch, seq, heads, _ = g.shape
     dk = q.shape[-1]
-    q_ratio, k_ratio = _ratio(heads, q), _ratio(heads, k)
+    q_ratio, k_ratio = group_ratio(heads, q), group_ratio(heads, k)
     per_chunk = lambda i: lax.div(i, jnp.int32(chunk // SUB))
     block = lambda width: (None, chunk, None, width)
-    return _call(
+    return call_pallas(
         _scores_kernel,
         t,
         t.scores_warps,
         (seq // SUB, batch, heads),
         [
-            pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, _shared(h, q_ratio), 0)),
-            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), _shared(h, k_ratio), 0)),
+            pl.BlockSpec((None, SUB, None, dk), lambda i, b, h: (b, i, group_of(h, q_ratio), 0)),
+            pl.BlockSpec(block(dk), lambda i, b, h: (b, per_chunk(i), group_of(h, k_ratio), 0)),
             pl.BlockSpec(block(g.shape[-1]), lambda i, b, h: (b, per_chunk(i), h, 0)),
         ],
         pl.BlockSpec((None, SUB, None, chunk), lambda i, b, h: (b, i, h, 0)),
@@ -182,7 +182,7 @@ def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, *refs, scale: float, mm
     the values are `vs ⊙ v` (taken into the scores' columns) and `skip ⊙ v` is added to the outputs."""
     vs_row_ref, skip_ref, v_ref, e_ref, o_ref = refs if value_scaled else (None, None, *refs)
     g = g_ref[...]
-    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * _decays(g, g_row_ref[...][None, :])
+    scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True) * pair_decays(g, g_row_ref[...][None, :])
     if value_scaled:
         scores = scores * vs_row_ref[...][None, :]
     q = (q_ref[...].astype(F32) * jnp.exp(g)).astype(mm)
@@ -192,14 +192,14 @@ def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, *refs, scale: float, mm
     o_ref[...] = out.astype(o_ref.dtype)
 
 
-def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_scale=None, skip=None):
+def chunk_outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_scale=None, skip=None):
     """The outputs from the scores `a`; with `k` instead (a gate per head, `GlaTiling.fuse_head_scores`)
     the kernel makes each chunk's scores itself, and `A` is never in memory. With `k`, `v_scale [B, T, H, 1]`
     and `skip [H]` (float32, both or neither; Mamba-2's dt and D) make the outputs those of the values
     `v_scale ⊙ v`, plus `skip ⊙ v`."""
     batch, seq, heads, _ = g.shape
     dk, dv = q.shape[-1], v.shape[-1]
-    q_ratio, v_ratio = _ratio(heads, q), _ratio(heads, v)
+    q_ratio, v_ratio = group_ratio(heads, q), group_ratio(heads, v)
     block = lambda width: (None, chunk, None, width)
     static = {}
     if a is not None:
@@ -207,23 +207,23 @@ def _outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_s
         scores_specs = [pl.BlockSpec(block(chunk), lambda c, b, h, j: (b, c, h, 0))]
     else:
         kernel, name, scores = _head_outputs_kernel, "ejkernel_gla_head_outputs", [k, jnp.swapaxes(g[..., 0], 1, 2)]
-        k_ratio = _ratio(heads, k)
+        k_ratio = group_ratio(heads, k)
         row = pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (b, h, c))
-        scores_specs = [pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, k_ratio), 0)), row]
+        scores_specs = [pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, group_of(h, k_ratio), 0)), row]
         static["value_scaled"] = v_scale is not None
         if v_scale is not None:
             scores += [jnp.swapaxes(v_scale[..., 0], 1, 2), jnp.broadcast_to(skip[None, :, None], (1, heads, chunk))]
             scores_specs += [row, pl.BlockSpec((None, None, chunk), lambda c, b, h, j: (0, h, 0))]
-    return _call(
+    return call_pallas(
         kernel,
         t,
         t.output_warps,
         (seq // chunk, batch, heads, dv // t.block_v),
         [
-            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, _shared(h, q_ratio), 0)),
+            pl.BlockSpec(block(dk), lambda c, b, h, j: (b, c, group_of(h, q_ratio), 0)),
             pl.BlockSpec(block(g.shape[-1]), lambda c, b, h, j: (b, c, h, 0)),
             *scores_specs,
-            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, _shared(h, v_ratio), j)),
+            pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, group_of(h, v_ratio), j)),
             pl.BlockSpec((None, None, None, dk, t.block_v), lambda c, b, h, j: (b, c, h, 0, j)),
         ],
         pl.BlockSpec(block(t.block_v), lambda c, b, h, j: (b, c, h, j)),
@@ -248,24 +248,24 @@ def _head_scores_kernel(q_ref, k_ref, g_ref, g_row_ref, a_ref, *, chunk: int, mm
     rows = a_ref.shape[0]
     first = lax.rem(pl.program_id(0), jnp.int32(chunk // rows)) * rows
     scores = dot(q_ref[...].astype(mm), k_ref[...].astype(mm), trans_b=True)
-    a_ref[...] = (scores * _decays(g_ref[...], g_row_ref[...][None, :], first)).astype(a_ref.dtype)
+    a_ref[...] = (scores * pair_decays(g_ref[...], g_row_ref[...][None, :], first)).astype(a_ref.dtype)
 
 
-def _head_scores(t: GlaTiling, chunk: int, q, k, g):
-    """`_scores` for a gate per head: programs of `min(C, 64)` rows."""
+def head_scores(t: GlaTiling, chunk: int, q, k, g):
+    """`chunk_scores` for a gate per head: programs of `min(C, 64)` rows."""
     batch, seq, heads, _ = g.shape
     dk, rows = q.shape[-1], min(chunk, 64)
-    q_ratio, k_ratio = _ratio(heads, q), _ratio(heads, k)
+    q_ratio, k_ratio = group_ratio(heads, q), group_ratio(heads, k)
     per_chunk = lambda i: lax.div(i, jnp.int32(chunk // rows))
     g_rows = jnp.swapaxes(g[..., 0], 1, 2)
-    return _call(
+    return call_pallas(
         _head_scores_kernel,
         t,
         t.head_scores_warps,
         (seq // rows, batch, heads),
         [
-            pl.BlockSpec((None, rows, None, dk), lambda i, b, h: (b, i, _shared(h, q_ratio), 0)),
-            pl.BlockSpec((None, chunk, None, dk), lambda i, b, h: (b, per_chunk(i), _shared(h, k_ratio), 0)),
+            pl.BlockSpec((None, rows, None, dk), lambda i, b, h: (b, i, group_of(h, q_ratio), 0)),
+            pl.BlockSpec((None, chunk, None, dk), lambda i, b, h: (b, per_chunk(i), group_of(h, k_ratio), 0)),
             pl.BlockSpec((None, rows, None, 1), lambda i, b, h: (b, i, h, 0)),
             pl.BlockSpec((None, None, chunk), lambda i, b, h: (b, h, per_chunk(i))),
         ],

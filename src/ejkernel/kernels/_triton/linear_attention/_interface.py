@@ -1,4 +1,5 @@
-"""Linear attention on the Triton platform: the shared entry points with the heavy parts in GPU kernels.
+"""Linear attention on the Triton platform: the family's entries (`_common.linear_attention.entries`) with the
+heavy parts in GPU kernels.
 
 The gated recurrence (GLA, lightning, recurrent) runs whole in the chunk kernels of `_gla` (inputs in
 their token layout and dtype, forward and backward). So does the delta rule of one sequence per row
@@ -17,19 +18,13 @@ import functools
 
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.linear_attention import entries
+from ejkernel.kernels._common.linear_attention.driver import Engine
+from ejkernel.kernels._common.linear_attention.scan import ScanPasses
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._delta import delta_chunked
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, gla_chunked
 from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, fused_step
-from ejkernel.kernels._xla.linear_attention._interface import (
-    Engine,
-    gated_delta_rule_xla,
-    gla_attention_xla,
-    kernel_delta_attention_xla,
-    lightning_attention_xla,
-    recurrent_attention_xla,
-)
-from ejkernel.kernels._xla.linear_attention._scan import ScanPasses
 
 WHO = "triton linear attention"
 MIN_CHUNK = 16  # smallest matmul edge Triton takes
@@ -143,8 +138,8 @@ def _on_triton(entry):
     return run
 
 
-gla_attention_triton = _on_triton(gla_attention_xla)
-lightning_attention_triton = _on_triton(lightning_attention_xla)
-recurrent_attention_triton = _on_triton(recurrent_attention_xla)
-kernel_delta_attention_triton = _on_triton(kernel_delta_attention_xla)
-gated_delta_rule_triton = _on_triton(gated_delta_rule_xla)
+gla_attention_triton = _on_triton(entries.gla_attention)
+lightning_attention_triton = _on_triton(entries.lightning_attention)
+recurrent_attention_triton = _on_triton(entries.recurrent_attention)
+kernel_delta_attention_triton = _on_triton(entries.kernel_delta_attention)
+gated_delta_rule_triton = _on_triton(entries.gated_delta_rule)

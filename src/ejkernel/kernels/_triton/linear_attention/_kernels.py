@@ -1,6 +1,6 @@
 """Pallas-Triton kernels of the linear-attention family: the chunk-to-chunk state passes and one-token steps.
 
-Arrays are in the chunk layout of `ejkernel.kernels._xla.linear_attention._layout` (`[NC, B, H, ...]`).
+Arrays are in the chunk layout of `ejkernel.kernels._common.linear_attention.layout` (`[NC, B, H, ...]`).
 Every kernel runs one program per (batch row, head, block of `block_v` value columns): the columns of
 a `[Dk, Dv]` state evolve independently, so a program holds its `[Dk, block_v]` slice of the state in
 registers (float32) and walks the chunks in order (forward) or in reverse (backward).

@@ -35,11 +35,11 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import pad_axes
 from ejkernel.kernels._common.differentiation import trained_as
+from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.kernels._common.state_space import check_v2, finish_output, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, head_gate_forward
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
-from ejkernel.kernels._xla.linear_attention import linear_attention
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
 # Tokens per chunk (H100, B=2 S=16384 H=32 P=64 N=128 G=1 bf16): plain calls 1.133 ms forward at 64 (1.464

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
 from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
-from ejkernel.kernels._xla.linear_attention import chunked_linear_attention
 
 DEFAULT_CHUNK = 64
 

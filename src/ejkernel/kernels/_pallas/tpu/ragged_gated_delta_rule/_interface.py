@@ -1,10 +1,10 @@
 """Compatibility path: upstream ejkernel's private decode entry, which EasyDeL imports at module level.
 
-Upstream runs it as a Pallas TPU kernel only (and fails elsewhere); here it is the XLA decode step of
-`ejkernel.kernels._xla.ragged_gated_delta_rule`, so it runs on every backend.
+Upstream runs it as a Pallas TPU kernel only (and fails elsewhere); here it is the plain-JAX decode step
+the XLA implementation shares (`ejkernel.kernels._common.linear_attention.ragged`), so it runs on every backend.
 """
 
-from ejkernel.kernels._xla.ragged_gated_delta_rule._interface import decode_tokens
+from ejkernel.kernels._common.linear_attention.ragged import decode_tokens
 
 
 def _decode_path(query, key, value, beta, decay, recurrent_state, state_indices, use_qk_l2norm):

@@ -1,4 +1,4 @@
-"""The two XLA forms of a linear recurrence, each with a custom VJP whose memory is linear in length.
+"""The two forms of a linear recurrence in plain JAX, each with a custom VJP whose memory is linear in length.
 
 Both take per-token inputs in chunk layout (`xs`: arrays `[NC, B, H, C, ...]`), the initial states
 `init [N, H, Dk, Dv]` and `starts [NC, B]` (the initial state a chunk enters with, -1 to carry on),
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels._common.linear_attention import (
+from ejkernel.kernels._common.linear_attention.numerics import (
     ChunkParts,
     carry_transpose,
     chunk_carry,

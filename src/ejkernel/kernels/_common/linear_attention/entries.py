@@ -1,0 +1,217 @@
+"""The five linear-attention ops as every platform registers them: public signatures, canonical options.
+
+Each checks its arguments, resolves its defaults and maps its gates onto `driver.linear_attention`, whose
+sequential parts run on `engine(cfg)`: the plain-JAX engine by default (the xla platform registers these
+entries as they are), the Triton platform's engine there.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_layer, check_linear_call
+from ejkernel.kernels._common.linear_attention.driver import DEFAULT_CHUNK, linear_attention, to_f32, xla_engine
+from ejkernel.kernels._common.linear_attention.inputs import delta_rule_inputs, lightning_gamma
+
+
+def _scale(softmax_scale, query) -> float:
+    return query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+def _chunk(cfg, default: int = DEFAULT_CHUNK) -> int:
+    return getattr(cfg, "chunk_size", None) or default
+
+
+def _decoding(query, cu_seqlens=None) -> bool:
+    """One token per sequence (about): the recurrent form, without chunk padding."""
+    return query.shape[1] == 1 or (cu_seqlens is not None and query.shape[1] < cu_seqlens.shape[0])
+
+
+def _per_token_gamma(g_gamma, query):
+    """A constant per-head log decay `[H]` or `[B, H]` as a per-token one `[B, S, H]`."""
+    batch, seq_len, num_heads = query.shape[:3]
+    return jnp.broadcast_to(jnp.broadcast_to(g_gamma, (batch, num_heads))[:, None, :], (batch, seq_len, num_heads))
+
+
+def _add(a, b):
+    return a if b is None else b if a is None else a + b
+
+
+def _returned(out, state, return_state):
+    return (out, state) if return_state else out
+
+
+def _gated(
+    query,
+    key,
+    value,
+    g,
+    g_gamma,
+    gk,
+    gv,
+    initial_state,
+    cu_seqlens,
+    *,
+    softmax_scale=None,
+    reverse=False,
+    return_state=False,
+    cfg=None,
+    engine=xla_engine,
+):
+    """The gated recurrence of the three entries below (arguments checked by them): chunked, or token by
+    token for decoding and per-value-channel gates.
+
+    `engine(cfg)` says where the sequential parts run (plain JAX by default; GPU kernels on the Triton platform).
+    """
+    g = _add(to_f32(g), None if g_gamma is None else _per_token_gamma(to_f32(g_gamma), query))
+    runner = engine(cfg)
+    out, state = linear_attention(
+        query,
+        key,
+        value,
+        scale=_scale(softmax_scale, query),
+        g=g,
+        gk=gk,
+        gv=gv,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        reverse=reverse,
+        chunk_size=_chunk(cfg, runner.gated_chunk),
+        recurrent=gv is not None or _decoding(query, cu_seqlens),
+        engine=runner,
+    )
+    return _returned(out, state, return_state)
+
+
+def recurrent_attention(
+    query, key, value, g=None, g_gamma=None, gk=None, gv=None, initial_state=None, cu_seqlens=None, **options
+):
+    """`recurrent_attention`; options (`softmax_scale`, `reverse`, `return_state`, `cfg`, `engine`) as `_gated`'s."""
+    check_linear_call(
+        query,
+        key,
+        value,
+        grouped=True,
+        gates={"g": (g, "head"), "gk": (gk, "dim_k"), "gv": (gv, "dim_v")},
+        g_gamma=g_gamma,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _gated(query, key, value, g, g_gamma, gk, gv, initial_state, cu_seqlens, **options)
+
+
+def gla_attention(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
+    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s."""
+    check_linear_call(
+        query,
+        key,
+        value,
+        grouped=True,
+        gates={"g": (g, "dim_k")},
+        g_gamma=g_gamma,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
+
+
+def lightning_attention(query, key, value, initial_state=None, cu_seqlens=None, *, layer_idx, num_layers, **options):
+    """`lightning_attention` (the layer's fixed per-head decay); options as `_gated`'s."""
+    check_layer(layer_idx, num_layers)
+    check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    g_gamma = jnp.asarray(lightning_gamma(query.shape[2], layer_idx, num_layers))
+    return _gated(query, key, value, None, g_gamma, None, None, initial_state, cu_seqlens, **options)
+
+
+def _delta_rule(
+    query, key, value, beta, decay, seg_ids, initial_state, *, scale, use_qk_l2norm, recurrent, chunk, engine
+):
+    q, k, beta, decay, restarts = delta_rule_inputs(query, key, beta, decay, seg_ids, use_qk_l2norm)
+    return linear_attention(
+        q,
+        k,
+        value,
+        scale=scale,
+        g=decay,
+        beta=beta,
+        restarts=restarts,
+        initial_state=initial_state,
+        chunk_size=chunk,
+        recurrent=recurrent or _decoding(query),
+        engine=engine,
+    )
+
+
+def kernel_delta_attention(
+    query,
+    key,
+    value,
+    beta,
+    decay=None,
+    initial_state=None,
+    *,
+    softmax_scale=None,
+    chunk_size=DEFAULT_CHUNK,
+    use_qk_l2norm=True,
+    use_chunked=True,
+    return_state=False,
+    cfg=None,
+    engine=xla_engine,
+):
+    """`kernel_delta_attention`: the delta rule with a per-head decay; options as `_gated`'s (`engine`, `cfg`)."""
+    check_chunk_size("chunk_size", chunk_size)
+    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state)
+    out, state = _delta_rule(
+        query,
+        key,
+        value,
+        beta,
+        decay,
+        None,
+        initial_state,
+        scale=_scale(softmax_scale, query),
+        use_qk_l2norm=use_qk_l2norm,
+        recurrent=not use_chunked,
+        chunk=_chunk(cfg, chunk_size),
+        engine=engine(cfg),
+    )
+    return _returned(out, state, return_state)
+
+
+def gated_delta_rule(
+    query,
+    key,
+    value,
+    beta,
+    decay=None,
+    seg_ids=None,
+    initial_state=None,
+    *,
+    autotune_chunk_candidates=None,
+    use_qk_l2norm=True,
+    use_chunked=True,
+    return_state=False,
+    cfg=None,
+    engine=xla_engine,
+):
+    """`gated_delta_rule`; `seg_ids` packs sequences per row (see the reference); `engine` as `_gated`'s."""
+    del autotune_chunk_candidates  # chooses the configs tried by autotuning, not the computation
+    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state, seg_ids=seg_ids)
+    runner = engine(cfg)
+    out, state = _delta_rule(
+        query,
+        key,
+        value,
+        beta,
+        decay,
+        seg_ids,
+        initial_state,
+        scale=_scale(None, query),
+        use_qk_l2norm=use_qk_l2norm,
+        recurrent=not use_chunked,
+        chunk=_chunk(cfg, runner.delta_chunk),
+        engine=runner,
+    )
+    return _returned(out, state, return_state)
