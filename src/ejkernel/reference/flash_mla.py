@@ -1,30 +1,15 @@
 """Reference multi-head latent attention: keys and values decompressed per head, then dense float32 attention.
 
 Written out in plain JAX on purpose (no package helpers): it is the definition the implementations are
-tested against, so it shares nothing with them but the dropout hash it must reproduce.
+tested against, so it shares nothing with them but the dropout hash of `reference/dropout.py`, which every
+implementation reproduces.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def _fmix32(h):
-    """murmur3's 32-bit finaliser on uint32."""
-    h = h ^ (h >> 16)
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def _dropout_keep(seed, batch_head, q_pos, k_pos, rate: float):
-    """The package's counter-based keep mask: a pure function of (seed, batch * heads + head, i, j)."""
-    u32 = lambda x: jnp.asarray(x).astype(jnp.uint32)
-    h = _fmix32(u32(seed) ^ (u32(batch_head) * np.uint32(0x9E3779B9) + np.uint32(0x7F4A7C15)))
-    h = _fmix32(h ^ (u32(q_pos) * np.uint32(0x27D4EB2F)))
-    h = _fmix32(h ^ (u32(k_pos) * np.uint32(0x165667B1) + np.uint32(0x61C88647)))
-    return (h >> 1) >= np.uint32(min(int(rate * 2.0**31), 2**31 - 1))
+from ejkernel.reference.dropout import dropout_keep
 
 
 def flash_mla_reference(
@@ -131,7 +116,7 @@ def flash_mla_reference(
     if dropout_prob > 0.0 and not deterministic:
         seed = jax.random.bits(dropout_rng, dtype=jnp.uint32)
         batch_head = jnp.arange(batch)[:, None, None, None] * num_heads + jnp.arange(num_heads)[None, :, None, None]
-        keep = _dropout_keep(seed, batch_head, i[None, None], j[None, None], dropout_prob)
+        keep = dropout_keep(seed, batch_head, i[None, None], j[None, None], dropout_prob)
         p = jnp.where(keep, p / (1.0 - dropout_prob), 0.0)
 
     # 7. Weighted sum of the values.
