@@ -8,6 +8,9 @@ import hashlib
 import jax
 import jaxlib
 
+from ejkernel import version
+from ejkernel.registry import current_backend
+
 
 def _runtime_version(device) -> str:
     try:
@@ -26,15 +29,11 @@ def _memory_bytes(device) -> int:
 
 def get_device_platform(device=None) -> str:
     """`"gpu"`, `"tpu"` or `"cpu"`: the kind of `device` (default: JAX's default device)."""
-    from ejkernel.registry import current_backend
-
     return current_backend(device).value
 
 
 def describe_device(device=None) -> dict[str, str]:
     """The fields of the fingerprint, readable (shown by `ejkernel info`)."""
-    from ejkernel.version import __version__
-
     device = device if device is not None else jax.devices()[0]
     return {
         "platform": str(device.platform),
@@ -43,7 +42,7 @@ def describe_device(device=None) -> dict[str, str]:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "runtime": _runtime_version(device),
-        "ejkernel": __version__,
+        "ejkernel": version.__version__,
     }
 
 
