@@ -1,4 +1,4 @@
-"""Test set-up: 8 simulated CPU devices, JAX's persistent compilation cache, the `gpu` marker."""
+"""Test set-up: 8 simulated CPU devices, JAX's persistent compilation cache, the `gpu` and `multigpu` markers."""
 
 import os
 import pathlib
@@ -22,12 +22,12 @@ HAS_GPU = jax.default_backend() == "gpu"
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    gpus = jax.device_count() if HAS_GPU else 0
     for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip)
+        if item.get_closest_marker("gpu") and not gpus:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif item.get_closest_marker("multigpu") and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
 
 
 @pytest.fixture(autouse=True)

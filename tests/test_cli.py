@@ -111,3 +111,16 @@ def test_ring_bench_reports_speed_up_and_scaling_efficiency(tmp_path):
         ring, whole, per_device = row[f"ring-xla x{n}"], row["flash x1"], row["flash x1 S/n"]
         assert row["ring-xla / flash"] == pytest.approx(ring / whole)
         assert row["ring-xla efficiency"] == pytest.approx(ring / (n * per_device))
+
+
+def test_multi_gpu_bench_times_each_split_beside_one_device(tmp_path):
+    argv = ["bench", "multi_gpu", "--quick", "--devices", "2", "--repeats", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "multi_gpu.json").read_text())["rows"]
+    assert {row["case"].split()[0] for row in rows} == {
+        "page_attention",
+        "grouped_matmul",
+        "gla_attention",
+        "flash_attention",
+    }
+    assert all(row["speed-up"] == pytest.approx(row["ms x1"] / row["ms x2"]) for row in rows)
