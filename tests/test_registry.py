@@ -1,9 +1,15 @@
-"""The kernel registry: priorities, replacement, filters, errors and listings."""
+"""The kernel registry: priorities, replacement, filters, errors, listings and the op modules' declarations."""
+
+import importlib
+import inspect
+import json
+import pkgutil
 
 import pytest
 
 from ejkernel import Backend, KernelRegistry, Platform, kernel_registry
-from ejkernel.registry import current_backend
+from ejkernel.ops import Kernel
+from ejkernel.registry import current_backend, declared_implementations, implementations
 
 
 def _tagged(tag):
@@ -218,3 +224,59 @@ def test_global_registry_has_mean_pooling():
     # On this CPU host the unfiltered choice is the XLA one, never the GPU kernel.
     xla = next(i for i in kernel_registry.list_implementations("mean_pooling") if i.platform is Platform.XLA)
     assert kernel_registry.get("mean_pooling") is xla.fn
+
+
+def test_declared_implementations_rank_by_position_load_lazily_and_keep_registrations():
+    declared = implementations(
+        "algo",
+        (Platform.TRITON, Backend.GPU, "no_such_module:kernel"),
+        (Platform.XLA, Backend.ANY, "json:dumps"),
+        (Platform.PALLAS, Backend.TPU, "json:loads"),
+    )
+    assert [i.priority for i in declared] == [100, 90, 80]
+    registry = KernelRegistry(loader=lambda: declared)
+    mine, cpu = _tagged("mine"), _tagged("cpu")
+    registry.register("algo", Platform.PALLAS, Backend.TPU, priority=5)(mine)  # before the first lookup: kept
+    registry.register("algo", Platform.PALLAS, Backend.CPU, priority=95)(cpu)  # between the declared ones
+    impls = registry.list_implementations("algo")  # nothing imported: the Triton target does not exist
+    assert [(i.platform, i.backend, i.priority) for i in impls] == [
+        (Platform.TRITON, Backend.GPU, 100),
+        (Platform.PALLAS, Backend.CPU, 95),
+        (Platform.XLA, Backend.ANY, 90),
+        (Platform.PALLAS, Backend.TPU, 5),
+    ]
+    assert registry.get("algo") is cpu
+    assert registry.get("algo", "xla") is json.dumps
+    assert registry.get("algo", "pallas", "tpu") is mine
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        registry.get("algo", "triton", "gpu")
+    with pytest.raises(ValueError, match="declared twice"):
+        implementations("algo", (Platform.XLA, Backend.ANY, "json:dumps"), (Platform.XLA, Backend.ANY, "json:loads"))
+
+
+def test_every_declared_target_imports_and_is_callable():
+    declared = list(declared_implementations())
+    assert len(declared) > 40  # every op module was found
+    for impl in declared:
+        assert isinstance(impl.target, str) and callable(impl.fn), impl
+
+
+def test_declared_order_is_the_priority_order():
+    declared = list(declared_implementations())
+    for algorithm in {i.algorithm for i in declared}:
+        order = [(i.platform, i.backend) for i in declared if i.algorithm == algorithm]
+        registered = kernel_registry.list_implementations(algorithm)
+        assert [(i.platform, i.backend) for i in registered] == order, algorithm
+        assert [i.priority for i in registered] == list(range(100, 100 - 10 * len(order), -10)), algorithm
+
+
+def test_each_op_module_declares_the_algorithms_of_its_kernels():
+    operations = importlib.import_module("ejkernel.modules.operations")
+    for info in pkgutil.iter_modules(operations.__path__, f"{operations.__name__}."):
+        module = importlib.import_module(info.name)
+        op_ids = {
+            cls.op_id
+            for cls in vars(module).values()
+            if inspect.isclass(cls) and issubclass(cls, Kernel) and cls.__module__ == info.name and "op_id" in vars(cls)
+        }
+        assert {i.algorithm for i in getattr(module, "IMPLEMENTATIONS", ())} == op_ids, info.name

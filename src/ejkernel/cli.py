@@ -13,7 +13,6 @@ PLATFORMS = [p.value for p in Platform]
 
 
 def _info(_args) -> int:
-    import ejkernel.modules  # noqa: F401  (registers every implementation)
     from ejkernel import kernel_registry
     from ejkernel.ops.fingerprint import describe_device, device_fingerprint
     from ejkernel.version import __version__

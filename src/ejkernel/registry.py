@@ -1,11 +1,17 @@
-"""The kernel registry: every (platform, backend) implementation of every algorithm, with a priority."""
+"""The kernel registry: every (platform, backend) implementation of every algorithm, with a priority.
+
+Each op module declares its implementations, best first, as `IMPLEMENTATIONS` (`implementations(...)`);
+the global registry reads them on its first lookup and imports a backend only when its function is used.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import pkgutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 
 import jax
@@ -39,19 +45,44 @@ def current_backend(device: jax.Device | None = None) -> Backend:
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    """One registered implementation of an algorithm."""
+    """One implementation of an algorithm: what it is written in, where it runs, its rank and its function.
+
+    `target` is the function, or where to find it as `"module:attribute"`: declared implementations name
+    it so, and the backend's module is imported only when `fn` is first read.
+    """
 
     algorithm: str
     platform: Platform
     backend: Backend
     priority: int
-    fn: Callable
+    target: Callable | str = dataclasses.field(repr=False)
+
+    @functools.cached_property
+    def fn(self) -> Callable:
+        """The function (a `"module:attribute"` target imported on first use)."""
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
     def runs_on(self, backend: Backend) -> bool:
         return self.backend in (Backend.ANY, backend)
 
     def describe(self) -> str:
         return f"{self.platform.value}/{self.backend.value} (priority {self.priority})"
+
+
+def implementations(algorithm: str, *declared: tuple[Platform, Backend, str]) -> tuple[Implementation, ...]:
+    """`algorithm`'s implementations as an op module declares them: `(platform, backend, "module:attribute")`
+    each, best first. The position gives the priority, 100 for the first and 10 less for each next, so that
+    a registration with a priority of its own sorts among them."""
+    pairs = [(platform, backend) for platform, backend, _ in declared]
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"{algorithm}: a platform/backend pair is declared twice: {pairs}")
+    return tuple(
+        Implementation(algorithm, Platform(platform), Backend(backend), 100 - 10 * rank, target)
+        for rank, (platform, backend, target) in enumerate(declared)
+    )
 
 
 ALIASES = {
@@ -67,11 +98,13 @@ ALIASES = {
 class KernelRegistry:
     """Maps an algorithm name to its implementations; `get` picks the highest priority that matches.
 
-    `loader`, if given, is called once before the first lookup: the global registry uses it to import
-    every implementation, so `from ejkernel import kernel_registry` alone knows them all.
+    `loader`, if given, is called once, before the first lookup, for the declared implementations: the global
+    registry's loader reads every op module's `IMPLEMENTATIONS`, so `from ejkernel import kernel_registry`
+    alone knows them all. A declared implementation does not replace one registered earlier for the same
+    algorithm, platform and backend.
     """
 
-    def __init__(self, loader: Callable[[], object] | None = None) -> None:
+    def __init__(self, loader: Callable[[], Iterable[Implementation]] | None = None) -> None:
         self._impls: dict[str, list[Implementation]] = {}
         self._loader = loader
         self._load_lock = threading.RLock()
@@ -82,11 +115,22 @@ class KernelRegistry:
                 loader, self._loader = self._loader, None
                 if loader is not None:
                     try:
-                        loader()
+                        for impl in loader():
+                            registered = self._impls.get(impl.algorithm, [])
+                            if all((i.platform, i.backend) != (impl.platform, impl.backend) for i in registered):
+                                self._add(impl)
                     except BaseException:
                         self._loader = loader
                         raise
         return self._impls
+
+    def _add(self, impl: Implementation) -> None:
+        """Adds `impl` in its priority's place (after those of equal priority), replacing the algorithm's
+        implementation of the same platform and backend."""
+        impls = self._impls.setdefault(impl.algorithm, [])
+        impls[:] = [i for i in impls if (i.platform, i.backend) != (impl.platform, impl.backend)]
+        impls.append(impl)
+        impls.sort(key=lambda i: -i.priority)
 
     @staticmethod
     def canonical_name(algorithm: str) -> str:
@@ -101,10 +145,7 @@ class KernelRegistry:
         algorithm = self.canonical_name(algorithm)
 
         def decorate(fn: Callable) -> Callable:
-            impls = self._impls.setdefault(algorithm, [])
-            impls[:] = [i for i in impls if (i.platform, i.backend) != (platform, backend)]
-            impls.append(Implementation(algorithm, platform, backend, priority, fn))
-            impls.sort(key=lambda i: -i.priority)
+            self._add(Implementation(algorithm, platform, backend, priority, fn))
             return fn
 
         return decorate
@@ -152,4 +193,11 @@ class KernelRegistry:
         return list(self._loaded().get(self.canonical_name(algorithm), []))
 
 
-kernel_registry = KernelRegistry(loader=lambda: importlib.import_module("ejkernel.kernels"))
+def declared_implementations() -> Iterator[Implementation]:
+    """The `IMPLEMENTATIONS` of every op module (`ejkernel.modules.operations.<op>`), importing them."""
+    operations = importlib.import_module("ejkernel.modules.operations")
+    for module in pkgutil.iter_modules(operations.__path__, f"{operations.__name__}."):
+        yield from getattr(importlib.import_module(module.name), "IMPLEMENTATIONS", ())
+
+
+kernel_registry = KernelRegistry(loader=declared_implementations)

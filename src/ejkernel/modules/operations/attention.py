@@ -12,7 +12,13 @@ from ejkernel.kernels._common.attention import canonical_sinks, check_broadcasta
 from ejkernel.modules.operations._attention_args import check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import Kernel, KernelConfig
+from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo
+
+IMPLEMENTATIONS = implementations(
+    "attention",
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.attention:attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,21 @@ from ejkernel.modules.operations._common import executor, require_int, typecheck
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
+from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import clamp_window, intersect_windows
+
+IMPLEMENTATIONS = implementations(
+    "flash_attention",
+    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.flash_attention:flash_attention"),
+    (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.flash_attention:flash_attention"),
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.flash_attention:flash_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.flash_attention:flash_attention"),
+    (Platform.PALLAS, Backend.TPU, "ejkernel.kernels._pallas.tpu.flash_attention:flash_attention"),
+)
+"""Best first: cuDNN where it serves the call, the Mosaic GPU kernels (Hopper), Triton, XLA. The TPU kernels,
+checked only in Pallas' TPU interpret mode so far, come after XLA (`platform="pallas"` asks for them) until the
+suite has passed on a real TPU."""
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
 XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}

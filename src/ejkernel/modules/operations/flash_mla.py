@@ -13,6 +13,13 @@ from ejkernel.modules.operations._attention_args import check_bias, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.axis_roles import sink_roles
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "flash_mla",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.flash_mla:flash_mla_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.flash_mla:flash_mla_xla"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

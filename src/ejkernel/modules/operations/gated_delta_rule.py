@@ -15,6 +15,13 @@ from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
 from ejkernel.ops.executor import specs_by_slot
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "gated_delta_rule",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.linear_attention:gated_delta_rule_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.linear_attention:gated_delta_rule"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

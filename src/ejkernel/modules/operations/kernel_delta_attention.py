@@ -12,6 +12,13 @@ from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, c
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "kernel_delta_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.linear_attention:kernel_delta_attention_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.linear_attention:kernel_delta_attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

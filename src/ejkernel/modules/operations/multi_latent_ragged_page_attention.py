@@ -27,6 +27,12 @@ from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules.operations._common import executor
 from ejkernel.modules.operations.page_attention import busy_sequences
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.registry import Backend, Platform, implementations
+
+_XLA_TARGET = "ejkernel.kernels._xla.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_xla"
+IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", (Platform.XLA, Backend.ANY, _XLA_TARGET))
+IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", (Platform.XLA, Backend.ANY, _XLA_TARGET))
+"""Both ops, one implementation (v2 differs only in its config)."""
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:

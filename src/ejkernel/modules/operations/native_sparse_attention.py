@@ -18,6 +18,13 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.bounds import check_packed, clamp_packed
 from ejkernel.modules.operations._common import executor, require_float, require_int, require_rank, typechecked
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "native_sparse_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.native_sparse_attention:native_sparse_attention_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.native_sparse_attention:native_sparse_attention_xla"),
+)
 
 DEFAULT_BLOCK_SIZE = 64
 

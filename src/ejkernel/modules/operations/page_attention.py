@@ -24,6 +24,16 @@ from ejkernel.kernels._common.paged_attention.arguments import (
 )
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "page_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:page_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:page_attention"),
+    (Platform.PALLAS, Backend.TPU, "ejkernel.kernels._pallas.tpu.paged_attention:page_attention"),
+)
+"""Best first. The TPU kernel, checked only in Pallas' TPU interpret mode so far, comes after XLA
+(`platform="pallas"` asks for it) until the suite has passed on a real TPU."""
 
 
 @dataclasses.dataclass(frozen=True)

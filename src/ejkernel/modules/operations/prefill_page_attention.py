@@ -18,6 +18,13 @@ from ejkernel.kernels._common.paged_attention.arguments import (
 )
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "prefill_page_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:prefill_page_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:prefill_page_attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

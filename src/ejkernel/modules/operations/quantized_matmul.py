@@ -17,6 +17,12 @@ from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
 from ejkernel.quantization.matmul import check_matmul_operands, resolve_transpose
 from ejkernel.quantization.modes import resolve_params
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "quantized_matmul",
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.quantized_matmul:quantized_matmul_xla"),
+)
 
 TPU_PATHS = ("packed", "hybrid", "predecode")
 GEMV_MODES = ("auto", "on", "off")

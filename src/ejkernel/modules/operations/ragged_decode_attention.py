@@ -21,6 +21,13 @@ from ejkernel.kernels._common.paged_attention.arguments import (
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel
 from ejkernel.ops.axis_roles import sink_roles
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "ragged_decode_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:ragged_decode_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:ragged_decode_attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

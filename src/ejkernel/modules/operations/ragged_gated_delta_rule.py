@@ -16,6 +16,12 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "ragged_gated_delta_rule",
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ragged_gated_delta_rule:ragged_gated_delta_rule_xla"),
+)
 
 
 def _check_chunk_size(name: str, value) -> None:

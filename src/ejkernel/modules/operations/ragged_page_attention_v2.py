@@ -25,6 +25,13 @@ from ejkernel.modules.operations.page_attention import (
     check_tables,
 )
 from ejkernel.ops.axis_roles import sink_roles
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "ragged_page_attention_v2",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:ragged_page_attention_v2"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:ragged_page_attention_v2"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,16 @@ from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig, PagedAttentionKernel, busy_sequences
 from ejkernel.ops.axis_roles import sink_roles
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "ragged_page_attention_v3",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:ragged_page_attention_v3"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:ragged_page_attention_v3"),
+    (Platform.PALLAS, Backend.TPU, "ejkernel.kernels._pallas.tpu.paged_attention:ragged_page_attention_v3"),
+)
+"""Best first. The TPU kernel, checked only in Pallas' TPU interpret mode so far, comes after XLA
+(`platform="pallas"` asks for it) until the suite has passed on a real TPU."""
 
 
 @dataclasses.dataclass(frozen=True)

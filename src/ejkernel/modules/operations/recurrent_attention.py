@@ -11,6 +11,13 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.linear_attention.checks import check_linear_call
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "recurrent",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.linear_attention:recurrent_attention_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.linear_attention:recurrent_attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

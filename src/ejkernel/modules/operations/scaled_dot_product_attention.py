@@ -20,7 +20,14 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, require_lengths, typechecked
 from ejkernel.ops import Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
+from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo
+
+IMPLEMENTATIONS = implementations(
+    "scaled_dot_product_attention",
+    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.scaled_dot_product_attention:sdpa_cudnn"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.scaled_dot_product_attention:sdpa_xla"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

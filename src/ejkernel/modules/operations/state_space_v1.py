@@ -18,6 +18,13 @@ from ejkernel.kernels._common.state_space import check_v1
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "state_space_v1",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.state_space_v1:state_space_v1_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.state_space_v1:state_space_v1_xla"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,13 @@ from ejkernel.kernels._common.state_space import check_v2
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.state_space_v1 import ChunkedScanConfig, StateSpaceKernel, split_specs
 from ejkernel.ops import Invocation
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "state_space_v2",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.state_space_v2:state_space_v2_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.state_space_v2:state_space_v2_xla"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,13 @@ from ejkernel.modules.operations.page_attention import (
     busy_sequences,
     check_tables,
 )
+from ejkernel.registry import Backend, Platform, implementations
+
+IMPLEMENTATIONS = implementations(
+    "unified_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:unified_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:unified_attention"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

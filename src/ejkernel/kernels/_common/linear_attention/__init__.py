@@ -11,7 +11,7 @@ rules, the ragged gated delta rule, and Mamba-2's SSD on their chunked core), on
   platform may run in its own kernels;
 - `driver`: `linear_attention` on an `Engine` (where a platform runs the sequential parts) and
   `chunked_linear_attention`;
-- `entries`: the five ops as every platform registers them, over an engine;
+- `entries`: the five ops as every platform serves them, over an engine;
 - `ragged`: the ragged gated delta rule's shared parts and its decode step.
 
 Nothing here imports `ejkernel.ops` or `ejkernel.modules`; the `Kernel` classes and configs are in

@@ -1,7 +1,7 @@
-"""The five linear-attention ops as every platform registers them: public signatures, canonical options.
+"""The five linear-attention ops as every platform serves them: public signatures, canonical options.
 
 Each checks its arguments, resolves its defaults and maps its gates onto `driver.linear_attention`, whose
-sequential parts run on `engine(cfg)`: the plain-JAX engine by default (the xla platform registers these
+sequential parts run on `engine(cfg)`: the plain-JAX engine by default (the xla platform serves these
 entries as they are), the Triton platform's engine there.
 """
 

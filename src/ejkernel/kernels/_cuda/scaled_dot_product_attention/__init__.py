@@ -1,4 +1,4 @@
-"""Registers cuDNN's fused attention (through `jax.nn.dot_product_attention`) for scaled dot-product attention."""
+"""cuDNN's fused attention (through `jax.nn.dot_product_attention`) as scaled dot-product attention (`sdpa_cudnn`)."""
 
 import functools
 
@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.scaled_dot_product_attention import zero_rows_without_keys
-from ejkernel.registry import Backend, Platform, kernel_registry
 
 
 @functools.wraps(jax.nn.dot_product_attention)
@@ -26,6 +25,3 @@ def sdpa_cudnn(query, key, value, bias=None, *, mask=None, cfg=None, **options):
         options = {**options, "is_causal": True}
     out = jax.nn.dot_product_attention(query, key, value, bias, mask, implementation="cudnn", **options)
     return zero_rows_without_keys(out, query, key, **options)  # the XLA route's rule: rows with no key give 0
-
-
-kernel_registry.register("scaled_dot_product_attention", Platform.CUDA, Backend.GPU, priority=30)(sdpa_cudnn)

@@ -1,1 +1,1 @@
-"""Pallas Mosaic GPU kernels for Hopper-class GPUs, one folder per op; importing an op folder registers it."""
+"""Pallas Mosaic GPU kernels for Hopper-class GPUs, one folder per op (imported when an op first uses its kernel)."""

@@ -1,4 +1,4 @@
-"""Pallas Mosaic TPU kernels, one folder per op; importing an op folder registers it."""
+"""Pallas Mosaic TPU kernels, one folder per op (imported when an op first uses its kernel)."""
 
 import jax
 from jax.experimental.pallas import tpu as pltpu

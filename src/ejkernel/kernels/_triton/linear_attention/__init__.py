@@ -1,8 +1,9 @@
-"""Registers the Triton linear attention ops (GPU).
+"""The Triton linear attention ops (GPU).
 
-`platform="auto"` takes only kernels a GPU has checked and timed (BENCHMARKS.md, H100, B=2, S=16384,
-H=16, D=128, bf16), and all five have been: GLA forward 3.2 ms against XLA's 10.2 and forward+backward
-9.2 (chunk 32) against 24.4, lightning forward+backward 3.3 against 9.2, the delta rules 24 against 31.
+The op modules rank them first on a GPU, as `platform="auto"` takes only kernels a GPU has checked and timed
+(BENCHMARKS.md, H100, B=2, S=16384, H=16, D=128, bf16), and all five have been: GLA forward 3.2 ms against
+XLA's 10.2 and forward+backward 9.2 (chunk 32) against 24.4, lightning forward+backward 3.3 against 9.2, the
+delta rules 24 against 31.
 """
 
 from ejkernel.kernels._triton.linear_attention._interface import (
@@ -12,13 +13,11 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     lightning_attention_triton,
     recurrent_attention_triton,
 )
-from ejkernel.registry import Backend, Platform, kernel_registry
 
-for _name, _fn in (
-    ("gla", gla_attention_triton),
-    ("lightning_attn", lightning_attention_triton),
-    ("recurrent", recurrent_attention_triton),
-    ("kernel_delta_attention", kernel_delta_attention_triton),
-    ("gated_delta_rule", gated_delta_rule_triton),
-):
-    kernel_registry.register(_name, Platform.TRITON, Backend.GPU, priority=10)(_fn)
+__all__ = [
+    "gated_delta_rule_triton",
+    "gla_attention_triton",
+    "kernel_delta_attention_triton",
+    "lightning_attention_triton",
+    "recurrent_attention_triton",
+]

@@ -1,14 +1,22 @@
-"""Registers the Pallas-Triton implementation of the six serving ops: one kernel behind six signatures.
+"""The Pallas-Triton implementation of the six serving ops: one kernel behind six signatures.
 
-Above XLA (priority 10): on a GPU `platform="auto"` takes the kernel, which declines (dtype, head dim)
-what it cannot serve, and XLA serves the rest.
+The kernel declines (dtype, head dim) what it cannot serve, and XLA serves the rest.
 """
 
-from ejkernel.kernels._common.paged_attention.implementations import ADAPTERS, implementation
+from ejkernel.kernels._common.paged_attention.implementations import implementation
 from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core
-from ejkernel.registry import Backend, Platform, kernel_registry
 
-for _algorithm in ADAPTERS:
-    kernel_registry.register(_algorithm, Platform.TRITON, Backend.GPU, priority=10)(
-        implementation(_algorithm, paged_attention_triton_core, f"{_algorithm}_triton")
-    )
+page_attention = implementation("page_attention", paged_attention_triton_core, "page_attention_triton")
+prefill_page_attention = implementation(
+    "prefill_page_attention", paged_attention_triton_core, "prefill_page_attention_triton"
+)
+ragged_page_attention_v2 = implementation(
+    "ragged_page_attention_v2", paged_attention_triton_core, "ragged_page_attention_v2_triton"
+)
+ragged_page_attention_v3 = implementation(
+    "ragged_page_attention_v3", paged_attention_triton_core, "ragged_page_attention_v3_triton"
+)
+ragged_decode_attention = implementation(
+    "ragged_decode_attention", paged_attention_triton_core, "ragged_decode_attention_triton"
+)
+unified_attention = implementation("unified_attention", paged_attention_triton_core, "unified_attention_triton")

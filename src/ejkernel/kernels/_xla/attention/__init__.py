@@ -1,7 +1,7 @@
-"""Registers the dense XLA attention (returns the weights too)."""
+"""The dense XLA attention (returns the weights too)."""
 
 from ejkernel.kernels._common.attention import public_defaults
 from ejkernel.kernels._xla.attention._interface import attention_xla
-from ejkernel.registry import Backend, Platform, kernel_registry
 
-kernel_registry.register("attention", Platform.XLA, Backend.ANY, priority=0)(public_defaults(attention_xla))
+attention = public_defaults(attention_xla)
+"""The implementation the op declares: `attention_xla` callable with the public function's defaults."""

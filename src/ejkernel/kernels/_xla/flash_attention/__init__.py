@@ -1,7 +1,7 @@
-"""Registers the XLA flash attention (chunked online softmax, custom VJP, every feature)."""
+"""The XLA flash attention (chunked online softmax, custom VJP, every feature)."""
 
 from ejkernel.kernels._common.attention import public_defaults
 from ejkernel.kernels._xla.flash_attention._interface import flash_attention_xla
-from ejkernel.registry import Backend, Platform, kernel_registry
 
-kernel_registry.register("flash_attention", Platform.XLA, Backend.ANY, priority=0)(public_defaults(flash_attention_xla))
+flash_attention = public_defaults(flash_attention_xla)
+"""The implementation the op declares: `flash_attention_xla` callable with the public function's defaults."""
