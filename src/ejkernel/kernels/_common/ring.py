@@ -320,8 +320,12 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
             dk, dv = step_dk, step_dv
         else:
             dk, dv = (_add(old, new) for old, new in zip(arrived, (step_dk, step_dv), strict=True))
-    # After n steps a device holds the complete dK / dV of the block of the next device: send it home.
-    dk, dv = lax.ppermute((dk, dv), spec.axis_name, ring)
+    # After n steps a device holds the complete dK / dV of the block of the next device: send it home, in the
+    # input's dtype where nothing is summed after arrival (the same rounding, half the bytes for bf16).
+    homeward = lambda gs, xs: tuple(
+        g if varying_axes(g) - varying_axes(x) else g.astype(x.dtype) for g, x in zip(gs, xs, strict=True)
+    )
+    dk, dv = lax.ppermute((homeward(dk, k), homeward(dv, v)), spec.axis_name, ring)
 
     d_aux = None
     if aux is not None:
