@@ -12,8 +12,6 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 BACKENDS = ("_xla", "_triton", "_pallas", "_cuda")
 
 PENDING = {
-    # the config value types (`ejkernel.ops.config`) read by shared code: typed tilings owned by each op
-    ("ejkernel.kernels._common.grouped_matmul", "ejkernel.ops.config"),
     # flash_mla's differentiated Triton path takes the XLA flash attention's VJP: that core moves to _common
     ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_attention._interface"),
 }
