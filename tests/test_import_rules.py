@@ -1,8 +1,9 @@
 """The import rules of `docs/design.md` ("One home per op family"), checked over the source's static import
 graph (every `import` statement, at module level or inside a function).
 
-`PENDING` lists the edges that still break a rule, each to be removed by the issue-41 step named beside it:
-the test fails on any other breach, and on a listed edge that no longer exists (so the list only shrinks).
+`PENDING` lists the edges that still break a rule, each beside the step that removes it (empty now: issue 41
+removed the last ones): the test fails on any other breach, and on a listed edge that no longer exists (so the
+list only shrinks).
 """
 
 import ast
@@ -11,12 +12,7 @@ import pathlib
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 BACKENDS = ("_xla", "_triton", "_pallas", "_cuda")
 
-PENDING = {
-    # the config value types (`ejkernel.ops.config`) read by shared code: typed tilings owned by each op
-    ("ejkernel.kernels._common.grouped_matmul", "ejkernel.ops.config"),
-    # flash_mla's differentiated Triton path takes the XLA flash attention's VJP: that core moves to _common
-    ("ejkernel.kernels._triton.flash_mla._interface", "ejkernel.kernels._xla.flash_attention._interface"),
-}
+PENDING: set[tuple[str, str]] = set()  # empty since issue 41's last two edges went
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -195,7 +195,7 @@ class TestOnGpu:
 
     @pytest.mark.parametrize("causal", [False, True])
     def test_matches_xla(self, causal):
-        xla = pytest.importorskip("ejkernel.kernels._xla.flash_attention._interface")
+        xla = pytest.importorskip("ejkernel.kernels._common.flash_attention.entry")
         shapes = ((2, 1024, 8, 128), (2, 1024, 2, 128), (2, 1024, 2, 128))
         q, k, v = (randn(s, jnp.bfloat16) for s in shapes)
         kw = dict(softmax_scale=128**-0.5, causal=causal)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels._xla.flash_attention._interface import flash_attention_xla
+from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
 from ejkernel.ops.config import BwdParams, FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from harness import assert_close, check_forward_and_grads, randn

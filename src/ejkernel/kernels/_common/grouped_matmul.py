@@ -26,7 +26,6 @@ from jax import lax
 from ejkernel.kernels._common.bounds import check_with
 from ejkernel.kernels._common.checks import is_traced
 from ejkernel.kernels._common.search import sorted_position
-from ejkernel.ops.config import BwdParams, FwdParams
 
 # ---- argument checks ----
 
@@ -167,6 +166,19 @@ def check_args(
 
 # ---- configs ----
 
+
+@dataclasses.dataclass(frozen=True)
+class TileParams:
+    """One product's tiling asked for by a config, in our field names (None: the implementation's default):
+    `block_q` rows, `block_k` contraction step, `block_d` columns, `num_warps`, `num_stages`."""
+
+    block_q: int | None = None
+    block_k: int | None = None
+    block_d: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
 # Our tiling fields, each with the names a `FwdParams` may carry it under (its matmul names `block_m`, `block_n`
 # mean rows and columns too) and the flat field of upstream's `GroupedMatmulConfig` that fills it.
 _TILE_FIELDS = {
@@ -182,9 +194,9 @@ def _power_of_two_below(value: int) -> int:
     return 1 << (value.bit_length() - 1)
 
 
-def tile_params(cfg) -> tuple[FwdParams | None, BwdParams | None]:
-    """A config's tilings of the forward product and of both backward products, in our field names
-    (`block_q` rows, `block_k` contraction, `block_d` columns, `num_warps`, `num_stages`).
+def tile_params(cfg) -> tuple[TileParams | None, TileParams | None]:
+    """A config's tilings of the forward product and of both backward products, as `TileParams` (read from
+    the config's fields by name: this module imports no config type).
 
     `fwd_params` / `bwd_params` set their own product's; upstream's flat fields (`cfg.block_m`, `block_n`,
     `block_k`, `num_warps`, `num_stages`) fill what those leave unset, in both, tiles and warps rounded down
@@ -196,7 +208,7 @@ def tile_params(cfg) -> tuple[FwdParams | None, BwdParams | None]:
         if value is not None:
             flat[ours] = value if ours == "num_stages" else _power_of_two_below(value)
     tilings = []
-    for kind, attribute in ((FwdParams, "fwd_params"), (BwdParams, "bwd_params")):
+    for attribute in ("fwd_params", "bwd_params"):
         given = getattr(cfg, attribute, None)
         fields = {}
         for ours, (names, name) in _TILE_FIELDS.items():
@@ -206,7 +218,7 @@ def tile_params(cfg) -> tuple[FwdParams | None, BwdParams | None]:
                     f"{type(cfg).__name__}: {name}={getattr(cfg, name)!r} contradicts {attribute}.{ours}={own!r}"
                 )
             fields[ours] = own if own is not None else flat.get(ours)
-        tilings.append(kind(**fields) if any(v is not None for v in fields.values()) else None)
+        tilings.append(TileParams(**fields) if any(v is not None for v in fields.values()) else None)
     return tilings[0], tilings[1]
 
 

@@ -3,9 +3,9 @@
 `flash_mla_triton` folds `w_kc` into the query (`_common.mla.absorbed_query`), runs `_kernel.attend` over
 the latent rows (split over the context when few query rows leave the GPU idle), joins the splits and
 sinks (`_kernel.combine`) and expands through `w_vc`. The kernel is a forward: a differentiated call
-runs the XLA implementation's forward and backward (`_common.mla.absorbed_attention` over the XLA flash
-attention, whose custom VJP keeps memory linear), so training through `platform="triton"` is correct,
-and inference takes the kernel.
+runs the XLA implementation's forward and backward (`_common.mla.absorbed_attention` over the plain-JAX
+flash attention of `_common.flash_attention`, whose custom VJP keeps memory linear), so training through
+`platform="triton"` is correct, and inference takes the kernel.
 
 Refused with NotImplementedError (automatic dispatch falls back to XLA): a bias or dense attention mask,
 dropout, float64, and latent ranks above `MAX_RANK`.
@@ -21,10 +21,10 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import decline, fold_sinks, pad_axes
 from ejkernel.kernels._common.differentiation import trained_as
+from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
 from ejkernel.kernels._common.mla import absorbed_attention, absorbed_query, canonical_call, expand_values
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_mla._kernel import Static, attend, combine, padded_dim
-from ejkernel.kernels._xla.flash_attention._interface import flash_attention_xla
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANK = 1024  # the [block_q, rank] float32 accumulator lives in registers

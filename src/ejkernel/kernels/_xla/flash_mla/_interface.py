@@ -10,8 +10,8 @@ b_k, bias and the sinks through the core's VJP and plain autodiff of the folds.
 
 from __future__ import annotations
 
+from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
 from ejkernel.kernels._common.mla import absorbed_attention
-from ejkernel.kernels._xla.flash_attention._interface import flash_attention_xla
 
 
 def flash_mla_xla(query, key_value, w_kc, w_vc, b_q=None, b_k=None, cu_seqlens=None, *, cfg=None, **options):

@@ -13,6 +13,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.flash_attention.backward import attention_backward
+from ejkernel.kernels._common.flash_attention.forward import attention_forward
+from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
 from ejkernel.kernels._common.ring import (
     RingSpec,
     bound_axis_size,
@@ -21,9 +24,6 @@ from ejkernel.kernels._common.ring import (
     ring_window,
     run_ring,
 )
-from ejkernel.kernels._xla.flash_attention._bwd import attention_backward
-from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
-from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
 from ejkernel.ops.config import BwdParams, FwdParams
 
 

@@ -13,7 +13,7 @@ from jax import lax
 
 from ejkernel.kernels._common.vma import vary
 
-from ._tiles import AttentionSpec, Tiling, from_rows, sink_logits
+from .tiles import AttentionSpec, Tiling, from_rows, sink_logits
 
 
 def attention_forward(

@@ -1,8 +1,8 @@
 """Entry point of the XLA flash attention: argument checks and the custom VJP.
 
 Semantics are those of `ejkernel.reference.flash_attention.flash_attention_reference`. The forward
-walks [block_q, block_k] tiles with an online softmax (`_kernel.py`); the backward recomputes
-tiles from the saved output and log-sum-exp (`_bwd.py`). Memory is linear in sequence length
+walks [block_q, block_k] tiles with an online softmax (`forward.py`); the backward recomputes
+tiles from the saved output and log-sum-exp (`backward.py`). Memory is linear in sequence length
 (apart from a bias / mask the caller already holds at Sq x Sk); fully masked tiles under causal
 and sliding-window masking are skipped.
 """
@@ -16,11 +16,10 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable, check_dropout, check_qkv, check_segments
 from ejkernel.kernels._common.vma import sum_to_vma
-from ejkernel.ops.config import BwdParams, FwdParams
 
-from ._bwd import attention_backward
-from ._kernel import attention_forward
-from ._tiles import AttentionSpec
+from .backward import attention_backward
+from .forward import attention_forward
+from .tiles import AttentionSpec
 
 FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
 
@@ -62,8 +61,8 @@ def flash_attention_xla(
     logits_soft_cap: float | None = None,
     dropout_prob: float = 0.0,
     dropout_seed=None,
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
+    fwd_params=None,
+    bwd_params=None,
     normalize_output: bool = True,
     precision=jax.lax.Precision.DEFAULT,
     logits_dtype=jnp.float32,
@@ -77,9 +76,10 @@ def flash_attention_xla(
         m_i is held constant in the gradient, as a shift should be.
       precision: matmul precision of every dot product.
       logits_dtype: accumulation dtype of Q K^T (softmax arithmetic is float32 regardless).
-    Block sizes come from `fwd_params` / `bwd_params` (block_q, block_k); `bwd_params` falls back
-    to `fwd_params`. Defaults: 1024 x 2048 forward, 1024 x 1024 backward, halved while
-    B * H * block_q * block_k exceeds 2**25 (forward) / 2**24 (backward), clamped to the lengths.
+    Block sizes come from `fwd_params` / `bwd_params` (the op's `FwdParams` / `BwdParams`, read for
+    block_q and block_k); `bwd_params` falls back to `fwd_params`. Defaults: 1024 x 2048 forward,
+    1024 x 1024 backward, halved while B * H * block_q * block_k exceeds 2**25 (forward) / 2**24
+    (backward), clamped to the lengths.
     """
     batch, q_len, k_len, num_heads, *_ = check_qkv(
         query, key, value, who="xla flash_attention", dtypes=FLOAT_DTYPES, max_head_dim=2**31 - 1
