@@ -12,7 +12,7 @@ bench() {  # bench <log name> <src> <XLA_FLAGS> <cache> <args...>
     local name=$1 src=$2 flags=$3 cache=$4
     shift 4
     echo "=== $name: $*" | tee -a "$OUT/summary.log"
-    XLA_FLAGS=$flags PYTHONPATH=$src EJKERNEL_PERSISTENT_CACHE_DIR=/tmp/cache-$cache timeout 150 \
+    XLA_FLAGS=$flags PYTHONPATH=$src:/tmp/site EJKERNEL_PERSISTENT_CACHE_DIR=/tmp/cache-$cache timeout 150 \
         python3 -m ejkernel.cli bench "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1
     grep -v Warning "$OUT/$name.log" | tail -6 | tee -a "$OUT/summary.log"
 }
@@ -23,7 +23,7 @@ bench ring_after_lhs_kv16 "$AFTER" "$LHS" after "${ring[@]}"
 bench ring_after_lhs_kv4 "$AFTER" "$LHS" after "${ring[@]}" --kv-heads 4
 for flags in "" "$LHS"; do
     echo "=== schedule XLA_FLAGS=$flags" >>"$OUT/schedule.txt"
-    XLA_FLAGS=$flags PYTHONPATH=$AFTER timeout 100 python3 exp/ring_schedule.py >>"$OUT/schedule.txt" 2>&1
+    XLA_FLAGS=$flags PYTHONPATH=$AFTER:/tmp/site timeout 100 python3 exp/ring_schedule.py >>"$OUT/schedule.txt" 2>&1
 done
 export CUDA_VISIBLE_DEVICES=0
 for side in before after; do
