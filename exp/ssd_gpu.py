@@ -43,7 +43,7 @@ from _kit import elapsed, errors, gla_stages, log
 
 from ejkernel.kernels._common.state_space import ssd_inputs
 from ejkernel.kernels._triton.linear_attention import _gla
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.state_space_v2 import _interface as ssd
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV2Config, state_space_v2
@@ -232,7 +232,7 @@ def kernels():
     init = jnp.zeros((b, h, n, p), jnp.float32)
     builders = {}
     for chunk in ARGS.kernel_chunks:
-        t = GlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
+        t = TritonGlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
         stages = gla_stages(t, chunk, 1.0, q, k, v, a[..., None], do, init)
         for stage, make in stages.items():
             builders[f"C{chunk} {stage}"] = (functools.partial(make, t), None)
@@ -254,7 +254,7 @@ def kernels():
 
 RESULTS: dict = {}
 
-# Kernel tiles tried at the first kernel chunk, beside the defaults (GlaTiling: state tiles 64x64, 4 warps;
+# Kernel tiles tried at the first kernel chunk, beside the defaults (TritonGlaTiling: state tiles 64x64, 4 warps;
 # scores 4 warps; grads key tile 128, 8 warps, spans of 8 heads).
 TILE_VARIANTS = [
     ("grads span1", dict(head_span=1)),

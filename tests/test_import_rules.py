@@ -3,6 +3,7 @@ graph (every `import` statement, at module level or inside a function).
 
 `PENDING` lists the edges that still break a rule, each to be removed by the issue-41 step named beside it:
 the test fails on any other breach, and on a listed edge that no longer exists (so the list only shrinks).
+Beside them, the naming rule of the same section: no two modules define a top-level class of one name.
 """
 
 import ast
@@ -140,3 +141,20 @@ def test_the_rules_catch_a_breach():
         ("ejkernel.kernels._triton.a", "ejkernel.kernels._xla.b"),
     }
     assert cycles(graph) == [["ejkernel.a", "ejkernel.b"]]
+
+
+def top_level_classes() -> dict[str, list[str]]:
+    """Every class defined at the top level of a package module, by name: the modules that define it."""
+    found: dict[str, list[str]] = {}
+    for module, path in sorted(MODULES.items()):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+def test_no_two_classes_share_a_name():
+    """A class's name tells its family and job (`TritonFlashStatic`, `TpuGroupedMatmulTiling`): no two
+    modules define a top-level class of one name, so a name read in a traceback or a review is one class."""
+    shared = {name: modules for name, modules in top_level_classes().items() if len(modules) > 1}
+    assert not shared, f"classes of one name in several modules: {shared}"

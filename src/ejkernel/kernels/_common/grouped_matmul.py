@@ -398,7 +398,7 @@ def add_group_bias(out, rhs_bias, groups):
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class GroupedMatmulStatic:
     """Static part of a core call (hashable): it keys the custom VJP.
 
     `fwd`, `dlhs` and `drhs` are what the implementation's products take as `tiling=` in the forward and
@@ -425,7 +425,7 @@ def grouped_vjp(gmm, tgmm):
     """
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def core(st: Static, lhs, rhs, group_sizes, group_offset):
+    def core(st: GroupedMatmulStatic, lhs, rhs, group_sizes, group_offset):
         return gmm(
             lhs, rhs, group_sizes, group_offset, transpose_rhs=st.transpose_rhs, out_dtype=st.out_dtype, tiling=st.fwd
         )
@@ -502,7 +502,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
         lhs = lhs.astype(dtype)
         bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
         if not bypass:
-            st = Static(
+            st = GroupedMatmulStatic(
                 bool(transpose_rhs),
                 out_dtype,
                 dims.num_local,

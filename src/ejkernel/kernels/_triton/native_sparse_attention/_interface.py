@@ -143,7 +143,7 @@ def native_sparse_attention_triton(
     group = heads // kv_heads
     warps = lambda p, default: p.num_warps if p is not None and p.num_warps else default
     stages = lambda p, default: p.num_stages if p is not None and p.num_stages else default
-    st = _kernels.Static(
+    st = _kernels.TritonNativeSparseStatic(
         softmax_scale=sel.softmax_scale,
         block_size=block_size,
         fwd_warps=warps(fwd_params, 4),

@@ -38,7 +38,7 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.kernels._common.state_space import check_v2, finish_output, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, head_gate_forward
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling, head_gate_forward
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
@@ -47,7 +47,7 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.f
 # the gradient kernel's shared memory). Each at most `cfg.chunk_size` where the config names one.
 PLAIN_CHUNK = 64
 TRAINING_CHUNK = 32
-GLA_TILING = GlaTiling()  # the kernels' tiles (`head_span`: heads of a group per program of the gradient kernel)
+GLA_TILING = TritonGlaTiling()  # the kernels' tiles (`head_span`: heads of a group per program of the gradient kernel)
 MAX_DIM = 256  # the largest head_dim and state_size the kernels take (each padded to a power of two)
 WHO = "triton state_space_v2"
 

@@ -26,7 +26,7 @@ from ejkernel.kernels._common.attention import (
 )
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
-from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, Static, forward
+from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, TpuFlashStatic, forward
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -136,7 +136,7 @@ def flash_attention_tpu(
                     f"(query block a multiple of {granule}; key block a multiple of {LANES} or the whole "
                     f"padded key length {kv_len_padded})"
                 )
-    st = Static(
+    st = TpuFlashStatic(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
         window=window,
