@@ -147,7 +147,7 @@ def plan(
         query, key, value, who=WHO, dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM
     )
     if min(q_len, kv_len, batch, num_heads) == 0:
-        raise NotImplementedError("triton flash_attention needs non-empty inputs")
+        raise NotImplementedError(f"{WHO} needs non-empty inputs")
     check_options(
         batch,
         num_heads,

@@ -127,7 +127,7 @@ def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
             block_v=(params and params.block_d) or 32,
             num_warps=(params and params.num_warps) or 4,
             num_stages=(params and params.num_stages) or 2,
-            interpret=resolve_interpret(interpret, "triton linear attention"),
+            interpret=resolve_interpret(interpret, WHO),
         )
     )
 

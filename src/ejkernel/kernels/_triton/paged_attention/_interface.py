@@ -27,6 +27,7 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(j
 MAX_WIDTH = 256
 MAX_ROWS = 128  # query rows (queries x grouped heads) of one tile
 TARGET_PROGRAMS = 2 * 132  # about two programs per SM of an H100/H200
+WHO = "triton paged attention"
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -39,12 +40,12 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     compute = jnp.dtype(st.compute_dtype) if st.compute_dtype is not None else jnp.dtype(batch.queries.dtype)
     for name, dtype in (("queries", compute), ("cache", jnp.dtype(batch.key_rows.dtype))):
         if dtype not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"triton paged attention takes float16/bfloat16/float32 {name}, got {dtype}")
+            raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 {name}, got {dtype}")
     width = _pow2(st.head_dim)
     if width > MAX_WIDTH:
-        raise NotImplementedError(f"triton paged attention supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
+        raise NotImplementedError(f"{WHO} supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
     if max(batch.key_rows.shape[0], batch.value_rows.shape[0]) >= 2**31:
-        raise NotImplementedError("triton paged attention indexes cache rows in int32: the cache has too many rows")
+        raise NotImplementedError(f"{WHO} indexes cache rows in int32: the cache has too many rows")
     params = config_tiling(cfg, st.rows.page_size)
     group = batch.num_heads // st.num_kv_heads
     block_q = params.block_q or min(default_block_q(batch), max(1, MAX_ROWS // group))
