@@ -242,7 +242,7 @@ def kernels():
             make = stages[label.split(" ")[0]]
             builders[f"C{chunk} {label}"] = (functools.partial(make, dataclasses.replace(t, **variant).fit(n, p)), None)
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
-    group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
+    group_sum = jax.jit(lambda w: _gla.group_sum(w, 1, jnp.bfloat16))
     builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None)
     log(f"kernels: building {len(builders)} (each alone, bf16, B={b} S={s} H={h} P={p} N={n})")
     times = timed(builders, ARGS.repeats)

@@ -51,7 +51,7 @@ from ejkernel.kernels._triton.linear_attention._gla_forward import (
 # ---- the differentiable whole ----
 
 
-def _group_sum(x, shared_heads: int, dtype):
+def group_sum(x, shared_heads: int, dtype):
     """Per-state-head gradients `[B, T, H, D]` of an input with `shared_heads` heads (each read by a group of
     consecutive state heads), summed over each group."""
     batch, seq, heads, dim = x.shape
@@ -120,8 +120,8 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
         da = tiles_sum(da)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
-    dq, dk = _group_sum(dq, q.shape[2], q.dtype), _group_sum(dk, k.shape[2], k.dtype)
-    dv = _group_sum(tiles_sum(dv), v.shape[2], v.dtype)
+    dq, dk = group_sum(dq, q.shape[2], q.dtype), group_sum(dk, k.shape[2], k.dtype)
+    dv = group_sum(tiles_sum(dv), v.shape[2], v.dtype)
     return dq, dk, dv, da, d_init, None, None, None, None
 
 

@@ -37,7 +37,7 @@ def _forward(st: MosaicGpuFlashStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask
     return forward(st, q, k, v, sinks)
 
 
-def _exp2_unless_empty(x, lse):
+def exp2_unless_empty(x, lse):
     """`2^x`, and 0 on rows whose log-sum-exp is -inf (nothing to weigh: avoids -inf - -inf)."""
     return jnp.where(lse == -jnp.inf, 0.0, jnp.exp2(jnp.where(lse == -jnp.inf, 0.0, x)))
 
@@ -59,7 +59,7 @@ def backward(st: MosaicGpuFlashStatic, q, k, v, sinks, out, lse, do, key_tiles=N
     dsinks = None
     if sinks is not None:
         # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
-        weight = _exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
+        weight = exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
         dsinks = -jnp.sum(weight * delta, axis=(0, 2))
     return dq, dk, dv, dsinks
 
