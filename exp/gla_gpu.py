@@ -29,7 +29,7 @@ from _kit import elapsed, errors, gla_stages, log
 from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
-from ejkernel.kernels._triton.linear_attention._kernels import TritonStatePassTiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
 

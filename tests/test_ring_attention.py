@@ -13,8 +13,8 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._common.ring import from_mirrored, to_mirrored
-from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
-from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
+from ejkernel.kernels._xla.flash_attention._fwd import attention_forward
+from ejkernel.kernels._xla.flash_attention._parts import AttentionSpec
 from ejkernel.modules import RingAttentionConfig, ring_attention
 from ejkernel.ops import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference

@@ -23,7 +23,7 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     lightning_attention_triton,
     recurrent_attention_triton,
 )
-from ejkernel.kernels._triton.linear_attention._kernels import TritonStatePassTiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,

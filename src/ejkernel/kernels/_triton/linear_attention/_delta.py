@@ -41,7 +41,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     tiles_sum,
 )
 from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates, head_scores
-from ejkernel.kernels._triton.linear_attention._kernels import TritonStatePassTiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 
 # ---- the WY transform, per chunk in XLA ----
 

@@ -5,7 +5,7 @@ The gated recurrence (GLA, lightning, recurrent) runs whole in the chunk kernels
 their token layout and dtype, forward and backward). So does the delta rule of one sequence per row
 (`_delta`: GLA's kernels of a gate per head around state passes of its own, the WY transform in XLA);
 with restarts (segment ids) its chunk parts and pullbacks stay in XLA, and its chunk-to-chunk state
-passes run as one kernel per direction (`_kernels.exit_states`, `_kernels.entry_grads`). A one-token call
+passes run as one kernel per direction (`_state_passes.exit_states`, `_state_passes.entry_grads`). A one-token call
 (decoding) is one fused step kernel.
 Calls it does not serve (the recurrent form, head dims that are not powers of two in [16, 256]) raise
 NotImplementedError before any kernel is traced.
@@ -24,7 +24,7 @@ from ejkernel.kernels._common.linear_attention.scan import ScanPasses
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._delta import delta_chunked
 from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling, gla_chunked
-from ejkernel.kernels._triton.linear_attention._kernels import (
+from ejkernel.kernels._triton.linear_attention._state_passes import (
     TritonStatePassTiling,
     entry_grads,
     exit_states,

@@ -22,7 +22,7 @@ from jax import lax
 
 from ejkernel.kernels._common.vma import vary
 
-from ._tiles import AttentionSpec, XlaFlashPass, sink_logits, sum_to_shape, to_rows
+from ._parts import AttentionSpec, XlaFlashPass, sink_logits, sum_to_shape, to_rows
 
 
 def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse, q_offset=None, kv_offset=None, grad_dtype=None):

@@ -1,7 +1,7 @@
 """Entry point of the XLA flash attention: argument checks and the custom VJP.
 
 Semantics are those of `ejkernel.reference.flash_attention.flash_attention_reference`. The forward
-walks [block_q, block_k] tiles with an online softmax (`_kernel.py`); the backward recomputes
+walks [block_q, block_k] tiles with an online softmax (`_fwd.py`); the backward recomputes
 tiles from the saved output and log-sum-exp (`_bwd.py`). Memory is linear in sequence length
 (apart from a bias / mask the caller already holds at Sq x Sk); fully masked tiles under causal
 and sliding-window masking are skipped.
@@ -19,8 +19,8 @@ from ejkernel.kernels._common.vma import sum_to_vma
 from ejkernel.ops.config import BwdParams, FwdParams
 
 from ._bwd import attention_backward
-from ._kernel import attention_forward
-from ._tiles import AttentionSpec
+from ._fwd import attention_forward
+from ._parts import AttentionSpec
 
 FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
 

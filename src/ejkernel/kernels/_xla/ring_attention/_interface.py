@@ -22,8 +22,8 @@ from ejkernel.kernels._common.ring import (
     run_ring,
 )
 from ejkernel.kernels._xla.flash_attention._bwd import attention_backward
-from ejkernel.kernels._xla.flash_attention._kernel import attention_forward
-from ejkernel.kernels._xla.flash_attention._tiles import AttentionSpec
+from ejkernel.kernels._xla.flash_attention._fwd import attention_forward
+from ejkernel.kernels._xla.flash_attention._parts import AttentionSpec
 from ejkernel.ops.config import BwdParams, FwdParams
 
 

@@ -13,7 +13,7 @@ from jax import lax
 
 from ejkernel.kernels._common.vma import vary
 
-from ._tiles import AttentionSpec, XlaFlashPass, from_rows, sink_logits
+from ._parts import AttentionSpec, XlaFlashPass, from_rows, sink_logits
 
 
 def attention_forward(
