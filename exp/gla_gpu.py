@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from _kit import elapsed, errors, gla_stages, log
 
 from ejkernel.kernels._common.linear_attention import entries
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import TritonEngine
-from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 from ejkernel.modules import GLAttentionConfig, flash_attention
 from ejkernel.ops.autotune import time_fns
 
@@ -62,8 +62,10 @@ def make_inputs(batch, seq, heads, dim, dtype, *, kv_heads=None, strength=0.05, 
     return [q.astype(dtype), k.astype(dtype), v.astype(dtype), g, h0]
 
 
-def engine_of(tiling: GlaTiling, interpret: bool):
-    return lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret), dataclasses.replace(tiling, interpret=interpret))
+def engine_of(tiling: TritonGlaTiling, interpret: bool):
+    return lambda cfg: TritonEngine(
+        TritonStatePassTiling(32, 4, 2, interpret), dataclasses.replace(tiling, interpret=interpret)
+    )
 
 
 def gla_fn(engine, chunk, *, cu_seqlens=None, reverse=False, return_state=True):
@@ -109,7 +111,7 @@ def compare(name, fn, ref_fn, args, ref=None):
 
 def check(args):
     b, s, h, d = args.check_shape
-    t = GlaTiling()
+    t = TritonGlaTiling()
     triton = engine_of(t, args.interpret)
     chunk = args.chunk
     log(f"check ({t}): Triton vs XLA (float32 inputs, highest precision); rel/max errors; B={b} S={s} H={h} D={d}")
@@ -207,7 +209,7 @@ def e2e(args):
     b, s, h, d = args.bench_shape
     q, k, v, g, _ = make_inputs(b, s, h, d, jnp.bfloat16)
     gla_args = (q, k, v, g)
-    triton = engine_of(GlaTiling(), args.interpret)
+    triton = engine_of(TritonGlaTiling(), args.interpret)
     builders = {}
     engines = (("triton", triton),) if args.gla_only else (("xla", None), ("triton", triton))
     for name, engine in engines:
@@ -242,7 +244,7 @@ def kernels(args):
     do = jax.random.normal(jax.random.PRNGKey(3), v.shape, jnp.float32).astype(v.dtype)
     fit = lambda t: dataclasses.replace(t, interpret=args.interpret, precise=False).fit(d, d)
     init = jnp.zeros((b, h, d, d), jnp.float32)
-    stages = gla_stages(fit(GlaTiling()), chunk, d**-0.5, q, k, v, gate, do, init)
+    stages = gla_stages(fit(TritonGlaTiling()), chunk, d**-0.5, q, k, v, gate, do, init)
     builders = {"xla gate cumsum (for comparison)": lambda: functools.partial(cumulative, gate)}
     for stage, label, t in KERNEL_VARIANTS:
         builders[f"{stage} {label}"] = functools.partial(stages[stage], fit(t))
@@ -256,34 +258,34 @@ def kernels(args):
 
 # End-to-end forward+backward variants of GLA beside the default (name, tiling, chunk).
 E2E_VARIANTS = [
-    ("triton C32 k32 w4", GlaTiling(block_k=32), 32),
-    ("triton C32 k32 w2", GlaTiling(block_k=32, grads_warps=2), 32),
-    ("triton C32 stages3", GlaTiling(num_stages=3), 32),
-    ("triton C32 states 32x64", GlaTiling(state_k=32), 32),
-    ("triton C64", GlaTiling(), 64),
-    ("triton C16", GlaTiling(), 16),
+    ("triton C32 k32 w4", TritonGlaTiling(block_k=32), 32),
+    ("triton C32 k32 w2", TritonGlaTiling(block_k=32, grads_warps=2), 32),
+    ("triton C32 stages3", TritonGlaTiling(num_stages=3), 32),
+    ("triton C32 states 32x64", TritonGlaTiling(state_k=32), 32),
+    ("triton C64", TritonGlaTiling(), 64),
+    ("triton C16", TritonGlaTiling(), 16),
 ]
 
 # (kernel, label, tiling): the default first.
 KERNEL_VARIANTS = [
-    ("cumulative", "default", GlaTiling()),
-    ("states", "default 64x64 w4", GlaTiling()),
-    ("states", "32x64 w4", GlaTiling(state_k=32)),
-    ("states", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
-    ("states", "32x64 w2", GlaTiling(state_k=32, state_warps=2)),
-    ("state_grads", "default 64x64 w4", GlaTiling()),
-    ("state_grads", "32x64 w4", GlaTiling(state_k=32)),
-    ("state_grads", "32x32 w4", GlaTiling(state_k=32, state_v=32)),
-    ("scores", "default w2", GlaTiling()),
-    ("scores", "w1", GlaTiling(scores_warps=1)),
-    ("outputs", "default v128 w4", GlaTiling()),
-    ("outputs", "v64 w4", GlaTiling(block_v=64)),
-    ("outputs", "v128 w8", GlaTiling(output_warps=8)),
-    ("grads", "default k64 w4", GlaTiling()),
-    ("grads", "k32 w4", GlaTiling(block_k=32)),
-    ("grads", "k32 w2", GlaTiling(block_k=32, grads_warps=2)),
-    ("grads", "k64 w8", GlaTiling(grads_warps=8)),
-    ("grads", "k64 w4 stages3", GlaTiling(num_stages=3)),
+    ("cumulative", "default", TritonGlaTiling()),
+    ("states", "default 64x64 w4", TritonGlaTiling()),
+    ("states", "32x64 w4", TritonGlaTiling(state_k=32)),
+    ("states", "32x32 w4", TritonGlaTiling(state_k=32, state_v=32)),
+    ("states", "32x64 w2", TritonGlaTiling(state_k=32, state_warps=2)),
+    ("state_grads", "default 64x64 w4", TritonGlaTiling()),
+    ("state_grads", "32x64 w4", TritonGlaTiling(state_k=32)),
+    ("state_grads", "32x32 w4", TritonGlaTiling(state_k=32, state_v=32)),
+    ("scores", "default w2", TritonGlaTiling()),
+    ("scores", "w1", TritonGlaTiling(scores_warps=1)),
+    ("outputs", "default v128 w4", TritonGlaTiling()),
+    ("outputs", "v64 w4", TritonGlaTiling(block_v=64)),
+    ("outputs", "v128 w8", TritonGlaTiling(output_warps=8)),
+    ("grads", "default k64 w4", TritonGlaTiling()),
+    ("grads", "k32 w4", TritonGlaTiling(block_k=32)),
+    ("grads", "k32 w2", TritonGlaTiling(block_k=32, grads_warps=2)),
+    ("grads", "k64 w8", TritonGlaTiling(grads_warps=8)),
+    ("grads", "k64 w4 stages3", TritonGlaTiling(num_stages=3)),
 ]
 
 
@@ -305,7 +307,7 @@ def main():
         args.chunk = min(args.chunk, 32)
         args.repeats = 2
         E2E_VARIANTS[:] = E2E_VARIANTS[:1]
-        E2E_VARIANTS[0] = ("triton C16", GlaTiling(), 16)
+        E2E_VARIANTS[0] = ("triton C16", TritonGlaTiling(), 16)
         KERNEL_VARIANTS[:] = [v for v in KERNEL_VARIANTS if v[1].startswith("default")]
     else:
         args.check_shape, args.strong_shape = (1, 2048, 4, 128), (1, 4096, 2, 128)

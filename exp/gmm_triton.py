@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from _kit import first_lines, log, rel
 
 from ejkernel.benchmarks.grouped_matmul import random_group_sizes
-from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm
+from ejkernel.kernels._triton.grouped_matmul._kernel import TritonGroupedMatmulTiling, gmm
 from ejkernel.modules import grouped_matmul
 from ejkernel.ops.autotune import time_fns
 
@@ -59,7 +59,7 @@ def main():
     )
     ready = {"dense": functools.partial(jax.jit(lambda a, b: jnp.dot(a, b[0])), lhs, rhs)}
     for name, (bm, bk, bn, warps, stages) in VARIANTS.items():
-        tiling = Tiling(bm, bk, bn, warps, stages, args.smoke)
+        tiling = TritonGroupedMatmulTiling(bm, bk, bn, warps, stages, args.smoke)
         fn = functools.partial(
             gmm, group_sizes=sizes, group_offset=None, transpose_rhs=False, out_dtype=lhs.dtype, tiling=tiling
         )

@@ -99,8 +99,8 @@ def _decode(context: int):
     from ejkernel.benchmarks import serving_attention as serving
 
     shape = dict(heads=serving.HEADS, kv_heads=serving.KV_HEADS, dim=serving.DIM, page=serving.PAGE)
-    args, _ = serving._problem("page_attention", [1] * 8, [context] * 8, **shape)
-    return serving._call("page_attention", "triton", args)
+    args, _ = serving.make_problem("page_attention", [1] * 8, [context] * 8, **shape)
+    return serving.make_call("page_attention", "triton", args)
 
 
 def ssm1_decode():

@@ -43,7 +43,7 @@ from _kit import elapsed, errors, gla_stages, log
 
 from ejkernel.kernels._common.state_space import ssd_inputs
 from ejkernel.kernels._triton.linear_attention import _gla
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.state_space_v2 import _interface as ssd
 from ejkernel.kernels._xla.state_space_v2._interface import state_space_v2_xla
 from ejkernel.modules import StateSpaceV2Config, state_space_v2
@@ -232,7 +232,7 @@ def kernels():
     init = jnp.zeros((b, h, n, p), jnp.float32)
     builders = {}
     for chunk in ARGS.kernel_chunks:
-        t = GlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
+        t = TritonGlaTiling(interpret=ARGS.interpret, precise=False).fit(n, p)
         stages = gla_stages(t, chunk, 1.0, q, k, v, a[..., None], do, init)
         for stage, make in stages.items():
             builders[f"C{chunk} {stage}"] = (functools.partial(make, t), None)
@@ -242,7 +242,7 @@ def kernels():
             make = stages[label.split(" ")[0]]
             builders[f"C{chunk} {label}"] = (functools.partial(make, dataclasses.replace(t, **variant).fit(n, p)), None)
     wide = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, n), jnp.float32)
-    group_sum = jax.jit(lambda w: _gla._group_sum(w, 1, jnp.bfloat16))
+    group_sum = jax.jit(lambda w: _gla.group_sum(w, 1, jnp.bfloat16))
     builders["xla sum of dB or dC per head (span1)"] = (lambda: functools.partial(group_sum, wide), None)
     log(f"kernels: building {len(builders)} (each alone, bf16, B={b} S={s} H={h} P={p} N={n})")
     times = timed(builders, ARGS.repeats)
@@ -254,7 +254,7 @@ def kernels():
 
 RESULTS: dict = {}
 
-# Kernel tiles tried at the first kernel chunk, beside the defaults (GlaTiling: state tiles 64x64, 4 warps;
+# Kernel tiles tried at the first kernel chunk, beside the defaults (TritonGlaTiling: state tiles 64x64, 4 warps;
 # scores 4 warps; grads key tile 128, 8 warps, spans of 8 heads).
 TILE_VARIANTS = [
     ("grads span1", dict(head_span=1)),

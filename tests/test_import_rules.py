@@ -4,6 +4,8 @@ graph (every `import` statement, at module level or inside a function).
 `PENDING` lists the edges that still break a rule, each beside the step that removes it (empty now: issue 41
 removed the last ones): the test fails on any other breach, and on a listed edge that no longer exists (so the
 list only shrinks).
+Beside them, the naming rules of the same section: no two modules define a top-level class of one name, and no
+module imports another's underscore name.
 """
 
 import ast
@@ -136,3 +138,53 @@ def test_the_rules_catch_a_breach():
         ("ejkernel.kernels._triton.a", "ejkernel.kernels._xla.b"),
     }
     assert cycles(graph) == [["ejkernel.a", "ejkernel.b"]]
+
+
+def top_level_classes() -> dict[str, list[str]]:
+    """Every class defined at the top level of a package module, by name: the modules that define it."""
+    found: dict[str, list[str]] = {}
+    for module, path in sorted(MODULES.items()):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+def test_no_two_classes_share_a_name():
+    """A class's name tells its family and job (`TritonFlashStatic`, `TpuGroupedMatmulTiling`): no two
+    modules define a top-level class of one name, so a name read in a traceback or a review is one class."""
+    shared = {name: modules for name, modules in top_level_classes().items() if len(modules) > 1}
+    assert not shared, f"classes of one name in several modules: {shared}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports() -> set[tuple[str, str]]:
+    """`(module, other.name)` for each underscore name a module takes from another package module: by
+    `from other import _name`, or as `alias._name` of a module it imported (module names do not count)."""
+    found = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias, target in zip(node.names, _targets(module, node), strict=True):
+                    if target in MODULES and target.rpartition(".")[2] == alias.name:
+                        aliases[alias.asname or alias.name] = target
+                    elif _private(alias.name) and _owner(target) not in (None, module):
+                        found.add((module, f"{target}.{alias.name}"))
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+                target = aliases.get(node.value.id)
+                if target and target != module and f"{target}.{node.attr}" not in MODULES:
+                    found.add((module, f"{target}.{node.attr}"))
+    return found
+
+
+def test_no_module_imports_an_underscore_name():
+    """A name used across files is public in the module that defines it."""
+    assert not private_imports(), f"underscore names imported across modules: {sorted(private_imports())}"

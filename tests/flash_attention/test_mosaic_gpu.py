@@ -14,12 +14,18 @@ from jax import export
 
 from ejkernel.benchmarks.flash_attention import kernels_called
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
-    _exp2_unless_empty,
+    exp2_unless_empty,
     flash_attention_mosaic_gpu,
     mosaic_attention,
     plan,
 )
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import ROWS, Static, allowed, key_ranges, query_ranges
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
+    ROWS,
+    MosaicGpuFlashStatic,
+    allowed,
+    key_ranges,
+    query_ranges,
+)
 from ejkernel.ops import BwdParams, FwdParams
 
 # (query shape, key/value shape, options, sinks, (fwd block_k, dQ block_k, dK/dV block_q, stages) or None,
@@ -81,8 +87,8 @@ def test_forward_and_backward_lower_for_cuda(case):
     assert kernels_called(module) == "pallas"  # how the flash_attention bench tells what auto ran
 
 
-def _planned(q_len: int, head_dim: int, options: dict) -> Static:
-    """The `Static` that `plan` chooses for a bf16 self-attention call of two heads."""
+def _planned(q_len: int, head_dim: int, options: dict) -> MosaicGpuFlashStatic:
+    """The `MosaicGpuFlashStatic` that `plan` chooses for a bf16 self-attention call of two heads."""
     q = jax.ShapeDtypeStruct((1, q_len, 2, head_dim), jnp.bfloat16)
     options = {"causal": False, "sliding_window": None, "fwd_params": None, **options}
     return plan(q, q, q, None, softmax_scale=0.1, bwd_params=None, **options)[0]
@@ -170,7 +176,7 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
         block = int(rng.choice([64, 128, 256]))
         tiles = dict(block_k=block, stages=2, block_k_dq=64, block_q_dkv=64, stages_bwd=2)
         causal = bool(rng.random() < 0.5)
-        st = Static(
+        st = MosaicGpuFlashStatic(
             **tiles,
             softmax_scale=1.0,
             soft_cap=None,
@@ -209,4 +215,4 @@ def test_tile_ranges_cover_every_allowed_pair_and_full_tiles_need_no_mask(seed):
 def test_empty_rows_with_minus_inf_sinks_stay_finite():
     lse = jnp.array([-jnp.inf, 2.0])
     with_sinks = jnp.logaddexp2(lse, -jnp.inf)
-    assert np.isfinite(np.asarray(_exp2_unless_empty(lse - with_sinks, with_sinks))).all()
+    assert np.isfinite(np.asarray(exp2_unless_empty(lse - with_sinks, with_sinks))).all()

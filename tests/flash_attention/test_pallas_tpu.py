@@ -17,7 +17,7 @@ import pytest
 from attention_cases import run_attention_case, segments
 from ejkernel import Backend, Platform, kernel_registry
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
-    Static,
+    TpuFlashStatic,
     block_state,
     kv_block_range,
     q_block_range,
@@ -125,7 +125,7 @@ def test_tile_bookkeeping_matches_masks():
     for causal, window, q_len, kv_len, (bq, bk) in itertools.product(
         (False, True), windows, (9, 40), (17, 40), ((8, 8), (8, 16), (16, 8))
     ):
-        st = Static(
+        st = TpuFlashStatic(
             softmax_scale=1.0,
             causal=causal,
             window=window,

@@ -121,7 +121,7 @@ def test_bfloat16():
 
 
 def test_bfloat16_soft_cap_without_running_max():
-    """bf16 + soft cap, no bias: the forward exponentiates each logit as it is (`Static.bounded`). Here q is
+    """bf16 + soft cap, no bias: the forward exponentiates each logit as it is (`TritonFlashStatic.bounded`). Here q is
     scaled so the logits press against a cap of 50 (terms up to 2^72), with sinks and causal rows of one key."""
     q = randn((2, 70, 4, 32), jnp.bfloat16) * 40
     k, v = randn((2, 70, 2, 32), jnp.bfloat16), randn((2, 70, 2, 32), jnp.bfloat16)
@@ -147,7 +147,7 @@ def wide_logits(kind: str, dtype):
     "kind, dtype, params", [("high", jnp.float32, SMALL), ("low", jnp.bfloat16, SMALL), ("low", jnp.float32, {})]
 )
 def test_zero_offset_redone_with_running_max(kind, dtype, params):
-    """Without soft cap the forward tries offset 0 (`Static.checked_zero_offset`); logits far outside its
+    """Without soft cap the forward tries offset 0 (`TritonFlashStatic.checked_zero_offset`); logits far outside its
     range send the rows' blocks to the redo pass (with smaller blocks than the first pass's by default),
     which recomputes them with the running max: the same answer."""
     q, k, v = wide_logits(kind, dtype)

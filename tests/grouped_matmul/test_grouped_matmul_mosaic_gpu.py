@@ -19,7 +19,12 @@ from jax import export
 from ejkernel.kernels._common.grouped_matmul import Dims
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
-from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import SMEM_BUDGET, Tiling, fit_smem, tile_items
+from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
+    SMEM_BUDGET,
+    MosaicGpuGroupedMatmulTiling,
+    fit_smem,
+    tile_items,
+)
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import BwdParams, FwdParams
@@ -206,11 +211,13 @@ def test_tile_items_partition_each_tile_among_its_groups(seed):
 
 def test_tiles_are_cut_to_fit_shared_memory():
     bf16, f32 = jnp.bfloat16, jnp.float32
-    t = Tiling(128, 256, 64, 4, 132)
-    assert fit_smem(t, bf16, bf16) == Tiling(128, 256, 64, 3, 132)
-    assert fit_smem(t, bf16, f32) == Tiling(128, 128, 64, 4, 132)  # a float32 output tile: narrower, not 2 stages
-    assert fit_smem(Tiling(128, 128, 64, 6, 132), bf16, bf16).stages == 6
-    for tiling in (t, Tiling(256, 256, 128, 8, 132)):
+    t = MosaicGpuGroupedMatmulTiling(128, 256, 64, 4, 132)
+    assert fit_smem(t, bf16, bf16) == MosaicGpuGroupedMatmulTiling(128, 256, 64, 3, 132)
+    assert fit_smem(t, bf16, f32) == MosaicGpuGroupedMatmulTiling(
+        128, 128, 64, 4, 132
+    )  # a float32 output tile: narrower, not 2 stages
+    assert fit_smem(MosaicGpuGroupedMatmulTiling(128, 128, 64, 6, 132), bf16, bf16).stages == 6
+    for tiling in (t, MosaicGpuGroupedMatmulTiling(256, 256, 128, 8, 132)):
         for out in (bf16, f32):
             assert fit_smem(tiling, bf16, out).smem_bytes(bf16, out) <= SMEM_BUDGET
 
@@ -247,10 +254,22 @@ def test_declines_what_it_does_not_serve(call, words):
 @pytest.mark.parametrize(
     ("params", "tiling"),
     [
-        (FwdParams(num_warps=4, block_d=256), Tiling(128, 128, 64, 4, 132, True)),  # the accumulator's registers
-        (FwdParams(num_warps=2, block_q=256), Tiling(128, 128, 64, 4, 132, True)),  # 4 warps: ping-pong
-        (FwdParams(num_warps=16, block_q=64, block_d=32), Tiling(128, 64, 64, 4, 132)),  # 8 warps, 64 wide
-        (FwdParams(block_q=1024, block_d=1024, block_k=512, num_stages=1), Tiling(256, 128, 64, 2, 132)),
+        (
+            FwdParams(num_warps=4, block_d=256),
+            MosaicGpuGroupedMatmulTiling(128, 128, 64, 4, 132, True),
+        ),  # the accumulator's registers
+        (
+            FwdParams(num_warps=2, block_q=256),
+            MosaicGpuGroupedMatmulTiling(128, 128, 64, 4, 132, True),
+        ),  # 4 warps: ping-pong
+        (
+            FwdParams(num_warps=16, block_q=64, block_d=32),
+            MosaicGpuGroupedMatmulTiling(128, 64, 64, 4, 132),
+        ),  # 8 warps, 64 wide
+        (
+            FwdParams(block_q=1024, block_d=1024, block_k=512, num_stages=1),
+            MosaicGpuGroupedMatmulTiling(256, 128, 64, 2, 132),
+        ),
     ],
 )
 def test_knobs_are_brought_into_what_the_kernels_take(monkeypatch, params, tiling):

@@ -171,9 +171,9 @@ def test_tpu_compiled_blocks_fit_the_tpu_tiling():
     """Compiled, each block is a multiple of its granule (8 along a tile's second-minor axis, 128 along its
     minor one) or its whole dimension, whatever the config asks."""
     small, large = FwdParams(block_q=1, block_k=4, block_d=2), FwdParams(block_q=1024, block_k=512, block_d=1024)
-    assert tpu.tiling(small, 44, 300, 1000, False) == tpu.Tiling(8, 128, 128, False)
-    assert tpu.tiling(small, 300, 44, 1000, False, tpu.TGMM_GRANULES) == tpu.Tiling(128, 8, 128, False)
-    assert tpu.tiling(large, 44, 300, 1000, False) == tpu.Tiling(44, 300, 1000, False)
+    assert tpu.tiling(small, 44, 300, 1000, False) == tpu.TpuGroupedMatmulTiling(8, 128, 128, False)
+    assert tpu.tiling(small, 300, 44, 1000, False, tpu.TGMM_GRANULES) == tpu.TpuGroupedMatmulTiling(128, 8, 128, False)
+    assert tpu.tiling(large, 44, 300, 1000, False) == tpu.TpuGroupedMatmulTiling(44, 300, 1000, False)
     assert tpu.tiling(small, 44, 300, 1000, tpu.resolve_interpret(None)).block_m == 1  # interpret: as given
 
 

@@ -14,7 +14,7 @@ from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strengt
 
 from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import (
     TritonEngine,
     gated_delta_rule_triton,
@@ -23,7 +23,7 @@ from ejkernel.kernels._triton.linear_attention._interface import (
     lightning_attention_triton,
     recurrent_attention_triton,
 )
-from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
@@ -75,8 +75,8 @@ def test_gla_tiles_and_row_blocks():
     d = 32
     q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
     h0 = rand((2, 2, d, d))
-    tiling = GlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, head_block_k=16)
-    engine = lambda cfg: TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
+    tiling = TritonGlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, head_block_k=16)
+    engine = lambda cfg: TritonEngine(TritonStatePassTiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
     fn = lambda q, k, v, g, gamma, h0: entries.gla_attention(
         q, k, v, g, gamma, h0, return_state=True, cfg=cfg, engine=engine
@@ -99,8 +99,8 @@ def test_gla_value_heads_share_query_and_key():
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
     q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
     args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
-    tiling = GlaTiling(state_k=16, head_block_k=16, head_span=1)
-    engine = TritonEngine(Tiling(32, 4, 2, interpret=True), tiling)
+    tiling = TritonGlaTiling(state_k=16, head_block_k=16, head_span=1)
+    engine = TritonEngine(TritonStatePassTiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
         q, k, v, scale=0.5, g=g, initial_state=h0, cu_seqlens=cu, reverse=True, chunk_size=32, engine=engine
     )
@@ -227,7 +227,9 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     ):
         text = lowered(functools.partial(train, fn), *args)
         assert all(name in text for name in kernels)
-    engine = TritonEngine(Tiling(32, 4, 2, interpret=False))  # a plain forward with a gate per head: fused
+    engine = TritonEngine(
+        TritonStatePassTiling(32, 4, 2, interpret=False)
+    )  # a plain forward with a gate per head: fused
     text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=engine), x, x, x, per_head)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text
     token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)

@@ -87,8 +87,8 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     args = v2_inputs(batch=1, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16)
     v2 = lambda: packed(functools.partial(state_space_v2_triton, n_groups=2, interpret=False))  # (jit caches by fn)
     chunks = []
-    scan = v2_triton._gla_scan
-    monkeypatch.setattr(v2_triton, "_gla_scan", lambda chunk, *a: chunks.append(chunk) or scan(chunk, *a))
+    scan = v2_triton.gla_scan
+    monkeypatch.setattr(v2_triton, "gla_scan", lambda chunk, *a: chunks.append(chunk) or scan(chunk, *a))
     plain = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "head_outputs")]
     forward = [f"ejkernel_gla_{name}" for name in ("cumulative", "states", "scores", "outputs")]
     backward = ["ejkernel_gla_state_grads", "ejkernel_gla_grads"]

@@ -45,7 +45,7 @@ def _tables(rng, kv_lens, page: int):
     return jnp.asarray(tables), sum(pages)
 
 
-def _problem(op, q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
+def make_problem(op, q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
     """`(args, bytes moved)` of one call of `op` over sequences with these query and key lengths."""
     rng = np.random.default_rng(seed)
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4))
@@ -75,7 +75,7 @@ def _problem(op, q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
     return args, kv_bytes + 2 * tokens * heads * dim * 2
 
 
-def _call(op, platform, args):
+def make_call(op, platform, args):
     fn = getattr(ejkernel.modules, op) if platform == "auto" else kernel_registry.get(op, platform)
     if op != "ragged_page_attention_v3":
         return functools.partial(jax.jit(lambda *a: fn(*a)), *args)
@@ -93,7 +93,7 @@ def _call(op, platform, args):
 def _measure(op, label, args, nbytes, repeats, copy_bw, where):
     platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates(op)]
     timings = time_variants(
-        {p: functools.partial(_call, op, p, args) for p in platforms}, repeats=repeats, where=f"{op} {where}"
+        {p: functools.partial(make_call, op, p, args) for p in platforms}, repeats=repeats, where=f"{op} {where}"
     )
     rows = []
     for platform, seconds in timings.items():
@@ -133,14 +133,14 @@ def main(argv=None) -> None:
     rows = []
     for batch, context in decode:
         for op in ("page_attention", "unified_attention"):
-            problem, nbytes = _problem(op, [1] * batch, [context] * batch, **sizes)
+            problem, nbytes = make_problem(op, [1] * batch, [context] * batch, **sizes)
             rows += _measure(op, f"decode B={batch} ctx={context}", problem, nbytes, args.repeats, copy_bw, "")
     for n_decode, decode_ctx, n_prefill, chunk, prefill_ctx in mixed:
         q_lens = [1] * n_decode + [chunk] * n_prefill
         kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
         label = f"mixed {n_decode}x1@{decode_ctx} + {n_prefill}x{chunk}@{prefill_ctx}"
         for op in ("ragged_page_attention_v3", "unified_attention"):
-            problem, nbytes = _problem(op, q_lens, kv_lens, **sizes)
+            problem, nbytes = make_problem(op, q_lens, kv_lens, **sizes)
             rows += _measure(op, label, problem, nbytes, args.repeats, copy_bw, "")
     columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "speedup_vs_xla"]
     print_table(rows, columns)

@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
+from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced, require_int
 
 
 def _require_offsets(name: str, cu) -> None:
-    if not jnp.issubdtype(cu.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {cu.dtype}")
+    require_int(name, cu)
     if cu.ndim != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name} must be [num_seqs + 1] with at least 2 bounds, got shape {cu.shape}")
 

@@ -6,6 +6,9 @@ values (clamped into range, or zeros for what lies outside). With `EJKERNEL_CHEC
 run inside compiled programs: a bad value stops the program with the eager error's message (raised from a
 host callback; JAX reports it as a runtime error that carries the message). Off by default: the callback
 synchronises with the host.
+
+Beside them, the dtype checks every room shares (`require_float`, `require_int`, `require_array`): a wrong
+dtype is one TypeError line naming the argument.
 """
 
 from __future__ import annotations
@@ -61,3 +64,28 @@ def check_values(name: str, values, valid, expected: str) -> None:
             raise ValueError(_message(name, *found, expected))
 
     jax.debug.callback(raise_if_bad, jnp.asarray(values), jnp.asarray(valid))
+
+
+# ---- dtype checks: one TypeError line naming the argument; None (an absent optional argument) passes ----
+
+
+def _dtype(x) -> jnp.dtype:
+    return jnp.dtype(x.dtype) if hasattr(x, "dtype") else jnp.result_type(x)
+
+
+def require_float(name: str, x) -> None:
+    """TypeError `"{name} must be a floating-point array, got dtype {dtype}"` unless `x` has a float dtype."""
+    if x is not None and not jnp.issubdtype(_dtype(x), jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {_dtype(x)}")
+
+
+def require_int(name: str, x) -> None:
+    """TypeError `"{name} must be an integer array, got dtype {dtype}"` unless `x` has an integer dtype."""
+    if x is not None and not jnp.issubdtype(_dtype(x), jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {_dtype(x)}")
+
+
+def require_array(name: str, x) -> None:
+    """TypeError `"{name} must be a jax array, got {type}"` unless `x` is a `jax.Array` (or a tracer)."""
+    if x is not None and not isinstance(x, jax.Array | jax.core.Tracer):
+        raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")

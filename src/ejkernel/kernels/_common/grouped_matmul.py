@@ -24,23 +24,13 @@ import numpy as np
 from jax import lax
 
 from ejkernel.kernels._common.bounds import check_with
-from ejkernel.kernels._common.checks import is_traced
+from ejkernel.kernels._common.checks import is_traced, require_float, require_int
 from ejkernel.kernels._common.search import sorted_position
 
 # ---- argument checks ----
 
 # The dtypes the Triton kernels take: also what the public module's heuristic checks before preferring them.
 TRITON_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def _float(name: str, x) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-
-
-def _integer(name: str, x) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +94,7 @@ def check_args(
     if getattr(rhs, "ndim", None) != 3:
         layout = "[groups, N, K] (transpose_rhs=True)" if transpose_rhs else "[groups, K, N]"
         raise ValueError(f"rhs must be {layout}, got shape {getattr(rhs, 'shape', None)}")
-    _float("lhs", lhs)
+    require_float("lhs", lhs)
     integer = jnp.issubdtype(rhs.dtype, jnp.integer)
     if not jnp.issubdtype(rhs.dtype, jnp.floating) and not (integer and rhs_scale is not None):
         raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
@@ -118,7 +108,7 @@ def check_args(
         raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
     if getattr(group_sizes, "ndim", None) != 1:
         raise ValueError(f"group_sizes must be [groups], got shape {getattr(group_sizes, 'shape', None)}")
-    _integer("group_sizes", group_sizes)
+    require_int("group_sizes", group_sizes)
     num_groups = group_sizes.shape[0]
     if num_groups < num_local:
         raise ValueError(f"group_sizes must have at least rhs.shape[0] = {num_local} entries, got {num_groups}")
@@ -126,7 +116,7 @@ def check_args(
         group_offset = jnp.asarray(group_offset) if isinstance(group_offset, int) else group_offset
         if group_offset.shape not in ((), (1,)):
             raise ValueError(f"group_offset must be a scalar or shape [1], got shape {group_offset.shape}")
-        _integer("group_offset", group_offset)
+        require_int("group_offset", group_offset)
         last = num_groups - num_local
         check_with(
             "group_offset",
@@ -149,16 +139,16 @@ def check_args(
     if existing_out is not None:
         if getattr(existing_out, "shape", None) != (m, n):
             raise ValueError(f"existing_out must be [M, N] = [{m}, {n}], got {getattr(existing_out, 'shape', None)}")
-        _float("existing_out", existing_out)
+        require_float("existing_out", existing_out)
     if rhs_scale is not None:
-        _float("rhs_scale", rhs_scale)
+        require_float("rhs_scale", rhs_scale)
         blocks = rhs_scale.shape[1] if rhs_scale.ndim == 4 else 0
         if rhs_scale.ndim != 4 or rhs_scale.shape[0] != num_local or rhs_scale.shape[2:] != (1, n) or blocks == 0:
             raise ValueError(f"rhs_scale must be [groups={num_local}, blocks, 1, N={n}], got {rhs_scale.shape}")
         if k % blocks:
             raise ValueError(f"rhs_scale's {blocks} blocks must divide K = {k}")
     if rhs_bias is not None:
-        _float("rhs_bias", rhs_bias)
+        require_float("rhs_bias", rhs_bias)
         if rhs_bias.shape != (num_local, 1, n):
             raise ValueError(f"rhs_bias must be [groups={num_local}, 1, N={n}], got {rhs_bias.shape}")
     return Dims(m=m, k=k, n=n, num_groups=num_groups, num_local=num_local)
@@ -410,7 +400,7 @@ def add_group_bias(out, rhs_bias, groups):
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class GroupedMatmulStatic:
     """Static part of a core call (hashable): it keys the custom VJP.
 
     `fwd`, `dlhs` and `drhs` are what the implementation's products take as `tiling=` in the forward and
@@ -437,7 +427,7 @@ def grouped_vjp(gmm, tgmm):
     """
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def core(st: Static, lhs, rhs, group_sizes, group_offset):
+    def core(st: GroupedMatmulStatic, lhs, rhs, group_sizes, group_offset):
         return gmm(
             lhs, rhs, group_sizes, group_offset, transpose_rhs=st.transpose_rhs, out_dtype=st.out_dtype, tiling=st.fwd
         )
@@ -514,7 +504,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
         lhs = lhs.astype(dtype)
         bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
         if not bypass:
-            st = Static(
+            st = GroupedMatmulStatic(
                 bool(transpose_rhs),
                 out_dtype,
                 dims.num_local,

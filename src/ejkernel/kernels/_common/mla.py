@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable
 from ejkernel.kernels._common.bounds import check_packed, clamp_packed
+from ejkernel.kernels._common.checks import require_float
 from ejkernel.types.windows import window_pair
 
 
@@ -67,8 +68,7 @@ def check_inputs(query, key_value, w_kc, w_vc, b_q=None, b_k=None) -> MlaDims:
         raise ValueError(f"b_q must be [batch, seq_q, d_rope] or [batch, seq_q, heads, d_rope], got {_shape(b_q)}")
     tensors = {"query": query, "key_value": key_value, "w_kc": w_kc, "w_vc": w_vc, "b_q": b_q, "b_k": b_k}
     for name, x in tensors.items():
-        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+        require_float(name, x)
     dtypes = {name: x.dtype for name, x in tensors.items() if x is not None}
     if len(set(dtypes.values())) > 1:
         raise TypeError(f"query, key_value, w_kc, w_vc, b_q and b_k must share a dtype, got {dtypes}")
@@ -161,8 +161,7 @@ def canonical_call(
         raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
     batch, heads, q_len, kv_len = dims.batch, dims.num_heads, dims.q_len, dims.kv_len
     if bias is not None:
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise TypeError(f"bias must be a floating-point array, got dtype {bias.dtype}")
+        require_float("bias", bias)
         check_broadcastable("bias", bias, batch, heads, q_len, kv_len, seq_broadcast=False)
     if attention_mask is not None:
         if attention_mask.dtype != jnp.bool_ and not jnp.issubdtype(attention_mask.dtype, jnp.integer):

@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from ejkernel.kernels._common.checks import require_array, require_float
 
 V1_SLOTS = ("hidden_states", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
 V2_SLOTS = ("x", "A", "B", "C", "D", "dt", "gate", "initial_state", "conv_state")
@@ -36,17 +37,6 @@ def matmul_precision(precision):
     if name not in PRECISIONS:
         raise ValueError(f"precision must be None, a jax.lax.Precision or one of {PRECISIONS}, got {precision!r}")
     return jax.default_matmul_precision(name)
-
-
-def _require_floats(slots: Sequence[str], arrays: Sequence[Any]) -> None:
-    """Every array given (not None) is a floating-point jax array."""
-    for name, x in zip(slots, arrays, strict=False):
-        if x is None:
-            continue
-        if not isinstance(x, jax.Array | jax.core.Tracer):
-            raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
 
 
 def _require_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
@@ -68,7 +58,9 @@ def check_v1(
     x, A, B, C, D, dt, gate=None, initial_state=None, conv_state=None, *, act_fn=None
 ) -> tuple[int, int, int, int]:
     """Checks a Mamba-1 call; returns `(batch, seq, channels, state_size)`."""
-    _require_floats(V1_SLOTS, (x, A, B, C, D, dt, gate, initial_state))
+    for name, array in zip(V1_SLOTS, (x, A, B, C, D, dt, gate, initial_state), strict=False):
+        require_array(name, array)
+        require_float(name, array)
     if x.ndim != 3:
         raise ValueError(f"hidden_states must be [batch, seq, channels], got shape {tuple(x.shape)}")
     batch, seq, channels = x.shape
@@ -105,7 +97,9 @@ def check_v2(
     precision=None,
 ) -> tuple[int, ...]:
     """Checks a Mamba-2 call; returns `(batch, seq, heads, head_dim, groups, state_size)`."""
-    _require_floats(V2_SLOTS, (x, A, B, C, D, dt, gate, initial_state))
+    for name, array in zip(V2_SLOTS, (x, A, B, C, D, dt, gate, initial_state), strict=False):
+        require_array(name, array)
+        require_float(name, array)
     if x.ndim != 4:
         raise ValueError(f"x must be [batch, seq, heads, head_dim], got shape {tuple(x.shape)}")
     batch, seq, heads, head_dim = x.shape

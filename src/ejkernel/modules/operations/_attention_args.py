@@ -3,7 +3,8 @@
 import jax
 from jax.sharding import PartitionSpec
 
-from ejkernel.modules.operations._common import require_float, require_rank
+from ejkernel.kernels._common.checks import require_float
+from ejkernel.modules.operations._common import require_rank
 from ejkernel.ops.axis_roles import sink_roles
 from ejkernel.types.windows import window_pair
 

@@ -6,7 +6,6 @@ Shape symbols (jaxtyping): `batch`, `seq`/`seq_q`/`seq_k`, `heads`/`kv_heads`, `
 
 import functools
 import re
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ from beartype import BeartypeConf, beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
 from ejkernel.kernels._common.bounds import check_with
+from ejkernel.kernels._common.checks import require_int
 from ejkernel.ops import create_default_executor
 
 executor = create_default_executor()
@@ -56,16 +56,6 @@ def one_line_type_error(op: str, message: str) -> str:
     names = [n for n in re.findall(r"\w+", expected) if n in bound]
     sizes = f" with {', '.join(f'{n}={bound[n]}' for n in dict.fromkeys(names))}" if names else ""
     return f"{op}: {argument} must be {expected}{sizes}, got {actual}"
-
-
-def require_float(name: str, x: Any) -> None:
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
-
-
-def require_int(name: str, x: Any) -> None:
-    if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {jnp.result_type(x)}")
 
 
 def require_rank(name: str, x: jax.Array, ranks: tuple[int, ...] | range, layout: str) -> None:

@@ -18,9 +18,10 @@ from jax.typing import ArrayLike
 from jaxtyping import Array, Float
 
 from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.sparse_attention.masks import canonical_sparse_mask
 from ejkernel.modules.operations._attention_args import attention_roles, check_bias
-from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
+from ejkernel.modules.operations._common import executor, require_rank, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.attention import canonical_sinks, check_seed
 from ejkernel.kernels._common.bounds import padded_lengths
-from ejkernel.kernels._common.checks import check_values, is_traced
+from ejkernel.kernels._common.checks import check_values, is_traced, require_int
 from ejkernel.modules.operations._attention_args import (
     attention_roles,
     check_bias,
@@ -25,7 +25,7 @@ from ejkernel.modules.operations._attention_args import (
     dense_mask_spec,
     parse_window,
 )
-from ejkernel.modules.operations._common import executor, require_int, typechecked
+from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED

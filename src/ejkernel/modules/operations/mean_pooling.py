@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.bounds import check_packed
-from ejkernel.modules.operations._common import executor, require_float, require_rank, typechecked
+from ejkernel.kernels._common.checks import require_float
+from ejkernel.modules.operations._common import executor, require_rank, typechecked
 from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.paged_attention.arguments import (
     check_distribution,
-    check_float,
     check_sequence_values,
     last_positions_window,
     resolve_scale,
@@ -242,7 +242,7 @@ def _checked_call(
     _check_rank("kv_cache", kv_cache, 4, "[pages, rows, packing, a128(L) + a128(R)]")
     floats = dict(queries_nope=queries_nope, queries_pe=queries_pe, keys_values=keys_values, keys_pe=keys_pe)
     for name, x in (*floats.items(), ("kv_cache", kv_cache)):
-        check_float(name, x)
+        require_float(name, x)
     num_tokens, num_heads, latent = queries_nope.shape
     for name, x in (("queries_pe", queries_pe), ("keys_values", keys_values), ("keys_pe", keys_pe)):
         if x.shape[0] != num_tokens:

@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 import jax
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.paged_attention.arguments import (
-    check_float,
     check_heads,
     check_same_dtype,
     check_sequence_values,
@@ -201,7 +201,7 @@ def unified_attention(
     check_sinks("softmax_aux", softmax_aux, num_heads, per_head=True)
     for name, bias in (("alibi_slopes", alibi_slopes), ("qq_bias", qq_bias)):
         if bias is not None:
-            check_float(name, bias)
+            require_float(name, bias)
     options = dict(
         softmax_scale=resolve_scale(softmax_scale, head_dim),
         causal=bool(causal),

@@ -1,7 +1,7 @@
 """The flash attention in plain JAX that every platform may share: blockwise, memory linear in length, with
 its custom VJP. One module per stage:
 
-- `tiles`: `AttentionSpec` (what a call asks for) and `Tiling` (one pass's padded inputs, a tile's scores,
+- `tiles`: `AttentionSpec` (what a call asks for) and `FlashPass` (one pass's padded inputs, a tile's scores,
   mask and dropout, which blocks see which);
 - `forward`: `attention_forward`, the chunked online softmax (output, log-sum-exp, row max);
 - `backward`: `attention_backward`, the cotangents recomputed tile by tile from the saved output;

@@ -22,7 +22,7 @@ from jax import lax
 
 from ejkernel.kernels._common.vma import vary
 
-from .tiles import AttentionSpec, Tiling, sink_logits, sum_to_shape, to_rows
+from .tiles import AttentionSpec, FlashPass, sink_logits, sum_to_shape, to_rows
 
 
 def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse, q_offset=None, kv_offset=None, grad_dtype=None):
@@ -33,7 +33,7 @@ def attention_backward(spec: AttentionSpec, residuals, d_out, d_lse, q_offset=No
     accumulated values unrounded for a caller that sums them further (ring attention).
     """
     q, k, v, bias, aux, q_seg, kv_seg, mask, seed, out, lse, m = residuals
-    t = Tiling(spec, True, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
+    t = FlashPass(spec, True, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
     batch, hkv, group, bq, bk = t.batch, t.num_kv_heads, t.group, t.block_q, t.block_k
     d_out = d_out.astype(q.dtype)
 

@@ -13,7 +13,7 @@ from jax import lax
 
 from ejkernel.kernels._common.vma import vary
 
-from .tiles import AttentionSpec, Tiling, from_rows, sink_logits
+from .tiles import AttentionSpec, FlashPass, from_rows, sink_logits
 
 
 def attention_forward(
@@ -39,7 +39,7 @@ def attention_forward(
     `q_offset` / `kv_offset` (int32 scalars, may be traced) are the absolute positions of the first
     query and key: causal and window masks compare `q_offset + i` with `kv_offset + j`.
     """
-    t = Tiling(spec, False, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
+    t = FlashPass(spec, False, q, k, v, bias, q_seg, kv_seg, mask, seed, q_offset, kv_offset)
     out_dtype = q.dtype if out_dtype is None else out_dtype
     batch, hkv, group, bq, bk = t.batch, t.num_kv_heads, t.group, t.block_q, t.block_k
     dv = v.shape[-1]

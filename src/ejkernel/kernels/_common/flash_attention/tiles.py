@@ -1,6 +1,6 @@
 """Tile machinery shared by the forward and backward passes of the XLA flash attention.
 
-Both passes walk [block_q, block_k] tiles of the score matrix. `Tiling` pads every input to block
+Both passes walk [block_q, block_k] tiles of the score matrix. `FlashPass` pads every input to block
 multiples once per pass and knows how to compute one tile of scores (scaled, soft-capped, biased),
 which entries of the tile may be attended, the tile's dropout mask, and which key blocks a query
 block can see (and vice versa) under causal / sliding-window masking, so that fully masked tiles
@@ -102,7 +102,7 @@ def sum_to_shape(x, shape):
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-class Tiling:
+class FlashPass:
     """Padded inputs of one pass and the per-tile computations both passes share."""
 
     def __init__(

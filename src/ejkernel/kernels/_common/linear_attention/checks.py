@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from ejkernel.kernels._common.bounds import check_packed
+from ejkernel.kernels._common.checks import require_float, require_int
 
 
 def require_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
@@ -20,8 +19,7 @@ def check_qkv(query, key, value, *, grouped: bool) -> tuple[int, int, int, int, 
     for name, x in (("query", query), ("key", key), ("value", value)):
         if x.ndim != 4:
             raise ValueError(f"{name} must be [batch, seq, heads, dim], got shape {tuple(x.shape)}")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+        require_float(name, x)
     if not query.dtype == key.dtype == value.dtype:
         raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     batch, seq_len, num_heads, dk = query.shape
@@ -37,16 +35,11 @@ def check_qkv(query, key, value, *, grouped: bool) -> tuple[int, int, int, int, 
     return batch, seq_len, num_heads, kv_heads, dk, value.shape[3]
 
 
-def check_float(name: str, x) -> None:
-    if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-
-
 def check_g_gamma(g_gamma, batch: int, num_heads: int) -> None:
     """A constant log decay per head: `[H]`, or `[B, H]` / `[1, H]`."""
     if g_gamma is None:
         return
-    check_float("g_gamma", g_gamma)
+    require_float("g_gamma", g_gamma)
     if (
         g_gamma.ndim not in (1, 2)
         or g_gamma.shape[-1] != num_heads
@@ -70,7 +63,7 @@ def check_cu_seqlens(cu_seqlens, batch: int, total: int) -> int:
 
 
 def check_state(initial_state, num_states: int, num_heads: int, dk: int, dv: int) -> None:
-    check_float("initial_state", initial_state)
+    require_float("initial_state", initial_state)
     require_shape(
         "initial_state", initial_state, (num_states, num_heads, dk, dv), "[batch or num_seqs, heads, dim_k, dim_v]"
     )
@@ -105,11 +98,10 @@ def check_linear_call(
     batch, seq_len, num_heads, _, dk, dv = check_qkv(query, key, value, grouped=grouped)
     trailing = {"head": (), "dim_k": (dk,), "dim_v": (dv,)}
     for name, (x, kind) in (gates or {}).items():
-        check_float(name, x)
+        require_float(name, x)
         layout = "[batch, seq, heads]" if kind == "head" else f"[batch, seq, heads, {kind}]"
         require_shape(name, x, (batch, seq_len, num_heads, *trailing[kind]), layout)
-    if seg_ids is not None and not jnp.issubdtype(seg_ids.dtype, jnp.integer):
-        raise TypeError(f"seg_ids must be an integer array, got dtype {seg_ids.dtype}")
+    require_int("seg_ids", seg_ids)
     require_shape("seg_ids", seg_ids, (batch, seq_len), "[batch, seq]")
     check_g_gamma(g_gamma, batch, num_heads)
     num_states = check_cu_seqlens(cu_seqlens, batch, seq_len)

@@ -7,7 +7,7 @@ of that context (query `j` sits at position `kv_len - q_len + j`) and attend cau
 ops differ only in how they lay out queries, pages and options; each op's arguments become one
 `PagedBatch`, which every platform's core reads. The modules, one job each:
 
-- `problem`: the canonical problem (`PagedBatch`, its static part `Static`, the cache addressing `CacheRows`);
+- `problem`: the canonical problem (`PagedBatch`, its static part `PagedStatic`, the cache addressing `CacheRows`);
 - `arguments`: the checks the public functions run on their arguments (shapes, dtypes, options, index values);
 - `adapters`: each op's arguments -> a `PagedBatch` (`*_batch`), clamping index values to one meaning;
 - `kv_cache`: the caches the ops write (`ragged_page_attention_v3`'s packed layout, where new tokens go);

@@ -29,7 +29,7 @@ from ejkernel.kernels._common.paged_attention.arguments import (
     resolve_scale,
 )
 from ejkernel.kernels._common.paged_attention.kv_cache import quantize_queries, write_kv_cache
-from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, Static
+from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, PagedStatic
 
 
 def _rows_view(cache) -> jax.Array:
@@ -56,7 +56,7 @@ def page_attention_batch(
         query_start=jnp.arange(num_seqs, dtype=jnp.int32),
         query_len=jnp.ones((num_seqs,), jnp.int32),
         kv_len=clamp_lengths(context_lens, capacity),
-        static=Static(
+        static=PagedStatic(
             rows=CacheRows(block_size, num_blocks, num_kv_heads * block_size, 1, block_size),
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -85,7 +85,7 @@ def prefill_batch(
         query_start=jnp.zeros((1,), jnp.int32),
         query_len=jnp.full((1,), chunk, jnp.int32),
         kv_len=clamp_lengths(context_len.reshape(1), page_indices.shape[0] * page_size),
-        static=Static(
+        static=PagedStatic(
             rows=CacheRows(page_size, num_pages, page_size, 1, num_pages * page_size),
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -139,7 +139,7 @@ def ragged_v2_batch(
         query_len=query_len,
         kv_len=clamp_lengths(context_lens, block_tables.shape[1] * page_size),
         sinks=fold_sinks(softmax_aux, num_heads),
-        static=Static(
+        static=PagedStatic(
             rows=_interleaved_rows(num_pages, page_size, combined_heads),
             num_kv_heads=combined_heads // 2,
             head_dim=head_dim,
@@ -187,7 +187,7 @@ def ragged_v3_batch(
         query_len=query_len,
         kv_len=kv_len,
         sinks=fold_sinks(softmax_aux, num_heads),
-        static=Static(
+        static=PagedStatic(
             rows=_interleaved_rows(num_pages, page_size, groups * packing),
             num_kv_heads=keys.shape[1],
             head_dim=head_dim,
@@ -218,7 +218,7 @@ def ragged_decode_batch(
         kv_len=end,
         kv_start=jnp.clip(sequence_start.astype(jnp.int32), 0, end),
         sinks=fold_sinks(softmax_aux, query.shape[1]),
-        static=Static(
+        static=PagedStatic(
             rows=CacheRows(seq_len, batch, seq_len * num_kv_heads, num_kv_heads, 1),
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -251,7 +251,7 @@ def unified_batch(
         sinks=fold_sinks(softmax_aux, num_heads),
         alibi_slopes=alibi_slopes,
         qq_bias=qq_bias,
-        static=Static(
+        static=PagedStatic(
             rows=CacheRows(block_size, num_blocks, block_size * num_kv_heads, num_kv_heads, 1),
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,

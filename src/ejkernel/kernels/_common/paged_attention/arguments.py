@@ -11,20 +11,13 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
+from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced, require_float
 from ejkernel.kernels._common.paged_attention.problem import page_in_cache
 
 DEFAULT_MASK_VALUE = -2.381976426469702e38
 # A mask value at or below this is "minus infinity" for every logit these ops produce: masked keys are
 # always excluded exactly, so a mask value above it (which would give masked keys weight) is refused.
 MASK_VALUE_LIMIT = -1e4
-
-
-def check_float(name: str, x, dtypes=None) -> None:
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
-    if dtypes is not None and jnp.dtype(x.dtype) not in dtypes:
-        raise TypeError(f"{name} must have dtype {'/'.join(str(d) for d in dtypes)}, got {x.dtype}")
 
 
 def check_shape(name: str, x, shape: tuple, layout: str) -> None:
@@ -92,7 +85,7 @@ def decode_window(sliding_window, name: str = "sliding_window") -> tuple[int, in
 def check_sinks(name: str, sinks, num_heads: int, *, per_head: bool) -> None:
     if sinks is None:
         return
-    check_float(name, sinks)
+    require_float(name, sinks)
     if sinks.ndim != 1 or sinks.shape[0] == 0 or (per_head and sinks.shape[0] != num_heads):
         want = f"[{num_heads}] (one sink logit per query head)" if per_head else "1-D and non-empty"
         raise ValueError(f"{name} must be {want}, got shape {tuple(sinks.shape)}")

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import join_sink
-from ejkernel.kernels._common.paged_attention.problem import PagedBatch, Static
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch, PagedStatic
 from ejkernel.kernels._common.search import sorted_position
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class QueryTiles:
+class PagedQueryTiles:
     """The batch's queries cut into tiles of `block_q` queries of one sequence: the cores' work rows.
 
     Row `r` holds queries `first[r] .. first[r] + block_q - 1` of sequence `seq[r]`; `token[r, i]` is
@@ -34,7 +34,7 @@ def max_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
     return (num_tokens + min(num_seqs, num_tokens) * (block_q - 1)) // block_q
 
 
-def query_tiles(batch: PagedBatch, block_q: int) -> QueryTiles:
+def query_tiles(batch: PagedBatch, block_q: int) -> PagedQueryTiles:
     tiles = -(-batch.query_len // block_q)
     ends = jnp.cumsum(tiles)
     rows = jnp.arange(max_tiles(batch.num_tokens, batch.num_seqs, block_q), dtype=jnp.int32)
@@ -45,10 +45,10 @@ def query_tiles(batch: PagedBatch, block_q: int) -> QueryTiles:
     index = first[:, None] + jnp.arange(block_q, dtype=jnp.int32)[None, :]
     in_seq = valid[:, None] & (index < batch.query_len[seq][:, None])
     token = jnp.where(in_seq, batch.query_start[seq][:, None] + index, batch.num_tokens)
-    return QueryTiles(seq=seq, first=first, token=token, valid=valid)
+    return PagedQueryTiles(seq=seq, first=first, token=token, valid=valid)
 
 
-def key_span(st: Static, kv_len, kv_start, context, first, block_q: int, valid=None):
+def key_span(st: PagedStatic, kv_len, kv_start, context, first, block_q: int, valid=None):
     """Keys `[lo, hi)` that queries `first .. first + block_q - 1` (at positions `context + first + i`) may see.
 
     `context` is `kv_len - q_len`; the span is empty (`hi <= lo`) when no key is allowed (or not `valid`).
@@ -68,7 +68,7 @@ def key_span(st: Static, kv_len, kv_start, context, first, block_q: int, valid=N
     return lo, hi
 
 
-def span_bound(st: Static, block_q: int) -> int:
+def span_bound(st: PagedStatic, block_q: int) -> int:
     """A static bound on the width `hi - lo` of any tile's key span."""
     bound = st.max_kv_len
     if st.window is not None:
@@ -76,7 +76,7 @@ def span_bound(st: Static, block_q: int) -> int:
     return max(bound, 0)
 
 
-def tile_bias(st: Static, k_pos, context, alibi=None, qq_bias=None, q_index=None):
+def tile_bias(st: PagedStatic, k_pos, context, alibi=None, qq_bias=None, q_index=None):
     """The additive bias of a logit tile, or None: ALiBi `slope * (k_pos - context)` (vLLM's form) and the
     query-query bias `qq_bias[q_index, k_pos - context]` where both indices fall inside it.
 
@@ -94,7 +94,7 @@ def tile_bias(st: Static, k_pos, context, alibi=None, qq_bias=None, q_index=None
     return bias
 
 
-def adjust_logits(s, q_pos, k_pos, lo, hi, st: Static, bias=None, key_ok=None):
+def adjust_logits(s, q_pos, k_pos, lo, hi, st: PagedStatic, bias=None, key_ok=None):
     """Scaled `q·k` tile -> soft cap, then `bias`, then disallowed keys at -inf.
 
     `q_pos`, `k_pos`, `lo`, `hi`, `bias` and `key_ok` broadcast against `s`; keys count inside `[lo, hi)`,
@@ -129,7 +129,7 @@ def online_softmax_step(carry, s, v, matmul, exp=jnp.exp, detach=jax.lax.stop_gr
     return acc * alpha[..., None] + matmul(p, v), m_new, denom * alpha + jnp.sum(p, axis=-1)
 
 
-def finalize(acc, m, denom, sinks, st: Static, tiles: QueryTiles, num_tokens: int, dtype):
+def finalize(acc, m, denom, sinks, st: PagedStatic, tiles: PagedQueryTiles, num_tokens: int, dtype):
     """Partial softmax sums of every split -> the output `[T, Hq, D]` in `dtype`.
 
     `acc [S, R, Bq, Hq, Dc]` and `m`, `denom` `[S, R, Bq, Hq]` (float32) are each split's unnormalised sums,

@@ -32,7 +32,7 @@ class CacheRows:
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class PagedStatic:
     """Everything fixed at trace time (hashable)."""
 
     rows: CacheRows
@@ -70,7 +70,7 @@ class PagedBatch:
     sinks: jax.Array | None = None
     alibi_slopes: jax.Array | None = None
     qq_bias: jax.Array | None = None
-    static: Static = dataclasses.field(metadata=dict(static=True), default=None)
+    static: PagedStatic = dataclasses.field(metadata=dict(static=True), default=None)
 
     @property
     def num_tokens(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.paged_attention.core_math import QueryTiles, finalize, key_span, query_tiles
+from ejkernel.kernels._common.paged_attention.core_math import PagedQueryTiles, finalize, key_span, query_tiles
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 
 SEQ, LO, HI, CONTEXT, FIRST = range(5)  # columns of the per-tile metadata the kernels read
@@ -58,7 +58,7 @@ def prepare_tiles(batch: PagedBatch, block_q: int, rows: int, width: int):
     return tiles, meta, tile_rows(q, st.num_kv_heads, rows), alibi
 
 
-def finish_tiles(batch: PagedBatch, tiles: QueryTiles, block_q: int, acc, m, denom) -> jax.Array:
+def finish_tiles(batch: PagedBatch, tiles: PagedQueryTiles, block_q: int, acc, m, denom) -> jax.Array:
     """A kernel's per-split partial sums in tile rows (`acc [S, R, Hkv, rows, W]`, `m`, `denom`) -> `[T, Hq, D]`."""
     acc = untile_rows(acc, block_q, batch.num_heads)
     m, denom = (untile_rows(x[..., None], block_q, batch.num_heads)[..., 0] for x in (m, denom))

@@ -26,7 +26,7 @@ from ejkernel.kernels._common.attention import LOG2E, Operands, RefReader, sum_t
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot, exp2
 from ejkernel.kernels._triton.blocksparse_attention._fwd import (
-    Static,
+    TritonBlockSparseStatic,
     allowed_tile,
     listed_loop,
     lists_spec,
@@ -35,7 +35,7 @@ from ejkernel.kernels._triton.blocksparse_attention._fwd import (
 from ejkernel.kernels._triton.flash_attention._fwd import logits_base2
 
 
-def _dq_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
+def _dq_kernel(*refs, st: TritonBlockSparseStatic, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     lists_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(7))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -74,7 +74,7 @@ def _dq_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
     dq_ref[...] = (dq * st.softmax_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
+def _dkv_kernel(*refs, st: TritonBlockSparseStatic, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     lists_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(7))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -120,7 +120,9 @@ def _dkv_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_and_dbias(st: Static, ops: Operands, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, fwd_lists):
+def _dq_and_dbias(
+    st: TritonBlockSparseStatic, ops: Operands, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, fwd_lists
+):
     batch, num_heads, q_len_padded, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[2], v.shape[3]
     group, bq = st.group, st.block_q
@@ -162,7 +164,7 @@ def _dq_and_dbias(st: Static, ops: Operands, q, k, v, do, lse, delta, bias, q_se
     return outs[0], (outs[1] if ops.bias else None)
 
 
-def _dk_dv(st: Static, ops: Operands, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, bwd_lists):
+def _dk_dv(st: TritonBlockSparseStatic, ops: Operands, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, bwd_lists):
     batch, _, q_len_padded, head_dim = q.shape
     num_kv_heads, kv_len_padded, value_dim = k.shape[1], k.shape[2], v.shape[3]
     group, bk = st.group, st.block_k
@@ -219,7 +221,7 @@ def _dk_dv(st: Static, ops: Operands, q, k, v, do, lse, delta, bias, q_seg, kv_s
     )(*args)
 
 
-def backward(st: Static, residuals, do):
+def backward(st: TritonBlockSparseStatic, residuals, do):
     """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
     q, k, v, bias, sinks, q_seg, kv_seg, mask, fwd_lists, bwd_lists, out, lse = residuals
     do = do.astype(out.dtype)

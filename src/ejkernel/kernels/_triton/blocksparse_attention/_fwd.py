@@ -28,7 +28,7 @@ from ejkernel.kernels._triton.flash_attention._fwd import bias_like_spec, logits
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TritonBlockSparseStatic:
     """Everything fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
@@ -56,7 +56,9 @@ class Static:
         return self.num_heads // self.num_kv_heads
 
 
-def allowed_tile(st: Static, ops: Operands, q_pos, k_pos, q_seg, kv_seg, mask_tile, kv_len_padded: int):
+def allowed_tile(
+    st: TritonBlockSparseStatic, ops: Operands, q_pos, k_pos, q_seg, kv_seg, mask_tile, kv_len_padded: int
+):
     """The token mask of an edge tile (positions broadcast into its shape), or None when nothing masks."""
     return and_masks(
         position_allowed(q_pos, k_pos, causal=st.causal, window=st.window, chunk_size=st.chunk_size),
@@ -76,7 +78,7 @@ def listed_loop(lists_ref, index, step, carry):
     return lax.fori_loop(edges, count, lambda j, c: step(lists_ref[index(j + 2)], c, False), carry)
 
 
-def lists_spec(st: Static, width: int, block_of):
+def lists_spec(st: TritonBlockSparseStatic, width: int, block_of):
     """BlockSpec of a packed table `[Bt, Ht, blocks, width]` for a grid (block, batch, head)."""
     return pl.BlockSpec(
         (None, None, None, width),
@@ -84,7 +86,7 @@ def lists_spec(st: Static, width: int, block_of):
     )
 
 
-def row_operands(st: Static, ops: Operands, kv_len_padded: int, bias, mask, q_seg, kv_seg):
+def row_operands(st: TritonBlockSparseStatic, ops: Operands, kv_len_padded: int, bias, mask, q_seg, kv_seg):
     """(BlockSpecs, arrays) of bias, mask and segment ids for a grid over (query block, batch, head)."""
     specs, arrays = [], []
     rows = lambda i, b, h: (i, 0)
@@ -104,7 +106,7 @@ def row_operands(st: Static, ops: Operands, kv_len_padded: int, bias, mask, q_se
     return specs, arrays
 
 
-def _forward_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
+def _forward_kernel(*refs, st: TritonBlockSparseStatic, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     lists_ref, q_ref, k_ref, v_ref = read(), read(), read(), read()
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -152,7 +154,7 @@ def _forward_kernel(*refs, st: Static, ops: Operands, kv_len_padded: int):
     lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
 
 
-def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, fwd_lists):
+def forward(st: TritonBlockSparseStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, fwd_lists):
     """Padded operands -> (output [B, H, Sqp, Dvp] in q.dtype, base-2 lse [B, H, Sqp] float32)."""
     batch, num_heads, q_len_padded, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[2], v.shape[3]

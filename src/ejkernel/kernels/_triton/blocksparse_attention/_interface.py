@@ -19,7 +19,7 @@ from ejkernel.kernels._common.sparse_attention.block_table import build_block_ta
 from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call, padded_mask_operands
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.blocksparse_attention._bwd import backward
-from ejkernel.kernels._triton.blocksparse_attention._fwd import Static, forward
+from ejkernel.kernels._triton.blocksparse_attention._fwd import TritonBlockSparseStatic, forward
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -109,7 +109,7 @@ def blocksparse_attention_triton(
     mask = call.mask
     table = build_block_table(mask, q_len=call.q_len, kv_len=call.kv_len, block_q=block_q, block_k=block_k)
     interpret = resolve_interpret(interpret, WHO)
-    st = Static(
+    st = TritonBlockSparseStatic(
         softmax_scale=call.softmax_scale,
         soft_cap=call.soft_cap,
         fast_tanh=not interpret and query.dtype != jnp.float32,

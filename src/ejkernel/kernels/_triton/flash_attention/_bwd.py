@@ -53,8 +53,8 @@ from ejkernel.kernels._triton._helpers import (
     segment_span,
 )
 from ejkernel.kernels._triton.flash_attention._fwd import (
-    Static,
-    Tiling,
+    TritonFlashStatic,
+    TritonFlashTiling,
     key_block_logits,
     logits_base2,
     needs_edges,
@@ -101,13 +101,13 @@ def _scaled_minus(x, scale: float, lse, *, interpret: bool):
     return jnp.where(x == -jnp.inf, -jnp.inf, y)
 
 
-def _weights(x, lse, st: Static, raw: bool):
+def _weights(x, lse, st: TritonFlashStatic, raw: bool):
     """P' = 2^(logit - lse) of a logit tile (raw `q·k` when `raw`, else base 2); lse = +inf gives 0."""
     x = _scaled_minus(x, st.softmax_scale * LOG2E, lse, interpret=st.interpret) if raw else x - lse
     return exp2(x, interpret=st.interpret)
 
 
-def single_lse(st: Static, offset, rest, raw: bool):
+def single_lse(st: TritonFlashStatic, offset, rest, raw: bool):
     """The forward's (offset, rest) -> (lse, e): the base-2 logsumexp L = offset·scale·log2(e) + rest
     (offset + rest without `raw`) rounded to one float32, and e = lse - L to float32 precision."""
     big, mid, tiny = offset, 0.0, 0.0
@@ -123,7 +123,9 @@ def single_lse(st: Static, offset, rest, raw: bool):
     return jnp.where(empty, jnp.inf, lse), jnp.where(empty, 0.0, e)
 
 
-def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: int, kv_len_padded: int):
+def _dq_kernel(
+    *refs, st: TritonFlashStatic, tiling: TritonFlashTiling, ops: Operands, num_q_blocks: int, kv_len_padded: int
+):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -200,7 +202,7 @@ def _dq_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, num_q_blocks: i
     dq_ref[...] = (dq * st.softmax_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded: int):
+def _dkv_kernel(*refs, st: TritonFlashStatic, tiling: TritonFlashTiling, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -294,7 +296,9 @@ def _dkv_kernel(*refs, st: Static, tiling: Tiling, ops: Operands, kv_len_padded:
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def dq_and_dbias(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
+def dq_and_dbias(
+    st: TritonFlashStatic, tiling: TritonFlashTiling, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed
+):
     """dQ `[B, Sqp, H, D]` and, with a bias, dS as float32 `[B, H, Sqp, Skp]` (None without)."""
     batch, q_len_padded, num_heads, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[1], v.shape[3]
@@ -337,7 +341,7 @@ def dq_and_dbias(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_se
     return outs[0], (outs[1] if ops.bias else None)
 
 
-def dk_dv(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
+def dk_dv(st: TritonFlashStatic, tiling: TritonFlashTiling, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
     """dK `[B, Skp, Hkv, D]` and dV `[B, Skp, Hkv, Dv]`, one program per (key block, batch, kv head)."""
     batch, q_len_padded, _, head_dim = q.shape
     kv_len_padded, num_kv_heads, value_dim = k.shape[1], k.shape[2], v.shape[3]
@@ -388,7 +392,7 @@ def dk_dv(st: Static, tiling: Tiling, q, k, v, do, lse, delta, bias, q_seg, kv_s
     )(*args)
 
 
-def _small_lse(st: Static, bias, sinks) -> bool:
+def _small_lse(st: TritonFlashStatic, bias, sinks) -> bool:
     """Whether every logsumexp is bounded below 2^7 (soft-capped logits, no bias or sinks): rounded to one
     float32 it is then within 2^-17 (as it always was), and the wrapper skips the 2^e pass over dO."""
     if st.soft_cap is None or bias is not None or sinks is not None:
@@ -396,7 +400,7 @@ def _small_lse(st: Static, bias, sinks) -> bool:
     return abs(st.soft_cap) * LOG2E + math.log2(st.kv_len) < 2.0**7
 
 
-def backward(st: Static, residuals, do):
+def backward(st: TritonFlashStatic, residuals, do):
     """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
     q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, (offset, rest) = residuals
     lse, e = single_lse(st, offset, rest, raw_logits(st, bias is not None))

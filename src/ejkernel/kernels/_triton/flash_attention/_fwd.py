@@ -4,8 +4,8 @@ Each program holds a `[block_q, D]` query tile and streams the key/value blocks 
 keys for it, accumulating in float32 with base-2 exponentials. Without soft cap or bias the logits
 stay raw `q·k` and the scale (times log2(e)) is folded into the exponent's multiply: the forward is
 bound by instruction issue. Where it is safe there is no running max at all: each logit is
-exponentiated against offset 0, so nothing is rescaled. With a soft cap (`Static.bounded`) the cap
-proves it (|logit| <= cap·log2(e)). Otherwise (`Static.checked_zero_offset`) the first pass marks
+exponentiated against offset 0, so nothing is rescaled. With a soft cap (`TritonFlashStatic.bounded`) the cap
+proves it (|logit| <= cap·log2(e)). Otherwise (`TritonFlashStatic.checked_zero_offset`) the first pass marks
 the rows whose sums of weights left `ZERO_OFFSET_SUMS` (largest logit under about -55, or logits
 near 69), and a second, light pass recomputes the blocks that hold such rows with the running max
 of the online softmax. Dropping the max and the rescale saved 2-20% of the forward on an H100.
@@ -20,7 +20,7 @@ differences to it, which are exact, so that the denominator is exactly relative 
 whatever the compiler contracts into an FMA.
 
 Arrays arrive padded by the wrapper: sequence lengths to block multiples and head dims to powers of
-two. `Static` carries the true lengths, so padded keys are masked and padded query rows are ignored.
+two. `TritonFlashStatic` carries the true lengths, so padded keys are masked and padded query rows are ignored.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ from ejkernel.reference.dropout import dropout_keep
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TritonFlashTiling:
+    """One kernel's tiles and Triton settings (the forward's, or one of the two backward kernels')."""
+
     block_q: int
     block_k: int
     num_warps: int
@@ -56,7 +58,7 @@ class Tiling:
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TritonFlashStatic:
     """Everything about a call that is fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
@@ -68,9 +70,9 @@ class Static:
     kv_len: int
     num_heads: int
     num_kv_heads: int
-    fwd: Tiling
-    bwd: Tiling  # the dK/dV kernel
-    bwd_dq: Tiling  # the dQ (and dBias) kernel
+    fwd: TritonFlashTiling
+    bwd: TritonFlashTiling  # the dK/dV kernel
+    bwd_dq: TritonFlashTiling  # the dQ (and dBias) kernel
     interpret: bool
     fast_tanh: bool = False  # the soft cap uses the hardware's approximate tanh (16-bit inputs on a GPU)
     bounded: bool = False  # soft-capped bfloat16 without bias: the forward's 2^logit needs no running max
@@ -86,7 +88,7 @@ class Static:
         return self.dropout_prob > 0.0
 
 
-def logits_base2(s, bias_tile, st: Static):
+def logits_base2(s, bias_tile, st: TritonFlashStatic):
     """Raw `q·k` tile -> (logits in base-2 units, tanh tile of the soft cap or None)."""
     if st.soft_cap is None:
         x, t = s * (st.softmax_scale * LOG2E), None
@@ -99,13 +101,24 @@ def logits_base2(s, bias_tile, st: Static):
     return x, t
 
 
-def raw_logits(st: Static, bias: bool) -> bool:
+def raw_logits(st: TritonFlashStatic, bias: bool) -> bool:
     """Whether the kernels keep logits as raw `q·k` (no soft cap, no bias): the scale then joins in the exponent."""
     return st.soft_cap is None and not bias
 
 
 def key_block_logits(
-    kb, q, edge: bool, *, st: Static, ops: Operands, raw: bool, block_k: int, q_pos, q_seg, kv_len_padded: int, refs
+    kb,
+    q,
+    edge: bool,
+    *,
+    st: TritonFlashStatic,
+    ops: Operands,
+    raw: bool,
+    block_k: int,
+    q_pos,
+    q_seg,
+    kv_len_padded: int,
+    refs,
 ):
     """Key block `kb` against a `[block_q, D]` query tile: `(cols, k_pos, k, x, t)`.
 
@@ -133,7 +146,7 @@ def key_block_logits(
     return cols, k_pos, k, x, t
 
 
-def needs_edges(st: Static, kv_len_padded: int) -> bool:
+def needs_edges(st: TritonFlashStatic, kv_len_padded: int) -> bool:
     """Whether any block can need a positional mask (else every visited block is interior)."""
     return st.causal or st.window is not None or st.kv_len != kv_len_padded
 
@@ -143,7 +156,7 @@ def query_block_index(pid, num_q_blocks: int, causal: bool):
     return num_q_blocks - 1 - pid if causal else pid
 
 
-def _forward_kernel(*refs, st: Static, ops: Operands, num_q_blocks: int, kv_len_padded: int, redo: bool):
+def _forward_kernel(*refs, st: TritonFlashStatic, ops: Operands, num_q_blocks: int, kv_len_padded: int, redo: bool):
     """One query block's output and logsumexp (offset, rest).
 
     With `st.checked_zero_offset` the forward launches this twice. The first pass uses offset 0 and
@@ -301,10 +314,10 @@ def query_block_operands(ops: Operands, block_q: int, kv_len_padded: int, qmap, 
 
 # The redo pass's tiling. Its programs mostly check a few rows and return, so it keeps shared memory
 # small (no pipeline stages) and many of them share an SM; the redo itself is rare and may be slow.
-REDO_TILING = Tiling(block_q=64, block_k=32, num_warps=4, num_stages=1)
+REDO_TILING = TritonFlashTiling(block_q=64, block_k=32, num_warps=4, num_stages=1)
 
 
-def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+def forward(st: TritonFlashStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     """Padded operands -> (output [B, Sqp, H, Dvp] in q.dtype, lse = (offset, rest), each [B, H, Sqp] float32).
 
     A row's base-2 logsumexp is `offset·scale·log2(e) + rest` with raw logits (no soft cap, no bias),
@@ -323,7 +336,7 @@ def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     return out, (offset, rest)
 
 
-def _launch(st: Static, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, *marked):
+def _launch(st: TritonFlashStatic, redo: bool, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, *marked):
     """One pass of the forward kernel over every (query block, batch, head); `marked` = the first pass's outputs."""
     batch, q_len_padded, num_heads, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[1], v.shape[3]

@@ -29,7 +29,7 @@ from ejkernel.kernels._common.attention import (
 )
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_attention._bwd import backward
-from ejkernel.kernels._triton.flash_attention._fwd import Static, Tiling, forward
+from ejkernel.kernels._triton.flash_attention._fwd import TritonFlashStatic, TritonFlashTiling, forward
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -44,23 +44,25 @@ WHO = "triton flash_attention"
 DEFAULT_SMEM_BUDGET = SMEM_BYTES - 16 * 1024
 
 
-def default_fwd_tiling(head_dim: int) -> Tiling:
+def default_fwd_tiling(head_dim: int) -> TritonFlashTiling:
     """Forward (block_q, block_k, num_warps, num_stages): best of a sweep on an H200 (bf16, no bias)."""
     if head_dim <= 64:
-        return Tiling(64, 64, 4, 3)
+        return TritonFlashTiling(64, 64, 4, 3)
     if head_dim <= 128:
-        return Tiling(128, 128, 8, 3)
-    return Tiling(64, 32, 4, 2)
+        return TritonFlashTiling(128, 128, 8, 3)
+    return TritonFlashTiling(64, 32, 4, 2)
 
 
-def default_bwd_tiling(head_dim: int) -> Tiling:
+def default_bwd_tiling(head_dim: int) -> TritonFlashTiling:
     """Both backward kernels' tiling: best of a sweep on an H200 (bf16, no bias)."""
     if head_dim <= 128:
-        return Tiling(64, 64, 4, 2)
-    return Tiling(64, 32, 4, 2)
+        return TritonFlashTiling(64, 64, 4, 2)
+    return TritonFlashTiling(64, 32, 4, 2)
 
 
-def smem_estimate(t: Tiling, *, streamed_q: bool, head_dim: int, value_dim: int, itemsize: int, logit_bytes: int):
+def smem_estimate(
+    t: TritonFlashTiling, *, streamed_q: bool, head_dim: int, value_dim: int, itemsize: int, logit_bytes: int
+):
     """Bytes of pipelined tile buffers: per stage, the streamed rows of two operands plus bias/mask tiles.
 
     The forward and dQ kernels stream key/value rows (`block_k`); the dK/dV kernel streams query and
@@ -72,10 +74,12 @@ def smem_estimate(t: Tiling, *, streamed_q: bool, head_dim: int, value_dim: int,
     return t.num_stages * per_stage
 
 
-def _tiling(params: FwdParams | None, default: Tiling, q_len: int, kv_len: int, streams: tuple[bool, ...], **sizes):
+def _tiling(
+    params: FwdParams | None, default: TritonFlashTiling, q_len: int, kv_len: int, streams: tuple[bool, ...], **sizes
+):
     fields = ("block_q", "block_k", "num_warps", "num_stages")
     given = {f: getattr(params, f) for f in fields if params is not None and getattr(params, f) is not None}
-    t = Tiling(**{f: given.get(f, getattr(default, f)) for f in fields})
+    t = TritonFlashTiling(**{f: given.get(f, getattr(default, f)) for f in fields})
     if min(t.block_q, t.block_k) < MIN_BLOCK:
         raise NotImplementedError(
             f"triton flash_attention needs block sizes >= {MIN_BLOCK}, got {t.block_q}x{t.block_k}"
@@ -143,7 +147,7 @@ def plan(
         query, key, value, who=WHO, dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM
     )
     if min(q_len, kv_len, batch, num_heads) == 0:
-        raise NotImplementedError("triton flash_attention needs non-empty inputs")
+        raise NotImplementedError(f"{WHO} needs non-empty inputs")
     check_options(
         batch,
         num_heads,
@@ -176,7 +180,7 @@ def plan(
     fwd = _tiling(fwd_params, default_fwd_tiling(widest), q_len, kv_len, (False,), **sizes)
     bwd = _tiling(bwd_params, default_bwd_tiling(widest), q_len, kv_len, (False, True), **sizes)
     interpret = resolve_interpret(interpret, WHO)
-    st = Static(
+    st = TritonFlashStatic(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
         window=window,

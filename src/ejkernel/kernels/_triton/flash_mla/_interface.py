@@ -24,7 +24,7 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
 from ejkernel.kernels._common.mla import absorbed_attention, absorbed_query, canonical_call, expand_values
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.flash_mla._kernel import Static, attend, combine, padded_dim
+from ejkernel.kernels._triton.flash_mla._kernel import TritonFlashMlaStatic, attend, combine, padded_dim
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANK = 1024  # the [block_q, rank] float32 accumulator lives in registers
@@ -80,7 +80,7 @@ def flash_mla_triton(
     splits = _splits(
         getattr(cfg, "num_splits", None), dims.batch, pl.cdiv(rows, block_q), pl.cdiv(dims.kv_len, block_k)
     )
-    st = Static(
+    st = TritonFlashMlaStatic(
         num_heads=dims.num_heads,
         q_len=dims.q_len,
         kv_len=dims.kv_len,

@@ -32,7 +32,7 @@ from ejkernel.kernels._triton._helpers import dot, exp2
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TritonFlashMlaStatic:
     """What is fixed at trace time."""
 
     num_heads: int
@@ -67,7 +67,7 @@ def _load(ref, index, row_mask):
     return ref[index] if row_mask is None else plgpu.load(ref.at[index], mask=row_mask[:, None], other=0)
 
 
-def _key_range(first_pos, last_pos, st: Static):
+def _key_range(first_pos, last_pos, st: TritonFlashMlaStatic):
     """Key blocks `[lo, hi)` that positions `first_pos .. last_pos` may see (causal, window, length)."""
     bk = st.block_k
     num_blocks = pl.cdiv(st.kv_len, bk)
@@ -81,7 +81,7 @@ def _key_range(first_pos, last_pos, st: Static):
     return lo, jnp.maximum(hi, lo)
 
 
-def _kernel(*refs, st: Static):
+def _kernel(*refs, st: TritonFlashMlaStatic):
     q_ref, kv_ref, rest = refs[0], refs[1], list(refs[2:])
     q_rope_ref, rope_ref = (rest.pop(0), rest.pop(0)) if st.rope_dim else (None, None)
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if st.segments else (None, None)
@@ -162,7 +162,7 @@ def _kernel(*refs, st: Static):
     plgpu.store(lse_ref.at[split, b, rows], lse, mask=row_mask)
 
 
-def attend(st: Static, q, q_rope, kv, rope_keys, q_seg, kv_seg):
+def attend(st: TritonFlashMlaStatic, q, q_rope, kv, rope_keys, q_seg, kv_seg):
     """Normalised partial outputs `[splits, B, Sq·Hq, R]` and their log-sum-exps `[splits, B, Sq·Hq]`.
 
     `q [B, Sq·Hq, R]` (latent part, R the padded rank), `q_rope [B, Sq·Hq, P]`, `kv [B, Sk, R]`,

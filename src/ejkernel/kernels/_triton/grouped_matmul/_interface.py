@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, implementation, tile_params
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.grouped_matmul._kernel import Tiling, gmm, tgmm
+from ejkernel.kernels._triton.grouped_matmul._kernel import TritonGroupedMatmulTiling, gmm, tgmm
 
 MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
 # (block_m, block_k, block_n, num_warps, num_stages) of the forward and of both backward products.
@@ -26,12 +26,12 @@ def _fit(block: int, size: int) -> int:
     return max(MIN_BLOCK, min(block, pl.next_power_of_2(size)))
 
 
-def tiling(params, default, rows: int, contraction: int, cols: int, interpret: bool) -> Tiling:
-    """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes."""
+def tiling(params, default, rows: int, contraction: int, cols: int, interpret: bool) -> TritonGroupedMatmulTiling:
+    """A product's `TritonGroupedMatmulTiling` from config params (None fields: `default`), fitted to its sizes."""
     fields = ("block_q", "block_k", "block_d", "num_warps", "num_stages")
     given = [None if params is None else getattr(params, f) for f in fields]
     bm, bk, bn, warps, stages = (d if g is None else g for g, d in zip(given, default, strict=True))
-    return Tiling(_fit(bm, rows), _fit(bk, contraction), _fit(bn, cols), warps, stages, interpret)
+    return TritonGroupedMatmulTiling(_fit(bm, rows), _fit(bk, contraction), _fit(bn, cols), warps, stages, interpret)
 
 
 def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):

@@ -31,7 +31,7 @@ from ejkernel.kernels._triton._helpers import dot
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TritonGroupedMatmulTiling:
     """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages."""
 
     block_m: int
@@ -66,7 +66,7 @@ def _gmm_kernel(
     rhs_ref,
     out_ref,
     *,
-    t: Tiling,
+    t: TritonGroupedMatmulTiling,
     m: int,
     k: int,
     n: int,
@@ -100,7 +100,7 @@ def _gmm_kernel(
     plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=_tile_mask(write, col_mask))
 
 
-def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
+def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: TritonGroupedMatmulTiling):
     """`out [M, N]`: each owned row of lhs times its group's rhs, zeros on every other row."""
     m, k = lhs.shape
     num_local = rhs.shape[0]
@@ -120,7 +120,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     )(*spans, lhs, rhs)
 
 
-def _tgmm_kernel(starts_ref, ends_ref, x_ref, y_ref, out_ref, *, t: Tiling, kx: int, ny: int):
+def _tgmm_kernel(starts_ref, ends_ref, x_ref, y_ref, out_ref, *, t: TritonGroupedMatmulTiling, kx: int, ny: int):
     bk, bm, bn = t.block_k, t.block_m, t.block_n  # bk: rows per step; the output tile is bm x bn
     group, a_tile, b_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     start, end = starts_ref[group], ends_ref[group]
@@ -141,7 +141,7 @@ def _tgmm_kernel(starts_ref, ends_ref, x_ref, y_ref, out_ref, *, t: Tiling, kx: 
     plgpu.store(out_ref.at[group, a_cols, b_cols], acc.astype(out_ref.dtype), mask=_tile_mask(a_mask, b_mask))
 
 
-def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: Tiling):
+def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: TritonGroupedMatmulTiling):
     """`[L, Kx, Ny]`: per local group l, `x_lᵀ · y_l` over its rows; zeros for an empty group."""
     m, kx = x.shape
     ny = y.shape[1]

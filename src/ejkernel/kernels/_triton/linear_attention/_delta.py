@@ -33,9 +33,15 @@ from ejkernel.kernels._common.linear_attention.numerics import wy_transform
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_backward import head_grads
-from ejkernel.kernels._triton.linear_attention._gla_common import F32, GlaTiling, call_pallas, tile_slice, tiles_sum
+from ejkernel.kernels._triton.linear_attention._gla_common import (
+    F32,
+    TritonGlaTiling,
+    call_pallas,
+    tile_slice,
+    tiles_sum,
+)
 from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates, head_scores
-from ejkernel.kernels._triton.linear_attention._kernels import Tiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
 
 # ---- the WY transform, per chunk in XLA ----
 
@@ -81,7 +87,7 @@ def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref
     final_ref[b, head, :, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, :, cols])
 
 
-def _delta_states(t: GlaTiling, passes: Tiling, chunk: int, k, w, u, g, init):
+def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, k, w, u, g, init):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), values U [B, T, H, Dv] (u's dtype), final states
     [B, H, Dk, Dv] float32)`."""
     batch, seq, heads, dk = k.shape
@@ -135,7 +141,9 @@ def _delta_state_grads_kernel(
     d_init_ref[b, head, :, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, :, cols])
 
 
-def _delta_state_grads(t: GlaTiling, passes: Tiling, chunk: int, scale, q, k, w, g, do, a, e, d_final):
+def _delta_state_grads(
+    t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, q, k, w, g, do, a, e, d_final
+):
     """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [B, H, Dk, Dv] float32,
     Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32, dU [B, T, H, Dv] float32)`."""
     batch, seq, heads, dk = q.shape
@@ -169,7 +177,9 @@ def _delta_state_grads(t: GlaTiling, passes: Tiling, chunk: int, scale, q, k, w,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def delta_chunked(tiling: GlaTiling, passes: Tiling, scale: float, chunk: int, q, k, v, a, beta, init):
+def delta_chunked(
+    tiling: TritonGlaTiling, passes: TritonStatePassTiling, scale: float, chunk: int, q, k, v, a, beta, init
+):
     """`(out [B, T, H, Dv] in v's dtype, final states [B, H, Dk, Dv] float32)` of the chunked delta rule.
 
     q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`), a `[B, T, H]` float32 log gates per

@@ -20,7 +20,7 @@ its decays form one `[C, C]` matrix, and every in-chunk product is a matmul over
 
 Launches. Forward: `cumulative_gates` (the gates' cumulative sums), `chunk_states` (sequential over chunks: every
 chunk's entry state, and each sequence's final state), `chunk_scores` (`A`, per row block), `chunk_outputs` (with a
-gate per head and `GlaTiling.fuse_head_scores`, a call that is not differentiated runs `chunk_outputs` alone,
+gate per head and `TritonGlaTiling.fuse_head_scores`, a call that is not differentiated runs `chunk_outputs` alone,
 its kernel making the scores; `head_gate_forward` is that forward for Mamba-2, with dt and the D skip
 taken in the kernels).
 Backward: `state_grads` (sequential, in reverse: the gradient of every chunk's exit state, and of the
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._triton.linear_attention._gla_backward import chunk_grads, state_grads
-from ejkernel.kernels._triton.linear_attention._gla_common import GlaTiling, tiles_sum
+from ejkernel.kernels._triton.linear_attention._gla_common import TritonGlaTiling, tiles_sum
 from ejkernel.kernels._triton.linear_attention._gla_forward import (
     chunk_outputs,
     chunk_scores,
@@ -51,7 +51,7 @@ from ejkernel.kernels._triton.linear_attention._gla_forward import (
 # ---- the differentiable whole ----
 
 
-def _group_sum(x, shared_heads: int, dtype):
+def group_sum(x, shared_heads: int, dtype):
     """Per-state-head gradients `[B, T, H, D]` of an input with `shared_heads` heads (each read by a group of
     consecutive state heads), summed over each group."""
     batch, seq, heads, dim = x.shape
@@ -61,7 +61,7 @@ def _group_sum(x, shared_heads: int, dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init, starts, ends, owners, empty):
+def gla_chunked(tiling: TritonGlaTiling, scale: float, packed: bool, q, k, v, a, init, starts, ends, owners, empty):
     """`(out [B, T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the chunked gated recurrence.
 
     a `[B, T, H, Dk]` float32 log gates (or `[B, T, H, 1]`: one per head) of the H state heads; q, k
@@ -75,7 +75,7 @@ def gla_chunked(tiling: GlaTiling, scale: float, packed: bool, q, k, v, a, init,
     return _forward(tiling, scale, packed, q, k, v, a, init, starts, ends, owners, empty, residuals=False)[0]
 
 
-def head_gate_forward(tiling: GlaTiling, chunk: int, q, k, v, a, init, v_scale, skip):
+def head_gate_forward(tiling: TritonGlaTiling, chunk: int, q, k, v, a, init, v_scale, skip):
     """A plain (not differentiated) forward with a gate per head, one sequence per batch row of a length that
     is a multiple of `chunk`, scale 1, in three kernels: the outputs `[B, S, H, Dv]` (v's dtype) of the values
     `v_scale ⊙ v` plus `skip ⊙ v`, and the final states `[B, H, Dk, Dv]` float32. `a [B, S, H, 1]` the log
@@ -89,7 +89,7 @@ def head_gate_forward(tiling: GlaTiling, chunk: int, q, k, v, a, init, v_scale, 
     return chunk_outputs(t, chunk, 1.0, q, v, g, e, k=k, v_scale=v_scale, skip=skip), final
 
 
-def _fitted(tiling: GlaTiling, q, v, starts):
+def _fitted(tiling: TritonGlaTiling, q, v, starts):
     return tiling.fit(q.shape[-1], v.shape[-1]), q.shape[1] // starts.shape[0]
 
 
@@ -120,8 +120,8 @@ def _bwd(tiling, scale, packed, residuals, cotangents):
     if da.ndim == 5:  # a gate per head: summed over the tiles of key channels
         da = tiles_sum(da)
     d_init = jnp.where(empty[:, None, None, None], d_final, d_init)
-    dq, dk = _group_sum(dq, q.shape[2], q.dtype), _group_sum(dk, k.shape[2], k.dtype)
-    dv = _group_sum(tiles_sum(dv), v.shape[2], v.dtype)
+    dq, dk = group_sum(dq, q.shape[2], q.dtype), group_sum(dk, k.shape[2], k.dtype)
+    dv = group_sum(tiles_sum(dv), v.shape[2], v.dtype)
     return dq, dk, dv, da, d_init, None, None, None, None
 
 

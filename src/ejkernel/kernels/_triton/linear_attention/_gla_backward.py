@@ -16,7 +16,7 @@ from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
-    GlaTiling,
+    TritonGlaTiling,
     call_pallas,
     everywhere,
     gate_columns,
@@ -72,7 +72,7 @@ def _state_grads_kernel(
         d_init_ref[b, head, keys, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, keys, cols])
 
 
-def state_grads(t: GlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
+def state_grads(t: TritonGlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
     """`(exit-state gradients [B, NC, H, Dk, Dv] (e's dtype), initial-state gradients [N, H, Dk, Dv] float32
     (sequences without a chunk left unwritten), Σ_v h_in ⊙ d_exit [B, NC, H, Dk] float32)`."""
     batch, seq, heads, _ = g.shape
@@ -192,7 +192,7 @@ def _grads_kernel(
         dv_ref[rows, :] = dv.astype(dv_ref.dtype)
 
 
-def chunk_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
+def chunk_grads(t: TritonGlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs):
     """`(dq, dk, dv, da)` `[B, T, H, ·]` per state head (H: the gate's heads); da: the gradient of the gate
     (before its cumulative sum). An input shared by groups of state heads gets its gradient per state
     head in float32 (the caller sums each group), but for q and k of Mamba-2's layout with a gate per head
@@ -306,7 +306,7 @@ def _head_grads_kernel(
     dk_ref[...] = dk.astype(dk_ref.dtype)
 
 
-def head_grads(t: GlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, values_grad: bool = True):
+def head_grads(t: TritonGlaTiling, chunk: int, scale, q, k, v, g, do, a, e, dh, rs, values_grad: bool = True):
     """`chunk_grads` for a gate per head: one program per chunk, batch row, tile of key channels and span of
     state heads. Where q and k are shared by groups of state heads (and v is not: Mamba-2), a span is
     `gcd(t.head_span, group)` heads of one group and dq, dk come per q / k head, summed over the group in

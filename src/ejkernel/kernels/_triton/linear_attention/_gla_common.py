@@ -20,7 +20,7 @@ F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
-class GlaTiling:
+class TritonGlaTiling:
     """Tiles and warps of the GLA kernels (each clipped to the head dims).
 
     `state_k` x `state_v`: the state tile one program of the sequential passes carries; `block_v`: value
@@ -53,7 +53,7 @@ class GlaTiling:
     precise: bool = True
     fuse_head_scores: bool = True
 
-    def fit(self, dk: int, dv: int) -> GlaTiling:
+    def fit(self, dk: int, dv: int) -> TritonGlaTiling:
         return dataclasses.replace(
             self,
             state_k=min(self.state_k, dk),
@@ -72,7 +72,7 @@ class GlaTiling:
         return jnp.dtype(dtype) if not self.precise and jnp.dtype(dtype) == jnp.bfloat16 else F32
 
 
-def call_pallas(kernel, t: GlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
+def call_pallas(kernel, t: TritonGlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
     """`pallas_call` of `kernel(**static)`; specs None: whole arrays (the sequential passes index chunks themselves)."""
     specs = {} if in_specs is None else dict(in_specs=in_specs, out_specs=out_specs)
     return pl.pallas_call(

@@ -13,7 +13,7 @@ from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
-    GlaTiling,
+    TritonGlaTiling,
     call_pallas,
     everywhere,
     gate_columns,
@@ -66,7 +66,7 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
         final_ref[b, head, keys, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, keys, cols])
 
 
-def chunk_states(t: GlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
+def chunk_states(t: TritonGlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), final states [N, H, Dk, Dv] float32; unwritten for
     sequences without tokens)`. `v_scale [B, T, H, 1]` float32 (optional): the values are `v_scale ⊙ v`."""
     batch, seq, heads, _ = g.shape
@@ -103,7 +103,7 @@ def _cumulative_kernel(a_ref, g_ref):
     g_ref[...] = jnp.cumsum(a_ref[...], axis=0)
 
 
-def cumulative_gates(t: GlaTiling, chunk: int, a):
+def cumulative_gates(t: TritonGlaTiling, chunk: int, a):
     """The cumulative log gates within each chunk, `[B, T, H, Dk or 1]` float32."""
     batch, seq, heads, width = a.shape
     spec = pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
@@ -143,7 +143,7 @@ def _scores_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk: int, mm):
     a_ref[...] = scores.astype(a_ref.dtype)
 
 
-def chunk_scores(t: GlaTiling, chunk: int, q, k, g):
+def chunk_scores(t: TritonGlaTiling, chunk: int, q, k, g):
     """`A` `[B, T, H, C]` (row t of a chunk: its weights on the chunk's keys), in q's dtype (float32 if precise)."""
     if g.shape[-1] == 1:
         return head_scores(t, chunk, q, k, g)
@@ -192,8 +192,8 @@ def _head_outputs_kernel(q_ref, g_ref, k_ref, g_row_ref, *refs, scale: float, mm
     o_ref[...] = out.astype(o_ref.dtype)
 
 
-def chunk_outputs(t: GlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_scale=None, skip=None):
-    """The outputs from the scores `a`; with `k` instead (a gate per head, `GlaTiling.fuse_head_scores`)
+def chunk_outputs(t: TritonGlaTiling, chunk: int, scale, q, v, g, e, *, a=None, k=None, v_scale=None, skip=None):
+    """The outputs from the scores `a`; with `k` instead (a gate per head, `TritonGlaTiling.fuse_head_scores`)
     the kernel makes each chunk's scores itself, and `A` is never in memory. With `k`, `v_scale [B, T, H, 1]`
     and `skip [H]` (float32, both or neither; Mamba-2's dt and D) make the outputs those of the values
     `v_scale ⊙ v`, plus `skip ⊙ v`."""
@@ -251,7 +251,7 @@ def _head_scores_kernel(q_ref, k_ref, g_ref, g_row_ref, a_ref, *, chunk: int, mm
     a_ref[...] = (scores * pair_decays(g_ref[...], g_row_ref[...][None, :], first)).astype(a_ref.dtype)
 
 
-def head_scores(t: GlaTiling, chunk: int, q, k, g):
+def head_scores(t: TritonGlaTiling, chunk: int, q, k, g):
     """`chunk_scores` for a gate per head: programs of `min(C, 64)` rows."""
     batch, seq, heads, _ = g.shape
     dk, rows = q.shape[-1], min(chunk, 64)

@@ -5,7 +5,7 @@ The gated recurrence (GLA, lightning, recurrent) runs whole in the chunk kernels
 their token layout and dtype, forward and backward). So does the delta rule of one sequence per row
 (`_delta`: GLA's kernels of a gate per head around state passes of its own, the WY transform in XLA);
 with restarts (segment ids) its chunk parts and pullbacks stay in XLA, and its chunk-to-chunk state
-passes run as one kernel per direction (`_kernels.exit_states`, `_kernels.entry_grads`). A one-token call
+passes run as one kernel per direction (`_state_passes.exit_states`, `_state_passes.entry_grads`). A one-token call
 (decoding) is one fused step kernel.
 Calls it does not serve (the recurrent form, head dims that are not powers of two in [16, 256]) raise
 NotImplementedError before any kernel is traced.
@@ -23,8 +23,13 @@ from ejkernel.kernels._common.linear_attention.driver import Engine
 from ejkernel.kernels._common.linear_attention.scan import ScanPasses
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._delta import delta_chunked
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, gla_chunked
-from ejkernel.kernels._triton.linear_attention._kernels import Tiling, entry_grads, exit_states, fused_step
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling, gla_chunked
+from ejkernel.kernels._triton.linear_attention._state_passes import (
+    TritonStatePassTiling,
+    entry_grads,
+    exit_states,
+    fused_step,
+)
 
 WHO = "triton linear attention"
 MIN_CHUNK = 16  # smallest matmul edge Triton takes
@@ -32,7 +37,7 @@ MIN_CHUNK = 16  # smallest matmul edge Triton takes
 
 @dataclasses.dataclass(frozen=True)
 class TritonPasses(ScanPasses):
-    tiling: Tiling
+    tiling: TritonStatePassTiling
 
     def exit_states(self, p, init, starts):
         return exit_states(p, init, starts, self.tiling)
@@ -43,8 +48,8 @@ class TritonPasses(ScanPasses):
 
 @dataclasses.dataclass(frozen=True)
 class TritonEngine(Engine):
-    tiling: Tiling
-    gla: GlaTiling = dataclasses.field(default_factory=GlaTiling)
+    tiling: TritonStatePassTiling
+    gla: TritonGlaTiling = dataclasses.field(default_factory=TritonGlaTiling)
     min_chunk = MIN_CHUNK
     gated_chunk = 32  # H100, B=2 S=16384 H=16 D=128 bf16, GLA forward+backward: 6.0 ms, 10.1 at 64, 6.7 at 16
     delta_chunk = 32  # the same shape, gated delta rule forward+backward: 10.6 ms, 11.2 at 64
@@ -57,7 +62,7 @@ class TritonEngine(Engine):
         engine = dataclasses.replace(self, tiling=dataclasses.replace(self.tiling, precise=dtype == jnp.float32))
         return Engine.chunked(engine, xs, init, starts, delta=delta, dtype=dtype)
 
-    def _gla_tiling(self, dtype) -> GlaTiling:
+    def _gla_tiling(self, dtype) -> TritonGlaTiling:
         """The GLA kernels' tiling for inputs of `dtype` (float32: full-precision matmuls)."""
         return dataclasses.replace(self.gla, interpret=self.tiling.interpret, precise=jnp.dtype(dtype) == jnp.float32)
 
@@ -118,11 +123,11 @@ def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
     """The engine for `cfg`: `fwd_params.block_d` value columns per program (default 32), warps, stages."""
     params = getattr(cfg, "fwd_params", None)
     return TritonEngine(
-        Tiling(
+        TritonStatePassTiling(
             block_v=(params and params.block_d) or 32,
             num_warps=(params and params.num_warps) or 4,
             num_stages=(params and params.num_stages) or 2,
-            interpret=resolve_interpret(interpret, "triton linear attention"),
+            interpret=resolve_interpret(interpret, WHO),
         )
     )
 

@@ -4,7 +4,7 @@ The shared part (`_common.sparse_attention.native_sparse.native_selection`: chec
 branch in jnp and the choice of blocks) runs first. This wrapper then lists each token's blocks valid-first, pads the
 query heads of a key/value head to at least 16 rows (the matmuls' minimum) and the head dims to
 powers of two, sorts the selections by block for the dK/dV kernel, and calls the kernels
-(`_kernels.py`) under a custom VJP.
+(`_kernel.py`) under a custom VJP.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ejkernel.kernels._common.attention import pad_axes
 from ejkernel.kernels._common.sparse_attention.native_sparse import gate_branches, native_selection, sliding_branch
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.blocksparse_attention import blocksparse_attention_triton
-from ejkernel.kernels._triton.native_sparse_attention import _kernels
+from ejkernel.kernels._triton.native_sparse_attention import _kernel
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -30,11 +30,11 @@ WHO = "triton native_sparse_attention"
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _selected(st, q, k, v, info, idx, slots, tokens, positions):
-    return _kernels.forward(st, q, k, v, info, idx)[0]
+    return _kernel.forward(st, q, k, v, info, idx)[0]
 
 
 def _selected_fwd(st, q, k, v, info, idx, slots, tokens, positions):
-    out, lse = _kernels.forward(st, q, k, v, info, idx)
+    out, lse = _kernel.forward(st, q, k, v, info, idx)
     return out, (q, k, v, info, idx, slots, tokens, positions, out, lse)
 
 
@@ -42,8 +42,8 @@ def _selected_bwd(st, residuals, do):
     q, k, v, info, idx, slots, tokens, positions, out, lse = residuals
     do = do.astype(out.dtype)
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-    dq = _kernels.dq(st, q, k, v, do, lse, delta, info, idx)
-    dk_slots, dv_slots = _kernels.dk_dv(st, q, k, v, do, lse, delta, slots, tokens, positions)
+    dq = _kernel.dq(st, q, k, v, do, lse, delta, info, idx)
+    dk_slots, dv_slots = _kernel.dk_dv(st, q, k, v, do, lse, delta, slots, tokens, positions)
     # Slot s covers key rows [start_s, start_s + block): add every slot into the padded rows.
     rows = slots[0, 0, :, 0][:, None] + jnp.arange(st.block_size)[None, :]
     add = lambda x, like: (
@@ -143,7 +143,7 @@ def native_sparse_attention_triton(
     group = heads // kv_heads
     warps = lambda p, default: p.num_warps if p is not None and p.num_warps else default
     stages = lambda p, default: p.num_stages if p is not None and p.num_stages else default
-    st = _kernels.Static(
+    st = _kernel.TritonNativeSparseStatic(
         softmax_scale=sel.softmax_scale,
         block_size=block_size,
         fwd_warps=warps(fwd_params, 4),

@@ -21,30 +21,31 @@ from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, p
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._common.paged_attention.tiles import finish_tiles, prepare_tiles
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.paged_attention._kernel import Tiling, partial_sums
+from ejkernel.kernels._triton.paged_attention._kernel import TritonPagedTiling, partial_sums
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_WIDTH = 256
 MAX_ROWS = 128  # query rows (queries x grouped heads) of one tile
 TARGET_PROGRAMS = 2 * 132  # about two programs per SM of an H100/H200
+WHO = "triton paged attention"
 
 
 def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << max(n - 1, 0).bit_length())
 
 
-def plan(batch: PagedBatch, cfg, interpret: bool | None) -> Tiling:
+def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     """The kernel's tiling for `batch` (cfg fields win); NotImplementedError for what it cannot serve."""
     st = batch.static
     compute = jnp.dtype(st.compute_dtype) if st.compute_dtype is not None else jnp.dtype(batch.queries.dtype)
     for name, dtype in (("queries", compute), ("cache", jnp.dtype(batch.key_rows.dtype))):
         if dtype not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"triton paged attention takes float16/bfloat16/float32 {name}, got {dtype}")
+            raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 {name}, got {dtype}")
     width = _pow2(st.head_dim)
     if width > MAX_WIDTH:
-        raise NotImplementedError(f"triton paged attention supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
+        raise NotImplementedError(f"{WHO} supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
     if max(batch.key_rows.shape[0], batch.value_rows.shape[0]) >= 2**31:
-        raise NotImplementedError("triton paged attention indexes cache rows in int32: the cache has too many rows")
+        raise NotImplementedError(f"{WHO} indexes cache rows in int32: the cache has too many rows")
     params = config_tiling(cfg, st.rows.page_size)
     group = batch.num_heads // st.num_kv_heads
     block_q = params.block_q or min(default_block_q(batch), max(1, MAX_ROWS // group))
@@ -54,7 +55,7 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> Tiling:
         tiles = max(1, batch.num_tokens // block_q)
         most = max(1, span_bound(st, block_q) // (4 * block_k))
         splits = max(1, min(16, most, -(-TARGET_PROGRAMS // (tiles * st.num_kv_heads))))
-    return Tiling(
+    return TritonPagedTiling(
         block_q=block_q,
         block_k=block_k,
         rows=_pow2(block_q * group),
@@ -66,7 +67,7 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> Tiling:
     )
 
 
-def _forward(t: Tiling, batch: PagedBatch) -> jax.Array:
+def _forward(t: TritonPagedTiling, batch: PagedBatch) -> jax.Array:
     tiles, meta, q_tiles, alibi = prepare_tiles(batch, t.block_q, t.rows, t.width)
     acc, m, denom = partial_sums(batch, meta, q_tiles, alibi, t)
     return finish_tiles(batch, tiles, t.block_q, acc, m, denom)

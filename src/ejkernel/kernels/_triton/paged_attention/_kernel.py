@@ -25,14 +25,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.paged_attention.core_math import adjust_logits, online_softmax_step
-from ejkernel.kernels._common.paged_attention.problem import PagedBatch, Static, page_in_cache
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch, PagedStatic, page_in_cache
 from ejkernel.kernels._common.paged_attention.tiles import CONTEXT, FIRST, HI, LO, SEQ
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TritonPagedTiling:
+    """The partial-sums kernel's tiles, key splits and Triton settings."""
+
     block_q: int  # queries per tile
     block_k: int  # key positions per step
     rows: int  # block_q * G, rounded up to a power of two >= 16
@@ -43,7 +45,19 @@ class Tiling:
     interpret: bool
 
 
-def _kernel(meta_ref, tables_ref, q_ref, k_ref, v_ref, *refs, st: Static, t: Tiling, group: int, alibi: bool, qq: bool):
+def _kernel(
+    meta_ref,
+    tables_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    *refs,
+    st: PagedStatic,
+    t: TritonPagedTiling,
+    group: int,
+    alibi: bool,
+    qq: bool,
+):
     refs = list(refs)
     alibi_ref = refs.pop(0) if alibi else None
     qq_ref = refs.pop(0) if qq else None
@@ -110,7 +124,7 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, v_ref, *refs, st: Static, t: Til
     l_ref[...] = denom
 
 
-def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: Tiling):
+def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTiling):
     """Each split's `(acc [S, R, Hkv, rows, width], m, l [S, R, Hkv, rows])` (float32).
 
     `meta [R, 5]` int32 (sequence, key span lo / hi, context, first query of each tile), `q_tiles

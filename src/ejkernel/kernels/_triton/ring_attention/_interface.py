@@ -23,6 +23,8 @@ from ejkernel.kernels._triton.flash_attention._fwd import forward
 from ejkernel.kernels._triton.flash_attention._interface import plan
 from ejkernel.ops.config import BwdParams, FwdParams
 
+WHO = "triton ring attention"
+
 
 def _pad_to(x, axis: int, length: int, value=0):
     extra = length - x.shape[axis]
@@ -112,9 +114,9 @@ def ring_attention_triton(
     `interpret=True` runs them in Pallas interpret mode (off a GPU, None is an error).
     """
     if sliding_window is not None or bias is not None:
-        raise NotImplementedError("triton ring attention does not support sliding_window or bias (the xla ring does)")
+        raise NotImplementedError(f"{WHO} does not support sliding_window or bias (the xla ring does)")
     if causal and query.shape[1] != key.shape[1]:
-        raise NotImplementedError("triton ring attention with causal=True needs equal query and key/value lengths")
+        raise NotImplementedError(f"{WHO} with causal=True needs equal query and key/value lengths")
     check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
     n = bound_axis_size(axis_name)
     block = TritonBlock(

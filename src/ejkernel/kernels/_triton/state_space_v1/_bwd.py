@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._fwd import Tiling, call, specs, step, token
+from ._fwd import TritonStateSpaceV1Tiling, call, specs, step, token
 
 
 def _adjoint_ends_kernel(dt_ref, c_ref, dy_ref, a_ref, out_ref, *, chunk: int):
@@ -113,7 +113,7 @@ def _chunk_grads_kernel(
     da_ref[...] = dA
 
 
-def adjoint_ends(dt, C, dy, A, t: Tiling, interpret: bool):
+def adjoint_ends(dt, C, dy, A, t: TritonStateSpaceV1Tiling, interpret: bool):
     """`e_first ⊙ λ_first [nC, b, I, N]` of every chunk walked back from a zero adjoint (float32)."""
     batch, seq, channels = dt.shape
     state = A.shape[1]
@@ -131,7 +131,7 @@ def adjoint_ends(dt, C, dy, A, t: Tiling, interpret: bool):
     )(dt, C, dy, A)
 
 
-def chunk_grads(x, dt, B, C, dy, A, entries, incoming, t: Tiling, interpret: bool):
+def chunk_grads(x, dt, B, C, dy, A, entries, incoming, t: TritonStateSpaceV1Tiling, interpret: bool):
     """`(dx, ddt, dB, dC, dA)`: dx and ddt in the inputs' dtypes; dB, dC `[I / block_d, b, S, N]` and
     dA `[nC, b, I, N]` float32 partial sums."""
     batch, seq, channels = x.shape

@@ -27,7 +27,7 @@ from jax.experimental.pallas import triton as plgpu
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TritonStateSpaceV1Tiling:
     """Tokens per chunk, channels per program, the sub-chunk the backward buffers, Triton's knobs."""
 
     chunk: int
@@ -74,7 +74,7 @@ def _chunk_outputs_kernel(x_ref, dt_ref, b_ref, c_ref, a_ref, entry_ref, y_ref, 
     lax.fori_loop(0, chunk, body, entry_ref[...])
 
 
-def specs(t: Tiling, state: int):
+def specs(t: TritonStateSpaceV1Tiling, state: int):
     """BlockSpecs over the grid (channel block, chunk, batch row) of every operand shape the passes use."""
     return dict(
         channels=pl.BlockSpec((None, t.chunk, t.block_d), lambda i, c, b: (b, c, i)),  # x, dt, y: [b, S, I]
@@ -100,7 +100,7 @@ def call(kernel, t, grid, in_specs, out_specs, out_shape, interpret: bool, name:
     )
 
 
-def chunk_ends(x, dt, B, A, t: Tiling, interpret: bool):
+def chunk_ends(x, dt, B, A, t: TritonStateSpaceV1Tiling, interpret: bool):
     """`(end states [nC, b, I, N], Σ dt [nC, b, I])` of every chunk run from a zero state (float32)."""
     batch, seq, channels = x.shape
     state = A.shape[1]
@@ -122,7 +122,7 @@ def chunk_ends(x, dt, B, A, t: Tiling, interpret: bool):
     )(x, dt, B, A)
 
 
-def chunk_outputs(x, dt, B, C, A, entries, t: Tiling, interpret: bool):
+def chunk_outputs(x, dt, B, C, A, entries, t: TritonStateSpaceV1Tiling, interpret: bool):
     """`y [b, S, I]` float32, `y_t = h_t C_t`, every chunk run from its entry state."""
     batch, seq, channels = x.shape
     state = A.shape[1]

@@ -21,14 +21,14 @@ from ejkernel.kernels._triton._helpers import resolve_interpret
 
 from ._bwd import adjoint_ends, chunk_grads
 from ._decode import decode_step, step_block
-from ._fwd import Tiling, chunk_ends, chunk_outputs
+from ._fwd import TritonStateSpaceV1Tiling, chunk_ends, chunk_outputs
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
-DEFAULT = Tiling(chunk=64, block_d=32, sub=8, num_warps=4, num_stages=2)
+DEFAULT = TritonStateSpaceV1Tiling(chunk=64, block_d=32, sub=8, num_warps=4, num_stages=2)
 WHO = "triton state_space_v1"
 
 
-def _forward(t: Tiling, interpret: bool, x, A, B, C, dt, h0):
+def _forward(t: TritonStateSpaceV1Tiling, interpret: bool, x, A, B, C, dt, h0):
     ends, dt_sums = chunk_ends(x, dt, B, A, t, interpret)
     decays = jnp.exp(A.astype(jnp.float32) * dt_sums[..., None])
     entries, h_last = chunk_entries(ends, decays, h0)
@@ -36,7 +36,7 @@ def _forward(t: Tiling, interpret: bool, x, A, B, C, dt, h0):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(t: Tiling, t_bwd: Tiling, interpret: bool, x, A, B, C, dt, h0):
+def _scan(t: TritonStateSpaceV1Tiling, t_bwd: TritonStateSpaceV1Tiling, interpret: bool, x, A, B, C, dt, h0):
     y, h_last, _, _ = _forward(t, interpret, x, A, B, C, dt, h0)
     return y, h_last
 
@@ -57,14 +57,14 @@ def _scan_bwd(t_fwd, t, interpret, residuals, cotangents):
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
-def tilings(cfg, seq: int, channels: int) -> tuple[Tiling, Tiling]:
+def tilings(cfg, seq: int, channels: int) -> tuple[TritonStateSpaceV1Tiling, TritonStateSpaceV1Tiling]:
     """Forward and backward tilings from the config over the defaults, clamped to the call's sizes:
     `chunk_size` and `fwd_params.block_d` for every kernel (the backward reads the forward's chunk
     states), `num_warps` / `num_stages` from `fwd_params` and `bwd_params` (falling back to the forward's)."""
     fwd, bwd = getattr(cfg, "fwd_params", None), getattr(cfg, "bwd_params", None)
     given = lambda params, name, default: getattr(params, name, None) or default
     chunk = min(getattr(cfg, "chunk_size", None) or DEFAULT.chunk, pl.next_power_of_2(seq))
-    t = Tiling(
+    t = TritonStateSpaceV1Tiling(
         chunk=chunk,
         block_d=min(given(fwd, "block_d", DEFAULT.block_d), pl.next_power_of_2(channels)),
         sub=min(DEFAULT.sub, chunk),

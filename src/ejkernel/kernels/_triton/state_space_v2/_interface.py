@@ -38,7 +38,7 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.kernels._common.state_space import check_v2, finish_output, run_scan, ssd_inputs, v2_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.linear_attention._gla import GlaTiling, head_gate_forward
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling, head_gate_forward
 from ejkernel.kernels._triton.linear_attention._interface import triton_engine
 
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
@@ -47,7 +47,7 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.f
 # the gradient kernel's shared memory). Each at most `cfg.chunk_size` where the config names one.
 PLAIN_CHUNK = 64
 TRAINING_CHUNK = 32
-GLA_TILING = GlaTiling()  # the kernels' tiles (`head_span`: heads of a group per program of the gradient kernel)
+GLA_TILING = TritonGlaTiling()  # the kernels' tiles (`head_span`: heads of a group per program of the gradient kernel)
 MAX_DIM = 256  # the largest head_dim and state_size the kernels take (each padded to a power of two)
 WHO = "triton state_space_v2"
 
@@ -57,7 +57,7 @@ def _kernel_dim(size: int) -> int:
     return max(16, pl.next_power_of_2(size))
 
 
-def _gla_scan(chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
+def gla_scan(chunk: int, interpret: bool, dtype, x, A, B, C, dt, h0):
     """`(y [b, S, H, P], final state [b, H, P, N])`, both float32, on the GLA kernels (differentiable)."""
     q, k, v, g = ssd_inputs(x, A, B, C, dt, dtype)
     state, head_dim = B.shape[-1], x.shape[-1]
@@ -85,7 +85,7 @@ def _finished(scan, x, A, B, C, D, dt, h0):
 
 
 def _finished_forward(chunk: int, interpret: bool, dtype, x, A, B, C, D, dt, h0):
-    """`_finished(_gla_scan)` of a plain call whose sequence is a multiple of `chunk` and dims powers of two
+    """`_finished(gla_scan)` of a plain call whose sequence is a multiple of `chunk` and dims powers of two
     (at least 16), in three kernels that take dt into the values and add the D skip themselves: neither
     dt ⊙ x nor the skip is a pass over memory of its own (H100, B=2 S=16384 H=32 P=64 N=128 bf16: those two
     passes took 0.22 of the 1.04 ms of kernel time)."""
@@ -166,12 +166,12 @@ def state_space_v2_triton(
     epilogue = dict(act_fn=act_fn, rmsnorm_eps=rmsnorm_eps if use_gated_rmsnorm else None)
     whole = x.shape[1] % plain_chunk == 0 and (head_dim, state) == (_kernel_dim(head_dim), _kernel_dim(state))
     if gate is None and whole and GLA_TILING.fuse_head_scores:  # plain calls: `_finished_forward`
-        trained = functools.partial(_finished, functools.partial(_gla_scan, trained_chunk, interpret, dtype))
+        trained = functools.partial(_finished, functools.partial(gla_scan, trained_chunk, interpret, dtype))
         scan = trained_as(trained, functools.partial(_finished_forward, plain_chunk, interpret, dtype))
         long_scan = lambda h0: scan(x, A.astype(jnp.float32), B, C, D, dt, h0)
         return run_scan(long_scan, v2_step, *args, (batch, heads, head_dim, state), finished=True, **epilogue)
-    scan = functools.partial(_gla_scan, trained_chunk, interpret, dtype)
+    scan = functools.partial(gla_scan, trained_chunk, interpret, dtype)
     if plain_chunk != trained_chunk:  # `trained_chunk` where a derivative is taken, `plain_chunk` elsewhere
-        scan = trained_as(scan, functools.partial(_gla_scan, plain_chunk, interpret, dtype))
+        scan = trained_as(scan, functools.partial(gla_scan, plain_chunk, interpret, dtype))
     long_scan = lambda h0: scan(x, A.astype(jnp.float32), B, C, dt, h0)
     return run_scan(long_scan, v2_step, *args, (batch, heads, head_dim, state), **epilogue)

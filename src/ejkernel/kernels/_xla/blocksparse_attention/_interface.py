@@ -28,7 +28,7 @@ DEFAULT_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class XlaBlockSparseStatic:
     """The static part of a call (hashable): logits, positional rules, lengths, and the step count."""
 
     logits: _core.Logits
@@ -49,7 +49,7 @@ def _tiles(x, n_q: int, block_q: int, n_k: int, block_k: int, fill):
 class TableWalk:
     """The walk of a block table over `[B, H, Sq, D]` queries: group (b, h, query block), one key block a step."""
 
-    def __init__(self, st: Static, table: BlockTable, batch, heads, kv_heads, q_seg, kv_seg, mask, bias):
+    def __init__(self, st: XlaBlockSparseStatic, table: BlockTable, batch, heads, kv_heads, q_seg, kv_seg, mask, bias):
         self.st, bq, bk = st, table.block_q, table.block_k
         n_q, n_k = table.num_q_blocks, table.num_k_blocks
         shape = (batch, heads, n_q)
@@ -112,7 +112,7 @@ def _padded(x, blocks: int, block: int):
     return pad_axes(x, {2: blocks * block - x.shape[2]})
 
 
-def _forward(st: Static, q, k, v, bias, sink, q_seg, kv_seg, mask, table: BlockTable):
+def _forward(st: XlaBlockSparseStatic, q, k, v, bias, sink, q_seg, kv_seg, mask, table: BlockTable):
     walk = _walk(st, table, q, k, q_seg, kv_seg, mask, bias)
     batch, heads, _, dim = q.shape
     n_q, n_k, bq, bk = table.num_q_blocks, table.num_k_blocks, table.block_q, table.block_k
@@ -135,7 +135,7 @@ def _attention_fwd(st, q, k, v, bias, sink, q_seg, kv_seg, mask, table):
     return out, (q, k, v, bias, sink, q_seg, kv_seg, mask, table, out, lse)
 
 
-def _attention_bwd(st: Static, residuals, d_out):
+def _attention_bwd(st: XlaBlockSparseStatic, residuals, d_out):
     q, k, v, bias, sink, q_seg, kv_seg, mask, table, out, lse = residuals
     walk = _walk(st, table, q, k, q_seg, kv_seg, mask, bias)
     batch, heads, _, dim = q.shape
@@ -209,7 +209,7 @@ def blocksparse_attention_xla(
     mask = call.mask
     table = build_block_table(mask, q_len=call.q_len, kv_len=call.kv_len, block_q=block_q, block_k=block_k)
     counts = table.kv_counts
-    st = Static(
+    st = XlaBlockSparseStatic(
         logits=_core.Logits(call.softmax_scale, call.soft_cap),
         causal=mask.causal,
         window=mask.sliding_window,

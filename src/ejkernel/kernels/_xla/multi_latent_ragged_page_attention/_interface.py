@@ -24,7 +24,7 @@ from ejkernel.kernels._common.paged_attention.adapters import clamp_lengths, rag
 from ejkernel.kernels._common.paged_attention.arguments import last_positions_window
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import new_token_rows, quantize_queries
-from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, Static
+from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, PagedStatic
 from ejkernel.ops.config import FwdParams, KernelConfig
 
 
@@ -106,7 +106,7 @@ def _run(
         query_start=query_start,
         query_len=query_len,
         kv_len=kv_lens,
-        static=Static(
+        static=PagedStatic(
             rows=CacheRows(page_size, num_pages, page_size, 1, 1),
             num_kv_heads=1,
             head_dim=width,

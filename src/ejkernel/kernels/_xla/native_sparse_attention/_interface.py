@@ -24,7 +24,9 @@ from ejkernel.ops.config import BwdParams, FwdParams
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class XlaNativeSparseStatic:
+    """What is fixed at trace time (hashable): the logits' rules and the selected blocks' size."""
+
     logits: _core.Logits
     block_size: int
 
@@ -62,7 +64,7 @@ def _flat(x, padded_len: int):
     return x.reshape(-1, x.shape[-1])
 
 
-def _operands(st: Static, q, k, v, indices, start, position):
+def _operands(st: XlaNativeSparseStatic, q, k, v, indices, start, position):
     batch, seq_len, heads, dim = q.shape
     kv_heads = k.shape[2]
     padded_len = seq_len + st.block_size  # every gathered block stays inside its head's rows
@@ -137,7 +139,7 @@ def native_sparse_attention_xla(
         window_size=window_size,
         block_size=block_size,
     )
-    st = Static(_core.Logits(sel.softmax_scale, None), block_size)
+    st = XlaNativeSparseStatic(_core.Logits(sel.softmax_scale, None), block_size)
     selected = _selected(st, query, key, value, sel.indices, sel.pack.start, sel.pack.position)
     sliding = None
     if g_swa is not None:

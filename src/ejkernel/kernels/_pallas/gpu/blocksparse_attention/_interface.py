@@ -27,7 +27,7 @@ from ejkernel.kernels._common.attention import decline, pad_axes, round_up
 from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
 from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call
 from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import (
-    SparseStatic,
+    MosaicGpuBlockSparseStatic,
     column_lists,
     concrete,
     key_tiles,
@@ -49,7 +49,7 @@ DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 TABLE_TILES = (128, 256)  # the table's tiles: whole 128-row CTAs
 
 
-def _walks(st: SparseStatic, rows, row_order, cols, col_order, q_seg, kv_seg):
+def _walks(st: MosaicGpuBlockSparseStatic, rows, row_order, cols, col_order, q_seg, kv_seg):
     num_q_tiles, num_q_blocks = st.q_len_padded // CTA_ROWS, st.q_len_padded // st.table_q
     segments = () if q_seg is None else (q_seg, kv_seg)
     return (
@@ -59,7 +59,7 @@ def _walks(st: SparseStatic, rows, row_order, cols, col_order, q_seg, kv_seg):
     )
 
 
-def _forward(st: SparseStatic, q, k, v, sinks, *lists):
+def _forward(st: MosaicGpuBlockSparseStatic, q, k, v, sinks, *lists):
     from ejkernel.kernels._pallas.gpu.flash_attention._fwd import forward  # loads Mosaic GPU
 
     return forward(st, q, k, v, sinks, walk=_walks(st, *lists)[0])
@@ -99,7 +99,7 @@ def _partial_tiles(table) -> bool:
 
 
 def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd_params=None, **options):
-    """Checks what the kernels serve; returns `(SparseStatic, padded q, k, v, folded sinks, (row lists,
+    """Checks what the kernels serve; returns `(MosaicGpuBlockSparseStatic, padded q, k, v, folded sinks, (row lists,
     column lists, padded q / kv segment ids or None))`. `**options`: the public options of
     `blocksparse_attention` and canonical segment ids."""
     decline(WHO, {"bias": bias is not None})
@@ -170,7 +170,7 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
     )
     if fused:
         choices["fused_bwd"] = True
-    st = SparseStatic(
+    st = MosaicGpuBlockSparseStatic(
         softmax_scale=call.softmax_scale,
         soft_cap=call.soft_cap,
         causal=mask.causal,

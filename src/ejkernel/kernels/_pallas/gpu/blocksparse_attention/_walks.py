@@ -6,7 +6,7 @@ group. Flash attention's walks stream contiguous runs of tiles; these stream wha
 lists: its full blocks (no mask work) and its partial ones (masked: positional rules, key length,
 segment ids read from global memory), the forward and dQ the full ones first (`run_segments` says
 why), dK/dV in the table's order, partial ones first. A table without partial blocks traces no
-masked step at all (`SparseStatic.partial_tiles`). A table block of `table_k` keys is
+masked step at all (`MosaicGpuBlockSparseStatic.partial_tiles`). A table block of `table_k` keys is
 `table_k / block` steps of the kernel's `block`-row tiles, in order.
 
 CTAs run their tiles longest list first (`launch_order`): the GPU starts CTAs in launch order as SMs
@@ -39,12 +39,12 @@ from jax import lax
 
 from ejkernel.kernels._common.attention import round_up
 from ejkernel.kernels._common.sparse_attention.block_table import BlockTable
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, Static, allowed
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic, allowed
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseStatic(Static):
-    """Flash attention's `Static` (layout `[B, H, S, D]`) and what block-sparse calls add (hashable)."""
+class MosaicGpuBlockSparseStatic(MosaicGpuFlashStatic):
+    """Flash attention's `MosaicGpuFlashStatic` (layout `[B, H, S, D]`) and what block-sparse calls add (hashable)."""
 
     chunk_size: int | None = None  # query i sees key j only if i // c == j // c
     table_q: int = CTA_ROWS  # the block table's tiles: a multiple of 128 rows / keys
@@ -122,7 +122,9 @@ def launch_order(counts, per_tile: int):
 # ---- the mask of a partial tile ----
 
 
-def sparse_masked_scores(st: SparseStatic, s, row0, col0, *, transposed: bool = False, fill, segments=None):
+def sparse_masked_scores(
+    st: MosaicGpuBlockSparseStatic, s, row0, col0, *, transposed: bool = False, fill, segments=None
+):
     """`s` with the pairs the positional rules, the padded keys and the segment ids forbid set to `fill`.
 
     As `flash_attention._parts.masked_scores`, with the chunked rule and segments besides; `transposed`
@@ -176,7 +178,16 @@ def _walk_classes():
     class ListedKeyTiles(KeyTiles):
         """Forward / dQ: each 128-row query tile streams the key blocks its table row lists."""
 
-        def __init__(self, st: SparseStatic, block: int, lists, order, num_q_tiles: int, segments=(), tiles_per_cta=1):
+        def __init__(
+            self,
+            st: MosaicGpuBlockSparseStatic,
+            block: int,
+            lists,
+            order,
+            num_q_tiles: int,
+            segments=(),
+            tiles_per_cta=1,
+        ):
             super().__init__(st, block, 0, num_q_tiles, tiles_per_cta)
             self.masked = st.partial_tiles
             self.per_block = st.table_k // block
@@ -233,7 +244,7 @@ def _walk_classes():
         """dK/dV, fused backward: each 128-key CTA streams, head after head of its group, the query
         blocks its table column lists (`column_lists`)."""
 
-        def __init__(self, st: SparseStatic, block: int, lists, order, num_q_blocks: int, segments=()):
+        def __init__(self, st: MosaicGpuBlockSparseStatic, block: int, lists, order, num_q_blocks: int, segments=()):
             super().__init__(st, block, 0)
             self.masked = st.partial_tiles
             self.per_block, self.num_q_blocks = st.table_q // block, num_q_blocks
@@ -302,13 +313,16 @@ def walk_classes():
     return _walk_classes()
 
 
-def key_tiles(st: SparseStatic, block: int, lists, order, num_q_tiles: int, segments=(), tiles_per_cta: int = 1):
+def key_tiles(
+    st: MosaicGpuBlockSparseStatic, block: int, lists, order, num_q_tiles: int, segments=(), tiles_per_cta: int = 1
+):
     """The forward's / dQ kernel's walk: `lists` from `row_lists`, `order` the query tiles' `launch_order`,
-    `segments` the padded (q, kv) ids or (); `tiles_per_cta`: query tiles per CTA (`Static.q_tiles_per_cta`)."""
+    `segments` the padded (q, kv) ids or (); `tiles_per_cta`: query tiles per CTA
+    (`MosaicGpuFlashStatic.q_tiles_per_cta`)."""
     return walk_classes()[0](st, block, lists, order, num_q_tiles, segments, tiles_per_cta)
 
 
-def query_tiles(st: SparseStatic, block: int, lists, order, num_q_blocks: int, segments=()):
+def query_tiles(st: MosaicGpuBlockSparseStatic, block: int, lists, order, num_q_blocks: int, segments=()):
     """The dK/dV (fused backward) kernel's walk: `lists` from `column_lists`, `order` the key tiles'
     `launch_order`, `segments` as in `key_tiles`."""
     return walk_classes()[1](st, block, lists, order, num_q_blocks, segments)

@@ -33,10 +33,10 @@ from ._parts import (
     two_products,
     zero_acc,
 )
-from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static
+from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
 
 
-def backward_dq(st: Static, q, k, v, do, lse, delta, walk: KeyTiles | None = None):
+def backward_dq(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: KeyTiles | None = None):
     """dQ: per CTA 128 query rows (two warpgroups); key/value tiles streamed as in the forward.
 
     `lse` (base 2, +inf for rows with no allowed key) and `delta = rowsum(dO · O)` are `[B, H, Sq]`.
@@ -135,7 +135,7 @@ class KeyCta:
     streams: tuple[Stream, Stream]  # query; output gradient with log-sum-exp and delta
 
 
-def _key_cta_scratch(st: Static, bq: int, head_dim: int, dtype, *extra_smem):
+def _key_cta_scratch(st: MosaicGpuFlashStatic, bq: int, head_dim: int, dtype, *extra_smem):
     """Shared memory and barriers of a `KeyCta` kernel; `extra_smem` follows the common buffers."""
     stages = st.stages_bwd
     smem = (
@@ -155,7 +155,9 @@ def _key_cta_scratch(st: Static, bq: int, head_dim: int, dtype, *extra_smem):
     return smem, barriers
 
 
-def stream_query_tiles(st: Static, walk: QueryTiles, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers):
+def stream_query_tiles(
+    st: MosaicGpuFlashStatic, walk: QueryTiles, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers
+):
     """Places the CTA and starts its memory warpgroup feeding the group's query-side tiles -> `KeyCta`.
 
     `smem` and `barriers` are laid out by `_key_cta_scratch`. Grouped-query heads are streamed one
@@ -195,7 +197,7 @@ def stream_query_tiles(st: Static, walk: QueryTiles, walk_refs, q_ref, do_ref, l
     return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], walk, span, streams)
 
 
-def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_ready, step):
+def key_gradients(st: MosaicGpuFlashStatic, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_ready, step):
     """The compute warpgroups of a `KeyCta`: dK and dV of their 64 keys, summed over the group's heads.
 
     `step(g, mode, t, slot, (dk, dv))` handles query tile `t` of query head `g` of the group, whose
@@ -233,7 +235,7 @@ def key_gradients(st: Static, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_read
     plgpu.wait_smem_to_gmem(0)
 
 
-def _launch_key_ctas(st: Static, body, scratch, q, k, v, do, lse, delta, *refs):
+def _launch_key_ctas(st: MosaicGpuFlashStatic, body, scratch, q, k, v, do, lse, delta, *refs):
     """Launches `body` on one `KeyCta` per 128 key rows of each key/value head; outputs dK and dV."""
     batch, kv_pad_len, kv_heads = bshd(st, k.shape)[:3]
     grid, names = (kv_heads, kv_pad_len // CTA_ROWS, batch), ("kv_heads", "kv_tiles", "batch")
@@ -248,11 +250,11 @@ def _query_tile_inputs(cta: KeyCta, slot):
     return plgpu.load(lse_smem.at[slot], layout=layout), plgpu.load(delta_smem.at[slot], layout=layout)
 
 
-def _default_query_tiles(st: Static, q, walk: QueryTiles | None) -> QueryTiles:
+def _default_query_tiles(st: MosaicGpuFlashStatic, q, walk: QueryTiles | None) -> QueryTiles:
     return QueryTiles(st, st.block_q_dkv, bshd(st, q.shape)[1] // st.block_q_dkv) if walk is None else walk
 
 
-def backward_dkv(st: Static, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
+def backward_dkv(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
     """dK, dV: per CTA 128 key rows (two warpgroups) of one key/value head; `walk`: which query tiles
     each key CTA streams (default: `QueryTiles`)."""
     bq, dtype = st.block_q_dkv, q.dtype
@@ -307,7 +309,7 @@ def _smem_f32(shape):
     return plgpu.SMEM(shape, jnp.float32, transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
 
 
-def backward_fused(st: Static, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
+def backward_fused(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: QueryTiles | None = None):
     """dQ, dK and dV in one pass over the (query tile, key tile) pairs; returns float32 dQ (unscaled), dK, dV.
 
     CTAs as in `backward_dkv`. Each step also multiplies its warpgroup's dS tile, written to shared

@@ -32,10 +32,10 @@ from ._parts import (
     unit_col_smem,
     zero_acc,
 )
-from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, Static
+from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
 
 
-def forward(st: Static, q, k, v, sinks=None, walk: KeyTiles | None = None):
+def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None = None):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
 
     (`[B, H, S, D]` arrays with `st.heads_major`.) `sinks`: optional `[H]` float32 sink logit per head

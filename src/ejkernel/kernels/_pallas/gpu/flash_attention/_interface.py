@@ -23,7 +23,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, Static
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, MosaicGpuFlashStatic
 from ejkernel.ops.config import BwdParams, FwdParams
 
 WHO = "mosaic gpu flash_attention"
@@ -31,18 +31,18 @@ DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_DIMS = (64, 128)
 
 
-def _forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+def _forward(st: MosaicGpuFlashStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     from ejkernel.kernels._pallas.gpu.flash_attention._fwd import forward  # loads Mosaic GPU (~0.35 s)
 
     return forward(st, q, k, v, sinks)
 
 
-def _exp2_unless_empty(x, lse):
+def exp2_unless_empty(x, lse):
     """`2^x`, and 0 on rows whose log-sum-exp is -inf (nothing to weigh: avoids -inf - -inf)."""
     return jnp.where(lse == -jnp.inf, 0.0, jnp.exp2(jnp.where(lse == -jnp.inf, 0.0, x)))
 
 
-def backward(st: Static, q, k, v, sinks, out, lse, do, key_tiles=None, query_tiles=None):
+def backward(st: MosaicGpuFlashStatic, q, k, v, sinks, out, lse, do, key_tiles=None, query_tiles=None):
     """The padded backward -> `(dq, dk, dv, dsinks | None)`; `key_tiles` / `query_tiles`: the walks of the
     dQ and dK/dV kernels (default: flash attention's, see `_parts.KeyTiles`)."""
     from ejkernel.kernels._pallas.gpu.flash_attention._bwd import backward_dkv, backward_dq, backward_fused
@@ -59,12 +59,12 @@ def backward(st: Static, q, k, v, sinks, out, lse, do, key_tiles=None, query_til
     dsinks = None
     if sinks is not None:
         # d lse'/d sink = 2^(sink - lse'); each row's output moves by -(its delta) per unit of lse'.
-        weight = _exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
+        weight = exp2_unless_empty((sinks * LOG2E)[None, :, None] - lse, lse)
         dsinks = -jnp.sum(weight * delta, axis=(0, 2))
     return dq, dk, dv, dsinks
 
 
-def _backward(st: Static, residuals, do):
+def _backward(st: MosaicGpuFlashStatic, residuals, do):
     q, k, v, _, sinks, _, _, _, _, out, lse = residuals
     dq, dk, dv, dsinks = backward(st, q, k, v, sinks, out, lse, do)
     return dq, dk, dv, None, dsinks
@@ -101,7 +101,8 @@ def kernel_choices(
     masked_diagonal: bool,
     causal: bool,
 ) -> dict:
-    """The measured choices of how the kernels run a call: `Static` fields from `bounded` to `overlap_schedule`.
+    """The measured choices of how the kernels run a call: `MosaicGpuFlashStatic` fields from `bounded` to
+    `overlap_schedule`.
 
     `masked_diagonal`: some tiles hold both allowed and masked pairs (causal, windows, partial blocks);
     `causal`: the rows see ever more keys (the causal measurements below).
@@ -144,7 +145,7 @@ def kernel_choices(
 def plan(
     query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params, soft_cap=None
 ):
-    """Checks what the kernels serve; returns `(Static, padded q, k, v, folded sinks)`."""
+    """Checks what the kernels serve; returns `(MosaicGpuFlashStatic, padded q, k, v, folded sinks)`."""
     batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
         query, key, value, who=WHO, dtypes=DTYPES, max_head_dim=max(HEAD_DIMS)
     )
@@ -178,7 +179,7 @@ def plan(
     num_q_tiles = (q_len + q_pad) // CTA_ROWS
     short_causal = causal and sliding_window is None and head_dim == 64 and num_q_tiles <= 16
     paired = short_causal and num_q_tiles % 2 == 0 and stages * block_k <= 512
-    st = Static(
+    st = MosaicGpuFlashStatic(
         softmax_scale=float(softmax_scale),
         soft_cap=None if soft_cap is None else float(soft_cap),
         causal=bool(causal),

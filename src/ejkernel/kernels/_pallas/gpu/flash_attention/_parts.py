@@ -4,23 +4,23 @@ that the forward (`_fwd`) and backward (`_bwd`) kernels are built of.
 Every kernel runs three warpgroups per CTA: one memory warpgroup that streams tiles from HBM into a
 ring of shared-memory slots with TMA (`feed`), and two compute warpgroups that own 64 rows each,
 multiply with `wgmma` from shared memory, and hand each slot back through "consumed" barriers. In
-the forward the tensor cores are kept busy during the softmax in one of two ways (`Static.overlap`):
+the forward the tensor cores are kept busy during the softmax in one of two ways (`MosaicGpuFlashStatic.overlap`):
 the two compute warpgroups ping-pong on a schedule barrier, so one runs its softmax while the
 other's matmuls run; or each warpgroup issues tile t's Q·Kᵀ together with tile t-1's P·V and runs
 the softmax of tile t while its own P·V is in flight (optionally still taking turns with the other
-warpgroup at issuing, `Static.overlap_schedule`).
+warpgroup at issuing, `MosaicGpuFlashStatic.overlap_schedule`).
 
 Causal and sliding-window calls visit only the tiles that hold an allowed (query, key) pair; tiles
 fully inside the allowed band run without a mask. Both compute warpgroups walk the CTA's whole
 range of tiles (each waits on every slot: barrier phases are counted per thread) and merely hand
 back the slots outside their own rows' range. A short causal forward may run two query tiles per
-CTA (`Static.q_tiles_per_cta`), a head's longest and shortest rows through one key/value stream, so
+CTA (`MosaicGpuFlashStatic.q_tiles_per_cta`), a head's longest and shortest rows through one key/value stream, so
 that every CTA does the same work.
 
 Which tiles a CTA streams, and how a partial tile is masked, is its walk (`KeyTiles` for the forward
 and dQ, `QueryTiles` for dK/dV): flash attention's walks stream the contiguous runs above; block-sparse
 attention (`_pallas/gpu/blocksparse_attention`) runs these same kernels with walks over its block table,
-on `[B, H, S, D]` arrays (`Static.heads_major`).
+on `[B, H, S, D]` arrays (`MosaicGpuFlashStatic.heads_major`).
 
 Scores live in base-2 units (`q·k · scale · log2 e`) so each exponential is one `exp2`. The forward
 writes the log-sum-exp in the same units; the backward kernels take it back (+inf for rows with no
@@ -43,7 +43,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     COMPUTE_WGS,
     CTA_ROWS,
     ROWS,
-    Static,
+    MosaicGpuFlashStatic,
     allowed,
     key_ranges,
     query_ranges,
@@ -89,7 +89,7 @@ def exp2_tile(x, fma_cols: int, *, in_range: bool = False):
     return jnp.concatenate([jnp.exp2(x[:, :split]), exp2_fma(x[:, split:], in_range=in_range)], axis=1)
 
 
-def logits2(st: Static, qk, q_prescaled: bool = False):
+def logits2(st: MosaicGpuFlashStatic, qk, q_prescaled: bool = False):
     """Raw `q·k` tile -> (logits in base-2 units, the soft cap's tanh tile or None).
 
     `q_prescaled`: q was already multiplied by `st.tanh_scale`.
@@ -100,7 +100,7 @@ def logits2(st: Static, qk, q_prescaled: bool = False):
     return t * (st.soft_cap * LOG2E), t
 
 
-def score_grad(st: Static, ds, t):
+def score_grad(st: MosaicGpuFlashStatic, ds, t):
     """dS with respect to the scaled logits -> with respect to `scale · q·k` (through the soft cap)."""
     return ds if t is None else ds * (1.0 - t * t)
 
@@ -151,7 +151,8 @@ def feed(streams: list[Stream], steps, stages: int, start=0, prefetch: int = 0):
     """The memory warpgroup: copies steps 0..steps-1 of every stream into slot `(start + step) % stages`.
 
     `start` counts the steps fed before (a CTA's earlier query tile): the ring of slots goes on.
-    `prefetch > 0`: after step n's copies, step n + prefetch's tiles are fetched into L2 (`Static.prefetch`).
+    `prefetch > 0`: after step n's copies, step n + prefetch's tiles are fetched into L2
+    (`MosaicGpuFlashStatic.prefetch`).
     """
 
     @pl.loop(0, steps)
@@ -257,7 +258,7 @@ def two_products(a, b, c, d):
     return pl.run_state(products)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros)))
 
 
-def masked_scores(st: Static, s, row0, col0, *, transposed: bool = False, fill=MASKED):
+def masked_scores(st: MosaicGpuFlashStatic, s, row0, col0, *, transposed: bool = False, fill=MASKED):
     """`s` with the disallowed (query, key) pairs set to `fill`; `transposed` tiles are [key, query].
 
     `row0`, `col0`: the absolute positions of the tile's first row and column.
@@ -271,12 +272,12 @@ def masked_scores(st: Static, s, row0, col0, *, transposed: bool = False, fill=M
 # ---- layouts: [B, S, H, D] (flash attention) or [B, H, S, D] (block-sparse attention) ----
 
 
-def bshd(st: Static, shape) -> tuple[int, int, int, int]:
+def bshd(st: MosaicGpuFlashStatic, shape) -> tuple[int, int, int, int]:
     """`(batch, seq, heads, dim)` of a q/k/v-like array in the call's layout."""
     return (shape[0], shape[2], shape[1], shape[3]) if st.heads_major else tuple(shape)
 
 
-def rows_at(st: Static, ref, b, rows, h):
+def rows_at(st: MosaicGpuFlashStatic, ref, b, rows, h):
     """Rows `rows` (a `pl.ds`) of head h of batch row b of a q/k/v-like ref: a `(rows, D)` tile for TMA."""
     return ref.at[b, h, rows] if st.heads_major else ref.at[b, rows, h]
 
@@ -299,7 +300,7 @@ class KeyTiles:
     arrays: tuple = ()
     masked = True  # some step may need a mask (else `run_segments` traces none)
 
-    def __init__(self, st: Static, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
+    def __init__(self, st: MosaicGpuFlashStatic, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
         self.st, self.block, self.num_blocks = st, block, num_blocks
         self.num_q_tiles, self.tiles_per_cta = num_q_tiles, tiles_per_cta
 
@@ -346,7 +347,7 @@ class QueryTiles:
     arrays: tuple = ()
     masked = True  # as `KeyTiles.masked`
 
-    def __init__(self, st: Static, block: int, num_blocks: int):
+    def __init__(self, st: MosaicGpuFlashStatic, block: int, num_blocks: int):
         self.st, self.block, self.num_blocks = st, block, num_blocks
 
     def bind(self, refs, b, kv_h) -> QueryTiles:
@@ -411,7 +412,9 @@ class QueryCta:
     streams: tuple[Stream, Stream]  # key, value
 
 
-def stream_key_tiles(st: Static, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, barriers, block: int, stages: int):
+def stream_key_tiles(
+    st: MosaicGpuFlashStatic, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, barriers, block: int, stages: int
+):
     """Places the CTA (longest causal rows first) and starts its memory warpgroup feeding K/V tiles.
 
     `smem` are the `(stages, block, D)` key and value buffers, `barriers` their ready/consumed pairs.
@@ -425,14 +428,16 @@ def stream_key_tiles(st: Static, walk: KeyTiles, walk_refs, k_ref, v_ref, smem, 
     return QueryCta(b, h, wg, cta_row, lo, hi, walk, streams)
 
 
-def cta_key_tiles(st: Static, cta_row, block: int, num_blocks: int):
+def cta_key_tiles(st: MosaicGpuFlashStatic, cta_row, block: int, num_blocks: int):
     """Key tiles `[lo, hi)` a CTA streams for query rows [cta_row, cta_row + CTA_ROWS): both warpgroups' needs."""
     lo = key_ranges(st, cta_row, ROWS, block, num_blocks)[0]
     hi = key_ranges(st, cta_row + ROWS, ROWS, block, num_blocks)[1]
     return lo, hi
 
 
-def key_value_streams(st: Static, k_ref, v_ref, smem, barriers, b, h, key_row, block: int) -> tuple[Stream, Stream]:
+def key_value_streams(
+    st: MosaicGpuFlashStatic, k_ref, v_ref, smem, barriers, b, h, key_row, block: int
+) -> tuple[Stream, Stream]:
     """Query head h's key and value tiles, step i's from key row `key_row(i)` (`smem`, `barriers` as in
     `stream_key_tiles`)."""
     kv_h = lax.div(h, jnp.int32(st.group))

@@ -21,7 +21,7 @@ CTA_ROWS = COMPUTE_WGS * ROWS  # query rows per forward / dQ CTA, key rows per d
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class MosaicGpuFlashStatic:
     """What is fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
@@ -94,7 +94,7 @@ def _tile_range(lo_elem, hi_elem, full_lo_elem, full_hi_elem, block: int, num_bl
     return lo, hi, f_lo, f_hi
 
 
-def key_ranges(st: Static, row0, rows: int, block: int, num_blocks: int):
+def key_ranges(st: MosaicGpuFlashStatic, row0, rows: int, block: int, num_blocks: int):
     """Key tiles of query rows [row0, row0+rows) among `num_blocks`: `(lo, hi, full_lo, full_hi)`.
 
     Tiles [lo, hi) hold at least one allowed key of some row; [full_lo, full_hi) ⊆ [lo, hi) hold
@@ -114,7 +114,7 @@ def key_ranges(st: Static, row0, rows: int, block: int, num_blocks: int):
     return _tile_range(key_lo, key_hi, full_lo, full_hi, block, num_blocks)
 
 
-def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
+def query_ranges(st: MosaicGpuFlashStatic, col0, cols: int, block: int, num_blocks: int):
     """Query tiles that see keys [col0, col0+cols): `(lo, hi, full_lo, full_hi)` as in `key_ranges`."""
     last = col0 + cols - 1
     q_lo, q_hi = jnp.int32(0), jnp.int32(num_blocks * block)
@@ -129,7 +129,7 @@ def query_ranges(st: Static, col0, cols: int, block: int, num_blocks: int):
     return _tile_range(q_lo, q_hi, full_lo, full_hi, block, num_blocks)
 
 
-def allowed(st: Static, key_minus_query, key, q0, k0):
+def allowed(st: MosaicGpuFlashStatic, key_minus_query, key, q0, k0):
     """Boolean tile: may each (query, key) pair attend? None: every pair may.
 
     Positions are tile offsets (`key - query` and `key`, int32 tiles) plus the tile's origin `(q0, k0)`,

@@ -68,7 +68,7 @@ def _clamp(value: int, lowest: int, highest: int) -> int:
 
 
 def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False):
-    """A product's `Tiling` from config params (None fields: `default`), fitted to its sizes.
+    """A product's `MosaicGpuGroupedMatmulTiling` from config params (None fields: `default`), fitted to its sizes.
 
     `transposed`: the tgmm product, whose rows (`block_m`) tile x's columns and whose contraction runs over
     the group's rows (any length, `block_k` 64 or 128); otherwise gmm, whose rows may be any M.
@@ -78,7 +78,7 @@ def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, tran
     Knobs outside what the kernels take are brought into it (warps to 4 or 8, tiles into their ranges,
     at least 2 stages); NotImplementedError only for sizes no tile divides.
     """
-    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import Tiling
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import MosaicGpuGroupedMatmulTiling
 
     pingpong = (_given(params, "num_warps") or 8) <= 4
     row_blocks = PINGPONG_ROW_BLOCKS if pingpong else ROW_BLOCKS
@@ -100,7 +100,7 @@ def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, tran
         raise NotImplementedError(f"{WHO}: [K, N] weights need the contraction ({contraction}) in steps of 64")
     else:
         bk = 64
-    return Tiling(bm, bn, bk, int(stages), num_sms(), pingpong)
+    return MosaicGpuGroupedMatmulTiling(bm, bn, bk, int(stages), num_sms(), pingpong)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ its share of the output tiles (`cta`, `cta + num_ctas`, ...) with three warpgrou
   the next slot is awaited), hand each slot back through its "consumed" barrier, and write their
   output rows through shared memory with a TMA store (rows past the array's end are clipped by the
   TMA unit). By default (cooperative) they share each output tile, `block_m // 2` rows each; with
-  `Tiling.pingpong` each computes whole tiles, the CTA's tiles alternating between them: the ring
+  `MosaicGpuGroupedMatmulTiling.pingpong` each computes whole tiles, the CTA's tiles alternating between them: the ring
   hands the tiles' steps out in order, so one warpgroup's epilogue runs while the other multiplies.
 
 `gmm`: output tile = (`block_m` rows of lhs, `block_n` columns); its groups are the items of the
@@ -47,7 +47,7 @@ SMEM_BUDGET = SMEM_BYTES - 1024  # less room for the barriers (8 bytes each)
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class MosaicGpuGroupedMatmulTiling:
     """One product's tiles (hashable: it keys the custom VJP).
 
     `gmm`: `block_m` output rows, `block_n` output columns, `block_k` contraction step. `tgmm`: `block_m`
@@ -78,7 +78,7 @@ class Tiling:
         return self.stages * operands + out_tiles * jnp.dtype(out_dtype).itemsize
 
 
-def fit_smem(t: Tiling, in_dtype, out_dtype) -> Tiling:
+def fit_smem(t: MosaicGpuGroupedMatmulTiling, in_dtype, out_dtype) -> MosaicGpuGroupedMatmulTiling:
     """`t` cut to fit shared memory: fewer stages down to 3, then narrower output tiles, then 2 stages."""
     for fewest in (min(t.stages, 3), 2):
         bn = t.block_n
@@ -116,7 +116,7 @@ class Ring:
         return dataclasses.replace(self, offset=wg * self.stages)
 
     @staticmethod
-    def barriers(t: Tiling, copies: int):
+    def barriers(t: MosaicGpuGroupedMatmulTiling, copies: int):
         """Scratch types of `ready` and `consumed` for `copies` TMA copies per step."""
         consumers = 1 if t.pingpong else COMPUTE_WGS
         return (
@@ -258,7 +258,7 @@ def tile_items(group_sizes, group_offset, num_local: int, m: int, block_m: int):
     return items.group, items.row_lo, items.row_hi, first, count
 
 
-def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
+def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: MosaicGpuGroupedMatmulTiling):
     """`out [M, N]`: each owned row of `lhs [M, K]` times its group's `rhs` (`[L, K, N]`, or `[L, N, K]`
     with `transpose_rhs`); zeros on every other row. K must be a multiple of `block_k`, N of `block_n`."""
     m, k = lhs.shape
@@ -392,7 +392,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
 # ---- the transposed product (the weights' gradient) ----
 
 
-def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: Tiling):
+def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: MosaicGpuGroupedMatmulTiling):
     """`[L, Kx, Ny]`: per local group l, `x_lᵀ · y_l` over its rows; zeros for an empty group.
 
     Kx must be a multiple of `block_m`, Ny of `block_n`; `block_k` (rows per step) a multiple of 64.

@@ -2,7 +2,7 @@
 
 `blocksparse_attention_tpu` checks what the kernels can serve (NotImplementedError before tracing, so
 automatic dispatch moves on), builds the block table of its tiles once per call and hands it to the
-kernels (`_kernels.py`) as flat scalar-prefetch arrays. Off TPU the kernels run in TPU interpret mode
+kernels (`_kernel.py`) as flat scalar-prefetch arrays. Off TPU the kernels run in TPU interpret mode
 (`pltpu.InterpretParams()`), which is how CPU CI checks them; their grids have a step per listed
 entry slot, so keep interpret-mode shapes small.
 """
@@ -19,7 +19,7 @@ from ejkernel.kernels._common.attention import pad_axes, round_up
 from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
 from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call, padded_mask_operands
 from ejkernel.kernels._pallas.tpu import resolve_interpret
-from ejkernel.kernels._pallas.tpu.blocksparse_attention._kernels import Static, backward, forward
+from ejkernel.kernels._pallas.tpu.blocksparse_attention._kernel import TpuBlockSparseStatic, backward, forward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -98,7 +98,7 @@ def blocksparse_attention_tpu(
 
     mask = call.mask
     table = build_block_table(mask, q_len=call.q_len, kv_len=call.kv_len, block_q=block_q, block_k=block_k)
-    st = Static(
+    st = TpuBlockSparseStatic(
         softmax_scale=call.softmax_scale,
         soft_cap=call.soft_cap,
         causal=mask.causal,

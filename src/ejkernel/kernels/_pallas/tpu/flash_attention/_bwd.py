@@ -31,7 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ejkernel.kernels._common.attention import Operands, RefReader, sum_to_bias_shape
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     LANES,
-    Static,
+    TpuFlashStatic,
     block_state,
     clamp_block,
     compiler_params,
@@ -50,7 +50,9 @@ NN_DIMS = (((1,), (0,)), ((), ()))  # a @ b
 NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
 
 
-def _tile_grads(st: Static, ops: Operands, positional: bool, refs, *, q_start, k_start, batch_head, kv_len_padded):
+def _tile_grads(
+    st: TpuFlashStatic, ops: Operands, positional: bool, refs, *, q_start, k_start, batch_head, kv_len_padded
+):
     """Recomputes one `[block_q, block_k]` tile: (P with dropout applied, dS before the cap, dS∘C)."""
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, bias_ref, mask_ref, q_seg_ref, kv_seg_ref, seed_ref = refs
     block_q, block_k = q_ref.shape[0], k_ref.shape[0]
@@ -70,7 +72,7 @@ def _tile_grads(st: Static, ops: Operands, positional: bool, refs, *, q_start, k
     return p_kept, ds, ds_logits
 
 
-def _dq_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_padded: int):
+def _dq_kernel(*refs, st: TpuFlashStatic, ops: Operands, q_len_padded: int, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -121,7 +123,7 @@ def _dq_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_padde
         dq_ref[...] = (dq_scratch[...] * st.softmax_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_padded: int):
+def _dkv_kernel(*refs, st: TpuFlashStatic, ops: Operands, q_len_padded: int, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -175,7 +177,7 @@ def _row_specs(block_q, head_dim, value_dim, index):
     ]
 
 
-def dq_and_dbias(st: Static, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
+def dq_and_dbias(st: TpuFlashStatic, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
     """dQ `[B, H, Sqp, D]` and, with a bias, dS as float32 `[B, H, Sqp, Skp]` (None without)."""
     batch, num_heads, q_len_padded, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[2], v.shape[3]
@@ -216,7 +218,7 @@ def dq_and_dbias(st: Static, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask,
     return outs[0], (outs[1] if ops.bias else None)
 
 
-def dk_dv(st: Static, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
+def dk_dv(st: TpuFlashStatic, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
     """dK `[B, Hkv, Skp, D]` and dV `[B, Hkv, Skp, Dv]`, summed over each key/value head's group."""
     q_len_padded, head_dim = q.shape[2], q.shape[3]
     batch, num_kv_heads, kv_len_padded, value_dim = *k.shape[:3], v.shape[3]
@@ -256,7 +258,7 @@ def dk_dv(st: Static, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, seed):
     )(q, k, v, do, lse, delta, *side_args(ops, bias, mask, q_seg, kv_seg, seed=seed))
 
 
-def backward(st: Static, residuals, do):
+def backward(st: TpuFlashStatic, residuals, do):
     """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
     q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, lse = residuals
     do = do.astype(out.dtype)

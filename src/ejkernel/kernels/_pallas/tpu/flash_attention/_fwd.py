@@ -1,7 +1,7 @@
 """Flash attention forward as a Pallas Mosaic TPU kernel, and the pieces the backward shares with it.
 
 Operands arrive from the wrapper in the TPU-friendly layout `[B, H, S, D]`, sequence lengths padded
-to block multiples (`Static` keeps the true lengths). The grid is `(B, H, q blocks, k blocks)`: the
+to block multiples (`TpuFlashStatic` keeps the true lengths). The grid is `(B, H, q blocks, k blocks)`: the
 last axis is sequential ("arbitrary") and carries the online softmax in VMEM scratch (`m`, `l` kept
 lane-replicated as `[block_q, 128]`, and the `[block_q, Dv]` float32 accumulator), initialised at
 k block 0 and written out at the last k block.
@@ -36,7 +36,7 @@ NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TpuFlashStatic:
     """Everything about a call that is fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
@@ -89,7 +89,9 @@ def _and(*conds):
     return out
 
 
-def block_state(st: Static, q_start, block_q: int, k_start, block_k: int, *, q_len_padded: int, kv_len_padded: int):
+def block_state(
+    st: TpuFlashStatic, q_start, block_q: int, k_start, block_k: int, *, q_len_padded: int, kv_len_padded: int
+):
     """(visible, interior) for the tile at (q_start, k_start): traced bools or Python `True`.
 
     visible: some (query, key) pair in the tile passes the positional masks (and, when the query
@@ -114,7 +116,7 @@ def block_state(st: Static, q_start, block_q: int, k_start, block_k: int, *, q_l
     return _and(*visible), _and(*interior)
 
 
-def position_mask(st: Static, q_start, k_start, shape, *, kv_len_padded: int):
+def position_mask(st: TpuFlashStatic, q_start, k_start, shape, *, kv_len_padded: int):
     """Boolean `[block_q, block_k]` tile of the causal / window / key-length masks."""
     rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
     cols = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
@@ -129,7 +131,7 @@ def position_mask(st: Static, q_start, k_start, shape, *, kv_len_padded: int):
     return _and(*conds)
 
 
-def kv_block_range(st: Static, q_start, block_q: int, block_k: int, num_k_blocks: int):
+def kv_block_range(st: TpuFlashStatic, q_start, block_q: int, block_k: int, num_k_blocks: int):
     """First and last key block that can be visible for a query block (index-map arithmetic).
 
     Numerators are clamped at 0 so every division is of non-negative integers; the result only
@@ -147,7 +149,7 @@ def kv_block_range(st: Static, q_start, block_q: int, block_k: int, num_k_blocks
     return lo, hi
 
 
-def q_block_range(st: Static, k_start, block_k: int, block_q: int, num_q_blocks: int):
+def q_block_range(st: TpuFlashStatic, k_start, block_k: int, block_q: int, num_q_blocks: int):
     """First and last query block that can see a key block (index-map arithmetic, see above)."""
     k_end = jnp.minimum(k_start + block_k - 1, st.kv_len - 1)  # the last real key of the block
     lo = 0
@@ -181,7 +183,7 @@ def run_tile(visible, interior, body):
 # ---- numerics shared by the three kernels ----
 
 
-def logits(q, k, bias_tile, st: Static):
+def logits(q, k, bias_tile, st: TpuFlashStatic):
     """`q @ k.T` -> (scaled, soft-capped, biased float32 logits; tanh tile of the cap or None)."""
     s = lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32)
     t = None
@@ -196,7 +198,7 @@ def logits(q, k, bias_tile, st: Static):
 
 
 def allowed_tile(
-    st: Static,
+    st: TpuFlashStatic,
     ops: Operands,
     positional: bool,
     q_start,
@@ -221,7 +223,7 @@ def allowed_tile(
     return _and(*conds)
 
 
-def masked_logits(st: Static, ops: Operands, positional: bool, q_start, k_start, shape, *, kv_len_padded, refs):
+def masked_logits(st: TpuFlashStatic, ops: Operands, positional: bool, q_start, k_start, shape, *, kv_len_padded, refs):
     """`logits` of the tile with disallowed pairs at -inf: (s, tanh tile of the cap or None).
 
     `refs` are `(q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref)` (None where absent).
@@ -245,14 +247,14 @@ def masked_logits(st: Static, ops: Operands, positional: bool, q_start, k_start,
     return s, t
 
 
-def keep_tile(st: Static, seed_ref, batch_head, q_start, k_start, shape):
+def keep_tile(st: TpuFlashStatic, seed_ref, batch_head, q_start, k_start, shape):
     """Dropout keep mask of the tile (absolute positions, as in the reference)."""
     rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
     cols = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
     return dropout_keep(seed_ref[0], batch_head, rows, cols, st.dropout_prob)
 
 
-def side_specs(st: Static, ops: Operands, *, block_q: int, block_k: int, index):
+def side_specs(st: TpuFlashStatic, ops: Operands, *, block_q: int, block_k: int, index):
     """BlockSpecs of the optional per-tile operands, in kernel order (bias, mask, segments, sinks, seed).
 
     `index(*grid) -> (b, h, q block, k block)` gives the tile a grid step reads.
@@ -292,7 +294,7 @@ def side_args(ops: Operands, bias, mask, q_seg, kv_seg, sinks=None, seed=None):
 # ---- forward ----
 
 
-def _forward_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_padded: int):
+def _forward_kernel(*refs, st: TpuFlashStatic, ops: Operands, q_len_padded: int, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref = read(), read(), read()
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -349,7 +351,7 @@ def _forward_kernel(*refs, st: Static, ops: Operands, q_len_padded: int, kv_len_
         lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(denom))
 
 
-def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
+def forward(st: TpuFlashStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
     """Padded `[B, H, S, D]` operands -> (output `[B, H, Sqp, Dv]`, lse `[B, H, Sqp, 128]` float32)."""
     batch, num_heads, q_len_padded, head_dim = q.shape
     kv_len_padded, value_dim = k.shape[2], v.shape[3]

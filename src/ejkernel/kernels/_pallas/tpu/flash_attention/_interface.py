@@ -26,7 +26,7 @@ from ejkernel.kernels._common.attention import (
 )
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
-from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, Static, forward
+from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, TpuFlashStatic, forward
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -41,7 +41,7 @@ def _requested_blocks(params, fallback: tuple[int, int]) -> tuple[int, int]:
     block_q = params.block_q if params is not None and params.block_q is not None else fallback[0]
     block_k = params.block_k if params is not None and params.block_k is not None else fallback[1]
     if min(block_q, block_k) < MIN_BLOCK:
-        raise NotImplementedError(f"pallas tpu flash_attention needs blocks >= {MIN_BLOCK}, got {block_q}x{block_k}")
+        raise NotImplementedError(f"{WHO} needs blocks >= {MIN_BLOCK}, got {block_q}x{block_k}")
     return block_q, block_k
 
 
@@ -98,7 +98,7 @@ def flash_attention_tpu(
         query, key, value, who=WHO, dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM
     )
     if min(q_len, kv_len, batch, num_heads, head_dim, value_dim) == 0:
-        raise NotImplementedError("pallas tpu flash_attention needs non-empty inputs")
+        raise NotImplementedError(f"{WHO} needs non-empty inputs")
     check_options(
         batch,
         num_heads,
@@ -136,7 +136,7 @@ def flash_attention_tpu(
                     f"(query block a multiple of {granule}; key block a multiple of {LANES} or the whole "
                     f"padded key length {kv_len_padded})"
                 )
-    st = Static(
+    st = TpuFlashStatic(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
         window=window,

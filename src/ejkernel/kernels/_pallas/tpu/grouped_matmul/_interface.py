@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.grouped_matmul import implementation, tile_params
 from ejkernel.kernels._pallas.tpu import resolve_interpret
-from ejkernel.kernels._pallas.tpu.grouped_matmul._kernel import Tiling, gmm, tgmm
+from ejkernel.kernels._pallas.tpu.grouped_matmul._kernel import TpuGroupedMatmulTiling, gmm, tgmm
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 DEFAULT_BLOCKS = (256, 512, 512)  # output rows, contraction step, output columns
@@ -25,7 +25,7 @@ GMM_GRANULES = (8, 128, 128)
 TGMM_GRANULES = (128, 8, 128)
 
 
-def tiling(params, rows: int, contraction: int, cols: int, interpret, granules=GMM_GRANULES) -> Tiling:
+def tiling(params, rows: int, contraction: int, cols: int, interpret, granules=GMM_GRANULES) -> TpuGroupedMatmulTiling:
     """A product's tiles from config params (`block_q`, `block_k`, `block_d`; None: defaults), each at most
     its dimension (a block as large as the dimension always fits the TPU tiling). Compiled, a (power-of-two)
     block below its granule is raised to it; interpret mode takes any block."""
@@ -33,7 +33,9 @@ def tiling(params, rows: int, contraction: int, cols: int, interpret, granules=G
     blocks = [d if g is None else g for g, d in zip(given, DEFAULT_BLOCKS, strict=True)]
     if interpret is False:
         blocks = [max(b, granule) for b, granule in zip(blocks, granules, strict=True)]
-    return Tiling(*(min(b, size) for b, size in zip(blocks, (rows, contraction, cols), strict=True)), interpret)
+    return TpuGroupedMatmulTiling(
+        *(min(b, size) for b, size in zip(blocks, (rows, contraction, cols), strict=True)), interpret
+    )
 
 
 def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):

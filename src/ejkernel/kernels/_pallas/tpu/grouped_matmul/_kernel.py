@@ -29,7 +29,7 @@ NN, NT, TN = (((1,), (0,)), ((), ())), (((1,), (1,)), ((), ())), (((0,), (0,)), 
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TpuGroupedMatmulTiling:
     """One product's tiles (output rows, contraction step, output columns) and the interpret setting."""
 
     block_m: int
@@ -89,7 +89,7 @@ def _gmm_kernel(
         out_ref[...] = jnp.where(write, value, out_ref[...])
 
 
-def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: Tiling):
+def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: TpuGroupedMatmulTiling):
     """`out [M, N]`: each owned row of lhs times its group's rhs, zeros on every other row."""
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -150,7 +150,7 @@ def _tgmm_kernel(
     out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
 
-def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: Tiling):
+def tgmm(x, y, group_sizes, group_offset, *, num_local: int, out_dtype, tiling: TpuGroupedMatmulTiling):
     """`[L, Kx, Ny]`: per local group l, `x_lᵀ · y_l` over its rows; zeros for an empty group."""
     m, kx = x.shape
     ny = y.shape[1]

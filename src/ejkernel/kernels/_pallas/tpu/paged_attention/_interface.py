@@ -19,6 +19,7 @@ from ejkernel.kernels._pallas.tpu.paged_attention._kernel import Plan, partial_s
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_ROWS = 128
+WHO = "pallas tpu paged attention"
 
 
 def plan(batch: PagedBatch, cfg, interpret) -> Plan:
@@ -26,13 +27,13 @@ def plan(batch: PagedBatch, cfg, interpret) -> Plan:
     st, layout = batch.static, batch.static.rows
     for name, x in (("queries", batch.queries), ("cache", batch.key_rows)):
         if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"pallas tpu paged attention takes bfloat16/float32 {name}, got {x.dtype}")
+            raise NotImplementedError(f"{WHO} takes bfloat16/float32 {name}, got {x.dtype}")
     if batch.alibi_slopes is not None or batch.qq_bias is not None or st.compute_dtype is not None:
-        raise NotImplementedError("pallas tpu paged attention has no ALiBi, query-query bias or compute dtype")
+        raise NotImplementedError(f"{WHO} has no ALiBi, query-query bias or compute dtype")
     head_major = layout.slot_stride == 1 and layout.head_stride == layout.page_size
     slot_major = layout.page_stride == layout.page_size * layout.slot_stride and layout.head_stride < layout.slot_stride
     if not (head_major or slot_major):
-        raise NotImplementedError("pallas tpu paged attention reads whole pages of one cache array per step")
+        raise NotImplementedError(f"{WHO} reads whole pages of one cache array per step")
     packing = 1 if head_major else kv_packing(batch.key_rows.dtype)
     if layout.slot_stride % packing:
         packing = 1

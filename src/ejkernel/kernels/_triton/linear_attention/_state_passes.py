@@ -21,7 +21,7 @@ from ejkernel.kernels._common.vma import out_struct
 
 
 @dataclasses.dataclass(frozen=True)
-class Tiling:
+class TritonStatePassTiling:
     """Value columns per program, warps, stages, interpret mode, and `precise`: float32 matmuls in full
     precision (for float32 inputs) rather than on TF32 tensor cores (enough for bfloat16/float16 inputs)."""
 
@@ -42,12 +42,12 @@ def matmul(a, b, *, precise: bool, trans_a: bool = False, trans_b: bool = False)
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _fit(tiling: Tiling, dv: int) -> Tiling:
+def _fit(tiling: TritonStatePassTiling, dv: int) -> TritonStatePassTiling:
     """The tiling with at most `dv` value columns per program."""
     return dataclasses.replace(tiling, block_v=min(tiling.block_v, dv))
 
 
-def _grid(batch: int, heads: int, dv: int, tiling: Tiling):
+def _grid(batch: int, heads: int, dv: int, tiling: TritonStatePassTiling):
     return (batch, heads, dv // tiling.block_v)
 
 
@@ -82,7 +82,7 @@ def _exit_states_kernel(starts_ref, init_ref, decay_ref, k_ref, u_ref, *rest, nu
     lax.fori_loop(0, num_chunks, chunk, jnp.zeros((dk, block_v), jnp.float32))
 
 
-def exit_states(p, init, starts, tiling: Tiling):
+def exit_states(p, init, starts, tiling: TritonStatePassTiling):
     """Each chunk's exit state `[NC, B, H, Dk, Dv]` from `ChunkParts` p (stacked over chunks)."""
     num_chunks, batch, heads, _, dk = p.k.shape
     dv = p.u.shape[-1]
@@ -126,7 +126,7 @@ def _entry_grads_kernel(starts_ref, decay_ref, *rest, num_chunks: int, block_v: 
     lax.fori_loop(0, num_chunks, chunk, jnp.zeros((dk, block_v), jnp.float32))
 
 
-def entry_grads(p, dh_own, d_exit, starts, tiling: Tiling):
+def entry_grads(p, dh_own, d_exit, starts, tiling: TritonStatePassTiling):
     """`(dh_in, d_exit_total)` `[NC, B, H, Dk, Dv]`: gradients of every chunk's entry and exit state."""
     num_chunks, batch, heads, dk, dv = dh_own.shape
     tiling = _fit(tiling, dv)
@@ -164,7 +164,7 @@ def _step_kernel(*refs, names: tuple[str, ...], step, block_v: int):
     h_new_ref[b, head, :, cols] = h
 
 
-def step_forward(step, tokens: dict, state, tiling: Tiling):
+def step_forward(step, tokens: dict, state, tiling: TritonStatePassTiling):
     """`step(state, **tokens)` for one token per batch row: tokens `[B, H, ...]`, state `[B, H, Dk, Dv]` float32."""
     batch, heads, dk, dv = state.shape
     tiling = _fit(tiling, dv)
@@ -184,7 +184,7 @@ def step_forward(step, tokens: dict, state, tiling: Tiling):
     )(*args)
 
 
-def fused_step(step, tokens: dict, state, tiling: Tiling):
+def fused_step(step, tokens: dict, state, tiling: TritonStatePassTiling):
     """`step_forward` with the gradient of the plain-JAX step (one token, cheap)."""
     reference = lambda tokens, state: step(state, **tokens)[::-1]
     return differentiated_as(reference, functools.partial(step_forward, step, tiling=tiling))(tokens, state)

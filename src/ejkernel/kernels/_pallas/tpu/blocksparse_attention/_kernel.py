@@ -40,7 +40,7 @@ from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TpuBlockSparseStatic:
     """Everything fixed at trace time (hashable: it keys the custom VJP)."""
 
     softmax_scale: float
@@ -65,14 +65,14 @@ class Static:
         return self.num_heads // self.num_kv_heads
 
 
-def table_row(st: Static, b, h, block, num_blocks: int):
+def table_row(st: TpuBlockSparseStatic, b, h, block, num_blocks: int):
     """Flat index of the table row of (batch b, head h, block): rows are `[Bt, Ht, num_blocks]`."""
     bt = b if st.table_batch else 0
     ht = h if st.table_heads else 0
     return (bt * (st.num_heads if st.table_heads else 1) + ht) * num_blocks + block
 
 
-def _tile(st: Static, ops: Operands, edge: bool, q_start, k_start, refs, *, kv_len_padded: int):
+def _tile(st: TpuBlockSparseStatic, ops: Operands, edge: bool, q_start, k_start, refs, *, kv_len_padded: int):
     """Logits of a `[block_q, block_k]` tile (-inf where masked on an edge tile) and the cap's tanh."""
     q_ref, k_ref, bias_ref, q_seg_ref, kv_seg_ref, mask_ref = refs
     s, t = logits(q_ref[...], k_ref[...], bias_ref[...] if ops.bias else None, st)
@@ -108,7 +108,9 @@ def _walk(w, count, edges, body):
     pl.when(jnp.logical_and(w >= edges, w < count))(lambda: body(False))
 
 
-def _forward_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: Static, ops: Operands, kv_len_padded: int):
+def _forward_kernel(
+    blocks_ref, counts_ref, edges_ref, *refs, st: TpuBlockSparseStatic, ops: Operands, kv_len_padded: int
+):
     read = RefReader(refs)
     q_ref, k_ref, v_ref = read(), read(), read()
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -161,7 +163,7 @@ def _scalar_grid(grid, in_specs, out_specs, scratch_shapes):
     )
 
 
-def _listed_k(st: Static, width: int):
+def _listed_k(st: TpuBlockSparseStatic, width: int):
     """(b, h, q block, step) -> the key block the step reads (its table row's entry)."""
 
     def kb(b, h, qi, w, blocks_ref, *_):
@@ -170,7 +172,7 @@ def _listed_k(st: Static, width: int):
     return kb
 
 
-def forward(st: Static, q, k, v, bias, sinks, q_seg, kv_seg, mask, table):
+def forward(st: TpuBlockSparseStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, table):
     """Padded `[B, H, S, D]` operands -> (output `[B, H, Sqp, Dv]`, lse `[B, H, Sqp, 128]` float32)."""
     blocks, counts, edges = table[:3]
     batch, num_heads, q_len_padded, head_dim = q.shape
@@ -217,7 +219,7 @@ def _tile_grads(st, ops, edge, q_start, k_start, refs, *, kv_len_padded):
     return p, ds, (ds if t is None else ds * (1.0 - t * t))
 
 
-def _dq_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: Static, ops: Operands, kv_len_padded: int):
+def _dq_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: TpuBlockSparseStatic, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -257,7 +259,7 @@ def _dq_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: Static, ops: Operan
         dq_ref[...] = (dq_scratch[...] * st.softmax_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: Static, ops: Operands, kv_len_padded: int):
+def _dkv_kernel(blocks_ref, counts_ref, edges_ref, *refs, st: TpuBlockSparseStatic, ops: Operands, kv_len_padded: int):
     read = RefReader(refs)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = (read() for _ in range(6))
     bias_ref, mask_ref = read(ops.bias), read(ops.mask)
@@ -372,7 +374,7 @@ def _dk_dv(st, ops, q, k, v, do, lse, delta, bias, q_seg, kv_seg, mask, table):
     )(blocks, counts, edges, q, k, v, do, lse, delta, *side_args(ops, bias, mask, q_seg, kv_seg))
 
 
-def backward(st: Static, residuals, do):
+def backward(st: TpuBlockSparseStatic, residuals, do):
     """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
     q, k, v, bias, sinks, q_seg, kv_seg, mask, table, out, lse = residuals
     do = do.astype(out.dtype)

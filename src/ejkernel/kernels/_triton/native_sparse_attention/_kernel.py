@@ -27,7 +27,9 @@ from ejkernel.kernels._triton._helpers import dot, exp2
 
 
 @dataclasses.dataclass(frozen=True)
-class Static:
+class TritonNativeSparseStatic:
+    """What is fixed at trace time: the scale, the selected blocks' size, and each pass's Triton settings."""
+
     softmax_scale: float
     block_size: int
     fwd_warps: int
@@ -37,14 +39,14 @@ class Static:
     interpret: bool
 
 
-def _block_logits(st: Static, q, k, c, position):
+def _block_logits(st: TritonNativeSparseStatic, q, k, c, position):
     """Base-2 logits `[rows, block]` of block `c` (local index) for a query at `position`, causal inside."""
     x = dot(q, k, trans_b=True) * (st.softmax_scale * LOG2E)
     k_pos = c * st.block_size + jnp.arange(st.block_size, dtype=jnp.int32)[None, :]
     return jnp.where(k_pos <= position, x, -jnp.inf)
 
 
-def _listed(info_ref, idx_ref, k_ref, v_ref, st: Static, step, carry):
+def _listed(info_ref, idx_ref, k_ref, v_ref, st: TritonNativeSparseStatic, step, carry):
     """`step(k, v, x_fn, carry)` over the token's listed blocks: `x_fn(q)` gives the block's logits."""
     start, position, count = info_ref[0], info_ref[1], info_ref[2]
     bs = st.block_size
@@ -58,7 +60,7 @@ def _listed(info_ref, idx_ref, k_ref, v_ref, st: Static, step, carry):
     return lax.fori_loop(0, count, body, carry)
 
 
-def _forward_kernel(info_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: Static):
+def _forward_kernel(info_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: TritonNativeSparseStatic):
     q = q_ref[...]
 
     def step(k, v, logits, carry):
@@ -83,7 +85,9 @@ def _forward_kernel(info_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, s
     lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log2(denom))
 
 
-def _dq_kernel(info_ref, idx_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, st: Static):
+def _dq_kernel(
+    info_ref, idx_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, st: TritonNativeSparseStatic
+):
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
 
@@ -97,7 +101,19 @@ def _dq_kernel(info_ref, idx_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_re
 
 
 def _dkv_kernel(
-    slot_ref, tokens_ref, pos_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, st: Static
+    slot_ref,
+    tokens_ref,
+    pos_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    st: TritonNativeSparseStatic,
 ):
     key_start, c, first, count = slot_ref[0], slot_ref[1], slot_ref[2], slot_ref[3]
     rows = pl.ds(key_start, st.block_size)
@@ -124,7 +140,7 @@ def _params(warps, stages):
     return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
-def forward(st: Static, q, k, v, info, idx):
+def forward(st: TritonNativeSparseStatic, q, k, v, info, idx):
     """q `[B, S, Hkv, Gp, D]`, k/v `[B, Sp, Hkv, D]`, info `[B, S, Hkv, 4]`, idx `[B, S, Hkv, n]` ->
     (out `[B, S, Hkv, Gp, Dv]`, base-2 lse `[B, S, Hkv, Gp]`)."""
     batch, seq_len, kv_heads, rows, dim = q.shape
@@ -156,7 +172,7 @@ def forward(st: Static, q, k, v, info, idx):
     )(*args)
 
 
-def dq(st: Static, q, k, v, do, lse, delta, info, idx):
+def dq(st: TritonNativeSparseStatic, q, k, v, do, lse, delta, info, idx):
     """dQ `[B, S, Hkv, Gp, D]` of the selected branch."""
     batch, seq_len, kv_heads, rows, dim = q.shape
     padded_len, value_dim = k.shape[1], v.shape[-1]
@@ -185,7 +201,7 @@ def dq(st: Static, q, k, v, do, lse, delta, info, idx):
     )(*args)
 
 
-def dk_dv(st: Static, q, k, v, do, lse, delta, slots, tokens, positions):
+def dk_dv(st: TritonNativeSparseStatic, q, k, v, do, lse, delta, slots, tokens, positions):
     """Per key block slot and key/value head: (dK, dV) `[B, Hkv, slots, block, D]` float32.
 
     `slots [B, Hkv, n_slots, 4]`: key start row, block index in its sequence, first entry and count of
