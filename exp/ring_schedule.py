@@ -28,7 +28,8 @@ def schedule(text: str) -> list[str]:
     entry = entry[: entry.index("\n}\n")]
     lines, others = [], 0
     for line in entry.splitlines()[1:]:
-        match = re.search(r"=\s*\S+\s+([\w-]+)\(", line)
+        # The opcode: the first lower-case word right before "(" after the "=" (shapes, tuples too, have none).
+        match = re.search(r"\s([a-z][\w-]*)\(", line.partition("=")[2])
         if not match:
             continue
         op = match.group(1)
