@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.kernels._common.attention_states import merge_states
 from ejkernel.kernels._common.vma import sum_to_vma, vary, varying_axes
 from ejkernel.types.windows import clamp_window
 
@@ -167,15 +168,9 @@ def _merge(acc, new, unit=None):
         # Offsets near each other subtract exactly: both rests move onto the common offset without rounding.
         out, rest = _merge((out, unit * (offset - top) + rest), (out_b, unit * (offset_b - top) + rest_b))
         return out, (top, rest)
-    top = jnp.maximum(lse, lse_b)
-    top = jnp.where(top == -jnp.inf, 0.0, top)
-    w, w_b = jnp.exp(lse - top), jnp.exp(lse_b - top)
-    total = w + w_b
-    nonempty = total > 0.0
-    inv = jnp.where(nonempty, 1.0 / jnp.where(nonempty, total, 1.0), 0.0)
-    scale = lambda x: jnp.swapaxes(x * inv, 1, 2)[..., None]
-    merged_lse = jnp.where(nonempty, top + jnp.log(jnp.where(nonempty, total, 1.0)), -jnp.inf)
-    return out * scale(w) + out_b * scale(w_b), merged_lse
+    rows = lambda x: jnp.swapaxes(x, 1, 2)  # [B, H, S] <-> [B, S, H], the rows of out [B, S, H, D]
+    out, merged_lse = merge_states(out, rows(lse), out_b, rows(lse_b))
+    return out, rows(merged_lse)
 
 
 def _add(acc, new):

@@ -27,6 +27,11 @@ from ejkernel.modules.operations.lightning_attention import (
     lightning_attention,
 )
 from ejkernel.modules.operations.mean_pooling import MeanPooling, MeanPoolingConfig, mean_pooling
+from ejkernel.modules.operations.merge_attention_states import (
+    MergeAttentionStates,
+    MergeAttentionStatesConfig,
+    merge_attention_states,
+)
 from ejkernel.modules.operations.multi_latent_ragged_page_attention import (
     MultiLatentRaggedPageAttention,
     MultiLatentRaggedPageAttentionConfig,
@@ -110,6 +115,8 @@ __all__ = [
     "LightningAttentionConfig",
     "MeanPooling",
     "MeanPoolingConfig",
+    "MergeAttentionStates",
+    "MergeAttentionStatesConfig",
     "MultiLatentRaggedPageAttention",
     "MultiLatentRaggedPageAttentionConfig",
     "MultiLatentRaggedPageAttentionV2",
@@ -158,6 +165,7 @@ __all__ = [
     "kernel_delta_attention",
     "lightning_attention",
     "mean_pooling",
+    "merge_attention_states",
     "multi_latent_ragged_page_attention",
     "multi_latent_ragged_page_attention_v2",
     "native_sparse_attention",
