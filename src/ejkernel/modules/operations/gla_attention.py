@@ -8,7 +8,8 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention.checks import check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import arguments_checked, check_linear_call
+from ejkernel.kernels._common.linear_attention.entries import resolve_scale
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
@@ -236,7 +237,7 @@ def gla_attention(
         >>> print(out.shape, out.dtype, state.shape, state.dtype)
         (2, 16, 4, 32) float32 (2, 4, 8, 32) float32
     """
-    dk, _ = check_linear_call(
+    check_linear_call(
         query,
         key,
         value,
@@ -246,18 +247,19 @@ def gla_attention(
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
     )
-    return executor(
-        GLAttention(),
-        query,
-        key,
-        value,
-        g,
-        g_gamma,
-        initial_state,
-        cu_seqlens,
-        softmax_scale=dk**-0.5 if softmax_scale is None else float(softmax_scale),
-        reverse=bool(reverse),
-        return_state=bool(return_state),
-        platform=platform,
-        cfg=cfg,
-    )
+    with arguments_checked():  # the implementation reached skips these checks (and finds the scale resolved)
+        return executor(
+            GLAttention(),
+            query,
+            key,
+            value,
+            g,
+            g_gamma,
+            initial_state,
+            cu_seqlens,
+            softmax_scale=resolve_scale(softmax_scale, query),
+            reverse=bool(reverse),
+            return_state=bool(return_state),
+            platform=platform,
+            cfg=cfg,
+        )
