@@ -5,6 +5,7 @@ the state passes loop over chunks inside one program per (row, head, state tile)
 grids (chunks x rows x heads) stay under a few dozen programs.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -14,6 +15,7 @@ from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strengt
 
 from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
+from ejkernel.kernels._triton.linear_attention import _interface
 from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import (
     TritonEngine,
@@ -27,6 +29,7 @@ from ejkernel.kernels._triton.linear_attention._state_passes import TritonStateP
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
     GLAttentionConfig,
+    GLAttentionTritonTiling,
     gated_delta_rule,
     gla_attention,
     lightning_attention,
@@ -88,6 +91,41 @@ def test_gla_tiles_and_row_blocks():
     )
     reference = lambda q, k, v, g, h0: linear_recurrence_reference(q, k, v, g, None, None, None, h0)
     check(fn, reference, [q, k[:, :, :1], v[:, :, :1], log_decay(2, 100, 2, strength=0.5), h0])
+
+
+def test_gla_config_tiling_reaches_the_kernels(monkeypatch):
+    """`GLAttentionConfig.triton_tiling` set from a config: several state, value and key tiles per head at
+    dim 32, the gradient kernel with 8 warps; the kernels get exactly that tiling (the fields left None at
+    their defaults) and match the reference, forward and every gradient."""
+    seen = []
+    original = _interface.gla_chunked
+
+    def spy(tiling, *args):
+        seen.append(tiling)
+        return original(tiling, *args)
+
+    monkeypatch.setattr(_interface, "gla_chunked", spy)
+    d = 32
+    q, k, v = (rand((2, 40, 2, d)) for _ in range(3))
+    tiling = GLAttentionTritonTiling(state_k=16, state_v=16, block_v=16, block_k=16, grads_warps=8, num_stages=1)
+    cfg = GLAttentionConfig(chunk_size=32, triton_tiling=tiling)
+    fn = lambda q, k, v, g, h0: gla_attention_triton(q, k, v, g, None, h0, return_state=True, cfg=cfg, interpret=True)
+    check(
+        fn,
+        lambda q, k, v, g, h0: gla_reference(q, k, v, g, None, h0),
+        [q, k, v, log_decay(2, 40, 2, d), rand((2, 2, d, d))],
+    )
+    expected = TritonGlaTiling(**tiling.overrides(), interpret=True)
+    assert seen and all(dataclasses.replace(t, precise=True) == expected for t in seen)
+
+
+def test_gla_triton_tiling_names_the_kernels_fields():
+    """Every field of the config's tiling is one of the kernels' (so `triton_engine` can hand them on), and
+    only the two the engine decides itself (interpret mode, full-precision matmuls) are left out."""
+    config_fields = {f.name for f in dataclasses.fields(GLAttentionTritonTiling)}
+    kernel_fields = {f.name for f in dataclasses.fields(TritonGlaTiling)}
+    assert kernel_fields - config_fields == {"interpret", "precise"} and config_fields <= kernel_fields
+    assert _interface.triton_engine(GLAttentionConfig(), interpret=True).gla == TritonGlaTiling()
 
 
 def test_gla_value_heads_share_query_and_key():

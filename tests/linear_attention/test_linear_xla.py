@@ -6,6 +6,8 @@ wrong state fails as surely as a wrong output. Compilation dominates: one case p
 """
 
 import functools
+import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,11 +17,14 @@ from jax.sharding import PartitionSpec as P
 from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, rand, write_strength
 
 from ejkernel import kernel_registry
+from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
 from ejkernel.kernels._common.linear_attention.numerics import decay_matrix, unit_lower_inverse
 from ejkernel.modules import (
     GatedDeltaRuleConfig,
+    GLAttention,
     GLAttentionConfig,
+    GLAttentionTritonTiling,
     KernelDeltaAttentionConfig,
     LightningAttentionConfig,
     RecurrentAttentionConfig,
@@ -29,6 +34,9 @@ from ejkernel.modules import (
     lightning_attention,
     recurrent_attention,
 )
+from ejkernel.ops import Invocation
+from ejkernel.ops.cache import PersistentCache
+from ejkernel.ops.kernel import FORWARD, TRAIN
 from ejkernel.reference.linear_attention import (
     delta_rule_reference,
     gla_reference,
@@ -214,6 +222,72 @@ def test_configs_validate_chunk_size():
     for config in (GLAttentionConfig, LightningAttentionConfig, RecurrentAttentionConfig, KernelDeltaAttentionConfig):
         with pytest.raises(ValueError, match="chunk_size"):
             config(chunk_size=48)
+
+
+def test_gla_triton_tiling_round_trips_through_the_persistent_cache(tmp_path):
+    tiling = GLAttentionTritonTiling(block_k=32, grads_warps=8, num_stages=3, fuse_head_scores=False)
+    cfg = GLAttentionConfig(platform="triton", chunk_size=32, triton_tiling=tiling)
+    assert json.loads(cfg.to_json())["triton_tiling"] == {
+        "block_k": 32,
+        "fuse_head_scores": False,
+        "grads_warps": 8,
+        "num_stages": 3,
+    }
+    PersistentCache(tmp_path).put("gla|key", cfg)
+    back = PersistentCache(tmp_path).get("gla|key")
+    assert back == cfg and hash(back) == hash(cfg) and isinstance(back.triton_tiling, GLAttentionTritonTiling)
+    # a config without a tiling writes what it always wrote (the shipped tables and old caches read as before)
+    assert "triton_tiling" not in GLAttentionConfig(platform="triton").to_json()
+    assert GLAttentionConfig.from_json('{"type": "GLAttentionConfig", "platform": "xla"}').triton_tiling is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(block_k=8), "GLAttentionTritonTiling.block_k must be a power of two of at least 16, got 8"),
+        (dict(state_v=48), "GLAttentionTritonTiling.state_v must be a power of two of at least 16, got 48"),
+        (dict(grads_warps=3), "GLAttentionTritonTiling.grads_warps must be a positive power of two, got 3"),
+        (dict(head_span=True), "GLAttentionTritonTiling.head_span must be a positive power of two, got True"),
+        (dict(num_stages=0), "GLAttentionTritonTiling.num_stages must be a positive int, got 0"),
+        (dict(fuse_head_scores=1), "GLAttentionTritonTiling.fuse_head_scores must be a bool, got 1"),
+    ],
+)
+def test_gla_triton_tiling_rejects_bad_fields(fields, words):
+    with pytest.raises(ValueError) as err:
+        GLAttentionTritonTiling(**fields)
+    assert str(err.value) == words
+    with pytest.raises(ValueError, match=r"GLAttentionTritonTiling\.block_k"):  # read back from JSON, likewise
+        GLAttentionConfig.from_json('{"type": "GLAttentionConfig", "triton_tiling": {"block_k": 12}}')
+    with pytest.raises(ValueError, match=r"GLAttentionConfig\.triton_tiling must be a GLAttentionTritonTiling"):
+        GLAttentionConfig(triton_tiling={"block_k": 32})
+
+
+def test_gla_autotunes_a_few_triton_tilings():
+    """Tilings only on the Triton platform; the gradient kernel's only for a differentiated call."""
+    args = (jnp.ones((1, 64, 2, 16)),) * 3 + (None,) * 4
+    cfgs = lambda platform, mode: list(GLAttention().candidate_cfgs(Invocation("gla", args, {}, platform, mode)))
+    assert all(c.triton_tiling is None for c in cfgs("xla", TRAIN))
+    forward, train = cfgs("triton", FORWARD), cfgs("triton", TRAIN)
+    tiled = lambda cs: [c.triton_tiling for c in cs if c.triton_tiling is not None]
+    assert len(forward) == 7 and len(train) == 9 and len(set(train)) == 9
+    assert all(t.block_k is None and t.grads_warps is None for t in tiled(forward))
+    assert set(tiled(forward)) < set(tiled(train))
+
+
+def test_gla_checks_a_call_once(monkeypatch):
+    """The public function checks the call and resolves the scale; the implementation the executor reaches
+    checks nothing again (the same implementation called directly does: `test_bad_input_names_the_argument`)."""
+    calls = []
+    for module in (sys.modules[gla_attention.__module__], entries):
+        checked = module.check_linear_call
+        monkeypatch.setattr(module, "check_linear_call", lambda *a, _c=checked, **k: calls.append(1) or _c(*a, **k))
+    q, k, v = qkv()
+    args = (q, k, v, log_decay(B, S, H, DK))
+    out = gla_attention(*args, platform="xla")
+    jax.grad(lambda q: jnp.sum(gla_attention(q, *args[1:], platform="xla")))(q)
+    assert len(calls) == 2  # one per public call
+    ref, _ = gla_reference(*args)
+    assert_close(out, ref, jnp.float32)
 
 
 _q, _k, _v = (jnp.ones((1, 6, 2, 4)),) * 3

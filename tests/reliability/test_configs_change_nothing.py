@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.modules import operations
+from ejkernel.modules import GLAttentionTritonTiling, operations
 from ejkernel.ops import BwdParams, FwdParams, overlay_cache
 from ejkernel.ops.executor import ConfigSelectorChain
 from ejkernel.quantization import prepack_quantized_weights
@@ -119,6 +119,10 @@ NAMED_VALUES = {
     "bwd_params": tuple(BwdParams(**t) for t in TILINGS),
     "vmem_limit_bytes": (16 << 20, 64 << 20),
     "tpu_path": ("packed",),
+    "triton_tiling": (
+        GLAttentionTritonTiling(state_k=16, block_k=16, grads_warps=8),
+        GLAttentionTritonTiling(num_stages=3),
+    ),
 }
 INTS = (1, 2, 8, 32)  # an int field takes the smallest and the largest of these that it accepts
 

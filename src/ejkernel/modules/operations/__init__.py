@@ -14,7 +14,12 @@ from ejkernel.modules.operations.blocksparse_attention import (
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, GatedDeltaRuleConfig, gated_delta_rule
-from ejkernel.modules.operations.gla_attention import GLAttention, GLAttentionConfig, gla_attention
+from ejkernel.modules.operations.gla_attention import (
+    GLAttention,
+    GLAttentionConfig,
+    GLAttentionTritonTiling,
+    gla_attention,
+)
 from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
 from ejkernel.modules.operations.kernel_delta_attention import (
     KernelDeltaAttention,
@@ -105,6 +110,7 @@ __all__ = [
     "FlashMLAConfig",
     "GLAttention",
     "GLAttentionConfig",
+    "GLAttentionTritonTiling",
     "GatedDeltaRule",
     "GatedDeltaRuleConfig",
     "GroupedMatmul",

@@ -8,9 +8,13 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention.checks import check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import arguments_checked, check_linear_call
+from ejkernel.kernels._common.linear_attention.entries import resolve_scale
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
+from ejkernel.ops import Invocation
+from ejkernel.ops.config import ConfigBase
+from ejkernel.ops.kernel import FORWARD
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
@@ -20,21 +24,141 @@ IMPLEMENTATIONS = implementations(
 )
 
 
+MATMUL_EDGES = ("state_k", "state_v", "block_v", "block_k", "head_block_k")
+WARPS = ("state_warps", "scores_warps", "output_warps", "grads_warps", "head_scores_warps", "head_grads_warps")
+
+
+@dataclasses.dataclass(frozen=True)
+class GLAttentionTritonTiling(ConfigBase):
+    """The Triton platform's tiling of `gla_attention` (`GLAttentionConfig.triton_tiling`); the xla platform
+    does not read it. A field left None keeps the kernels' own default (in brackets); none changes the
+    result beyond rounding. Tiles are clipped to the head dims (`dim_k`, `dim_v`).
+
+    Attributes:
+        state_k: Key channels of the state tile each program of the two sequential passes carries (the chunk
+            states forward, their gradients backward; one program per batch row, head and state tile) [64].
+        state_v: Value channels of that state tile [64].
+        block_v: Value columns per program of the output kernel (forward) [128].
+        block_k: Key channels per program of the gradient kernel (backward: dq, dk, dv and the gate's
+            gradient; below `dim_k`, dv is summed over programs) [64].
+        head_span: State heads per program of the per-head gradient kernel where heads share q and k [8].
+        state_warps: Warps of the sequential passes [4].
+        scores_warps: Warps of the in-chunk scores kernel (forward) [2].
+        output_warps: Warps of the output kernel [4].
+        grads_warps: Warps of the gradient kernel [4].
+        head_block_k: `block_k` of the kernels of a gate per head (`g` None: only `g_gamma` decays) [128].
+        head_scores_warps: Warps of the scores kernel of a gate per head [4].
+        head_grads_warps: Warps of the gradient kernel of a gate per head [8].
+        num_stages: Software-pipelining stages of every GLA kernel [2].
+        fuse_head_scores: With a gate per head, a call that is not differentiated makes each chunk's scores
+            in the output kernel instead of writing them to memory [True].
+
+    Raises:
+        ValueError: A tile (`state_k`, `state_v`, `block_v`, `block_k`, `head_block_k`) that is not a power
+            of two of at least 16, a `head_span` or warp count that is not a positive power of two, a
+            `num_stages` that is not a positive int, or a `fuse_head_scores` that is not a bool; one line
+            naming the field.
+
+    Example:
+        >>> from ejkernel.modules import GLAttentionConfig, GLAttentionTritonTiling
+        >>> cfg = GLAttentionConfig(platform="triton", triton_tiling=GLAttentionTritonTiling(block_k=32))
+        >>> cfg.to_json()
+        '{"backend": "any", "platform": "triton", "triton_tiling": {"block_k": 32}, "type": "GLAttentionConfig"}'
+    """
+
+    state_k: int | None = None
+    state_v: int | None = None
+    block_v: int | None = None
+    block_k: int | None = None
+    head_span: int | None = None
+    state_warps: int | None = None
+    scores_warps: int | None = None
+    output_warps: int | None = None
+    grads_warps: int | None = None
+    head_block_k: int | None = None
+    head_scores_warps: int | None = None
+    head_grads_warps: int | None = None
+    num_stages: int | None = None
+    fuse_head_scores: bool | None = None
+
+    def __post_init__(self) -> None:
+        who = type(self).__name__
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
+        power = lambda x: is_int(x) and x > 0 and not x & (x - 1)
+        for name in (*MATMUL_EDGES, "head_span", *WARPS, "num_stages"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name in MATMUL_EDGES and not (power(value) and value >= 16):
+                raise ValueError(f"{who}.{name} must be a power of two of at least 16, got {value!r}")
+            if name == "num_stages" and not (is_int(value) and value > 0):
+                raise ValueError(f"{who}.{name} must be a positive int, got {value!r}")
+            if name not in (*MATMUL_EDGES, "num_stages") and not power(value):
+                raise ValueError(f"{who}.{name} must be a positive power of two, got {value!r}")
+        if self.fuse_head_scores is not None and not isinstance(self.fuse_head_scores, bool):
+            raise ValueError(f"{who}.fuse_head_scores must be a bool, got {self.fuse_head_scores!r}")
+
+    def overrides(self) -> dict[str, int | bool]:
+        """The fields that are set: what replaces the Triton kernels' defaults."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclasses.dataclass(frozen=True)
 class GLAttentionConfig(ChunkedConfig):
-    """How `gla_attention` runs: the fields of `ChunkedConfig` (platform, chunk size, Triton
-    tiling); none changes the result beyond rounding."""
+    """How `gla_attention` runs: the fields of `ChunkedConfig` (platform, chunk size, `fwd_params`), and the
+    Triton kernels' tiling; none changes the result beyond rounding.
+
+    Attributes:
+        triton_tiling: A `GLAttentionTritonTiling`: the tiles and warps of the Triton GLA kernels (each field
+            says which kernel it steers); read by the Triton platform only. None (default): the kernels'
+            defaults, as every config written before this field existed.
+
+    Raises:
+        ValueError: As `ChunkedConfig`; or a `triton_tiling` of another type.
+    """
+
+    triton_tiling: GLAttentionTritonTiling | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.triton_tiling is not None and not isinstance(self.triton_tiling, GLAttentionTritonTiling):
+            raise ValueError(
+                f"{type(self).__name__}.triton_tiling must be a GLAttentionTritonTiling, got {self.triton_tiling!r}"
+            )
+
+
+TRITON_FORWARD_TILINGS = (
+    GLAttentionTritonTiling(state_k=32),  # twice the programs of the sequential passes (small batch x heads)
+    GLAttentionTritonTiling(block_v=64),  # twice the programs of the output kernel
+    GLAttentionTritonTiling(num_stages=3),
+)
+"""Triton tilings autotuning times beside the default on every call: the passes of the forward."""
+
+TRITON_TRAIN_TILINGS = (
+    GLAttentionTritonTiling(block_k=32),  # the gradient kernel (the heaviest: half of forward + backward)
+    GLAttentionTritonTiling(grads_warps=8),
+)
+"""And on a differentiated call: the gradient kernel's tile and warps."""
 
 
 class GLAttention(ChunkedKernel):
     """The executor's `Kernel` for `gla_attention`: op id `"gla"`, config `GLAttentionConfig`.
 
     Autotuning (policy `autotune`) times the default config and chunks of 32, 64 and 128 tokens, on forward
-    and backward for a differentiated call (`ChunkedKernel`).
+    and backward for a differentiated call (`ChunkedKernel`); on the Triton platform also a few tilings
+    (`TRITON_FORWARD_TILINGS`, and `TRITON_TRAIN_TILINGS` for a differentiated call).
     """
 
     op_id = "gla"
     config_type = GLAttentionConfig
+
+    def platform_cfgs(self, platform: str, inv: Invocation):
+        yield from super().platform_cfgs(platform, inv)
+        if platform != "triton":
+            return
+        train = TRITON_TRAIN_TILINGS if inv.mode != FORWARD else ()
+        for tiling in (*TRITON_FORWARD_TILINGS, *train):
+            yield GLAttentionConfig(platform=platform, triton_tiling=tiling)
 
 
 @typechecked
@@ -113,7 +237,7 @@ def gla_attention(
         >>> print(out.shape, out.dtype, state.shape, state.dtype)
         (2, 16, 4, 32) float32 (2, 4, 8, 32) float32
     """
-    dk, _ = check_linear_call(
+    check_linear_call(
         query,
         key,
         value,
@@ -123,18 +247,19 @@ def gla_attention(
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
     )
-    return executor(
-        GLAttention(),
-        query,
-        key,
-        value,
-        g,
-        g_gamma,
-        initial_state,
-        cu_seqlens,
-        softmax_scale=dk**-0.5 if softmax_scale is None else float(softmax_scale),
-        reverse=bool(reverse),
-        return_state=bool(return_state),
-        platform=platform,
-        cfg=cfg,
-    )
+    with arguments_checked():  # the implementation reached skips these checks (and finds the scale resolved)
+        return executor(
+            GLAttention(),
+            query,
+            key,
+            value,
+            g,
+            g_gamma,
+            initial_state,
+            cu_seqlens,
+            softmax_scale=resolve_scale(softmax_scale, query),
+            reverse=bool(reverse),
+            return_state=bool(return_state),
+            platform=platform,
+            cfg=cfg,
+        )

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_layer, check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import (
+    arguments_were_checked,
+    check_chunk_size,
+    check_layer,
+    check_linear_call,
+)
 from ejkernel.kernels._common.linear_attention.driver import DEFAULT_CHUNK, linear_attention, to_f32, xla_engine
 from ejkernel.kernels._common.linear_attention.inputs import delta_rule_inputs, lightning_gamma
 
 
-def _scale(softmax_scale, query) -> float:
+def resolve_scale(softmax_scale, query) -> float:
+    """The query's scale: `softmax_scale`, else `dim_k ** -0.5` (the public functions and the entries)."""
     return query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
 
 
@@ -69,7 +75,7 @@ def _gated(
         query,
         key,
         value,
-        scale=_scale(softmax_scale, query),
+        scale=resolve_scale(softmax_scale, query),
         g=g,
         gk=gk,
         gv=gv,
@@ -101,17 +107,19 @@ def recurrent_attention(
 
 
 def gla_attention(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
-    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s."""
-    check_linear_call(
-        query,
-        key,
-        value,
-        grouped=True,
-        gates={"g": (g, "dim_k")},
-        g_gamma=g_gamma,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
+    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s. Checks its arguments unless the
+    public `gla_attention` has (`arguments_checked`: reached through the executor, the call is checked once)."""
+    if not arguments_were_checked():
+        check_linear_call(
+            query,
+            key,
+            value,
+            grouped=True,
+            gates={"g": (g, "dim_k")},
+            g_gamma=g_gamma,
+            initial_state=initial_state,
+            cu_seqlens=cu_seqlens,
+        )
     return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
 
 
@@ -170,7 +178,7 @@ def kernel_delta_attention(
         decay,
         None,
         initial_state,
-        scale=_scale(softmax_scale, query),
+        scale=resolve_scale(softmax_scale, query),
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
         chunk=_chunk(cfg, chunk_size),
@@ -208,7 +216,7 @@ def gated_delta_rule(
         decay,
         seg_ids,
         initial_state,
-        scale=_scale(None, query),
+        scale=resolve_scale(None, query),
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
         chunk=_chunk(cfg, runner.delta_chunk),
