@@ -222,3 +222,32 @@ def test_huge_windows_reach_every_backend_clamped_to_the_lengths(monkeypatch):
     out = flash_attention(q, k, v, causal=True, sliding_window=(2**40, 2**31 - 1), platform="xla")
     assert seen == [(2 * S, 2 * S)]
     assert_close(out, reference(q, k, v, causal=True))
+
+
+def test_return_lse_matches_reference_and_merges():
+    """`return_lse`: the rows' log-sum-exp (sinks included) with its gradient; two halves of the keys merge to
+    the whole; a platform other than XLA declines it; the pair shards like the output."""
+    from ejkernel.modules import merge_attention_states
+
+    q, k, v = qkv(kv_len=2 * S)
+    sinks = randn((H,))
+    both = lambda fn: lambda q, k, v, s: jnp.concatenate([x.astype(jnp.float32).ravel() for x in fn(q, k, v, s)])
+    ours = both(lambda q, k, v, s: flash_attention(q, k, v, None, None, None, s, return_lse=True, cfg=SMALL))
+    ref = both(lambda q, k, v, s: reference(q, k, v, softmax_aux=s, return_lse=True))
+    check_forward_and_grads(ours, ref, [q, k, v, sinks], (0, 1, 2, 3), jnp.float32)
+
+    halves = [flash_attention(q, k[:, a:b], v[:, a:b], return_lse=True) for a, b in ((0, 27), (27, 2 * S))]
+    merged = merge_attention_states(*halves[0], *halves[1])
+    for got, expected in zip(merged, flash_attention(q, k, v, return_lse=True), strict=True):
+        assert_close(got, expected)
+    from ejkernel import kernel_registry
+    from ejkernel.modules import FlashAttention
+
+    triton = next(i for i in kernel_registry.list_implementations("flash_attention") if i.platform == "triton")
+    with pytest.raises(NotImplementedError, match="return_lse"):  # before the kernel is reached
+        FlashAttention().call_impl(triton, (q, k, v, None, None), {"return_lse": True}, SMALL)
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    heads = P(None, None, "x")
+    sharded = flash_attention(q, k, v, return_lse=True, mesh=mesh, in_specs=(heads,) * 3, out_specs=(heads, heads))
+    for got, expected in zip(sharded, reference(q, k, v, return_lse=True), strict=True):
+        assert_close(got, expected)

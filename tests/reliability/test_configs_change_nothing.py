@@ -92,6 +92,7 @@ CASES = {
     "kernel_delta_attention": functools.partial(_linear, ("beta", "g_heads"), kv_heads=4),
     "lightning_attention": functools.partial(_linear, layer_idx=2, num_layers=8),
     "mean_pooling": lambda: ([randn((40, 16)), jnp.array([0, 13, 40], jnp.int32)], {}),
+    "merge_attention_states": lambda: ([randn((40, 4, 16)), randn((40, 4)), randn((40, 4, 16)), randn((40, 4))], {}),
     "multi_latent_ragged_page_attention": lambda: (mla_ragged_case(), {}),
     "multi_latent_ragged_page_attention_v2": lambda: (mla_ragged_case(), {}),
     "native_sparse_attention": _native_sparse,

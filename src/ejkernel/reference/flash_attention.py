@@ -26,6 +26,7 @@ def flash_attention_reference(
     dropout_seed=None,
     fwd_params=None,
     bwd_params=None,
+    return_lse: bool = False,
 ):
     """Dense multi-head attention with every masking option, computed in float32.
 
@@ -53,6 +54,8 @@ def flash_attention_reference(
        dropout_keep(dropout_seed, b * H + h, i, j, r).
     7. out[b,i,h] = sum_j p_ij v[b,j,g]. A row with no allowed key is exactly 0 (with or without
        sinks) and contributes nothing to any gradient.
+    8. With `return_lse`, also lse[b,i,h] = m_i + log l_i float32 [B, Sq, H], the natural log of the
+       softmax denominator (sinks included, dropout not); -inf where l_i is 0 (no key, no sink).
 
     Gradients come from JAX autodiff of this function; guards (`jnp.where`, never `-inf`
     arithmetic on differentiated values) keep them finite for fully masked rows.
@@ -128,4 +131,9 @@ def flash_attention_reference(
 
     # 7. Weighted sum of values.
     out = jnp.einsum("bhij,bjhd->bihd", p, v_per_head, precision=jax.lax.Precision.HIGHEST)
-    return out.astype(out_dtype)
+    if not return_lse:
+        return out.astype(out_dtype)
+    # 8. The log of the denominator.
+    total, shift = denom[..., 0], m[..., 0]
+    lse = jnp.where(total > 0, shift + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
+    return out.astype(out_dtype), jnp.swapaxes(lse, 1, 2)

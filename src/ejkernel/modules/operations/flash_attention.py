@@ -46,7 +46,12 @@ checked only in Pallas' TPU interpret mode so far, come after XLA (`platform="pa
 suite has passed on a real TPU."""
 
 # Options only the XLA implementation honours; others decline the call when they differ from these.
-XLA_ONLY_DEFAULTS = {"normalize_output": True, "precision": jax.lax.Precision.DEFAULT, "logits_dtype": jnp.float32}
+XLA_ONLY_DEFAULTS = {
+    "normalize_output": True,
+    "precision": jax.lax.Precision.DEFAULT,
+    "logits_dtype": jnp.float32,
+    "return_lse": False,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +86,8 @@ class FlashAttention(Kernel):
     resolved (segment ids, `(left, right)` window, scale); call `flash_attention` rather than this class.
     Differentiated calls get a config of their own (autotuning times forward + backward); on GPUs the
     candidates add Triton and Mosaic GPU tilings to each implementation's defaults. Implementations other
-    than XLA decline `normalize_output`, `precision` and `logits_dtype` values other than the defaults.
+    than XLA decline `normalize_output`, `precision`, `logits_dtype` and `return_lse` values other than the
+    defaults.
     """
 
     op_id = "flash_attention"
@@ -97,7 +103,8 @@ class FlashAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
 
     def axis_roles(self, args, kwargs):
-        return attention_roles(args)
+        inputs, out = attention_roles(args)
+        return inputs, (out, out[:3]) if kwargs.get("return_lse") else out
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield FlashAttentionConfig(platform=platform)  # the implementation's own defaults
@@ -213,12 +220,16 @@ def flash_attention(
     normalize_output: bool = True,
     precision: Any = jax.lax.Precision.DEFAULT,
     logits_dtype: Any = jnp.float32,
+    return_lse: bool = False,
     platform: str | None = None,
     cfg: FlashAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> Float[Array, "batch seq_q heads dim_v"]:
+) -> (
+    Float[Array, "batch seq_q heads dim_v"]
+    | tuple[Float[Array, "batch seq_q heads dim_v"], Float[Array, "batch seq_q heads"]]
+):
     """Softmax attention `softmax(scale · q kᵀ [+ bias], masked) v` per head, without a `seq_q × seq_k` tensor.
 
     Layout `[batch, seq, heads, dim]`, as in every attention op here except `blocksparse_attention`
@@ -264,6 +275,10 @@ def flash_attention(
         precision: Default `jax.lax.Precision.DEFAULT`. Matmul precision of every dot product. XLA only.
         logits_dtype: Default `jnp.float32`. Accumulation dtype of `q kᵀ` (the softmax is float32
             regardless). XLA only.
+        return_lse: Default False. True also returns each query row's log-sum-exp: the natural log of its
+            softmax denominator, `[batch, seq_q, heads]` float32, sinks included, -inf for a row with neither
+            key nor sink; what `merge_attention_states` joins partial results with. Differentiable. XLA only
+            so far (`auto` picks XLA for such calls).
         platform: Default None, meaning `"auto"`: the best implementation on this device that accepts the
             call. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"`, `"cuda"`.
         cfg: Default None (a tuned, shipped or heuristic config). A `FlashAttentionConfig` to use instead.
@@ -277,7 +292,7 @@ def flash_attention(
 
     Returns:
         `[batch, seq_q, heads, dim_v]` in query's dtype. A query row with no key to attend (padding, or every
-        key masked) is zeros and passes no gradient.
+        key masked) is zeros and passes no gradient. With `return_lse`, the pair `(out, lse)`.
 
     Raises:
         TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), query, key
@@ -358,7 +373,12 @@ def flash_attention(
         dropout_prob=float(dropout_prob),
         dropout_seed=None if dropout_prob == 0.0 else jnp.asarray(dropout_seed).astype(jnp.uint32),
     )
-    given = {"normalize_output": normalize_output, "precision": precision, "logits_dtype": logits_dtype}
+    given = {
+        "normalize_output": normalize_output,
+        "precision": precision,
+        "logits_dtype": logits_dtype,
+        "return_lse": bool(return_lse),
+    }
     options.update({name: value for name, value in given.items() if value != XLA_ONLY_DEFAULTS[name]})
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.

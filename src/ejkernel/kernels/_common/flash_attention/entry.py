@@ -66,6 +66,7 @@ def flash_attention_xla(
     normalize_output: bool = True,
     precision=jax.lax.Precision.DEFAULT,
     logits_dtype=jnp.float32,
+    return_lse: bool = False,
 ):
     """Memory-linear flash attention in plain JAX: [B, Sq, H, D] x [B, Sk, Hkv, D] -> [B, Sq, H, Dv].
 
@@ -76,6 +77,8 @@ def flash_attention_xla(
         m_i is held constant in the gradient, as a shift should be.
       precision: matmul precision of every dot product.
       logits_dtype: accumulation dtype of Q K^T (softmax arithmetic is float32 regardless).
+      return_lse: also return the rows' log-sum-exp, float32 [B, Sq, H] (the reference's step 8),
+        differentiable (its cotangent joins the backward's row term).
     Block sizes come from `fwd_params` / `bwd_params` (the op's `FwdParams` / `BwdParams`, read for
     block_q and block_k); `bwd_params` falls back to `fwd_params`. Defaults: 1024 x 2048 forward,
     1024 x 1024 backward, halved while B * H * block_q * block_k exceeds 2**25 (forward) / 2**24
@@ -98,7 +101,8 @@ def flash_attention_xla(
         sliding_window = (int(sliding_window[0]), int(sliding_window[1]))
 
     if q_len == 0 or k_len == 0:  # nothing to attend: every row is empty
-        return jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
+        out = jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
+        return (out, jnp.full((batch, q_len, num_heads), -jnp.inf, jnp.float32)) if return_lse else out
 
     fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
     bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
@@ -115,5 +119,6 @@ def flash_attention_xla(
         bwd_blocks=bwd_blocks,
     )
     seed = jnp.asarray(dropout_seed).astype(jnp.uint32) if dropout_prob > 0.0 else None
-    out, _ = _attention(spec, query, key, value, bias, softmax_aux, q_segment_ids, kv_segment_ids, attention_mask, seed)
-    return out
+    masks = (q_segment_ids, kv_segment_ids, attention_mask)
+    out, lse = _attention(spec, query, key, value, bias, softmax_aux, *masks, seed)
+    return (out, jnp.swapaxes(lse, 1, 2)) if return_lse else out
