@@ -28,6 +28,7 @@ from harness import randn, relative_error
 from linear_attention.linear_cases import log_decay, write_strength
 from linear_attention.linear_cases import qkv as linear_qkv
 from serving_attention.paged_cases import CASES as PAGED_CASES
+from serving_attention.test_cascade_attention import case as cascade_case
 from serving_attention.test_mla_ragged_paged import make_case as mla_ragged_case
 from sparse_attention.sparse_cases import qkv as heads_first_qkv
 from state_space.state_space_cases import v1_inputs, v2_inputs
@@ -92,6 +93,7 @@ CASES = {
     "kernel_delta_attention": functools.partial(_linear, ("beta", "g_heads"), kv_heads=4),
     "lightning_attention": functools.partial(_linear, layer_idx=2, num_layers=8),
     "mean_pooling": lambda: ([randn((40, 16)), jnp.array([0, 13, 40], jnp.int32)], {}),
+    "cascade_attention": lambda: (cascade_case(), {}),
     "merge_attention_states": lambda: ([randn((40, 4, 16)), randn((40, 4)), randn((40, 4, 16)), randn((40, 4))], {}),
     "multi_latent_ragged_page_attention": lambda: (mla_ragged_case(), {}),
     "multi_latent_ragged_page_attention_v2": lambda: (mla_ragged_case(), {}),

@@ -11,6 +11,11 @@ from ejkernel.modules.operations.blocksparse_attention import (
     BlockSparseAttentionConfig,
     blocksparse_attention,
 )
+from ejkernel.modules.operations.cascade_attention import (
+    CascadeAttention,
+    CascadeAttentionConfig,
+    cascade_attention,
+)
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, GatedDeltaRuleConfig, gated_delta_rule
@@ -104,6 +109,8 @@ __all__ = [
     "AttentionConfig",
     "BlockSparseAttention",
     "BlockSparseAttentionConfig",
+    "CascadeAttention",
+    "CascadeAttentionConfig",
     "FlashAttention",
     "FlashAttentionConfig",
     "FlashMLA",
@@ -161,6 +168,7 @@ __all__ = [
     "UnifiedAttentionConfig",
     "attention",
     "blocksparse_attention",
+    "cascade_attention",
     "flash_attention",
     "flash_mla",
     "gated_delta_rule",
