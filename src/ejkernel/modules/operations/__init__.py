@@ -11,6 +11,12 @@ from ejkernel.modules.operations.blocksparse_attention import (
     BlockSparseAttentionConfig,
     blocksparse_attention,
 )
+from ejkernel.modules.operations.causal_conv1d import (
+    CausalConv1d,
+    CausalConv1dConfig,
+    causal_conv1d,
+    ragged_causal_conv1d,
+)
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, GatedDeltaRuleConfig, gated_delta_rule
@@ -94,6 +100,8 @@ __all__ = [
     "AttentionConfig",
     "BlockSparseAttention",
     "BlockSparseAttentionConfig",
+    "CausalConv1d",
+    "CausalConv1dConfig",
     "FlashAttention",
     "FlashAttentionConfig",
     "FlashMLA",
@@ -148,6 +156,7 @@ __all__ = [
     "UnifiedAttentionConfig",
     "attention",
     "blocksparse_attention",
+    "causal_conv1d",
     "flash_attention",
     "flash_mla",
     "gated_delta_rule",
@@ -164,6 +173,7 @@ __all__ = [
     "page_attention",
     "prefill_page_attention",
     "quantized_matmul",
+    "ragged_causal_conv1d",
     "ragged_decode_attention",
     "ragged_gated_delta_rule",
     "ragged_page_attention_v2",
