@@ -134,9 +134,11 @@ def _check_call(x, weight, bias, activation, cu_seqlens, conv_state, state_indic
         check_with("state_indices", state_indices, lambda xp, s: (s >= 0) & (s < rows), f"[0, {rows}) (the slots)")
         return
 
+    bounds = np.asarray(cu_seqlens)  # concrete (numpy, even inside a trace that closes over it)
+    busy = bounds[1:] > bounds[:-1]
+
     def valid(xp, slots):
-        busy = xp.asarray(cu_seqlens[1:] > cu_seqlens[:-1])
-        return ~busy | ((slots >= 0) & (slots < rows))
+        return ~xp.asarray(busy) | ((slots >= 0) & (slots < rows))
 
     check_with("state_indices", state_indices, valid, f"[0, {rows}) (the slots of conv_state) for a non-empty sequence")
 
