@@ -1,4 +1,4 @@
-"""Reference causal depthwise 1-D convolution: one sequence at a time, one output token at a time, in float32.
+"""Reference causal depthwise 1-D convolution: one sequence at a time, each token's window of W inputs, in float32.
 
 `out[t, c] = act(bias[c] + Σ_j weight[c, j] · stream[t - (W-1) + j, c])`: tap `W-1` is the current token's,
 tap 0 the one `W-1` tokens back. A sequence's stream is its history (a state `[C, Ws]`, channels first, the
@@ -23,12 +23,9 @@ def _one_sequence(x, weight, bias, history, activation):
     past = jnp.zeros((width - 1, x.shape[1]), jnp.float32) if history is None else history.T.astype(jnp.float32)
     stream = jnp.concatenate([past, x.astype(jnp.float32)])
     start = stream.shape[0] - x.shape[0] - (width - 1)  # the first output's first tap, in the stream
-    rows = []
-    for t in range(x.shape[0]):
-        window = stream[start + t : start + t + width]  # [W, C], oldest first
-        y = jnp.sum(window.T * weight.astype(jnp.float32), axis=1)
-        rows.append(y if bias is None else y + bias.astype(jnp.float32))
-    out = _activation(jnp.stack(rows), activation) if rows else jnp.zeros(x.shape, jnp.float32)
+    windows = stream[start + np.arange(x.shape[0])[:, None] + np.arange(width)]  # [L, W, C]: token t's inputs
+    y = jnp.sum(windows * weight.T.astype(jnp.float32), axis=1)
+    out = _activation(y if bias is None else y + bias.astype(jnp.float32), activation)
     new_state = None if history is None else stream[stream.shape[0] - history.shape[1] :].T
     return out, new_state
 
