@@ -42,6 +42,7 @@ CALLS = {
         )[0],
         (0, 16, 8),
     ),
+    "causal_conv1d, no tokens": (lambda: modules.causal_conv1d(randn((2, 0, 8)), randn((8, 4))), (2, 0, 8)),
     "mean_pooling, no tokens": (lambda: modules.mean_pooling(randn((2, 0, 8))), (2, 8)),
 }
 

@@ -27,6 +27,7 @@ CASES = {
     ),
     "grouped_matmul": (lambda: modules.grouped_matmul(randn((8, 4)), randn((2, 5, 3)), jnp.array([4, 4])), "rhs", "4"),
     "flash_mla": (lambda: modules.flash_mla(q, randn((2, 16)), randn((8, 1, 16)), randn((8, 1, 16))), "key_value", "2"),
+    "causal_conv1d": (lambda: modules.causal_conv1d(q[0], randn((32, 4)), randn((16,))), "bias", "channels=32"),
 }
 
 

@@ -68,6 +68,20 @@ def _ragged_gated_delta_rule():
     return [q, k, v, beta, decay, state, starts, slots], {}
 
 
+def _causal_conv1d(easydel=False):
+    """Packed prefill, decode and empty sequences on a state pool, padding tokens after them."""
+    x, weight, pool = randn((40, 16)), randn((16, 4)), randn((5, 16, 3))
+    cu, slots = jnp.array([0, 13, 14, 14, 37], jnp.int32), jnp.array([3, 0, 1, 4], jnp.int32)
+    if easydel:
+        return [x, pool, weight, cu, slots, jnp.array([1, 4, 4], jnp.int32)], {"d_conv": 4}
+    return [x, weight, randn((16,))], {
+        "activation": "silu",
+        "cu_seqlens": cu,
+        "conv_state": pool,
+        "state_indices": slots,
+    }
+
+
 def _grouped_matmul():
     return [randn((64, 24)), randn((4, 24, 40)), jnp.array([10, 0, 31, 20], jnp.int32)], {}
 
@@ -85,6 +99,7 @@ def _paged(op):
 CASES = {
     "attention": functools.partial(_attention, causal=True, dtype=jnp.float32),
     "blocksparse_attention": functools.partial(_attention, "bhsd", causal=True, sliding_window=(9, 0)),
+    "causal_conv1d": _causal_conv1d,
     "flash_attention": functools.partial(_attention, causal=True, sliding_window=(9, 0)),
     "flash_mla": lambda: (mla_inputs(), {"causal": True}),
     "gated_delta_rule": functools.partial(_linear, ("beta", "g_heads"), kv_heads=4),
@@ -99,6 +114,7 @@ CASES = {
     "multi_latent_ragged_page_attention_v2": lambda: (mla_ragged_case(), {}),
     "native_sparse_attention": _native_sparse,
     "quantized_matmul": _quantized_matmul,
+    "ragged_causal_conv1d": functools.partial(_causal_conv1d, easydel=True),
     "ragged_gated_delta_rule": _ragged_gated_delta_rule,
     "recurrent_attention": functools.partial(_linear, ("g_heads",)),
     "ring_attention": functools.partial(_attention, causal=True),

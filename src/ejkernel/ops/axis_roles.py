@@ -27,6 +27,7 @@ WHY = {
     "pages": "page tables index it globally (each shard would read the wrong pages)",
     "shared": "each value serves every head (split, most heads would read the wrong one)",
     "norm": "the gated RMS norm averages over it (each shard would normalise by its own part)",
+    "taps": "the convolution sums over its taps (each shard would see a part of each sum)",
     "packed": "quantized codes and their scales are packed along it (a split would cut words and groups)",
 }
 

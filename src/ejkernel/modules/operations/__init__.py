@@ -16,6 +16,12 @@ from ejkernel.modules.operations.cascade_attention import (
     CascadeAttentionConfig,
     cascade_attention,
 )
+from ejkernel.modules.operations.causal_conv1d import (
+    CausalConv1d,
+    CausalConv1dConfig,
+    causal_conv1d,
+    ragged_causal_conv1d,
+)
 from ejkernel.modules.operations.flash_attention import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.modules.operations.flash_mla import FlashMLA, FlashMLAConfig, flash_mla
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, GatedDeltaRuleConfig, gated_delta_rule
@@ -111,6 +117,8 @@ __all__ = [
     "BlockSparseAttentionConfig",
     "CascadeAttention",
     "CascadeAttentionConfig",
+    "CausalConv1d",
+    "CausalConv1dConfig",
     "FlashAttention",
     "FlashAttentionConfig",
     "FlashMLA",
@@ -169,6 +177,7 @@ __all__ = [
     "attention",
     "blocksparse_attention",
     "cascade_attention",
+    "causal_conv1d",
     "flash_attention",
     "flash_mla",
     "gated_delta_rule",
@@ -186,6 +195,7 @@ __all__ = [
     "page_attention",
     "prefill_page_attention",
     "quantized_matmul",
+    "ragged_causal_conv1d",
     "ragged_decode_attention",
     "ragged_gated_delta_rule",
     "ragged_page_attention_v2",
