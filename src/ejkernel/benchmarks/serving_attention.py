@@ -3,6 +3,8 @@
 Decode: `page_attention` and `unified_attention`, one query per sequence, batch 8-128, contexts 1k-32k,
 Hq=32, Hkv=8, D=128, bf16, page 16, every sequence's pages a random permutation of the cache. Mixed:
 `ragged_page_attention_v3` and `unified_attention` with decode sequences and prefill chunks in one call.
+Cascade: 64 sequences sharing an 8192-token prompt with 512 tokens each of their own, `cascade_attention`
+beside `page_attention` over each whole context (`speedup_vs_whole`).
 Achieved bandwidth = (bytes of K/V read + queries + output) / time, beside a copy `x + 1` of 2 GiB
 (bytes read + written) and XLA's time measured in the same run. Each implementation is timed as the
 registry gives it (its own default tiling), and `auto` through the public op, as users call it: under
@@ -22,14 +24,15 @@ from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.registry import kernel_registry
 
-OPS = ("page_attention", "unified_attention", "ragged_page_attention_v3")
+OPS = ("page_attention", "unified_attention", "ragged_page_attention_v3", "cascade_attention")
 """The ops this benchmark times (`ejkernel bench <op>` runs it)."""
 
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 DECODE = [(b, c) for b in (8, 32, 64, 128) for c in (1024, 4096, 8192, 32768)]
 # (decode sequences, their context, prefill chunks, chunk length, prefill context)
 MIXED = [(60, 4096, 4, 512, 2048), (24, 8192, 8, 1024, 4096)]
-QUICK = dict(heads=4, kv_heads=2, dim=32, page=16, decode=[(2, 64)], mixed=[(2, 64, 1, 16, 32)])
+CASCADE = (64, 8192, 512)  # sequences, shared prefix, own tokens each
+QUICK = dict(heads=4, kv_heads=2, dim=32, page=16, decode=[(2, 64)], mixed=[(2, 64, 1, 16, 32)], cascade=(2, 64, 16))
 COPY_BYTES = 2 * 2**30
 
 
@@ -112,6 +115,42 @@ def _measure(op, label, args, nbytes, repeats, copy_bw, where):
     return rows
 
 
+def _cascade(batch, prefix, own, *, heads, kv_heads, dim, page, repeats, copy_bw):
+    """Decode of `batch` sequences sharing a `prefix`-token prompt, `own` tokens each: `cascade_attention` beside
+    `page_attention` over each whole context, whose tables share the prompt's pages (as a serving engine's do).
+    Bytes: the prompt's keys and values once plus every sequence's own, and the queries in and out."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(1), 4))
+    normal = lambda shape: jax.random.normal(next(keys), shape, jnp.bfloat16)
+    shared, own_pages = prefix // page, -(-own // page)
+    caches = [normal((shared + batch * own_pages, kv_heads, page, dim)) for _ in range(2)]
+    own_tables = shared + jnp.arange(batch * own_pages, dtype=jnp.int32).reshape(batch, own_pages)
+    whole_tables = jnp.concatenate(
+        [jnp.broadcast_to(jnp.arange(shared, dtype=jnp.int32), (batch, shared)), own_tables], 1
+    )
+    prompt = [jnp.swapaxes(c[:shared], 1, 2).reshape(prefix, kv_heads, dim) for c in caches]  # the shared pages
+    q = normal((batch, heads, dim))
+    lens = jnp.full((batch,), own, jnp.int32)
+    calls = {
+        "cascade_attention": lambda: functools.partial(
+            jax.jit(ejkernel.modules.cascade_attention), q, *prompt, *caches, lens, own_tables
+        ),
+        "page_attention whole": lambda: functools.partial(
+            jax.jit(ejkernel.modules.page_attention), q, *caches, lens + prefix, whole_tables
+        ),
+    }
+    timings = time_variants(calls, repeats=repeats, where="cascade")
+    nbytes = 2 * (prefix + batch * own) * kv_heads * dim * 2 + 2 * batch * heads * dim * 2
+    label = f"cascade {batch}x({prefix} shared + {own})"
+    rows = []
+    for name, seconds in timings.items():
+        row = dict(op=name.split()[0], case=label, platform="auto", ms=1e3 * seconds, TBps=nbytes / seconds / 1e12)
+        row["ratio_to_copy"] = nbytes / seconds / copy_bw
+        if "page_attention whole" in timings:
+            row["speedup_vs_whole"] = timings["page_attention whole"] / seconds
+        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--batches", help="decode batch sizes to run, comma-separated (default: all of the bench)")
@@ -123,6 +162,7 @@ def main(argv=None) -> None:
         if chosen:
             decode = [case for case in decode if str(case[index]) in chosen.split(",")]
     mixed = sizes.pop("mixed", MIXED)
+    cascade = sizes.pop("cascade", CASCADE)
     x = jnp.zeros(((2**20 if args.quick else COPY_BYTES) // 2,), jnp.bfloat16)
     copy = time_variants(
         {"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}, repeats=args.repeats, where=""
@@ -142,7 +182,8 @@ def main(argv=None) -> None:
         for op in ("ragged_page_attention_v3", "unified_attention"):
             problem, nbytes = make_problem(op, q_lens, kv_lens, **sizes)
             rows += _measure(op, label, problem, nbytes, args.repeats, copy_bw, "")
-    columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "speedup_vs_xla"]
+    rows += _cascade(*cascade, **sizes, repeats=args.repeats, copy_bw=copy_bw)
+    columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "speedup_vs_xla", "speedup_vs_whole"]
     print_table(rows, columns)
 
     def plot(ax, rows):
