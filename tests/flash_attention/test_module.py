@@ -213,7 +213,7 @@ def test_huge_windows_reach_every_backend_clamped_to_the_lengths(monkeypatch):
     xla = kernel_registry.get("flash_attention", "xla")
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["sliding_window"])
+        seen.append(kwargs["call"].sliding_window)  # the AttentionCall
         return xla(*args, **kwargs)
 
     spy_impl = Implementation("flash_attention", Platform.XLA, Backend.ANY, 1000, spy)

@@ -13,6 +13,7 @@ import pytest
 from jax import export
 
 from ejkernel.benchmarks.flash_attention import kernels_called
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     exp2_unless_empty,
     flash_attention_mosaic_gpu,
@@ -144,9 +145,9 @@ def test_exp2_on_fma_units_matches_exp2():
 def test_declines_what_it_cannot_serve():
     q = jnp.ones((1, 128, 2, 128), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attention_mosaic_gpu(q, q, q, softmax_scale=1.0, dropout_prob=0.1, dropout_seed=1)
+        flash_attention_mosaic_gpu(q, q, q, None, None, AttentionCall.of(q, dropout_prob=0.1, dropout_seed=1))
     with pytest.raises(NotImplementedError, match="Hopper"):
-        flash_attention_mosaic_gpu(q, q, q, softmax_scale=1.0)
+        flash_attention_mosaic_gpu(q, q, q, None, None, AttentionCall(softmax_scale=1.0))
     with pytest.raises(NotImplementedError, match="head dims"):
         mosaic_attention(q[..., :96], q[..., :96], q[..., :96], softmax_scale=1.0, causal=False, sliding_window=None)
     with pytest.raises(NotImplementedError, match="float32"):

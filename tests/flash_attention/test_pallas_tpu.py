@@ -16,6 +16,8 @@ import pytest
 
 from attention_cases import run_attention_case, segments
 from ejkernel import Backend, Platform, kernel_registry
+from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._pallas.tpu.flash_attention import flash_attention as tpu  # the keyword form
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
     TpuFlashStatic,
     block_state,
@@ -25,7 +27,7 @@ from ejkernel.kernels._pallas.tpu.flash_attention._fwd import (
 from ejkernel.kernels._pallas.tpu.flash_attention._interface import flash_attention_tpu
 from ejkernel.ops.config import BwdParams, FwdParams
 
-run_case = functools.partial(run_attention_case, flash_attention_tpu, heads=2, kv_heads=1)
+run_case = functools.partial(run_attention_case, tpu, heads=2, kv_heads=1)
 
 
 @pytest.mark.parametrize(
@@ -174,21 +176,21 @@ def test_registered_for_tpu_only():
 def test_refuses_what_it_cannot_serve():
     q = jnp.zeros((1, 8, 2, 32), jnp.float32)
     with pytest.raises(NotImplementedError):  # mixed dtypes
-        flash_attention_tpu(q, q, q.astype(jnp.bfloat16), softmax_scale=1.0)
+        tpu(q, q, q.astype(jnp.bfloat16), softmax_scale=1.0)
     half = q.astype(jnp.float16)
     with pytest.raises(NotImplementedError):  # no float16 on TPU
-        flash_attention_tpu(half, half, half, softmax_scale=1.0)
+        tpu(half, half, half, softmax_scale=1.0)
     big = jnp.zeros((1, 8, 2, 512), jnp.float32)
     with pytest.raises(NotImplementedError):
-        flash_attention_tpu(big, big, big, softmax_scale=1.0)
+        tpu(big, big, big, softmax_scale=1.0)
     with pytest.raises(NotImplementedError):
-        flash_attention_tpu(q, q, q, softmax_scale=1.0, fwd_params=FwdParams(block_q=4))
+        tpu(q, q, q, softmax_scale=1.0, fwd_params=FwdParams(block_q=4))
     long = jnp.zeros((1, 1000, 1, 32), jnp.float32)
     with pytest.raises(NotImplementedError):  # compiled for a TPU, 32-wide key tiles break the lane tiling
-        flash_attention_tpu(long, long, long, softmax_scale=1.0, fwd_params=FwdParams(32, 32), interpret=False)
+        tpu(long, long, long, softmax_scale=1.0, fwd_params=FwdParams(32, 32), interpret=False)
     with pytest.raises(NotImplementedError):
-        flash_attention_tpu(q, q, q, softmax_scale=1.0, bias=jnp.zeros((1, 2, 8, 8), jnp.float16))
+        tpu(q, q, q, softmax_scale=1.0, bias=jnp.zeros((1, 2, 8, 8), jnp.float16))
     with pytest.raises(ValueError):
-        flash_attention_tpu(q, jnp.zeros((1, 8, 3, 32)), jnp.zeros((1, 8, 3, 32)), softmax_scale=1.0)
-    with pytest.raises(ValueError):
-        flash_attention_tpu(q, q, q, softmax_scale=1.0, dropout_prob=0.1)
+        tpu(q, jnp.zeros((1, 8, 3, 32)), jnp.zeros((1, 8, 3, 32)), softmax_scale=1.0)
+    with pytest.raises(ValueError):  # a call built field by field: a rate without a seed
+        flash_attention_tpu(q, q, q, None, None, AttentionCall(softmax_scale=1.0, dropout_prob=0.1))

@@ -11,14 +11,16 @@ import jax.numpy as jnp
 import pytest
 
 from attention_cases import SMALL, run_attention_case, segments
+from ejkernel.kernels._common.attention import public_defaults
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._triton.flash_attention import _interface
 from ejkernel.ops.config import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
 
 # Off a GPU the kernels run only when interpretation is asked for (the lowering tests below ask for none).
-flash_attention_triton = functools.partial(_interface.flash_attention_triton, interpret=True)
-plan = functools.partial(_interface.plan, interpret=True)
+flash_attention_triton = functools.partial(public_defaults(_interface.flash_attention_triton), interpret=True)
+plan = functools.partial(public_defaults(_interface.plan), interpret=True)  # the keyword form
 run_case = functools.partial(run_attention_case, flash_attention_triton, heads=4, kv_heads=2)
 
 
@@ -185,8 +187,8 @@ def test_refuses_what_it_cannot_serve():
         flash_attention_triton(wide, wide, wide, softmax_scale=1.0, fwd_params=FwdParams(256, 256, num_stages=4))
     with pytest.raises(ValueError):
         flash_attention_triton(q, jnp.zeros((1, 8, 3, 32)), jnp.zeros((1, 8, 3, 32)), softmax_scale=1.0)
-    with pytest.raises(ValueError):
-        flash_attention_triton(q, q, q, softmax_scale=1.0, dropout_prob=0.1)
+    with pytest.raises(ValueError):  # a call built field by field: a rate without a seed
+        flash_attention_triton(q, q, q, None, None, AttentionCall(softmax_scale=1.0, dropout_prob=0.1))
 
 
 @pytest.mark.gpu
@@ -229,7 +231,9 @@ def test_forward_and_backward_lower_for_cuda(cuda_lowering, logits):
         extra, kw = (randn((1, 4, 256, 256), jnp.bfloat16), randn((4,))), dict(logits_soft_cap=20.0)
 
     def fn(q, k, v):
-        return _interface.flash_attention_triton(q, k, v, *extra, softmax_scale=0.125, interpret=False, **kw)
+        return public_defaults(_interface.flash_attention_triton)(
+            q, k, v, *extra, softmax_scale=0.125, interpret=False, **kw
+        )
 
     train = lambda *a: jax.vjp(fn, *a)[1](fn(*a))
     text = jax.jit(train).trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()

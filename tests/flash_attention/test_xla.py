@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
+from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._xla.flash_attention import flash_attention as flash_attention_xla  # keyword form
 from ejkernel.ops.config import BwdParams, FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
@@ -237,8 +238,8 @@ def test_bad_arguments():
     q, k, v = _inputs()
     with pytest.raises(ValueError, match="multiple"):
         flash_attention_xla(q[:, :, :3], k, v, softmax_scale=1.0)
-    with pytest.raises(ValueError, match="seed"):
-        flash_attention_xla(q, k, v, softmax_scale=1.0, dropout_prob=0.1)
+    with pytest.raises(ValueError, match="seed"):  # a call built field by field is checked too
+        flash_attention_xla(q, k, v, None, None, AttentionCall(softmax_scale=1.0, dropout_prob=0.1))
     with pytest.raises(ValueError, match="together"):
         flash_attention_xla(q, k, v, softmax_scale=1.0, q_segment_ids=jnp.zeros((B, SQ), jnp.int32))
     with pytest.raises(ValueError, match="bias"):

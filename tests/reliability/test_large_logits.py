@@ -18,7 +18,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from attention_cases import SMALL
-from ejkernel.kernels._triton.flash_attention._interface import flash_attention_triton
+from ejkernel.kernels._triton.flash_attention import flash_attention as flash_attention_triton  # keyword form
 from ejkernel.kernels._triton.ring_attention._interface import ring_attention_triton
 
 B, S, H, HKV, D = 1, 64, 2, 1, 32

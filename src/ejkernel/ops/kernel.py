@@ -80,8 +80,16 @@ class Invocation:
 
     @property
     def signature(self) -> str:
-        """Shapes, dtypes, options and mode: calls with equal signatures can share a config."""
-        described = {"args": _describe(self.args), "kwargs": _describe(self.kwargs), "platform": self.platform}
+        """Shapes, dtypes, options and mode: calls with equal signatures can share a config.
+
+        A keyword value with an `invocation_options()` method (an op's call object, such as attention's
+        `AttentionCall`) is described as the keyword options it stands for, each by its own name.
+        """
+        options: dict[str, Any] = {}
+        for name, value in self.kwargs.items():
+            expand = getattr(value, "invocation_options", None)
+            options.update(expand() if callable(expand) else {name: value})
+        described = {"args": _describe(self.args), "kwargs": _describe(options), "platform": self.platform}
         if self.mode is not None:
             described["mode"] = self.mode
         return json.dumps(described, sort_keys=True, separators=(",", ":"))

@@ -4,7 +4,7 @@ Argument checks of the canonical contract, padding helpers, the bookkeeping of w
 operands a call has, the custom-VJP wiring of a padded `forward` / `backward` pair, and the one
 piece of kernel math every forward ends with (`join_sink`). Kept in one place so the Pallas-Triton,
 Mosaic GPU, Pallas TPU and XLA implementations refuse the same calls with the same words; each
-implementation still spells out its own public signature.
+implementation takes the call's options as one `AttentionCall` (`attention_call.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
+from ejkernel.kernels._common.attention_call import OPTION_NAMES, AttentionCall
 from ejkernel.types.windows import window_pair
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x · LOG2E): the kernels' logits are in base 2
@@ -50,6 +50,12 @@ def decline(who: str, used: dict[str, bool]) -> None:
     names = [name for name, is_used in used.items() if is_used]
     if names:
         raise NotImplementedError(f"{who} does not support {', '.join(names)}")
+
+
+def decline_call(who: str, call: AttentionCall, *, serves: tuple[str, ...] = (), **operands: bool) -> None:
+    """`decline` naming the operands given (`bias=True`, ...) and every feature of `call` (`AttentionCall.used`)
+    that implementation `who` does not list in `serves`."""
+    decline(who, {**operands, **{name: used for name, used in call.used().items() if name not in serves}})
 
 
 def check_dropout(dropout_prob, dropout_seed):
@@ -110,26 +116,22 @@ def check_options(
     seq_broadcast: bool = True,
     bias,
     softmax_aux,
-    q_segment_ids,
-    kv_segment_ids,
-    attention_mask,
-    dropout_prob,
-    dropout_seed,
-    logits_soft_cap,
+    call: AttentionCall,
 ):
-    """Checks the optional operands and options of the canonical contract for kernel implementation `who`.
+    """Checks the optional operands and the options (`call`) of the canonical contract for kernel
+    implementation `who`.
 
     `dtypes` are the bias dtypes taken; `sink_dtypes` those of the sinks (None: any float).
     `seq_broadcast` lets bias / mask broadcast over their query and key axes too.
     """
-    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
+    check_segments(call.q_segment_ids, call.kv_segment_ids, batch, q_len, kv_len)
     if bias is not None:
         check_broadcastable("bias", bias, batch, num_heads, q_len, kv_len, seq_broadcast=seq_broadcast)
         if jnp.dtype(bias.dtype) not in dtypes:
             raise NotImplementedError(f"{who} takes a {_dtype_names(dtypes)} bias, got {bias.dtype}")
-    if attention_mask is not None:
+    if call.attention_mask is not None:
         check_broadcastable(
-            "attention_mask", attention_mask, batch, num_heads, q_len, kv_len, seq_broadcast=seq_broadcast
+            "attention_mask", call.attention_mask, batch, num_heads, q_len, kv_len, seq_broadcast=seq_broadcast
         )
     if softmax_aux is not None:
         if softmax_aux.ndim != 1 or softmax_aux.shape[0] == 0:
@@ -140,9 +142,14 @@ def check_options(
             float_sinks = jnp.dtype(softmax_aux.dtype) in sink_dtypes
         if not float_sinks:
             raise NotImplementedError(f"{who} takes float sinks, got {softmax_aux.dtype}")
-    check_dropout(dropout_prob, dropout_seed)
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
+    check_call(call)
+
+
+def check_call(call: AttentionCall) -> None:
+    """What `AttentionCall.of` guarantees, checked again for a call built field by field."""
+    check_dropout(call.dropout_prob, call.dropout_seed)
+    if call.logits_soft_cap is not None and not call.logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {call.logits_soft_cap}")
 
 
 def bounded_soft_cap(soft_cap: float | None, dtype, kv_len: int) -> bool:
@@ -191,29 +198,45 @@ def canonical_sinks(softmax_aux, num_heads: int, name: str = "softmax_aux"):
 def public_defaults(impl):
     """An attention implementation callable as users call it: `kernel_registry.get(...)(q, k, v, causal=True)`.
 
-    Fills what the public functions normally resolve before calling an implementation: the default
-    `softmax_scale` (1/sqrt(head dim)), an int `sliding_window` w as (w, w), the default dropout seed,
-    and several sinks per head folded to one (`canonical_sinks`). Canonical calls pass through unchanged.
+    `impl` takes the canonical call `(query, key, value, bias, softmax_aux, call)`. Called with the
+    contract's keyword options instead of `call` (upstream's form), the wrapper builds the `AttentionCall`
+    from them (`AttentionCall.of`: default scale, int window as a pair, default dropout seed); several sinks
+    per head are folded to one (`canonical_sinks`). Other keywords (tilings, an implementation's extras)
+    pass through.
     """
-    signature = inspect.signature(impl)
-    takes = signature.parameters
 
     @functools.wraps(impl)
-    def call(*args, **kwargs):
+    def wrapped(query, key, value, bias=None, softmax_aux=None, call=None, **kwargs):
+        options = {name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs}
+        if call is None:
+            call = AttentionCall.of(query, **options)
+        elif options:
+            raise TypeError(f"pass either call= or its options, not both (got {', '.join(options)})")
+        if softmax_aux is not None:
+            softmax_aux = canonical_sinks(softmax_aux, query.shape[2])
+        return impl(query, key, value, bias, softmax_aux, call, **kwargs)
+
+    return wrapped
+
+
+def keyword_defaults(impl):
+    """`attention`'s implementation callable as users call it: fills the default `softmax_scale` (1/sqrt(head
+    dim)), an int `sliding_window` w as (w, w), and several sinks per head folded to one."""
+    signature = inspect.signature(impl)
+
+    @functools.wraps(impl)
+    def wrapped(*args, **kwargs):
         bound = signature.bind_partial(*args, **kwargs)
         given = bound.arguments
-        query = given["query"]
-        if "softmax_scale" in takes and given.get("softmax_scale") is None:
-            given["softmax_scale"] = query.shape[-1] ** -0.5
+        if given.get("softmax_scale") is None:
+            given["softmax_scale"] = given["query"].shape[-1] ** -0.5
         if given.get("sliding_window") is not None:
             given["sliding_window"] = window_pair(given["sliding_window"], "sliding_window")
-        if "dropout_seed" in takes and given.get("dropout_prob", 0.0) > 0.0 and given.get("dropout_seed") is None:
-            given["dropout_seed"] = jnp.uint32(DEFAULT_DROPOUT_SEED)
         if given.get("softmax_aux") is not None:
-            given["softmax_aux"] = canonical_sinks(given["softmax_aux"], query.shape[2])
+            given["softmax_aux"] = canonical_sinks(given["softmax_aux"], given["query"].shape[2])
         return impl(*bound.args, **bound.kwargs)
 
-    return call
+    return wrapped
 
 
 # ---- operand preparation (plain jnp outside the kernels) ----

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.bounds import check_packed, clamp_packed
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.types.windows import window_pair
@@ -117,7 +118,7 @@ class MlaCall:
     """A checked call: its sizes and the canonical options of the attention over the latent rows."""
 
     dims: MlaDims
-    attention: dict
+    attention: AttentionCall
 
 
 def canonical_call(
@@ -141,7 +142,7 @@ def canonical_call(
     sliding_window=None,
     softmax_dtype=None,
 ) -> MlaCall:
-    """Checks a call of the public contract and turns its options into flash attention's canonical keywords.
+    """Checks a call of the public contract and turns its options into flash attention's `AttentionCall`.
 
     The default scale is `1 / sqrt(d_nope + d_rope)` (the head dim of the decompressed scores);
     `cu_seqlens` becomes segment ids (tokens past its last bound are padding, with zero output; traced
@@ -189,15 +190,15 @@ def canonical_call(
         softmax_scale = (dims.nope_dim + dims.rope_dim) ** -0.5
     window = None if sliding_window is None else window_pair(sliding_window, "sliding_window")
     seed = jax.random.bits(dropout_rng, dtype=jnp.uint32) if dropout else None
-    attention = dict(
-        q_segment_ids=q_seg,
-        kv_segment_ids=kv_seg,
-        attention_mask=None if attention_mask is None else attention_mask.astype(bool),
+    attention = AttentionCall(
         softmax_scale=float(softmax_scale),
         causal=bool(causal),
         sliding_window=window,
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         dropout_prob=float(dropout_prob) if dropout else 0.0,
+        q_segment_ids=q_seg,
+        kv_segment_ids=kv_seg,
+        attention_mask=None if attention_mask is None else attention_mask.astype(bool),
         dropout_seed=seed,
     )
     return MlaCall(dims, attention)
@@ -237,7 +238,7 @@ def absorbed_attention(
     """`[B, Sq, Hq, Dv]` (semantics and options: `flash_mla_reference`) in the absorbed form over `attention`.
 
     `attention` is a flash attention called as `flash_attention_xla` is (`query, key, value, bias,
-    softmax_aux`, the canonical keywords, `fwd_params` / `bwd_params`); its tiles come from `cfg`. All
+    softmax_aux, call`, `fwd_params` / `bwd_params`); its tiles come from `cfg`. All
     query heads attend, as one multi-query group, to the latent rows; per-head keys and values are never
     built, and gradients reach every input through `attention`'s VJP and plain autodiff of the folds.
     """
@@ -248,8 +249,8 @@ def absorbed_attention(
         key_value[:, :, None],
         options.get("bias"),
         options.get("softmax_aux"),
+        call.attention,
         fwd_params=getattr(cfg, "fwd_params", None),
         bwd_params=getattr(cfg, "bwd_params", None),
-        **call.attention,
     )
     return expand_values(latent_out, w_vc, call.dims, query.dtype)

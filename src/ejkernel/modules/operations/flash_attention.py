@@ -15,7 +15,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.attention import canonical_sinks, check_seed
+from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.attention_call import OPTION_NAMES, AttentionCall
 from ejkernel.kernels._common.bounds import padded_lengths
 from ejkernel.kernels._common.checks import check_values, is_traced, require_int
 from ejkernel.modules.operations._attention_args import (
@@ -28,7 +29,6 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
-from ejkernel.reference.dropout import DEFAULT_DROPOUT_SEED
 from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import clamp_window, intersect_windows
@@ -82,8 +82,9 @@ class FlashAttentionConfig(KernelConfig):
 class FlashAttention(Kernel):
     """The `Kernel` the executor runs for `flash_attention` (op id `"flash_attention"`).
 
-    It takes the canonical call `(query, key, value, bias, softmax_aux)` with the options `flash_attention`
-    resolved (segment ids, `(left, right)` window, scale); call `flash_attention` rather than this class.
+    It takes the canonical call `(query, key, value, bias, softmax_aux, call=AttentionCall)`, the options
+    `flash_attention` resolved into one value (segment ids, `(left, right)` window, scale); call
+    `flash_attention` rather than this class.
     Differentiated calls get a config of their own (autotuning times forward + backward); on GPUs the
     candidates add Triton and Mosaic GPU tilings to each implementation's defaults. Implementations other
     than XLA decline `normalize_output`, `precision`, `logits_dtype` and `return_lse` values other than the
@@ -98,6 +99,8 @@ class FlashAttention(Kernel):
             # The public function passes these options only when they differ from the defaults.
             for name in XLA_ONLY_DEFAULTS.keys() & kwargs.keys():
                 raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the xla platform only")
+        # `call=` (from `flash_attention`), or upstream's raw keyword options, which the implementations'
+        # `public_defaults` turn into an `AttentionCall`.
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
 
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
@@ -139,23 +142,30 @@ class FlashAttention(Kernel):
                     "would attend only to its local keys; use ring_attention (sequence parallelism over a mesh "
                     "axis) instead, or leave the key/value sequence unsharded"
                 )
-        if q_spec[1] is not None and (kwargs.get("causal") or kwargs.get("sliding_window") is not None):
+        call = kwargs.get("call")
+        if call is None:  # upstream's raw keyword options, passed to the executor directly
+            raw = {name: kwargs[name] for name in OPTION_NAMES if name in kwargs and name != "softmax_scale"}
+            call = AttentionCall(softmax_scale=1.0, **raw)
+        if q_spec[1] is not None and (call.causal or call.sliding_window is not None):
             raise ValueError(
                 f"flash_attention: in_specs shard the query sequence axis over {q_spec[1]!r} together with a causal "
                 "or sliding-window mask, which would compare shard-local positions; use ring_attention instead"
             )
-        specs = {}
-        if kwargs.get("q_segment_ids") is not None:
-            specs["q_segment_ids"] = PartitionSpec(q_spec[0], q_spec[1])
-            specs["kv_segment_ids"] = PartitionSpec(k_spec[0], k_spec[1])
-        if kwargs.get("attention_mask") is not None:
-            specs["attention_mask"] = dense_mask_spec(kwargs["attention_mask"], q_spec, k_spec)
-        if kwargs.get("dropout_seed") is not None:  # masks are drawn from shard-local indices
+        if call.dropout_seed is not None:  # masks are drawn from shard-local indices
             raise NotImplementedError(
                 "flash_attention: dropout with mesh= would draw the same mask on every shard; "
                 "call it without mesh= inside your own shard_map with a seed per shard"
             )
-        return specs
+        specs = {}
+        if call.segments:
+            specs["q_segment_ids"] = PartitionSpec(q_spec[0], q_spec[1])
+            specs["kv_segment_ids"] = PartitionSpec(k_spec[0], k_spec[1])
+        if call.attention_mask is not None:
+            specs["attention_mask"] = dense_mask_spec(call.attention_mask, q_spec, k_spec)
+        # The call's arrays are laid out by a tree of its own shape (same statics), specs in their places.
+        if "call" not in kwargs:
+            return specs
+        return {"call": call.replace(**specs)} if specs else {}
 
 
 def _mosaic_gpu_cfgs(head_dim: int):
@@ -332,15 +342,6 @@ def flash_attention(
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2]:
         raise ValueError(f"key and value must be [batch={batch}, seq_k, kv_heads, dim], got {key.shape}, {value.shape}")
     kv_len = key.shape[1]
-    if not 0.0 <= dropout_prob < 1.0:
-        raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
-    if dropout_prob > 0.0 and dropout_seed is None:
-        dropout_seed = DEFAULT_DROPOUT_SEED
-    check_seed(dropout_seed)
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
-    if softmax_scale is None:
-        softmax_scale = query.shape[-1] ** -0.5
     bias = check_bias(bias, batch, num_heads, q_len, kv_len)
     softmax_aux = canonical_sinks(softmax_aux, num_heads)
 
@@ -362,17 +363,20 @@ def flash_attention(
         q_seg = jnp.zeros((batch, q_len), jnp.int32) if q_seg is None else q_seg
         kv_seg = jnp.zeros((batch, kv_len), jnp.int32) if kv_seg is None else kv_seg
 
-    options = dict(
+    # The one canonical call every implementation receives (checked and resolved here, once).
+    call = AttentionCall.of(
+        query,
         q_segment_ids=q_seg,
         kv_segment_ids=kv_seg,
         attention_mask=attention_mask,
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
+        softmax_scale=softmax_scale,
+        causal=causal,
         sliding_window=clamp_window(window, q_len + kv_len),
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        dropout_prob=float(dropout_prob),
-        dropout_seed=None if dropout_prob == 0.0 else jnp.asarray(dropout_seed).astype(jnp.uint32),
+        logits_soft_cap=logits_soft_cap,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
     )
+    options: dict[str, Any] = {"call": call}
     given = {
         "normalize_output": normalize_output,
         "precision": precision,

@@ -239,7 +239,7 @@ def flash_mla(
         softmax_dtype=softmax_dtype,
     )
     call = canonical_call(query, key_value, w_kc, w_vc, b_q, b_k, cu_seqlens, **options)  # checks everything
-    options["softmax_scale"] = call.attention["softmax_scale"]
+    options["softmax_scale"] = call.attention.softmax_scale
     if softmax_aux is not None and softmax_aux.shape[0] not in (1, heads):
         # A shared list reaches each denominator only through its log-sum-exp: one shared logit, so that
         # under `mesh=` sinks are either per head (split with the heads) or one logit (replicated).

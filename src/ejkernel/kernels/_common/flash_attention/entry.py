@@ -14,7 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import check_broadcastable, check_dropout, check_qkv, check_segments
+from ejkernel.kernels._common.attention import check_broadcastable, check_call, check_qkv, check_segments
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.vma import sum_to_vma
 
 from .backward import attention_backward
@@ -49,18 +50,10 @@ def flash_attention_xla(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params=None,
     bwd_params=None,
     normalize_output: bool = True,
@@ -70,8 +63,8 @@ def flash_attention_xla(
 ):
     """Memory-linear flash attention in plain JAX: [B, Sq, H, D] x [B, Sk, Hkv, D] -> [B, Sq, H, Dv].
 
-    Follows the canonical contract (see `flash_attention_reference` for the exact semantics).
-    Extra keyword-only options:
+    Follows the canonical contract (see `flash_attention_reference` for the exact semantics); the options
+    come as one `AttentionCall`. Extra keyword-only options:
       normalize_output: False returns sum_j exp(s_ij - m_i) v_j without dividing by the softmax
         denominator (m_i the row max including sinks; 0 for empty rows). Still differentiable;
         m_i is held constant in the gradient, as a shift should be.
@@ -87,18 +80,17 @@ def flash_attention_xla(
     batch, q_len, k_len, num_heads, *_ = check_qkv(
         query, key, value, who="xla flash_attention", dtypes=FLOAT_DTYPES, max_head_dim=2**31 - 1
     )
-    check_segments(q_segment_ids, kv_segment_ids, batch, q_len, k_len)
-    check_dropout(dropout_prob, dropout_seed)
+    check_segments(call.q_segment_ids, call.kv_segment_ids, batch, q_len, k_len)
+    check_call(call)
     if softmax_aux is not None and softmax_aux.ndim != 1:
         raise ValueError(f"softmax_aux must be 1-D, got shape {softmax_aux.shape}")
     if bias is not None:
         check_broadcastable("bias", bias, batch, num_heads, q_len, k_len)
         bias = jnp.broadcast_to(bias, (*bias.shape[:2], q_len, k_len))
+    attention_mask = call.attention_mask
     if attention_mask is not None:
         check_broadcastable("attention_mask", attention_mask, batch, num_heads, q_len, k_len)
         attention_mask = jnp.broadcast_to(attention_mask.astype(bool), (*attention_mask.shape[:2], q_len, k_len))
-    if sliding_window is not None:
-        sliding_window = (int(sliding_window[0]), int(sliding_window[1]))
 
     if q_len == 0 or k_len == 0:  # nothing to attend: every row is empty
         out = jnp.zeros((batch, q_len, num_heads, value.shape[-1]), query.dtype)
@@ -107,18 +99,18 @@ def flash_attention_xla(
     fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
     bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
     spec = AttentionSpec(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
-        sliding_window=sliding_window,
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        dropout_prob=float(dropout_prob),
+        softmax_scale=call.softmax_scale,
+        causal=call.causal,
+        sliding_window=call.sliding_window,
+        logits_soft_cap=call.logits_soft_cap,
+        dropout_prob=call.dropout_prob,
         normalize_output=bool(normalize_output),
         precision=precision,
         logits_dtype=jnp.dtype(logits_dtype),
         fwd_blocks=fwd_blocks,
         bwd_blocks=bwd_blocks,
     )
-    seed = jnp.asarray(dropout_seed).astype(jnp.uint32) if dropout_prob > 0.0 else None
-    masks = (q_segment_ids, kv_segment_ids, attention_mask)
+    seed = jnp.asarray(call.dropout_seed).astype(jnp.uint32) if call.dropout_prob > 0.0 else None
+    masks = (call.q_segment_ids, call.kv_segment_ids, attention_mask)
     out, lse = _attention(spec, query, key, value, bias, softmax_aux, *masks, seed)
     return (out, jnp.swapaxes(lse, 1, 2)) if return_lse else out

@@ -9,39 +9,30 @@ automatic selection moves on to our own kernels.
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.attention import decline_call
+from ejkernel.kernels._common.attention_call import AttentionCall
 
 
 def flash_attention_cudnn(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window=None,
-    logits_soft_cap=None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params=None,
     bwd_params=None,
 ):
-    decline(
+    """The canonical call (options in `call`) on cuDNN, for what cuDNN serves; the tilings are not used."""
+    decline_call(
         "cuDNN route",
-        {
-            "bias": bias is not None,
-            "softmax_aux": softmax_aux is not None,
-            "segment ids": q_segment_ids is not None,
-            "attention_mask": attention_mask is not None,
-            "logits_soft_cap": logits_soft_cap is not None,
-            "dropout": dropout_prob > 0.0,
-        },
+        call,
+        serves=("causal", "sliding_window"),
+        bias=bias is not None,
+        softmax_aux=softmax_aux is not None,
     )
+    causal, sliding_window = call.causal, call.sliding_window
     if query.dtype not in (jnp.bfloat16, jnp.float16):
         raise NotImplementedError(f"cuDNN attention needs bfloat16/float16, got {query.dtype}")
     head_dim = query.shape[-1]
@@ -62,7 +53,7 @@ def flash_attention_cudnn(
         query,
         key,
         value,
-        scale=softmax_scale,
+        scale=call.softmax_scale,
         is_causal=causal or (window is not None),
         local_window_size=window,
         implementation="cudnn",

@@ -27,6 +27,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.flash_attention._bwd import backward
 from ejkernel.kernels._triton.flash_attention._fwd import TritonFlashStatic, TritonFlashTiling, forward
@@ -120,18 +121,10 @@ def plan(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
     interpret: bool | None = None,
@@ -159,16 +152,9 @@ def plan(
         seq_broadcast=False,  # the kernels read bias / mask tiles as they are
         bias=bias,
         softmax_aux=softmax_aux,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        attention_mask=attention_mask,
-        dropout_prob=dropout_prob,
-        dropout_seed=dropout_seed,
-        logits_soft_cap=logits_soft_cap,
+        call=call,
     )
-    window = None
-    if sliding_window is not None:
-        window = (int(sliding_window[0]), int(sliding_window[1]))
+    window, logits_soft_cap, attention_mask = call.sliding_window, call.logits_soft_cap, call.attention_mask
 
     sizes = dict(
         head_dim=max(MIN_BLOCK, pl.next_power_of_2(head_dim)),
@@ -181,11 +167,11 @@ def plan(
     bwd = _tiling(bwd_params, default_bwd_tiling(widest), q_len, kv_len, (False, True), **sizes)
     interpret = resolve_interpret(interpret, WHO)
     st = TritonFlashStatic(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
+        softmax_scale=call.softmax_scale,
+        causal=call.causal,
         window=window,
-        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        dropout_prob=float(dropout_prob),
+        soft_cap=logits_soft_cap,
+        dropout_prob=call.dropout_prob,
         q_len=q_len,
         kv_len=kv_len,
         num_heads=num_heads,
@@ -201,7 +187,7 @@ def plan(
         # an empty row would send every program to the redo.
         checked_zero_offset=logits_soft_cap is None
         and bias is None
-        and q_segment_ids is None
+        and not call.segments
         and attention_mask is None
         and (window is None or q_len <= kv_len)
         and checked_zero_offset(query.dtype, kv_len),
@@ -220,13 +206,13 @@ def plan(
     if attention_mask is not None:
         mask = pad_axes(jnp.asarray(attention_mask, jnp.bool_).astype(jnp.int8), {2: q_pad, 3: kv_pad})
     q_seg = kv_seg = None
-    if q_segment_ids is not None:
-        q_seg = pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
-        kv_seg = pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+    if call.segments:
+        q_seg = pad_axes(jnp.asarray(call.q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = pad_axes(jnp.asarray(call.kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
     sinks = fold_sinks(softmax_aux, num_heads)
     seed = None
-    if dropout_prob > 0.0:
-        seed = jnp.asarray(dropout_seed).astype(jnp.uint32).reshape(1)
+    if call.dropout_prob > 0.0:
+        seed = jnp.asarray(call.dropout_seed).astype(jnp.uint32).reshape(1)
 
     return st, (q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed), (q_len, value_dim)
 
@@ -235,25 +221,17 @@ def flash_attention_triton(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
     interpret: bool | None = None,
 ):
     """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]`.
 
-    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
+    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`), options in `call`: optional additive
     `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
     ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
     sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
@@ -268,15 +246,7 @@ def flash_attention_triton(
         value,
         bias,
         softmax_aux,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        attention_mask=attention_mask,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap,
-        dropout_prob=dropout_prob,
-        dropout_seed=dropout_seed,
+        call,
         fwd_params=fwd_params,
         bwd_params=bwd_params,
         interpret=interpret,

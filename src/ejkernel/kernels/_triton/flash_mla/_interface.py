@@ -69,7 +69,7 @@ def flash_mla_triton(
     if jnp.dtype(query.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {query.dtype}")
     decline(WHO, {name: options.get(name) is not None for name in ("bias", "attention_mask")})
-    decline(WHO, {"dropout": attention["dropout_prob"] > 0.0})
+    decline(WHO, {"dropout": attention.dropout_prob > 0.0})
     if dims.rank > MAX_RANK:
         raise NotImplementedError(f"{WHO} takes latent ranks up to {MAX_RANK}, got {dims.rank}")
     if min(dims.batch, dims.q_len, dims.kv_len, dims.num_heads) == 0:
@@ -86,11 +86,11 @@ def flash_mla_triton(
         kv_len=dims.kv_len,
         rank=dims.rank,
         rope_dim=dims.rope_dim,
-        softmax_scale=attention["softmax_scale"],
-        causal=attention["causal"],
-        window=attention["sliding_window"],
-        soft_cap=attention["logits_soft_cap"],
-        segments=attention["q_segment_ids"] is not None,
+        softmax_scale=attention.softmax_scale,
+        causal=attention.causal,
+        window=attention.sliding_window,
+        soft_cap=attention.logits_soft_cap,
+        segments=attention.q_segment_ids is not None,
         block_q=block_q,
         block_k=block_k,
         splits=splits,
@@ -98,7 +98,7 @@ def flash_mla_triton(
         num_stages=stages,
         interpret=resolve_interpret(interpret, WHO),
     )
-    q_seg = attention["q_segment_ids"]
+    q_seg = attention.q_segment_ids
     q_seg_rows = None if q_seg is None else jnp.repeat(q_seg, dims.num_heads, axis=1)
 
     def forward(query, key_value, w_kc, w_vc, b_q, b_k, softmax_aux):
@@ -109,7 +109,7 @@ def flash_mla_triton(
         q_rope = rope_keys = None
         if dims.rope_dim:
             q_rope, rope_keys = pad_axes(q[..., dims.rank :], {2: rope_pad}), pad_axes(b_k, {2: rope_pad})
-        partials, lse = attend(st, q_lat, q_rope, kv, rope_keys, q_seg_rows, attention["kv_segment_ids"])
+        partials, lse = attend(st, q_lat, q_rope, kv, rope_keys, q_seg_rows, attention.kv_segment_ids)
         latent = partials[0] if splits == 1 and sinks is None else combine(partials, lse, sinks, dims.num_heads)
         latent = latent[..., : dims.rank].astype(query.dtype)
         latent = latent.reshape(dims.batch, dims.q_len, dims.num_heads, dims.rank)

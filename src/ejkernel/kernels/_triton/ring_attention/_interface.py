@@ -17,6 +17,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import LN2, LOG2E
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.kernels._triton.flash_attention._bwd import backward
 from ejkernel.kernels._triton.flash_attention._fwd import forward
@@ -53,15 +54,20 @@ class TritonBlock:
         return self.softmax_scale if self.logits_soft_cap is None else LN2
 
     def plan(self, q, k, v, q_seg, kv_seg, causal: bool):
+        call = AttentionCall(
+            softmax_scale=self.softmax_scale,
+            causal=causal,
+            logits_soft_cap=self.logits_soft_cap,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
+        )
         return plan(
             q,
             k,
             v,
-            q_segment_ids=q_seg,
-            kv_segment_ids=kv_seg,
-            softmax_scale=self.softmax_scale,
-            causal=causal,
-            logits_soft_cap=self.logits_soft_cap,
+            None,
+            None,
+            call,
             fwd_params=self.fwd_params,
             bwd_params=self.bwd_params,
             interpret=self.interpret,

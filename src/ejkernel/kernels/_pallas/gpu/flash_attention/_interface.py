@@ -18,11 +18,12 @@ from ejkernel.kernels._common.attention import (
     attention_vjp,
     bounded_soft_cap,
     check_qkv,
-    decline,
+    decline_call,
     fold_sinks,
     pad_axes,
     round_up,
 )
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, MosaicGpuFlashStatic
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -218,35 +219,20 @@ def flash_attention_mosaic_gpu(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
 ):
-    """Canonical flash-attention contract (see `ejkernel.reference.flash_attention`) on Hopper GPUs.
+    """Canonical flash-attention contract (see `ejkernel.reference.flash_attention`) on Hopper GPUs, options
+    in `call`.
 
     Differentiable in query, key, value and softmax_aux. Raises NotImplementedError for what the
     kernels do not serve, before anything is traced.
     """
-    decline(
-        WHO,
-        {
-            "bias": bias is not None,
-            "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
-            "attention_mask": attention_mask is not None,
-            "dropout": dropout_prob > 0.0,
-        },
-    )
+    decline_call(WHO, call, serves=("causal", "sliding_window", "logits_soft_cap"), bias=bias is not None)
     if not is_hopper():
         device = jax.devices()[0].device_kind
         raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), not {device}")
@@ -255,10 +241,10 @@ def flash_attention_mosaic_gpu(
         key,
         value,
         softmax_aux,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        sliding_window=sliding_window,
-        soft_cap=logits_soft_cap,
+        softmax_scale=call.softmax_scale,
+        causal=call.causal,
+        sliding_window=call.sliding_window,
+        soft_cap=call.logits_soft_cap,
         fwd_params=fwd_params,
         bwd_params=bwd_params,
     )

@@ -24,6 +24,7 @@ from ejkernel.kernels._common.attention import (
     pad_axes,
     round_up,
 )
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._pallas.tpu import resolve_interpret
 from ejkernel.kernels._pallas.tpu.flash_attention._bwd import backward
 from ejkernel.kernels._pallas.tpu.flash_attention._fwd import LANES, SUBLANES, TpuFlashStatic, forward
@@ -57,25 +58,17 @@ def flash_attention_tpu(
     query,
     key,
     value,
-    bias=None,
-    softmax_aux=None,
+    bias,
+    softmax_aux,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    attention_mask=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed=None,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
     interpret=None,
 ):
     """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]` on TPU.
 
-    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`): optional additive
+    Canonical flash-attention contract (see `ejkernel.reference.flash_attention`), options in `call`: optional additive
     `bias [1|B, 1|H, Sq, Sk]`, sink logits `softmax_aux` (length H: one per head, else shared), segment
     ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
     sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
@@ -108,14 +101,9 @@ def flash_attention_tpu(
         dtypes=SUPPORTED_DTYPES,
         bias=bias,
         softmax_aux=softmax_aux,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        attention_mask=attention_mask,
-        dropout_prob=dropout_prob,
-        dropout_seed=dropout_seed,
-        logits_soft_cap=logits_soft_cap,
+        call=call,
     )
-    window = None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1]))
+    attention_mask = call.attention_mask
 
     interpret = resolve_interpret(interpret)
     on_tpu = interpret is False
@@ -137,11 +125,11 @@ def flash_attention_tpu(
                     f"padded key length {kv_len_padded})"
                 )
     st = TpuFlashStatic(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
-        window=window,
-        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        dropout_prob=float(dropout_prob),
+        softmax_scale=call.softmax_scale,
+        causal=call.causal,
+        window=call.sliding_window,
+        soft_cap=call.logits_soft_cap,
+        dropout_prob=call.dropout_prob,
         q_len=q_len,
         kv_len=kv_len,
         num_heads=num_heads,
@@ -166,15 +154,15 @@ def flash_attention_tpu(
         mask = jnp.broadcast_to(jnp.asarray(attention_mask, jnp.bool_), (*attention_mask.shape[:2], q_len, kv_len))
         mask = pad_axes(mask.astype(jnp.int8), {2: q_pad, 3: kv_pad})
     q_seg = kv_seg = None
-    if q_segment_ids is not None:
-        q_seg = pad_axes(jnp.asarray(q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
-        kv_seg = pad_axes(jnp.asarray(kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
+    if call.segments:
+        q_seg = pad_axes(jnp.asarray(call.q_segment_ids, jnp.int32), {1: q_pad}, value=-1)
+        kv_seg = pad_axes(jnp.asarray(call.kv_segment_ids, jnp.int32), {1: kv_pad}, value=-1)
         q_seg = jnp.broadcast_to(q_seg[:, :, None], (batch, q_len_padded, LANES))  # lane-replicated
         kv_seg = jnp.broadcast_to(kv_seg[:, None, :], (batch, SUBLANES, kv_len_padded))  # sublane-replicated
     sinks = fold_sinks(softmax_aux, num_heads)
     seed = None
-    if dropout_prob > 0.0:
-        seed = jnp.asarray(dropout_seed).astype(jnp.int32).reshape(1)
+    if call.dropout_prob > 0.0:
+        seed = jnp.asarray(call.dropout_seed).astype(jnp.int32).reshape(1)
 
     out = _attention(st, q, k, v, bias_p, sinks, q_seg, kv_seg, mask, seed)
     return jnp.swapaxes(out[:, :, :q_len], 1, 2)
