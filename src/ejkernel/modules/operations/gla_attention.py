@@ -8,8 +8,8 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention.checks import arguments_checked, check_linear_call
-from ejkernel.kernels._common.linear_attention.entries import resolve_scale
+from ejkernel.kernels._common.linear_attention.checks import arguments_checked
+from ejkernel.kernels._common.linear_attention.entries import check_gla_call, resolve_scale
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
@@ -237,16 +237,7 @@ def gla_attention(
         >>> print(out.shape, out.dtype, state.shape, state.dtype)
         (2, 16, 4, 32) float32 (2, 4, 8, 32) float32
     """
-    check_linear_call(
-        query,
-        key,
-        value,
-        grouped=True,
-        gates={"g": (g, "dim_k")},
-        g_gamma=g_gamma,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
+    check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens)
     with arguments_checked():  # the implementation reached skips these checks (and finds the scale resolved)
         return executor(
             GLAttention(),

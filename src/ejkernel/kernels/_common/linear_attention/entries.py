@@ -106,20 +106,20 @@ def recurrent_attention(
     return _gated(query, key, value, g, g_gamma, gk, gv, initial_state, cu_seqlens, **options)
 
 
+def check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens):
+    """`check_linear_call` with GLA's rules: grouped key/value heads, a per-key-channel gate `g`."""
+    gates = {"g": (g, "dim_k")}
+    return check_linear_call(
+        query, key, value, grouped=True, gates=gates, g_gamma=g_gamma, initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
 def gla_attention(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
     """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s. Checks its arguments unless the
     public `gla_attention` has (`arguments_checked`: reached through the executor, the call is checked once)."""
     if not arguments_were_checked():
-        check_linear_call(
-            query,
-            key,
-            value,
-            grouped=True,
-            gates={"g": (g, "dim_k")},
-            g_gamma=g_gamma,
-            initial_state=initial_state,
-            cu_seqlens=cu_seqlens,
-        )
+        check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens)
     return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
 
 
