@@ -166,3 +166,12 @@ def test_docstring_hook_leaves_sections_alone():
         "",
         "after `vmap`\\ ped",
     ]
+
+
+@pytest.mark.parametrize("table", ["README.md", "docs/conventions.md"])
+def test_every_op_has_a_row_in_the_op_tables(table):
+    """README's operations table and the conventions table name every public op function in a row's first cell."""
+    text = (DOCS.parent / table).read_text()
+    first_cells = " ".join(re.findall(r"^\| ([^|]*)\|", text, re.M))
+    missing = [op for op in _public_ops() if f"`{op}`" not in first_cells]
+    assert not missing, f"{table} has no row for {missing}"
