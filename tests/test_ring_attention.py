@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.flash_attention.forward import attention_forward
 from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
 from ejkernel.kernels._common.ring import from_mirrored, to_mirrored
@@ -251,9 +252,8 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     kw = dict(softmax_scale=D**-0.5, causal=causal, logits_soft_cap=2.0 if causal else None)
 
     def body(seg, q, k, v, aux):
-        return ring_attention_triton(
-            q, k, v, aux, q_segment_ids=seg, kv_segment_ids=seg, axis_name="sp", layout=layout, interpret=True, **kw
-        )
+        call = AttentionCall.of(q, q_segment_ids=seg, kv_segment_ids=seg, **kw)
+        return ring_attention_triton(q, k, v, aux, None, call, axis_name="sp", layout=layout, interpret=True)
 
     def fn(q, k, v, aux):
         specs = (SEQ, SEQ, SEQ, SEQ, P())

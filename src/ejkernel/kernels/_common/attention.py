@@ -195,18 +195,17 @@ def canonical_sinks(softmax_aux, num_heads: int, name: str = "softmax_aux"):
     raise ValueError(f"{name} must be [sinks], [heads={num_heads}, sinks] or [1, sinks], got shape {softmax_aux.shape}")
 
 
-def public_defaults(impl):
+def public_defaults(impl, *, sinks_first: bool = False):
     """An attention implementation callable as users call it: `kernel_registry.get(...)(q, k, v, causal=True)`.
 
-    `impl` takes the canonical call `(query, key, value, bias, softmax_aux, call)`. Called with the
-    contract's keyword options instead of `call` (upstream's form), the wrapper builds the `AttentionCall`
-    from them (`AttentionCall.of`: default scale, int window as a pair, default dropout seed); several sinks
-    per head are folded to one (`canonical_sinks`). Other keywords (tilings, an implementation's extras)
-    pass through.
+    `impl` takes the canonical call `(query, key, value, bias, softmax_aux, call)`, or with `sinks_first`
+    `(query, key, value, softmax_aux, bias, call)` (ring attention's order). Called with the contract's
+    keyword options instead of `call` (upstream's form), the wrapper builds the `AttentionCall` from them
+    (`AttentionCall.of`: default scale, int window as a pair, default dropout seed); several sinks per head
+    are folded to one (`canonical_sinks`). Other keywords (tilings, an implementation's extras) pass through.
     """
 
-    @functools.wraps(impl)
-    def wrapped(query, key, value, bias=None, softmax_aux=None, call=None, **kwargs):
+    def canonical(query, softmax_aux, call, kwargs):
         options = {name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs}
         if call is None:
             call = AttentionCall.of(query, **options)
@@ -214,6 +213,20 @@ def public_defaults(impl):
             raise TypeError(f"pass either call= or its options, not both (got {', '.join(options)})")
         if softmax_aux is not None:
             softmax_aux = canonical_sinks(softmax_aux, query.shape[2])
+        return softmax_aux, call
+
+    if sinks_first:
+
+        @functools.wraps(impl)
+        def wrapped_sinks_first(query, key, value, softmax_aux=None, bias=None, call=None, **kwargs):
+            softmax_aux, call = canonical(query, softmax_aux, call, kwargs)
+            return impl(query, key, value, softmax_aux, bias, call, **kwargs)
+
+        return wrapped_sinks_first
+
+    @functools.wraps(impl)
+    def wrapped(query, key, value, bias=None, softmax_aux=None, call=None, **kwargs):
+        softmax_aux, call = canonical(query, softmax_aux, call, kwargs)
         return impl(query, key, value, bias, softmax_aux, call, **kwargs)
 
     return wrapped

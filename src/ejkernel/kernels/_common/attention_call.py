@@ -116,3 +116,17 @@ class AttentionCall:
 
     def replace(self, **changes) -> AttentionCall:
         return dataclasses.replace(self, **changes)
+
+
+RING_OPTION_NAMES = ARRAY_FIELDS[:2] + STATIC_FIELDS[:4]
+"""The keyword options ring attention's calls had before `AttentionCall`: no dense mask, no dropout."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RingCall(AttentionCall):
+    """The call `ring_attention` builds: an `AttentionCall` that an `Invocation` describes by ring attention's
+    own options (`RING_OPTION_NAMES`), so its config-cache signatures stay those of the keyword calls."""
+
+    def invocation_options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in RING_OPTION_NAMES}

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
 from ejkernel.kernels._common.attention import canonical_sinks
+from ejkernel.kernels._common.attention_call import RingCall
 from ejkernel.modules.operations._attention_args import attention_roles, check_bias, check_qkv, parse_window
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, flash_attention
@@ -43,9 +44,9 @@ from ejkernel.types.windows import intersect_windows
 
 IMPLEMENTATIONS = implementations(
     "ring_attention",
-    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.ring_attention:ring_attention_cudnn"),
-    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention_triton"),
-    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention_xla"),
+    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.ring_attention:ring_attention"),
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )
 """Best first. cuDNN where it accepts the call: on 2 H200s it matched one-GPU XLA flash attention in the GPU suite
 and ran 1.56x the one-GPU throughput at S=65536 (BENCHMARKS.md), ahead of the Triton ring."""
@@ -82,7 +83,8 @@ class RingAttention(Kernel):
     """The `Kernel` the executor runs for `ring_attention` (op id `"ring_attention"`).
 
     It takes the local shards `(query, key, value, softmax_aux, bias)` with the options `ring_attention`
-    resolved, the ring's `axis_name` bound; call `ring_attention` rather than this class. Not autotuned
+    resolved into one `call=` (a `RingCall`), the ring's `axis_name` bound; call `ring_attention` rather
+    than this class. Not autotuned
     (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Triton (GPU) and XLA, tried in that
     order on `"auto"`; each runs the same ring around its own flash attention.
     """
@@ -108,12 +110,17 @@ class RingAttention(Kernel):
     def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
         """Segment ids follow the batch and sequence sharding of the query and of the keys."""
         q_spec, k_spec = (_entries(s) for s in in_specs[:2])
-        if kwargs.get("q_segment_ids") is None:
+        call = kwargs.get("call")
+        segments = call.segments if call is not None else kwargs.get("q_segment_ids") is not None
+        if not segments:
             return {}
-        return {
+        specs = {
             "q_segment_ids": PartitionSpec(q_spec[0], q_spec[1]),
             "kv_segment_ids": PartitionSpec(k_spec[0], k_spec[1]),
         }
+        # `call=` (from `ring_attention`): its arrays are laid out by a tree of its own shape, specs in their
+        # places; upstream's raw keyword options (passed to the executor directly) by name.
+        return specs if call is None else {"call": call.replace(**specs)}
 
 
 def _tiles(cfg: RingAttentionConfig, chunk: int | None) -> tuple:
@@ -434,13 +441,18 @@ def ring_attention(
             if length % parts:
                 raise ValueError(f"ring_attention: {name} sequence length {length} must be divisible by {parts}, {why}")
 
-    options = dict(
+    # The one canonical call every implementation receives (checked and resolved here, once).
+    call = RingCall.of(
+        query,
         q_segment_ids=q_seg,
         kv_segment_ids=kv_seg,
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
+        softmax_scale=softmax_scale,
+        causal=causal,
         sliding_window=window,
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        logits_soft_cap=logits_soft_cap,
+    )
+    options = dict(
+        call=call,
         axis_name=axis,
         layout="mirrored" if specs is not None and causal else "contiguous",
         chunk_size=chunk_size,

@@ -19,7 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.attention import check_call, decline_call
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.jax_compat import cudnn_fused_attention, cudnn_score_mod_options
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.ops.config import BwdParams, FwdParams
@@ -84,15 +85,10 @@ def ring_attention_cudnn(
     query,
     key,
     value,
-    softmax_aux=None,
-    bias=None,
+    softmax_aux,
+    bias,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
     axis_name: str,
     layout: str = "contiguous",
     fwd_params: FwdParams | None = None,
@@ -102,15 +98,8 @@ def ring_attention_cudnn(
 
     Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` are ignored (cuDNN tiles itself).
     """
-    decline(
-        "cuDNN ring attention",
-        {
-            "sliding_window": sliding_window is not None,
-            "logits_soft_cap": logits_soft_cap is not None,
-            "segment ids": q_segment_ids is not None,
-            "bias": bias is not None,
-        },
-    )
+    decline_call("cuDNN ring attention", call, serves=("causal",), bias=bias is not None)
+    check_call(call)
     if jax.default_backend() != "gpu":
         raise NotImplementedError("cuDNN ring attention runs on a GPU only")
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -119,10 +108,11 @@ def ring_attention_cudnn(
     head_dim = query.shape[-1]
     if head_dim > 256 or head_dim % 8 or value.shape[-1] != head_dim:
         raise NotImplementedError(f"cuDNN ring attention needs equal head dims <= 256, multiple of 8, got {head_dim}")
+    causal = bool(call.causal)
     if causal and query.shape[1] != key.shape[1]:
         raise NotImplementedError("cuDNN ring attention with causal=True needs equal query and key/value lengths")
-    check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
+    check_local_inputs(query, key, value, softmax_aux, None, None, layout)
     n = bound_axis_size(axis_name)
-    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=None)
-    block = CudnnBlock(softmax_scale=float(softmax_scale), causal=bool(causal))
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=causal, window=None)
+    block = CudnnBlock(softmax_scale=float(call.softmax_scale), causal=causal)
     return run_ring(block, ring, n, query, key, value, softmax_aux)

@@ -16,7 +16,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.attention import LN2, LOG2E
+from ejkernel.kernels._common.attention import LN2, LOG2E, check_call, decline_call
 from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.kernels._triton.flash_attention._bwd import backward
@@ -99,15 +99,10 @@ def ring_attention_triton(
     query,
     key,
     value,
-    softmax_aux=None,
-    bias=None,
+    softmax_aux,
+    bias,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
     axis_name: str,
     layout: str = "contiguous",
     fwd_params: FwdParams | None = None,
@@ -116,24 +111,27 @@ def ring_attention_triton(
 ):
     """Ring attention of local shards over the bound mesh axis `axis_name`, Triton kernels per step.
 
-    Same contract as `ring_attention_xla`; `fwd_params` / `bwd_params` tile the Triton kernels;
-    `interpret=True` runs them in Pallas interpret mode (off a GPU, None is an error).
+    Same contract as `ring_attention_xla` (a sliding window or bias is declined: the xla ring takes them);
+    `fwd_params` / `bwd_params` tile the Triton kernels; `interpret=True` runs them in Pallas interpret
+    mode (off a GPU, None is an error).
     """
-    if sliding_window is not None or bias is not None:
-        raise NotImplementedError(f"{WHO} does not support sliding_window or bias (the xla ring does)")
+    decline_call(WHO, call, serves=("segment ids", "causal", "logits_soft_cap"), bias=bias is not None)
+    check_call(call)
+    causal = bool(call.causal)
     if causal and query.shape[1] != key.shape[1]:
         raise NotImplementedError(f"{WHO} with causal=True needs equal query and key/value lengths")
+    q_segment_ids, kv_segment_ids = call.q_segment_ids, call.kv_segment_ids
     check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
     n = bound_axis_size(axis_name)
     block = TritonBlock(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        softmax_scale=float(call.softmax_scale),
+        causal=causal,
+        logits_soft_cap=None if call.logits_soft_cap is None else float(call.logits_soft_cap),
         fwd_params=fwd_params,
         bwd_params=bwd_params,
         interpret=interpret,
     )
     # What the kernels cannot serve (dtype, head dim, tiles) is refused here, before the ring is traced.
-    block.plan(query, key, value, q_segment_ids, kv_segment_ids, bool(causal))
-    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=None)
+    block.plan(query, key, value, q_segment_ids, kv_segment_ids, causal)
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=causal, window=None)
     return run_ring(block, ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids)

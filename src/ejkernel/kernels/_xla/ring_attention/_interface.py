@@ -13,6 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.attention import check_call, decline_call
+from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.flash_attention.backward import attention_backward
 from ejkernel.kernels._common.flash_attention.forward import attention_forward
 from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
@@ -25,6 +27,8 @@ from ejkernel.kernels._common.ring import (
     run_ring,
 )
 from ejkernel.ops.config import BwdParams, FwdParams
+
+WHO = "xla ring attention"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +56,10 @@ def ring_attention_xla(
     query,
     key,
     value,
-    softmax_aux=None,
-    bias=None,
+    softmax_aux,
+    bias,
+    call: AttentionCall,
     *,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    softmax_scale: float,
-    causal: bool = False,
-    sliding_window: tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
     axis_name: str,
     layout: str = "contiguous",
     fwd_params: FwdParams | None = None,
@@ -70,23 +69,27 @@ def ring_attention_xla(
 
     Shapes (per device): query [B, Lq, H, D], key [B, Lk, Hkv, D], value [B, Lk, Hkv, Dv], softmax_aux
     1-D sink logits, bias [1|B, 1|H, Lq, n Lk] (the local query rows against every key of the ring,
-    keys in sequence order), segment ids [B, Lq] / [B, Lk] (negative: padding). Inputs and output are
+    keys in sequence order); the options come as one `AttentionCall` (segment ids [B, Lq] / [B, Lk],
+    negative: padding; a dense mask or dropout is declined). Inputs and output are
     contiguous shards (device d holds positions [d L, (d + 1) L)); `layout="mirrored"` reorders them
     internally so that device d computes for chunks 2d and 2n - 1 - 2d of 2n (balanced causal work).
     The result equals `flash_attention_reference` over the whole (unsharded) sequence.
     Block sizes of the per-step tiles come from `fwd_params` / `bwd_params` (block_q, block_k).
     """
+    decline_call(WHO, call, serves=("segment ids", "causal", "sliding_window", "logits_soft_cap"))
+    check_call(call)
+    q_segment_ids, kv_segment_ids = call.q_segment_ids, call.kv_segment_ids
     check_local_inputs(query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, layout)
     n = bound_axis_size(axis_name)
     check_local_bias(bias, query, key, n)
-    window = ring_window(sliding_window, causal, n * max(query.shape[1], key.shape[1]))
+    window = ring_window(call.sliding_window, call.causal, n * max(query.shape[1], key.shape[1]))
     fwd_blocks = (fwd_params.block_q, fwd_params.block_k) if fwd_params is not None else (None, None)
     bwd_blocks = (bwd_params.block_q, bwd_params.block_k) if bwd_params is not None else fwd_blocks
     spec = AttentionSpec(
-        softmax_scale=float(softmax_scale),
-        causal=bool(causal),
+        softmax_scale=float(call.softmax_scale),
+        causal=bool(call.causal),
         sliding_window=window,
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        logits_soft_cap=None if call.logits_soft_cap is None else float(call.logits_soft_cap),
         dropout_prob=0.0,
         normalize_output=True,
         precision=jax.lax.Precision.DEFAULT,
@@ -94,5 +97,5 @@ def ring_attention_xla(
         fwd_blocks=fwd_blocks,
         bwd_blocks=bwd_blocks,
     )
-    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(causal), window=window)
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=bool(call.causal), window=window)
     return run_ring(XlaBlock(spec), ring, n, query, key, value, softmax_aux, q_segment_ids, kv_segment_ids, bias)
