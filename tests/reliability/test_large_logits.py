@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from attention_cases import SMALL
 from ejkernel.kernels._triton.flash_attention import flash_attention as flash_attention_triton  # keyword form
-from ejkernel.kernels._triton.ring_attention._interface import ring_attention_triton
+from ejkernel.kernels._triton.ring_attention import ring_attention as ring_attention_triton  # keyword form
 
 B, S, H, HKV, D = 1, 64, 2, 1, 32
 SCALE = D**-0.5  # not a power of two: logit·scale is rounded unless it joins an FMA
