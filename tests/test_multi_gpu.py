@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from ejkernel import modules
 from harness import assert_close, check_forward_and_grads, randn
-from linear_attention.linear_cases import log_decay, write_strength
+from linear_attention.linear_cases import joined, log_decay, write_strength
 from serving_attention.paged_cases import page_attention_case, unified_case
 from state_space.state_space_cases import packed, v2_inputs
 
@@ -111,8 +111,7 @@ def test_gated_delta_rule_heads():
     token, head = P(None, None, "x"), P(None, "x")
     one = functools.partial(modules.gated_delta_rule, return_state=True)
     two = functools.partial(one, mesh=two_gpus(), in_specs=(token,) * 5, out_specs=(token, head))
-    flat = lambda fn: lambda *a: jnp.concatenate([x.astype(jnp.float32).ravel() for x in fn(*a)])
-    check_forward_and_grads(jax.jit(flat(two)), jax.jit(flat(one)), [q, k, v, beta, decay], (0, 1, 2), BF16)
+    check_forward_and_grads(jax.jit(joined(two)), jax.jit(joined(one)), [q, k, v, beta, decay], (0, 1, 2), BF16)
 
 
 def test_state_space_v2_heads():
