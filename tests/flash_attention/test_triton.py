@@ -14,6 +14,7 @@ from attention_cases import SMALL, run_attention_case, segments
 from ejkernel.kernels._common.attention import public_defaults
 from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._triton.flash_attention import _interface
+from ejkernel.kernels._xla.flash_attention import flash_attention as flash_attention_xla  # keyword form
 from ejkernel.ops.config import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from harness import assert_close, check_forward_and_grads, randn
@@ -197,12 +198,11 @@ class TestOnGpu:
 
     @pytest.mark.parametrize("causal", [False, True])
     def test_matches_xla(self, causal):
-        xla = pytest.importorskip("ejkernel.kernels._common.flash_attention.entry")
         shapes = ((2, 1024, 8, 128), (2, 1024, 2, 128), (2, 1024, 2, 128))
         q, k, v = (randn(s, jnp.bfloat16) for s in shapes)
         kw = dict(softmax_scale=128**-0.5, causal=causal)
         fn = jax.jit(lambda q, k, v: flash_attention_triton(q, k, v, **kw, interpret=False))
-        ref = jax.jit(lambda q, k, v: xla.flash_attention_xla(q, k, v, **kw))
+        ref = jax.jit(lambda q, k, v: flash_attention_xla(q, k, v, **kw))
         out, vjp = jax.vjp(fn, q, k, v)
         ref_out, ref_vjp = jax.vjp(ref, q, k, v)
         assert_close(out, ref_out, jnp.bfloat16)
