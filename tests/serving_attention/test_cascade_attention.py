@@ -69,3 +69,41 @@ def test_sharded_over_heads_and_sequences():
 def test_errors_name_the_argument(change, error, words):
     with pytest.raises(error, match=words):
         cascade_attention(*change(case()))
+
+
+# ---- the Pallas-Triton path: interpret mode here, compiled in the GPU suite ----
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton")
+def test_triton_interpreted_matches_reference_and_differentiates():
+    """Sinks and soft cap, a sequence with no own token; gradients through the plain-JAX core's VJP."""
+    from ejkernel.kernels._triton.cascade_attention import cascade_attention_triton
+
+    args, sinks = case(lens=(5, 0, 12)), randn((H,))
+    options = dict(softmax_scale=D**-0.5, logits_soft_cap=5.0)
+    fn = jax.jit(lambda *a: cascade_attention_triton(*a, sinks, interpret=True, **options))
+    ref = lambda *a: cascade_attention_reference(*a, softmax_aux=sinks, **options)
+    check_forward_and_grads(fn, ref, args, (0, 1, 4), jnp.float32)
+
+
+def test_triton_lowers_for_cuda(cuda_lowering):
+    from ejkernel.kernels._triton.cascade_attention import cascade_attention_triton
+
+    call = functools.partial(cascade_attention_triton, softmax_scale=D**-0.5, interpret=False)
+    text = jax.jit(call).trace(*case(dtype=jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("ejkernel_paged_attention") >= 2  # the prefix pass and the own pages' pass
+
+
+@pytest.mark.gpu
+def test_gpu_triton_matches_xla():
+    """The issue's shape scaled down: 64 sequences sharing 2048 tokens, up to 512 of their own, 32/8 heads."""
+    rng = np.random.default_rng(0)
+    lens = rng.integers(0, 513, 64)
+    num_pages = int(sum(-(-n // 16) for n in lens)) + 2
+    tables = page_tables(rng, lens, 16, 33, num_pages, shared=0)
+    q = randn((64, 32, 128), jnp.bfloat16)
+    prefix = [randn((2048, 8, 128), jnp.bfloat16) for _ in range(2)]
+    caches = [randn((num_pages, 8, 16, 128), jnp.bfloat16) for _ in range(2)]
+    args = [q, *prefix, *caches, jnp.asarray(lens, jnp.int32), jnp.asarray(np.where(tables < 0, 0, tables))]
+    fn = lambda platform: jax.jit(lambda *a: cascade_attention(*a, platform=platform))
+    assert_close(fn("triton")(*args), fn("xla")(*args), jnp.bfloat16)

@@ -12,15 +12,16 @@ from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "cascade_attention",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.cascade_attention:cascade_attention_triton"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.cascade_attention:cascade_attention_xla"),
 )
-"""XLA only so far: two blockwise attention passes (the prefix once for the batch, the own pages per sequence)
-and a merge."""
+"""Both run the serving ops' paged core twice (the prefix once for the batch, the own pages per sequence) and
+merge the two by log-sum-exp; on a GPU the Pallas-Triton kernel, elsewhere plain JAX."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CascadeAttentionConfig(KernelConfig):
-    """How `cascade_attention` runs: only the platform (`"auto"` or `"xla"`) and `backend` so far.
+    """How `cascade_attention` runs: only the platform (`"auto"`, `"triton"` or `"xla"`) and `backend` so far.
 
     Raises:
         ValueError: An unknown `platform` or `backend`.
@@ -92,7 +93,7 @@ def cascade_attention(
         softmax_aux: `[num_heads]` float sink logits joining every row's denominator once; None (default): none.
         softmax_scale: Default None, meaning `head_dim ** -0.5`.
         logits_soft_cap: Default None. A positive `c`: logits become `c · tanh(logits / c)`.
-        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto.
+        platform: `"auto"`, `"triton"` (GPU) or `"xla"`; None (default): `cfg.platform`, else auto.
         cfg: A `CascadeAttentionConfig`; None (default): the executor's choice.
         mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
             `in_specs` and `out_specs`.

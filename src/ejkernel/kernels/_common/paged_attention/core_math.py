@@ -129,13 +129,17 @@ def online_softmax_step(carry, s, v, matmul, exp=jnp.exp, detach=jax.lax.stop_gr
     return acc * alpha[..., None] + matmul(p, v), m_new, denom * alpha + jnp.sum(p, axis=-1)
 
 
-def finalize(acc, m, denom, sinks, st: PagedStatic, tiles: PagedQueryTiles, num_tokens: int, dtype):
-    """Partial softmax sums of every split -> the output `[T, Hq, D]` in `dtype`.
+def finalize(
+    acc, m, denom, sinks, st: PagedStatic, tiles: PagedQueryTiles, num_tokens: int, dtype, with_lse: bool = False
+):
+    """Partial softmax sums of every split -> the output `[T, Hq, D]` in `dtype` (`with_lse`: and its log-sum-exp).
 
     `acc [S, R, Bq, Hq, Dc]` and `m`, `denom` `[S, R, Bq, Hq]` (float32) are each split's unnormalised sums,
     running max and denominator per (tile row, query, head). Splits merge by their log-sum-exp; the
     sinks join the denominator only; a row with no allowed key and no sink is 0. Each tile row then
-    goes to its queries' packed positions (tokens of no sequence stay 0).
+    goes to its queries' packed positions (tokens of no sequence stay 0). The log-sum-exp `[T, Hq]`
+    float32 is the natural log of each row's softmax denominator, sinks included: -inf for a row with
+    neither a key nor a sink and for tokens of no sequence (what `merge_attention_states` expects).
     """
     m_all = jnp.max(m, axis=0)
     shift = jnp.where(m_all == -jnp.inf, 0.0, m_all)
@@ -143,12 +147,21 @@ def finalize(acc, m, denom, sinks, st: PagedStatic, tiles: PagedQueryTiles, num_
     l_all = jnp.sum(denom * weight, axis=0)
     acc_all = jnp.sum(acc * weight[..., None], axis=0)
     if sinks is not None:
-        _, alpha, l_all = join_sink(shift, l_all, sinks, jnp.exp)
+        shift, alpha, l_all = join_sink(shift, l_all, sinks, jnp.exp)
         acc_all = acc_all * alpha[..., None]
     out = acc_all / jnp.where(l_all == 0.0, 1.0, l_all)[..., None]
     if st.value_scale is not None:
         out = out * st.value_scale
     out = out[..., : st.head_dim].astype(dtype)
-    placed = jnp.zeros((num_tokens, *out.shape[2:]), dtype)
-    rows = out.reshape(-1, *out.shape[2:])
-    return placed.at[tiles.token.reshape(-1)].set(rows, mode="drop", unique_indices=True)
+
+    def place(rows, fill):
+        """Tile rows `[R, Bq, ...]` -> packed tokens `[T, ...]`, `fill` where no query lands."""
+        packed = jnp.full((num_tokens, *rows.shape[2:]), fill, rows.dtype)
+        rows = rows.reshape(-1, *rows.shape[2:])
+        return packed.at[tiles.token.reshape(-1)].set(rows, mode="drop", unique_indices=True)
+
+    if not with_lse:
+        return place(out, 0)
+    empty = l_all == 0.0
+    lse = jnp.where(empty, -jnp.inf, shift + jnp.log(jnp.where(empty, 1.0, l_all)))
+    return place(out, 0), place(lse, -jnp.inf)

@@ -59,8 +59,9 @@ def _gather(rows: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take(rows, index, axis=0, mode="clip")
 
 
-def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
-    """`[T, Hq, D]` attention of every query over its sequence's pages (zeros for queries of no sequence).
+def paged_attention_core(batch: PagedBatch, cfg=None, with_lse: bool = False):
+    """`[T, Hq, D]` attention of every query over its sequence's pages (zeros for queries of no sequence);
+    `with_lse`: `(out, lse [T, Hq] float32)`, as `finalize` gives it.
 
     The config's `block_q` (queries per tile) and `block_k` (key positions per step) tile the walk;
     unset, they follow the batch (one query per tile for decode, ~64 MiB gathered per step).
@@ -69,7 +70,8 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
     num_tokens, num_heads, _ = batch.queries.shape
     dtype = batch.queries.dtype
     if num_tokens == 0 or batch.num_seqs == 0:
-        return jnp.zeros((num_tokens, num_heads, st.head_dim), dtype)
+        out = jnp.zeros((num_tokens, num_heads, st.head_dim), dtype)
+        return (out, jnp.full((num_tokens, num_heads), -jnp.inf, jnp.float32)) if with_lse else out
     params = config_tiling(cfg, st.rows.page_size)
     block_q = params.block_q or default_block_q(batch)
     tiles = query_tiles(batch, block_q)
@@ -145,4 +147,4 @@ def paged_attention_core(batch: PagedBatch, cfg=None) -> jax.Array:
         0, num_steps, lambda i, c: lax.cond(jnp.any(i < chunks), lambda c: step(i, c), lambda c: c, c), carry
     )
     acc, m, denom = (x.reshape(num_tiles, num_heads, block_q, *x.shape[4:]).swapaxes(1, 2)[None] for x in carry)
-    return finalize(acc, m, denom, batch.sinks, st, tiles, num_tokens, dtype)
+    return finalize(acc, m, denom, batch.sinks, st, tiles, num_tokens, dtype, with_lse)

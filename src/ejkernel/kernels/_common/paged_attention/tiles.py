@@ -58,8 +58,10 @@ def prepare_tiles(batch: PagedBatch, block_q: int, rows: int, width: int):
     return tiles, meta, tile_rows(q, st.num_kv_heads, rows), alibi
 
 
-def finish_tiles(batch: PagedBatch, tiles: PagedQueryTiles, block_q: int, acc, m, denom) -> jax.Array:
-    """A kernel's per-split partial sums in tile rows (`acc [S, R, Hkv, rows, W]`, `m`, `denom`) -> `[T, Hq, D]`."""
+def finish_tiles(batch: PagedBatch, tiles: PagedQueryTiles, block_q: int, acc, m, denom, with_lse: bool = False):
+    """A kernel's per-split partial sums in tile rows (`acc [S, R, Hkv, rows, W]`, `m`, `denom`) -> `[T, Hq, D]`
+    (`with_lse`: and its log-sum-exp `[T, Hq]`, see `finalize`)."""
     acc = untile_rows(acc, block_q, batch.num_heads)
     m, denom = (untile_rows(x[..., None], block_q, batch.num_heads)[..., 0] for x in (m, denom))
-    return finalize(acc, m, denom, batch.sinks, batch.static, tiles, batch.num_tokens, batch.queries.dtype)
+    st, num_tokens, dtype = batch.static, batch.num_tokens, batch.queries.dtype
+    return finalize(acc, m, denom, batch.sinks, st, tiles, num_tokens, dtype, with_lse)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
@@ -67,16 +66,18 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     )
 
 
-def _forward(t: TritonPagedTiling, batch: PagedBatch) -> jax.Array:
+def _forward(t: TritonPagedTiling, with_lse: bool, batch: PagedBatch):
     tiles, meta, q_tiles, alibi = prepare_tiles(batch, t.block_q, t.rows, t.width)
     acc, m, denom = partial_sums(batch, meta, q_tiles, alibi, t)
-    return finish_tiles(batch, tiles, t.block_q, acc, m, denom)
+    return finish_tiles(batch, tiles, t.block_q, acc, m, denom, with_lse)
 
 
-def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | None = None) -> jax.Array:
-    """`[T, Hq, D]` paged attention of `batch` through the Pallas-Triton kernel (`interpret=True`: interpreted)."""
+def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | None = None, with_lse: bool = False):
+    """`[T, Hq, D]` paged attention of `batch` through the Pallas-Triton kernel (`interpret=True`: interpreted);
+    `with_lse`: `(out, lse [T, Hq] float32)`, as the plain-JAX core gives them."""
     t = plan(batch, cfg, interpret)
+    reference = functools.partial(paged_attention_core, with_lse=with_lse)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
-        return paged_attention_core(batch)
+        return reference(batch)
     # Inference ops must not break the gradient of a model around them: the plain-JAX core's exact gradient.
-    return differentiated_as(paged_attention_core, functools.partial(_forward, t))(batch)
+    return differentiated_as(reference, functools.partial(_forward, t, with_lse))(batch)
