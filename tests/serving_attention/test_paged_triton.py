@@ -16,7 +16,8 @@ import ejkernel.modules as modules
 from ejkernel import kernel_registry
 from ejkernel.kernels._common.paged_attention.adapters import unified_batch
 from ejkernel.kernels._common.paged_attention.implementations import implementation
-from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core, plan
+from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
+from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core, plan, short_pass
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams
 from harness import assert_close, check_forward_and_grads, randn
@@ -52,6 +53,18 @@ def test_unified_forward_and_gradients():
     fn = jax.jit(lambda *a: triton("unified_attention")(*a, cfg=SMALL, logits_soft_cap=2.0))
     ref = jitted_reference("unified_attention", {"logits_soft_cap": 2.0})
     check_forward_and_grads(fn, ref, args, (0, 1, 2, 6, 7, 8), jnp.float32)
+
+
+def test_mixed_batch_runs_short_sequences_apart():
+    """Decode sequences beside prefill chunks: a pass of one small tile per short sequence and a pass of prefill
+    tiles, each token written by one; the output and its log-sum-exp as the plain-JAX core's."""
+    args, _ = unified_case(np.random.default_rng(6), q_lens=(1, 20, 0, 2, 17), kv_lens=(17, 26, 0, 5, 30), kv_heads=1)
+    batch = unified_batch(*args, logits_soft_cap=2.0)
+    assert short_pass(batch, None, plan(batch, None, True)) is not None
+    out, lse = jax.jit(lambda b: paged_attention_triton_core(b, interpret=True, with_lse=True))(batch)
+    expected, expected_lse = paged_attention_core(batch, with_lse=True)
+    assert_close(out, expected)
+    assert_close(lse, expected_lse, name="lse")
 
 
 def test_kernel_lowers_for_cuda(cuda_lowering):

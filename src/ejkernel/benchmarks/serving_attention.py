@@ -4,7 +4,8 @@ Decode: `page_attention` and `unified_attention`, one query per sequence, batch 
 Hq=32, Hkv=8, D=128, bf16, page 16, every sequence's pages a random permutation of the cache. Mixed:
 `ragged_page_attention_v3` and `unified_attention` with decode sequences and prefill chunks in one call.
 Cascade: 64 sequences sharing an 8192-token prompt with 512 tokens each of their own, `cascade_attention`
-beside `page_attention` over each whole context (`speedup_vs_whole`).
+beside `page_attention` over each whole context (`speedup_vs_whole`). Prefill share: each mixed case's
+prefill chunks' FLOP/s (the mixed call's time less its decode sequences' alone) over flash attention's.
 Achieved bandwidth = (bytes of K/V read + queries + output) / time, beside a copy `x + 1` of 2 GiB
 (bytes read + written) and XLA's time measured in the same run. Each implementation is timed as the
 registry gives it (its own default tiling), and `auto` through the public op, as users call it: under
@@ -115,6 +116,39 @@ def _measure(op, label, args, nbytes, repeats, copy_bw, where):
     return rows
 
 
+def _prefill_share(n_decode, decode_ctx, n_prefill, chunk, prefill_ctx, *, heads, kv_heads, dim, page, repeats):
+    """What a mixed call spends on its prefill chunks, against flash attention on the same chunks.
+
+    Times `unified_attention` (auto) on the mixed batch and on its decode sequences alone; the difference is
+    the prefill's time, and its FLOP/s (causal inside each chunk, the whole context before it) over the
+    TFLOP/s of `flash_attention` (auto) with the chunks' queries over their whole contexts (bf16, no mask)
+    is `prefill_vs_flash`, issue 44's measure.
+    """
+    q_lens = [1] * n_decode + [chunk] * n_prefill
+    kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
+    mixed, _ = make_problem("unified_attention", q_lens, kv_lens, heads=heads, kv_heads=kv_heads, dim=dim, page=page)
+    alone, _ = make_problem(
+        "unified_attention", [1] * n_decode, [decode_ctx] * n_decode, heads=heads, kv_heads=kv_heads, dim=dim, page=page
+    )
+    keys = iter(jax.random.split(jax.random.PRNGKey(2), 3))
+    normal = lambda shape: jax.random.normal(next(keys), shape, jnp.bfloat16)
+    context = prefill_ctx + chunk
+    flash_args = (normal((n_prefill, chunk, heads, dim)), *(normal((n_prefill, context, kv_heads, dim)) for _ in "kv"))
+    calls = {
+        "mixed": functools.partial(make_call, "unified_attention", "auto", mixed),
+        "decode alone": functools.partial(make_call, "unified_attention", "auto", alone),
+        "flash": lambda: functools.partial(jax.jit(ejkernel.modules.flash_attention), *flash_args),
+    }
+    t = time_variants(calls, repeats=repeats, where="prefill share")
+    prefill_flops = 4 * n_prefill * chunk * (prefill_ctx + (chunk + 1) / 2) * heads * dim
+    flash_rate = 4 * n_prefill * chunk * context * heads * dim / t["flash"]
+    prefill_rate = prefill_flops / max(t["mixed"] - t["decode alone"], 1e-9)
+    label = f"mixed {n_decode}x1@{decode_ctx} + {n_prefill}x{chunk}@{prefill_ctx}"
+    row = dict(op="unified_attention", case=label, platform="auto", ms=1e3 * t["mixed"])
+    row |= dict(decode_alone_ms=1e3 * t["decode alone"], prefill_TFLOPs=prefill_rate / 1e12)
+    return [row | dict(flash_TFLOPs=flash_rate / 1e12, prefill_vs_flash=prefill_rate / flash_rate)]
+
+
 def _cascade(batch, prefix, own, *, heads, kv_heads, dim, page, repeats, copy_bw):
     """Decode of `batch` sequences sharing a `prefix`-token prompt, `own` tokens each: `cascade_attention` beside
     `page_attention` over each whole context, whose tables share the prompt's pages (as a serving engine's do).
@@ -185,6 +219,9 @@ def main(argv=None) -> None:
     rows += _cascade(*cascade, **sizes, repeats=args.repeats, copy_bw=copy_bw)
     columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "speedup_vs_xla", "speedup_vs_whole"]
     print_table(rows, columns)
+    shares = [row for case in mixed for row in _prefill_share(*case, **sizes, repeats=args.repeats)]
+    print_table(shares, ["case", "ms", "decode_alone_ms", "prefill_TFLOPs", "flash_TFLOPs", "prefill_vs_flash"])
+    rows += shares
 
     def plot(ax, rows):
         decode_rows = [r for r in rows if r["case"].startswith("decode")]

@@ -34,10 +34,13 @@ def max_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
     return (num_tokens + min(num_seqs, num_tokens) * (block_q - 1)) // block_q
 
 
-def query_tiles(batch: PagedBatch, block_q: int) -> PagedQueryTiles:
+def query_tiles(batch: PagedBatch, block_q: int, num_tiles: int | None = None) -> PagedQueryTiles:
+    """The batch's tiles of `block_q` queries; `num_tiles`: a smaller static bound on them than `max_tiles`
+    (the caller's promise, e.g. one tile per sequence when no sequence has more than `block_q` queries)."""
     tiles = -(-batch.query_len // block_q)
     ends = jnp.cumsum(tiles)
-    rows = jnp.arange(max_tiles(batch.num_tokens, batch.num_seqs, block_q), dtype=jnp.int32)
+    bound = max_tiles(batch.num_tokens, batch.num_seqs, block_q)
+    rows = jnp.arange(bound if num_tiles is None else min(bound, num_tiles), dtype=jnp.int32)
     seq = sorted_position(ends, rows).astype(jnp.int32)
     valid = seq < batch.num_seqs
     seq = jnp.minimum(seq, batch.num_seqs - 1)

@@ -32,8 +32,9 @@ def untile_rows(x: jax.Array, block_q: int, num_heads: int) -> jax.Array:
     return jnp.moveaxis(x, -4, -3).reshape(*lead, block_q, num_heads, tail)
 
 
-def prepare_tiles(batch: PagedBatch, block_q: int, rows: int, width: int):
-    """What a kernel reads of its query tiles: `(tiles, meta [R, 5] int32, q [R, Hkv, rows, width], alibi)`.
+def prepare_tiles(batch: PagedBatch, block_q: int, rows: int, width: int, num_tiles: int | None = None):
+    """What a kernel reads of its query tiles: `(tiles, meta [R, 5] int32, q [R, Hkv, rows, width], alibi)`
+    (`num_tiles`: a static bound on R, see `query_tiles`).
 
     `meta` holds each tile's sequence, key span (lo, hi), context (`kv_len - q_len`) and first query;
     `q` its query rows (`tile_rows`, in the compute dtype, zero-padded to `width`); `alibi [Hkv, rows]`
@@ -42,7 +43,7 @@ def prepare_tiles(batch: PagedBatch, block_q: int, rows: int, width: int):
     st = batch.static
     num_tokens, num_heads, _ = batch.queries.shape
     compute = jnp.dtype(st.compute_dtype) if st.compute_dtype is not None else batch.queries.dtype
-    tiles = query_tiles(batch, block_q)
+    tiles = query_tiles(batch, block_q, num_tiles)
     seq = tiles.seq
     context = batch.kv_len[seq] - batch.query_len[seq]
     kv_start = None if batch.kv_start is None else batch.kv_start[seq]

@@ -9,12 +9,13 @@ core's (`_common.paged_attention.jax_core`, recomputed, every input), so a gradi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention.core_math import span_bound
+from ejkernel.kernels._common.paged_attention.core_math import max_tiles, span_bound
 from ejkernel.kernels._common.paged_attention.implementations import config_tiling
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
@@ -33,6 +34,12 @@ def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << max(n - 1, 0).bit_length())
 
 
+def _splits(st, block_q: int, block_k: int, tiles: int) -> int:
+    """Key splits: enough programs to fill the GPU, but each split at least 4 steps long."""
+    most = max(1, span_bound(st, block_q) // (4 * block_k))
+    return max(1, min(16, most, -(-TARGET_PROGRAMS // (max(1, tiles) * st.num_kv_heads))))
+
+
 def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     """The kernel's tiling for `batch` (cfg fields win); NotImplementedError for what it cannot serve."""
     st = batch.static
@@ -49,11 +56,7 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     group = batch.num_heads // st.num_kv_heads
     block_q = params.block_q or min(default_block_q(batch), max(1, MAX_ROWS // group))
     block_k = max(16, params.block_k or (64 if width <= 128 else 32))  # tl.dot needs 16 rows at least
-    splits = params.num_splits or st.num_splits
-    if not splits:  # enough programs to fill the GPU, but each split at least 4 steps long
-        tiles = max(1, batch.num_tokens // block_q)
-        most = max(1, span_bound(st, block_q) // (4 * block_k))
-        splits = max(1, min(16, most, -(-TARGET_PROGRAMS // (tiles * st.num_kv_heads))))
+    splits = params.num_splits or st.num_splits or _splits(st, block_q, block_k, batch.num_tokens // block_q)
     return TritonPagedTiling(
         block_q=block_q,
         block_k=block_k,
@@ -66,10 +69,44 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     )
 
 
-def _forward(t: TritonPagedTiling, with_lse: bool, batch: PagedBatch):
-    tiles, meta, q_tiles, alibi = prepare_tiles(batch, t.block_q, t.rows, t.width)
+def short_pass(batch: PagedBatch, cfg, t: TritonPagedTiling) -> TritonPagedTiling | None:
+    """The tiling of a first pass over the short sequences (decode, speculative steps) of a batch that may mix
+    them with prefill chunks, or None when one pass serves the batch.
+
+    One tile size for all sequences makes every one-query sequence fill a prefill-sized tile: 32 queries x
+    4 grouped heads = 128 rows of logits per key for 4 real ones, so a decode row costs 32 times its
+    matmul work. Sequences of at most `short` queries (the tile of 16 rows, `16 // G` queries) run in
+    their own pass with one tile each; the rest (prefill chunks) in the pass of tiling `t`. Not when the
+    config fixes `block_q`, or the batch's tile is short already.
+    """
+    st, group = batch.static, batch.num_heads // batch.static.num_kv_heads
+    short = max(1, 16 // group)
+    if config_tiling(cfg, st.rows.page_size).block_q or t.block_q <= short:
+        return None
+    splits = config_tiling(cfg, st.rows.page_size).num_splits or st.num_splits
+    splits = splits or _splits(st, short, t.block_k, batch.num_seqs)
+    return dataclasses.replace(t, block_q=short, rows=_pow2(short * group), num_splits=int(splits))
+
+
+def _partial_pass(t: TritonPagedTiling, batch: PagedBatch, with_lse: bool, num_tiles: int | None = None):
+    tiles, meta, q_tiles, alibi = prepare_tiles(batch, t.block_q, t.rows, t.width, num_tiles)
     acc, m, denom = partial_sums(batch, meta, q_tiles, alibi, t)
     return finish_tiles(batch, tiles, t.block_q, acc, m, denom, with_lse)
+
+
+def _forward(t: TritonPagedTiling, short: TritonPagedTiling | None, with_lse: bool, batch: PagedBatch):
+    if short is None:
+        return _partial_pass(t, batch, with_lse)
+    # Each sequence goes to one pass (the other sees it with no query); every token is written by one pass.
+    is_short = batch.query_len <= short.block_q
+    only = lambda keep: dataclasses.replace(batch, query_len=jnp.where(keep, batch.query_len, 0))
+    long_seqs = min(batch.num_seqs, batch.num_tokens // (short.block_q + 1))
+    long_tiles = max_tiles(batch.num_tokens, long_seqs, t.block_q)
+    firsts = _partial_pass(short, only(is_short), with_lse, num_tiles=batch.num_seqs)
+    rests = _partial_pass(t, only(~is_short), with_lse, num_tiles=long_tiles)
+    if not with_lse:
+        return firsts + rests
+    return firsts[0] + rests[0], jnp.maximum(firsts[1], rests[1])
 
 
 def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | None = None, with_lse: bool = False):
@@ -80,4 +117,5 @@ def paged_attention_triton_core(batch: PagedBatch, cfg=None, interpret: bool | N
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return reference(batch)
     # Inference ops must not break the gradient of a model around them: the plain-JAX core's exact gradient.
-    return differentiated_as(reference, functools.partial(_forward, t, with_lse))(batch)
+    forward = functools.partial(_forward, t, short_pass(batch, cfg, t), with_lse)
+    return differentiated_as(reference, forward)(batch)
