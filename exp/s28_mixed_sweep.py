@@ -31,7 +31,7 @@ for n_decode, decode_ctx, n_prefill, chunk, prefill_ctx in MIXED:
     kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
     args, _ = make_problem("unified_attention", q_lens, kv_lens, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
 
-    def build(params):
+    def build(params, args=args):
         cfg = None if params is None else PagedAttentionConfig(fwd_params=FwdParams(**params))
         return functools.partial(jax.jit(lambda *a: fn(*a, cfg=cfg)), *args)
 
