@@ -88,10 +88,11 @@ def test_registered_first_for_gpus():
 
 def test_kernel_lowers_for_cuda(cuda_lowering):
     """The kernel lowers to Triton IR for an H100 at DeepSeek's widths (latent 512, RoPE 64, 128 heads, page
-    64), with its own tiling, bf16 and float32, without a GPU."""
-    for dtype in (jnp.bfloat16, jnp.float32):
+    64), without a GPU: bf16 with its own tiling, float32 with steps longer than a page (per-position lookup)."""
+    steps = MultiLatentRaggedPageAttentionConfig(triton_tiling=MultiLatentRaggedPageAttentionTritonTiling(block_k=128))
+    for dtype, cfg in ((jnp.bfloat16, None), (jnp.float32, steps)):
         args = make_case(dtype, dtype, (1, 2, 0, 1, 1), (70, 64, 3, 9, 4), 2, heads=128, page=64, latent=512, rope=64)
-        call = functools.partial(multi_latent_ragged_page_attention_triton, interpret=False)
+        call = functools.partial(multi_latent_ragged_page_attention_triton, interpret=False, cfg=cfg)
         text = jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "ejkernel_mla_paged_attention" in text, dtype
 
@@ -122,16 +123,17 @@ GPU_SHAPES = {
 @pytest.mark.parametrize("name", GPU_SHAPES)
 @pytest.mark.parametrize("op", OPS)
 def test_gpu_matches_xla(name, op):
-    shape = GPU_SHAPES[name]
-    args = make_case(jnp.bfloat16, jnp.bfloat16, **shape, pages_per_seq=32, heads=128, page=64, latent=512, rope=64)
-    public = {"multi_latent_ragged_page_attention": multi_latent_ragged_page_attention}
-    public["multi_latent_ragged_page_attention_v2"] = multi_latent_ragged_page_attention_v2
-    fn = lambda platform: jax.jit(lambda *a: public[op](*a, platform=platform, sliding_window=1024))
+    """Each op through its public function (v1 whole contexts, v2 with a sliding window), then with 3 splits."""
+    args = make_case(
+        jnp.bfloat16, jnp.bfloat16, **GPU_SHAPES[name], pages_per_seq=32, heads=128, page=64, latent=512, rope=64
+    )
+    public = {OPS[0]: multi_latent_ragged_page_attention, OPS[1]: multi_latent_ragged_page_attention_v2}[op]
+    options = {"sliding_window": 1024} if op == OPS[1] else {}
+    fn = lambda platform: jax.jit(lambda *a: public(*a, platform=platform, **options))
     out, cache = fn("triton")(*args)
     ref_out, ref_cache = fn("xla")(*args)
     assert_close(out, ref_out, jnp.bfloat16)
     assert bool(jnp.array_equal(cache, ref_cache))
-    tiling = MultiLatentRaggedPageAttentionTritonTiling(num_splits=3)
-    cfg = MultiLatentRaggedPageAttentionConfig(triton_tiling=tiling)
-    split_out, _ = kernel_registry.get(op, "triton", "gpu")(*args, cfg=cfg, sliding_window=1024)
+    cfg = MultiLatentRaggedPageAttentionConfig(triton_tiling=MultiLatentRaggedPageAttentionTritonTiling(num_splits=3))
+    split_out, _ = kernel_registry.get(op, "triton", "gpu")(*args, cfg=cfg, **options)
     assert_close(split_out, ref_out, jnp.bfloat16)

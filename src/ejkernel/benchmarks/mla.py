@@ -11,7 +11,10 @@ time and its ratio to XLA's.
 a serving loop runs it (the cache donated and fed back). Decode, 64 sequences x 8192 context with 128 query
 heads (DeepSeek-V3's): bandwidth = bytes of the latent and RoPE parts of the rows read (`(L + R) * 2` per
 position; the rows' zero padding is not counted) / time, beside a 2 GiB copy `x + 1` of the same run
-(`ratio`). Mixed decode + prefill chunks in one call: time and speed-up over XLA (`ratio`).
+(`ratio`). Mixed decode + prefill chunks in one call: time and speed-up over XLA (`ratio`). Both report
+TFLOP/s (`2 * Hq * (2L + R)` per (query, visible position) pair): at 128 heads a decode step does ~240
+flops per byte of cache read, about an H200's ratio of bf16 tensor throughput to memory bandwidth, so it is
+bound by the tensor cores as much as by memory.
 """
 
 import functools
@@ -67,9 +70,9 @@ def _ours(platform, causal):
 
 
 def paged_inputs(q_lens, kv_lens, heads, latent, rope, page, dtype=jnp.bfloat16):
-    """`(args, bytes read)` of one `multi_latent_ragged_page_attention` call: each sequence's pages a slice of a
-    random permutation of a cache that holds exactly them; the bytes are the latent and RoPE parts of the
-    context rows."""
+    """`(args, bytes read, flops)` of one `multi_latent_ragged_page_attention` call: each sequence's pages a slice
+    of a random permutation of a cache that holds exactly them; the bytes are the latent and RoPE parts of the
+    context rows, the flops those of the scores and the weighted sum over the positions each query sees."""
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 5))
     normal = lambda shape: jax.random.normal(next(keys), shape, jnp.float32).astype(dtype)
     pages = [-(-n // page) for n in kv_lens]
@@ -93,7 +96,8 @@ def paged_inputs(q_lens, kv_lens, heads, latent, rope, page, dtype=jnp.bfloat16)
         jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
         jnp.asarray([q_lens.count(1), len(q_lens), len(q_lens)], jnp.int32),
     )
-    return args, sum(kv_lens) * (latent + rope) * jnp.dtype(dtype).itemsize
+    seen = sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(q_lens, kv_lens, strict=True))  # (query, key) pairs
+    return args, sum(kv_lens) * (latent + rope) * jnp.dtype(dtype).itemsize, seen * heads * 2 * (2 * latent + rope)
 
 
 def _paged_call(platform, args):
@@ -120,13 +124,13 @@ def _paged_rows(args) -> list[dict]:
     copy_bw = 2 * x.nbytes / copy["copy"]
     rows = []
     for mode, (q_lens, kv_lens) in (("paged decode", decode), ("paged mixed", mixed)):
-        problem, nbytes = paged_inputs(q_lens, kv_lens, *widths)
+        problem, nbytes, flops = paged_inputs(q_lens, kv_lens, *widths)
         timings = time_variants(
             {p: functools.partial(_paged_call, p, problem) for p in platforms}, repeats=args.repeats, where=mode
         )
         shape = f"{len(q_lens)}seq {sum(q_lens)}tok {max(kv_lens)}ctx H{widths[0]}"
         for platform, seconds in timings.items():
-            row = dict(mode=mode, shape=shape, platform=platform, ms=1e3 * seconds)
+            row = dict(mode=mode, shape=shape, platform=platform, ms=1e3 * seconds, TFLOPs=flops / seconds / 1e12)
             if mode == "paged decode":
                 row.update(TBps=nbytes / seconds / 1e12, copy_TBps=copy_bw / 1e12, ratio=nbytes / seconds / copy_bw)
             else:
@@ -186,7 +190,7 @@ def main(argv=None) -> None:
     cases = args.cases.split(",")
     rows = (_flash_mla_rows(args) if "flash_mla" in cases else []) + (_paged_rows(args) if "paged" in cases else [])
     print("ratio: decode bandwidth / device-copy bandwidth; prefill and mixed speed / XLA's")
-    print_table(rows, ["mode", "shape", "platform", "ms", "TBps", "copy_TBps", "ratio"])
+    print_table(rows, ["mode", "shape", "platform", "ms", "TBps", "copy_TBps", "TFLOPs", "ratio"])
 
     def plot(ax, rows):
         labels = [f"{r['mode']} {r['platform']}" for r in rows]
