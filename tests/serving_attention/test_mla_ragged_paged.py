@@ -32,7 +32,10 @@ KV_LENS = (7, 6, 5, 9, 4)
 OFFSET, TAIL = 2, 3  # tokens before query_start_loc[0] and after the last processed token
 
 
-def make_case(cache_dtype=jnp.float32, dtype=jnp.float32, q_lens=Q_LENS, kv_lens=KV_LENS, pages_per_seq=4):
+def make_case(
+    cache_dtype=jnp.float32, dtype=jnp.float32, q_lens=Q_LENS, kv_lens=KV_LENS, pages_per_seq=4, *, heads=HEADS,
+    page=PAGE, latent=LATENT, rope=ROPE,
+):  # fmt: skip
     """Positional arguments of one call, with `distribution = [0, 0, N - 1]` (the last sequence ignored)."""
     packing = kv_packing(cache_dtype)
     num_seqs = len(kv_lens)
@@ -40,18 +43,18 @@ def make_case(cache_dtype=jnp.float32, dtype=jnp.float32, q_lens=Q_LENS, kv_lens
     order = iter(np.random.default_rng(len(q_lens)).permutation(num_pages).tolist())
     tables = np.zeros((num_seqs, pages_per_seq), np.int32)
     for s, kv_len in enumerate(kv_lens):
-        used = -(-kv_len // PAGE)
+        used = -(-kv_len // page)
         tables[s, :used] = [next(order) for _ in range(used)]
         tables[s, used:] = tables[s, 0] if s % 2 == 0 else [-1, num_pages + 7][s % 4 // 2]  # live page / off the cache
     num_tokens = OFFSET + sum(q_lens) + TAIL
     loc = OFFSET + np.concatenate([[0], np.cumsum(q_lens)])
-    width = -(-LATENT // 128) * 128 + -(-ROPE // 128) * 128
+    width = -(-latent // 128) * 128 + -(-rope // 128) * 128
     return [
-        randn((num_tokens, HEADS, LATENT), dtype),
-        randn((num_tokens, HEADS, ROPE), dtype),
-        randn((num_tokens, LATENT), dtype),
-        randn((num_tokens, ROPE), dtype),
-        randn((num_pages, PAGE // packing, packing, width), cache_dtype),
+        randn((num_tokens, heads, latent), dtype),
+        randn((num_tokens, heads, rope), dtype),
+        randn((num_tokens, latent), dtype),
+        randn((num_tokens, rope), dtype),
+        randn((num_pages, page // packing, packing, width), cache_dtype),
         jnp.asarray(kv_lens, jnp.int32),
         jnp.asarray(tables.reshape(-1)),
         jnp.asarray(loc, jnp.int32),
@@ -149,7 +152,8 @@ def test_v2_per_case_block_sizes():
 def test_configs():
     fields = [f.name for f in dataclasses.fields(MultiLatentRaggedPageAttentionConfig)]
     own = ["chunk_prefill_size", "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes"]
-    assert fields[-6:] == [*own, "num_warps", "num_stages"] and {"platform", "backend"} <= set(fields)
+    upstream = [*own, "num_warps", "num_stages"]  # upstream's fields, in its order; then the Triton tiling
+    assert fields[-7:] == [*upstream, "triton_tiling"] and {"platform", "backend"} <= set(fields)
     assert [f.name for f in dataclasses.fields(MultiLatentRaggedPageAttentionV2Config)] == fields
     cfg = MultiLatentRaggedPageAttentionConfig(num_queries_per_block=10, vmem_limit_bytes=1 << 20)
     assert (cfg.get("num_queries_per_block"), cfg.get("num_warps"), cfg.get("missing", 7)) == (10, 4, 7)

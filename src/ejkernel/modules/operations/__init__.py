@@ -51,6 +51,7 @@ from ejkernel.modules.operations.merge_attention_states import (
 from ejkernel.modules.operations.multi_latent_ragged_page_attention import (
     MultiLatentRaggedPageAttention,
     MultiLatentRaggedPageAttentionConfig,
+    MultiLatentRaggedPageAttentionTritonTiling,
     MultiLatentRaggedPageAttentionV2,
     MultiLatentRaggedPageAttentionV2Config,
     multi_latent_ragged_page_attention,
@@ -140,6 +141,7 @@ __all__ = [
     "MergeAttentionStatesConfig",
     "MultiLatentRaggedPageAttention",
     "MultiLatentRaggedPageAttentionConfig",
+    "MultiLatentRaggedPageAttentionTritonTiling",
     "MultiLatentRaggedPageAttentionV2",
     "MultiLatentRaggedPageAttentionV2Config",
     "NativeSparseAttention",

@@ -26,13 +26,70 @@ from ejkernel.kernels._common.paged_attention.arguments import (
 from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules.operations._common import executor
 from ejkernel.modules.operations.page_attention import busy_sequences
-from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops import ConfigBase, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 
+_TRITON_TARGET = "ejkernel.kernels._triton.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_triton"
 _XLA_TARGET = "ejkernel.kernels._xla.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_xla"
-IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", (Platform.XLA, Backend.ANY, _XLA_TARGET))
-IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", (Platform.XLA, Backend.ANY, _XLA_TARGET))
-"""Both ops, one implementation (v2 differs only in its config)."""
+_BOTH = ((Platform.TRITON, Backend.GPU, _TRITON_TARGET), (Platform.XLA, Backend.ANY, _XLA_TARGET))
+IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", *_BOTH)
+IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_BOTH)
+"""Both ops, the same implementations (v2 differs only in its config): Triton on GPUs, XLA everywhere."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLatentRaggedPageAttentionTritonTiling(ConfigBase):
+    """The Triton platform's tiling of both MLA ops (`triton_tiling` of their configs); XLA does not read it.
+
+    A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
+    summation order. A program takes `block_h` query rows (a query token's heads; with few heads, several
+    tokens of one sequence) and walks its share of their key span in steps of `block_k` cache rows.
+
+    Attributes:
+        block_h: Query rows per program, a power of two of at least 16 [64 for latent widths up to 512, else
+            32; fewer where the tile has fewer rows, or where shared memory asks].
+        block_k: Cache rows per step, a power of two of at least 16 [32 for a 16-bit cache, 16 for float32].
+        num_splits: Parts a tile's key span is cut in, merged by log-sum-exp (flash-decoding) [enough
+            programs for every SM, each part at least 4 steps long].
+        num_warps: Warps per program, a power of two [8 for a `[block_h, latent]` accumulator of 16K
+            elements or more, else 4].
+        num_stages: Software-pipelining stages of the cache reads, a positive int [2].
+
+    Raises:
+        ValueError: A field that breaks its rule above; one line naming it.
+
+    Example:
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionConfig as Config
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionTritonTiling as Tiling
+        >>> Config(platform="triton", triton_tiling=Tiling(block_k=64, num_splits=2)).triton_tiling.block_k
+        64
+    """
+
+    block_h: int | None = None
+    block_k: int | None = None
+    num_splits: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        who = type(self).__name__
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
+        power = lambda x: is_int(x) and x > 0 and not x & (x - 1)
+        rules = {
+            "block_h": ("a power of two of at least 16", lambda x: power(x) and x >= 16),
+            "block_k": ("a power of two of at least 16", lambda x: power(x) and x >= 16),
+            "num_splits": ("a positive int", lambda x: is_int(x) and x > 0),
+            "num_warps": ("a positive power of two", power),
+            "num_stages": ("a positive int", lambda x: is_int(x) and x > 0),
+        }
+        for name, (rule, ok) in rules.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"{who}.{name} must be {rule}, got {value!r}")
+
+    def overrides(self) -> dict[str, int]:
+        """The fields that are set: what replaces the kernel's own choices."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:
@@ -72,6 +129,11 @@ class _MlaConfigChecks:
                 _positive_int(owner, name, getattr(self, name))
         for name in ("num_warps", "num_stages"):
             _positive_int(owner, name, getattr(self, name))
+        tiling = self.triton_tiling
+        if tiling is not None and not isinstance(tiling, MultiLatentRaggedPageAttentionTritonTiling):
+            raise ValueError(
+                f"{owner}.triton_tiling must be a MultiLatentRaggedPageAttentionTritonTiling, got {tiling!r}"
+            )
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name (`default` for an unknown name), as EasyDeL reads its operation configs."""
@@ -82,28 +144,33 @@ class _MlaConfigChecks:
 class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
     """Tiling of `multi_latent_ragged_page_attention`; None leaves a size to the implementation.
 
-    The XLA path, the only one, reads the two block sizes only: it tiles at most `num_queries_per_block`
-    queries, fewer when sequences average fewer, and rounds both sizes to powers of two. Sizes never change
-    results.
+    The XLA path reads the two block sizes only: it tiles at most `num_queries_per_block` queries, fewer when
+    sequences average fewer, and rounds both sizes to powers of two. The Triton path reads `triton_tiling`
+    only (its tiles follow the latent width and the head count, not these TPU-sized blocks). Sizes never
+    change results.
 
     Attributes:
-        platform: `str`, default "auto". "auto" or "xla" serve the op; the other names of `KernelConfig` are
-            accepted here but have no implementation of it.
+        platform: `str`, default "auto". "auto", "triton" (GPUs) or "xla" serve the op; the other names of
+            `KernelConfig` are accepted here but have no implementation of it.
         fwd_params: must be None (this op is tiled by the fields below).
         bwd_params: must be None.
         backend: `str`, default "any". "any", "gpu", "tpu" or "cpu": the device kind the config is for;
             running it on another kind raises a ValueError.
         chunk_prefill_size: `int | None`, default None. Prefill tokens per kernel chunk (upstream's TPU
             kernel): not read.
-        num_kv_pages_per_block: `int | None`, default None. Cache pages per key step.
-        num_queries_per_block: `int | None`, default None. Query tokens per tile.
+        num_kv_pages_per_block: `int | None`, default None. Cache pages per key step (XLA).
+        num_queries_per_block: `int | None`, default None. Query tokens per tile (XLA).
         vmem_limit_bytes: `int | None`, default None. TPU scoped memory: not read.
-        num_warps: `int`, default 4. For GPU kernels: not read.
-        num_stages: `int`, default 1. For GPU kernels: not read.
+        num_warps: `int`, default 4. Upstream's GPU field: not read (the Triton kernel's warps are
+            `triton_tiling.num_warps`).
+        num_stages: `int`, default 1. Upstream's GPU field: not read (see `triton_tiling.num_stages`).
+        triton_tiling: `MultiLatentRaggedPageAttentionTritonTiling | None`, default None. The Triton kernel's
+            tiles, splits and warps; None: its own choices.
 
     Raises:
         ValueError: `fwd_params` or `bwd_params` not None; a size, `num_warps` or `num_stages` that is not a
-            positive int (None allowed where it is the default); a `platform` or `backend` not listed.
+            positive int (None allowed where it is the default); a `triton_tiling` of another type; a
+            `platform` or `backend` not listed.
 
     Example:
         >>> from ejkernel.modules import MultiLatentRaggedPageAttentionConfig
@@ -117,6 +184,7 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
     vmem_limit_bytes: int | None = None
     num_warps: int = 4
     num_stages: int = 1
+    triton_tiling: MultiLatentRaggedPageAttentionTritonTiling | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +192,14 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
     """Tiling of `multi_latent_ragged_page_attention_v2`: as `MultiLatentRaggedPageAttentionConfig`, with triples.
 
     `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list is
-    kept as a tuple; an int means all three). The XLA path uses the mixed entry.
+    kept as a tuple; an int means all three). The XLA path uses the mixed entry; the Triton path reads
+    `triton_tiling` only.
 
     Attributes:
         num_kv_pages_per_block: `int | tuple[int, int, int] | None`, default None. Cache pages per key step.
         num_queries_per_block: `int | tuple[int, int, int] | None`, default None. Query tokens per tile.
+        triton_tiling: `MultiLatentRaggedPageAttentionTritonTiling | None`, default None. The Triton
+            kernel's tiling.
 
     Raises:
         ValueError: as `MultiLatentRaggedPageAttentionConfig`, and a block-size sequence that is not three
@@ -148,19 +219,34 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
     vmem_limit_bytes: int | None = None
     num_warps: int = 4
     num_stages: int = 1
+    triton_tiling: MultiLatentRaggedPageAttentionTritonTiling | None = None
+
+
+TRITON_TILINGS = (
+    MultiLatentRaggedPageAttentionTritonTiling(block_k=16),
+    MultiLatentRaggedPageAttentionTritonTiling(block_k=64, num_stages=1),
+    MultiLatentRaggedPageAttentionTritonTiling(num_stages=3),
+    MultiLatentRaggedPageAttentionTritonTiling(block_h=32, num_warps=4),
+)
+"""Triton tilings autotuning times beside the kernel's own choice."""
 
 
 class MultiLatentRaggedPageAttention(Kernel):
     """`multi_latent_ragged_page_attention` as the executor runs it (config `MultiLatentRaggedPageAttentionConfig`).
 
-    Autotuning tries 16 and 32 queries per block (upstream's candidates).
+    Autotuning tries 16 and 32 queries per block (upstream's candidates), and on the Triton platform the
+    kernel's own tiling and `TRITON_TILINGS`.
     """
 
     op_id = "multi_latent_ragged_page_attention"
     config_type = MultiLatentRaggedPageAttentionConfig
 
     def platform_cfgs(self, platform: str, inv: Invocation):
-        """Autotuning tries 16 and 32 queries per block (upstream's candidates)."""
+        """XLA: 16 and 32 queries per block (upstream's candidates); Triton: its own tiling and `TRITON_TILINGS`."""
+        if platform == "triton":
+            for tiling in (None, *TRITON_TILINGS):
+                yield self.config_type(platform=platform, triton_tiling=tiling)
+            return
         for queries in (16, 32):
             yield self.config_type(platform=platform, num_queries_per_block=queries)
 
@@ -411,7 +497,8 @@ def multi_latent_ragged_page_attention(
         q_scale: `float | None`, default None. Positive, finite: quantise the queries (above).
         k_scale: `float | None`, default None. Finite: multiplies the logits.
         v_scale: `float | None`, default None. Finite: multiplies the output.
-        platform: `str | None`, default None ("auto"). "xla" is the one implementation.
+        platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
+            "xla" under "auto") or "xla".
         cfg: `MultiLatentRaggedPageAttentionConfig | None`, default None (chosen by the executor). The tiling;
             it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
@@ -510,7 +597,8 @@ def multi_latent_ragged_page_attention_v2(
         q_scale: `float | None`, default None. Positive, finite: quantise the queries like the cache.
         k_scale: `float | None`, default None. Finite: multiplies the logits.
         v_scale: `float | None`, default None. Finite: multiplies the output.
-        platform: `str | None`, default None ("auto"). "xla" is the one implementation.
+        platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
+            "xla" under "auto") or "xla".
         cfg: `MultiLatentRaggedPageAttentionV2Config | None`, default None (chosen by the executor). The
             tiling; it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (query heads only).

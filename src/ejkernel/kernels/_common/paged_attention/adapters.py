@@ -28,7 +28,12 @@ from ejkernel.kernels._common.paged_attention.arguments import (
     last_positions_window,
     resolve_scale,
 )
-from ejkernel.kernels._common.paged_attention.kv_cache import quantize_queries, write_kv_cache
+from ejkernel.kernels._common.paged_attention.kv_cache import (
+    quantize_queries,
+    rope_column,
+    write_kv_cache,
+    write_latents,
+)
 from ejkernel.kernels._common.paged_attention.problem import CacheRows, PagedBatch, PagedStatic
 
 
@@ -193,6 +198,63 @@ def ragged_v3_batch(
             head_dim=head_dim,
             softmax_scale=scale,
             soft_cap=check_soft_cap(logits_soft_cap),
+            window=last_positions_window(sliding_window),
+            value_scale=None if v_scale is None else float(v_scale),
+            max_kv_len=tables.shape[1] * page_size,
+        ),
+    )
+
+
+def latent_batch(
+    queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
+    /, *, softmax_scale, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
+) -> PagedBatch:  # fmt: skip
+    """`multi_latent_ragged_page_attention`: writes the new latent rows, then MQA over one shared latent head.
+
+    A cache row `[c (L), 0..., r (R), 0...]` is the key, scored against the packed query
+    `[q_nope, 0..., q_pe, 0...]` (the row's width, in the promoted dtype of queries and cache), and through
+    its first `L` columns the value: the core's output keeps `L` of its columns. The cache
+    `[pages, rows, packing, width]` viewed as `[pages * page_size, width]` holds position `i` of page `g` at
+    row `g * page_size + i` (packing only folds the slot axis). The updated cache is the batch's `key_rows`.
+    Quantisation as `ragged_v3_batch`. Trusts its arguments: `keys_values [T, L]`, `keys_pe [T, R]`, 1-D
+    `block_tables`, a resolved float `softmax_scale`.
+    """
+    num_tokens, num_heads, latent = queries_nope.shape
+    rope = queries_pe.shape[-1]
+    num_pages, rows, packing, width = kv_cache.shape
+    page_size = rows * packing
+    num_seqs = kv_lens.shape[0]
+    tables = block_tables.astype(jnp.int32).reshape(num_seqs, -1)
+    kv_len = clamp_lengths(kv_lens, tables.shape[1] * page_size)
+    query_start, query_len = ragged_queries(query_start_loc, distribution[2], num_seqs, num_tokens)
+    kv_cache = write_latents(kv_cache, keys_values, keys_pe, kv_len, tables, query_start, query_len)
+
+    compute = jnp.promote_types(jnp.promote_types(queries_nope.dtype, queries_pe.dtype), kv_cache.dtype)
+    rope_col = rope_column(latent)
+    queries = jnp.zeros((num_tokens, num_heads, width), compute)
+    queries = queries.at[..., :latent].set(queries_nope.astype(compute))
+    queries = queries.at[..., rope_col : rope_col + rope].set(queries_pe.astype(compute))
+    scale = float(softmax_scale)
+    if q_scale is not None:
+        queries = quantize_queries(queries, q_scale, kv_cache.dtype)
+        scale *= float(q_scale)
+    if k_scale is not None:
+        scale *= float(k_scale)
+    view = _rows_view(kv_cache)
+    return PagedBatch(
+        queries=queries,
+        key_rows=view,
+        value_rows=view,
+        page_tables=tables,
+        query_start=query_start,
+        query_len=query_len,
+        kv_len=kv_len,
+        static=PagedStatic(
+            rows=CacheRows(page_size, num_pages, page_size, 1, 1),
+            num_kv_heads=1,
+            head_dim=width,
+            softmax_scale=scale,
+            soft_cap=None if logits_soft_cap is None else abs(float(logits_soft_cap)),
             window=last_positions_window(sliding_window),
             value_scale=None if v_scale is None else float(v_scale),
             max_kv_len=tables.shape[1] * page_size,

@@ -1,4 +1,5 @@
-"""The caches the serving ops write: `ragged_page_attention_v3`'s packed layout, where new tokens go, the write.
+"""The caches the serving ops write: `ragged_page_attention_v3`'s packed layout, MLA's packed latent rows, where
+new tokens go, the writes.
 
 Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it.
 """
@@ -63,6 +64,29 @@ def write_kv_cache(keys, values, kv_cache, tables, kv_lens, query_start, query_l
     flat = kv_cache.reshape(num_pages * page_size, groups * packing, width)
     flat = flat.at[flat_slot].set(new.astype(kv_cache.dtype), mode="drop", unique_indices=True)
     return flat.reshape(kv_cache.shape)
+
+
+def rope_column(latent: int) -> int:
+    """Where the RoPE key starts in a latent cache row `[c (L), 0..., r (R), 0...]`: `L` rounded up to 128."""
+    return -(-latent // 128) * 128
+
+
+def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, query_len) -> jax.Array:
+    """The MLA cache `[pages, rows, packing, width]` with each new token's row `[c, 0..., r, 0...]` written in.
+
+    Token `j` of sequence `s` goes to its row of `new_token_rows` (`tables [N, W]`, clamped `kv_lens`, the
+    sequences' queries), cast to the cache dtype. A scatter of the new rows only (in place under donation).
+    """
+    num_pages, rows, packing, width = kv_cache.shape
+    page_size = rows * packing
+    num_tokens, latent = keys_values.shape
+    row = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
+    rope_col = rope_column(latent)
+    new = jnp.zeros((num_tokens, width), kv_cache.dtype)
+    new = new.at[:, :latent].set(keys_values.astype(kv_cache.dtype))
+    new = new.at[:, rope_col : rope_col + keys_pe.shape[1]].set(keys_pe.astype(kv_cache.dtype))
+    flat = kv_cache.reshape(num_pages * page_size, width)
+    return flat.at[row].set(new, mode="drop", unique_indices=True).reshape(kv_cache.shape)
 
 
 def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
