@@ -8,8 +8,9 @@ aliased to the kernel's output (`input_output_aliases`), so under `jit` with the
 Which programs work is data, decided in XLA beforehand (`Requests`): a request `WRITES` (the first live request
 of its slot), `READS` (live, but an earlier request writes its slot: output only) or is `IDLE` (empty, or its
 slot outside the pool: zero output, no write). Readers must see the slot's old state, which a writer of the
-same slot overwrites in place; so they run first, in a kernel of their own that writes no state (launched
-only when some request reads), and the writers' kernel then fills in the rest of the outputs.
+same slot overwrites in place; so they run first, in a kernel of their own that writes no state (and zero
+outputs for the others; its programs without a reader return at once), and the writers' kernel then fills in
+the writers' outputs.
 """
 
 from __future__ import annotations
@@ -102,11 +103,7 @@ def decode_step(
         out_shape=out_shape,
         name="ejkernel_ragged_delta_decode_readers",
     )
-    out = lax.cond(
-        jnp.any(mode == READS),
-        lambda: readers(*index, *tokens, pool),
-        lambda: jnp.zeros(out_shape.shape, F32),
-    )
+    out = readers(*index, *tokens, pool)  # always (a `lax.cond` on the modes may read its predicate on the host)
     aliased = len(index) + len(tokens)  # the pool's operand index, then the previous outputs'
     writers = call(
         functools.partial(_step_kernel, writes=True, **static),
