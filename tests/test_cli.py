@@ -130,3 +130,25 @@ def test_causal_conv1d_bench_reports_bandwidth(tmp_path):
     assert main(["bench", "causal_conv1d", "--quick", "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "causal_conv1d.json").read_text())["rows"]
     assert [row["case"] for row in rows] == ["packed + pool", "dense fwd", "dense fwd+bwd"]
+
+
+def test_ragged_gated_delta_rule_bench_reports_bandwidth_and_ratio(tmp_path):
+    argv = [
+        "bench",
+        "ragged_gated_delta_rule",
+        "--quick",
+        "--part",
+        "serving",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "linear_attention_serving.json").read_text())["rows"]
+    decode = [r for r in rows if r["case"].startswith("decode")]
+    assert {r["platform"] for r in decode} >= {"auto", "xla"} and all(r["ratio_to_copy"] > 0 for r in decode)
+    xla = [r for r in rows if r["case"].startswith("prefill") and r["platform"] == "xla"]
+    assert [r["op"] for r in xla] == ["ragged_gated_delta_rule", "gated_delta_rule"] and xla[1][
+        "vs_gated_delta_rule"
+    ] == 1

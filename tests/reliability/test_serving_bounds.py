@@ -282,10 +282,10 @@ GDR_BAD = {
 }
 
 
-def gdr_args(name):
+def gdr_args(name, dk=DK, dv=DV):
     qsl, slots = GDR_BAD[name]
     beta, decay = jax.nn.sigmoid(randn((T, H))), -jax.nn.softplus(randn((T, H)))
-    floats = [randn((T, H, DK)), randn((T, H, DK)), randn((T, H, DV)), beta, decay, randn((SLOTS, H, DK, DV))]
+    floats = [randn((T, H, dk)), randn((T, H, dk)), randn((T, H, dv)), beta, decay, randn((SLOTS, H, dk, dv))]
     return [*floats, jnp.asarray(qsl, jnp.int32), jnp.asarray(slots, jnp.int32)]
 
 
@@ -305,6 +305,18 @@ def test_ragged_gated_delta_rule_follows_the_rule(name):
     ref_state = ref_state.at[spare].set(args[5][spare])
     assert_close(out, ref_out, jnp.float32, name="out")
     assert_close(state, ref_state, jnp.float32, name="state")
+
+
+@pytest.mark.parametrize("name", ["query_start_loc decreasing", "state_indices past the slots, decode path"])
+def test_ragged_gated_delta_rule_triton_follows_the_rule(name):
+    """The Triton kernels (interpreted; head dims 16, the least they take) give the XLA path's result on both of
+    its paths: clamped bounds on the chunked one, a dropped slot on the decode step."""
+    args = gdr_args(name, dk=16, dv=16)
+    triton = functools.partial(kernel_registry.get("ragged_gated_delta_rule", "triton", "gpu"), interpret=True)
+    out, state = jax.jit(functools.partial(triton, chunk_size=16))(*args)
+    xla_out, xla_state = jax.jit(functools.partial(modules.ragged_gated_delta_rule, platform="xla"))(*args)
+    assert_close(out, xla_out, jnp.float32, name="out")
+    assert_close(state, xla_state, jnp.float32, name="state")
 
 
 # ---- checked mode ----

@@ -1,10 +1,18 @@
-"""Linear attention: forward+backward time of GLA and the gated delta rule, beside the alternatives, in one run.
+"""Linear attention: forward+backward time of GLA and the gated delta rule, beside the alternatives, in one run;
+then the serving op `ragged_gated_delta_rule` (`--part serving` runs that alone).
 
-At B=2, S=16384, H=16, Dk=Dv=128 (bf16) each op runs on every platform that serves it here, beside its
-XLA recurrent form (token by token, the baseline a JAX user writes first) and our causal flash attention
+Training: at B=2, S=16384, H=16, Dk=Dv=128 (bf16) each op runs on every platform that serves it here, beside
+its XLA recurrent form (token by token, the baseline a JAX user writes first) and our causal flash attention
 at the same shape. Rows give milliseconds per forward+backward step and the ratios the issue's targets
 are stated in: to flash attention, to the recurrent form, and (gated delta rule) to our GLA on the same
 platform.
+
+Serving (`ragged_gated_delta_rule`, forward, each platform and auto, the float32 state pool donated and fed
+back as a serving loop does): a decode step of 256 requests, H=32, Dk=Dv=128, bf16 tokens, in achieved
+bandwidth (state read + written, q, k, v, beta, decay read, out written) beside a device copy `x + 1` of 2 GiB
+timed in the same run (`ratio_to_copy`); and a prefill of 8 requests of 2048 tokens beside `gated_delta_rule`
+on the same tokens as a batch of 8 (initial and final states, Triton and XLA), `vs_gated_delta_rule` the
+ratio of times to it on the same platform.
 """
 
 import functools
@@ -14,14 +22,18 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
-from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention
+from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention, ragged_gated_delta_rule
 from ejkernel.registry import kernel_registry
 
-OPS = ("gla_attention", "gated_delta_rule")
+OPS = ("gla_attention", "gated_delta_rule", "ragged_gated_delta_rule")
 """The ops this benchmark times (`ejkernel bench <op>` runs it)."""
 
 SHAPE = (2, 16384, 16, 128)  # B, S, H, D (Dk = Dv = D)
 QUICK_SHAPE = (1, 128, 2, 32)
+DECODE = (256, 32, 128)  # requests, H, D
+PREFILL = (8, 2048, 32, 128)  # requests, tokens each, H, D
+QUICK_DECODE, QUICK_PREFILL = (4, 2, 32), (2, 64, 2, 32)
+COPY_BYTES = 2 * 2**30
 
 
 def _inputs(batch, seq, heads, dim):
@@ -57,8 +69,86 @@ def _training_step(fn, args):
     return functools.partial(step, *args)
 
 
+def _serving_loop(fn, tokens, pool):
+    """A zero-argument call of `fn(q, k, v, beta, decay, pool, qsl, slots)` under `jit` with the pool donated and
+    fed back (as a serving loop runs the op); returns the outputs."""
+    step = jax.jit(lambda pool, *rest: fn(*rest[:5], pool, *rest[5:]), donate_argnums=0)
+    state = {"pool": jnp.copy(pool)}
+
+    def call():
+        out, state["pool"] = step(state["pool"], *tokens)
+        return out
+
+    return call
+
+
+def _ragged(platform):
+    return functools.partial(ragged_gated_delta_rule, platform=platform)
+
+
+def _dense_call(platform, dense, initial_state):
+    """`gated_delta_rule` of the same tokens as a batch, from and to states: a zero-argument call."""
+    run = jax.jit(functools.partial(gated_delta_rule, return_state=True, platform=platform))
+    return functools.partial(run, *dense, None, initial_state)
+
+
+def _serving_rows(quick: bool, repeats: int) -> list[dict]:
+    """The decode step's bandwidth beside a device copy, and the ragged prefill beside the dense gated delta rule."""
+    x = jnp.zeros(((2**20 if quick else COPY_BYTES) // 2,), jnp.bfloat16)
+    copy = time_variants({"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}, repeats=repeats, where="")
+    copy_bw = 2 * x.nbytes / copy["copy"]
+    print(f"device copy: {copy_bw / 1e12:.3g} TB/s")
+    platforms = ["auto", *(i.platform.value for i in kernel_registry.candidates("ragged_gated_delta_rule"))]
+    rows = []
+
+    requests, heads, dim = QUICK_DECODE if quick else DECODE
+    d = _inputs(1, requests, heads, dim)
+    tokens = (*(d[n][0] for n in ("q", "k", "v", "beta", "decay")), jnp.arange(requests + 1, dtype=jnp.int32))
+    tokens += (jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32),)
+    pool = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    builders = {p: functools.partial(_serving_loop, _ragged(p), tokens, pool) for p in platforms}
+    timings = time_variants(builders, repeats=repeats, where=f"decode N={requests} H={heads} D={dim}")
+    nbytes = 2 * requests * heads * dim * dim * 4 + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
+    for platform, seconds in timings.items():
+        row = dict(op="ragged_gated_delta_rule", case=f"decode {requests}x1 H={heads} D={dim}", platform=platform)
+        row |= dict(ms=1e3 * seconds, TBps=nbytes / seconds / 1e12, ratio_to_copy=nbytes / seconds / copy_bw)
+        rows.append(row)
+
+    requests, length, heads, dim = QUICK_PREFILL if quick else PREFILL
+    d = _inputs(requests, length, heads, dim)
+    dense = tuple(d[n] for n in ("q", "k", "v", "beta", "decay"))
+    flat = tuple(x.reshape(requests * length, *x.shape[2:]) for x in dense)
+    bounds = jnp.arange(0, requests * length + 1, length, dtype=jnp.int32)
+    pool = jax.random.normal(jax.random.PRNGKey(3), (requests, heads, dim, dim), jnp.float32)
+    requests_of = (*flat, bounds, bounds[:-1] // length)  # request r on slot r
+    builders = {f"ragged {p}": functools.partial(_serving_loop, _ragged(p), requests_of, pool) for p in platforms}
+    if "triton" in platforms:  # the gated delta rule's Triton chunk beside the op's default (64)
+        ragged = functools.partial(ragged_gated_delta_rule, platform="triton", chunk_size=32)
+        builders["ragged triton-chunk32"] = functools.partial(_serving_loop, ragged, requests_of, pool)
+    for platform in ("triton", "xla"):
+        builders[f"dense {platform}"] = functools.partial(_dense_call, platform, dense, pool)
+    timings = time_variants(builders, repeats=repeats, where=f"prefill {requests}x{length} H={heads} D={dim}")
+    for name, seconds in timings.items():
+        kind, platform = name.split()
+        op = "ragged_gated_delta_rule" if kind == "ragged" else "gated_delta_rule"
+        row = dict(op=op, case=f"prefill {requests}x{length} H={heads} D={dim}", platform=platform, ms=1e3 * seconds)
+        base = timings.get(f"dense {'triton' if platform == 'auto' else platform.split('-')[0]}")
+        row["vs_gated_delta_rule"] = seconds / base if base else None
+        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> None:
-    args = parser(__doc__).parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--part", choices=("all", "training", "serving"), default="all", help="which rows to time")
+    args = p.parse_args(argv)
+    serving = _serving_rows(args.quick, args.repeats) if args.part != "training" else []
+    if args.part == "serving":
+        columns = ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "vs_gated_delta_rule"]
+        print_table(serving, columns)
+        meta = {"dtype": "bfloat16 tokens, float32 state pool", "step": "forward (serving)"}
+        print(f"wrote {write_results(args.out, 'linear_attention_serving', serving, meta, _plot_serving)}")
+        return
     batch, seq, heads, dim = QUICK_SHAPE if args.quick else SHAPE
     x = _inputs(batch, seq, heads, dim)
     gla_args, gdr_args = (x["q"], x["k"], x["v"], x["g"]), (x["q"], x["k"], x["v"], x["beta"], x["decay"])
@@ -86,16 +176,26 @@ def main(argv=None) -> None:
             row["vs_gla"] = seconds / timings[f"gla {platform}"]
         rows.append(row)
     print_table(rows, ["op", "platform", "ms", "vs_flash", "recurrent_over_this", "vs_gla"])
+    if serving:
+        print_table(serving, ["op", "case", "platform", "ms", "TBps", "ratio_to_copy", "vs_gated_delta_rule"])
 
     def plot(ax, rows):
+        rows = [r for r in rows if "case" not in r]  # the training rows (serving ones in their own plot)
         labels = [f"{r['op']}\n{r['platform']}" for r in rows]
         ax.bar(labels, [r["ms"] for r in rows])
         ax.set_ylabel("ms per forward+backward")
         ax.tick_params(axis="x", labelsize=7)
 
     meta = {"dtype": "bfloat16", "shape": dict(B=batch, S=seq, H=heads, Dk=dim, Dv=dim), "step": "forward+backward"}
-    path = write_results(args.out, "linear_attention", rows, meta, plot)
+    path = write_results(args.out, "linear_attention", rows + serving, meta, plot)
     print(f"wrote {path}")
+
+
+def _plot_serving(ax, rows):
+    labels = [f"{r['op'].replace('_', ' ')}\n{r['case'].split()[0]} {r['platform']}" for r in rows]
+    ax.bar(labels, [r["ms"] for r in rows])
+    ax.set_ylabel("ms per call")
+    ax.tick_params(axis="x", labelsize=6)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,16 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels._common.checks import check_values, checks_enabled, is_traced
 from ejkernel.modules.operations._common import executor
-from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "ragged_gated_delta_rule",
+    (
+        Platform.TRITON,
+        Backend.GPU,
+        "ejkernel.kernels._triton.ragged_gated_delta_rule:ragged_gated_delta_rule_triton",
+    ),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ragged_gated_delta_rule:ragged_gated_delta_rule_xla"),
 )
 
@@ -34,10 +39,12 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
     """How `ragged_gated_delta_rule` runs; no field changes the result beyond rounding.
 
     Attributes:
-        chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64). A config
-            given to the call always wins over the call's `chunk_size`.
-        platform: `"auto"` (default) or `"xla"`, the one implementation.
-        fwd_params: Not read by this op.
+        chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64; Triton rounds
+            it up to a power of two in [16, 128]). A config given to the call always wins over the call's
+            `chunk_size`.
+        platform: `"auto"` (default), `"triton"` (GPU) or `"xla"`.
+        fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 32), and
+            `num_warps` (default 4); other fields are not read.
         bwd_params: Not read by this op.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.
@@ -57,7 +64,7 @@ class RaggedGatedDeltaRule(Kernel):
     """The executor's `Kernel` for `ragged_gated_delta_rule`: config `RaggedGatedDeltaRuleConfig`.
 
     Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times chunks
-    of 32, 64 and 128 tokens.
+    of 32, 64 and 128 tokens, and on Triton the decode kernel's 32 or 64 value columns per program.
     """
 
     op_id = "ragged_gated_delta_rule"
@@ -68,8 +75,11 @@ class RaggedGatedDeltaRule(Kernel):
         return RaggedGatedDeltaRuleConfig(platform=inv.platform, chunk_size=inv.kwargs["chunk_size"])
 
     def platform_cfgs(self, platform: str, inv: Invocation):
+        columns = (32, 64) if platform == "triton" else (None,)
         for size in (32, 64, 128):
-            yield RaggedGatedDeltaRuleConfig(platform=platform, chunk_size=size)
+            for block in columns:
+                params = None if block is None else FwdParams(block_d=block)
+                yield RaggedGatedDeltaRuleConfig(platform=platform, chunk_size=size, fwd_params=params)
 
     def busy_integers(self, args):
         """Requests of equal length filling the tokens, each on its own slot (zeros would be all empty)."""
@@ -169,7 +179,8 @@ def ragged_gated_delta_rule(
     Qwen3-Next). Per token, with the state `h` in float32: `h ← h · exp(decay_t)`,
     `u_t = beta_t (v_t − hᵀ k_t)`, `h ← h + k_t u_tᵀ`, `o_t = (dim_k^-½ · q_t)ᵀ h`, q and k first divided by
     `sqrt(Σ x² + 1e-6)` along `dim_k` with `use_qk_l2norm` (`ejkernel.reference.ragged_gated_delta_rule`).
-    All math is float32.
+    The state, the decode step and the solves are float32; on Triton (a GPU's first choice) the prefill's
+    matmuls take bfloat16/float16 inputs as they come (float32 accumulation), as `gated_delta_rule` does.
 
     The offsets need not start at 0. Tokens of no request output zeros; slots of no non-empty request
     (empty requests included) come back unchanged; of non-empty requests sharing a slot, each reads the
@@ -178,8 +189,9 @@ def ragged_gated_delta_rule(
     result. Runs under `jit` with traced `query_start_loc` and `state_indices`: a bad value is a ValueError
     outside `jit` (under it too with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, the bounds are clamped
     into `[0, tokens]` and made non-decreasing (a running max), and a non-empty request whose slot is
-    outside `[0, slots)` is dropped (its tokens give zeros, no slot is written). Meant for inference;
-    `jax.grad` through it runs and differentiates the plain JAX computation.
+    outside `[0, slots)` is dropped (its tokens give zeros, no slot is written). On Triton the decode step
+    updates the pool in place: under `jit` with `recurrent_state` donated, no copy of the pool is made. Meant for
+    inference; `jax.grad` through it runs and differentiates the plain JAX computation (on every platform).
 
     Args:
         query: `[tokens, heads, dim_k]` float.
@@ -196,7 +208,7 @@ def ragged_gated_delta_rule(
         chunk_size: Tokens per chunk of the chunked form, any positive int (default 64); a `cfg` given wins
             (its `chunk_size`); never changes the result beyond rounding.
         use_qk_l2norm: L2-normalise q and k as above (default True).
-        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto. It overrides
+        platform: `"auto"`, `"triton"` or `"xla"`; None (default): `cfg.platform`, else auto. It overrides
             `cfg.platform` rather than having to agree with it.
         cfg: A `RaggedGatedDeltaRuleConfig`; None (default): the executor's choice (cache, tuning, else the
             call's `chunk_size`).

@@ -1,15 +1,64 @@
-"""What the ragged gated delta rule's implementations share: its float32 inputs, the state pool's reads and
-writes, and the decode step of one token per request (`decode_tokens`, also upstream's TPU decode entry).
+"""What the ragged gated delta rule's implementations share: the requests read from the traced bounds and slots,
+the float32 inputs, the state pool's reads and writes, the whole op in plain JAX (`ragged_delta_rule`: the
+XLA implementation, and the gradient of the others), and the decode step of one token per request
+(`decode_tokens`, also upstream's TPU decode entry).
 
-Semantics are those of `ejkernel.reference.ragged_gated_delta_rule`.
+Semantics are those of `ejkernel.reference.ragged_gated_delta_rule`. Request `r` owns tokens
+`[qsl[r], qsl[r+1])` and slot `state_indices[r]`; `qsl` and `state_indices` may be traced (serving runs
+under `jit`), so every shape is static and the request bounds are only read as data. Out-of-range values
+have one meaning: bounds are clamped to `[0, T]` and made non-decreasing, and a request whose slot is
+outside the pool is dropped (its tokens output zeros, nothing is written). Of several non-empty requests
+naming one slot, each reads the slot's old state and the first writes it.
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.kernels._common.linear_attention.inputs import l2_normalize
 from ejkernel.kernels._common.linear_attention.numerics import delta_step
+from ejkernel.kernels._common.search import sorted_position
+
+DEFAULT_CHUNK = 64
+
+
+class Requests(NamedTuple):
+    """The requests of a call, as data: `bounds [N+1]` (clamped, non-decreasing), `lengths [N]`, `slots [N]`
+    int32, `live [N]` (non-empty with a slot in the pool: they output and read), `writes [N]` (the first live
+    request of each slot: they write), and `inside [T]` (the tokens of live requests)."""
+
+    bounds: jax.Array
+    lengths: jax.Array
+    slots: jax.Array
+    live: jax.Array
+    writes: jax.Array
+    inside: jax.Array
+
+
+def first_writers(slots, keep, num_slots: int):
+    """`[N]` bool: the rows where `keep` is set whose slot (in `[0, num_slots)`) no earlier kept row names."""
+    rows = jnp.arange(slots.shape[0], dtype=jnp.int32)
+    keep = keep & (slots >= 0) & (slots < num_slots)
+    target = jnp.where(keep, slots, num_slots)
+    first = jnp.full((num_slots + 1,), slots.shape[0], jnp.int32).at[target].min(rows)
+    return keep & (first[target] == rows)
+
+
+def requests(query_start_loc, state_indices, num_tokens: int, num_slots: int) -> Requests:
+    """The `Requests` of a call (the out-of-range rules above applied)."""
+    bounds = lax.cummax(jnp.clip(query_start_loc.astype(jnp.int32), 0, num_tokens))
+    lengths = bounds[1:] - bounds[:-1]
+    slots = state_indices.astype(jnp.int32)
+    live = (lengths > 0) & (slots >= 0) & (slots < num_slots)
+    positions = jnp.arange(num_tokens, dtype=jnp.int32)
+    request = jnp.clip(sorted_position(bounds[1:], positions), 0, slots.shape[0] - 1)
+    inside = (positions >= bounds[0]) & (positions < bounds[-1]) & live[request]
+    return Requests(bounds, lengths, slots, live, first_writers(slots, live, num_slots), inside)
 
 
 def delta_inputs(query, key, value, beta, decay, use_qk_l2norm: bool):
@@ -18,6 +67,18 @@ def delta_inputs(query, key, value, beta, decay, use_qk_l2norm: bool):
     f32 = lambda x: x.astype(jnp.float32)
     decay = jnp.zeros(beta.shape, jnp.float32) if decay is None else f32(decay)
     return f32(q) * query.shape[-1] ** -0.5, f32(k), f32(value), f32(beta), decay
+
+
+def request_inputs(query, key, value, beta, decay, use_qk_l2norm: bool, inside):
+    """`delta_inputs`, zero on the tokens outside `inside` (zero tokens output zeros and keep a state as it is)."""
+    xs = delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
+    return tuple(jnp.where(inside.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0) for x in xs)
+
+
+def packed_bounds(bounds, num_tokens: int):
+    """The requests as packed sequences covering every token: those before the first request join it, those
+    from the last bound on join the last (zero tokens, `request_inputs`)."""
+    return bounds.at[0].set(0).at[-1].set(num_tokens)
 
 
 def read_states(recurrent_state, slots):
@@ -31,12 +92,72 @@ def scatter_first(recurrent_state, slots, states, keep):
     Of several kept rows naming one slot, the first (lowest row) writes it; out-of-range slots are
     dropped. Every write lands on its own slot, so the result never depends on the scatter's order.
     """
-    num_slots, rows = recurrent_state.shape[0], jnp.arange(slots.shape[0], dtype=jnp.int32)
-    keep = keep & (slots >= 0) & (slots < num_slots)
-    target = jnp.where(keep, slots, num_slots)
-    first = jnp.full((num_slots + 1,), slots.shape[0], jnp.int32).at[target].min(rows)
-    target = jnp.where(keep & (first[target] == rows), target, num_slots)
+    num_slots = recurrent_state.shape[0]
+    target = jnp.where(first_writers(slots, keep, num_slots), slots, num_slots)
     return recurrent_state.at[target].set(states.astype(recurrent_state.dtype), mode="drop")
+
+
+def _decode(xs, init, bounds, lengths):
+    """Each request's one token (if any) as a single delta-rule step: `(out [T,H,Dv], final [N,...])`."""
+    num_tokens = xs[0].shape[0]
+    token = jnp.minimum(bounds[:-1], num_tokens - 1)
+    final, out = delta_step(init, *(x[token] for x in xs))
+    placed = jnp.where(lengths > 0, token, num_tokens)
+    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop"), final
+
+
+def _chunked(xs, init, bounds, chunk_size: int):
+    """Every request in the packed chunked form (`linear_attention` with `cu_seqlens`): `(out [T,H,Dv], final
+    [N,...])`."""
+    q, k, v, beta, decay = xs
+    out, final = linear_attention(
+        q[None],
+        k[None],
+        v[None],
+        scale=1.0,
+        g=decay[None],
+        beta=beta[None],
+        initial_state=init,
+        cu_seqlens=packed_bounds(bounds, q.shape[0]),
+        chunk_size=chunk_size,
+    )
+    return out[0], final
+
+
+def ragged_delta_rule(
+    query,
+    key,
+    value,
+    beta,
+    decay,
+    recurrent_state,
+    query_start_loc,
+    state_indices,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    use_qk_l2norm: bool = True,
+):
+    """The whole op in plain, differentiable JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state's
+    dtype)`.
+
+    A call whose requests all have at most one token runs one `delta_step` per request, any other the family's
+    packed chunked form (each request starting on a chunk boundary) in float32; `lax.cond` on the traced lengths
+    picks the path, and both give the same result. New states are written back by `scatter_first`.
+    """
+    num_tokens = query.shape[0]
+    if num_tokens == 0 or state_indices.shape[0] == 0:
+        return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
+    req = requests(query_start_loc, state_indices, num_tokens, recurrent_state.shape[0])
+    xs = request_inputs(query, key, value, beta, decay, use_qk_l2norm, req.inside)
+    init = read_states(recurrent_state, req.slots)
+    out, final = lax.cond(
+        jnp.all(req.lengths <= 1),
+        lambda xs, init: _decode(xs, init, req.bounds, req.lengths),
+        lambda xs, init: _chunked(xs, init, req.bounds, chunk_size),
+        xs,
+        init,
+    )
+    return out.astype(query.dtype), scatter_first(recurrent_state, req.slots, final, req.lengths > 0)
 
 
 def decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices, use_qk_l2norm: bool):

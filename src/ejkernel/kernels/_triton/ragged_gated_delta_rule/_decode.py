@@ -1,0 +1,114 @@
+"""The decode step of the ragged gated delta rule in one Pallas-Triton kernel, on the state pool in place.
+
+One program per (request, head, tile of `block_v` value columns): it reads its request's token (q, k, v, beta,
+decay; q and k L2-normalised in the kernel), loads the `[Dk, block_v]` float32 tile of the request's slot
+straight from the pool, runs one delta-rule step and writes the tile back into the same slot. The pool is
+aliased to the kernel's output (`input_output_aliases`), so under `jit` with the pool donated nothing is copied.
+
+Which programs work is data, decided in XLA beforehand (`Requests`): a request `WRITES` (the first live request
+of its slot), `READS` (live, but an earlier request writes its slot: output only) or is `IDLE` (empty, or its
+slot outside the pool: zero output, no write). Readers must see the slot's old state, which a writer of the
+same slot overwrites in place; so they run first, in a kernel of their own that writes no state (and zero
+outputs for the others; its programs without a reader return at once), and the writers' kernel then fills in
+the writers' outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
+from ejkernel.kernels._common.vma import out_struct
+
+IDLE, READS, WRITES = 0, 1, 2
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonRaggedDecodeTiling:
+    """Value columns per program (a power of two, at most Dv), warps per program, interpret mode."""
+
+    block_v: int = 32
+    num_warps: int = 4
+    interpret: bool = False
+
+
+def _normalised(x, l2norm: bool):
+    x = x.astype(F32)
+    return x * lax.rsqrt(jnp.sum(x * x) + L2_EPS) if l2norm else x
+
+
+def _step_kernel(token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
+    """One token of request `r` on the slot's tile: `h ← h·e^{decay}`, `u = β (v − hᵀk)`, `h ← h + k uᵀ`,
+    `o = scale · qᵀ h`. `s["writes"]`: the writers' kernel (state stored in place, other rows' outputs kept);
+    else the readers' (outputs of readers, zeros elsewhere; nothing stored)."""
+    decay_ref = refs[0] if s["has_decay"] else None
+    refs = refs[1:] if s["has_decay"] else refs
+    if s["writes"]:
+        pool_ref, _, out_ref, new_pool_ref = refs  # the second and fourth alias the previous outputs and the pool
+    else:
+        pool_ref, out_ref = refs
+    r, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bv = s["block_v"]
+    cols = pl.ds(pl.multiple_of(tile * bv, bv), bv)
+    mode = mode_ref[r]
+    works = mode == (WRITES if s["writes"] else READS)
+
+    @pl.when(works)
+    def _():
+        token, slot = token_ref[r], slot_ref[r]
+        q = _normalised(q_ref[token, head, :], s["l2norm"]) * s["scale"]
+        k = _normalised(k_ref[token, head, :], s["l2norm"])
+        h = pool_ref[slot, head, :, cols].astype(F32)
+        if decay_ref is not None:
+            h = h * jnp.exp(decay_ref[token, head].astype(F32))
+        u = beta_ref[token, head].astype(F32) * (v_ref[token, head, cols].astype(F32) - jnp.sum(h * k[:, None], 0))
+        h = h + k[:, None] * u[None, :]
+        out_ref[r, head, cols] = jnp.sum(q[:, None] * h, axis=0)
+        if s["writes"]:
+            new_pool_ref[slot, head, :, cols] = h.astype(new_pool_ref.dtype)
+
+    if not s["writes"]:
+
+        @pl.when(jnp.logical_not(works))
+        def _():
+            out_ref[r, head, cols] = jnp.zeros((bv,), F32)
+
+
+def decode_step(
+    tiling: TritonRaggedDecodeTiling, l2norm: bool, query, key, value, beta, decay, pool, token, slot, mode
+):
+    """`(out [N, H, Dv] float32, the pool after the step)`: request `r` steps token `token[r]` on slot `slot[r]`
+    as `mode[r]` says (`IDLE`, `READS`, `WRITES`); the pool is updated in place (aliased)."""
+    num_requests, heads, dv = token.shape[0], query.shape[1], value.shape[-1]
+    bv = min(tiling.block_v, dv)
+    tokens = [query, key, value, beta] + ([] if decay is None else [decay])
+    static = dict(block_v=bv, l2norm=l2norm, scale=query.shape[-1] ** -0.5, has_decay=decay is not None)
+    call = functools.partial(
+        pl.pallas_call,
+        grid=(num_requests, heads, dv // bv),
+        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
+        interpret=tiling.interpret,
+    )
+    index = [token, slot, mode]
+    out_shape = out_struct((num_requests, heads, dv), F32, *index, *tokens, pool)
+    readers = call(
+        functools.partial(_step_kernel, writes=False, **static),
+        out_shape=out_shape,
+        name="ejkernel_ragged_delta_decode_readers",
+    )
+    out = readers(*index, *tokens, pool)  # always (a `lax.cond` on the modes may read its predicate on the host)
+    aliased = len(index) + len(tokens)  # the pool's operand index, then the previous outputs'
+    writers = call(
+        functools.partial(_step_kernel, writes=True, **static),
+        out_shape=[out_shape, out_struct(pool.shape, pool.dtype, *index, *tokens, pool)],
+        input_output_aliases={aliased + 1: 0, aliased: 1},
+        name="ejkernel_ragged_delta_decode",
+    )
+    return writers(*index, *tokens, pool, out)

@@ -1,0 +1,148 @@
+"""The ragged gated delta rule on the Triton platform: the decode step fused on the pool in place, the packed
+chunked form in the Triton gated delta rule's kernels.
+
+As the XLA implementation (`_common.linear_attention.ragged`), `lax.cond` on the traced lengths picks the
+path: every request with at most one token, the decode kernel (`_decode`: each program reads its request's
+slot tile from the pool and writes it back in place; no gather, no scatter); otherwise every request in the
+packed chunked form (`_prefill`: entering from its slot of the pool, its final state written back by
+`scatter_first`). The requests (clamped bounds, dropped slots, the first writer of each slot) are read once, in
+XLA, by `requests`, so both paths have the XLA path's semantics.
+
+Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead, forward and
+backward (`trained_as`), so `jax.grad` through the op gives XLA's gradient. Declines (NotImplementedError)
+head dims that are not powers of two in [16, 256].
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+
+from ejkernel.kernels._common.checks import require_float
+from ejkernel.kernels._common.differentiation import trained_as
+from ejkernel.kernels._common.linear_attention.ragged import (
+    DEFAULT_CHUNK,
+    packed_bounds,
+    ragged_delta_rule,
+    request_inputs,
+    requests,
+    scatter_first,
+)
+from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.linear_attention._gla_common import TritonGlaTiling
+from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
+    IDLE,
+    READS,
+    WRITES,
+    TritonRaggedDecodeTiling,
+    decode_step,
+)
+from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import packed_delta
+
+WHO = "triton ragged_gated_delta_rule"
+MIN_CHUNK, MAX_CHUNK = 16, 128  # Triton's smallest matmul edge; the WY transform's inverse grows as C³
+STATE_BLOCK_V, STATE_WARPS = 32, 4  # the prefill's sequential pass (as the gated delta rule's)
+
+
+def _chunk(chunk_size: int, num_tokens: int) -> int:
+    """The prefill's chunk: `chunk_size` rounded up to a power of two in [16, 128], no longer than the tokens
+    need (the chunk changes only the rounding)."""
+    size = 1 << max(0, chunk_size - 1).bit_length()
+    return max(MIN_CHUNK, min(size, MAX_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
+
+
+def _decline(query, value, beta, decay, recurrent_state) -> None:
+    for name, x in (("query", query), ("value", value), ("beta", beta), ("decay", decay), ("state", recurrent_state)):
+        require_float(f"{WHO}: {name}", x)
+    for name, size in (("dim_k", query.shape[-1]), ("dim_v", value.shape[-1])):
+        if size < 16 or size > 256 or size & (size - 1):
+            raise NotImplementedError(f"{WHO} takes {name} a power of two in [16, 256], got {size}")
+
+
+def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, req):
+    """The decode kernel on the pool in place: `(out [T, H, Dv] float32, new pool)`."""
+    num_tokens = inputs[0].shape[0]
+    token = jnp.minimum(req.bounds[:-1], num_tokens - 1)
+    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
+    out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
+    placed = jnp.where(req.live, token, num_tokens)
+    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop"), pool
+
+
+def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
+    """Every request in the packed chunked form: `(out [T, H, Dv] float32, new pool)`."""
+    query, key, value, beta, decay = inputs
+    q, k, v, beta, decay = request_inputs(query, key, value, beta, decay, use_qk_l2norm, req.inside)
+    mm = value.dtype  # matmul operands in the inputs' dtype (q and k come normalised in float32)
+    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
+    cu = packed_bounds(req.bounds, q.shape[0])
+    args = (q.astype(mm), k.astype(mm), v.astype(mm), beta, decay, pool, slots, cu)
+    out, final = packed_delta(gla, STATE_BLOCK_V, STATE_WARPS, chunk, *args)
+    return out.astype(jnp.float32), scatter_first(pool, req.slots, final, req.live)
+
+
+def _forward(decode_tiling, gla, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
+    num_tokens = query.shape[0]
+    req = requests(qsl, state_indices, num_tokens, pool.shape[0])
+    inputs = (query, key, value, beta, decay)
+    out, pool = lax.cond(
+        jnp.all(req.lengths <= 1),
+        functools.partial(_decode, decode_tiling, use_qk_l2norm),
+        functools.partial(_prefill, gla, chunk, use_qk_l2norm),
+        inputs,
+        pool,
+        req,
+    )
+    return out.astype(query.dtype), pool
+
+
+def ragged_gated_delta_rule_triton(
+    query,
+    key,
+    value,
+    beta,
+    decay=None,
+    recurrent_state=None,
+    query_start_loc=None,
+    state_indices=None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    use_qk_l2norm: bool = True,
+    cfg=None,
+    interpret: bool | None = None,
+):
+    """`ragged_gated_delta_rule` in Pallas-Triton kernels: `(out [T,H,Dv] in query.dtype, new_state in
+    recurrent_state.dtype)`, with the XLA implementation's semantics (`ragged_delta_rule`).
+
+    Arguments as the public op's (checked there); `cfg.chunk_size` wins over `chunk_size` (rounded to a power
+    of two in [16, 128]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
+    program (default 32) and warps (default 4). `interpret` forces Pallas interpret mode.
+    """
+    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
+    for name, x in required.items():
+        if x is None:
+            raise ValueError(f"{name} is required, got None")
+    _decline(query, value, beta, decay, recurrent_state)
+    interpret = resolve_interpret(interpret, WHO)
+    num_tokens = query.shape[0]
+    if num_tokens == 0 or state_indices.shape[0] == 0:
+        return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
+    chunk_size = getattr(cfg, "chunk_size", None) or chunk_size
+    params = getattr(cfg, "fwd_params", None)
+    decode_tiling = TritonRaggedDecodeTiling(
+        block_v=(params and params.block_d) or TritonRaggedDecodeTiling.block_v,
+        num_warps=(params and params.num_warps) or TritonRaggedDecodeTiling.num_warps,
+        interpret=interpret,
+    )
+    gla = TritonGlaTiling(interpret=interpret, precise=jnp.dtype(value.dtype) == jnp.float32)
+    gla = gla.fit(query.shape[-1], value.shape[-1])
+    forward = functools.partial(_forward, decode_tiling, gla, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
+    twin = functools.partial(_twin, chunk_size, bool(use_qk_l2norm))
+    return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
+
+
+def _twin(chunk_size: int, use_qk_l2norm: bool, *args):
+    """The plain-JAX computation a differentiated call runs."""
+    return ragged_delta_rule(*args, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm)
