@@ -152,7 +152,8 @@ def test_gpu_dense_matches_xla_and_auto_takes_triton(activation, state):
 
 @pytest.mark.gpu
 def test_gpu_decode_steps_on_a_donated_pool_continue_a_prefill():
-    """Prefill then decode steps, the pool donated each step, equal one long call (Triton against XLA)."""
+    """Prefill then decode steps, the pool donated each step and updated in its own buffer, equal one long call
+    (Triton against XLA)."""
     x, weight, b, pool = _inputs(jnp.float32, 8 * 40, 1024, 16, 3)
     x = x.reshape(8, 40, 1024)
     slots = jnp.array([9, 3, 15, 0, 7, 1, 12, 4], jnp.int32)
@@ -167,7 +168,9 @@ def test_gpu_decode_steps_on_a_donated_pool_continue_a_prefill():
     out, state = step(x[:, :32].reshape(256, 1024), jnp.arange(9, dtype=jnp.int32) * 32, state)
     outs.append(out.reshape(8, 32, 1024))
     for t in range(32, 40):
+        buffer = state.unsafe_buffer_pointer()
         out, state = step(x[:, t], jnp.arange(9, dtype=jnp.int32), state)
+        assert state.unsafe_buffer_pointer() == buffer  # updated in place: no copy of the pool
         outs.append(out[:, None])
     assert_close(jnp.concatenate(outs, axis=1), full[0])
     assert_close(state[slots], full[1])

@@ -62,16 +62,20 @@ def tilings(cfg, tokens: int, channels: int) -> tuple[TritonCausalConvTiling, Tr
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _conv(st, fwd_tiling, bwd_tiling, interpret, cu, slots, x, weight, bias, state):
-    out, pool = forward(st, fwd_tiling, interpret, cu, slots, x, weight, bias, state)
+def _run(st, tiling, interpret, cu, slots, x, weight, bias, state):
+    out, pool = forward(st, tiling, interpret, cu, slots, x, weight, bias, state)
     if state is None:
         return out
-    return out, write_states(st, fwd_tiling, interpret, cu, slots, x, pool)
+    return out, write_states(st, tiling, interpret, cu, slots, x, pool)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _conv(st, fwd_tiling, bwd_tiling, interpret, cu, slots, x, weight, bias, state):
+    return _run(st, fwd_tiling, interpret, cu, slots, x, weight, bias, state)
 
 
 def _conv_fwd(st, fwd_tiling, bwd_tiling, interpret, cu, slots, x, weight, bias, state):
-    result = _conv(st, fwd_tiling, bwd_tiling, interpret, cu, slots, x, weight, bias, state)
+    result = _run(st, fwd_tiling, interpret, cu, slots, x, weight, bias, state)
     return result, (cu, slots, x, weight, bias, state)
 
 

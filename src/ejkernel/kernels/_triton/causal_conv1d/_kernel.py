@@ -323,8 +323,19 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
     plgpu.store(db_ref.at[chunk, tile.block], db, mask=channels)
 
 
-def backward(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpret: bool, cu, slots, x, weight, bias, state,
-             dout, dnew):  # fmt: skip
+def backward(
+    st: TritonCausalConvStatic,
+    t: TritonCausalConvTiling,
+    interpret: bool,
+    cu,
+    slots,
+    x,
+    weight,
+    bias,
+    state,
+    dout,
+    dnew,
+):
     """`(dx [T, C], dweight partial sums [chunks, W, C], dbias partial sums [chunks, C], g of the sequences'
     first W - 1 tokens [N, W - 1, C] or None)`, float32 sums; `dnew [N, C, Ws]`: each sequence's new-state
     cotangent (None: none). Entries of the last for tokens that do not exist are not written."""
