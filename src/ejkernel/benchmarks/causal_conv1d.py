@@ -2,8 +2,9 @@
 
 Packed serving form (issue 44's shape): 16384 tokens of 64 sequences x 8192 channels, width 4, SiLU and bias,
 each sequence reading and writing its slot of a conv-state pool; and the dense training form's forward and
-forward+backward at the same size. Bandwidth = bytes of x read + out written (+ the slots read and written) /
-time, beside a copy `x + 1` (bytes read + written) in the same run.
+forward+backward at the same size, on every platform that serves the op here (`auto` and each implementation;
+`--sweep` adds the Triton kernels at other tiles). Bandwidth = bytes of x read + out written (+ the slots read
+and written) / time, beside a copy `x + 1` (bytes read + written) in the same run.
 """
 
 import functools
@@ -11,8 +12,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
-from ejkernel.modules import causal_conv1d
+from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
+from ejkernel.modules import CausalConv1dConfig, causal_conv1d
+from ejkernel.ops import BwdParams, FwdParams
+from ejkernel.registry import kernel_registry
 
 OPS = ("causal_conv1d",)
 """The ops this benchmark times (`ejkernel bench <op>` runs it)."""
@@ -21,8 +24,21 @@ SHAPE = (16384, 8192, 4, 64)  # tokens, channels, width, sequences
 QUICK_SHAPE = (256, 64, 4, 4)
 
 
+TILINGS = ((16, 256), (32, 128), (32, 256), (64, 128), (16, 512), (64, 256))
+"""Triton tiles (tokens, channels) that `--sweep` times beside the default, forward and backward alike."""
+
+
+def _config(platform: str, tile):
+    if tile is None:
+        return platform, None
+    fields = dict(block_k=tile[0], block_d=tile[1])
+    return platform, CausalConv1dConfig(fwd_params=FwdParams(**fields), bwd_params=BwdParams(**fields))
+
+
 def main(argv=None) -> None:
-    args = parser(__doc__).parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--sweep", action="store_true", help="also time the Triton kernels at each tile of TILINGS")
+    args = p.parse_args(argv)
     tokens, channels, width, seqs = QUICK_SHAPE if args.quick else SHAPE
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4))
     x = jax.random.normal(next(keys), (tokens, channels), jnp.bfloat16)
@@ -30,33 +46,45 @@ def main(argv=None) -> None:
     bias = jax.random.normal(next(keys), (channels,), jnp.bfloat16)
     pool = jax.random.normal(next(keys), (seqs, channels, width - 1), jnp.bfloat16)
     cu = jnp.arange(seqs + 1, dtype=jnp.int32) * (tokens // seqs)
-    packed = lambda x, pool: causal_conv1d(x, weight, bias, activation="silu", cu_seqlens=cu, conv_state=pool)
-    dense = lambda x: causal_conv1d(x, weight, bias, activation="silu")
-    train = jax.grad(lambda x: jnp.sum(dense(x).astype(jnp.float32)))
     x_dense = x.reshape(seqs, tokens // seqs, channels)
-    builders = {
-        "copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x),
-        "packed + pool": lambda: functools.partial(jax.jit(packed), x, pool),
-        "dense fwd": lambda: functools.partial(jax.jit(dense), x_dense),
-        "dense fwd+bwd": lambda: functools.partial(jax.jit(train), x_dense),
-    }
+
+    def cases(platform, cfg):
+        options = dict(activation="silu", platform=platform, cfg=cfg)
+        packed = lambda x, pool: causal_conv1d(x, weight, bias, cu_seqlens=cu, conv_state=pool, **options)
+        dense = lambda x: causal_conv1d(x, weight, bias, **options)
+        train = jax.grad(lambda x: jnp.sum(dense(x).astype(jnp.float32)))
+        return {
+            "packed + pool": lambda: functools.partial(jax.jit(packed), x, pool),
+            "dense fwd": lambda: functools.partial(jax.jit(dense), x_dense),
+            "dense fwd+bwd": lambda: functools.partial(jax.jit(train), x_dense),
+        }
+
+    platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates("causal_conv1d")]
+    variants = {platform: _config(platform, None) for platform in platforms}
+    if args.sweep and "triton" in platforms:
+        variants |= {f"triton {t}x{c}": _config("triton", (t, c)) for t, c in TILINGS}
+    builders = {"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}
+    for name, (platform, cfg) in variants.items():
+        builders |= {f"{case} | {name}": build for case, build in cases(platform, cfg).items()}
     timings = time_variants(builders, repeats=args.repeats, where="causal_conv1d")
     copy_bw = 2 * x.nbytes / timings["copy"]
     moved = {"packed + pool": 2 * x.nbytes + 2 * pool.nbytes, "dense fwd": 2 * x.nbytes, "dense fwd+bwd": 4 * x.nbytes}
     rows = []
-    for name, nbytes in moved.items():
-        if name in timings:
-            bandwidth = nbytes / timings[name]
-            rows.append(dict(case=name, T=tokens, C=channels, W=width, ms=1e3 * timings[name],
-                             TBps=bandwidth / 1e12, ratio_to_copy=bandwidth / copy_bw))  # fmt: skip
+    for key, seconds in timings.items():
+        if key == "copy":
+            continue
+        case, platform = key.split(" | ")
+        bandwidth = moved[case] / seconds
+        rows.append(dict(case=case, platform=platform, T=tokens, C=channels, W=width, ms=1e3 * seconds,
+                         TBps=bandwidth / 1e12, ratio_to_copy=bandwidth / copy_bw))  # fmt: skip
     print(f"device copy: {copy_bw / 1e12:.3g} TB/s (bf16; bytes: x read + out written, + the pool's slots)")
-    print_table(rows, ["case", "T", "C", "W", "ms", "TBps", "ratio_to_copy"])
+    print_table(rows, ["case", "platform", "T", "C", "W", "ms", "TBps", "ratio_to_copy"])
 
     def plot(ax, rows):
-        ax.bar(range(len(rows)), [row["ratio_to_copy"] for row in rows])
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_xticks(range(len(rows)), [row["case"] for row in rows], fontsize=7)
-        ax.set_ylabel("bandwidth / device-copy bandwidth")
+        groups = list(dict.fromkeys(row["case"] for row in rows))
+        by = {(row["case"], row["platform"]): row["ratio_to_copy"] for row in rows}
+        series = {p: [by.get((g, p)) for g in groups] for p in dict.fromkeys(row["platform"] for row in rows)}
+        grouped_bars(ax, groups, series, "bandwidth / device-copy bandwidth", reference=1.0)
 
     meta = {"dtype": "bfloat16", "copy_TBps": copy_bw / 1e12}
     print(f"wrote {write_results(args.out, 'causal_conv1d', rows, meta, plot)}")

@@ -14,14 +14,17 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.bounds import check_packed, check_with
 from ejkernel.kernels._common.checks import is_traced, require_float, require_int
 from ejkernel.modules.operations._common import executor, require_rank, typechecked
-from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "causal_conv1d",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.causal_conv1d:causal_conv1d_triton"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.causal_conv1d:causal_conv1d_xla"),
 )
-"""XLA only for now: W shifted, scaled copies that XLA fuses into one pass over the input."""
+"""Triton first on a GPU: one pass over x per tile of tokens x channels, the pool written in place by a second
+kernel (it declines float64, more than 8 taps and empty pools); XLA everywhere else: W shifted, scaled copies
+that XLA fuses into one pass over the input."""
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -31,9 +34,11 @@ class CausalConv1dConfig(KernelConfig):
     """How `causal_conv1d` runs; no field changes the result.
 
     Attributes:
-        platform: `"auto"` (default) or `"xla"`, the one implementation.
-        fwd_params: Not read by this op.
-        bwd_params: Not read by this op.
+        platform: `"auto"` (default), `"triton"` or `"xla"`.
+        fwd_params: The Triton forward's tile: `block_k` tokens (default 32) x `block_d` channels (default 256),
+            `num_warps` (4), `num_stages` (1); None (default): defaults. XLA reads none.
+        bwd_params: The Triton backward's tile, the same fields (defaults 16 tokens x 128 channels, 4 warps, 1
+            stage).
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.
 
@@ -50,9 +55,16 @@ class CausalConv1d(Kernel):
 
     op_id = "causal_conv1d"
     config_type = CausalConv1dConfig
+    tune_argnums = (0, 1)  # configs tile the Triton backward too
 
     def platform_cfgs(self, platform: str, inv: Invocation):
-        yield CausalConv1dConfig(platform=platform)
+        if platform != "triton":
+            yield CausalConv1dConfig(platform=platform)
+            return
+        for block_k, block_d in ((16, 256), (32, 128), (32, 256), (64, 128), (16, 512), (64, 256)):
+            for warps in (4, 8):
+                tile = dict(block_k=block_k, block_d=block_d, num_warps=warps)
+                yield CausalConv1dConfig(platform=platform, fwd_params=FwdParams(**tile), bwd_params=BwdParams(**tile))
 
     def busy_integers(self, args):
         """Sequences of equal length filling the tokens, each on its own slot (zeros would be all empty)."""
@@ -169,7 +181,8 @@ def causal_conv1d(
     `Ws - 1`: `Ws = W - 1` (Mamba's and vLLM's convention) or `Ws = W` (EasyDeL's, whose oldest column is
     carried but never read). The new state has the width of the one given. Accumulates in float32; the
     output has `x`'s dtype, the new state `conv_state`'s. Differentiable in `x`, `weight`, `bias` and
-    `conv_state` (plain JAX autodiff of the XLA form: W shifts transpose to W shifts).
+    `conv_state` (on XLA plain JAX autodiff: W shifts transpose to W shifts; on Triton a kernel of its own
+    recomputing the pre-activations, dense and packed alike).
 
     Dense (training): `x [B, S, C]`, optional initial `conv_state [B, C, Ws]`.
 
@@ -196,7 +209,7 @@ def causal_conv1d(
             (packed), `Ws` = width - 1 or width; None (default): zero history and no state returned.
         state_indices: `[N]` integer slot of each packed sequence, in `[0, slots)` for a non-empty one; None
             (default): `arange(N)`. Only with `cu_seqlens` and `conv_state`.
-        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto.
+        platform: `"auto"`, `"triton"` (GPU) or `"xla"`; None (default): `cfg.platform`, else auto.
         cfg: A `CausalConv1dConfig`; None (default): the executor's choice.
         mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
             `in_specs` and `out_specs`.
