@@ -130,3 +130,11 @@ def test_causal_conv1d_bench_reports_bandwidth(tmp_path):
     assert main(["bench", "causal_conv1d", "--quick", "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "causal_conv1d.json").read_text())["rows"]
     assert [row["case"] for row in rows] == ["packed + pool", "dense fwd", "dense fwd+bwd"]
+
+
+def test_quantized_matmul_bench_reports_packed_bandwidth(tmp_path):
+    argv = ["bench", "quantized_matmul", "--quick", "--repeats", "1", "--modes", "int4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "quantized_matmul.json").read_text())["rows"]
+    assert [(row["mode"], row["M"]) for row in rows] == [("bf16 x@W", 1), ("int4", 1), ("bf16 x@W", 4), ("int4", 4)]
+    assert all(row["ratio_to_copy"] == pytest.approx(row["TBps"] / row["copy_TBps"]) for row in rows)
