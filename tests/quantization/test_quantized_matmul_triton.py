@@ -115,6 +115,16 @@ def test_kernel_lowers_for_cuda(cuda_lowering, mode, bits, transpose):
     assert "ejkernel_quantized_matmul" in traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
+def test_partial_tiles_lower_for_cuda(cuda_lowering):
+    """Masked loads and stores (partial tiles of K, N and the packed rows), splits and the nf4 table lower too."""
+    cfg = QuantizedMatmulConfig(block_n=64, block_k=32, split_k=2)
+    for mode, transpose, k, n in (("nf4", False, 40, 96), ("affine", True, 128, 40)):
+        x, weights, options = _case(mode, 4, transpose, 5, k, n, 32, jnp.bfloat16)
+        fn = functools.partial(quantized_matmul_triton, cfg=cfg, fuse=True, interpret=False, **options)
+        lowered = jax.jit(fn).trace(x, *weights).lower(lowering_platforms=("cuda",))
+        assert "ejkernel_quantized_matmul" in lowered.as_text()
+
+
 # ---- GPU suite: the compiled kernel against the XLA implementation ----
 
 GPU_MODES = [("affine", 4), ("affine", 8), ("nf4", None), ("mxfp4", None), ("mxfp8", None), ("nvfp4", None)]

@@ -29,7 +29,7 @@ from ejkernel.quantization.modes import QuantParams
 WHO = "triton quantized_matmul"
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MIN_BLOCK = 16  # the smallest tile edge of a Triton dot
-MAX_TILE_VALUES = 1 << 15  # decoded values of one step's tile: 64 float32 registers a thread at 16 warps' worth
+MAX_TILE_VALUES = 1 << 15  # decoded values of one step's tile (held in registers: 128 a thread at 8 warps)
 MAX_BLOCK_K = 512
 MAX_BLOCK_N = 256
 DEFAULT_SMS = 132  # an H100's, where the device does not say
