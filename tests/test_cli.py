@@ -154,3 +154,11 @@ def test_ragged_gated_delta_rule_bench_reports_bandwidth_and_ratio(tmp_path):
     assert [r["op"] for r in xla] == ["ragged_gated_delta_rule", "gated_delta_rule"] and xla[1][
         "vs_gated_delta_rule"
     ] == 1
+
+
+def test_quantized_matmul_bench_reports_packed_bandwidth(tmp_path):
+    argv = ["bench", "quantized_matmul", "--quick", "--repeats", "1", "--modes", "int4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "quantized_matmul.json").read_text())["rows"]
+    assert [(row["mode"], row["M"]) for row in rows] == [("bf16 x@W", 1), ("int4", 1), ("bf16 x@W", 4), ("int4", 4)]
+    assert all(row["ratio_to_copy"] == pytest.approx(row["TBps"] / row["copy_TBps"]) for row in rows)

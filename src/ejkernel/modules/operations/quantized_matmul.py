@@ -13,24 +13,30 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.quantized_matmul import DECODE_BITS, DECODE_ROWS, TILE_VALUES
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
 from ejkernel.quantization.matmul import check_matmul_operands, resolve_transpose
 from ejkernel.quantization.modes import resolve_params
-from ejkernel.registry import Backend, Platform, implementations
+from ejkernel.registry import Backend, Platform, current_backend, implementations
 
 IMPLEMENTATIONS = implementations(
     "quantized_matmul",
+    (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.quantized_matmul:quantized_matmul_triton"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.quantized_matmul:quantized_matmul_xla"),
 )
+"""Triton first on a GPU: it serves decoding (up to `DECODE_ROWS` rows of x, 4- and 8-bit codes) and declines
+the rest, which XLA serves."""
 
 TPU_PATHS = ("packed", "hybrid", "predecode")
 GEMV_MODES = ("auto", "on", "off")
 REVSPLIT_MODES = ("auto", "on", "off")
 REVSPLIT_PARTS = (1, 2, 4, 8, 16)
 STRICT_FUSE_ENV = "EJKERNEL_QMM_STRICT_FUSED"
-TILE_VALUES = 1 << 22
-"""Dequantized values per tile in the heuristic tiling (16 MiB of float32): few loop steps, bounded memory."""
+TRITON_TILES = {False: (64, 256), True: (64, 256)}
+"""The Triton kernel's heuristic `(block_n, block_k)` by `transpose`: 128 programs at N = 8192 (about one per
+SM of an H100/H200) without splitting the contraction, each step loading 8 KB (4-bit) or 16 KB (8-bit) of
+packed words, whole along the packed axis, and decoding 16K values."""
 
 
 def _power_of_two(value) -> bool:
@@ -44,18 +50,22 @@ class QuantizedMatmulConfig(KernelConfig):
     Only the fields a platform reads have any effect there, and none changes what is computed.
 
     Attributes:
-        block_m: Rows of x per tile, a positive power of two (default 128).
+        block_m: Rows of x per tile, a positive power of two (default 128); the Triton kernel fits it to the
+            rows (16 to 64).
         block_n: Output columns per tile, a positive power of two (default 128); the XLA path tiles the
-            packed rows of W by it with transpose (rows are N).
+            packed rows of W by it with transpose (rows are N); the Triton kernel's columns per program
+            (16 to 256).
         block_k: Contraction per tile, a positive power of two (default 64); the XLA path tiles the packed
-            rows of W by it without transpose (rows are K).
-        num_warps: GPU kernel launch option, a positive power of two (default 4).
-        num_stages: GPU kernel launch option, a positive int (default 3).
+            rows of W by it without transpose (rows are K); the Triton kernel's contraction per step (16 to
+            512, and at most 32768 decoded values a step).
+        num_warps: The Triton kernel's warps, a positive power of two (default 4).
+        num_stages: The Triton kernel's pipeline stages, a positive int (default 3).
         use_bf16: Upstream's choice of bf16 or f16 dot operands for 16-bit `x`, accepted for compatibility
             (default True): operands here are in `x`'s dtype, so that a config never changes a result.
-        split_k: GPU kernel launch option, a positive int or None (default).
+        split_k: The Triton kernel's contraction splits (float32 partial sums added by XLA), a positive int;
+            None (default): enough splits to fill the GPU's SMs.
         tpu_path: `"packed"` or None (default); legacy `"hybrid"` / `"predecode"` are accepted.
-        platform: `"auto"` (default) or `"xla"`, the one implementation.
+        platform: `"auto"` (default), `"triton"` (GPU; up to 64 rows of x, 4- and 8-bit codes) or `"xla"`.
         fwd_params: Not read by this op.
         bwd_params: Not read by this op.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
@@ -98,11 +108,27 @@ def _tile_field(inv: Invocation) -> str:
     return "block_n" if inv.kwargs["transpose"] else "block_k"
 
 
+def _triton_serves(inv: Invocation) -> bool:
+    """Whether the call goes to the Triton kernel: asked for, or auto on a GPU with a call it serves."""
+    if inv.platform != "auto":
+        return inv.platform == "triton"
+    return (
+        current_backend() == Backend.GPU and inv.args[0].shape[0] <= DECODE_ROWS and inv.kwargs["bits"] in DECODE_BITS
+    )
+
+
+def _triton_cfg(block_n: int, block_k: int, num_warps: int, platform: str) -> QuantizedMatmulConfig:
+    tiles = dict(block_m=DECODE_ROWS, block_n=block_n, block_k=block_k, num_warps=num_warps)
+    return QuantizedMatmulConfig(platform=platform, **tiles)
+
+
 class QuantizedMatmul(Kernel):
     """The executor's `Kernel` for `quantized_matmul`: op id `"quantized_matmul"`, config `QuantizedMatmulConfig`.
 
-    Without a measured config, row tiles of about `TILE_VALUES` dequantized values; autotuning (policy
-    `autotune`) also times 128, 512 and 2048 packed rows per tile on XLA.
+    Without a measured config: for the Triton kernel `TRITON_TILES` and 8 warps; for XLA, row tiles of about
+    `TILE_VALUES` dequantized values. Autotuning (policy `autotune`) also times 128, 512 and 2048 packed rows
+    per tile on XLA, and Triton tiles of 32 to 256 columns by 64 to 512 contraction steps (at most 32K values;
+    8 warps above 8K), and the heuristic tiles with 1, 2 or 4 contraction splits.
     """
 
     op_id = "quantized_matmul"
@@ -116,8 +142,10 @@ class QuantizedMatmul(Kernel):
         return inputs, ("batch", None)
 
     def heuristic_cfg(self, inv: Invocation) -> QuantizedMatmulConfig:
-        """Row tiles of about `TILE_VALUES` dequantized values (a power of two of rows, at least 8): a large
-        matrix is walked in a few tiles, a small one in one."""
+        """The Triton kernel's tiles where it serves the call; else row tiles of about `TILE_VALUES` dequantized
+        values (a power of two of rows, at least 8): a large matrix is walked in a few tiles, a small one in one."""
+        if _triton_serves(inv):
+            return _triton_cfg(*TRITON_TILES[inv.kwargs["transpose"]], num_warps=8, platform=inv.platform)
         w, scales = inv.args[1], inv.args[2]
         columns = max(1, scales.shape[1] * inv.kwargs["group_size"])
         rows = max(8, min(1 << max(0, (TILE_VALUES // columns).bit_length() - 1), 1 << (w.shape[0] - 1).bit_length()))
@@ -128,6 +156,14 @@ class QuantizedMatmul(Kernel):
         if platform == "xla":
             for rows in (128, 512, 2048):
                 yield QuantizedMatmulConfig(platform=platform, **{_tile_field(inv): rows})
+        if platform == "triton":
+            for block_n in (32, 64, 128, 256):
+                for block_k in (64, 128, 256, 512):
+                    if block_n * block_k <= 1 << 15:
+                        yield _triton_cfg(block_n, block_k, 4 if block_n * block_k <= 1 << 13 else 8, platform)
+            heuristic = self.heuristic_cfg(dataclasses.replace(inv, platform=platform))
+            for split_k in (1, 2, 4):
+                yield dataclasses.replace(heuristic, split_k=split_k)
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -177,13 +213,15 @@ def quantized_matmul(
     `transpose=True`, `w [N, ceil(K·b/32)]` and `scales [N, K/g]` pack `W [N, K]` grouped along K and
     `y = x @ Wᵀ`. `prepack_quantized_weights(kernel[in, out])` gives the second layout, and with
     `transpose=False` the first. Row tiles of W are dequantized, rounded to x's dtype and multiplied in it,
-    accumulating in float32, so the full float W never exists (`fuse=False`: one tile of all rows).
+    accumulating in float32, so the full float W never exists (`fuse=False`: one tile of all rows). On a GPU,
+    calls of up to 64 rows of x with 4- or 8-bit codes run a Triton kernel that reads the packed words once
+    and decodes them in registers (`platform="triton"`); XLA serves the others.
 
     Strategy knobs are validated and never change the result: `strict_fuse` forbids dense fallbacks, which
     the XLA path never needs (it computes every width, odd ones too); `allow_dense_fallback`, `tpu_path`,
     `gemv_mode`, `revsplit_k` and `revsplit_k_parts` select kernel variants of platforms that have them
-    (none on XLA). Differentiable in `x` (`∂x` in x's dtype); `w`, `scales` and `zeros` get zero
-    cotangents.
+    (neither XLA nor Triton has any). Differentiable in `x` (`∂x` in x's dtype); `w`, `scales` and `zeros`
+    get zero cotangents.
 
     Args:
         x: `[..., K]` float, rank >= 2.
@@ -209,7 +247,8 @@ def quantized_matmul(
         use_best_config: True: the tiling from the executor's config selection (caches, autotuning when the
             policy allows it, else a size heuristic); False (default): `QuantizedMatmulConfig()`'s
             defaults. `cfg` always wins.
-        platform: `"auto"` or `"xla"`; None (default): `cfg.platform`, else auto.
+        platform: `"auto"`, `"triton"` (GPU; up to 64 rows of x, 4- and 8-bit codes) or `"xla"`; None
+            (default): `cfg.platform`, else auto.
         cfg: A `QuantizedMatmulConfig`; None (default): as `use_best_config` says.
         mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
             `in_specs` and `out_specs`, and a 2-D `x`.
