@@ -95,7 +95,7 @@ def _silu_and_slope(y):
     return y * sig, sig * (1.0 + y * (1.0 - sig))
 
 
-class _Tile:
+class _ConvTile:
     """One program's view: its channels, taps and bias, and the inputs of the tokens at given rows."""
 
     def __init__(self, st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c):
@@ -185,7 +185,7 @@ def _params(t: TritonCausalConvTiling):
 def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int):
     cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = _unpack(refs, st)
     out_ref = rest[0]  # (then the aliased pool, untouched)
-    tile = _Tile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
+    tile = _ConvTile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
     t0 = pl.program_id(0) * block_t
     rows = t0 + jnp.arange(block_t, dtype=jnp.int32)
     where = _positions(cu_ref, rows, st)
@@ -272,7 +272,7 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
     dnew_ref = rest.pop(0) if has_dnew else None
     dx_ref, dw_ref, db_ref, *rest = rest
     gh_ref = rest[0] if rest else None
-    tile = _Tile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
+    tile = _ConvTile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
     first = pl.program_id(0) * inner
     count = jnp.minimum(inner, pl.cdiv(st.tokens, block_t) - first)
 

@@ -78,7 +78,7 @@ def _load(ref, index, mask):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tile:
+class _WeightTile:
     """Where one tile of the packed matrix lies: `rows` packed rows from block `row_block`, `cols` unpacked
     columns from block `col_block`; `row_count` and `col_count` are the matrix's (for masking a partial tile)."""
 
@@ -90,7 +90,7 @@ class _Tile:
     col_count: int
 
 
-def _decode(w_ref, s_ref, z_ref, table_ref, tile: _Tile, params: QuantParams):
+def _decode(w_ref, s_ref, z_ref, table_ref, tile: _WeightTile, params: QuantParams):
     """float32 `[rows, cols]` values of one tile of the packed matrix."""
     bits, g = params.bits, params.group_size
     per_word = 32 // bits
@@ -160,9 +160,9 @@ def _matmul_kernel(*refs, params: QuantParams, transpose: bool, tiling: TritonQu
         k_ok = (k0 + jnp.arange(bk) < k)[None, :] if k % bk else None
         x = _load(x_ref, (rows_x, pl.ds(k0, bk)), k_ok)
         if transpose:  # packed rows are output columns, packed columns the contraction
-            w = _decode(w_ref, s_ref, z_ref, table_ref, _Tile(col_block, bn, n, i, bk, k), params)
+            w = _decode(w_ref, s_ref, z_ref, table_ref, _WeightTile(col_block, bn, n, i, bk, k), params)
             return acc + dot(x, w.astype(x.dtype), trans_b=True)
-        w = _decode(w_ref, s_ref, z_ref, table_ref, _Tile(i, bk, k, col_block, bn, n), params)
+        w = _decode(w_ref, s_ref, z_ref, table_ref, _WeightTile(i, bk, k, col_block, bn, n), params)
         return acc + dot(x, w.astype(x.dtype))
 
     acc = lax.fori_loop(first, last, step, jnp.zeros((bm, bn), jnp.float32))
