@@ -100,10 +100,10 @@ def paged_inputs(q_lens, kv_lens, heads, latent, rope, page, dtype=jnp.bfloat16)
     return args, sum(kv_lens) * (latent + rope) * jnp.dtype(dtype).itemsize, seen * heads * 2 * (2 * latent + rope)
 
 
-def _paged_call(platform, args):
-    """A serving step: the cache donated and fed back to the next call."""
-    fn = ejkernel.modules.multi_latent_ragged_page_attention
-    if platform != "auto":
+def _paged_call(platform, args, cfg=None):
+    """A serving step: the cache donated and fed back to the next call (`cfg`: through the public op with it)."""
+    fn = functools.partial(ejkernel.modules.multi_latent_ragged_page_attention, cfg=cfg)
+    if platform != "auto" and cfg is None:
         fn = kernel_registry.get(PAGED_OP, platform)
     step = jax.jit(lambda cache, *rest: fn(*rest[:4], cache, *rest[4:]), donate_argnums=0)
     state = {"cache": jnp.copy(args[4])}
