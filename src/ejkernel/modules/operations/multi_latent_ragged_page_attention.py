@@ -48,7 +48,7 @@ class MultiLatentRaggedPageAttentionTritonTiling(ConfigBase):
     Attributes:
         block_h: Query rows per program, a power of two of at least 16 [64 for latent widths up to 512, else
             32; fewer where the tile has fewer rows, or where shared memory asks].
-        block_k: Cache rows per step, a power of two of at least 16 [32 for a 16-bit cache, 16 for float32].
+        block_k: Cache rows per step, a power of two of at least 16 [64 for a 16-bit cache, 16 for float32].
         num_splits: Parts a tile's key span is cut in, merged by log-sum-exp (flash-decoding) [enough
             programs for every SM, each part at least 4 steps long].
         num_warps: Warps per program, a power of two [8 for a `[block_h, latent]` accumulator of 16K

@@ -43,7 +43,7 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
             it up to a power of two in [16, 128]). A config given to the call always wins over the call's
             `chunk_size`.
         platform: `"auto"` (default), `"triton"` (GPU) or `"xla"`.
-        fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 32), and
+        fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 64), and
             `num_warps` (default 4); other fields are not read.
         bwd_params: Not read by this op.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
@@ -64,7 +64,7 @@ class RaggedGatedDeltaRule(Kernel):
     """The executor's `Kernel` for `ragged_gated_delta_rule`: config `RaggedGatedDeltaRuleConfig`.
 
     Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times chunks
-    of 32, 64 and 128 tokens, and on Triton the decode kernel's 32 or 64 value columns per program.
+    of 32, 64 and 128 tokens, and on Triton the decode kernel's 32, 64 or 128 value columns per program.
     """
 
     op_id = "ragged_gated_delta_rule"
@@ -75,7 +75,7 @@ class RaggedGatedDeltaRule(Kernel):
         return RaggedGatedDeltaRuleConfig(platform=inv.platform, chunk_size=inv.kwargs["chunk_size"])
 
     def platform_cfgs(self, platform: str, inv: Invocation):
-        columns = (32, 64) if platform == "triton" else (None,)
+        columns = (32, 64, 128) if platform == "triton" else (None,)
         for size in (32, 64, 128):
             for block in columns:
                 params = None if block is None else FwdParams(block_d=block)

@@ -68,7 +68,7 @@ def plan(dims: TritonLatentPagedStatic, batch: PagedBatch, tiling, interpret: bo
     heads = dims.num_heads
 
     block_h = given.get("block_h", 64 if dims.latent_tile <= 512 else 32)
-    block_k = given.get("block_k", 32 if itemsize <= 2 else 16)
+    block_k = given.get("block_k", 64 if itemsize <= 2 else 16)  # H200, 64 x 8192 x 128 heads: 0.845 ms; 32: 0.935
     stages = given.get("num_stages", 2)
     while (
         "block_h" not in given

@@ -32,9 +32,10 @@ F32 = jnp.float32
 
 @dataclasses.dataclass(frozen=True)
 class TritonRaggedDecodeTiling:
-    """Value columns per program (a power of two, at most Dv), warps per program, interpret mode."""
+    """Value columns per program (a power of two, at most Dv), warps per program, interpret mode. 64 x 4 warps was
+    the fastest on an H200 (256 requests, H 32, D 128: 0.388 ms against 0.446 at 32 columns, 0.711 at 16)."""
 
-    block_v: int = 32
+    block_v: int = 64
     num_warps: int = 4
     interpret: bool = False
 
