@@ -33,10 +33,13 @@ GEMV_MODES = ("auto", "on", "off")
 REVSPLIT_MODES = ("auto", "on", "off")
 REVSPLIT_PARTS = (1, 2, 4, 8, 16)
 STRICT_FUSE_ENV = "EJKERNEL_QMM_STRICT_FUSED"
-TRITON_TILES = {False: (64, 256), True: (64, 256)}
-"""The Triton kernel's heuristic `(block_n, block_k)` by `transpose`: 128 programs at N = 8192 (about one per
-SM of an H100/H200) without splitting the contraction, each step loading 8 KB (4-bit) or 16 KB (8-bit) of
-packed words, whole along the packed axis, and decoding 16K values."""
+TRITON_TILES = {(False, 4): (64, 256, 4, 4), (False, 8): (256, 64, 4, 8)}
+"""The Triton kernel's heuristic `(block_n, block_k, num_warps, split_k)` by `(transpose, bits)`: the fastest of a
+sweep on an H200 at M = 16, K = N = 8192 (`exp/s28_qmm_sweep.py`: 4-bit 0.0576 ms a layer against 0.0792 for the
+earlier (64, 256, 8 warps, unsplit); 8-bit 0.0681 against 0.0906). Unmeasured layouts (`transpose=True`) take
+`TRITON_DEFAULT_TILES`: 128 programs at N = 8192 without splitting the contraction."""
+
+TRITON_DEFAULT_TILES = (64, 256, 8, None)
 
 
 def _power_of_two(value) -> bool:
@@ -117,15 +120,17 @@ def _triton_serves(inv: Invocation) -> bool:
     )
 
 
-def _triton_cfg(block_n: int, block_k: int, num_warps: int, platform: str) -> QuantizedMatmulConfig:
-    tiles = dict(block_m=DECODE_ROWS, block_n=block_n, block_k=block_k, num_warps=num_warps)
+def _triton_cfg(
+    block_n: int, block_k: int, num_warps: int, platform: str, split_k: int | None = None
+) -> QuantizedMatmulConfig:
+    tiles = dict(block_m=DECODE_ROWS, block_n=block_n, block_k=block_k, num_warps=num_warps, split_k=split_k)
     return QuantizedMatmulConfig(platform=platform, **tiles)
 
 
 class QuantizedMatmul(Kernel):
     """The executor's `Kernel` for `quantized_matmul`: op id `"quantized_matmul"`, config `QuantizedMatmulConfig`.
 
-    Without a measured config: for the Triton kernel `TRITON_TILES` and 8 warps; for XLA, row tiles of about
+    Without a measured config: for the Triton kernel `TRITON_TILES`; for XLA, row tiles of about
     `TILE_VALUES` dequantized values. Autotuning (policy `autotune`) also times 128, 512 and 2048 packed rows
     per tile on XLA, and Triton tiles of 32 to 256 columns by 64 to 512 contraction steps (at most 32K values;
     8 warps above 8K), and the heuristic tiles with 1, 2 or 4 contraction splits.
@@ -145,7 +150,9 @@ class QuantizedMatmul(Kernel):
         """The Triton kernel's tiles where it serves the call; else row tiles of about `TILE_VALUES` dequantized
         values (a power of two of rows, at least 8): a large matrix is walked in a few tiles, a small one in one."""
         if _triton_serves(inv):
-            return _triton_cfg(*TRITON_TILES[inv.kwargs["transpose"]], num_warps=8, platform=inv.platform)
+            key = (inv.kwargs["transpose"], inv.kwargs["bits"])
+            block_n, block_k, warps, split_k = TRITON_TILES.get(key, TRITON_DEFAULT_TILES)
+            return _triton_cfg(block_n, block_k, warps, inv.platform, split_k)
         w, scales = inv.args[1], inv.args[2]
         columns = max(1, scales.shape[1] * inv.kwargs["group_size"])
         rows = max(8, min(1 << max(0, (TILE_VALUES // columns).bit_length() - 1), 1 << (w.shape[0] - 1).bit_length()))
