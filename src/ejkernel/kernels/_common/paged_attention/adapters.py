@@ -157,6 +157,17 @@ def ragged_v2_batch(
     )
 
 
+def quantized_logits(queries, scale: float, q_scale, k_scale, kv_cache):
+    """`(queries, logit scale)` for a quantised cache: with `q_scale` the queries quantised like the cache
+    (`quantize_queries`) and the logits scaled back; `k_scale` scales the logits (dequantised keys)."""
+    if q_scale is not None:
+        queries = quantize_queries(queries, q_scale, kv_cache.dtype)
+        scale *= float(q_scale)
+    if k_scale is not None:
+        scale *= float(k_scale)
+    return queries, scale
+
+
 def ragged_v3_batch(
     queries, keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution, softmax_aux=None, /, *,
     softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
@@ -177,12 +188,7 @@ def ragged_v3_batch(
     query_start, query_len = ragged_queries(query_start_loc, distribution[2], max_seqs, queries.shape[0])
     kv_cache = write_kv_cache(keys, values, kv_cache, tables, kv_len, query_start, query_len)
     view = _rows_view(kv_cache)
-    scale = resolve_scale(softmax_scale, head_dim)
-    if q_scale is not None:
-        queries = quantize_queries(queries, q_scale, kv_cache.dtype)
-        scale *= float(q_scale)
-    if k_scale is not None:
-        scale *= float(k_scale)
+    queries, scale = quantized_logits(queries, resolve_scale(softmax_scale, head_dim), q_scale, k_scale, kv_cache)
     return PagedBatch(
         queries=queries,
         key_rows=view,
@@ -203,6 +209,22 @@ def ragged_v3_batch(
             max_kv_len=tables.shape[1] * page_size,
         ),
     )
+
+
+def latent_options(
+    queries_nope, queries_pe, *, softmax_scale=None, sliding_window=None, logits_soft_cap=None, q_scale=None,
+    k_scale=None, v_scale=None,
+) -> dict:  # fmt: skip
+    """The MLA ops' options as `latent_batch` takes them, static and hashable (jit keys on them): the default
+    scale `(L + R) ** -0.5` resolved, scales as floats, the window as an int."""
+    if softmax_scale is None:
+        softmax_scale = (queries_nope.shape[-1] + queries_pe.shape[-1]) ** -0.5
+    floats = lambda x: None if x is None else float(x)
+    return dict(
+        softmax_scale=float(softmax_scale), sliding_window=None if sliding_window is None else int(sliding_window),
+        logits_soft_cap=floats(logits_soft_cap), q_scale=floats(q_scale), k_scale=floats(k_scale),
+        v_scale=floats(v_scale),
+    )  # fmt: skip
 
 
 def latent_batch(
@@ -234,12 +256,7 @@ def latent_batch(
     queries = jnp.zeros((num_tokens, num_heads, width), compute)
     queries = queries.at[..., :latent].set(queries_nope.astype(compute))
     queries = queries.at[..., rope_col : rope_col + rope].set(queries_pe.astype(compute))
-    scale = float(softmax_scale)
-    if q_scale is not None:
-        queries = quantize_queries(queries, q_scale, kv_cache.dtype)
-        scale *= float(q_scale)
-    if k_scale is not None:
-        scale *= float(k_scale)
+    queries, scale = quantized_logits(queries, float(softmax_scale), q_scale, k_scale, kv_cache)
     view = _rows_view(kv_cache)
     return PagedBatch(
         queries=queries,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention.adapters import latent_batch
+from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options
 from ejkernel.kernels._common.paged_attention.core_math import max_tiles, span_bound
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import rope_column
@@ -147,14 +147,11 @@ def multi_latent_ragged_page_attention_triton(
     dims = TritonLatentPagedStatic(latent, queries_pe.shape[-1], rope_column(latent), queries_nope.shape[1])
     query_dtypes = (queries_nope.dtype, queries_pe.dtype)
     check_servable(dims, query_dtypes, kv_cache.dtype, kv_cache.size // kv_cache.shape[-1])
-    interpret = resolve_interpret(interpret, WHO)
-    if softmax_scale is None:
-        softmax_scale = (queries_nope.shape[-1] + queries_pe.shape[-1]) ** -0.5
-    floats = lambda x: None if x is None else float(x)
-    window = None if sliding_window is None else int(sliding_window)
+    options = latent_options(
+        queries_nope, queries_pe, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
     return _run(
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-        softmax_scale=float(softmax_scale), sliding_window=window, logits_soft_cap=floats(logits_soft_cap),
-        q_scale=floats(q_scale), k_scale=floats(k_scale), v_scale=floats(v_scale), dims=dims,
-        tiling=getattr(cfg, "triton_tiling", None), interpret=interpret,
+        dims=dims, tiling=getattr(cfg, "triton_tiling", None), interpret=resolve_interpret(interpret, WHO), **options,
     )  # fmt: skip

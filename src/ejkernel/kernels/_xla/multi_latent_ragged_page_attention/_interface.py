@@ -17,7 +17,7 @@ import functools
 
 import jax
 
-from ejkernel.kernels._common.paged_attention.adapters import latent_batch
+from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.ops.config import FwdParams, KernelConfig
@@ -66,12 +66,11 @@ def multi_latent_ragged_page_attention_xla(
     of `cfg` (either MLA config) only the block sizes count.
     """
     del mask_value
-    if softmax_scale is None:
-        softmax_scale = (queries_nope.shape[-1] + queries_pe.shape[-1]) ** -0.5
-    floats = lambda x: None if x is None else float(x)
-    window = None if sliding_window is None else int(sliding_window)
+    options = latent_options(
+        queries_nope, queries_pe, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
     return _run(
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-        softmax_scale=float(softmax_scale), sliding_window=window, logits_soft_cap=floats(logits_soft_cap),
-        q_scale=floats(q_scale), k_scale=floats(k_scale), v_scale=floats(v_scale), cfg=cfg,
+        cfg=cfg, **options,
     )  # fmt: skip
