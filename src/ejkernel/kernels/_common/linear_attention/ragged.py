@@ -124,6 +124,15 @@ def _chunked(xs, init, bounds, chunk_size: int):
     return out[0], final
 
 
+def require_pool_arguments(recurrent_state, query_start_loc, state_indices) -> None:
+    """ValueError naming the first of the pool arguments an entry got as None (they default to None only to keep
+    upstream's argument order)."""
+    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
+    for name, x in required.items():
+        if x is None:
+            raise ValueError(f"{name} is required, got None")
+
+
 def ragged_delta_rule(
     query,
     key,

@@ -28,6 +28,7 @@ from ejkernel.kernels._common.linear_attention.ragged import (
     ragged_delta_rule,
     request_inputs,
     requests,
+    require_pool_arguments,
     scatter_first,
 )
 from ejkernel.kernels._triton._helpers import resolve_interpret
@@ -118,12 +119,9 @@ def ragged_gated_delta_rule_triton(
 
     Arguments as the public op's (checked there); `cfg.chunk_size` wins over `chunk_size` (rounded to a power
     of two in [16, 128]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
-    program (default 32) and warps (default 4). `interpret` forces Pallas interpret mode.
+    program (default 64) and warps (default 4). `interpret` forces Pallas interpret mode.
     """
-    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
-    for name, x in required.items():
-        if x is None:
-            raise ValueError(f"{name} is required, got None")
+    require_pool_arguments(recurrent_state, query_start_loc, state_indices)
     _decline(query, value, beta, decay, recurrent_state)
     interpret = resolve_interpret(interpret, WHO)
     num_tokens = query.shape[0]

@@ -9,7 +9,7 @@ VJP), so `jax.grad` of a surrounding model runs and differentiates through the o
 
 from __future__ import annotations
 
-from ejkernel.kernels._common.linear_attention.ragged import DEFAULT_CHUNK, ragged_delta_rule
+from ejkernel.kernels._common.linear_attention.ragged import DEFAULT_CHUNK, ragged_delta_rule, require_pool_arguments
 
 
 def ragged_gated_delta_rule_xla(
@@ -32,10 +32,7 @@ def ragged_gated_delta_rule_xla(
     Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing, and requests whose
     slot is outside `[0, S)` are dropped (zero outputs, no write).
     """
-    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
-    for name, x in required.items():
-        if x is None:
-            raise ValueError(f"{name} is required, got None")
+    require_pool_arguments(recurrent_state, query_start_loc, state_indices)
     chunk = getattr(cfg, "chunk_size", None) or chunk_size
     return ragged_delta_rule(
         query,
