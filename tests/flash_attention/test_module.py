@@ -226,7 +226,7 @@ def test_huge_windows_reach_every_backend_clamped_to_the_lengths(monkeypatch):
 
 def test_return_lse_matches_reference_and_merges():
     """`return_lse`: the rows' log-sum-exp (sinks included) with its gradient; two halves of the keys merge to
-    the whole; a platform other than XLA declines it; the pair shards like the output."""
+    the whole; the Mosaic platform declines it; the pair shards like the output."""
     from ejkernel.modules import merge_attention_states
 
     q, k, v = qkv(kv_len=2 * S)
@@ -243,9 +243,9 @@ def test_return_lse_matches_reference_and_merges():
     from ejkernel import kernel_registry
     from ejkernel.modules import FlashAttention
 
-    triton = next(i for i in kernel_registry.list_implementations("flash_attention") if i.platform == "triton")
+    pallas = next(i for i in kernel_registry.list_implementations("flash_attention") if i.platform == "pallas")
     with pytest.raises(NotImplementedError, match="return_lse"):  # before the kernel is reached
-        FlashAttention().call_impl(triton, (q, k, v, None, None), {"return_lse": True}, SMALL)
+        FlashAttention().call_impl(pallas, (q, k, v, None, None), {"return_lse": True}, SMALL)
     mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
     heads = P(None, None, "x")
     sharded = flash_attention(q, k, v, return_lse=True, mesh=mesh, in_specs=(heads,) * 3, out_specs=(heads, heads))

@@ -136,6 +136,32 @@ def test_bfloat16_soft_cap_without_running_max():
     check_forward_and_grads(fn, ref, (q, k, v, aux), (0, 1, 2, 3), jnp.bfloat16)
 
 
+@pytest.mark.parametrize("options", [dict(causal=True), dict(logits_soft_cap=2.0, bias=True)])
+def test_return_lse_with_its_gradient(options):
+    """`return_lse=True`: each row's natural log-sum-exp (sinks included) as the reference's, and gradients through
+    both outputs (an lse cotangent joins the backward as `delta - dlse`); raw logits, and soft cap with a bias."""
+    q, k, v = randn((2, 63, 4, 32)), randn((2, 100, 2, 32)), randn((2, 100, 2, 32))
+    aux, bias = randn((4,)), randn((1, 4, 63, 100)) if options.pop("bias", False) else None
+    static = dict(softmax_scale=32**-0.5, **options)
+    joined = lambda fn: lambda *a: jnp.concatenate([x.astype(jnp.float32).ravel() for x in fn(*a)])
+    fn = jax.jit(joined(lambda q, k, v, aux: flash_attention_triton(q, k, v, bias, aux, return_lse=True, **static)))
+    ref = joined(lambda q, k, v, aux: flash_attention_reference(q, k, v, bias, aux, return_lse=True, **static))
+    check_forward_and_grads(fn, ref, (q, k, v, aux), (0, 1, 2, 3), jnp.float32)
+
+
+def test_return_lse_of_an_empty_row_is_minus_infinity():
+    q, k = randn((1, 16, 2, 32)), randn((1, 16, 2, 32))
+    seg = jnp.where(jnp.arange(16) < 12, 0, -1)[None]  # the last four queries are padding: no key
+    out, lse = flash_attention_triton(
+        q, k, k, softmax_scale=0.2, q_segment_ids=seg, kv_segment_ids=seg, return_lse=True
+    )
+    _, expected = flash_attention_reference(
+        q, k, k, softmax_scale=0.2, q_segment_ids=seg, kv_segment_ids=seg, return_lse=True
+    )
+    assert jnp.all(jnp.isneginf(lse[:, 12:])) and jnp.all(out[:, 12:] == 0)
+    assert_close(lse[:, :12], expected[:, :12], name="lse")
+
+
 def wide_logits(kind: str, dtype):
     """q, k, v whose logits leave the checked zero offset's range: "high" reaches ~100, "low" stays near -106."""
     q, k, v = randn((2, 70, 4, 32), dtype), randn((2, 70, 2, 32), dtype), randn((2, 70, 2, 32), dtype)

@@ -366,3 +366,25 @@ def attention_vjp(forward, backward):
 
     _attention.defvjp(_attention_fwd, _attention_bwd)
     return _attention
+
+
+def attention_lse_vjp(forward, backward, natural_lse):
+    """`attention_vjp`'s core returning `(out, lse)` too: `natural_lse(st, operands, lse) -> [B, H, Sq]` turns the
+    kernel's residual into the natural log of each row's softmax denominator (sinks included, -inf for a row
+    with neither key nor sink), and `backward(st, residuals, do, dlse)` takes that lse's cotangent as well."""
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def _attention(st, *operands):
+        out, lse = forward(st, *operands)
+        return out, natural_lse(st, operands, lse)
+
+    def _attention_fwd(st, *operands):
+        out, lse = forward(st, *operands)
+        return (out, natural_lse(st, operands, lse)), (*operands, out, lse)
+
+    def _attention_bwd(st, residuals, cotangents):
+        dq, dk, dv, dbias, dsinks = backward(st, residuals, *cotangents)
+        return dq, dk, dv, dbias, dsinks, None, None, None, None
+
+    _attention.defvjp(_attention_fwd, _attention_bwd)
+    return _attention

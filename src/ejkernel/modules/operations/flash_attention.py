@@ -45,12 +45,18 @@ IMPLEMENTATIONS = implementations(
 checked only in Pallas' TPU interpret mode so far, come after XLA (`platform="pallas"` asks for them) until the
 suite has passed on a real TPU."""
 
-# Options only the XLA implementation honours; others decline the call when they differ from these.
-XLA_ONLY_DEFAULTS = {
+# Options only some implementations honour (by platform); others decline the call when they differ from these.
+OPTION_DEFAULTS = {
     "normalize_output": True,
     "precision": jax.lax.Precision.DEFAULT,
     "logits_dtype": jnp.float32,
     "return_lse": False,
+}
+OPTION_PLATFORMS = {
+    "normalize_output": ("xla",),
+    "precision": ("xla",),
+    "logits_dtype": ("xla",),
+    "return_lse": ("xla", "triton"),
 }
 
 
@@ -87,18 +93,19 @@ class FlashAttention(Kernel):
     `flash_attention` rather than this class.
     Differentiated calls get a config of their own (autotuning times forward + backward); on GPUs the
     candidates add Triton and Mosaic GPU tilings to each implementation's defaults. Implementations other
-    than XLA decline `normalize_output`, `precision`, `logits_dtype` and `return_lse` values other than the
-    defaults.
+    than XLA decline `normalize_output`, `precision` and `logits_dtype` values other than the defaults, and
+    those other than XLA and Triton decline `return_lse`.
     """
 
     op_id = "flash_attention"
     config_type = FlashAttentionConfig
 
     def call_impl(self, impl, args, kwargs, cfg):
-        if impl.platform.value != "xla":
-            # The public function passes these options only when they differ from the defaults.
-            for name in XLA_ONLY_DEFAULTS.keys() & kwargs.keys():
-                raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the xla platform only")
+        # The public function passes these options only when they differ from the defaults.
+        for name in OPTION_DEFAULTS.keys() & kwargs.keys():
+            if impl.platform.value not in OPTION_PLATFORMS[name]:
+                where = " and ".join(OPTION_PLATFORMS[name])
+                raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the {where} platforms only")
         # `call=` (from `flash_attention`), or upstream's raw keyword options, which the implementations'
         # `public_defaults` turn into an `AttentionCall`.
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
@@ -287,8 +294,8 @@ def flash_attention(
             regardless). XLA only.
         return_lse: Default False. True also returns each query row's log-sum-exp: the natural log of its
             softmax denominator, `[batch, seq_q, heads]` float32, sinks included, -inf for a row with neither
-            key nor sink; what `merge_attention_states` joins partial results with. Differentiable. XLA only
-            so far (`auto` picks XLA for such calls).
+            key nor sink; what `merge_attention_states` joins partial results with. Differentiable. The XLA
+            and Triton platforms serve it (`auto` on a GPU picks Triton for such calls).
         platform: Default None, meaning `"auto"`: the best implementation on this device that accepts the
             call. One of `"auto"`, `"xla"`, `"triton"`, `"pallas"`, `"cuda"`.
         cfg: Default None (a tuned, shipped or heuristic config). A `FlashAttentionConfig` to use instead.
@@ -383,7 +390,7 @@ def flash_attention(
         "logits_dtype": logits_dtype,
         "return_lse": bool(return_lse),
     }
-    options.update({name: value for name, value in given.items() if value != XLA_ONLY_DEFAULTS[name]})
+    options.update({name: value for name, value in given.items() if value != OPTION_DEFAULTS[name]})
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
         slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)

@@ -400,12 +400,23 @@ def _small_lse(st: TritonFlashStatic, bias, sinks) -> bool:
     return abs(st.soft_cap) * LOG2E + math.log2(st.kv_len) < 2.0**7
 
 
-def backward(st: TritonFlashStatic, residuals, do):
-    """Cotangent of the padded output -> (dq, dk, dv, dbias | None, dsinks | None)."""
+def natural_lse(st: TritonFlashStatic, operands, lse):
+    """The forward's `(offset, rest)` -> each row's natural log-sum-exp `[B, H, Sq]` (sinks included; -inf for
+    a row the kernels left empty)."""
+    offset, rest = lse
+    base2, _ = single_lse(st, offset, rest, raw_logits(st, operands[3] is not None))
+    return jnp.where(rest == jnp.inf, -jnp.inf, base2 * (1.0 / LOG2E))
+
+
+def backward(st: TritonFlashStatic, residuals, do, dlse=None):
+    """Cotangents of the padded output (and of `natural_lse`'s, `dlse [B, H, Sq]`) -> (dq, dk, dv, dbias | None,
+    dsinks | None). An lse cotangent adds `dlse·P` to dS, so it joins as `delta − dlse` (sinks alike)."""
     q, k, v, bias, sinks, q_seg, kv_seg, mask, seed, out, (offset, rest) = residuals
     lse, e = single_lse(st, offset, rest, raw_logits(st, bias is not None))
     do = do.astype(out.dtype)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+    if dlse is not None:
+        delta = delta - jnp.where(rest == jnp.inf, 0.0, dlse.astype(jnp.float32))
     if not _small_lse(st, bias, sinks):
         # dO's rows times 2^e undo the kernels' P' = P·2^-e (see the module's docstring); delta follows.
         # A pass over dO: ~35 us, 0.4-3.4% of an H200's bf16 backward at 4k tokens (B 4, H 16, D 64-128).

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common import SMEM_BYTES
 from ejkernel.kernels._common.attention import (
+    attention_lse_vjp,
     attention_vjp,
     bounded_soft_cap,
     check_options,
@@ -29,7 +30,7 @@ from ejkernel.kernels._common.attention import (
 )
 from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.flash_attention._bwd import backward
+from ejkernel.kernels._triton.flash_attention._bwd import backward, natural_lse
 from ejkernel.kernels._triton.flash_attention._fwd import TritonFlashStatic, TritonFlashTiling, forward
 from ejkernel.ops.config import BwdParams, FwdParams
 
@@ -115,6 +116,7 @@ def _tiling(
 
 
 _attention = attention_vjp(forward, backward)
+_attention_with_lse = attention_lse_vjp(forward, backward, natural_lse)
 
 
 def plan(
@@ -228,6 +230,7 @@ def flash_attention_triton(
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
     interpret: bool | None = None,
+    return_lse: bool = False,
 ):
     """Exact attention `[B, Sq, H, D] x [B, Sk, Hkv, D] x [B, Sk, Hkv, Dv] -> [B, Sq, H, Dv]`.
 
@@ -236,7 +239,9 @@ def flash_attention_triton(
     ids (negative = padding), boolean `attention_mask [1|B, 1|H, Sq, Sk]`, causal and `(left, right)`
     sliding-window masks, tanh soft cap and counter-based dropout. Differentiable in query, key,
     value, bias and softmax_aux. `interpret=None` compiles for the GPU (off a GPU: an error; pass
-    `interpret=True` for Pallas interpret mode).
+    `interpret=True` for Pallas interpret mode). `return_lse=True` also returns each row's log-sum-exp
+    `[B, Sq, H]` float32 (natural log, sinks included, -inf for a row with neither key nor sink), itself
+    differentiable, as the reference's step 8 defines it.
 
     Raises NotImplementedError for what the kernels cannot serve (dtype, head dim, tile sizes).
     """
@@ -251,6 +256,9 @@ def flash_attention_triton(
         bwd_params=bwd_params,
         interpret=interpret,
     )
+    if return_lse:
+        out, lse = _attention_with_lse(st, *operands)
+        return out[:, :q_len, :, :value_dim], jnp.swapaxes(lse[:, :, :q_len], 1, 2)
     out = _attention(st, *operands)
     if out.shape[1] != q_len or out.shape[3] != value_dim:
         out = out[:, :q_len, :, :value_dim]
