@@ -242,3 +242,83 @@ def test_shipped_tuned_config_beats_the_heuristic(monkeypatch):
     assert factor(make_executor()(ToyKernel(), x), x) == 8
     other = jnp.arange(1.0, 9.0, dtype=jnp.float32)  # another signature: not shipped, heuristics
     assert factor(make_executor()(ToyKernel(), other), other) == HEURISTIC
+
+
+# --- check once: the public functions' executor marks its calls checked ------------------------------------
+
+
+def _rand(i: int, *shape):
+    return jax.random.normal(jax.random.PRNGKey(i), shape, jnp.float32)
+
+
+def _decay(i: int, *shape):
+    return -jax.nn.softplus(_rand(i, *shape))
+
+
+def _strength(i: int, *shape):
+    return jax.nn.sigmoid(_rand(i, *shape))
+
+
+_QKV = (_rand(1, 1, 8, 2, 4), _rand(2, 1, 8, 2, 4), _rand(3, 1, 8, 2, 4))
+_SSM1 = (_rand(4, 1, 8, 3), _decay(5, 3, 2), _rand(6, 1, 8, 2), _rand(7, 1, 8, 2), _rand(8, 3), _strength(9, 1, 8, 3))
+_SSM2 = (
+    _rand(4, 1, 8, 2, 4),
+    _decay(5, 2),
+    *(_rand(i, 1, 8, 1, 2) for i in (6, 7)),
+    _rand(8, 2),
+    _strength(9, 1, 8, 2),
+)
+LINEAR_CHECK = "ejkernel.kernels._common.linear_attention.checks.check_qkv"  # inside check_linear_call
+STATE_SPACE_CHECK = "ejkernel.kernels._common.state_space._check_options"  # inside check_v1 and check_v2
+
+CHECKED_ONCE = {  # op id: (public function name, its arguments, keyword options, a function every check calls)
+    "gla": ("gla_attention", (*_QKV, _decay(10, 1, 8, 2, 4)), {}, LINEAR_CHECK),
+    "lightning_attn": ("lightning_attention", _QKV, {"layer_idx": 0, "num_layers": 2}, LINEAR_CHECK),
+    "recurrent": ("recurrent_attention", (*_QKV, _decay(10, 1, 8, 2)), {}, LINEAR_CHECK),
+    "kernel_delta_attention": ("kernel_delta_attention", (*_QKV, _strength(10, 1, 8, 2)), {}, LINEAR_CHECK),
+    "gated_delta_rule": ("gated_delta_rule", (*_QKV, _strength(10, 1, 8, 2)), {}, LINEAR_CHECK),
+    "state_space_v1": ("state_space_v1", _SSM1, {}, STATE_SPACE_CHECK),
+    "state_space_v2": ("state_space_v2", _SSM2, {}, STATE_SPACE_CHECK),
+}
+
+
+@pytest.mark.parametrize("op", sorted(CHECKED_ONCE))
+def test_a_public_call_is_checked_once(op, monkeypatch):
+    """The public function checks the call; the implementation the executor reaches for it does not again
+    (forward, or differentiated), while the same implementation called directly checks it."""
+    import ejkernel.modules as modules
+
+    name, args, options, check = CHECKED_ONCE[op]
+    module, _, function = check.rpartition(".")
+    checked = getattr(__import__(module, fromlist=[function]), function)
+    calls = []
+    monkeypatch.setattr(check, lambda *a, **k: calls.append(1) or checked(*a, **k))
+    public = getattr(modules, name)
+    first = lambda out: out[0] if isinstance(out, tuple) else out
+    out = first(public(*args, platform="xla", **options))
+    jax.grad(lambda x: jnp.sum(first(public(x, *args[1:], platform="xla", **options))))(args[0])
+    assert len(calls) == 2  # one per public call
+    direct = first(kernel_registry.get(op, "xla")(*args, **options))
+    assert len(calls) == 3
+    np.testing.assert_allclose(direct, out, rtol=1e-6, atol=1e-6)
+
+
+MARK_OP = "toy_checked_mark_op"
+
+
+def test_only_the_public_functions_executor_marks_calls_checked():
+    """`arguments_checked` names one op, and holds only while a `checked` executor runs it."""
+    from ejkernel.checked_calls import arguments_checked
+    from ejkernel.ops import Executor
+
+    seen = []
+
+    def impl(x, cfg):
+        seen.append((arguments_checked(MARK_OP), arguments_checked(TOY_OP)))
+        return x
+
+    kernel_registry.register(MARK_OP, Platform.XLA, Backend.ANY)(impl)
+    kernel = Kernel(MARK_OP)
+    Executor(checked=True)(kernel, toy_input())
+    Executor()(kernel, toy_input())
+    assert seen == [(True, False), (False, False)] and not arguments_checked(MARK_OP)

@@ -16,7 +16,6 @@ from jax.sharding import PartitionSpec as P
 from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, rand, write_strength
 
 from ejkernel import kernel_registry
-from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
 from ejkernel.kernels._common.linear_attention.numerics import decay_matrix, unit_lower_inverse
 from ejkernel.modules import (
@@ -271,21 +270,6 @@ def test_gla_autotunes_a_few_triton_tilings():
     assert len(forward) == 7 and len(train) == 9 and len(set(train)) == 9
     assert all(t.block_k is None and t.grads_warps is None for t in tiled(forward))
     assert set(tiled(forward)) < set(tiled(train))
-
-
-def test_gla_checks_a_call_once(monkeypatch):
-    """The public function checks the call and resolves the scale; the implementation the executor reaches
-    checks nothing again (the same implementation called directly does: `test_bad_input_names_the_argument`)."""
-    calls = []
-    checked = entries.check_linear_call
-    monkeypatch.setattr(entries, "check_linear_call", lambda *a, **k: calls.append(1) or checked(*a, **k))
-    q, k, v = qkv()
-    args = (q, k, v, log_decay(B, S, H, DK))
-    out = gla_attention(*args, platform="xla")
-    jax.grad(lambda q: jnp.sum(gla_attention(q, *args[1:], platform="xla")))(q)
-    assert len(calls) == 2  # one per public call
-    ref, _ = gla_reference(*args)
-    assert_close(out, ref, jnp.float32)
 
 
 _q, _k, _v = (jnp.ones((1, 6, 2, 4)),) * 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.checked_calls import checked_call
 from ejkernel.environment import env_flag
 from ejkernel.ops.autotune import LOG_ENV, AutotunePolicy, Tuner, active_policy, forward_only_tuning
 from ejkernel.ops.axis_roles import check_axis_roles, follow_roles, splits, strip_unit_axes
@@ -243,11 +245,37 @@ def _put(args: tuple, positions: tuple[int, ...], values: tuple) -> tuple:
     return tuple(out)
 
 
-class Executor:
-    """Runs a `Kernel`: builds the invocation, selects a config, wires a custom VJP and `shard_map`."""
+def _apply_pullback(pullback, g):
+    """The backward rule of the per-mode custom VJP: the TRAIN implementation's own pullback."""
+    return pullback(g)
 
-    def __init__(self, chain: ConfigSelectorChain | None = None) -> None:
+
+def _launcher(kernel: Kernel, kwargs: dict[str, Any], chosen: KernelConfig):
+    """`kernel.run` with `chosen` and the keyword options, as a function of the positional arguments; wrapped in
+    a custom VJP of the kernel's `fwd_with_residuals` and `vjp` where it has both."""
+    run = functools.partial(kernel.run, cfg=chosen, **kwargs)
+    if kernel.fwd_with_residuals is None or kernel.vjp is None:
+        return run
+    call = jax.custom_vjp(run)
+    call.defvjp(
+        functools.partial(kernel.fwd_with_residuals, cfg=chosen, **kwargs),
+        lambda residuals, g: tuple(kernel.vjp(residuals, g, cfg=chosen, **kwargs)),
+    )
+    return call
+
+
+class Executor:
+    """Runs a `Kernel`: builds the invocation, selects a config, wires a custom VJP and `shard_map`.
+
+    `checked`: the calls come from public functions that checked their arguments and resolved their defaults;
+    while one runs, its implementations find `ejkernel.checked_calls.arguments_checked(op_id)` true and skip
+    those checks (each is made once per call). The public functions share such an executor; any other runs
+    calls as given, and the implementations check them.
+    """
+
+    def __init__(self, chain: ConfigSelectorChain | None = None, *, checked: bool = False) -> None:
         self.chain = chain if chain is not None else ConfigSelectorChain()
+        self.checked = checked
 
     def __call__(
         self,
@@ -271,27 +299,27 @@ class Executor:
         platform = resolve_platform(kernel, platform, cfg)
         if cfg is not None:
             cfg = config_with_platform(cfg, platform)
-        if mesh is None and in_specs is None and out_specs is None:
-            return self._run(kernel, args, kwargs, cfg, platform)
-        if mesh is None or in_specs is None or out_specs is None:
-            given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
+        given = [n for n, v in (("mesh", mesh), ("in_specs", in_specs), ("out_specs", out_specs)) if v is not None]
+        if 0 < len(given) < 3:
             raise ValueError(f"{kernel.op_id}: mesh, in_specs and out_specs go together; got only {', '.join(given)}")
-        return self._sharded(kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs)
+        with checked_call(kernel.op_id) if self.checked else contextlib.nullcontext():
+            if not given:
+                return self._run(kernel, args, kwargs, cfg, platform)
+            return self._sharded(kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs)
 
     def _run(self, kernel: Kernel, args, kwargs, cfg, platform):
-        if cfg is None and kernel.tune_argnums:
-            return self._run_by_mode(kernel, args, kwargs, platform)
-        inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
-        return self._run_with(kernel, args, kwargs, self.chain.select(kernel, inv, cfg))
+        """Select the config and run `kernel` on it.
 
-    def _run_by_mode(self, kernel: Kernel, args, kwargs, platform):
-        """Run the FORWARD config when the call is not differentiated, the TRAIN config when it is.
-
-        The fastest forward is not always part of the fastest forward + backward (e.g. one kernel's
-        forward beside another's backward). `jax.custom_vjp` tells the two cases apart at trace time:
-        its primal runs only where no derivative is taken (also under jit, vmap and checkpoint), its
-        forward rule where one is; the rule keeps the TRAIN implementation's own pullback as residual.
+        An op whose configs tile a backward too (`tune_argnums`), given no `cfg`, runs its FORWARD config when
+        the call is not differentiated and its TRAIN config when it is: the fastest forward is not always part
+        of the fastest forward + backward (e.g. one kernel's forward beside another's backward).
+        `jax.custom_vjp` tells the two cases apart at trace time: its primal runs only where no derivative is
+        taken (also under jit, vmap and checkpoint), its forward rule where one is; the rule keeps the TRAIN
+        implementation's own pullback as residual.
         """
+        if cfg is not None or not kernel.tune_argnums:
+            inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
+            return _launcher(kernel, kwargs, self.chain.select(kernel, inv, cfg))(*args)
         leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
         is_input = lambda leaf: isinstance(leaf, jax.Array | np.ndarray) and not _read_while_tracing(leaf)
         dynamic = [i for i, leaf in enumerate(leaves) if is_input(leaf)]
@@ -302,38 +330,12 @@ class Executor:
                 full[i] = array
             a, kw = jax.tree_util.tree_unflatten(treedef, full)
             chosen = self.chain.select(kernel, Invocation(kernel.op_id, a, kw, platform, mode))
-            return self._run_with(kernel, a, kw, chosen)
+            return _launcher(kernel, kw, chosen)(*a)
 
-        @jax.custom_vjp
-        def call(arrays):
-            return run(FORWARD, arrays)
-
-        def fwd(arrays):
-            return jax.vjp(functools.partial(run, TRAIN), arrays)
-
-        def bwd(pullback, g):
-            return pullback(g)
-
-        call.defvjp(fwd, bwd)
+        # Partials, not closures: the rules call `run` with no frame of their own between.
+        call = jax.custom_vjp(functools.partial(run, FORWARD))
+        call.defvjp(functools.partial(jax.vjp, functools.partial(run, TRAIN)), _apply_pullback)
         return call([leaves[i] for i in dynamic])
-
-    @staticmethod
-    def _run_with(kernel: Kernel, args, kwargs, chosen: KernelConfig):
-        if kernel.fwd_with_residuals is None or kernel.vjp is None:
-            return kernel.run(*args, cfg=chosen, **kwargs)
-
-        @jax.custom_vjp
-        def call(*a):
-            return kernel.run(*a, cfg=chosen, **kwargs)
-
-        def fwd(*a):
-            return kernel.fwd_with_residuals(*a, cfg=chosen, **kwargs)
-
-        def bwd(residuals, g):
-            return tuple(kernel.vjp(residuals, g, cfg=chosen, **kwargs))
-
-        call.defvjp(fwd, bwd)
-        return call(*args)
 
     def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
         roles = kernel.axis_roles(args, kwargs)
@@ -417,11 +419,13 @@ def resolve_platform(kernel: Kernel, platform: str | None, cfg: KernelConfig | N
 _default_chain = ConfigSelectorChain()
 
 
-def create_default_executor(policy: AutotunePolicy | str | None = None) -> Executor:
-    """An executor on the process-wide caches; `policy` overrides `$EJKERNEL_AUTOTUNE_POLICY`."""
+def create_default_executor(policy: AutotunePolicy | str | None = None, *, checked: bool = False) -> Executor:
+    """An executor on the process-wide caches; `policy` overrides `$EJKERNEL_AUTOTUNE_POLICY`; `checked` as
+    `Executor`'s (the public functions' executor: their calls come checked)."""
     if policy is None:
-        return Executor(_default_chain)
-    return Executor(ConfigSelectorChain(_default_chain.memory, _default_chain.persistent, policy=policy))
+        return Executor(_default_chain, checked=checked)
+    chain = ConfigSelectorChain(_default_chain.memory, _default_chain.persistent, policy=policy)
+    return Executor(chain, checked=checked)
 
 
 def reset_caches() -> None:

@@ -17,7 +17,9 @@ from ejkernel.kernels._common.bounds import check_with
 from ejkernel.kernels._common.checks import require_int
 from ejkernel.ops import create_default_executor
 
-executor = create_default_executor()
+executor = create_default_executor(checked=True)
+"""The public functions' executor: each checks its call and resolves its defaults before running it here, and the
+implementations reached skip those checks (`ejkernel.checked_calls`)."""
 
 _jaxtyped = jaxtyped(typechecker=beartype(conf=BeartypeConf(is_pep484_tower=True)))
 

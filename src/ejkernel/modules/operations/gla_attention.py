@@ -8,7 +8,6 @@ import dataclasses
 
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels._common.linear_attention.checks import arguments_checked
 from ejkernel.kernels._common.linear_attention.entries import check_gla_call, resolve_scale
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
@@ -238,19 +237,18 @@ def gla_attention(
         (2, 16, 4, 32) float32 (2, 4, 8, 32) float32
     """
     check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens)
-    with arguments_checked():  # the implementation reached skips these checks (and finds the scale resolved)
-        return executor(
-            GLAttention(),
-            query,
-            key,
-            value,
-            g,
-            g_gamma,
-            initial_state,
-            cu_seqlens,
-            softmax_scale=resolve_scale(softmax_scale, query),
-            reverse=bool(reverse),
-            return_state=bool(return_state),
-            platform=platform,
-            cfg=cfg,
-        )
+    return executor(
+        GLAttention(),
+        query,
+        key,
+        value,
+        g,
+        g_gamma,
+        initial_state,
+        cu_seqlens,
+        softmax_scale=resolve_scale(softmax_scale, query),
+        reverse=bool(reverse),
+        return_state=bool(return_state),
+        platform=platform,
+        cfg=cfg,
+    )

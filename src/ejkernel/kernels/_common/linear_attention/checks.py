@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 from ejkernel.kernels._common.bounds import check_packed
 from ejkernel.kernels._common.checks import require_float, require_int
 
@@ -110,23 +107,3 @@ def check_linear_call(
     num_states = check_cu_seqlens(cu_seqlens, batch, seq_len)
     check_state(initial_state, num_states, num_heads, dk, dv)
     return dk, num_states
-
-
-_CHECKED = contextvars.ContextVar("ejkernel_linear_call_checked", default=False)
-
-
-@contextlib.contextmanager
-def arguments_checked():
-    """Within: the public function running has checked its call (`check_linear_call`) and resolved its
-    defaults, so the implementation the executor reaches for it skips both (`arguments_were_checked`).
-    Called directly, or traced where this is not set (another thread), an implementation checks as before."""
-    token = _CHECKED.set(True)
-    try:
-        yield
-    finally:
-        _CHECKED.reset(token)
-
-
-def arguments_were_checked() -> bool:
-    """Whether a public function's `arguments_checked` is active."""
-    return _CHECKED.get()

@@ -1,20 +1,16 @@
 """The five linear-attention ops as every platform serves them: public signatures, canonical options.
 
-Each checks its arguments, resolves its defaults and maps its gates onto `driver.linear_attention`, whose
-sequential parts run on `engine(cfg)`: the plain-JAX engine by default (the xla platform serves these
-entries as they are), the Triton platform's engine there.
+Each checks its arguments (unless its public function has: `ejkernel.checked_calls`), resolves its defaults
+and maps its gates onto `driver.linear_attention`, whose sequential parts run on `engine(cfg, **engine_options)`: the
+plain-JAX engine by default (the xla platform serves these entries as they are), the Triton platform's engine there.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.linear_attention.checks import (
-    arguments_were_checked,
-    check_chunk_size,
-    check_layer,
-    check_linear_call,
-)
+from ejkernel.checked_calls import arguments_checked
+from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_layer, check_linear_call
 from ejkernel.kernels._common.linear_attention.driver import DEFAULT_CHUNK, linear_attention, to_f32, xla_engine
 from ejkernel.kernels._common.linear_attention.inputs import delta_rule_inputs, lightning_gamma
 
@@ -63,14 +59,16 @@ def _gated(
     return_state=False,
     cfg=None,
     engine=xla_engine,
+    **engine_options,
 ):
     """The gated recurrence of the three entries below (arguments checked by them): chunked, or token by
     token for decoding and per-value-channel gates.
 
-    `engine(cfg)` says where the sequential parts run (plain JAX by default; GPU kernels on the Triton platform).
+    `engine(cfg, **engine_options)` says where the sequential parts run (plain JAX by default; GPU kernels on the
+    Triton platform, whose engine takes `interpret=`).
     """
     g = _add(to_f32(g), None if g_gamma is None else _per_token_gamma(to_f32(g_gamma), query))
-    runner = engine(cfg)
+    runner = engine(cfg, **engine_options)
     out, state = linear_attention(
         query,
         key,
@@ -92,17 +90,19 @@ def _gated(
 def recurrent_attention(
     query, key, value, g=None, g_gamma=None, gk=None, gv=None, initial_state=None, cu_seqlens=None, **options
 ):
-    """`recurrent_attention`; options (`softmax_scale`, `reverse`, `return_state`, `cfg`, `engine`) as `_gated`'s."""
-    check_linear_call(
-        query,
-        key,
-        value,
-        grouped=True,
-        gates={"g": (g, "head"), "gk": (gk, "dim_k"), "gv": (gv, "dim_v")},
-        g_gamma=g_gamma,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
+    """`recurrent_attention`; options (`softmax_scale`, `reverse`, `return_state`, `cfg`, `engine` and its options) as
+    `_gated`'s."""
+    if not arguments_checked("recurrent"):
+        check_linear_call(
+            query,
+            key,
+            value,
+            grouped=True,
+            gates={"g": (g, "head"), "gk": (gk, "dim_k"), "gv": (gv, "dim_v")},
+            g_gamma=g_gamma,
+            initial_state=initial_state,
+            cu_seqlens=cu_seqlens,
+        )
     return _gated(query, key, value, g, g_gamma, gk, gv, initial_state, cu_seqlens, **options)
 
 
@@ -116,17 +116,17 @@ def check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens):
 
 
 def gla_attention(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
-    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s. Checks its arguments unless the
-    public `gla_attention` has (`arguments_checked`: reached through the executor, the call is checked once)."""
-    if not arguments_were_checked():
+    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s."""
+    if not arguments_checked("gla"):
         check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens)
     return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
 
 
 def lightning_attention(query, key, value, initial_state=None, cu_seqlens=None, *, layer_idx, num_layers, **options):
     """`lightning_attention` (the layer's fixed per-head decay); options as `_gated`'s."""
-    check_layer(layer_idx, num_layers)
-    check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    if not arguments_checked("lightning_attn"):
+        check_layer(layer_idx, num_layers)
+        check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
     g_gamma = jnp.asarray(lightning_gamma(query.shape[2], layer_idx, num_layers))
     return _gated(query, key, value, None, g_gamma, None, None, initial_state, cu_seqlens, **options)
 
@@ -165,11 +165,14 @@ def kernel_delta_attention(
     return_state=False,
     cfg=None,
     engine=xla_engine,
+    **engine_options,
 ):
-    """`kernel_delta_attention`: the delta rule with a per-head decay; options as `_gated`'s (`engine`, `cfg`)."""
-    check_chunk_size("chunk_size", chunk_size)
-    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
-    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state)
+    """`kernel_delta_attention`: the delta rule with a per-head decay; options as `_gated`'s (`cfg`, `engine` and
+    its options)."""
+    if not arguments_checked("kernel_delta_attention"):
+        check_chunk_size("chunk_size", chunk_size)
+        gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+        check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state)
     out, state = _delta_rule(
         query,
         key,
@@ -182,7 +185,7 @@ def kernel_delta_attention(
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
         chunk=_chunk(cfg, chunk_size),
-        engine=engine(cfg),
+        engine=engine(cfg, **engine_options),
     )
     return _returned(out, state, return_state)
 
@@ -202,12 +205,15 @@ def gated_delta_rule(
     return_state=False,
     cfg=None,
     engine=xla_engine,
+    **engine_options,
 ):
-    """`gated_delta_rule`; `seg_ids` packs sequences per row (see the reference); `engine` as `_gated`'s."""
+    """`gated_delta_rule`; `seg_ids` packs sequences per row (see the reference); `engine` and its
+    options as `_gated`'s."""
     del autotune_chunk_candidates  # chooses the configs tried by autotuning, not the computation
-    gates = {"beta": (beta, "head"), "decay": (decay, "head")}
-    check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state, seg_ids=seg_ids)
-    runner = engine(cfg)
+    if not arguments_checked("gated_delta_rule"):
+        gates = {"beta": (beta, "head"), "decay": (decay, "head")}
+        check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state, seg_ids=seg_ids)
+    runner = engine(cfg, **engine_options)
     out, state = _delta_rule(
         query,
         key,

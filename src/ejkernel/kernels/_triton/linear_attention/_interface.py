@@ -137,14 +137,11 @@ def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
 
 
 def _on_triton(entry):
-    """`entry` (a shared entry point) with its sequential parts in Triton kernels; `interpret` forces interpret mode."""
-
-    @functools.wraps(entry)
-    def run(*args, cfg=None, interpret: bool | None = None, **options):
-        return entry(*args, cfg=cfg, engine=functools.partial(triton_engine, interpret=interpret), **options)
-
-    run.__doc__ = f"`{entry.__name__}` with its heavy parts in Pallas-Triton kernels (see this module)."
-    return run
+    """`entry` (a shared entry point) with its sequential parts in Triton kernels: the entry itself, its engine
+    bound (no frame of its own between the registry and the entry); `interpret=True` forces interpret mode."""
+    bound = functools.partial(entry, engine=triton_engine)
+    bound.__doc__ = f"`{entry.__name__}` with its heavy parts in Pallas-Triton kernels (see this module)."
+    return bound
 
 
 gla_attention_triton = _on_triton(entries.gla_attention)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.checked_calls import arguments_checked
 from ejkernel.kernels._common.state_space import check_v1, chunk_entries, pad_sequence, run_scan, v1_step
 from ejkernel.kernels._triton._helpers import resolve_interpret
 
@@ -100,9 +101,9 @@ def state_space_v1_triton(
     per program; `fwd_params.block_d`: channels per program; `num_warps`, `num_stages` from `fwd_params`
     and `bwd_params`); `interpret=True` runs Pallas interpret mode (off a GPU, None is an error).
     """
-    batch, seq, channels, state = check_v1(
-        hidden_states, A, B, C, D, dt, gate, initial_state, conv_state, act_fn=act_fn
-    )
+    if not arguments_checked("state_space_v1"):
+        check_v1(hidden_states, A, B, C, D, dt, gate, initial_state, conv_state, act_fn=act_fn)
+    (batch, seq, channels), state = hidden_states.shape, A.shape[1]
     for name, a in (("hidden_states", hidden_states), ("A", A), ("B", B), ("C", C), ("dt", dt)):
         if jnp.dtype(a.dtype) not in SUPPORTED_DTYPES:
             raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {name} {a.dtype}")

@@ -33,6 +33,7 @@ import functools
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.checked_calls import arguments_checked
 from ejkernel.kernels._common.attention import pad_axes
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
@@ -138,22 +139,24 @@ def state_space_v2_triton(
     nothing: the kernels multiply float32 inputs in float32, others in their dtype accumulating in float32.
     `interpret=True` runs Pallas interpret mode (off a GPU, None is an error).
     """
-    batch, _, heads, head_dim, _, state = check_v2(
-        x,
-        A,
-        B,
-        C,
-        D,
-        dt,
-        gate,
-        initial_state,
-        conv_state,
-        n_groups=n_groups,
-        act_fn=act_fn,
-        use_gated_rmsnorm=use_gated_rmsnorm,
-        rmsnorm_eps=rmsnorm_eps,
-        precision=precision,
-    )
+    if not arguments_checked("state_space_v2"):
+        check_v2(
+            x,
+            A,
+            B,
+            C,
+            D,
+            dt,
+            gate,
+            initial_state,
+            conv_state,
+            n_groups=n_groups,
+            act_fn=act_fn,
+            use_gated_rmsnorm=use_gated_rmsnorm,
+            rmsnorm_eps=rmsnorm_eps,
+            precision=precision,
+        )
+    (batch, _, heads, head_dim), state = x.shape, B.shape[3]
     for name, a in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         if jnp.dtype(a.dtype) not in SUPPORTED_DTYPES:
             raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {name} {a.dtype}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ejkernel.checked_calls import arguments_checked
 from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
 from ejkernel.kernels._common.state_space import check_v2, matmul_precision, run_scan, ssd_inputs, v2_step
 
@@ -56,22 +57,24 @@ def state_space_v2_xla(
     (a power of two, default 64); `precision` sets the matmul precision of the chunked products. A
     length-1 call (with `initial_state`: a decode step) is one plain-JAX step, reading the state once.
     """
-    batch, _, heads, head_dim, _, state = check_v2(
-        x,
-        A,
-        B,
-        C,
-        D,
-        dt,
-        gate,
-        initial_state,
-        conv_state,
-        n_groups=n_groups,
-        act_fn=act_fn,
-        use_gated_rmsnorm=use_gated_rmsnorm,
-        rmsnorm_eps=rmsnorm_eps,
-        precision=precision,
-    )
+    if not arguments_checked("state_space_v2"):
+        check_v2(
+            x,
+            A,
+            B,
+            C,
+            D,
+            dt,
+            gate,
+            initial_state,
+            conv_state,
+            n_groups=n_groups,
+            act_fn=act_fn,
+            use_gated_rmsnorm=use_gated_rmsnorm,
+            rmsnorm_eps=rmsnorm_eps,
+            precision=precision,
+        )
+    (batch, _, heads, head_dim), state = x.shape, B.shape[3]
     chunk = getattr(cfg, "chunk_size", None) or DEFAULT_CHUNK
 
     def long_scan(h0):
