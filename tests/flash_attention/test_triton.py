@@ -236,6 +236,21 @@ class TestOnGpu:
         for name, g, rg in zip("qkv", vjp(cotangent), ref_vjp(cotangent), strict=True):
             assert_close(g, rg, jnp.bfloat16, tol=4e-2, name=f"d{name}")
 
+    def test_return_lse_matches_xla(self):
+        """The compiled kernels' log-sum-exp and the gradients through it, against XLA's (GQA, causal, sinks)."""
+        q, k, v = randn((2, 1024, 8, 128), jnp.bfloat16), *(randn((2, 1024, 2, 128), jnp.bfloat16) for _ in "kv")
+        aux = randn((8,))
+        kw = dict(softmax_scale=128**-0.5, causal=True, return_lse=True)
+        loss = lambda f: lambda q, k, v: sum(jnp.sum(jnp.sin(x.astype(jnp.float32))) for x in f(q, k, v, None, aux))
+        fn = lambda q, k, v, b, s: flash_attention_triton(q, k, v, b, s, interpret=False, **kw)
+        ref = lambda q, k, v, b, s: flash_attention_xla(q, k, v, b, s, **kw)
+        (out, lse), (ref_out, ref_lse) = jax.jit(fn)(q, k, v, None, aux), jax.jit(ref)(q, k, v, None, aux)
+        assert_close(out, ref_out, jnp.bfloat16)
+        assert_close(lse, ref_lse, jnp.float32, tol=1e-2, name="lse")
+        grads, ref_grads = (jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))(q, k, v) for f in (fn, ref))
+        for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
+            assert_close(g, rg, jnp.bfloat16, tol=4e-2, name=f"d{name}")
+
     @pytest.mark.parametrize("kind", ["high", "low"])
     def test_zero_offset_redone_with_running_max(self, kind):
         """The redo branch (a second key loop under a branch) compiled through Triton."""
