@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from paged_cases import CASES, OPS, jitted_reference, output_of, unified_case
+from paged_cases import CASES, OPS, jitted_reference, output_of, ragged_v3_case, unified_case
 
 import ejkernel.modules as modules
 from ejkernel import kernel_registry
@@ -83,9 +83,31 @@ def test_declines_what_it_cannot_serve():
     with pytest.raises(NotImplementedError, match="head dims"):
         plan(unified_batch(*args), None, True)
     args, _ = unified_case(np.random.default_rng(5))
-    args[1], args[2] = (x.astype(jnp.float8_e4m3fn) for x in args[1:3])
+    args[1], args[2] = (x.astype(jnp.int8) for x in args[1:3])
     with pytest.raises(NotImplementedError, match="cache"):
         plan(unified_batch(*args), None, True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_float8_cache_read_as_stored(dtype):
+    """A float8 cache (v3 quantises the new keys/values into it, the queries with `q_scale`) is read as float8 and
+    converted in registers: the same result as XLA's on the same cache."""
+    args, _ = ragged_v3_case(np.random.default_rng(8), dtype=jnp.float32)
+    args[1], args[2], args[3] = (x.astype(dtype) for x in args[1:4])
+    options = dict(q_scale=0.5, k_scale=1.5, v_scale=0.75, softmax_scale=24**-0.5)
+    out, cache = triton("ragged_page_attention_v3")(*args, cfg=SMALL, **options)
+    expected, expected_cache = kernel_registry.get("ragged_page_attention_v3", "xla")(*args, **options)
+    assert_close(out, expected)
+    assert bool(jnp.all(cache == expected_cache))
+
+
+def test_float8_cache_lowers_for_cuda(cuda_lowering):
+    args, _ = ragged_v3_case(np.random.default_rng(8), dtype=jnp.bfloat16)
+    args[1], args[2], args[3] = (x.astype(jnp.float8_e4m3fn) for x in args[1:4])
+    core = functools.partial(paged_attention_triton_core, interpret=False)
+    impl = implementation("ragged_page_attention_v3", core, "v3")
+    text = jax.jit(functools.partial(impl, q_scale=0.5)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "ejkernel_paged_attention" in text
 
 
 # ---- GPU suite: the kernel against the XLA implementation at real shapes ----

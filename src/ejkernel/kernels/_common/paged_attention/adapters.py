@@ -234,7 +234,8 @@ def latent_batch(
     """`multi_latent_ragged_page_attention`: writes the new latent rows, then MQA over one shared latent head.
 
     A cache row `[c (L), 0..., r (R), 0...]` is the key, scored against the packed query
-    `[q_nope, 0..., q_pe, 0...]` (the row's width, in the promoted dtype of queries and cache), and through
+    `[q_nope, 0..., q_pe, 0...]` (the row's width, in the promoted dtype of queries and a 16/32-bit cache, in
+    the queries' with a float8 cache), and through
     its first `L` columns the value: the core's output keeps `L` of its columns. The cache
     `[pages, rows, packing, width]` viewed as `[pages * page_size, width]` holds position `i` of page `g` at
     row `g * page_size + i` (packing only folds the slot axis). The updated cache is the batch's `key_rows`.
@@ -251,7 +252,9 @@ def latent_batch(
     query_start, query_len = ragged_queries(query_start_loc, distribution[2], num_seqs, num_tokens)
     kv_cache = write_latents(kv_cache, keys_values, keys_pe, kv_len, tables, query_start, query_len)
 
-    compute = jnp.promote_types(jnp.promote_types(queries_nope.dtype, queries_pe.dtype), kv_cache.dtype)
+    compute = jnp.promote_types(queries_nope.dtype, queries_pe.dtype)
+    if jnp.dtype(kv_cache.dtype).itemsize > 1:  # a float8 cache computes in the queries' dtype (JAX won't promote)
+        compute = jnp.promote_types(compute, kv_cache.dtype)
     rope_col = rope_column(latent)
     queries = jnp.zeros((num_tokens, num_heads, width), compute)
     queries = queries.at[..., :latent].set(queries_nope.astype(compute))

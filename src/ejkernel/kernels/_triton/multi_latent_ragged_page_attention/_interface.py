@@ -7,8 +7,9 @@ and merges its splits with the shared `finalize`. These are inference ops, but t
 gradient of a model around them: the custom VJP's backward is the shared plain-JAX core's (recomputed), so
 a gradient through the kernel is exact.
 
-Declined with NotImplementedError before tracing (`platform="auto"` then runs XLA): queries or caches
-that are not float16/bfloat16/float32, latent widths above `MAX_LATENT`, caches of 2**31 rows or more.
+Declined with NotImplementedError before tracing (`platform="auto"` then runs XLA): queries that are not
+float16/bfloat16/float32, caches that are not those or float8, latent widths above `MAX_LATENT`, caches of
+2**31 rows or more.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ejkernel.kernels._triton.multi_latent_ragged_page_attention._kernel import 
 
 WHO = "triton multi_latent_ragged_page_attention"
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+FP8_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))  # read as stored, converted in registers
 MAX_LATENT = 1024  # the [block_h, latent] float32 accumulator lives in registers
 ACC_PER_WARP = 2048  # accumulator elements per warp where 8 warps pay off (64 registers a thread)
 SMEM_BUDGET = 160 * 1024  # bytes of query rows and pipelined cache tiles a program may keep in shared memory
@@ -52,9 +54,11 @@ def _shared_bytes(block_h: int, block_k: int, stages: int, dims: TritonLatentPag
 
 def check_servable(dims: TritonLatentPagedStatic, query_dtypes, cache_dtype, cache_rows: int) -> None:
     """NotImplementedError for a call the kernel cannot serve (read from shapes and dtypes only, before tracing)."""
-    for name, dtype in (("cache", cache_dtype), *(("queries", d) for d in query_dtypes)):
+    for dtype in query_dtypes:
         if jnp.dtype(dtype) not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 {name}, got {jnp.dtype(dtype)}")
+            raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 queries, got {jnp.dtype(dtype)}")
+    if jnp.dtype(cache_dtype) not in SUPPORTED_DTYPES + FP8_CACHES:
+        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {jnp.dtype(cache_dtype)}")
     if dims.latent_tile > MAX_LATENT:
         raise NotImplementedError(f"{WHO} takes latent widths up to {MAX_LATENT}, got {dims.latent}")
     if cache_rows >= 2**31:

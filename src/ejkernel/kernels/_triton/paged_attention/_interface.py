@@ -24,6 +24,8 @@ from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.paged_attention._kernel import TritonPagedTiling, partial_sums
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+FP8_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+"""Cache dtypes read as they are stored and converted in registers: half a 16-bit cache's bytes per row."""
 MAX_WIDTH = 256
 MAX_ROWS = 128  # query rows (queries x grouped heads) of one tile
 TARGET_PROGRAMS = 2 * 132  # about two programs per SM of an H100/H200
@@ -44,9 +46,10 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     """The kernel's tiling for `batch` (cfg fields win); NotImplementedError for what it cannot serve."""
     st = batch.static
     compute = jnp.dtype(st.compute_dtype) if st.compute_dtype is not None else jnp.dtype(batch.queries.dtype)
-    for name, dtype in (("queries", compute), ("cache", jnp.dtype(batch.key_rows.dtype))):
-        if dtype not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 {name}, got {dtype}")
+    if compute not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 queries, got {compute}")
+    if jnp.dtype(batch.key_rows.dtype) not in SUPPORTED_DTYPES + FP8_CACHES:
+        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {jnp.dtype(batch.key_rows.dtype)}")
     width = _pow2(st.head_dim)
     if width > MAX_WIDTH:
         raise NotImplementedError(f"{WHO} supports head dims up to {MAX_WIDTH}, got {st.head_dim}")
