@@ -15,5 +15,6 @@ ops differ only in how they lay out queries, pages and options; each op's argume
   the merge of splits);
 - `tiles`: what the kernels share: query rows in, partial sums out;
 - `jax_core`: the plain-JAX core, which serves the XLA platform and gives the kernels their backward;
-- `implementations`: each op's signature around a platform's core, and the tiling a config asks for.
+- `implementations`: each op's signature around a platform's core, and the tiling a config asks for;
+- `cascade`: `cascade_attention` on any core (the shared prefix as one more batch, joined by log-sum-exp).
 """
