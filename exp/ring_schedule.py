@@ -54,7 +54,10 @@ def main():
     spec = P(None, "sp")
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
-    qkv = [jax.device_put(jax.random.normal(k, s, jnp.bfloat16), NamedSharding(mesh, spec)) for k, s in zip(keys, shapes)]
+    qkv = [
+        jax.device_put(jax.random.normal(k, s, jnp.bfloat16), NamedSharding(mesh, spec))
+        for k, s in zip(keys, shapes, strict=True)
+    ]
     ring = lambda q, k, v: ring_attention(q, k, v, causal=True, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     grad = jax.grad(lambda *a: jnp.sum(ring(*a).astype(jnp.float32)), argnums=(0, 1, 2))
     for name, fn in (("forward", ring), ("forward+backward", grad)):
