@@ -261,24 +261,16 @@ def _strength(i: int, *shape):
 
 _QKV = (_rand(1, 1, 8, 2, 4), _rand(2, 1, 8, 2, 4), _rand(3, 1, 8, 2, 4))
 _SSM1 = (_rand(4, 1, 8, 3), _decay(5, 3, 2), _rand(6, 1, 8, 2), _rand(7, 1, 8, 2), _rand(8, 3), _strength(9, 1, 8, 3))
-_SSM2 = (
-    _rand(4, 1, 8, 2, 4),
-    _decay(5, 2),
-    *(_rand(i, 1, 8, 1, 2) for i in (6, 7)),
-    _rand(8, 2),
-    _strength(9, 1, 8, 2),
-)
 LINEAR_CHECK = "ejkernel.kernels._common.linear_attention.checks.check_qkv"  # inside check_linear_call
 STATE_SPACE_CHECK = "ejkernel.kernels._common.state_space._check_options"  # inside check_v1 and check_v2
 
-CHECKED_ONCE = {  # op id: (public function name, its arguments, keyword options, a function every check calls)
+# op id: (public function name, its arguments, keyword options, a function every check calls). One op per entry
+# path: the gated linear ops (GLA, lightning, recurrent) share one entry, the delta rules another, the two state
+# space ops one check.
+CHECKED_ONCE = {
     "gla": ("gla_attention", (*_QKV, _decay(10, 1, 8, 2, 4)), {}, LINEAR_CHECK),
-    "lightning_attn": ("lightning_attention", _QKV, {"layer_idx": 0, "num_layers": 2}, LINEAR_CHECK),
-    "recurrent": ("recurrent_attention", (*_QKV, _decay(10, 1, 8, 2)), {}, LINEAR_CHECK),
-    "kernel_delta_attention": ("kernel_delta_attention", (*_QKV, _strength(10, 1, 8, 2)), {}, LINEAR_CHECK),
     "gated_delta_rule": ("gated_delta_rule", (*_QKV, _strength(10, 1, 8, 2)), {}, LINEAR_CHECK),
     "state_space_v1": ("state_space_v1", _SSM1, {}, STATE_SPACE_CHECK),
-    "state_space_v2": ("state_space_v2", _SSM2, {}, STATE_SPACE_CHECK),
 }
 
 

@@ -163,7 +163,7 @@ def _mla_serving_inputs(key):
     from ejkernel.utils import make_dummy_rpa_inputs
 
     tables = make_dummy_rpa_inputs(
-        rng_seed=1, num_seqs=8, pages_per_seq=16, page_size=16, num_q_heads=8, num_kv_heads=1, head_dim=64,
+        rng_seed=1, num_seqs=8, pages_per_seq=8, page_size=16, num_q_heads=8, num_kv_heads=1, head_dim=64,
         kv_dtype=jnp.bfloat16, decode_prefill_mixed=(4, 6, 8),
     )  # fmt: skip
     tokens, pages = tables["queries"].shape[0], tables["kv_cache"].shape[0]

@@ -32,10 +32,9 @@ def reference(*args, softmax_aux=None, **options):
     return cascade_attention_reference(*args, softmax_scale=D**-0.5, softmax_aux=softmax_aux, **options)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_matches_reference_forward_and_grads(dtype):
-    args = case(dtype=dtype)
-    check_forward_and_grads(cascade_attention, reference, args, (0, 1, 2, 3, 4), dtype)
+def test_matches_reference_forward_and_grads():
+    args = case(dtype=jnp.bfloat16)
+    check_forward_and_grads(cascade_attention, reference, args, (0, 1, 2, 3, 4), jnp.bfloat16)
 
 
 def test_sinks_soft_cap_and_empty_sides():
