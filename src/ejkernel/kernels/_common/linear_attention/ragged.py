@@ -97,13 +97,23 @@ def scatter_first(recurrent_state, slots, states, keep):
     return recurrent_state.at[target].set(states.astype(recurrent_state.dtype), mode="drop")
 
 
+def decode_token(bounds, num_tokens: int):
+    """`[N]` the token of each request of a decode batch (at most one token each): its first, clamped."""
+    return jnp.minimum(bounds[:-1], num_tokens - 1)
+
+
+def place_decoded(out, token, keep, num_tokens: int):
+    """Requests' outputs `[N, ...]` at their tokens in `[T, ...]` zeros; rows not in `keep` write nothing."""
+    placed = jnp.where(keep, token, num_tokens)
+    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop")
+
+
 def _decode(xs, init, bounds, lengths):
     """Each request's one token (if any) as a single delta-rule step: `(out [T,H,Dv], final [N,...])`."""
     num_tokens = xs[0].shape[0]
-    token = jnp.minimum(bounds[:-1], num_tokens - 1)
+    token = decode_token(bounds, num_tokens)
     final, out = delta_step(init, *(x[token] for x in xs))
-    placed = jnp.where(lengths > 0, token, num_tokens)
-    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop"), final
+    return place_decoded(out, token, lengths > 0, num_tokens), final
 
 
 def _chunked(xs, init, bounds, chunk_size: int):

@@ -87,12 +87,10 @@ def short_pass(batch: PagedBatch, cfg, t: TritonPagedTiling) -> TritonPagedTilin
     """
     st, group = batch.static, batch.num_heads // batch.static.num_kv_heads
     short = max(1, 16 // group)
-    if config_tiling(cfg, st.rows.page_size).block_q or t.block_q <= short:
+    params = config_tiling(cfg, st.rows.page_size)
+    if params.block_q or t.block_q <= short or batch.num_tokens > 2 * t.block_q * batch.num_seqs:
         return None
-    if batch.num_tokens > 2 * t.block_q * batch.num_seqs:
-        return None
-    splits = config_tiling(cfg, st.rows.page_size).num_splits or st.num_splits
-    splits = splits or _splits(st, short, t.block_k, batch.num_seqs)
+    splits = params.num_splits or st.num_splits or _splits(st, short, t.block_k, batch.num_seqs)
     return dataclasses.replace(t, block_q=short, rows=_pow2(short * group), num_splits=int(splits))
 
 

@@ -24,7 +24,9 @@ from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
+    decode_token,
     packed_bounds,
+    place_decoded,
     ragged_delta_rule,
     request_inputs,
     requests,
@@ -65,11 +67,10 @@ def _decline(query, value, beta, decay, recurrent_state) -> None:
 def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, req):
     """The decode kernel on the pool in place: `(out [T, H, Dv] float32, new pool)`."""
     num_tokens = inputs[0].shape[0]
-    token = jnp.minimum(req.bounds[:-1], num_tokens - 1)
+    token = decode_token(req.bounds, num_tokens)
     mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
     out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
-    placed = jnp.where(req.live, token, num_tokens)
-    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[placed].set(out, mode="drop"), pool
+    return place_decoded(out, token, req.live, num_tokens), pool
 
 
 def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
