@@ -138,8 +138,9 @@ def test_gpu_packed_matches_xla(state_width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("activation", "state"), [("silu", True), (None, False)])
-def test_gpu_dense_matches_xla_and_auto_takes_triton(activation, state):
-    assert kernel_registry.get("causal_conv1d") is causal_conv1d_triton
+def test_gpu_dense_matches_xla_and_auto_takes_xla(activation, state):
+    """XLA stays first on the GPU: the Triton kernels lost to it on an H200 (BENCHMARKS.md)."""
+    assert kernel_registry.get("causal_conv1d") is not causal_conv1d_triton
     x, weight, b = randn((4, 2048, 2048), jnp.bfloat16), randn((2048, 4), jnp.bfloat16), randn((2048,), jnp.bfloat16)
     initial = randn((4, 2048, 3), jnp.bfloat16) if state else None
     call = lambda platform: jax.jit(
