@@ -101,6 +101,18 @@ def test_float8_cache_read_as_stored(dtype):
     assert bool(jnp.all(cache == expected_cache))
 
 
+def test_float8_cache_with_bfloat16_queries_computes_in_float16():
+    """bfloat16 queries over a float8 cache take float16 dots; queries past float16's range (here 1e5) enter
+    divided by a power of two and the logits are scaled back, so the result is XLA's, not inf or NaN."""
+    args, _ = ragged_v3_case(np.random.default_rng(9), dtype=jnp.bfloat16)
+    args[0] = args[0] * 1e5
+    args[1], args[2], args[3] = (x.astype(jnp.float8_e4m3fn) for x in args[1:4])
+    options = dict(softmax_scale=1e-5 * 24**-0.5)
+    out, _ = triton("ragged_page_attention_v3")(*args, cfg=SMALL, **options)
+    expected, _ = kernel_registry.get("ragged_page_attention_v3", "xla")(*args, **options)
+    assert_close(out, expected)
+
+
 def test_float8_cache_lowers_for_cuda(cuda_lowering):
     args, _ = ragged_v3_case(np.random.default_rng(8), dtype=jnp.bfloat16)
     args[1], args[2], args[3] = (x.astype(jnp.float8_e4m3fn) for x in args[1:4])

@@ -45,6 +45,22 @@ class TritonPagedTiling:
     interpret: bool
 
 
+def _queries(q, cache_dtype, softmax_scale: float):
+    """The query tile in the dtype the dots take, and the logits' scale (per row `[rows, 1]`, or a float).
+
+    An 8-bit cache read by bfloat16 queries computes in float16: its codes widen to float16 in one hardware
+    conversion per pair (to bfloat16 they take three per element, which made a float8 cache slower than a
+    bfloat16 one), and float16 holds every float8 value exactly. The queries enter float16 divided by a power
+    of two that brings their row's largest magnitude under 2**14 (exact; the logits are multiplied back), so
+    no query overflows float16's range.
+    """
+    if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype != jnp.bfloat16:
+        return q, softmax_scale
+    largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
+    shift = jnp.where(largest > 2.0**14, jnp.exp2(jnp.ceil(jnp.log2(largest * 2.0**-14))), 1.0)
+    return (q.astype(jnp.float32) / shift).astype(jnp.float16), shift * softmax_scale
+
+
 def _kernel(
     meta_ref,
     tables_ref,
@@ -79,7 +95,7 @@ def _kernel(
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, last_block)
 
-    q = q_ref[...]
+    q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
@@ -101,7 +117,7 @@ def _kernel(
         row, key_ok = lookup(pos)
         k = read(k_ref, row + layout.key_offset)
         v = read(v_ref, row + layout.value_offset)
-        s = dot(q, k, trans_b=True) * st.softmax_scale
+        s = dot(q, k, trans_b=True) * logit_scale
         rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
         if qq:
