@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.reference.quantized_matmul import dequantize_reference
+
 
 def grouped_matmul_reference(
     lhs,
@@ -30,9 +32,13 @@ def grouped_matmul_reference(
     Every other row (groups not held, rows past the last group) is 0. Then `existing_out`, cast to
     `preferred_element_type`, is added to every row (upstream's accumulation). The result has dtype
     `preferred_element_type` (float32 for None). `group_sizes` and `group_offset` must be concrete.
+
+    `rhs` may be a `QuantizedArray` of `w [L, K, N]` (`[L, N, K]` with `transpose_rhs`), made by
+    `quantize_array(w, axis=...)`: it is dequantized back to `w` first (its packed layout is `w`'s last two
+    axes as they are for `axis="col"`, swapped for `axis="row"`).
     """
     x = jnp.asarray(lhs, jnp.float32)
-    w = jnp.asarray(rhs, jnp.float32)
+    w = _dequantized(rhs) if hasattr(rhs, "scales") else jnp.asarray(rhs, jnp.float32)
     if transpose_rhs:
         w = jnp.swapaxes(w, 1, 2)
     if rhs_scale is not None:
@@ -52,3 +58,16 @@ def grouped_matmul_reference(
     if existing_out is not None:
         out = out + jnp.asarray(existing_out).astype(out_dtype).astype(jnp.float32)
     return out.astype(out_dtype)
+
+
+def _dequantized(rhs):
+    """float32 `w` of a `QuantizedArray` (duck-typed: `data`, `scales`, `zeros` and its format; concrete), per
+    group."""
+    data, scales = np.asarray(rhs.data), np.asarray(rhs.scales)
+    zeros = [None] * data.shape[0] if rhs.zeros is None else np.asarray(rhs.zeros)
+    layout = [
+        dequantize_reference(d, s, z, group_size=rhs.group_size, bits=rhs.bits, mode=rhs.mode)
+        for d, s, z in zip(data, scales, zeros, strict=True)
+    ]
+    w = jnp.asarray(np.stack(layout), jnp.float32)
+    return jnp.swapaxes(w, 1, 2) if rhs.axis == "row" else w

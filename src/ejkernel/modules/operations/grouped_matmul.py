@@ -14,6 +14,7 @@ from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, c
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.kernel import FORWARD
+from ejkernel.quantization import QuantizedArray
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 
 IMPLEMENTATIONS = implementations(
@@ -185,7 +186,7 @@ def _mosaic_gpu_cfgs():
 @typechecked
 def grouped_matmul(
     lhs: Float[Array, "m k"],
-    rhs: Shaped[Array, "groups _ _"],
+    rhs: Shaped[Array, "groups _ _"] | QuantizedArray,
     group_sizes: Int[Array, " num_groups"],
     group_offset: Int[Array, "..."] | int | None = None,
     existing_out: Float[Array, "m _"] | None = None,
