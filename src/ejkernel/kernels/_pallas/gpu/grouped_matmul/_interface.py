@@ -4,8 +4,9 @@ The forward is `_kernel.gmm` (wgmma, TMA-pipelined K loop, persistent CTAs over 
 the backward is `gmm` again with the other transpose (dlhs) and `_kernel.tgmm` (drhs), wired by
 `_common.grouped_matmul.grouped_vjp`. Serves 16-bit lhs/rhs with any M and group layout; declines
 (`NotImplementedError`, before anything is traced) other dtypes, `group_offset`, `existing_out`, v3
-scales and biases, `QuantizedArray` weights, interpret mode, contraction and output sizes no tile divides, and devices other
-than Hopper GPUs, so that automatic selection falls through to the Triton kernels that serve them.
+scales and biases, `QuantizedArray` weights, interpret mode, contraction and output sizes no tile divides,
+and devices other than Hopper GPUs, so that automatic selection falls through to the Triton kernels that
+serve them.
 """
 
 from __future__ import annotations
