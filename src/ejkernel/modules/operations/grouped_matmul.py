@@ -220,14 +220,22 @@ def grouped_matmul(
     (zeros, plus `existing_out`).
 
     Dtypes, as upstream and `jax.lax.ragged_dot`: lhs and rhs may be different float dtypes (bfloat16
-    activations with float32 weights); they are multiplied in their promoted dtype, products accumulate in
-    float32, and each gradient comes back in its own input's dtype. Differentiable in lhs, rhs,
-    existing_out, rhs_scale and rhs_bias.
+    activations with float32 weights); they are multiplied in their promoted dtype (lhs's for an int8 or
+    8-bit float rhs), products accumulate in float32, and each gradient comes back in its own input's dtype.
+    Differentiable in lhs, rhs, existing_out, rhs_scale and rhs_bias.
+
+    Quantized weights: `rhs` may be a `QuantizedArray` (`ejkernel.quantization.quantize_array(w, ...)` of
+    `w [L, K, N]`, or `[L, N, K]` with `transpose_rhs`; any mode and `axis`): the result is that of the
+    dequantized `w` (decoded in the Triton kernel's registers on a GPU, per row span on XLA). Its weights
+    are frozen: only lhs (and existing_out, rhs_bias) get gradients, its arrays zero cotangents. With
+    `use_v3`, an int8 or float8_e4m3fn `rhs` with `rhs_scale` is DeepSeek-V3's block-scaled form (128 x 128
+    scale blocks broadcast along N), scaled in the Triton kernel.
 
     Args:
         lhs: `[M, K]` float, the rows (tokens sorted by group).
         rhs: `[L, K, N]` (`[L, N, K]` with `transpose_rhs`), float, or integer (int8) with `rhs_scale`: the
-            weights of L groups; `L` is the number of groups G without `group_offset`.
+            weights of L groups; `L` is the number of groups G without `group_offset`. Or a `QuantizedArray`
+            with a leading group axis L, as above.
         group_sizes: `[G]` integer, the rows of each group, in order.
         group_offset: Scalar or `[1]` integer array, or an int: the first group `rhs` holds; None (default):
             0, and then `L` must be G.
@@ -263,10 +271,11 @@ def grouped_matmul(
             an integer `rhs` without `rhs_scale`, a non-float `preferred_element_type`, non-bool
             `interpret` or `do_padding`, or a `cfg` of another class.
         ValueError: `use_v2` and `use_v3` together, or a v3 option without `use_v3`; mismatched K or other
-            shapes; `group_sizes` with fewer than L entries, or more without `group_offset`; bad
-            `group_sizes` or `group_offset` values (rule above); sharding specs that split what the op
-            computes across, or that disagree; a `platform` that is unknown, has no implementation on this
-            device or contradicts `cfg.platform`.
+            shapes; a `QuantizedArray` rhs without a leading group axis, of an unknown mode, whose groups do
+            not divide K, or with `rhs_scale`; `group_sizes` with fewer than L entries, or more without
+            `group_offset`; bad `group_sizes` or `group_offset` values (rule above); sharding specs that
+            split what the op computes across, or that disagree; a `platform` that is unknown, has no
+            implementation on this device or contradicts `cfg.platform`.
 
     Example:
         >>> import jax, numpy as np
