@@ -161,8 +161,12 @@ def test_triton_quantized_kernels_lower_for_cuda(cuda_lowering):
     fp8 = jnp.ones((7, 512, 384), jnp.float8_e4m3fn)
     for text in (lowered(int4), lowered(mxfp4, transpose_rhs=True)):
         assert text.count("ejkernel_grouped_matmul") >= 2
-    text = lowered(fp8, use_v3=True, rhs_scale=jnp.ones((7, 4, 1, 384)))
-    assert text.count("ejkernel_grouped_matmul") >= 2
+    scale = jnp.ones((7, 4, 1, 384))
+    for text in (
+        lowered(fp8, use_v3=True, rhs_scale=scale),
+        lowered(fp8.swapaxes(1, 2), True, use_v3=True, rhs_scale=scale),
+    ):
+        assert text.count("ejkernel_grouped_matmul") >= 2
 
 
 # ---- GPU suite: the decoding kernels against XLA's dequantize-per-group at the MoE shape class ----

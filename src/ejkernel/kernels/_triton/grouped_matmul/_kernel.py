@@ -16,9 +16,9 @@ Both take whole arrays (no BlockSpecs) and load with masks only where a size is 
 
 `gmm` also takes quantized weights (`_common.grouped_matmul_quantized`), decoded tile by tile in registers and
 rounded to lhs's dtype before each dot: packed codes by `_triton._decode.decode_tile`; v3 weights (int8, FP8)
-converted, with their block scales applied to the product of each K step (`acc += (a · w) · s` over the
-output columns, where the step lies in one scale block) or, where K is the output (the lhs gradient), to lhs's
-tile (`a · s` along the contraction). Steps and output tiles along K are cut to divide the scale blocks.
+converted and multiplied by their block scales (one per output column, where a K step lies in one scale
+block), or, where K is the output (the lhs gradient), lhs's tile multiplied along the contraction instead.
+Steps and output tiles along K are cut to divide the scale blocks, so each takes one row of scales.
 """
 
 from __future__ import annotations
@@ -117,16 +117,17 @@ def _gmm_kernel(
         ks = pl.ds(k0, bk)
         k_mask = k0 + jnp.arange(bk, dtype=jnp.int32) < k if k % bk else None
         a = _load(lhs_ref, (rows, ks), row_mask, k_mask)
-        w = weight_tile(i, ks, k_mask).astype(a.dtype)
-        if not isinstance(weights, ScaledGroupWeights):
-            return acc + dot(a, w, trans_b=transpose_rhs)
-        scale_ref, block = weight_refs[1], weights.block
-        if transpose_rhs != weights.k_first:  # the contraction is K: this step lies in one scale block
-            s = _load(scale_ref, (group_index, pl.ds(lax.div(k0, block), 1), 0, cols), None, col_mask)
-            return acc + dot(a, w, trans_b=transpose_rhs) * s.astype(jnp.float32)
-        s = _load(scale_ref, (group_index, pl.ds(lax.div(col0, block), 1), 0, ks), None, k_mask)
-        a = (a.astype(jnp.float32) * s.astype(jnp.float32)).astype(a.dtype)  # the output tile lies in one block
-        return acc + dot(a, w, trans_b=transpose_rhs)
+        w = weight_tile(i, ks, k_mask)
+        if isinstance(weights, ScaledGroupWeights):
+            scale_ref, block = weight_refs[1], weights.block
+            if transpose_rhs != weights.k_first:  # the contraction is K: the step lies in one scale block
+                s = _load(scale_ref, (group_index, pl.ds(lax.div(k0, block), 1), 0, cols), None, col_mask)
+                s = s.astype(jnp.float32)  # [1, bn]: one scale per output column
+                w = w.astype(jnp.float32) * (s.reshape(bn, 1) if transpose_rhs else s)
+            else:  # K is the output (the lhs gradient): the output tile lies in one block, scales run along N
+                s = _load(scale_ref, (group_index, pl.ds(lax.div(col0, block), 1), 0, ks), None, k_mask)
+                a = (a.astype(jnp.float32) * s.astype(jnp.float32)).astype(a.dtype)
+        return acc + dot(a, w.astype(a.dtype), trans_b=transpose_rhs)
 
     steps = jnp.where(group >= 0, jnp.int32(pl.cdiv(k, bk)), jnp.int32(0))  # loop bounds of one type
     acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
