@@ -107,6 +107,19 @@ def test_triton_interpret_fp8_block_scales(transpose_rhs):
     check_forward_and_grads(fn, ref, [randn((M, K)), scale], (0, 1), jnp.float32)
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_fp8_lhs_matches_its_reference(transpose_rhs):
+    """The opt-in FP8 x FP8 product (Triton rounds lhs on the fly, XLA first) against the reference that rounds
+    lhs through FP8 per row and scale block; the lhs gradient passes straight through the rounding."""
+    rhs, scale = _fp8_v3(transpose_rhs)
+    options = dict(rhs_scale=scale, transpose_rhs=transpose_rhs, fp8_lhs=True)
+    triton = functools.partial(grouped_matmul_triton, cfg=TRITON_SMALL, interpret=True)
+    ref = jax.jit(lambda lhs: grouped_matmul_reference(lhs, rhs, SIZES, **options))
+    for impl in (triton, functools.partial(grouped_matmul_xla, cfg=XLA_SMALL)):
+        fn = jax.jit(lambda lhs, impl=impl: impl(lhs, rhs, SIZES, use_v3=True, **options))
+        check_forward_and_grads(fn, ref, [randn((M, K))], (0,), jnp.float32)
+
+
 def test_xla_fp8_block_scales():
     rhs, scale = _fp8_v3(False)
     fn = jax.jit(lambda lhs, s: grouped_matmul(lhs, rhs, SIZES, rhs_scale=s, use_v3=True, cfg=XLA_SMALL))
@@ -128,6 +141,7 @@ def test_bad_inputs_one_line():
         (lambda: grouped_matmul(lhs, rhs, SIZES, use_v3=True, rhs_scale=jnp.ones((7, 2, 1, N))), "its own scales"),
         (lambda: grouped_matmul(lhs, fp8, SIZES, use_v3=True, rhs_scale=jnp.ones((7, 2, 1, 9))), "rhs_scale must be"),
         (lambda: grouped_matmul(lhs, fp8, SIZES, use_v3=True, rhs_scale=jnp.ones((7, 3, 1, N))), "divide K"),
+        (lambda: grouped_matmul(lhs, fp8, SIZES, fp8_lhs=True), "fp8_lhs multiplies FP8 by FP8"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as info:
@@ -146,7 +160,8 @@ def test_kernels_decline_what_they_do_not_decode():
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_triton_quantized_kernels_lower_for_cuda(cuda_lowering):
-    """The forward and the lhs gradient lower to Triton IR for an H100: packed int4 and mxfp4, v3 FP8."""
+    """The forward and the lhs gradient lower to Triton IR for an H100: packed int4 and mxfp4, v3 FP8 (both
+    layouts, and FP8 x FP8)."""
     lhs = jax.ShapeDtypeStruct((3000, 512), jnp.bfloat16)
     sizes = jnp.array([500, 0, 700, 300, 0, 1000, 100], jnp.int32)
     dout = jnp.ones((3000, 384), jnp.float32)
@@ -162,6 +177,8 @@ def test_triton_quantized_kernels_lower_for_cuda(cuda_lowering):
     for text in (lowered(int4), lowered(mxfp4, transpose_rhs=True)):
         assert text.count("ejkernel_grouped_matmul") >= 2
     scale = jnp.ones((7, 4, 1, 384))
+    text = lowered(fp8, use_v3=True, rhs_scale=scale, fp8_lhs=True)
+    assert text.count("ejkernel_grouped_matmul") >= 2 and "f8E4M3FN" in text
     for text in (
         lowered(fp8, use_v3=True, rhs_scale=scale),
         lowered(fp8.swapaxes(1, 2), True, use_v3=True, rhs_scale=scale),
@@ -198,6 +215,19 @@ def test_gpu_triton_fp8_block_scales_matches_xla():
     )  # [G, K/128, 1, N]
     fp8 = (w / jnp.repeat(scale[:, :, 0], 128, axis=1)).astype(jnp.float8_e4m3fn)
     options = dict(use_v3=True, preferred_element_type=jnp.bfloat16)
+    triton = jax.jit(lambda lhs: grouped_matmul(lhs, fp8, sizes, rhs_scale=scale, platform="triton", **options))
+    xla = jax.jit(lambda lhs: grouped_matmul(lhs, fp8, sizes, rhs_scale=scale, platform="xla", **options))
+    check_forward_and_grads(triton, xla, [lhs], (0,), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_fp8_lhs_matches_xla():
+    """The FP8 x FP8 forward on tensor cores against XLA rounding lhs first (same rounded values)."""
+    lhs, w, sizes = _moe()
+    groups, k, n = w.shape
+    scale = jnp.abs(w).reshape(groups, k // 128, 128, n).max(axis=2, keepdims=True)[:, :, :1] / 448.0
+    fp8 = (w / jnp.repeat(scale[:, :, 0], 128, axis=1)).astype(jnp.float8_e4m3fn)
+    options = dict(use_v3=True, fp8_lhs=True, preferred_element_type=jnp.bfloat16)
     triton = jax.jit(lambda lhs: grouped_matmul(lhs, fp8, sizes, rhs_scale=scale, platform="triton", **options))
     xla = jax.jit(lambda lhs: grouped_matmul(lhs, fp8, sizes, rhs_scale=scale, platform="xla", **options))
     check_forward_and_grads(triton, xla, [lhs], (0,), jnp.bfloat16)

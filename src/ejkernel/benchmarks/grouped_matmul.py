@@ -6,9 +6,9 @@ multiplies `[M, K] x [K, N]` once (same work, no grouping); `ragged_dot` is JAX'
 Every variant is timed in the same run and reported with its ratio to the dense matmul.
 
 `--part quantized` times the forward with quantized expert weights on the same shape instead, beside our bf16
-grouped matmul: FP8 with DeepSeek's 128 x 128 block scales (v3 `rhs_scale`), MXFP4 and int4 affine (groups of
-128) `QuantizedArray`s packed along K, and XLA's alternative (dequantize the MXFP4 weights, then the XLA grouped
-matmul); each with its ratio to bf16 (> 1: faster).
+grouped matmul: FP8 with DeepSeek's 128 x 128 block scales (v3 `rhs_scale`; weight-only, and FP8 x FP8 with
+`fp8_lhs`), MXFP4 and int4 affine (groups of 128) `QuantizedArray`s packed along K, and XLA's alternative
+(dequantize the MXFP4 weights, then the XLA grouped matmul); each with its ratio to bf16 (> 1: faster).
 """
 
 import functools
@@ -83,6 +83,10 @@ def _quantized_rows(m: int, k: int, n: int, groups: int, repeats: int) -> list[d
         "bf16": (lambda a, b: grouped_matmul(a, b, sizes, **out), w),
         "fp8 block-scaled": (
             lambda a, b: grouped_matmul(a, b, sizes, rhs_scale=rhs_scale, use_v3=True, **out),
+            fp8,
+        ),
+        "fp8 x fp8 (fp8_lhs)": (
+            lambda a, b: grouped_matmul(a, b, sizes, rhs_scale=rhs_scale, use_v3=True, fp8_lhs=True, **out),
             fp8,
         ),
         "mxfp4": (lambda a, b: grouped_matmul(a, b, sizes, **out), mxfp4),

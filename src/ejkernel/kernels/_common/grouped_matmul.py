@@ -28,8 +28,10 @@ from ejkernel.kernels._common.checks import is_traced, require_float, require_in
 from ejkernel.kernels._common.grouped_matmul_quantized import (
     PackedGroupWeights,
     ScaledGroupWeights,
+    check_fp8_lhs,
     check_quantized_rhs,
     dense_weights,
+    fp8_rows,
     frozen_vjp,
     is_quantized,
     packed_weights,
@@ -94,6 +96,7 @@ def check_args(
     transpose_rhs: bool = False,
     use_v2: bool = False,
     use_v3: bool = False,
+    fp8_lhs: bool = False,
 ) -> Dims:
     """Checks a call of the public contract (see `grouped_matmul_reference`) and returns its sizes.
 
@@ -111,6 +114,7 @@ def check_args(
         num_local, n = check_quantized_rhs(rhs, k, transpose_rhs)
     else:
         num_local, n = _check_array_rhs(rhs, k, rhs_scale, transpose_rhs)
+    check_fp8_lhs(fp8_lhs, rhs, rhs_scale)
     if num_local == 0:
         raise ValueError(f"rhs must hold at least one group, got {num_local}")
     if getattr(group_sizes, "ndim", None) != 1:
@@ -477,7 +481,7 @@ def grouped_vjp(gmm, tgmm):
     return core
 
 
-def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None):
+def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None, fp8_forward=None):
     """A registered implementation with the public contract, from an implementation's two products.
 
     `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=,
@@ -487,7 +491,9 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None):
     derivatives) when `cfg.bypass_xla_tiling` is set. `decodes(weights)`, where given, says whether `gmm`
     takes `PackedGroupWeights` or `ScaledGroupWeights` (`_common.grouped_matmul_quantized`) in place of a
     float rhs, or raises NotImplementedError for weights it declines; without it a `QuantizedArray` rhs is
-    declined and v3 scales are applied before the core. Around the core: the checks, the operands cast to
+    declined and v3 scales are applied before the core. `fp8_forward(fwd_tiling, weights)`, where given,
+    returns the forward's tiling set to multiply FP8 by FP8 in the kernel for `fp8_lhs` (None where it cannot);
+    otherwise lhs is rounded through FP8 first (`fp8_rows`). Around the core: the checks, the operands cast to
     `compute_dtype` (autodiff casts each gradient back to its input's dtype), v3 dequantisation and bias,
     and `existing_out` added to every row.
     """
@@ -510,6 +516,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None):
         use_v3: bool = False,
         interpret=None,
         do_padding: bool = True,
+        fp8_lhs: bool = False,
         cfg=None,
     ):
         dims = check_args(
@@ -524,6 +531,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None):
             transpose_rhs=transpose_rhs,
             use_v2=use_v2,
             use_v3=use_v3,
+            fp8_lhs=fp8_lhs,
         )
         out_dtype = result_dtype(preferred_element_type)
         dtype = compute_dtype(lhs, rhs)
@@ -541,12 +549,16 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None):
         lhs = lhs.astype(dtype)
         bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
         if not bypass:
-            st = GroupedMatmulStatic(
-                transpose_rhs,
-                out_dtype,
-                dims.num_local,
-                *tilings(dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=transpose_rhs),
+            fwd, *bwd = tilings(
+                dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=transpose_rhs
             )
+            if fp8_lhs and weights is not None and fp8_forward is not None:
+                in_kernel = fp8_forward(fwd, weights)
+                if in_kernel is not None:  # the kernel rounds lhs itself
+                    fwd, fp8_lhs = in_kernel, False
+            st = GroupedMatmulStatic(transpose_rhs, out_dtype, dims.num_local, fwd, *bwd)
+        if fp8_lhs:
+            lhs = fp8_rows(lhs, dims.k // rhs_scale.shape[1])
         if isinstance(weights, PackedGroupWeights) and bypass:
             rhs, weights = dense_weights(weights, dtype), None
         elif weights is None:

@@ -139,6 +139,34 @@ def scaled_cotangent(weights: ScaledGroupWeights, dense: jax.Array) -> ScaledGro
     return ScaledGroupWeights(d_data, d_scale.astype(weights.scale.dtype), weights.k_first)
 
 
+E4M3_MAX = 448.0
+
+
+def check_fp8_lhs(fp8_lhs, rhs, rhs_scale) -> None:
+    """`fp8_lhs` must be a bool, and True only with a float8_e4m3fn array rhs and `rhs_scale` (ValueError)."""
+    if not isinstance(fp8_lhs, bool):
+        raise ValueError(f"fp8_lhs must be a bool, got {fp8_lhs!r}")
+    dtype = None if is_quantized(rhs) else jnp.dtype(rhs.dtype)
+    if fp8_lhs and (dtype != jnp.float8_e4m3fn or rhs_scale is None):
+        given = "a QuantizedArray" if dtype is None else dtype
+        raise ValueError(
+            f"fp8_lhs multiplies FP8 by FP8: it needs a float8_e4m3fn rhs with rhs_scale (use_v3=True), got rhs "
+            f"{given} and rhs_scale {None if rhs_scale is None else tuple(rhs_scale.shape)}"
+        )
+
+
+def fp8_rows(lhs, block: int) -> jax.Array:
+    """`lhs [M, K]` through FP8 as the FP8 x FP8 product sees it: each row's blocks of `block` K values divided
+    by `absmax / 448` (1 for an all-zero block), rounded to float8_e4m3fn and multiplied back, in lhs's dtype.
+    Its gradient is the identity (straight through the rounding)."""
+    m, k = lhs.shape
+    x = lhs.astype(jnp.float32).reshape(m, k // block, block)
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / E4M3_MAX
+    scale = jnp.where(scale == 0, 1.0, scale)
+    values = ((x / scale).astype(jnp.float8_e4m3fn).astype(jnp.float32) * scale).reshape(m, k).astype(lhs.dtype)
+    return lhs + lax.stop_gradient(values - lhs)
+
+
 def frozen_vjp(gmm, tgmm):
     """The differentiable core `(st, lhs_dtype, lhs, weights, group_sizes, group_offset) -> out [M, N]` over
     `PackedGroupWeights` or `ScaledGroupWeights` (products as `grouped_matmul.grouped_vjp` takes them).

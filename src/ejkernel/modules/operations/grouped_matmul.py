@@ -201,6 +201,7 @@ def grouped_matmul(
     precision: Any = jax.lax.Precision.DEFAULT,
     use_v2: bool = False,
     use_v3: bool = False,
+    fp8_lhs: bool = False,
     out_shard_callback: Callable[[jax.Array], jax.Array] | None = None,
     platform: str | None = None,
     cfg: GroupedMatmulConfig | None = None,
@@ -251,6 +252,12 @@ def grouped_matmul(
             of other platforms accumulate in float32 whatever it says.
         use_v2: Upstream's second kernel; computes the same (default False).
         use_v3: Allow the v3 options `rhs_scale` and `rhs_bias` (default False).
+        fp8_lhs: Opt-in FP8 x FP8 product for a float8_e4m3fn `rhs` with `rhs_scale` (default False): lhs is
+            rounded to float8_e4m3fn per row and K block of `rhs_scale` (scale `absmax / 448`, 1 for an
+            all-zero block) and the products run on FP8 tensor cores, `Σ_blocks (a8 · w8) · sa · sb`, so the
+            result is that of the rounded lhs (`grouped_matmul_reference(..., fp8_lhs=True)`); the gradient
+            passes straight through the rounding. The Triton kernel rounds on the fly; other platforms round
+            lhs first.
         out_shard_callback: Applied to the output (of each shard, under `mesh`), e.g. a `psum` over a
             tensor-parallel axis; None (default).
         platform: `"auto"`, `"xla"`, `"triton"` or `"pallas"`; None (default): `cfg.platform`, else auto.
@@ -303,6 +310,8 @@ def grouped_matmul(
     )
     if interpret:
         options["interpret"] = True
+    if fp8_lhs is not False:
+        options["fp8_lhs"] = fp8_lhs  # (absent by default: invocations and cache keys stay as they were)
     if isinstance(group_offset, int):
         group_offset = jnp.asarray(group_offset, jnp.int32)
     if mesh is None:  # under a mesh each shard's implementation checks its own (local) shapes
@@ -317,6 +326,7 @@ def grouped_matmul(
             rhs_bias=rhs_bias,
             transpose_rhs=transpose_rhs,
             use_v3=use_v3,
+            fp8_lhs=fp8_lhs,
         )
     return executor(
         GroupedMatmul(out_shard_callback),

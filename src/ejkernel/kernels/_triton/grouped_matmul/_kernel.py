@@ -18,7 +18,9 @@ Both take whole arrays (no BlockSpecs) and load with masks only where a size is 
 rounded to lhs's dtype before each dot: packed codes by `_triton._decode.decode_tile`; v3 weights (int8, FP8)
 converted and multiplied by their block scales (one per output column, where a K step lies in one scale
 block), or, where K is the output (the lhs gradient), lhs's tile multiplied along the contraction instead.
-Steps and output tiles along K are cut to divide the scale blocks, so each takes one row of scales.
+Steps and output tiles along K are cut to divide the scale blocks, so each takes one row of scales. With
+`fp8_lhs` (FP8 weights, one step a scale block) the forward rounds lhs's tile to FP8 per row on the fly and
+multiplies FP8 by FP8: `acc += (a8 · w8) · (sa · s)`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans
-from ejkernel.kernels._common.grouped_matmul_quantized import PackedGroupWeights, ScaledGroupWeights
+from ejkernel.kernels._common.grouped_matmul_quantized import E4M3_MAX, PackedGroupWeights, ScaledGroupWeights
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._decode import WeightTile, decode_tile
 from ejkernel.kernels._triton._helpers import dot
@@ -44,7 +46,8 @@ MAX_DECODED = 1 << 15  # decoded values of one step's packed tile (held in regis
 
 @dataclasses.dataclass(frozen=True)
 class TritonGroupedMatmulTiling:
-    """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages."""
+    """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages; whether
+    the forward of v3 FP8 weights rounds lhs to FP8 and multiplies on FP8 tensor cores (`fp8_lhs`)."""
 
     block_m: int
     block_k: int
@@ -52,6 +55,7 @@ class TritonGroupedMatmulTiling:
     num_warps: int
     num_stages: int
     interpret: bool
+    fp8_lhs: bool = False
 
 
 def _tile_mask(row_mask, col_mask):
@@ -123,6 +127,11 @@ def _gmm_kernel(
             if transpose_rhs != weights.k_first:  # the contraction is K: the step lies in one scale block
                 s = _load(scale_ref, (group_index, pl.ds(lax.div(k0, block), 1), 0, cols), None, col_mask)
                 s = s.astype(jnp.float32)  # [1, bn]: one scale per output column
+                if t.fp8_lhs:  # the step is one scale block: lhs's rows get one scale each too
+                    a = a.astype(jnp.float32)
+                    sa = jnp.max(jnp.abs(a), axis=1, keepdims=True) / E4M3_MAX
+                    sa = jnp.where(sa == 0, 1.0, sa)
+                    return acc + dot((a / sa).astype(w.dtype), w, trans_b=transpose_rhs) * (sa * s)
                 w = w.astype(jnp.float32) * (s.reshape(bn, 1) if transpose_rhs else s)
             else:  # K is the output (the lhs gradient): the output tile lies in one block, scales run along N
                 s = _load(scale_ref, (group_index, pl.ds(lax.div(col0, block), 1), 0, ks), None, k_mask)
