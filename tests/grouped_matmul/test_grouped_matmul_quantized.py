@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import mosaic_grouped_matmul
 from ejkernel.kernels._triton.grouped_matmul._interface import grouped_matmul_triton
@@ -133,6 +134,7 @@ def test_bad_inputs_one_line():
     wrong_k = quantize_array(randn((7, K + 32, N)), group_size=32, axis="col")
     along_k = quantize_array(randn((7, K, N)), group_size=32, axis="row")  # grouped along K, for lhs of K = 48
     fp8, _ = _fp8_v3(False)
+    mesh = jax.make_mesh((1,), ("x",))
     cases = [
         (lambda: grouped_matmul(lhs, flat, SIZES), "leading group axis"),
         (lambda: grouped_matmul(lhs, wrong_k, SIZES), "holds K = 96, must equal lhs.shape\\[1\\] = 64"),
@@ -142,6 +144,7 @@ def test_bad_inputs_one_line():
         (lambda: grouped_matmul(lhs, fp8, SIZES, use_v3=True, rhs_scale=jnp.ones((7, 2, 1, 9))), "rhs_scale must be"),
         (lambda: grouped_matmul(lhs, fp8, SIZES, use_v3=True, rhs_scale=jnp.ones((7, 3, 1, N))), "divide K"),
         (lambda: grouped_matmul(lhs, fp8, SIZES, fp8_lhs=True), "fp8_lhs multiplies FP8 by FP8"),
+        (lambda: grouped_matmul(lhs, rhs, SIZES, mesh=mesh, in_specs=(P(),) * 3, out_specs=P()), "not sharded"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as info:

@@ -279,7 +279,8 @@ def grouped_matmul(
             `interpret` or `do_padding`, or a `cfg` of another class.
         ValueError: `use_v2` and `use_v3` together, or a v3 option without `use_v3`; mismatched K or other
             shapes; a `QuantizedArray` rhs without a leading group axis, of an unknown mode, whose groups do
-            not divide K, or with `rhs_scale`; `group_sizes` with fewer than L entries, or more without
+            not divide K, with `rhs_scale` or with `mesh`; `fp8_lhs` without a float8_e4m3fn rhs and
+            `rhs_scale`; `group_sizes` with fewer than L entries, or more without
             `group_offset`; bad `group_sizes` or `group_offset` values (rule above); sharding specs that
             split what the op computes across, or that disagree; a `platform` that is unknown, has no
             implementation on this device or contradicts `cfg.platform`.
@@ -314,6 +315,8 @@ def grouped_matmul(
         options["fp8_lhs"] = fp8_lhs  # (absent by default: invocations and cache keys stay as they were)
     if isinstance(group_offset, int):
         group_offset = jnp.asarray(group_offset, jnp.int32)
+    if mesh is not None and isinstance(rhs, QuantizedArray):
+        raise ValueError("grouped_matmul: a QuantizedArray rhs is not sharded by mesh=: call it inside your shard_map")
     if mesh is None:  # under a mesh each shard's implementation checks its own (local) shapes
         check_args(
             lhs,
