@@ -4,6 +4,11 @@ MoE shape of the issue: bf16, M tokens in G groups of random sizes, K -> N. FLOP
 and 3× that for forward+backward (dlhs and drhs are products of the same size). The dense baseline
 multiplies `[M, K] x [K, N]` once (same work, no grouping); `ragged_dot` is JAX's own grouped matmul.
 Every variant is timed in the same run and reported with its ratio to the dense matmul.
+
+`--part quantized` times the forward with quantized expert weights on the same shape instead, beside our bf16
+grouped matmul: FP8 with DeepSeek's 128 x 128 block scales (v3 `rhs_scale`; weight-only, and FP8 x FP8 with
+`fp8_lhs`), MXFP4 and int4 affine (groups of 128) `QuantizedArray`s packed along K, and XLA's alternative
+(dequantize the MXFP4 weights, then the XLA grouped matmul); each with its ratio to bf16 (> 1: faster).
 """
 
 import functools
@@ -14,6 +19,7 @@ import numpy as np
 
 from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import grouped_matmul
+from ejkernel.quantization import quantize_array
 from ejkernel.registry import kernel_registry
 
 OPS = ("grouped_matmul",)
@@ -51,8 +57,84 @@ def _builder(fn, backward: bool, *args):
     return lambda: functools.partial(step, *args)
 
 
+def fp8_block_scaled(w: jax.Array, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """`w [G, K, N]` as DeepSeek-V3 stores it: float8_e4m3fn values and one scale per `block x block` tile
+    (absmax / 448), broadcast along N into v3's `rhs_scale [G, K / block, 1, N]`."""
+    groups, k, n = w.shape
+    tiles = jnp.abs(w.astype(jnp.float32)).reshape(groups, k // block, block, n // block, block).max(axis=(2, 4))
+    scale = jnp.maximum(tiles, 1e-12) / 448.0  # [G, K / block, N / block]
+    rhs_scale = jnp.repeat(scale, block, axis=2)[:, :, None, :]
+    values = w.astype(jnp.float32) / jnp.repeat(rhs_scale[:, :, 0], block, axis=1)
+    return values.astype(jnp.float8_e4m3fn), rhs_scale
+
+
+def _quantized_rows(m: int, k: int, n: int, groups: int, repeats: int) -> list[dict]:
+    """Forward times with quantized weights beside our bf16 grouped matmul (`--part quantized`)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    sizes = random_group_sizes(m, groups)
+    block = min(128, k, n)
+    fp8, rhs_scale = fp8_block_scaled(w, block)
+    mxfp4 = quantize_array(w, mode="mxfp4", axis="row")  # [G, N, K] packed, groups of 32 along K
+    int4 = quantize_array(w, group_size=block, bits=4, axis="row")
+    out = dict(preferred_element_type=jnp.bfloat16)
+    variants = {
+        "bf16": (lambda a, b: grouped_matmul(a, b, sizes, **out), w),
+        "fp8 block-scaled": (
+            lambda a, b: grouped_matmul(a, b, sizes, rhs_scale=rhs_scale, use_v3=True, **out),
+            fp8,
+        ),
+        "fp8 x fp8 (fp8_lhs)": (
+            lambda a, b: grouped_matmul(a, b, sizes, rhs_scale=rhs_scale, use_v3=True, fp8_lhs=True, **out),
+            fp8,
+        ),
+        "mxfp4": (lambda a, b: grouped_matmul(a, b, sizes, **out), mxfp4),
+        f"int4 affine g{block}": (lambda a, b: grouped_matmul(a, b, sizes, **out), int4),
+        "xla dequantize+gmm (mxfp4)": (
+            lambda a, b: grouped_matmul(
+                a, b.dequantize().astype(jnp.bfloat16), sizes, transpose_rhs=True, platform="xla", **out
+            ),
+            mxfp4,
+        ),
+    }
+    builders = {name: _builder(fn, False, lhs, rhs) for name, (fn, rhs) in variants.items()}
+    timings = time_variants(builders, repeats=repeats, where=f"M={m} K={k} N={n} G={groups} quantized fwd")
+    bytes_of = lambda tree: sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree))
+    weight_bytes = {
+        name: bytes_of(rhs) + (rhs_scale.nbytes if "fp8" in name else 0) for name, (_, rhs) in variants.items()
+    }
+    return [
+        dict(
+            M=m,
+            K=k,
+            N=n,
+            G=groups,
+            mode="fwd",
+            variant=name,
+            ms=1e3 * seconds,
+            TFLOPs=2.0 * m * k * n / seconds / 1e12,
+            weight_GB=weight_bytes[name] / 1e9,
+            ratio_to_bf16=timings["bf16"] / seconds if "bf16" in timings else None,
+        )
+        for name, seconds in timings.items()
+    ]
+
+
+def _plot_quantized(ax, rows):
+    grouped_bars(ax, [r["variant"] for r in rows], {"ratio to bf16": [r["ratio_to_bf16"] for r in rows]}, "×", 1.0)
+
+
 def main(argv=None) -> None:
-    args = parser(__doc__).parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--part", choices=("dense", "quantized"), default="dense", help="which rows to time")
+    args = p.parse_args(argv)
+    if args.part == "quantized":
+        rows = [r for shape in (QUICK_SHAPES if args.quick else SHAPES) for r in _quantized_rows(*shape, args.repeats)]
+        print_table(rows, ["M", "K", "N", "G", "variant", "ms", "TFLOPs", "weight_GB", "ratio_to_bf16"])
+        meta = {"dtype": "bfloat16 activations and output", "step": "forward"}
+        print(f"wrote {write_results(args.out, 'grouped_matmul_quantized', rows, meta, _plot_quantized)}")
+        return
     platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates("grouped_matmul")]
     rows = []
     for m, k, n, groups in QUICK_SHAPES if args.quick else SHAPES:

@@ -25,6 +25,18 @@ from jax import lax
 
 from ejkernel.kernels._common.bounds import check_with
 from ejkernel.kernels._common.checks import is_traced, require_float, require_int
+from ejkernel.kernels._common.grouped_matmul_quantized import (
+    PackedGroupWeights,
+    ScaledGroupWeights,
+    check_fp8_lhs,
+    check_quantized_rhs,
+    dense_weights,
+    fp8_rows,
+    frozen_vjp,
+    is_quantized,
+    packed_weights,
+    rows_are_n,
+)
 from ejkernel.kernels._common.search import sorted_position
 
 # ---- argument checks ----
@@ -51,8 +63,10 @@ def result_dtype(preferred_element_type) -> jnp.dtype:
 
 def compute_dtype(lhs, rhs) -> jnp.dtype:
     """The dtype both operands are multiplied in: the promotion of two float dtypes (what `jax.lax.ragged_dot`
-    does with mixed inputs), lhs's for an integer (quantized) rhs."""
-    if jnp.issubdtype(rhs.dtype, jnp.floating):
+    does with mixed inputs), lhs's for an integer or 8-bit float (quantized) rhs."""
+    if is_quantized(rhs):
+        return jnp.dtype(lhs.dtype)
+    if jnp.issubdtype(rhs.dtype, jnp.floating) and jnp.dtype(rhs.dtype).itemsize > 1:
         return jnp.promote_types(lhs.dtype, rhs.dtype)
     return jnp.dtype(lhs.dtype)
 
@@ -82,6 +96,7 @@ def check_args(
     transpose_rhs: bool = False,
     use_v2: bool = False,
     use_v3: bool = False,
+    fp8_lhs: bool = False,
 ) -> Dims:
     """Checks a call of the public contract (see `grouped_matmul_reference`) and returns its sizes.
 
@@ -91,21 +106,17 @@ def check_args(
     check_versions(use_v2, use_v3, rhs_scale, rhs_bias)
     if getattr(lhs, "ndim", None) != 2:
         raise ValueError(f"lhs must be [M, K], got shape {getattr(lhs, 'shape', None)}")
-    if getattr(rhs, "ndim", None) != 3:
-        layout = "[groups, N, K] (transpose_rhs=True)" if transpose_rhs else "[groups, K, N]"
-        raise ValueError(f"rhs must be {layout}, got shape {getattr(rhs, 'shape', None)}")
     require_float("lhs", lhs)
-    integer = jnp.issubdtype(rhs.dtype, jnp.integer)
-    if not jnp.issubdtype(rhs.dtype, jnp.floating) and not (integer and rhs_scale is not None):
-        raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
     m, k = lhs.shape
-    num_local = rhs.shape[0]
-    n, rhs_k = (rhs.shape[1], rhs.shape[2]) if transpose_rhs else (rhs.shape[2], rhs.shape[1])
-    if rhs_k != k:
-        where = "rhs.shape[2] (transpose_rhs=True)" if transpose_rhs else "rhs.shape[1]"
-        raise ValueError(f"{where} must equal lhs.shape[1] = {k} (the contraction), got {rhs_k}")
+    if is_quantized(rhs):
+        if rhs_scale is not None:
+            raise ValueError("rhs_scale scales a float or int8 rhs: a QuantizedArray rhs carries its own scales")
+        num_local, n = check_quantized_rhs(rhs, k, transpose_rhs)
+    else:
+        num_local, n = _check_array_rhs(rhs, k, rhs_scale, transpose_rhs)
+    check_fp8_lhs(fp8_lhs, rhs, rhs_scale)
     if num_local == 0:
-        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
+        raise ValueError(f"rhs must hold at least one group, got {num_local}")
     if getattr(group_sizes, "ndim", None) != 1:
         raise ValueError(f"group_sizes must be [groups], got shape {getattr(group_sizes, 'shape', None)}")
     require_int("group_sizes", group_sizes)
@@ -152,6 +163,21 @@ def check_args(
         if rhs_bias.shape != (num_local, 1, n):
             raise ValueError(f"rhs_bias must be [groups={num_local}, 1, N={n}], got {rhs_bias.shape}")
     return Dims(m=m, k=k, n=n, num_groups=num_groups, num_local=num_local)
+
+
+def _check_array_rhs(rhs, k: int, rhs_scale, transpose_rhs: bool) -> tuple[int, int]:
+    """`(L, N)` of an array `rhs` for `lhs [M, k]`, after checking its rank, dtype and K."""
+    if getattr(rhs, "ndim", None) != 3:
+        layout = "[groups, N, K] (transpose_rhs=True)" if transpose_rhs else "[groups, K, N]"
+        raise ValueError(f"rhs must be {layout} or a QuantizedArray, got shape {getattr(rhs, 'shape', None)}")
+    integer = jnp.issubdtype(rhs.dtype, jnp.integer)
+    if not jnp.issubdtype(rhs.dtype, jnp.floating) and not (integer and rhs_scale is not None):
+        raise TypeError(f"rhs must be a float array (or integer with rhs_scale), got dtype {rhs.dtype}")
+    n, rhs_k = (rhs.shape[1], rhs.shape[2]) if transpose_rhs else (rhs.shape[2], rhs.shape[1])
+    if rhs_k != k:
+        where = "rhs.shape[2] (transpose_rhs=True)" if transpose_rhs else "rhs.shape[1]"
+        raise ValueError(f"{where} must equal lhs.shape[1] = {k} (the contraction), got {rhs_k}")
+    return rhs.shape[0], n
 
 
 # ---- configs ----
@@ -455,18 +481,24 @@ def grouped_vjp(gmm, tgmm):
     return core
 
 
-def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
+def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None, fp8_forward=None):
     """A registered implementation with the public contract, from an implementation's two products.
 
     `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=,
     transpose_rhs=)` returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises
     NotImplementedError for a call the implementation does not serve. `untiled(lhs, rhs, group_sizes,
     group_offset, transpose_rhs=, out_dtype=, precision=)`, where given, replaces the core (its own
-    derivatives) when `cfg.bypass_xla_tiling` is set. Around the core: the checks, the operands cast to
+    derivatives) when `cfg.bypass_xla_tiling` is set. `decodes(weights)`, where given, says whether `gmm`
+    takes `PackedGroupWeights` or `ScaledGroupWeights` (`_common.grouped_matmul_quantized`) in place of a
+    float rhs, or raises NotImplementedError for weights it declines; without it a `QuantizedArray` rhs is
+    declined and v3 scales are applied before the core. `fp8_forward(fwd_tiling, weights)`, where given,
+    returns the forward's tiling set to multiply FP8 by FP8 in the kernel for `fp8_lhs` (None where it cannot);
+    otherwise lhs is rounded through FP8 first (`fp8_rows`). Around the core: the checks, the operands cast to
     `compute_dtype` (autodiff casts each gradient back to its input's dtype), v3 dequantisation and bias,
     and `existing_out` added to every row.
     """
     core = grouped_vjp(gmm, tgmm)
+    frozen = frozen_vjp(gmm, tgmm)
 
     def grouped_matmul(
         lhs,
@@ -484,6 +516,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
         use_v3: bool = False,
         interpret=None,
         do_padding: bool = True,
+        fp8_lhs: bool = False,
         cfg=None,
     ):
         dims = check_args(
@@ -498,27 +531,46 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None):
             transpose_rhs=transpose_rhs,
             use_v2=use_v2,
             use_v3=use_v3,
+            fp8_lhs=fp8_lhs,
         )
         out_dtype = result_dtype(preferred_element_type)
         dtype = compute_dtype(lhs, rhs)
+        transpose_rhs, weights = bool(transpose_rhs), None
+        if is_quantized(rhs):
+            if decodes is None:
+                raise NotImplementedError(
+                    "grouped_matmul: this platform takes no QuantizedArray rhs (xla and triton do)"
+                )
+            weights, transpose_rhs = packed_weights(rhs), rows_are_n(rhs, transpose_rhs)
+            decodes(weights)
+        elif rhs_scale is not None and decodes is not None:
+            scaled = ScaledGroupWeights(rhs, rhs_scale, k_first=not transpose_rhs)
+            weights = scaled if decodes(scaled) else None
         lhs = lhs.astype(dtype)
         bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
         if not bypass:
-            st = GroupedMatmulStatic(
-                bool(transpose_rhs),
-                out_dtype,
-                dims.num_local,
-                *tilings(
-                    dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=bool(transpose_rhs)
-                ),
+            fwd, *bwd = tilings(
+                dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=transpose_rhs
             )
-        rhs = dequantize(rhs, rhs_scale, transpose_rhs, dtype)
+            if fp8_lhs and weights is not None and fp8_forward is not None:
+                in_kernel = fp8_forward(fwd, weights)
+                if in_kernel is not None:  # the kernel rounds lhs itself
+                    fwd, fp8_lhs = in_kernel, False
+            st = GroupedMatmulStatic(transpose_rhs, out_dtype, dims.num_local, fwd, *bwd)
+        if fp8_lhs:
+            lhs = fp8_rows(lhs, dims.k // rhs_scale.shape[1])
+        if isinstance(weights, PackedGroupWeights) and bypass:
+            rhs, weights = dense_weights(weights, dtype), None
+        elif weights is None:
+            rhs = dequantize(rhs, rhs_scale, transpose_rhs, dtype)
         group_sizes, offset = owned_groups(group_sizes, group_offset, dims.num_local, dims.m)
         if min(dims.m, dims.n, dims.k) == 0:
             out = jnp.zeros((dims.m, dims.n), out_dtype)
         elif bypass:
-            options = dict(transpose_rhs=bool(transpose_rhs), out_dtype=out_dtype, precision=precision)
+            options = dict(transpose_rhs=transpose_rhs, out_dtype=out_dtype, precision=precision)
             out = untiled(lhs, rhs, group_sizes, None if group_offset is None else offset, **options)
+        elif weights is not None:
+            out = frozen(st, jnp.dtype(dtype), lhs, weights, group_sizes, offset)
         else:
             out = core(st, lhs, rhs, group_sizes, offset)
         if rhs_bias is not None:

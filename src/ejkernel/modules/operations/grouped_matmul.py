@@ -14,6 +14,7 @@ from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, c
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.kernel import FORWARD
+from ejkernel.quantization import QuantizedArray
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 
 IMPLEMENTATIONS = implementations(
@@ -185,7 +186,7 @@ def _mosaic_gpu_cfgs():
 @typechecked
 def grouped_matmul(
     lhs: Float[Array, "m k"],
-    rhs: Shaped[Array, "groups _ _"],
+    rhs: Shaped[Array, "groups _ _"] | QuantizedArray,
     group_sizes: Int[Array, " num_groups"],
     group_offset: Int[Array, "..."] | int | None = None,
     existing_out: Float[Array, "m _"] | None = None,
@@ -200,6 +201,7 @@ def grouped_matmul(
     precision: Any = jax.lax.Precision.DEFAULT,
     use_v2: bool = False,
     use_v3: bool = False,
+    fp8_lhs: bool = False,
     out_shard_callback: Callable[[jax.Array], jax.Array] | None = None,
     platform: str | None = None,
     cfg: GroupedMatmulConfig | None = None,
@@ -219,14 +221,22 @@ def grouped_matmul(
     (zeros, plus `existing_out`).
 
     Dtypes, as upstream and `jax.lax.ragged_dot`: lhs and rhs may be different float dtypes (bfloat16
-    activations with float32 weights); they are multiplied in their promoted dtype, products accumulate in
-    float32, and each gradient comes back in its own input's dtype. Differentiable in lhs, rhs,
-    existing_out, rhs_scale and rhs_bias.
+    activations with float32 weights); they are multiplied in their promoted dtype (lhs's for an int8 or
+    8-bit float rhs), products accumulate in float32, and each gradient comes back in its own input's dtype.
+    Differentiable in lhs, rhs, existing_out, rhs_scale and rhs_bias.
+
+    Quantized weights: `rhs` may be a `QuantizedArray` (`ejkernel.quantization.quantize_array(w, ...)` of
+    `w [L, K, N]`, or `[L, N, K]` with `transpose_rhs`; any mode and `axis`): the result is that of the
+    dequantized `w` (decoded in the Triton kernel's registers on a GPU, per row span on XLA). Its weights
+    are frozen: only lhs (and existing_out, rhs_bias) get gradients, its arrays zero cotangents. With
+    `use_v3`, an int8 or float8_e4m3fn `rhs` with `rhs_scale` is DeepSeek-V3's block-scaled form (128 x 128
+    scale blocks broadcast along N), scaled in the Triton kernel.
 
     Args:
         lhs: `[M, K]` float, the rows (tokens sorted by group).
         rhs: `[L, K, N]` (`[L, N, K]` with `transpose_rhs`), float, or integer (int8) with `rhs_scale`: the
-            weights of L groups; `L` is the number of groups G without `group_offset`.
+            weights of L groups; `L` is the number of groups G without `group_offset`. Or a `QuantizedArray`
+            with a leading group axis L, as above.
         group_sizes: `[G]` integer, the rows of each group, in order.
         group_offset: Scalar or `[1]` integer array, or an int: the first group `rhs` holds; None (default):
             0, and then `L` must be G.
@@ -242,6 +252,12 @@ def grouped_matmul(
             of other platforms accumulate in float32 whatever it says.
         use_v2: Upstream's second kernel; computes the same (default False).
         use_v3: Allow the v3 options `rhs_scale` and `rhs_bias` (default False).
+        fp8_lhs: Opt-in FP8 x FP8 product for a float8_e4m3fn `rhs` with `rhs_scale` (default False): lhs is
+            rounded to float8_e4m3fn per row and K block of `rhs_scale` (scale `absmax / 448`, 1 for an
+            all-zero block) and the products run on FP8 tensor cores, `Σ_blocks (a8 · w8) · sa · sb`, so the
+            result is that of the rounded lhs (`grouped_matmul_reference(..., fp8_lhs=True)`); the gradient
+            passes straight through the rounding. The Triton kernel rounds on the fly; other platforms round
+            lhs first.
         out_shard_callback: Applied to the output (of each shard, under `mesh`), e.g. a `psum` over a
             tensor-parallel axis; None (default).
         platform: `"auto"`, `"xla"`, `"triton"` or `"pallas"`; None (default): `cfg.platform`, else auto.
@@ -262,10 +278,12 @@ def grouped_matmul(
             an integer `rhs` without `rhs_scale`, a non-float `preferred_element_type`, non-bool
             `interpret` or `do_padding`, or a `cfg` of another class.
         ValueError: `use_v2` and `use_v3` together, or a v3 option without `use_v3`; mismatched K or other
-            shapes; `group_sizes` with fewer than L entries, or more without `group_offset`; bad
-            `group_sizes` or `group_offset` values (rule above); sharding specs that split what the op
-            computes across, or that disagree; a `platform` that is unknown, has no implementation on this
-            device or contradicts `cfg.platform`.
+            shapes; a `QuantizedArray` rhs without a leading group axis, of an unknown mode, whose groups do
+            not divide K, with `rhs_scale` or with `mesh`; `fp8_lhs` without a float8_e4m3fn rhs and
+            `rhs_scale`; `group_sizes` with fewer than L entries, or more without
+            `group_offset`; bad `group_sizes` or `group_offset` values (rule above); sharding specs that
+            split what the op computes across, or that disagree; a `platform` that is unknown, has no
+            implementation on this device or contradicts `cfg.platform`.
 
     Example:
         >>> import jax, numpy as np
@@ -293,8 +311,12 @@ def grouped_matmul(
     )
     if interpret:
         options["interpret"] = True
+    if fp8_lhs is not False:
+        options["fp8_lhs"] = fp8_lhs  # (absent by default: invocations and cache keys stay as they were)
     if isinstance(group_offset, int):
         group_offset = jnp.asarray(group_offset, jnp.int32)
+    if mesh is not None and isinstance(rhs, QuantizedArray):
+        raise ValueError("grouped_matmul: a QuantizedArray rhs is not sharded by mesh=: call it inside your shard_map")
     if mesh is None:  # under a mesh each shard's implementation checks its own (local) shapes
         check_args(
             lhs,
@@ -307,6 +329,7 @@ def grouped_matmul(
             rhs_bias=rhs_bias,
             transpose_rhs=transpose_rhs,
             use_v3=use_v3,
+            fp8_lhs=fp8_lhs,
         )
     return executor(
         GroupedMatmul(out_shard_callback),

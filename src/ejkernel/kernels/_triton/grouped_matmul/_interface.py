@@ -3,14 +3,20 @@
 The forward is `_kernel.gmm` over the tile schedule; the backward is `gmm` again with the other
 transpose (dlhs) and `_kernel.tgmm` (drhs), wired by `_common.grouped_matmul.grouped_vjp`; v3 scales
 and biases, `existing_out` and the checks are the shared wrapping of `_common.grouped_matmul.implementation`.
+Quantized weights (a `QuantizedArray` of 4- or 8-bit codes; v3 int8 / FP8 with block scales) are decoded in
+the kernel, tile by tile (`_kernel`'s docstring); the lhs gradient is the same kernel transposed.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, implementation, tile_params
+from ejkernel.kernels._common.grouped_matmul_quantized import PackedGroupWeights, ScaledGroupWeights
+from ejkernel.kernels._common.quantized_matmul import DECODE_BITS
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.grouped_matmul._kernel import TritonGroupedMatmulTiling, gmm, tgmm
 
@@ -19,6 +25,7 @@ MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
 DEFAULT_FWD = (128, 64, 256, 8, 3)
 DEFAULT_BWD = (128, 64, 128, 8, 3)
 WHO = "triton grouped_matmul"
+MAX_FP8_STEP = 256  # the largest scale block the FP8 x FP8 forward takes as one K step
 
 
 def _fit(block: int, size: int) -> int:
@@ -48,6 +55,29 @@ def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     )
 
 
+def _decodes(weights) -> bool:
+    """Packed codes of 4 or 8 bits (else NotImplementedError); v3 weights whose scale blocks hold whole
+    16-row steps (others are scaled in memory first)."""
+    if isinstance(weights, PackedGroupWeights):
+        if weights.params.bits not in DECODE_BITS:
+            raise NotImplementedError(
+                f"{WHO} decodes codes of {DECODE_BITS} bits, got {weights.params.bits} ({weights.params.mode})"
+            )
+        return True
+    return weights.block % MIN_BLOCK == 0
+
+
+def _fp8_forward(tiling: TritonGroupedMatmulTiling, weights) -> TritonGroupedMatmulTiling | None:
+    """The forward's tiling multiplying FP8 by FP8 (one K step a scale block of 16 to 256 rows, a power of
+    two), or None for weights it cannot (then lhs is rounded through FP8 in memory first)."""
+    if not isinstance(weights, ScaledGroupWeights) or jnp.dtype(weights.data.dtype) != jnp.float8_e4m3fn:
+        return None
+    block = weights.block
+    if block & (block - 1) or not MIN_BLOCK <= block <= MAX_FP8_STEP:
+        return None
+    return dataclasses.replace(tiling, block_k=block, fp8_lhs=True)
+
+
 grouped_matmul_triton = implementation(
     gmm,
     tgmm,
@@ -59,7 +89,12 @@ grouped_matmul_triton = implementation(
     `block_d` output columns (each fitted to its dimension, at least 16), `num_warps`, `num_stages`.
     Products accumulate in float32 at full input precision, whatever `precision` asks. `interpret=None`
     compiles for the GPU (off a GPU that is an error: ask for `interpret=True`). Raises
-    NotImplementedError for dtypes the kernels do not take (an integer rhs with `rhs_scale` is dequantised
-    to lhs's dtype first).
+    NotImplementedError for dtypes the kernels do not take. A `QuantizedArray` rhs (4- or 8-bit codes; other
+    widths are declined) and a v3 rhs with `rhs_scale` (int8, float8_e4m3fn or float; K blocks of a multiple
+    of 16 rows, else scaled in memory first) are decoded in the kernel and multiplied in lhs's dtype; with
+    `fp8_lhs` and FP8 weights whose scale blocks are powers of two of 16 to 256 rows, the forward rounds lhs to
+    FP8 on the fly and multiplies on FP8 tensor cores.
     """,
+    decodes=_decodes,
+    fp8_forward=_fp8_forward,
 )

@@ -13,6 +13,14 @@ read from memory once and its group's weights stay in L2 across the group's span
 `x_stepᵀ · y_step`. An empty group writes zeros.
 
 Both take whole arrays (no BlockSpecs) and load with masks only where a size is not a tile multiple.
+
+`gmm` also takes quantized weights (`_common.grouped_matmul_quantized`), decoded tile by tile in registers and
+rounded to lhs's dtype before each dot: packed codes by `_triton._decode.decode_tile`; v3 weights (int8, FP8)
+converted and multiplied by their block scales (one per output column, where a K step lies in one scale
+block), or, where K is the output (the lhs gradient), lhs's tile multiplied along the contraction instead.
+Steps and output tiles along K are cut to divide the scale blocks, so each takes one row of scales. With
+`fp8_lhs` (FP8 weights, one step a scale block) the forward rounds lhs's tile to FP8 per row on the fly and
+multiplies FP8 by FP8: `acc += (a8 · w8) · (sa · s)`.
 """
 
 from __future__ import annotations
@@ -20,19 +28,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans
+from ejkernel.kernels._common.grouped_matmul_quantized import E4M3_MAX, PackedGroupWeights, ScaledGroupWeights
 from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._triton._decode import WeightTile, decode_tile
 from ejkernel.kernels._triton._helpers import dot
+from ejkernel.quantization.codes import NF4
+
+MAX_DECODED = 1 << 15  # decoded values of one step's packed tile (held in registers: 128 a thread at 8 warps)
 
 
 @dataclasses.dataclass(frozen=True)
 class TritonGroupedMatmulTiling:
-    """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages."""
+    """One product's tiles: output rows, contraction step, output columns; Triton's warps and stages; whether
+    the forward of v3 FP8 weights rounds lhs to FP8 and multiplies on FP8 tensor cores (`fp8_lhs`)."""
 
     block_m: int
     block_k: int
@@ -40,6 +55,7 @@ class TritonGroupedMatmulTiling:
     num_warps: int
     num_stages: int
     interpret: bool
+    fp8_lhs: bool = False
 
 
 def _tile_mask(row_mask, col_mask):
@@ -63,15 +79,17 @@ def _gmm_kernel(
     write_lo_ref,
     write_hi_ref,
     lhs_ref,
-    rhs_ref,
-    out_ref,
-    *,
+    *refs,
     t: TritonGroupedMatmulTiling,
     m: int,
     k: int,
     n: int,
     transpose_rhs: bool,
+    weights,
 ):
+    """`weights`: None (a float rhs), `PackedGroupWeights` or `ScaledGroupWeights` with their arrays' refs
+    in its place (the NF4 table after packed nf4 codes); `refs` are those refs, then the output's."""
+    *weight_refs, out_ref = refs
     bm, bk, bn = t.block_m, t.block_k, t.block_n
     col_tiles = pl.cdiv(n, bn)
     pid = pl.program_id(0)
@@ -85,14 +103,40 @@ def _gmm_kernel(
     col_mask = col_ids < n if n % bn else None
     group_index = jnp.maximum(group, 0)  # fill and padding spans run no step
 
+    def weight_tile(i, ks, k_mask):
+        """The step's weights as stored (`[bn, bk]` with transpose_rhs, else `[bk, bn]`), in their dtype or,
+        packed, as float32."""
+        if isinstance(weights, PackedGroupWeights):
+            w_ref, s_ref, *extra = weight_refs
+            z_ref = extra[0] if weights.params.mode == "affine" else None
+            table_ref = extra[0] if weights.params.mode == "nf4" else None
+            tile = WeightTile(col_tile, bn, n, i, bk, k) if transpose_rhs else WeightTile(i, bk, k, col_tile, bn, n)
+            return decode_tile(w_ref, s_ref, z_ref, table_ref, tile, weights.params, prefix=(group_index,))
+        if transpose_rhs:
+            return _load(weight_refs[0], (group_index, cols, ks), col_mask, k_mask)
+        return _load(weight_refs[0], (group_index, ks, cols), k_mask, col_mask)
+
     def step(i, acc):
         k0 = pl.multiple_of(i * bk, bk)
         ks = pl.ds(k0, bk)
         k_mask = k0 + jnp.arange(bk, dtype=jnp.int32) < k if k % bk else None
         a = _load(lhs_ref, (rows, ks), row_mask, k_mask)
-        if transpose_rhs:
-            return acc + dot(a, _load(rhs_ref, (group_index, cols, ks), col_mask, k_mask), trans_b=True)
-        return acc + dot(a, _load(rhs_ref, (group_index, ks, cols), k_mask, col_mask))
+        w = weight_tile(i, ks, k_mask)
+        if isinstance(weights, ScaledGroupWeights):
+            scale_ref, block = weight_refs[1], weights.block
+            if transpose_rhs != weights.k_first:  # the contraction is K: the step lies in one scale block
+                s = _load(scale_ref, (group_index, pl.ds(lax.div(k0, block), 1), 0, cols), None, col_mask)
+                s = s.astype(jnp.float32)  # [1, bn]: one scale per output column
+                if t.fp8_lhs:  # the step is one scale block: lhs's rows get one scale each too
+                    a = a.astype(jnp.float32)
+                    sa = jnp.max(jnp.abs(a), axis=1, keepdims=True) / E4M3_MAX
+                    sa = jnp.where(sa == 0, 1.0, sa)
+                    return acc + dot((a / sa).astype(w.dtype), w, trans_b=transpose_rhs) * (sa * s)
+                w = w.astype(jnp.float32) * (s.reshape(bn, 1) if transpose_rhs else s)
+            else:  # K is the output (the lhs gradient): the output tile lies in one block, scales run along N
+                s = _load(scale_ref, (group_index, pl.ds(lax.div(col0, block), 1), 0, ks), None, k_mask)
+                a = (a.astype(jnp.float32) * s.astype(jnp.float32)).astype(a.dtype)
+        return acc + dot(a, w.astype(a.dtype), trans_b=transpose_rhs)
 
     steps = jnp.where(group >= 0, jnp.int32(pl.cdiv(k, bk)), jnp.int32(0))  # loop bounds of one type
     acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bn), jnp.float32))
@@ -100,24 +144,56 @@ def _gmm_kernel(
     plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=_tile_mask(write, col_mask))
 
 
+def _largest_power_of_two_dividing(size: int) -> int:
+    return size & -size
+
+
+def fit_to_weights(tiling: TritonGroupedMatmulTiling, weights, transpose_rhs: bool) -> TritonGroupedMatmulTiling:
+    """`tiling` with its tiles along K cut to divide v3 scale blocks (`weights.block`, a multiple of 16), and
+    packed steps cut to decode at most `MAX_DECODED` values."""
+    if isinstance(weights, ScaledGroupWeights):
+        largest = _largest_power_of_two_dividing(weights.block)
+        if transpose_rhs != weights.k_first:
+            return dataclasses.replace(tiling, block_k=min(tiling.block_k, largest))
+        return dataclasses.replace(tiling, block_n=min(tiling.block_n, largest))
+    if isinstance(weights, PackedGroupWeights):
+        return dataclasses.replace(tiling, block_k=max(16, min(tiling.block_k, MAX_DECODED // tiling.block_n)))
+    return tiling
+
+
+def _weight_operands(rhs) -> list:
+    """The arrays the kernel reads for `rhs`, in its `refs` order."""
+    if isinstance(rhs, PackedGroupWeights):
+        extra = {"affine": [rhs.zeros], "nf4": [jnp.asarray(NF4)]}.get(rhs.params.mode, [])
+        return [rhs.data, rhs.scales, *extra]
+    if isinstance(rhs, ScaledGroupWeights):
+        return [rhs.data, rhs.scale]
+    return [rhs]
+
+
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: TritonGroupedMatmulTiling):
-    """`out [M, N]`: each owned row of lhs times its group's rhs, zeros on every other row."""
+    """`out [M, N]`: each owned row of lhs times its group's rhs, zeros on every other row. `rhs` is a float
+    `[L, K, N]` (`[L, N, K]` with `transpose_rhs`) or quantized weights standing for one."""
     m, k = lhs.shape
     num_local = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    tiling = fit_to_weights(tiling, rhs, transpose_rhs)
     spans = row_spans(group_sizes, group_offset, num_local, m, tiling.block_m)
-    kernel = functools.partial(_gmm_kernel, t=tiling, m=m, k=k, n=n, transpose_rhs=transpose_rhs)
+    quantized = isinstance(rhs, PackedGroupWeights | ScaledGroupWeights)
+    weights = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), rhs) if quantized else None
+    operands = _weight_operands(rhs)
+    kernel = functools.partial(_gmm_kernel, t=tiling, m=m, k=k, n=n, transpose_rhs=transpose_rhs, weights=weights)
     # The output dtype straight from the kernel: on an H100 at M=32768 K=4096 N=1536 G=64 bf16 that took
     # 0.88 ms against 1.01 for float32 and a cast. (The earlier kernel over straddled tiles, which zeroed
     # unowned rows with a `where` before its store, ran slower storing bf16: 1.09 against 0.95 ms.)
     return pl.pallas_call(
         kernel,
         grid=(spans.start.shape[0] * pl.cdiv(n, tiling.block_n),),
-        out_shape=out_struct((m, n), out_dtype, lhs, rhs),
+        out_shape=out_struct((m, n), out_dtype, lhs, operands[0]),
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
         interpret=tiling.interpret,
         name="ejkernel_grouped_matmul",
-    )(*spans, lhs, rhs)
+    )(*spans, lhs, *operands)
 
 
 def _tgmm_kernel(starts_ref, ends_ref, x_ref, y_ref, out_ref, *, t: TritonGroupedMatmulTiling, kx: int, ny: int):

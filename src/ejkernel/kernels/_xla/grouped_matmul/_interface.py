@@ -16,6 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.grouped_matmul import implementation, local_group_bounds, row_spans, tile_params
+from ejkernel.kernels._common.grouped_matmul_quantized import PackedGroupWeights, group_weights
 
 DEFAULT_BLOCK_M = 512
 MIN_BLOCK_M = 8
@@ -48,7 +49,8 @@ def _span_rows(spans, w, block_m: int):
 
 
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
-    """`out [M, N]`: each owned row times its group's rhs; zeros elsewhere. `tiling = (block_m, precision)`."""
+    """`out [M, N]`: each owned row times its group's rhs (a packed group decoded where the span needs it);
+    zeros elsewhere. `tiling = (block_m, precision)`."""
     block_m, precision = tiling
     m, num_local = lhs.shape[0], rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -59,7 +61,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling
     def step(w, out):
         start, keep = _span_rows(spans, w, block_m)
         rows = lax.dynamic_slice_in_dim(x, start, block_m)
-        weights = lax.dynamic_index_in_dim(rhs, spans.group[w], keepdims=False)
+        weights = group_weights(rhs, spans.group[w], rows.dtype)
         y = lax.dot_general(
             rows, weights, (((1,), (contract,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
         )
@@ -128,7 +130,10 @@ grouped_matmul_xla = implementation(
     Tiles are `cfg.fwd_params.block_q` rows (or `cfg.block_m`; default 512, at most M rounded up to a power
     of two); the backward uses `cfg.bwd_params.block_q` (default the forward's). `cfg.bypass_xla_tiling`
     runs XLA's ragged dot instead (`ragged`). `precision` is every matmul's. `interpret` and `do_padding`
-    concern kernels only and change nothing here.
+    concern kernels only and change nothing here. A `QuantizedArray` rhs is decoded one group at a time, in
+    each span's step (with `bypass_xla_tiling`, all at once before the ragged dot); v3 scales are applied to
+    the whole rhs first.
     """,
     untiled=ragged,
+    decodes=lambda weights: isinstance(weights, PackedGroupWeights),
 )

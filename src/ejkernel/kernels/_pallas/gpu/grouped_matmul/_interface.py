@@ -4,8 +4,9 @@ The forward is `_kernel.gmm` (wgmma, TMA-pipelined K loop, persistent CTAs over 
 the backward is `gmm` again with the other transpose (dlhs) and `_kernel.tgmm` (drhs), wired by
 `_common.grouped_matmul.grouped_vjp`. Serves 16-bit lhs/rhs with any M and group layout; declines
 (`NotImplementedError`, before anything is traced) other dtypes, `group_offset`, `existing_out`, v3
-scales and biases, interpret mode, contraction and output sizes no tile divides, and devices other
-than Hopper GPUs, so that automatic selection falls through to the Triton kernels that serve them.
+scales and biases, `QuantizedArray` weights, interpret mode, contraction and output sizes no tile divides,
+and devices other than Hopper GPUs, so that automatic selection falls through to the Triton kernels that
+serve them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
 from ejkernel.kernels._common.grouped_matmul import compute_dtype, implementation, tile_params
+from ejkernel.kernels._common.grouped_matmul_quantized import is_quantized
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -166,6 +168,7 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
             "rhs_scale": options.get("rhs_scale") is not None,
             "rhs_bias": options.get("rhs_bias") is not None,
             "interpret mode": bool(options.get("interpret")),
+            "a QuantizedArray rhs": is_quantized(rhs),
         },
     )
     for name, x in (("lhs", lhs), ("rhs", rhs)):
