@@ -6,10 +6,12 @@ rows are those queries times the `G = Hq / Hkv` query heads that read the progra
 page once. The program walks its split of the tile's key span (`key_span`) in steps of `block_k`
 positions: per position it looks up the page in the sequence's page table and gathers the key and
 value rows of its kv head straight from the cache, whatever the op's layout (`CacheRows`); a position
-whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits
-get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps
-float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
-`finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
+whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits get the soft cap,
+ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps float32 running sums. A quantised cache
+(float8, int8) is loaded as stored and converted in registers; with per-row scales, each step also loads its `block_k`
+key and value scales, multiplies the logits' columns by the key scales and the probabilities by the value scales before
+`p @ v`. Each split writes its unnormalised sums, running max and denominator, and `finalize` merges the splits by
+log-sum-exp (flash-decoding) and joins the sinks.
 
 Tile metadata (sequence, key span, context) is computed outside the kernel in plain jnp.
 """
@@ -57,10 +59,12 @@ def _kernel(
     group: int,
     alibi: bool,
     qq: bool,
+    scaled: bool,
 ):
     refs = list(refs)
     alibi_ref = refs.pop(0) if alibi else None
     qq_ref = refs.pop(0) if qq else None
+    ks_ref, vs_ref = (refs.pop(0), refs.pop(0)) if scaled else (None, None)
     acc_ref, m_ref, l_ref = refs
     tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     layout = st.rows
@@ -94,7 +98,7 @@ def _kernel(
 
     def read(rows_ref, row):
         """Rows `row [block_k]` of a cache -> `[block_k, width]`."""
-        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=0.0).astype(q.dtype)
+        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=0).astype(q.dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
@@ -102,6 +106,9 @@ def _kernel(
         k = read(k_ref, row + layout.key_offset)
         v = read(v_ref, row + layout.value_offset)
         s = dot(q, k, trans_b=True) * st.softmax_scale
+        if scaled:
+            s = s * plgpu.load(ks_ref.at[row + layout.key_offset])[None, :]
+            v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :]
         rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
         if qq:
@@ -111,7 +118,8 @@ def _kernel(
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
         s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
-        return online_softmax_step(carry, s, v, lambda p, v: dot(p.astype(v.dtype), v), detach=lambda x: x)
+        matmul = lambda p, v: dot((p * v_scales if scaled else p).astype(v.dtype), v)
+        return online_softmax_step(carry, s, v, matmul, detach=lambda x: x)
 
     carry = (
         jnp.zeros((t.rows, t.width), jnp.float32),
@@ -128,7 +136,8 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
     """Each split's `(acc [S, R, Hkv, rows, width], m, l [S, R, Hkv, rows])` (float32).
 
     `meta [R, 5]` int32 (sequence, key span lo / hi, context, first query of each tile), `q_tiles
-    [R, Hkv, rows, width]` the tiles' query rows, `alibi_rows [Hkv, rows]` their ALiBi slopes or None.
+    [R, Hkv, rows, width]` the tiles' query rows, `alibi_rows [Hkv, rows]` their ALiBi slopes or None;
+    the batch's `key_scales` / `value_scales` (both or neither) are read whole, like the cache rows.
     """
     st = batch.static
     num_tiles, num_kv_heads = q_tiles.shape[:2]
@@ -147,10 +156,14 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
     if batch.qq_bias is not None:
         args.append(batch.qq_bias)
         in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda r, h, s: (0, 0)))
+    scaled = batch.key_scales is not None
+    if scaled:
+        args += [batch.key_scales, batch.value_scales]
+        in_specs += [pl.BlockSpec(x.shape, lambda r, h, s: (0,)) for x in (batch.key_scales, batch.value_scales)]
     grid = (num_tiles, num_kv_heads, t.num_splits)
     stats = (t.num_splits, num_tiles, num_kv_heads, t.rows)
     kernel = functools.partial(
-        _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None
+        _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None, scaled=scaled
     )
     return pl.pallas_call(
         kernel,
