@@ -310,6 +310,15 @@ def latent_batch(
     )
 
 
+def written(out, batch: PagedBatch, cache):
+    """An op that writes its cache returns `(out, cache)`, or `(out, cache, scales)` where the cache has scales:
+    the updated ones of `batch` reshaped to the input cache's layout."""
+    updated = batch.key_rows.reshape(cache.shape)
+    if batch.key_scales is None:
+        return out, updated
+    return out, updated, batch.key_scales.reshape(cache.shape[:-1])
+
+
 def ragged_decode_batch(
     query, key, value, sequence_start, sequence_end, softmax_aux=None, /, *, softmax_scale=None,
     sliding_window=None, logits_soft_cap=None, key_cache_scales=None, value_cache_scales=None,

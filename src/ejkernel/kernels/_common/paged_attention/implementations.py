@@ -16,6 +16,7 @@ from ejkernel.kernels._common.paged_attention.adapters import (
     ragged_v2_batch,
     ragged_v3_batch,
     unified_batch,
+    written,
 )
 
 
@@ -24,10 +25,7 @@ def _same(out, batch, args):
 
 
 def _with_cache(out, batch, args):
-    cache = batch.key_rows.reshape(args[3].shape)
-    if batch.key_scales is None:
-        return out, cache
-    return out, cache, batch.key_scales.reshape(args[3].shape[:-1])
+    return written(out, batch, args[3])
 
 
 def _query_rank(out, batch, args):

@@ -52,8 +52,8 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     cache = jnp.dtype(batch.key_rows.dtype)
     scaled = batch.key_scales is not None
     if cache not in SUPPORTED_DTYPES + FP8_CACHES + ((INT8,) if scaled else ()):
-        bare = "" if scaled else " without scales"
-        raise NotImplementedError(f"{WHO} takes float8/16/32 caches and int8 ones with scales, got {cache}{bare}")
+        hint = "; int8 ones with per-token scales only" if cache == jnp.int8 else ""
+        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {cache}{hint}")
     if scaled != (batch.value_scales is not None):
         raise NotImplementedError(f"{WHO} takes key and value scales together")
     width = _pow2(st.head_dim)

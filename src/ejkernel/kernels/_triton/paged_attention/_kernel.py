@@ -98,7 +98,8 @@ def _kernel(
 
     def read(rows_ref, row):
         """Rows `row [block_k]` of a cache -> `[block_k, width]`."""
-        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=0).astype(q.dtype)
+        zero = 0 if jnp.issubdtype(rows_ref.dtype, jnp.integer) else 0.0  # the fill in the cache's kind
+        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=zero).astype(q.dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
