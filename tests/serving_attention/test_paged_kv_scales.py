@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from paged_cases import CASES, OPS, output_of
 from test_mla_ragged_paged import make_case
 
@@ -162,6 +163,20 @@ def test_mla_float8_cache_with_scales(platform):
     assert_same_writes(*out[1:], *ref[1:])
 
 
+def test_v3_sharded_heads_split_the_scales_as_the_cache():
+    """With the heads split over 2 devices, the scales follow the cache's group axis (in and out)."""
+    args, options = quantized_case("ragged_page_attention_v3", E4M3, rng_seed=9, heads=8, kv_heads=4)
+    heads, groups = P(None, "x"), P(None, None, "x")
+    specs = (heads, heads, heads, groups, P(), P(), P(), P(), P("x"))
+    mesh = jax.make_mesh((2,), ("x",))
+    out = modules.ragged_page_attention_v3(
+        *args, mesh=mesh, in_specs=specs, out_specs=(heads, groups, groups), **options
+    )
+    ref = expected("ragged_page_attention_v3", args, options)
+    assert_close(out[0], ref[0], jnp.float32)
+    assert_same_writes(*out[1:], *ref[1:])
+
+
 def test_bad_inputs():
     args, options = quantized_case("page_attention", INT8)
     with pytest.raises(TypeError, match="key_cache is int8: pass key_cache_scales"):
@@ -173,7 +188,7 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="key_cache_scales is for float8/int8 caches, key_cache is float32"):
         modules.unified_attention(*float_args, key_cache_scales=ones, value_cache_scales=ones)
     args, options = quantized_case("ragged_page_attention_v3", E4M3)
-    with pytest.raises(TypeError, match="kv_cache_scales must be float32 .num_pages, page_size, kv_groups, packing"):
+    with pytest.raises(TypeError, match=r"kv_cache_scales must be float32 \[num_pages, page_size, kv_groups"):
         modules.ragged_page_attention_v3(*args, kv_cache_scales=options["kv_cache_scales"][:, :1])
     with pytest.raises(TypeError, match="kv_cache_scales"):
         modules.ragged_page_attention_v3(*args, kv_cache_scales=options["kv_cache_scales"].astype(jnp.bfloat16))
