@@ -8,8 +8,8 @@ gradient of a model around them: the custom VJP's backward is the shared plain-J
 a gradient through the kernel is exact.
 
 Declined with NotImplementedError before tracing (`platform="auto"` then runs XLA): queries that are not
-float16/bfloat16/float32, caches that are not those or float8 (or int8 with scales), latent widths above `MAX_LATENT`,
-caches of 2**31 rows or more.
+float16/bfloat16/float32, caches that are not those or float8 (int8 only with scales), latent widths above
+`MAX_LATENT`, caches of 2**31 rows or more.
 """
 
 from __future__ import annotations

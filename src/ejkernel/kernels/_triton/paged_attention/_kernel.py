@@ -6,12 +6,14 @@ rows are those queries times the `G = Hq / Hkv` query heads that read the progra
 page once. The program walks its split of the tile's key span (`key_span`) in steps of `block_k`
 positions: per position it looks up the page in the sequence's page table and gathers the key and
 value rows of its kv head straight from the cache, whatever the op's layout (`CacheRows`); a position
-whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits get the soft cap,
-ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps float32 running sums. A quantised cache
-(float8, int8) is loaded as stored and converted in registers; with per-row scales, each step also loads its `block_k`
-key and value scales, multiplies the logits' columns by the key scales and the probabilities by the value scales before
-`p @ v`. Each split writes its unnormalised sums, running max and denominator, and `finalize` merges the splits by
-log-sum-exp (flash-decoding) and joins the sinks.
+whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits
+get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps
+float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
+`finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
+
+A quantised cache (float8, int8) is loaded as stored and converted in registers; with per-row scales,
+each step also loads its `block_k` key and value scales and multiplies the logits' columns by the key
+scales and the probabilities by the value scales before `p @ v`.
 
 Tile metadata (sequence, key span, context) is computed outside the kernel in plain jnp.
 """
@@ -109,7 +111,7 @@ def _kernel(
         s = dot(q, k, trans_b=True) * st.softmax_scale
         if scaled:
             s = s * plgpu.load(ks_ref.at[row + layout.key_offset])[None, :]
-            v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :]
+        v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :] if scaled else None
         rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
         if qq:
@@ -119,7 +121,7 @@ def _kernel(
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
         s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
-        matmul = lambda p, v: dot((p * v_scales if scaled else p).astype(v.dtype), v)
+        matmul = lambda p, v: dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
         return online_softmax_step(carry, s, v, matmul, detach=lambda x: x)
 
     carry = (
