@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.reference.paged_attention import quantize
+
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -20,9 +22,10 @@ def _align128(n: int) -> int:
 def multi_latent_ragged_page_attention_reference(
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution, *,
     softmax_scale=None, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
-    **_unused,
+    kv_cache_scales=None, **_unused,
 ):  # fmt: skip
-    """`(out [T, Hq, L] float32, updated kv_cache)` of one serving step.
+    """`(out [T, Hq, L] float32, updated kv_cache)` of one serving step (and the updated scales with
+    `kv_cache_scales`, `[pages, rows, packing]`: one per cached row).
 
     Cache `[pages, rows, packing, a128(L) + a128(R)]`; a page holds `rows * packing` positions, position
     `i` at `[i // packing, i % packing]`, its feature vector `[c, 0…, r, 0…]` (each part zero-padded to a
@@ -30,7 +33,9 @@ def multi_latent_ragged_page_attention_reference(
     positions `kv_lens[s] - q_len … kv_lens[s] - 1`) and the pages `block_tables[s * P : (s + 1) * P]`.
 
     1. Each new token's `c = keys_values[t]` and `r = keys_pe[t]` are written at its position, cast to
-       the cache dtype (sequence by sequence; not below position 0, nor on a page outside the cache).
+       the cache dtype (sequence by sequence; not below position 0, nor on a page outside the cache); with
+       scales the row `[c, 0…, r, 0…]` is `quantize`d as a whole and its scale written beside it, and the
+       cache is read as `code * scale`.
     2. Query token `t` at position `p`, head `h`, over positions `i < kv_len` read after the write
        (those on a page outside the cache hold no key):
        `ℓ = scale · (q_nope·c_i + q_pe·r_i) · k_scale · q_scale`, where with `q_scale` the queries are
@@ -50,6 +55,7 @@ def multi_latent_ragged_page_attention_reference(
     loc = np.asarray(query_start_loc).astype(np.int64)
     count = int(np.asarray(distribution)[2])
     cache = kv_cache.reshape(num_pages, page_size, width)
+    scales = None if kv_cache_scales is None else kv_cache_scales.reshape(num_pages, page_size)
 
     sequences = []
     for s in range(count):
@@ -57,21 +63,29 @@ def multi_latent_ragged_page_attention_reference(
         if q_len <= 0:
             continue
         pos = kv_len - q_len + np.arange(q_len)
-        new = jnp.zeros((q_len, width), kv_cache.dtype)
-        new = new.at[:, :latent].set(keys_values[start : start + q_len].astype(kv_cache.dtype))
-        new = new.at[:, rope_col : rope_col + rope].set(keys_pe[start : start + q_len].astype(kv_cache.dtype))
+        new = jnp.zeros((q_len, width), jnp.float32)
+        new = new.at[:, :latent].set(keys_values[start : start + q_len].astype(jnp.float32))
+        new = new.at[:, rope_col : rope_col + rope].set(keys_pe[start : start + q_len].astype(jnp.float32))
+        if scales is None:
+            new = new.astype(kv_cache.dtype)  # float32 holds every float dtype's values: one rounding, as a cast
+        else:
+            new, new_scales = quantize(new, kv_cache.dtype)
         pages = tables[s, np.maximum(pos, 0) // page_size]
         kept = (pos >= 0) & (pages >= 0) & (pages < num_pages)
         cache = cache.at[pages[kept], pos[kept] % page_size].set(new[kept])
+        if scales is not None:
+            scales = scales.at[pages[kept], pos[kept] % page_size].set(new_scales[kept])
         sequences.append((s, start, q_len, kv_len))
 
     scale = (latent + rope) ** -0.5 if softmax_scale is None else softmax_scale
     q_nope = jnp.asarray(queries_nope, jnp.float32)
     q_pe = jnp.asarray(queries_pe, jnp.float32)
     if q_scale is not None:
-        info = jnp.finfo(kv_cache.dtype)
-        quantize = lambda q: jnp.clip(q / q_scale, float(info.min), float(info.max)).astype(kv_cache.dtype)
-        q_nope, q_pe = (quantize(q).astype(jnp.float32) for q in (q_nope, q_pe))
+        integer = jnp.issubdtype(kv_cache.dtype, jnp.integer)
+        largest = float(jnp.iinfo(kv_cache.dtype).max if integer else jnp.finfo(kv_cache.dtype).max)
+        saturate = lambda q: jnp.clip(jnp.round(q) if integer else q, -largest, largest)
+        quantize_q = lambda q: saturate(q / q_scale).astype(kv_cache.dtype)
+        q_nope, q_pe = (quantize_q(q).astype(jnp.float32) for q in (q_nope, q_pe))
         scale *= q_scale
     if k_scale is not None:
         scale *= k_scale
@@ -80,7 +94,10 @@ def multi_latent_ragged_page_attention_reference(
     for s, start, q_len, kv_len in sequences:
         i = np.arange(kv_len)
         pages = tables[s, i // page_size]
-        feats = cache[np.clip(pages, 0, num_pages - 1), i % page_size].astype(jnp.float32)  # [kv_len, width]
+        where = (np.clip(pages, 0, num_pages - 1), i % page_size)
+        feats = cache[where].astype(jnp.float32)  # [kv_len, width]
+        if scales is not None:
+            feats = feats * scales[where][:, None]
         c, r = feats[:, :latent], feats[:, rope_col : rope_col + rope]
         tokens = slice(start, start + q_len)
         logits = jnp.einsum("jhl,il->hji", q_nope[tokens], c, precision=HIGHEST)
@@ -97,4 +114,6 @@ def multi_latent_ragged_page_attention_reference(
         weights = weights / jnp.where(denom > 0, denom, 1.0)
         o = jnp.einsum("hji,il->jhl", weights, c, precision=HIGHEST)
         out = out.at[tokens].set(o if v_scale is None else o * v_scale)
-    return out, cache.reshape(kv_cache.shape)
+    if scales is None:
+        return out, cache.reshape(kv_cache.shape)
+    return out, cache.reshape(kv_cache.shape), scales.reshape(kv_cache_scales.shape)

@@ -5,6 +5,10 @@ and values from its layout into dense `[kv_len, Hkv, D]` arrays. A position whos
 not a page of the cache holds no key (it is masked, and `ragged_page_attention_v3` writes nothing there).
 Index arrays must be concrete (the reference loops over sequences in Python); it is the oracle of the
 tests, never registered.
+
+Quantised caches with per-token-head scales (float32, the cache's shape without its head dim) are
+dequantised first (`dequantize`: `code * scale`), then attended as any cache; `ragged_page_attention_v3`
+quantises the rows it writes (`quantize`).
 """
 
 from __future__ import annotations
@@ -134,6 +138,27 @@ def ragged_attention_reference(
     return out.astype(queries.dtype)
 
 
+def dequantize(cache, scales):
+    """`cache * scales[..., None]` in float32 (`code * scale` per row), or the cache itself without scales."""
+    if scales is None:
+        return cache
+    return jnp.asarray(cache, jnp.float32) * jnp.asarray(scales, jnp.float32)[..., None]
+
+
+def quantize(x, dtype):
+    """`(codes, scales)` of rows `x [..., D]` in a float8 or int8 `dtype`: per row `scale = max|x| / M` (`M` the
+    largest code: 127 for int8, the format's largest finite for float8; 1 for a zero row) and
+    `code = x / scale` cast to `dtype` (int8: rounded, clipped to [-127, 127])."""
+    x = jnp.asarray(x, jnp.float32)
+    integer = jnp.issubdtype(jnp.dtype(dtype), jnp.integer)
+    largest = float(jnp.iinfo(dtype).max if integer else jnp.finfo(dtype).max)
+    amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    scales = jnp.where(amax == 0, 1.0, amax / largest)
+    codes = x / scales
+    codes = jnp.clip(jnp.round(codes), -largest, largest) if integer else jnp.clip(codes, -largest, largest)
+    return codes.astype(dtype), scales[..., 0]
+
+
 def _sequences(pages_of_k, pages_of_v, tables, lens, page_size, head_shape, num_pages):
     """Each sequence's dense `[kv_len, Hkv, D]` keys and values (its first pages, in table order) and which
     of its positions hold a key (bool `[kv_len]`: their page is one of the cache's `num_pages`).
@@ -162,9 +187,10 @@ def _window(w):
 
 def page_attention_reference(
     query, key_cache, value_cache, context_lens, block_tables, *, attn_scale=None, attn_logits_soft_cap=None,
-    sliding_window=None, **_schedule_hints,
+    sliding_window=None, key_cache_scales=None, value_cache_scales=None, **_schedule_hints,
 ):  # fmt: skip
     """`page_attention`: query `[N, H, D]`, caches `[blocks, Hkv, block_size, D]`; query at position len - 1."""
+    key_cache, value_cache = dequantize(key_cache, key_cache_scales), dequantize(value_cache, value_cache_scales)
     num_seqs, _, head_dim = query.shape
     num_blocks, num_kv_heads, block_size, _ = key_cache.shape
     keys, values, held = _sequences(
@@ -185,9 +211,10 @@ def page_attention_reference(
 
 def prefill_page_attention_reference(
     query, key_cache, value_cache, context_len, page_indices, *, softmax_scale=None, attn_logits_soft_cap=None,
-    sliding_window=None, **_unused,
+    sliding_window=None, key_cache_scales=None, value_cache_scales=None, **_unused,
 ):  # fmt: skip
     """`prefill_page_attention`: the `chunk` last queries of one sequence; caches `[Hkv, pages, page_size, D]`."""
+    key_cache, value_cache = dequantize(key_cache, key_cache_scales), dequantize(value_cache, value_cache_scales)
     chunk, _, head_dim = query.shape
     num_kv_heads, num_pages, page_size, _ = key_cache.shape
     keys, values, held = _sequences(
@@ -214,17 +241,20 @@ def _ragged_queries(query_start_loc, count):
 
 def ragged_page_attention_v2_reference(
     queries, kv_pages, context_lens, block_tables, query_start_loc, num_seqs, softmax_aux=None, *,
-    softmax_scale=None, logits_soft_cap=None, compute_dtype=jnp.bfloat16, sliding_window=None, **_unused,
+    softmax_scale=None, logits_soft_cap=None, compute_dtype=jnp.bfloat16, sliding_window=None, kv_cache_scales=None,
+    **_unused,
 ):  # fmt: skip
     """`ragged_page_attention_v2`: cache `[pages, page_size, 2 Hkv, D]` with K at even, V at odd heads.
 
-    Queries, keys and values are rounded to `compute_dtype` (the dtype of the matmul operands).
+    Queries, keys and values are rounded to `compute_dtype` (the dtype of the matmul operands); a quantised
+    cache's codes are, then dequantised with `kv_cache_scales`.
     """
     _, _, head_dim = queries.shape
     num_pages, page_size, combined, _ = kv_pages.shape
     out_dtype = queries.dtype
     if compute_dtype is not None:
         queries, kv_pages = queries.astype(compute_dtype), kv_pages.astype(compute_dtype)
+    kv_pages = dequantize(kv_pages, kv_cache_scales)
     keys, values, held = _sequences(
         lambda p: kv_pages[p][:, :, 0::2],
         lambda p: kv_pages[p][:, :, 1::2],
@@ -245,9 +275,10 @@ def ragged_page_attention_v2_reference(
 def ragged_page_attention_v3_reference(
     queries, keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution, softmax_aux=None, *,
     softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
-    **_unused,
+    kv_cache_scales=None, **_unused,
 ):  # fmt: skip
-    """`ragged_page_attention_v3`: `(out, cache)`; the new keys/values are written first, token by token.
+    """`ragged_page_attention_v3`: `(out, cache)`, or `(out, cache, scales)` with `kv_cache_scales`; the new
+    keys/values are written first, token by token.
 
     Cache `[pages, page_size, ceil(2 Hkv / packing), packing, D_pad]`: combined head `c = 2h` holds key
     head h and `2h + 1` its value, at `[c // packing, c % packing]` (a written slot's other heads and
@@ -255,6 +286,8 @@ def ragged_page_attention_v3_reference(
     sequence (not below position 0, nor on a page outside the cache). With `q_scale` the queries are
     `q / q_scale` rounded to the cache dtype (saturated to its range; the output keeps the queries'
     dtype) and the logits are scaled by `q_scale`; `k_scale` scales the logits, `v_scale` the output.
+    With `kv_cache_scales` (`[pages, page_size, groups, packing]`) each written token-head is `quantize`d and
+    its scale written beside it (a written slot's unused heads get scale 1); the cache is read dequantised.
     """
     _, num_kv_heads, head_dim = keys.shape
     num_pages, page_size, groups, packing, width = kv_cache.shape
@@ -263,19 +296,31 @@ def ragged_page_attention_v3_reference(
     tables = np.asarray(block_tables).reshape(max_seqs, -1)
     start, lengths = _ragged_queries(query_start_loc, np.asarray(distribution)[2])
     combined = kv_cache.reshape(num_pages, page_size, groups * packing, width)
+    scales = None if kv_cache_scales is None else kv_cache_scales.reshape(num_pages, page_size, groups * packing)
     for s in range(max_seqs):
         pos = kv_lens[s] - lengths[s] + np.arange(lengths[s])
         tokens = slice(int(start[s]), int(start[s] + lengths[s]))
+        new_keys, new_values = keys[tokens], values[tokens]
+        row_scales = jnp.ones((lengths[s], groups * packing), jnp.float32)
+        if scales is not None:
+            (new_keys, key_scales), (new_values, value_scales) = (
+                quantize(x, kv_cache.dtype) for x in (new_keys, new_values)
+            )
+            row_scales = row_scales.at[:, 0 : 2 * num_kv_heads : 2].set(key_scales)
+            row_scales = row_scales.at[:, 1 : 2 * num_kv_heads : 2].set(value_scales)
         rows = jnp.zeros((lengths[s], groups * packing, width), kv_cache.dtype)  # unused heads and dims are 0
-        rows = rows.at[:, 0 : 2 * num_kv_heads : 2, :head_dim].set(keys[tokens].astype(kv_cache.dtype))
-        rows = rows.at[:, 1 : 2 * num_kv_heads : 2, :head_dim].set(values[tokens].astype(kv_cache.dtype))
+        rows = rows.at[:, 0 : 2 * num_kv_heads : 2, :head_dim].set(new_keys.astype(kv_cache.dtype))
+        rows = rows.at[:, 1 : 2 * num_kv_heads : 2, :head_dim].set(new_values.astype(kv_cache.dtype))
         pages = tables[s, np.maximum(pos, 0) // page_size]
         kept = (pos >= 0) & (pages >= 0) & (pages < num_pages)
         combined = combined.at[pages[kept], pos[kept] % page_size].set(rows[kept])
+        if scales is not None:
+            scales = scales.at[pages[kept], pos[kept] % page_size].set(row_scales[kept])
     new_cache = combined.reshape(kv_cache.shape)
+    readable = dequantize(combined, scales)
     seq_keys, seq_values, held = _sequences(
-        lambda p: combined[p][:, :, 0 : 2 * num_kv_heads : 2, :head_dim],
-        lambda p: combined[p][:, :, 1 : 2 * num_kv_heads : 2, :head_dim],
+        lambda p: readable[p][:, :, 0 : 2 * num_kv_heads : 2, :head_dim],
+        lambda p: readable[p][:, :, 1 : 2 * num_kv_heads : 2, :head_dim],
         tables,
         kv_lens,
         page_size,
@@ -284,9 +329,11 @@ def ragged_page_attention_v3_reference(
     )
     scale = _scale(softmax_scale, head_dim)
     if q_scale is not None:
-        info = jnp.finfo(kv_cache.dtype)
-        quantized = jnp.clip(queries / q_scale, float(info.min), float(info.max)).astype(kv_cache.dtype)
-        queries = quantized.astype(queries.dtype)
+        integer = jnp.issubdtype(kv_cache.dtype, jnp.integer)
+        largest = float(jnp.iinfo(kv_cache.dtype).max if integer else jnp.finfo(kv_cache.dtype).max)
+        quantized = jnp.clip(queries / q_scale, -largest, largest)
+        quantized = jnp.round(quantized) if integer else quantized
+        queries = quantized.astype(kv_cache.dtype).astype(queries.dtype)
         scale *= q_scale
     if k_scale is not None:
         scale *= k_scale
@@ -295,17 +342,20 @@ def ragged_page_attention_v3_reference(
         logits_soft_cap=logits_soft_cap,
         window=_window(sliding_window), softmax_aux=softmax_aux, value_scale=v_scale,
     )  # fmt: skip
-    return out, new_cache
+    if scales is None:
+        return out, new_cache
+    return out, new_cache, scales.reshape(kv_cache_scales.shape)
 
 
 def ragged_decode_attention_reference(
     query, key, value, sequence_start, sequence_end, softmax_aux=None, *, softmax_scale=None, sliding_window=None,
-    logits_soft_cap=None, **_unused,
+    logits_soft_cap=None, key_cache_scales=None, value_cache_scales=None, **_unused,
 ):  # fmt: skip
     """`ragged_decode_attention`: dense `[B, S, Hkv, D]` K/V; row b's query at `end - 1` sees keys `[start, end)`.
 
     An int window `w` keeps `[p - w + 1, p]`; a pair `(left, right)` keeps `[p - left, p + right]`.
     """
+    key, value = dequantize(key, key_cache_scales), dequantize(value, value_cache_scales)
     batch, _, _, head_dim = key.shape
     q = query.reshape(batch, -1, head_dim)
     end = np.asarray(sequence_end)
@@ -320,9 +370,11 @@ def ragged_decode_attention_reference(
 
 def unified_attention_reference(
     queries, key_cache, value_cache, kv_lens, block_tables, query_start_loc, alibi_slopes=None, qq_bias=None,
-    softmax_aux=None, *, softmax_scale=None, causal=True, sliding_window=None, logits_soft_cap=None, **_unused,
+    softmax_aux=None, *, softmax_scale=None, causal=True, sliding_window=None, logits_soft_cap=None,
+    key_cache_scales=None, value_cache_scales=None, **_unused,
 ):  # fmt: skip
     """`unified_attention`: caches `[blocks, block_size, Hkv, D]`; ALiBi `slope · (k - (kv_len - q_len))`."""
+    key_cache, value_cache = dequantize(key_cache, key_cache_scales), dequantize(value_cache, value_cache_scales)
     _, _, head_dim = queries.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     keys, values, held = _sequences(

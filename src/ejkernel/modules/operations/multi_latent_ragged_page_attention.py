@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.paged_attention.arguments import (
+    check_cache_scales,
     check_distribution,
     check_sequence_values,
     last_positions_window,
@@ -258,7 +259,11 @@ class MultiLatentRaggedPageAttention(Kernel):
         inputs |= {4: ("kv_cache", ("pages", None, None, "dim"))}
         for i, name in ((5, "kv_lens"), (6, "block_tables"), (7, "query_start_loc"), (8, "distribution")):
             inputs[i] = (name, ("tokens",))
-        return inputs, (("tokens", "heads", None), ("pages", None, None, None))
+        outputs = (("tokens", "heads", None), ("pages", None, None, None))
+        if kwargs.get("kv_cache_scales") is not None:  # whole on every shard, as the cache
+            inputs["kv_cache_scales"] = ("kv_cache_scales", ("pages", None, None))
+            outputs += (("pages", None, None),)
+        return inputs, outputs
 
     def busy_integers(self, args):
         queries, cache, lengths, tables = args[0], args[4], args[5], args[6]
@@ -317,8 +322,8 @@ def _check_scale(name: str, value, *, positive: bool) -> float | None:
 def _checked_call(
     kernel: MultiLatentRaggedPageAttention,
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-    *, softmax_scale, sliding_window, logits_soft_cap, mask_value, q_scale, k_scale, v_scale, platform, cfg, mesh,
-    in_specs, out_specs,
+    *, softmax_scale, sliding_window, logits_soft_cap, mask_value, q_scale, k_scale, v_scale, kv_cache_scales,
+    platform, cfg, mesh, in_specs, out_specs,
 ):  # fmt: skip
     """Checks one call of either op (ValueError naming the argument), canonicalises it and runs `kernel`."""
     _check_rank("queries_nope", queries_nope, 3, "[T, Hq, L]")
@@ -327,8 +332,11 @@ def _checked_call(
     keys_pe = _single_head("keys_pe", keys_pe, "[T, R]")
     _check_rank("kv_cache", kv_cache, 4, "[pages, rows, packing, a128(L) + a128(R)]")
     floats = dict(queries_nope=queries_nope, queries_pe=queries_pe, keys_values=keys_values, keys_pe=keys_pe)
-    for name, x in (*floats.items(), ("kv_cache", kv_cache)):
+    for name, x in floats.items():
         require_float(name, x)
+    check_cache_scales("kv_cache", kv_cache, "kv_cache_scales", kv_cache_scales)
+    if jnp.dtype(kv_cache.dtype) != jnp.int8:
+        require_float("kv_cache", kv_cache)
     num_tokens, num_heads, latent = queries_nope.shape
     for name, x in (("queries_pe", queries_pe), ("keys_values", keys_values), ("keys_pe", keys_pe)):
         if x.shape[0] != num_tokens:
@@ -404,6 +412,8 @@ def _checked_call(
         k_scale=_check_scale("k_scale", k_scale, positive=False),
         v_scale=_check_scale("v_scale", v_scale, positive=False),
     )
+    if kv_cache_scales is not None:
+        options["kv_cache_scales"] = kv_cache_scales
     args = (queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc)
     sharding = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs)
     return executor(kernel, *args, distribution, platform=platform, cfg=cfg, **sharding, **options)
@@ -428,12 +438,13 @@ def multi_latent_ragged_page_attention(
     q_scale: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_cache_scales: jax.Array | None = None,
     platform: str | None = None,
     cfg: MultiLatentRaggedPageAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple:
     """One MLA serving step: writes the new latent rows into the paged cache, then attends. `(out, kv_cache)`.
 
     Multi-head latent attention (DeepSeek-V2/V3) in the weight-absorbed form: each cached position holds a
@@ -461,6 +472,14 @@ def multi_latent_ragged_page_attention(
     never read or written. The update is functional: under `jax.jit(..., donate_argnums=4)` XLA makes it in
     place.
 
+    Quantised caches: a float8 cache (e4m3fn, e5m2) is read as stored and converted in the kernel. With
+    `kv_cache_scales` (float32 `[num_pages, page_size // packing, packing]`, one scale per cached row) each row
+    is `code * scale`, applied in the kernel (the logits' columns, the probabilities before `p @ v`), never as
+    a dequantised copy; each new row `[c, 0..., r, 0...]` is quantised as it is written: `scale = max|row| / M`
+    (`M` = 448 for e4m3fn, 57344 for e5m2, 127 for int8; a zero row gets 1) and `code = row / scale` cast
+    (int8: rounded, clipped to [-127, 127]); the updated scales are a third output. An int8 cache needs the
+    scales. `q_scale`, `k_scale` and `v_scale` multiply on top.
+
     Index values: outside `jit`, a bad one raises a ValueError naming it: `distribution` not
     `0 <= i <= j <= k <= N`, `query_start_loc` not rising within `[0, T]`, a `kv_lens` entry outside
     `[q_len, P * page_size]`, or a `block_tables` entry it reaches outside `[0, num_pages)`. Under `jit` they are
@@ -471,18 +490,18 @@ def multi_latent_ragged_page_attention(
     and is not written; of new tokens naming one cache row, the last wins.
 
     Sharding: with `mesh`, `in_specs` (one per tensor, or one per slot) and `out_specs` (all three or none),
-    only the query heads may be split: every head reads the one shared latent cache, so the new latents, the
-    cache and the index arrays stay whole on every shard (each writes the same rows into its copy), and
-    `out_specs` is `(heads split, P())`. Not meant to be differentiated, but `jax.grad` through it (with
-    respect to the queries) works.
+    only the query heads may be split: every head reads the one shared latent cache, so the new latents, the cache and
+    the index arrays stay whole on every shard (each writes the same rows into its copy), and `out_specs` is `(heads
+    split, P())` (`(heads split, P(), P())` with scales). Not meant to be differentiated, but `jax.grad` through it
+    (with respect to the queries) works.
 
     Args:
         queries_nope: `[T, Hq, L]` float. The queries' non-RoPE part, absorbed into latent space.
         queries_pe: `[T, Hq, R]` float. The queries' RoPE part.
         keys_values: `[T, L]` (or `[T, 1, L]`) float. Each token's new latent row `c`.
         keys_pe: `[T, R]` (or `[T, 1, R]`) float. Each token's new RoPE key `r`.
-        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float. The packed latent
-            cache (above).
+        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float, or int8 with scales.
+            The packed latent cache (above).
         kv_lens: `[N]` int32, `N >= 1`. Each sequence's length, its new tokens included.
         block_tables: `[N * P]` (or `[N, P]`) int32. Sequence `s`'s pages in order at `[s * P:(s + 1) * P]`.
         query_start_loc: `[N + 1]` int32. The sequences' token bounds, rising within `[0, T]`.
@@ -497,6 +516,8 @@ def multi_latent_ragged_page_attention(
         q_scale: `float | None`, default None. Positive, finite: quantise the queries (above).
         k_scale: `float | None`, default None. Finite: multiplies the logits.
         v_scale: `float | None`, default None. Finite: multiplies the output.
+        kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None (keyword
+            only, beyond upstream's surface). Per-row scales of a quantised `kv_cache` (above); required for int8.
         platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
             "xla" under "auto") or "xla".
         cfg: `MultiLatentRaggedPageAttentionConfig | None`, default None (chosen by the executor). The tiling;
@@ -507,21 +528,23 @@ def multi_latent_ragged_page_attention(
         out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
 
     Returns:
-        tuple: `(out, kv_cache)`. `out` is `[T, Hq, L]` in `queries_nope`'s dtype (rows of tokens no processed
-        sequence owns are 0); `kv_cache` the updated cache, of the input's shape and dtype.
+        tuple: `(out, kv_cache)`, or `(out, kv_cache, kv_cache_scales)` with scales. `out` is `[T, Hq, L]` in
+        `queries_nope`'s dtype (rows of tokens no processed sequence owns are 0); `kv_cache` the updated cache,
+        of the input's shape and dtype; `kv_cache_scales` the updated scales.
 
     Raises:
-        TypeError: `queries_nope`, `queries_pe`, `keys_values`, `keys_pe` or `kv_cache` not floating-point,
-            or `cfg` not a `MultiLatentRaggedPageAttentionConfig`.
-        ValueError: an array of the wrong rank, or whose tokens, heads, `L` or `R` disagree with
-            `queries_nope` and `queries_pe`; a cache whose last axis is not `a128(L) + a128(R)` or whose axis 2
-            is not its dtype's `packing`; index arrays not int32 or of the wrong shape (`kv_lens` empty,
-            `block_tables` not `N` rows or a multiple of `N` entries, `query_start_loc` not `N + 1`,
-            `distribution` not `(3,)`); `softmax_scale`, `q_scale`, `k_scale` or `v_scale` not a finite number
-            (`q_scale` not positive); `logits_soft_cap` zero or not a number; `sliding_window` below 1; a
-            `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
-            `mesh`, `in_specs`, `out_specs` not given together, or specs that split anything but the query
-            heads; outside `jit`, a bad index value.
+        TypeError: `queries_nope`, `queries_pe`, `keys_values`, `keys_pe` or `kv_cache` not floating-point
+            (the cache: nor int8 with scales), scales with a 16/32-bit cache or not float32, or `cfg` not a
+            `MultiLatentRaggedPageAttentionConfig`.
+        ValueError: an array of the wrong rank, or whose tokens, heads, `L` or `R` disagree with `queries_nope` and
+            `queries_pe`; a cache whose last axis is not `a128(L) + a128(R)` or whose axis 2 is not its dtype's
+            `packing`; `kv_cache_scales` not the cache's shape without its last axis; index arrays not int32 or of the
+            wrong shape (`kv_lens` empty, `block_tables` not `N` rows or a multiple of `N` entries, `query_start_loc`
+            not `N + 1`, `distribution` not `(3,)`); `softmax_scale`, `q_scale`, `k_scale` or `v_scale` not a finite
+            number (`q_scale` not positive); `logits_soft_cap` zero or not a number; `sliding_window` below 1; a
+            `platform` not listed, contradicting `cfg.platform` or with no implementation on this device; `mesh`,
+            `in_specs`, `out_specs` not given together, or specs that split anything but the query heads; outside `jit`,
+            a bad index value.
         jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
             runs (the message is the ValueError's).
 
@@ -544,8 +567,8 @@ def multi_latent_ragged_page_attention(
         MultiLatentRaggedPageAttention(),
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
-        mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, kv_cache_scales=kv_cache_scales,
+        platform=platform, cfg=cfg, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
     )  # fmt: skip
 
 
@@ -568,12 +591,13 @@ def multi_latent_ragged_page_attention_v2(
     q_scale: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_cache_scales: jax.Array | None = None,
     platform: str | None = None,
     cfg: MultiLatentRaggedPageAttentionV2Config | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple:
     """`multi_latent_ragged_page_attention` with a config whose block sizes may be given per case.
 
     Arguments, result, errors and semantics are those of `multi_latent_ragged_page_attention`; only `cfg`
@@ -584,8 +608,8 @@ def multi_latent_ragged_page_attention_v2(
         queries_pe: `[T, Hq, R]` float. The queries' RoPE part.
         keys_values: `[T, L]` (or `[T, 1, L]`) float. Each token's new latent row.
         keys_pe: `[T, R]` (or `[T, 1, R]`) float. Each token's new RoPE key.
-        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float. The packed latent
-            cache.
+        kv_cache: `[num_pages, page_size // packing, packing, a128(L) + a128(R)]` float, or int8 with scales.
+            The packed latent cache.
         kv_lens: `[N]` int32, `N >= 1`. Each sequence's length, its new tokens included.
         block_tables: `[N * P]` (or `[N, P]`) int32. Each sequence's pages in order.
         query_start_loc: `[N + 1]` int32. The sequences' token bounds, rising within `[0, T]`.
@@ -597,6 +621,8 @@ def multi_latent_ragged_page_attention_v2(
         q_scale: `float | None`, default None. Positive, finite: quantise the queries like the cache.
         k_scale: `float | None`, default None. Finite: multiplies the logits.
         v_scale: `float | None`, default None. Finite: multiplies the output.
+        kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None. Per-row
+            scales of a quantised cache, as in `multi_latent_ragged_page_attention`.
         platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
             "xla" under "auto") or "xla".
         cfg: `MultiLatentRaggedPageAttentionV2Config | None`, default None (chosen by the executor). The
@@ -606,7 +632,8 @@ def multi_latent_ragged_page_attention_v2(
         out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
 
     Returns:
-        tuple: `(out, kv_cache)`: `out` `[T, Hq, L]` in `queries_nope`'s dtype and the updated cache.
+        tuple: `(out, kv_cache)`: `out` `[T, Hq, L]` in `queries_nope`'s dtype and the updated cache; with
+        `kv_cache_scales`, `(out, kv_cache, kv_cache_scales)`.
 
     Raises:
         TypeError: a non-float array where a float one is due, or `cfg` not a
@@ -632,6 +659,6 @@ def multi_latent_ragged_page_attention_v2(
         MultiLatentRaggedPageAttentionV2(),
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
         softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, platform=platform, cfg=cfg,
-        mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        mask_value=mask_value, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, kv_cache_scales=kv_cache_scales,
+        platform=platform, cfg=cfg, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
     )  # fmt: skip

@@ -6,16 +6,19 @@ Also home of what the six serving ops share at the public boundary (`PagedAttent
 """
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.paged_attention.arguments import (
     DEFAULT_MASK_VALUE,
+    check_cache_dtypes,
+    check_cache_scales,
     check_heads,
     check_mask_value,
-    check_same_dtype,
+    check_scale_pair,
     check_sequence_values,
     check_shape,
     check_soft_cap,
@@ -97,8 +100,26 @@ class PagedAttentionKernel(Kernel):
     """A serving op as the executor sees it: its implementations take `cfg` as given (None fields: defaults).
 
     Autotuning tries the default config, then on Triton `block_k` 32, 64, 128 with 1, 4 or 16 splits, on
-    XLA `block_k` 256 and 1024.
+    XLA `block_k` 256 and 1024. On a mesh, a cache's per-token-head scales are split as the cache is.
     """
+
+    scale_slots: ClassVar[dict[str, int]] = {}
+    """Cache scales keyword -> the positional slot of the cache it scales."""
+
+    def kwarg_specs(self, kwargs: dict[str, Any], in_specs) -> dict[str, Any]:
+        """A cache's scales take the cache's spec without its last (head-dim) axis."""
+        specs = super().kwarg_specs(kwargs, in_specs)
+        for name, slot in self.scale_slots.items():
+            if name in specs:
+                specs[name] = PartitionSpec(*tuple(in_specs[slot])[: kwargs[name].ndim])
+        return specs
+
+    def with_scale_roles(self, inputs: dict, kwargs: dict[str, Any]) -> dict:
+        """`inputs` (axis roles by position) with those of the cache scales given: their cache's, less the last."""
+        for name, slot in self.scale_slots.items():
+            if kwargs.get(name) is not None:
+                inputs[name] = (name, inputs[slot][1][:-1])
+        return inputs
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         yield self.config_type(platform=platform)
@@ -169,8 +190,10 @@ class PageAttention(PagedAttentionKernel):
 @typechecked
 def page_attention(
     query: Float[Array, "num_seqs num_heads head_dim"],
-    key_cache: Float[Array, "num_blocks num_kv_heads block_size head_dim"],
-    value_cache: Float[Array, "num_blocks num_kv_heads block_size head_dim"],
+    key_cache: Float[Array, "num_blocks num_kv_heads block_size head_dim"]
+    | Int8[Array, "num_blocks num_kv_heads block_size head_dim"],
+    value_cache: Float[Array, "num_blocks num_kv_heads block_size head_dim"]
+    | Int8[Array, "num_blocks num_kv_heads block_size head_dim"],
     context_lens: Int[Array, " num_seqs"],
     block_tables: Int[Array, "num_seqs max_blocks"],
     /,
@@ -184,6 +207,8 @@ def page_attention(
     megacore_mode: str | None = None,
     inline_seq_dim: bool = True,
     sliding_window: int | None = None,
+    key_cache_scales: Float32[Array, "num_blocks num_kv_heads block_size"] | None = None,
+    value_cache_scales: Float32[Array, "num_blocks num_kv_heads block_size"] | None = None,
     platform: str | None = None,
     cfg: PageAttentionConfig | None = None,
 ) -> Float[Array, "num_seqs num_heads head_dim"]:
@@ -203,6 +228,11 @@ def page_attention(
     The scale is `attn_scale` here, `softmax_scale` elsewhere; all default to `head_dim ** -0.5` except
     `ragged_page_attention_v3` (1.0).
 
+    Quantised caches: float8 caches (e4m3fn, e5m2) are read as stored and converted to `query`'s dtype in the
+    kernel; with `key_cache_scales` and `value_cache_scales` (float32, a cache's shape without its head dim)
+    each cached row is `code * scale`, applied in the kernel (the logits' key columns, the probabilities
+    before `p @ v`), never as a dequantised copy. int8 caches need the scales.
+
     Index values: outside `jit`, a `context_lens` entry outside `[0, max_blocks * page_size]` (or above
     `max_context_len`) or a `block_tables` entry it reaches outside `[0, num_pages)` raises a ValueError naming it.
     Under `jit` they are checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that
@@ -211,9 +241,10 @@ def page_attention(
 
     Args:
         query: `[num_seqs, num_heads, head_dim]` float. One query per sequence, the decode token.
-        key_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `query`'s dtype. The key pages;
-            `num_heads` must be a multiple of `num_kv_heads`.
-        value_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `query`'s dtype. The value pages.
+        key_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `query`'s dtype, or a quantised cache
+            (float8_e4m3fn, float8_e5m2; int8 with scales). The key pages; `num_heads` must be a multiple of
+            `num_kv_heads`.
+        value_cache: `[num_pages, num_kv_heads, page_size, head_dim]`, `key_cache`'s dtype. The value pages.
         context_lens: `[num_seqs]` int. Each sequence's number of keys, its query's position included.
         block_tables: `[num_seqs, max_blocks]` int. Row `i` lists sequence `i`'s pages in order.
         attn_scale: `float | None`, default None (`head_dim ** -0.5`). Multiplies the logits `q·k`.
@@ -231,6 +262,11 @@ def page_attention(
         inline_seq_dim: `bool`, default True. Upstream's TPU option: ignored.
         sliding_window: `int | None`, default None. A positive `w` keeps the last `w` positions, the query's
             own included.
+        key_cache_scales: `[num_pages, num_kv_heads, page_size]` float32 or None, default None (keyword only, beyond
+            upstream's surface). Per-token-head scales of a quantised `key_cache`: key `(page, head, slot)` is
+            `key_cache[page, head, slot] * key_cache_scales[page, head, slot]`. Required for int8.
+        value_cache_scales: `[num_pages, num_kv_heads, page_size]` float32 or None, default None. The same for
+            `value_cache`; given with `key_cache_scales`.
         platform: `str | None`, default None ("auto": the best implementation on this device: Triton on a
             GPU where it serves the call, else XLA). "xla", "triton" (GPU) or "pallas" (TPU) asks for that one.
         cfg: `PageAttentionConfig | None`, default None (chosen by the executor). The tiling; it never changes
@@ -241,9 +277,11 @@ def page_attention(
 
     Raises:
         TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `query` and the caches of different dtypes, an option of the wrong type, or `cfg`
-            not a `PageAttentionConfig`.
-        ValueError: `num_heads` not a multiple of `num_kv_heads`; `attn_scale` not finite;
+            naming it), the caches of different dtypes (or unquantised ones of another than `query`'s), an
+            int8 cache without scales, scales with a 16/32-bit cache or not float32, an option of the wrong
+            type, or `cfg` not a `PageAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; scales not of their cache's shape without
+            its head dim, or only one of them; `attn_scale` not finite;
             `attn_logits_soft_cap` not positive; `mask_value` above -1e4; `sliding_window`, `max_context_len`
             or `pages_per_compute_block` below 1; `num_splits` below 0; another `megacore_mode`; a `platform`
             not listed, contradicting `cfg.platform` or with no implementation on this device; outside
@@ -265,8 +303,11 @@ def page_attention(
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, num_kv_heads, block_size, _ = key_cache.shape
     check_heads(num_heads, num_kv_heads)
-    check_same_dtype("query, key_cache and value_cache", query, key_cache, value_cache)
+    check_cache_dtypes("query", query, "key_cache and value_cache", key_cache, value_cache)
     check_shape("value_cache", value_cache, key_cache.shape, "[blocks, kv_heads, block_size, head_dim]")
+    check_scale_pair("key_cache_scales", key_cache_scales, "value_cache_scales", value_cache_scales)
+    check_cache_scales("key_cache", key_cache, "key_cache_scales", key_cache_scales)
+    check_cache_scales("value_cache", value_cache, "value_cache_scales", value_cache_scales)
     check_tables("block_tables", block_tables, num_seqs)
     check_mask_value(mask_value)
     for name, value in (("max_context_len", max_context_len), ("pages_per_compute_block", pages_per_compute_block)):
@@ -283,6 +324,8 @@ def page_attention(
         max_context_len=max_context_len,
         num_splits=num_splits,
     )
+    if key_cache_scales is not None:
+        options.update(key_cache_scales=key_cache_scales, value_cache_scales=value_cache_scales)
     last_positions_window(sliding_window)
     check_sequence_values(
         page_tables=block_tables,

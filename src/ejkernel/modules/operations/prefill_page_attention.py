@@ -3,13 +3,15 @@
 import dataclasses
 
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.paged_attention.arguments import (
     DEFAULT_MASK_VALUE,
+    check_cache_dtypes,
+    check_cache_scales,
     check_heads,
     check_mask_value,
-    check_same_dtype,
+    check_scale_pair,
     check_sequence_values,
     check_shape,
     check_soft_cap,
@@ -47,8 +49,10 @@ class PrefillPageAttention(PagedAttentionKernel):
 @typechecked
 def prefill_page_attention(
     query: Float[Array, "chunk num_heads head_dim"],
-    key_cache: Float[Array, "num_kv_heads num_pages page_size head_dim"],
-    value_cache: Float[Array, "num_kv_heads num_pages page_size head_dim"],
+    key_cache: Float[Array, "num_kv_heads num_pages page_size head_dim"]
+    | Int8[Array, "num_kv_heads num_pages page_size head_dim"],
+    value_cache: Float[Array, "num_kv_heads num_pages page_size head_dim"]
+    | Int8[Array, "num_kv_heads num_pages page_size head_dim"],
     context_len: Int[Array, " 1"],
     page_indices: Int[Array, " pages_per_seq"],
     /,
@@ -57,6 +61,8 @@ def prefill_page_attention(
     mask_value: float = DEFAULT_MASK_VALUE,
     attn_logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    key_cache_scales: Float32[Array, "num_kv_heads num_pages page_size"] | None = None,
+    value_cache_scales: Float32[Array, "num_kv_heads num_pages page_size"] | None = None,
     platform: str | None = None,
     cfg: PrefillPageAttentionConfig | None = None,
 ) -> Float[Array, "chunk num_heads head_dim"]:
@@ -71,6 +77,11 @@ def prefill_page_attention(
     unlike `page_attention` (`[num_pages, num_kv_heads, page_size, head_dim]`) and `unified_attention`
     (`[num_pages, page_size, num_kv_heads, head_dim]`).
 
+    Quantised caches: float8 caches (e4m3fn, e5m2) are read as stored and converted to `query`'s dtype in the
+    kernel; with `key_cache_scales` and `value_cache_scales` (float32, a cache's shape without its head dim)
+    each cached row is `code * scale`, applied in the kernel (the logits' key columns, the probabilities
+    before `p @ v`), never as a dequantised copy. int8 caches need the scales.
+
     Index values: outside `jit`, a `context_len` outside `[chunk, pages_per_seq * page_size]` or a
     `page_indices` entry it reaches outside `[0, num_pages)` raises a ValueError naming it. Under `jit` they are
     checked only with `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise
@@ -80,9 +91,9 @@ def prefill_page_attention(
 
     Args:
         query: `[chunk, num_heads, head_dim]` float. The chunk's queries, the context's last `chunk` positions.
-        key_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `query`'s dtype. The key pages;
-            `num_heads` must be a multiple of `num_kv_heads`.
-        value_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `query`'s dtype. The value pages.
+        key_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `query`'s dtype or quantised (above). The key
+            pages; `num_heads` must be a multiple of `num_kv_heads`.
+        value_cache: `[num_kv_heads, num_pages, page_size, head_dim]`, `key_cache`'s dtype. The value pages.
         context_len: `[1]` int. The sequence's number of keys, the chunk included.
         page_indices: `[pages_per_seq]` int. The sequence's pages in order; entries past
             `ceil(context_len / page_size)` are not read.
@@ -92,6 +103,10 @@ def prefill_page_attention(
             `c * tanh(s / c)`.
         sliding_window: `int | None`, default None. A positive `w` keeps the last `w` positions up to the
             query's own.
+        key_cache_scales: `[num_kv_heads, num_pages, page_size]` float32 or None, default None (keyword only, beyond
+            upstream's surface). Per-token-head scales of a quantised `key_cache` (above); required for int8.
+        value_cache_scales: `[num_kv_heads, num_pages, page_size]` float32 or None, default None. The same for
+            `value_cache`; given with `key_cache_scales`.
         platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
             "xla" or "triton" (GPU) asks for that one.
         cfg: `PrefillPageAttentionConfig | None`, default None (chosen by the executor). The tiling; it never
@@ -102,9 +117,11 @@ def prefill_page_attention(
 
     Raises:
         TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `query` and the caches of different dtypes, an option of the wrong type, or `cfg`
+            naming it), caches of different dtypes (or unquantised ones of another than `query`'s), an int8
+            cache without scales, scales with a 16/32-bit cache or not float32, an option of the wrong type, or `cfg`
             not a `PrefillPageAttentionConfig`.
-        ValueError: `num_heads` not a multiple of `num_kv_heads`; `softmax_scale` not finite;
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; cache scales not of their cache's shape without
+            its head dim, or only one of them; `softmax_scale` not finite;
             `attn_logits_soft_cap` not positive; `mask_value` above -1e4; `sliding_window` below 1; a
             `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
             outside `jit`, a bad index value.
@@ -123,7 +140,10 @@ def prefill_page_attention(
     chunk, num_heads, head_dim = query.shape
     num_kv_heads, num_pages, page_size, _ = key_cache.shape
     check_heads(num_heads, num_kv_heads)
-    check_same_dtype("query, key_cache and value_cache", query, key_cache, value_cache)
+    check_cache_dtypes("query", query, "key_cache and value_cache", key_cache, value_cache)
+    check_scale_pair("key_cache_scales", key_cache_scales, "value_cache_scales", value_cache_scales)
+    check_cache_scales("key_cache", key_cache, "key_cache_scales", key_cache_scales)
+    check_cache_scales("value_cache", value_cache, "value_cache_scales", value_cache_scales)
     check_shape("value_cache", value_cache, key_cache.shape, "[kv_heads, pages, page_size, head_dim]")
     check_mask_value(mask_value)
     options = dict(
@@ -131,6 +151,8 @@ def prefill_page_attention(
         attn_logits_soft_cap=check_soft_cap(attn_logits_soft_cap, "attn_logits_soft_cap"),
         sliding_window=sliding_window,
     )
+    if key_cache_scales is not None:
+        options.update(key_cache_scales=key_cache_scales, value_cache_scales=value_cache_scales)
     last_positions_window(sliding_window)
     check_sequence_values(
         page_tables=page_indices,

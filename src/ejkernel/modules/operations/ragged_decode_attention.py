@@ -1,16 +1,18 @@
 """`ragged_decode_attention`: one query per batch row over that row's keys `[start, end)` of dense K/V."""
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.paged_attention.arguments import (
+    check_cache_dtypes,
+    check_cache_scales,
     check_heads,
-    check_same_dtype,
+    check_scale_pair,
     check_sequence_values,
     check_shape,
     check_sinks,
@@ -39,6 +41,7 @@ class RaggedDecodeAttention(PagedAttentionKernel):
     """`ragged_decode_attention` as the executor runs it (config `RaggedDecodeAttentionConfig`)."""
 
     op_id = "ragged_decode_attention"
+    scale_slots: ClassVar[dict[str, int]] = {"key_cache_scales": 1, "value_cache_scales": 2}
     config_type = RaggedDecodeAttentionConfig
 
     def axis_roles(self, args, kwargs):
@@ -50,6 +53,7 @@ class RaggedDecodeAttention(PagedAttentionKernel):
         inputs[4] = ("sequence_end", ("batch",))
         if sinks is not None:
             inputs[5] = ("softmax_aux", sink_roles(sinks, query.shape[-2]))
+        inputs = self.with_scale_roles(inputs, kwargs)
         return inputs, (*rows[:-1], None)
 
     def busy_integers(self, args):
@@ -60,8 +64,8 @@ class RaggedDecodeAttention(PagedAttentionKernel):
 @typechecked
 def ragged_decode_attention(
     query: Float[Array, "batch num_heads head_dim"] | Float[Array, "batch 1 num_heads head_dim"],
-    key: Float[Array, "batch seq num_kv_heads head_dim"],
-    value: Float[Array, "batch seq num_kv_heads head_dim"],
+    key: Float[Array, "batch seq num_kv_heads head_dim"] | Int8[Array, "batch seq num_kv_heads head_dim"],
+    value: Float[Array, "batch seq num_kv_heads head_dim"] | Int8[Array, "batch seq num_kv_heads head_dim"],
     sequence_start: Int[Array, " batch"],
     sequence_end: Int[Array, " batch"],
     softmax_aux: Float[Array, " sinks"] | None = None,
@@ -70,6 +74,8 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    key_cache_scales: Float32[Array, "batch seq num_kv_heads"] | None = None,
+    value_cache_scales: Float32[Array, "batch seq num_kv_heads"] | None = None,
     platform: str | None = None,
     cfg: RaggedDecodeAttentionConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -88,6 +94,11 @@ def ragged_decode_attention(
     Layout: not paged. `key` and `value` are dense `[batch, seq, num_kv_heads, head_dim]` arrays, one row per
     sequence, where the paged ops read their keys through page tables.
 
+    Quantised caches: float8 caches (e4m3fn, e5m2) are read as stored and converted to `query`'s dtype in the
+    kernel; with `key_cache_scales` and `value_cache_scales` (float32, a cache's shape without its head dim)
+    each cached row is `code * scale`, applied in the kernel (the logits' key columns, the probabilities
+    before `p @ v`), never as a dequantised copy. int8 caches need the scales.
+
     Bounds: outside `jit`, a `sequence_end` outside `[0, seq]` or a `sequence_start` outside
     `[0, sequence_end]` raises a ValueError naming it. Under `jit` they are checked only with
     `EJKERNEL_CHECKS=1` (a bad one then stops the program with that message); otherwise `sequence_end` is
@@ -101,9 +112,9 @@ def ragged_decode_attention(
     Args:
         query: `[batch, num_heads, head_dim]` or `[batch, 1, num_heads, head_dim]` float. Each row's query; the
             output has its rank.
-        key: `[batch, seq, num_kv_heads, head_dim]`, `query`'s dtype. The keys; `num_heads` must be a multiple
-            of `num_kv_heads`.
-        value: `[batch, seq, num_kv_heads, head_dim]`, `query`'s dtype. The values.
+        key: `[batch, seq, num_kv_heads, head_dim]`, `query`'s dtype or quantised (above). The keys; `num_heads` must be
+            a multiple of `num_kv_heads`.
+        value: `[batch, seq, num_kv_heads, head_dim]`, `key`'s dtype. The values.
         sequence_start: `[batch]` int. Each row's first valid key.
         sequence_end: `[batch]` int. The end (exclusive) of each row's valid keys.
         softmax_aux: `[sinks]` float or None, default None (positional only, as every tensor). Sink logits,
@@ -114,6 +125,10 @@ def ragged_decode_attention(
             (above).
         logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
             `c * tanh(s / c)`.
+        key_cache_scales: `[batch, seq, num_kv_heads]` float32 or None, default None (keyword only, beyond upstream's
+            surface). Per-token-head scales of a quantised `key` (above); required for int8.
+        value_cache_scales: `[batch, seq, num_kv_heads]` float32 or None, default None. The same for `value`; given
+            with `key_cache_scales`.
         platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
             "xla" or "triton" (GPU) asks for that one.
         cfg: `RaggedDecodeAttentionConfig | None`, default None (chosen by the executor). The tiling; it never
@@ -128,10 +143,12 @@ def ragged_decode_attention(
         in its dtype: each row's attention output.
 
     Raises:
-        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `query`, `key` and `value` of different dtypes, an option of the wrong type, or `cfg`
-            not a `RaggedDecodeAttentionConfig`.
-        ValueError: `num_heads` not a multiple of `num_kv_heads`; an empty `softmax_aux`; `softmax_scale` not
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line naming it),
+            `key` and `value` of different dtypes (or unquantised ones of another than `query`'s), an int8 `key` without
+            scales, scales with a 16/32-bit cache or not float32, an option of the wrong type, or `cfg` not a
+            `RaggedDecodeAttentionConfig`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; cache scales not of their cache's shape without
+            its head dim, or only one of them; an empty `softmax_aux`; `softmax_scale` not
             finite; `logits_soft_cap` not positive; `sliding_window` neither a positive int nor a pair of
             ints >= 0; a `platform` not listed, contradicting `cfg.platform` or with no implementation on this
             device; `mesh`, `in_specs`, `out_specs` not given together, or specs that split a sequence axis or
@@ -151,7 +168,10 @@ def ragged_decode_attention(
     batch, seq_len, num_kv_heads, head_dim = key.shape
     num_heads = query.shape[-2]
     check_heads(num_heads, num_kv_heads)
-    check_same_dtype("query, key and value", query, key, value)
+    check_cache_dtypes("query", query, "key and value", key, value)
+    check_scale_pair("key_cache_scales", key_cache_scales, "value_cache_scales", value_cache_scales)
+    check_cache_scales("key", key, "key_cache_scales", key_cache_scales)
+    check_cache_scales("value", value, "value_cache_scales", value_cache_scales)
     check_sinks("softmax_aux", softmax_aux, num_heads, per_head=False)
     check_shape("sequence_end", sequence_end, (batch,), "[batch]")
     options = dict(
@@ -159,6 +179,8 @@ def ragged_decode_attention(
         sliding_window=tuple(sliding_window) if isinstance(sliding_window, tuple | list) else sliding_window,
         logits_soft_cap=check_soft_cap(logits_soft_cap),
     )
+    if key_cache_scales is not None:
+        options.update(key_cache_scales=key_cache_scales, value_cache_scales=value_cache_scales)
     decode_window(sliding_window)
     check_sequence_values(
         page_tables=np.zeros((batch, 1), np.int32),

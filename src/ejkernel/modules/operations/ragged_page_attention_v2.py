@@ -1,13 +1,15 @@
 """`ragged_page_attention_v2`: packed ragged queries (prefill and decode mixed) over one interleaved K/V cache."""
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.paged_attention.arguments import (
+    check_cache_dtypes,
+    check_cache_scales,
     check_heads,
     check_mask_value,
     check_sequence_values,
@@ -43,6 +45,7 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
     """`ragged_page_attention_v2` as the executor runs it (config `RaggedPageAttentionV2Config`)."""
 
     op_id = "ragged_page_attention_v2"
+    scale_slots: ClassVar[dict[str, int]] = {"kv_cache_scales": 1}
     config_type = RaggedPageAttentionV2Config
 
     def axis_roles(self, args, kwargs):
@@ -54,7 +57,7 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
             inputs[i] = (name, ("tokens",))
         if sinks is not None:
             inputs[6] = ("softmax_aux", sink_roles(sinks, queries.shape[1]))
-        return inputs, ("tokens", "heads", None)
+        return self.with_scale_roles(inputs, kwargs), ("tokens", "heads", None)
 
     def busy_integers(self, args):
         queries, kv_pages, lengths, tables = args[:4]
@@ -68,7 +71,8 @@ class RaggedPageAttentionV2(PagedAttentionKernel):
 @typechecked
 def ragged_page_attention_v2(
     queries: Float[Array, "tokens num_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size combined_kv_heads head_dim"],
+    kv_pages: Float[Array, "num_pages page_size combined_kv_heads head_dim"]
+    | Int8[Array, "num_pages page_size combined_kv_heads head_dim"],
     context_lens: Int[Array, " num_seqs"],
     block_tables: Int[Array, "num_seqs pages_per_seq"],
     query_start_loc: Int[Array, " num_seqs_plus_1"],
@@ -83,6 +87,7 @@ def ragged_page_attention_v2(
     sliding_window: int | None = None,
     mask_value: float | None = None,
     vmem_limit_bytes: int | None = None,
+    kv_cache_scales: Float32[Array, "num_pages page_size combined_kv_heads"] | None = None,
     platform: str | None = None,
     cfg: RaggedPageAttentionV2Config | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -102,6 +107,11 @@ def ragged_page_attention_v2(
     K and V caches `[num_pages, page_size, num_kv_heads, head_dim]` instead, and `ragged_page_attention_v3`
     packs this interleaving into 32-bit words (5-D, head dim padded to 128).
 
+    Quantised caches: a float8 cache (e4m3fn, e5m2) is read as stored and converted to the compute dtype in
+    the kernel; with `kv_cache_scales` (float32 `[num_pages, page_size, 2 * num_kv_heads]`) each cached row is
+    `code * scale`, applied in the kernel (the logits' key columns, the probabilities before `p @ v`), never as
+    a dequantised copy. An int8 cache needs the scales.
+
     Index values: outside `jit`, a bad one raises a ValueError naming it: `num_seqs` outside `[0, max_seqs]`,
     `query_start_loc` not rising from 0 to at most `tokens`, a `context_lens` entry outside
     `[q_len, pages_per_seq * page_size]`, or a `block_tables` entry it reaches outside `[0, num_pages)` (only the
@@ -118,8 +128,8 @@ def ragged_page_attention_v2(
 
     Args:
         queries: `[tokens, num_heads, head_dim]` float. Every sequence's queries, packed back to back.
-        kv_pages: `[num_pages, page_size, 2 * num_kv_heads, head_dim]`, `queries`' dtype. The K/V cache
-            (above); `num_heads` must be a multiple of `num_kv_heads`.
+        kv_pages: `[num_pages, page_size, 2 * num_kv_heads, head_dim]`, `queries`' dtype or quantised. The K/V
+            cache (above); `num_heads` must be a multiple of `num_kv_heads`.
         context_lens: `[max_seqs]` int. Each sequence's number of keys, its queries included.
         block_tables: `[max_seqs, pages_per_seq]` int. Row `s` lists sequence `s`'s pages in order; entries
             past `ceil(context_lens[s] / page_size)` are not read.
@@ -133,6 +143,8 @@ def ragged_page_attention_v2(
             `c * tanh(s / c)`.
         compute_dtype: float dtype or None, default `jnp.bfloat16`. The matmul operands' dtype; None: the
             queries' dtype.
+        kv_cache_scales: `[num_pages, page_size, 2 * num_kv_heads]` float32 or None, default None (keyword only,
+            beyond upstream's surface). Per-token-head scales of a quantised `kv_pages` (above); required for int8.
         optimized: `bool`, default False. Upstream's TPU switch: ignored.
         sliding_window: `int | None`, default None. A positive `w` keeps keys `q - w + 1 <= k <= q`.
         mask_value: `float | None`, default None. None or any value `<= -1e4`: masked keys are excluded exactly
@@ -151,10 +163,12 @@ def ragged_page_attention_v2(
         jax.Array: `[tokens, num_heads, head_dim]` in `queries`' dtype, each query's attention output.
 
     Raises:
-        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `kv_pages` of another dtype than `queries`, a `compute_dtype` that is not a float
-            dtype, an option of the wrong type, or `cfg` not a `RaggedPageAttentionV2Config`.
-        ValueError: an odd combined-head axis; `num_heads` not a multiple of `num_kv_heads`;
+        TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line naming it), an
+            unquantised `kv_pages` of another dtype than `queries`, an int8 one without scales, scales with a 16/32-bit
+            cache or not float32, a `compute_dtype` that is not a float dtype, an option of the wrong type, or `cfg` not
+            a `RaggedPageAttentionV2Config`.
+        ValueError: an odd combined-head axis; `num_heads` not a multiple of `num_kv_heads`; `kv_cache_scales`
+            not `kv_pages`' shape without its head dim;
             `query_start_loc` not `[max_seqs + 1]`; an empty `softmax_aux`; `num_seqs` not one integer;
             `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1; `mask_value`
             above -1e4; a `platform` not listed, contradicting `cfg.platform` or with no implementation on
@@ -180,8 +194,8 @@ def ragged_page_attention_v2(
     if combined % 2:
         raise ValueError(f"kv_pages must interleave K and V on its third axis (2 * kv_heads), got {combined}")
     check_heads(num_heads, combined // 2)
-    if kv_pages.dtype != queries.dtype:
-        raise TypeError(f"queries and kv_pages must share a dtype, got {queries.dtype} and {kv_pages.dtype}")
+    check_cache_dtypes("queries", queries, "kv_pages", kv_pages)
+    check_cache_scales("kv_pages", kv_pages, "kv_cache_scales", kv_cache_scales)
     check_tables("block_tables", block_tables, max_seqs)
     check_shape("query_start_loc", query_start_loc, (max_seqs + 1,), "[num_seqs + 1]")
     check_sinks("softmax_aux", softmax_aux, num_heads, per_head=False)
@@ -197,6 +211,8 @@ def ragged_page_attention_v2(
         compute_dtype=None if compute_dtype is None else jnp.dtype(compute_dtype),
         sliding_window=sliding_window,
     )
+    if kv_cache_scales is not None:
+        options["kv_cache_scales"] = kv_cache_scales
     last_positions_window(sliding_window)
     check_sequence_values(
         page_tables=block_tables,

@@ -11,9 +11,10 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.paged_attention.arguments import (
+    check_cache_scales,
     check_distribution,
     check_heads,
     check_same_dtype,
@@ -58,11 +59,12 @@ class RaggedPageAttentionV3(PagedAttentionKernel):
     """`ragged_page_attention_v3` as the executor runs it (config `RaggedPageAttentionV3Config`)."""
 
     op_id = "ragged_page_attention_v3"
+    scale_slots: ClassVar[dict[str, int]] = {"kv_cache_scales": 3}
     config_type = RaggedPageAttentionV3Config
 
     def axis_roles(self, args, kwargs):
-        """Heads only: queries, new keys / values and the cache's K/V groups alike; tokens, pages and the
-        per-sequence tables never. The updated cache keeps the cache's layout."""
+        """Heads only: queries, new keys / values and the cache's K/V groups alike (its scales too); tokens, pages
+        and the per-sequence tables never. The updated cache (and scales) keep the input's layout."""
         queries, sinks = args[0], args[8]
         inputs = {0: ("queries", ("tokens", "heads", "dim")), 1: ("keys", ("tokens", "heads", "dim"))}
         inputs |= {2: ("values", ("tokens", "heads", "dim")), 3: ("kv_cache", ("pages", None, "heads", None, "dim"))}
@@ -70,7 +72,10 @@ class RaggedPageAttentionV3(PagedAttentionKernel):
             inputs[i] = (name, ("tokens",))
         if sinks is not None:
             inputs[8] = ("softmax_aux", sink_roles(sinks, queries.shape[1]))
-        return inputs, (("tokens", "heads", None), ("pages", None, "heads", None, None))
+        outputs = (("tokens", "heads", None), ("pages", None, "heads", None, None))
+        if kwargs.get("kv_cache_scales") is not None:
+            outputs += (("pages", None, "heads", None),)
+        return self.with_scale_roles(inputs, kwargs), outputs
 
     def busy_integers(self, args):
         queries, _, _, cache, lengths, tables = args[:6]
@@ -93,7 +98,8 @@ def ragged_page_attention_v3(
     queries: Float[Array, "tokens num_heads head_dim"],
     keys: Float[Array, "tokens num_kv_heads head_dim"],
     values: Float[Array, "tokens num_kv_heads head_dim"],
-    kv_cache: Float[Array, "num_pages page_size kv_groups packing padded_dim"],
+    kv_cache: Float[Array, "num_pages page_size kv_groups packing padded_dim"]
+    | Int8[Array, "num_pages page_size kv_groups packing padded_dim"],
     kv_lens: Int[Array, " max_seqs"],
     block_tables: Int[Array, " table_entries"],
     query_start_loc: Int[Array, " max_seqs_plus_1"],
@@ -108,12 +114,13 @@ def ragged_page_attention_v3(
     k_scale: float | None = None,
     v_scale: float | None = None,
     vmem_limit_bytes: int | None = None,
+    kv_cache_scales: Float32[Array, "num_pages page_size kv_groups packing"] | None = None,
     platform: str | None = None,
     cfg: RaggedPageAttentionV3Config | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> tuple[Float[Array, "tokens num_heads head_dim"], Float[Array, "num_pages page_size kv_groups packing padded_dim"]]:
+) -> tuple:
     """Ragged paged attention that first writes the new tokens' keys and values into a packed cache.
 
     Sequence `s < distribution[2]` owns the tokens `query_start_loc[s]:query_start_loc[s + 1]` (its queries and
@@ -130,6 +137,16 @@ def ragged_page_attention_v3(
     the queries are quantised as the cache (`q / q_scale` rounded to its dtype, saturating; the output keeps
     the queries' dtype) and the logits scaled back; `k_scale` scales the logits and `v_scale` the output
     (dequantised K and V).
+
+    Quantised caches: a float8 cache (e4m3fn, e5m2) is read as stored and converted in the kernel; without
+    scales the new keys and values come in its dtype and are written as they are. With `kv_cache_scales`
+    (float32, the cache's shape without its head dim: `[num_pages, page_size, kv_groups, packing]`, indexed
+    as the cache) each cached row is `code * scale`, applied in the kernel (the logits' key columns, the
+    probabilities before `p @ v`), never as a dequantised copy; the new keys and values (any float dtype)
+    are quantised as they are written, each token-head on its own: `scale = max|x| / M` over the head dim
+    (`M` = 448 for e4m3fn, 57344 for e5m2, 127 for int8; a zero row gets scale 1) and `code = x / scale`
+    cast (int8: rounded, clipped to [-127, 127]); the updated scales are returned as a third output. An
+    int8 cache needs the scales. `q_scale`, `k_scale` and `v_scale` multiply on top.
 
     Cache layout: one packed cache `[num_pages, page_size, ceil(2 * num_kv_heads / packing), packing, D128]`,
     `packing = 32 // bits(dtype)` (1 for float32, 2 for 16-bit, 4 for 8-bit dtypes) and `D128` the head dim
@@ -153,16 +170,16 @@ def ragged_page_attention_v3(
     Sharding: with `mesh`, `in_specs` and `out_specs` (all three or none) the call runs under `shard_map`.
     Only heads may be split: queries, new keys and values and the cache's group axis (axis 2) alike; never
     tokens, pages, head dims or the index arrays. `out_specs` is a pair, the output's spec and the cache's
-    (its layout), splitting the heads as the inputs do.
+    (its layout), splitting the heads as the inputs do; with `kv_cache_scales` a triple, the scales' last.
 
     Args:
         queries: `[tokens, num_heads, head_dim]` float, any float dtype (the output keeps it). Every
             sequence's queries, packed back to back.
-        keys: `[tokens, num_kv_heads, head_dim]`, `kv_cache`'s dtype. The new tokens' keys; `num_heads` must
-            be a multiple of `num_kv_heads`.
-        values: `[tokens, num_kv_heads, head_dim]`, `kv_cache`'s dtype. The new tokens' values.
-        kv_cache: `[num_pages, page_size, ceil(2 * num_kv_heads / packing), packing, D128]` float. The packed
-            K/V cache (above).
+        keys: `[tokens, num_kv_heads, head_dim]`, `kv_cache`'s dtype (with scales: any float dtype, quantised on
+            write). The new tokens' keys; `num_heads` must be a multiple of `num_kv_heads`.
+        values: `[tokens, num_kv_heads, head_dim]`, `keys`' dtype. The new tokens' values.
+        kv_cache: `[num_pages, page_size, ceil(2 * num_kv_heads / packing), packing, D128]` float, or int8 with
+            scales. The packed K/V cache (above).
         kv_lens: `[max_seqs]` int. Each sequence's length, its new tokens included.
         block_tables: `[max_seqs * W]` int, flat. Sequence `s`'s pages in order at `[s * W:(s + 1) * W]`;
             entries past `ceil(kv_lens[s] / page_size)` are not read.
@@ -180,6 +197,9 @@ def ragged_page_attention_v3(
         k_scale: `float | None`, default None. Positive, finite: multiplies the logits.
         v_scale: `float | None`, default None. Positive, finite: multiplies the output.
         vmem_limit_bytes: `int | None`, default None. Upstream's TPU memory limit: ignored.
+        kv_cache_scales: `[num_pages, page_size, kv_groups, packing]` float32 or None, default None (keyword
+            only, beyond upstream's surface). Per-token-head scales of a quantised `kv_cache` (above); required
+            for int8. Donated with the cache, it is updated in place.
         platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
             "xla", "triton" (GPU) or "pallas" (TPU) asks for that one.
         cfg: `RaggedPageAttentionV3Config | None`, default None (chosen by the executor). The tiling; it never
@@ -187,23 +207,26 @@ def ragged_page_attention_v3(
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
         in_specs: sequence of `PartitionSpec` or None, default None. One per tensor passed, or one per
             positional slot.
-        out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs.
+        out_specs: pair of `PartitionSpec` or None, default None. The output's and the cache's specs (and the
+            scales', with `kv_cache_scales`).
 
     Returns:
-        tuple: `(out, kv_cache)`. `out` is `[tokens, num_heads, head_dim]` in `queries`' dtype (rows of tokens
-        no processed sequence owns are 0); `kv_cache` the updated cache, of the input's shape and dtype.
+        tuple: `(out, kv_cache)`, or `(out, kv_cache, kv_cache_scales)` with scales. `out` is
+        `[tokens, num_heads, head_dim]` in `queries`' dtype (rows of tokens no processed sequence owns are 0);
+        `kv_cache` the updated cache, of the input's shape and dtype; `kv_cache_scales` the updated scales.
 
     Raises:
         TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `keys`, `values` and `kv_cache` of different dtypes, an option of the wrong type, or
-            `cfg` not a `RaggedPageAttentionV3Config`.
-        ValueError: `num_heads` not a multiple of `num_kv_heads`; `kv_cache` not the packed shape for
-            `keys`' heads, `head_dim` and its dtype; `query_start_loc` not `[max_seqs + 1]`;
-            `len(block_tables)` not a multiple of `max_seqs`; `q_scale`, `k_scale` or `v_scale` not positive
-            and finite; `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1;
-            a `platform` not listed, contradicting `cfg.platform` or with no implementation on this device;
-            `mesh`, `in_specs`, `out_specs` not given together, or specs that split anything but the heads;
-            outside `jit`, a bad index value.
+            naming it), `keys`, `values` and `kv_cache` of different dtypes (with scales: `keys` and `values`
+            of different or non-float dtypes), an int8 cache without scales, scales with a 16/32-bit cache or
+            not float32, an option of the wrong type, or `cfg` not a `RaggedPageAttentionV3Config`.
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; `kv_cache` not the packed shape for `keys`' heads,
+            `head_dim` and its dtype; `kv_cache_scales` not the cache's shape without its last axis; `query_start_loc`
+            not `[max_seqs + 1]`; `len(block_tables)` not a multiple of `max_seqs`; `q_scale`, `k_scale` or `v_scale`
+            not positive and finite; `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below
+            1; a `platform` not listed, contradicting `cfg.platform` or with no implementation on this device; `mesh`,
+            `in_specs`, `out_specs` not given together, or specs that split anything but the heads; outside `jit`, a bad
+            index value.
         jax.errors.JaxRuntimeError: under `jit` with `EJKERNEL_CHECKS=1`, a bad index value, when the program
             runs (the message is the ValueError's).
 
@@ -229,7 +252,11 @@ def ragged_page_attention_v3(
     num_pages, page_size = kv_cache.shape[:2]
     max_seqs = kv_lens.shape[0]
     check_heads(num_heads, num_kv_heads)
-    check_same_dtype("keys, values and kv_cache", keys, values, kv_cache)
+    if kv_cache_scales is None:
+        check_same_dtype("keys, values and kv_cache", keys, values, kv_cache)
+    else:
+        check_same_dtype("keys and values", keys, values)
+    check_cache_scales("kv_cache", kv_cache, "kv_cache_scales", kv_cache_scales)
     expected = v3_cache_shape(num_pages, page_size, num_kv_heads, head_dim, kv_cache.dtype)
     check_shape("kv_cache", kv_cache, expected, "[pages, page_size, ceil(2 Hkv / packing), packing, D_pad128]")
     check_shape("query_start_loc", query_start_loc, (max_seqs + 1,), "[max_seqs + 1]")
@@ -248,6 +275,8 @@ def ragged_page_attention_v3(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+    if kv_cache_scales is not None:
+        options["kv_cache_scales"] = kv_cache_scales
     last_positions_window(sliding_window)
     distribution_ok = check_distribution(distribution, query_start_loc, max_seqs, decode_counts=True)
     check_sequence_values(

@@ -4,12 +4,14 @@ import dataclasses
 from typing import Any, ClassVar
 
 import jax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.paged_attention.arguments import (
+    check_cache_dtypes,
+    check_cache_scales,
     check_heads,
-    check_same_dtype,
+    check_scale_pair,
     check_sequence_values,
     check_shape,
     check_sinks,
@@ -58,6 +60,7 @@ class UnifiedAttention(PagedAttentionKernel):
     """`unified_attention` as the executor runs it (config `UnifiedAttentionConfig`)."""
 
     op_id = "unified_attention"
+    scale_slots: ClassVar[dict[str, int]] = {"key_cache_scales": 1, "value_cache_scales": 2}
     config_type = UnifiedAttentionConfig
 
     def axis_roles(self, args, kwargs):
@@ -72,6 +75,7 @@ class UnifiedAttention(PagedAttentionKernel):
             7: ("qq_bias", ("tokens", "tokens")),
             8: ("softmax_aux", ("heads",)),
         }
+        inputs = self.with_scale_roles(inputs, kwargs)
         return inputs, ("tokens", "heads", None)
 
     def busy_integers(self, args):
@@ -85,8 +89,10 @@ class UnifiedAttention(PagedAttentionKernel):
 @typechecked
 def unified_attention(
     queries: Float[Array, "tokens num_heads head_dim"],
-    key_cache: Float[Array, "num_blocks block_size num_kv_heads head_dim"],
-    value_cache: Float[Array, "num_blocks block_size num_kv_heads head_dim"],
+    key_cache: Float[Array, "num_blocks block_size num_kv_heads head_dim"]
+    | Int8[Array, "num_blocks block_size num_kv_heads head_dim"],
+    value_cache: Float[Array, "num_blocks block_size num_kv_heads head_dim"]
+    | Int8[Array, "num_blocks block_size num_kv_heads head_dim"],
     kv_lens: Int[Array, " num_seqs"],
     block_tables: Int[Array, "num_seqs max_blocks"],
     query_start_loc: Int[Array, " num_seqs_plus_1"],
@@ -100,6 +106,8 @@ def unified_attention(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     seq_threshold_3d: int | None = None,
+    key_cache_scales: Float32[Array, "num_blocks block_size num_kv_heads"] | None = None,
+    value_cache_scales: Float32[Array, "num_blocks block_size num_kv_heads"] | None = None,
     platform: str | None = None,
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
@@ -123,6 +131,11 @@ def unified_attention(
     `[num_pages, num_kv_heads, page_size, head_dim]` and the ragged ops one interleaved K/V cache
     (`ragged_page_attention_v2` 4-D, `ragged_page_attention_v3` packed 5-D).
 
+    Quantised caches: float8 caches (e4m3fn, e5m2) are read as stored and converted to `queries`'s dtype in the
+    kernel; with `key_cache_scales` and `value_cache_scales` (float32, a cache's shape without its head dim)
+    each cached row is `code * scale`, applied in the kernel (the logits' key columns, the probabilities
+    before `p @ v`), never as a dequantised copy. int8 caches need the scales.
+
     Index values: outside `jit`, a bad one raises a ValueError naming it: `query_start_loc` not rising from 0
     to at most `tokens`, a `kv_lens` entry outside `[q_len, max_blocks * block_size]`, or a `block_tables`
     entry it reaches outside `[0, num_blocks)`. Under `jit` they are checked only with `EJKERNEL_CHECKS=1` (a
@@ -137,9 +150,9 @@ def unified_attention(
 
     Args:
         queries: `[tokens, num_heads, head_dim]` float. Every sequence's queries, packed back to back.
-        key_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `queries`' dtype. The key blocks;
-            `num_heads` must be a multiple of `num_kv_heads`.
-        value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `queries`' dtype. The value blocks.
+        key_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `queries`' dtype or quantised (above). The
+            key blocks; `num_heads` must be a multiple of `num_kv_heads`.
+        value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, `key_cache`'s dtype. The value blocks.
         kv_lens: `[num_seqs]` int. Each sequence's number of keys, its queries included.
         block_tables: `[num_seqs, max_blocks]` int. Row `s` lists sequence `s`'s blocks in order; entries past
             `ceil(kv_lens[s] / block_size)` are not read.
@@ -155,6 +168,10 @@ def unified_attention(
         logits_soft_cap: `float | None`, default None. A positive `c` caps the scaled logits as
             `c * tanh(s / c)`.
         seq_threshold_3d: `int | None`, default None. Upstream's GPU schedule threshold: ignored.
+        key_cache_scales: `[num_blocks, block_size, num_kv_heads]` float32 or None, default None (keyword only, beyond
+            upstream's surface). Per-token-head scales of a quantised `key_cache` (above); required for int8.
+        value_cache_scales: `[num_blocks, block_size, num_kv_heads]` float32 or None, default None. The same for
+            `value_cache`; given with `key_cache_scales`.
         platform: `str | None`, default None ("auto": Triton on a GPU where it serves the call, else XLA).
             "xla" or "triton" (GPU) asks for that one.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
@@ -169,9 +186,11 @@ def unified_attention(
 
     Raises:
         TypeError: an array of the wrong rank, kind (float or int) or size against the others (one line
-            naming it), `queries` and the caches of different dtypes, an option of the wrong type, or `cfg`
+            naming it), caches of different dtypes (or unquantised ones of another than `queries`'), an int8
+            cache without scales, scales with a 16/32-bit cache or not float32, an option of the wrong type, or `cfg`
             not a `UnifiedAttentionConfig`.
-        ValueError: `num_heads` not a multiple of `num_kv_heads`; `query_start_loc` not `[num_seqs + 1]`;
+        ValueError: `num_heads` not a multiple of `num_kv_heads`; cache scales not of their cache's shape without
+            its head dim, or only one of them; `query_start_loc` not `[num_seqs + 1]`;
             `softmax_scale` not finite; `logits_soft_cap` not positive; `sliding_window` below 1; a `platform`
             not listed, contradicting `cfg.platform` or with no implementation on this device; `mesh`,
             `in_specs`, `out_specs` not given together, or specs that split anything but the heads; outside
@@ -194,7 +213,10 @@ def unified_attention(
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = kv_lens.shape[0]
     check_heads(num_heads, num_kv_heads)
-    check_same_dtype("queries, key_cache and value_cache", queries, key_cache, value_cache)
+    check_cache_dtypes("queries", queries, "key_cache and value_cache", key_cache, value_cache)
+    check_scale_pair("key_cache_scales", key_cache_scales, "value_cache_scales", value_cache_scales)
+    check_cache_scales("key_cache", key_cache, "key_cache_scales", key_cache_scales)
+    check_cache_scales("value_cache", value_cache, "value_cache_scales", value_cache_scales)
     check_shape("value_cache", value_cache, key_cache.shape, "[blocks, block_size, kv_heads, head_dim]")
     check_tables("block_tables", block_tables, num_seqs)
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,), "[num_seqs + 1]")
@@ -208,6 +230,8 @@ def unified_attention(
         sliding_window=sliding_window,
         logits_soft_cap=check_soft_cap(logits_soft_cap),
     )
+    if key_cache_scales is not None:
+        options.update(key_cache_scales=key_cache_scales, value_cache_scales=value_cache_scales)
     last_positions_window(sliding_window)
     check_sequence_values(
         page_tables=block_tables,

@@ -10,6 +10,10 @@ Every index value gets one meaning here, in every core (the adapters clamp, the 
 - a position whose page-table entry is not a page of the cache holds no key (masked, it adds
   nothing), and a new token is not written there (`kv_cache.new_token_rows`).
 
+A quantised cache (float8 or int8) may come with per-token-head scales: an array of the cache's shape without
+its head-dim axis, flattened here to `[rows]` beside the rows view (`key_scales`, `value_scales`), so every
+core addresses a row's scale as it addresses the row.
+
 Options that only steer a schedule (split counts, TPU hints) or ask for the exact masking these ops
 always do (`mask_value`) are accepted and dropped here; the cores read their tiling from `cfg`.
 """
@@ -42,10 +46,15 @@ def _rows_view(cache) -> jax.Array:
     return cache.reshape(-1, cache.shape[-1])
 
 
+def _scales_view(scales) -> jax.Array | None:
+    """Per-token-head scales (a cache's shape without its head dim) as `[rows]` float32, or None."""
+    return None if scales is None else scales.reshape(-1).astype(jnp.float32)
+
+
 def page_attention_batch(
     query, key_cache, value_cache, context_lens, block_tables, /, *, attn_scale=None, max_context_len=None,
     num_splits=0, mask_value=DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, pages_per_compute_block=None,
-    megacore_mode=None, inline_seq_dim=True, sliding_window=None,
+    megacore_mode=None, inline_seq_dim=True, sliding_window=None, key_cache_scales=None, value_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`page_attention`: one query per sequence (decode), caches `[blocks, Hkv, block_size, D]`."""
     del mask_value, pages_per_compute_block, megacore_mode, inline_seq_dim
@@ -61,6 +70,8 @@ def page_attention_batch(
         query_start=jnp.arange(num_seqs, dtype=jnp.int32),
         query_len=jnp.ones((num_seqs,), jnp.int32),
         kv_len=clamp_lengths(context_lens, capacity),
+        key_scales=_scales_view(key_cache_scales),
+        value_scales=_scales_view(value_cache_scales),
         static=PagedStatic(
             rows=CacheRows(block_size, num_blocks, num_kv_heads * block_size, 1, block_size),
             num_kv_heads=num_kv_heads,
@@ -76,7 +87,8 @@ def page_attention_batch(
 
 def prefill_batch(
     query, key_cache, value_cache, context_len, page_indices, /, *, softmax_scale=None,
-    mask_value=DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, sliding_window=None,
+    mask_value=DEFAULT_MASK_VALUE, attn_logits_soft_cap=None, sliding_window=None, key_cache_scales=None,
+    value_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`prefill_page_attention`: the last `chunk` positions of one sequence; caches `[Hkv, pages, page_size, D]`."""
     del mask_value
@@ -90,6 +102,8 @@ def prefill_batch(
         query_start=jnp.zeros((1,), jnp.int32),
         query_len=jnp.full((1,), chunk, jnp.int32),
         kv_len=clamp_lengths(context_len.reshape(1), page_indices.shape[0] * page_size),
+        key_scales=_scales_view(key_cache_scales),
+        value_scales=_scales_view(value_cache_scales),
         static=PagedStatic(
             rows=CacheRows(page_size, num_pages, page_size, 1, num_pages * page_size),
             num_kv_heads=num_kv_heads,
@@ -127,13 +141,13 @@ def _interleaved_rows(num_pages: int, page_size: int, combined_heads: int) -> Ca
 def ragged_v2_batch(
     queries, kv_pages, context_lens, block_tables, query_start_loc, num_seqs, softmax_aux=None, /, *,
     softmax_scale=None, logits_soft_cap=None, compute_dtype=jnp.bfloat16, optimized=False, sliding_window=None,
-    mask_value=None, vmem_limit_bytes=None,
+    mask_value=None, vmem_limit_bytes=None, kv_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`ragged_page_attention_v2`: packed queries, one cache `[pages, page_size, 2 Hkv, D]` (K even, V odd)."""
     del optimized, mask_value, vmem_limit_bytes
     _, num_heads, head_dim = queries.shape
     num_pages, page_size, combined_heads, _ = kv_pages.shape
-    view = _rows_view(kv_pages)
+    view, scales = _rows_view(kv_pages), _scales_view(kv_cache_scales)
     query_start, query_len = ragged_queries(query_start_loc, num_seqs, context_lens.shape[0], queries.shape[0])
     return PagedBatch(
         queries=queries,
@@ -144,6 +158,8 @@ def ragged_v2_batch(
         query_len=query_len,
         kv_len=clamp_lengths(context_lens, block_tables.shape[1] * page_size),
         sinks=fold_sinks(softmax_aux, num_heads),
+        key_scales=scales,
+        value_scales=scales,
         static=PagedStatic(
             rows=_interleaved_rows(num_pages, page_size, combined_heads),
             num_kv_heads=combined_heads // 2,
@@ -171,13 +187,15 @@ def quantized_logits(queries, scale: float, q_scale, k_scale, kv_cache):
 def ragged_v3_batch(
     queries, keys, values, kv_cache, kv_lens, block_tables, query_start_loc, distribution, softmax_aux=None, /, *,
     softmax_scale=1.0, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
-    vmem_limit_bytes=None,
+    vmem_limit_bytes=None, kv_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`ragged_page_attention_v3`: writes the new keys/values into the packed cache, then reads it as K/V rows.
 
     The updated cache is the batch's `key_rows` (reshaped back by the implementations). With `q_scale`
     the queries are quantised like the cache (`quantize_queries`) and the logits scaled back;
-    `k_scale` scales the logits and `v_scale` the output (dequantised K and V).
+    `k_scale` scales the logits and `v_scale` the output (dequantised K and V). With `kv_cache_scales` the
+    new keys/values are quantised per token-head as they are written (`write_kv_cache`), and the updated
+    scales are the batch's `key_scales` (flat).
     """
     del vmem_limit_bytes
     _, num_heads, head_dim = queries.shape
@@ -186,8 +204,10 @@ def ragged_v3_batch(
     tables = block_tables.astype(jnp.int32).reshape(max_seqs, -1)
     kv_len = clamp_lengths(kv_lens, tables.shape[1] * page_size)
     query_start, query_len = ragged_queries(query_start_loc, distribution[2], max_seqs, queries.shape[0])
-    kv_cache = write_kv_cache(keys, values, kv_cache, tables, kv_len, query_start, query_len)
-    view = _rows_view(kv_cache)
+    kv_cache, kv_cache_scales = write_kv_cache(
+        keys, values, kv_cache, tables, kv_len, query_start, query_len, kv_cache_scales
+    )
+    view, scales = _rows_view(kv_cache), _scales_view(kv_cache_scales)
     queries, scale = quantized_logits(queries, resolve_scale(softmax_scale, head_dim), q_scale, k_scale, kv_cache)
     return PagedBatch(
         queries=queries,
@@ -198,6 +218,8 @@ def ragged_v3_batch(
         query_len=query_len,
         kv_len=kv_len,
         sinks=fold_sinks(softmax_aux, num_heads),
+        key_scales=scales,
+        value_scales=scales,
         static=PagedStatic(
             rows=_interleaved_rows(num_pages, page_size, groups * packing),
             num_kv_heads=keys.shape[1],
@@ -230,6 +252,7 @@ def latent_options(
 def latent_batch(
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
     /, *, softmax_scale, sliding_window=None, logits_soft_cap=None, q_scale=None, k_scale=None, v_scale=None,
+    kv_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`multi_latent_ragged_page_attention`: writes the new latent rows, then MQA over one shared latent head.
 
@@ -239,8 +262,9 @@ def latent_batch(
     its first `L` columns the value: the core's output keeps `L` of its columns. The cache
     `[pages, rows, packing, width]` viewed as `[pages * page_size, width]` holds position `i` of page `g` at
     row `g * page_size + i` (packing only folds the slot axis). The updated cache is the batch's `key_rows`.
-    Quantisation as `ragged_v3_batch`. Trusts its arguments: `keys_values [T, L]`, `keys_pe [T, R]`, 1-D
-    `block_tables`, a resolved float `softmax_scale`.
+    Quantisation as `ragged_v3_batch`; with `kv_cache_scales` (`[pages, rows, packing]`) each new row is quantised
+    as a whole and its scale serves key and value (`write_latents`). Trusts its arguments: `keys_values [T, L]`,
+    `keys_pe [T, R]`, 1-D `block_tables`, a resolved float `softmax_scale`.
     """
     num_tokens, num_heads, latent = queries_nope.shape
     rope = queries_pe.shape[-1]
@@ -250,17 +274,19 @@ def latent_batch(
     tables = block_tables.astype(jnp.int32).reshape(num_seqs, -1)
     kv_len = clamp_lengths(kv_lens, tables.shape[1] * page_size)
     query_start, query_len = ragged_queries(query_start_loc, distribution[2], num_seqs, num_tokens)
-    kv_cache = write_latents(kv_cache, keys_values, keys_pe, kv_len, tables, query_start, query_len)
+    kv_cache, kv_cache_scales = write_latents(
+        kv_cache, keys_values, keys_pe, kv_len, tables, query_start, query_len, kv_cache_scales
+    )
 
     compute = jnp.promote_types(queries_nope.dtype, queries_pe.dtype)
-    if jnp.dtype(kv_cache.dtype).itemsize > 1:  # a float8 cache computes in the queries' dtype (JAX won't promote)
+    if jnp.dtype(kv_cache.dtype).itemsize > 1:  # an 8-bit cache computes in the queries' dtype (JAX won't promote)
         compute = jnp.promote_types(compute, kv_cache.dtype)
     rope_col = rope_column(latent)
     queries = jnp.zeros((num_tokens, num_heads, width), compute)
     queries = queries.at[..., :latent].set(queries_nope.astype(compute))
     queries = queries.at[..., rope_col : rope_col + rope].set(queries_pe.astype(compute))
     queries, scale = quantized_logits(queries, float(softmax_scale), q_scale, k_scale, kv_cache)
-    view = _rows_view(kv_cache)
+    view, scales = _rows_view(kv_cache), _scales_view(kv_cache_scales)
     return PagedBatch(
         queries=queries,
         key_rows=view,
@@ -269,6 +295,8 @@ def latent_batch(
         query_start=query_start,
         query_len=query_len,
         kv_len=kv_len,
+        key_scales=scales,
+        value_scales=scales,
         static=PagedStatic(
             rows=CacheRows(page_size, num_pages, page_size, 1, 1),
             num_kv_heads=1,
@@ -282,9 +310,18 @@ def latent_batch(
     )
 
 
+def written(out, batch: PagedBatch, cache):
+    """An op that writes its cache returns `(out, cache)`, or `(out, cache, scales)` where the cache has scales:
+    the updated ones of `batch` reshaped to the input cache's layout."""
+    updated = batch.key_rows.reshape(cache.shape)
+    if batch.key_scales is None:
+        return out, updated
+    return out, updated, batch.key_scales.reshape(cache.shape[:-1])
+
+
 def ragged_decode_batch(
     query, key, value, sequence_start, sequence_end, softmax_aux=None, /, *, softmax_scale=None,
-    sliding_window=None, logits_soft_cap=None,
+    sliding_window=None, logits_soft_cap=None, key_cache_scales=None, value_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`ragged_decode_attention`: dense `[B, S, Hkv, D]` K/V, each row a page of its own; keys `[start, end)`."""
     batch, seq_len, num_kv_heads, head_dim = key.shape
@@ -300,6 +337,8 @@ def ragged_decode_batch(
         kv_len=end,
         kv_start=jnp.clip(sequence_start.astype(jnp.int32), 0, end),
         sinks=fold_sinks(softmax_aux, query.shape[1]),
+        key_scales=_scales_view(key_cache_scales),
+        value_scales=_scales_view(value_cache_scales),
         static=PagedStatic(
             rows=CacheRows(seq_len, batch, seq_len * num_kv_heads, num_kv_heads, 1),
             num_kv_heads=num_kv_heads,
@@ -315,7 +354,7 @@ def ragged_decode_batch(
 def unified_batch(
     queries, key_cache, value_cache, kv_lens, block_tables, query_start_loc, alibi_slopes=None, qq_bias=None,
     softmax_aux=None, /, *, softmax_scale=None, causal=True, sliding_window=None, logits_soft_cap=None,
-    seq_threshold_3d=None,
+    seq_threshold_3d=None, key_cache_scales=None, value_cache_scales=None,
 ) -> PagedBatch:  # fmt: skip
     """`unified_attention`: packed queries, caches `[blocks, block_size, Hkv, D]`, ALiBi and query-query bias."""
     del seq_threshold_3d
@@ -333,6 +372,8 @@ def unified_batch(
         sinks=fold_sinks(softmax_aux, num_heads),
         alibi_slopes=alibi_slopes,
         qq_bias=qq_bias,
+        key_scales=_scales_view(key_cache_scales),
+        value_scales=_scales_view(value_cache_scales),
         static=PagedStatic(
             rows=CacheRows(block_size, num_blocks, block_size * num_kv_heads, num_kv_heads, 1),
             num_kv_heads=num_kv_heads,

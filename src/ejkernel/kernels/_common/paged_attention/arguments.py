@@ -37,6 +37,40 @@ def check_same_dtype(names: str, *xs) -> None:
         raise TypeError(f"{names} must share a dtype, got {', '.join(str(x.dtype) for x in xs)}")
 
 
+QUANTIZED_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2), jnp.dtype(jnp.int8))
+"""Cache dtypes that may carry per-token-head scales (int8 only with them)."""
+
+
+def check_cache_dtypes(query_name: str, query, cache_names: str, *caches) -> None:
+    """The caches share a dtype, and the query's unless they are quantised (read as stored, converted in the
+    query's dtype)."""
+    if jnp.dtype(caches[0].dtype) in QUANTIZED_CACHES:
+        check_same_dtype(cache_names, *caches)
+    else:
+        check_same_dtype(f"{query_name}{', ' if len(caches) > 1 else ' and '}{cache_names}", query, *caches)
+
+
+def check_cache_scales(cache_name: str, cache, scales_name: str, scales) -> None:
+    """Per-token-head scales of a quantised cache: float32 of the cache's shape without its last axis. An int8
+    cache needs them; a 16/32-bit cache refuses them."""
+    dtype = jnp.dtype(cache.dtype)
+    if scales is None:
+        if jnp.issubdtype(dtype, jnp.integer):
+            raise TypeError(f"{cache_name} is {dtype}: pass {scales_name} (its per-token-head scales)")
+        return
+    if dtype not in QUANTIZED_CACHES:
+        raise TypeError(f"{scales_name} is for float8/int8 caches, {cache_name} is {dtype}")
+    if jnp.dtype(scales.dtype) != jnp.float32:
+        raise TypeError(f"{scales_name} must be float32, got {scales.dtype}")
+    check_shape(scales_name, scales, tuple(cache.shape[:-1]), f"{cache_name}'s shape without its last axis")
+
+
+def check_scale_pair(key_name: str, key_scales, value_name: str, value_scales) -> None:
+    """Separate K and V caches take their scales together."""
+    if (key_scales is None) != (value_scales is None):
+        raise ValueError(f"{key_name} and {value_name} go together, got only one of them")
+
+
 def resolve_scale(scale, head_dim: int, name: str = "softmax_scale") -> float:
     if scale is None:
         return head_dim**-0.5

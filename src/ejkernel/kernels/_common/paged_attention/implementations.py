@@ -16,6 +16,7 @@ from ejkernel.kernels._common.paged_attention.adapters import (
     ragged_v2_batch,
     ragged_v3_batch,
     unified_batch,
+    written,
 )
 
 
@@ -24,7 +25,7 @@ def _same(out, batch, args):
 
 
 def _with_cache(out, batch, args):
-    return out, batch.key_rows.reshape(args[3].shape)
+    return written(out, batch, args[3])
 
 
 def _query_rank(out, batch, args):
@@ -41,20 +42,24 @@ ADAPTERS = {
 }
 """Algorithm -> (adapter to a PagedBatch, what makes the op's result of the core's `[T, Hq, D]` output)."""
 
+ARRAY_OPTIONS = frozenset({"kv_cache_scales", "key_cache_scales", "value_cache_scales"})
+"""Keyword options that are arrays (traced, not static): a quantised cache's per-token-head scales."""
+
 
 def implementation(algorithm: str, core, name: str):
     """Op `algorithm` as platform `core(batch, cfg) -> [T, Hq, D]` serves it, called as users call the op.
 
-    The result takes the adapter's signature (tensors positional, options keyword with the public
-    function's defaults) plus `cfg=None` (the implementation's own tiling), and is jitted with the
-    options static, so an eager call compiles once. It trusts its arguments: the public functions in
-    `ejkernel.modules` check them.
+    The result takes the adapter's signature (tensors positional, options keyword with the public function's defaults)
+    plus `cfg=None` (the implementation's own tiling), and is jitted with the options static (the cache scales, keywords
+    too, traced), so an eager call compiles once. It trusts its arguments: the public functions in `ejkernel.modules`
+    check them.
     """
     adapter, finish = ADAPTERS[algorithm]
     signature = inspect.signature(adapter)
-    options = [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    static = [name for name in keywords if name not in ARRAY_OPTIONS]
 
-    @functools.partial(jax.jit, static_argnames=[*options, "cfg"])
+    @functools.partial(jax.jit, static_argnames=[*static, "cfg"])
     def run(*args, cfg=None, **options):
         batch = adapter(*args, **options)
         return finish(core(batch, cfg), batch, args)

@@ -8,6 +8,9 @@ position), so no call reads more than the pages its sequences own, and never a w
 whole page table per sequence. The walk is a static loop over the longest span a tile can have; a
 step in which every tile is done is skipped by a `cond`, so short contexts cost what they use.
 Positions whose page-table entry is not a page of the cache are read clamped and masked (`page_in_cache`).
+A quantised cache with per-row scales is read as stored: each step gathers its rows' scales beside them,
+multiplies the logits' key columns by the key scales and the probabilities by the value scales before
+`p @ v` (no dequantised copy of the cache).
 
 Plain JAX end to end, so every gradient (queries, caches, sinks, biases) comes from autodiff. It serves
 the XLA platform, and the kernels of the other platforms take their backward from it (and the calls with
@@ -117,12 +120,22 @@ def paged_attention_core(batch: PagedBatch, cfg=None, with_lse: bool = False):
         out = _gather(rows_array, base[..., None] + head_rows + offset)
         return out[..., : st.head_dim].astype(compute)
 
+    def read_scales(scales, offset, base):
+        """The per-row scales of `lookup`'s positions, against logits `[R, Hkv, G, Bq, L]`; None without scales."""
+        if scales is None:
+            return None
+        return _gather(scales, base[..., None] + head_rows + offset).swapaxes(1, 2)[:, :, None, None, :]
+
     def step(i, carry):
         pos = (first_chunk + i)[:, None] * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [R, L]
         base, key_ok = lookup(pos)
         k = read(batch.key_rows, rows_of.key_offset, base)
         v = read(batch.value_rows, rows_of.value_offset, base)
+        k_scales = read_scales(batch.key_scales, rows_of.key_offset, base)
+        v_scales = read_scales(batch.value_scales, rows_of.value_offset, base)
         s = jnp.einsum("rqhgd,rkhd->rhgqk", q, k, preferred_element_type=jnp.float32) * st.softmax_scale
+        if k_scales is not None:
+            s = s * k_scales
         k_pos = pos[:, None, None, None, :]
         bias = tile_bias(
             st,
@@ -134,7 +147,11 @@ def paged_attention_core(batch: PagedBatch, cfg=None, with_lse: bool = False):
         )
         edge = lambda x: x[:, None, None, None, None]
         s = adjust_logits(s, q_pos, k_pos, edge(lo), edge(hi), st, bias, key_ok[:, None, None, None, :])
-        matmul = lambda p, v: jnp.einsum("rhgqk,rkhd->rhgqd", p.astype(compute), v, preferred_element_type=jnp.float32)
+
+        def matmul(p, v):
+            p = p if v_scales is None else p * v_scales
+            return jnp.einsum("rhgqk,rkhd->rhgqd", p.astype(compute), v, preferred_element_type=jnp.float32)
+
         return online_softmax_step(carry, s, v, matmul)
 
     shape = (num_tiles, num_kv_heads, group, block_q)

@@ -1,7 +1,8 @@
 """The caches the serving ops write: `ragged_page_attention_v3`'s packed layout, MLA's packed latent rows, where
 new tokens go, the writes.
 
-Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it.
+Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it, and the
+per-token-head quantiser of new rows (`quantize_rows`) for caches that carry scales.
 """
 
 from __future__ import annotations
@@ -48,22 +49,31 @@ def new_token_rows(tables, kv_lens, query_start, query_len, num_tokens: int, pag
     return rows.at[order].set(jnp.where(overwritten, dropped, ranked), unique_indices=True)
 
 
-def write_kv_cache(keys, values, kv_cache, tables, kv_lens, query_start, query_len) -> jax.Array:
-    """The cache of `ragged_page_attention_v3` with each sequence's new keys/values written in.
+def write_kv_cache(keys, values, kv_cache, tables, kv_lens, query_start, query_len, scales=None):
+    """`(cache, scales)`: the cache of `ragged_page_attention_v3` with each sequence's new keys/values written in.
 
     Token `j` of sequence `s` goes to its row of `new_token_rows` (`tables [N, W]`, clamped `kv_lens`,
     the sequences' queries); kv head `h` fills combined head `2h` (key) and `2h + 1` (value), the head
-    dim zero-padded. A scatter of the new rows only, so under `jit` with the cache donated the update
-    happens in place.
+    dim zero-padded. With `scales` (`[pages, page_size, groups, packing]` float32) each new token-head is
+    quantised (`quantize_rows`) and its scale written beside it (padded heads get scale 1); without, the
+    rows are cast and `scales` stays None. A scatter of the new rows only, so under `jit` with the cache
+    (and scales) donated the update happens in place.
     """
     num_tokens, num_kv_heads, head_dim = keys.shape
     num_pages, page_size, groups, packing, width = kv_cache.shape
     flat_slot = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
     new = jnp.stack([keys, values], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim)
-    new = jnp.pad(new, ((0, 0), (0, groups * packing - 2 * num_kv_heads), (0, width - head_dim)))
+    heads = groups * packing - 2 * num_kv_heads
+    if scales is not None:
+        new, new_scales = quantize_rows(new, kv_cache.dtype)
+        new_scales = jnp.pad(new_scales, ((0, 0), (0, heads)), constant_values=1.0)
+        flat_scales = scales.reshape(num_pages * page_size, groups * packing)
+        flat_scales = flat_scales.at[flat_slot].set(new_scales, mode="drop", unique_indices=True)
+        scales = flat_scales.reshape(scales.shape)
+    new = jnp.pad(new.astype(kv_cache.dtype), ((0, 0), (0, heads), (0, width - head_dim)))
     flat = kv_cache.reshape(num_pages * page_size, groups * packing, width)
-    flat = flat.at[flat_slot].set(new.astype(kv_cache.dtype), mode="drop", unique_indices=True)
-    return flat.reshape(kv_cache.shape)
+    flat = flat.at[flat_slot].set(new, mode="drop", unique_indices=True)
+    return flat.reshape(kv_cache.shape), scales
 
 
 def rope_column(latent: int) -> int:
@@ -71,27 +81,64 @@ def rope_column(latent: int) -> int:
     return -(-latent // 128) * 128
 
 
-def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, query_len) -> jax.Array:
-    """The MLA cache `[pages, rows, packing, width]` with each new token's row `[c, 0..., r, 0...]` written in.
+def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, query_len, scales=None):
+    """`(cache, scales)`: the MLA cache `[pages, rows, packing, width]` with each new token's row `[c, 0..., r, 0...]`
+    written in.
 
     Token `j` of sequence `s` goes to its row of `new_token_rows` (`tables [N, W]`, clamped `kv_lens`, the
-    sequences' queries), cast to the cache dtype. A scatter of the new rows only (in place under donation).
+    sequences' queries), cast to the cache dtype; with `scales` (`[pages, rows, packing]` float32) the row is
+    quantised as a whole (`quantize_rows`) and its scale written beside it. A scatter of the new rows only (in
+    place under donation).
     """
     num_pages, rows, packing, width = kv_cache.shape
     page_size = rows * packing
     num_tokens, latent = keys_values.shape
     row = new_token_rows(tables, kv_lens, query_start, query_len, num_tokens, page_size, num_pages)
     rope_col = rope_column(latent)
-    new = jnp.zeros((num_tokens, width), kv_cache.dtype)
-    new = new.at[:, :latent].set(keys_values.astype(kv_cache.dtype))
-    new = new.at[:, rope_col : rope_col + keys_pe.shape[1]].set(keys_pe.astype(kv_cache.dtype))
+    stage = jnp.float32 if scales is not None else kv_cache.dtype
+    new = jnp.zeros((num_tokens, width), stage)
+    new = new.at[:, :latent].set(keys_values.astype(stage))
+    new = new.at[:, rope_col : rope_col + keys_pe.shape[1]].set(keys_pe.astype(stage))
+    if scales is not None:
+        new, new_scales = quantize_rows(new, kv_cache.dtype)
+        flat_scales = scales.reshape(num_pages * page_size)
+        scales = flat_scales.at[row].set(new_scales, mode="drop", unique_indices=True).reshape(scales.shape)
     flat = kv_cache.reshape(num_pages * page_size, width)
-    return flat.at[row].set(new, mode="drop", unique_indices=True).reshape(kv_cache.shape)
+    flat = flat.at[row].set(new.astype(kv_cache.dtype), mode="drop", unique_indices=True)
+    return flat.reshape(kv_cache.shape), scales
+
+
+def code_max(dtype) -> float:
+    """The largest code a quantised cache of `dtype` stores: 127 for int8, the float8 format's largest finite."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return float(jnp.iinfo(dtype).max)
+    return float(jnp.finfo(dtype).max)
+
+
+def quantize_rows(x, dtype):
+    """`(codes, scales)`: rows `x [..., D]` quantised to `dtype` (float8 or int8) with one scale per row.
+
+    `scale = max|x| / code_max(dtype)` over the last axis (float32; a zero row gets 1) and `code = x / scale`
+    cast, rounded and clipped to `[-127, 127]` for int8, so `code * scale` gives the row back within the
+    format's rounding.
+    """
+    x = x.astype(jnp.float32)
+    top = code_max(dtype)
+    amax = jnp.max(jnp.abs(x), axis=-1)
+    scales = jnp.where(amax > 0, amax / top, 1.0)
+    y = jnp.clip(x / scales[..., None], -top, top)
+    if jnp.issubdtype(jnp.dtype(dtype), jnp.integer):
+        y = jnp.round(y)
+    return y.astype(dtype), scales
 
 
 def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
     """`queries / q_scale` rounded to the cache's `dtype`, saturated to its range as a quantiser does (an
-    overflow would be inf or NaN in float8), and kept in the queries' dtype, which the output keeps."""
-    info = jnp.finfo(dtype)
-    scaled = jnp.clip(queries / q_scale, float(info.min), float(info.max))
+    overflow would be inf or NaN in float8; int8 rounds and clips to `[-127, 127]`), and kept in the queries'
+    dtype, which the output keeps."""
+    top = code_max(dtype)
+    scaled = jnp.clip(queries / q_scale, -top, top)
+    if jnp.issubdtype(jnp.dtype(dtype), jnp.integer):
+        scaled = jnp.round(scaled)
     return scaled.astype(dtype).astype(queries.dtype)

@@ -56,7 +56,9 @@ class PagedBatch:
     queries `[T, Hq, D]`; key_rows / value_rows `[rows, width]`; page_tables `[N, W]` int32;
     query_start / query_len / kv_len `[N]` int32 (sequences the call ignores have query_len 0);
     kv_start `[N]` int32 or None; sinks `[Hq]` float32 (one log-sum-exp of sink logits per head) or
-    None; alibi_slopes `[Hq]` or None; qq_bias `[Tq, Tq]` or None.
+    None; alibi_slopes `[Hq]` or None; qq_bias `[Tq, Tq]` or None; key_scales / value_scales `[rows]`
+    float32 or None: a quantised cache's per-row scales (row `i` dequantises as `rows[i] * scales[i]`),
+    addressed like the rows they scale.
     """
 
     queries: jax.Array
@@ -70,6 +72,8 @@ class PagedBatch:
     sinks: jax.Array | None = None
     alibi_slopes: jax.Array | None = None
     qq_bias: jax.Array | None = None
+    key_scales: jax.Array | None = None
+    value_scales: jax.Array | None = None
     static: PagedStatic = dataclasses.field(metadata=dict(static=True), default=None)
 
     @property

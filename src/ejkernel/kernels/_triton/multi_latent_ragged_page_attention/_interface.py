@@ -8,8 +8,8 @@ gradient of a model around them: the custom VJP's backward is the shared plain-J
 a gradient through the kernel is exact.
 
 Declined with NotImplementedError before tracing (`platform="auto"` then runs XLA): queries that are not
-float16/bfloat16/float32, caches that are not those or float8, latent widths above `MAX_LATENT`, caches of
-2**31 rows or more.
+float16/bfloat16/float32, caches that are not those or float8 (int8 only with scales), latent widths above
+`MAX_LATENT`, caches of 2**31 rows or more.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options
+from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options, written
 from ejkernel.kernels._common.paged_attention.core_math import max_tiles, span_bound
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import rope_column
@@ -52,13 +52,18 @@ def _shared_bytes(block_h: int, block_k: int, stages: int, dims: TritonLatentPag
     return (block_h + stages * block_k) * width * itemsize
 
 
-def check_servable(dims: TritonLatentPagedStatic, query_dtypes, cache_dtype, cache_rows: int) -> None:
-    """NotImplementedError for a call the kernel cannot serve (read from shapes and dtypes only, before tracing)."""
+def check_servable(
+    dims: TritonLatentPagedStatic, query_dtypes, cache_dtype, cache_rows: int, scaled: bool = False
+) -> None:
+    """NotImplementedError for a call the kernel cannot serve (read from shapes and dtypes only, before tracing);
+    `scaled`: the cache comes with per-row scales (an int8 cache needs them)."""
     for dtype in query_dtypes:
         if jnp.dtype(dtype) not in SUPPORTED_DTYPES:
             raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 queries, got {jnp.dtype(dtype)}")
-    if jnp.dtype(cache_dtype) not in SUPPORTED_DTYPES + FP8_CACHES:
-        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {jnp.dtype(cache_dtype)}")
+    cache = jnp.dtype(cache_dtype)
+    if cache not in SUPPORTED_DTYPES + FP8_CACHES + ((jnp.dtype(jnp.int8),) if scaled else ()):
+        hint = "; int8 ones with per-token scales only" if cache == jnp.int8 else ""
+        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {cache}{hint}")
     if dims.latent_tile > MAX_LATENT:
         raise NotImplementedError(f"{WHO} takes latent widths up to {MAX_LATENT}, got {dims.latent}")
     if cache_rows >= 2**31:
@@ -125,21 +130,21 @@ def _core(latent: int, batch: PagedBatch) -> jax.Array:
 )  # fmt: skip
 def _run(*args, dims, tiling, interpret, **options):
     batch = latent_batch(*args, **options)
-    cache = batch.key_rows.reshape(args[4].shape)
     reference = functools.partial(_core, dims.latent)
     if batch.num_tokens == 0:
-        return reference(batch).astype(args[0].dtype), cache
+        return written(reference(batch).astype(args[0].dtype), batch, args[4])
     t = plan(dims, batch, tiling, interpret)
     out = differentiated_as(reference, functools.partial(_forward, dims, t))(batch)
-    return out.astype(args[0].dtype), cache
+    return written(out.astype(args[0].dtype), batch, args[4])
 
 
 def multi_latent_ragged_page_attention_triton(
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
     /, *, softmax_scale=None, sliding_window=None, logits_soft_cap=None, mask_value=None, q_scale=None, k_scale=None,
-    v_scale=None, cfg=None, interpret=None,
+    v_scale=None, kv_cache_scales=None, cfg=None, interpret=None,
 ):  # fmt: skip
-    """`(out [T, Hq, L], updated kv_cache)`: see `ejkernel.modules.multi_latent_ragged_page_attention`.
+    """`(out [T, Hq, L], updated kv_cache)` (and the updated `kv_cache_scales` with them): see
+    `ejkernel.modules.multi_latent_ragged_page_attention`.
 
     Trusts its arguments (the public functions check them): `keys_values [T, L]`, `keys_pe [T, R]`,
     `block_tables` 1-D. `mask_value` is accepted and unused (masked positions are excluded exactly); of `cfg`
@@ -150,12 +155,14 @@ def multi_latent_ragged_page_attention_triton(
     latent = queries_nope.shape[-1]
     dims = TritonLatentPagedStatic(latent, queries_pe.shape[-1], rope_column(latent), queries_nope.shape[1])
     query_dtypes = (queries_nope.dtype, queries_pe.dtype)
-    check_servable(dims, query_dtypes, kv_cache.dtype, kv_cache.size // kv_cache.shape[-1])
+    scaled = kv_cache_scales is not None
+    check_servable(dims, query_dtypes, kv_cache.dtype, kv_cache.size // kv_cache.shape[-1], scaled)
     options = latent_options(
         queries_nope, queries_pe, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     return _run(
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-        dims=dims, tiling=getattr(cfg, "triton_tiling", None), interpret=resolve_interpret(interpret, WHO), **options,
+        dims=dims, tiling=getattr(cfg, "triton_tiling", None), interpret=resolve_interpret(interpret, WHO),
+        kv_cache_scales=kv_cache_scales, **options,
     )  # fmt: skip

@@ -6,7 +6,9 @@ sequence, row `i * Hq + h`; with 128 heads, one token's heads per tile and two p
 streams the tile's cache rows through an online softmax: each step gathers `block_k` rows, as `c [block_k,
 Lp]` and `r [block_k, Rp]` (the latent and RoPE parts, padded to powers of two, the row's zero padding
 never read), scores `q_nope·c + q_pe·r` and accumulates `p @ c` in a float32 `[block_h, Lp]` tile: the
-latent rows are keys and values, read once per program. The programs of a tile's rows run side by side
+latent rows are keys and values, read once per program. A quantised cache is read as stored and converted in
+registers; with per-row scales each step loads its `block_k` scales and multiplies the logits' columns, and the
+probabilities before `p @ c`, by them. The programs of a tile's rows run side by side
 (the row block is the grid's fastest axis), so their shared cache rows come from L2 after the first read.
 
 A program walks its share of the key positions its tile may see (`key_span`: causal, sliding window), cut
@@ -66,7 +68,9 @@ class TritonLatentPagedTiling:
     interpret: bool
 
 
-def _kernel(meta_ref, tables_ref, q_ref, cache_ref, acc_ref, m_ref, l_ref, *, st, dims, t):
+def _kernel(meta_ref, tables_ref, q_ref, cache_ref, *refs, st, dims, t, scaled: bool):
+    scales_ref = refs[0] if scaled else None
+    acc_ref, m_ref, l_ref = refs[1:] if scaled else refs
     block, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     layout, heads = st.rows, dims.num_heads
     seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
@@ -93,7 +97,8 @@ def _kernel(meta_ref, tables_ref, q_ref, cache_ref, acc_ref, m_ref, l_ref, *, st
     def read(ref, row, cols):
         index, mask = cols
         at = ref.at[row[:, None], index]
-        return plgpu.load(at) if mask is None else plgpu.load(at, mask=mask, other=0.0)
+        zero = 0 if jnp.issubdtype(ref.dtype, jnp.integer) else 0.0  # the fill in the cache's kind
+        return plgpu.load(at) if mask is None else plgpu.load(at, mask=mask, other=zero)
 
     q_rows = tile * t.rows + rows
     q_latent = read(q_ref, q_rows, latent_cols)
@@ -120,12 +125,16 @@ def _kernel(meta_ref, tables_ref, q_ref, cache_ref, acc_ref, m_ref, l_ref, *, st
         s = dot(q_latent, latent, trans_b=True)
         if dims.rope:
             s = s + dot(q_rope, read(cache_ref, row, rope_cols).astype(q_rope.dtype), trans_b=True)
-        s = adjust_logits(s * st.softmax_scale, q_pos[:, None], pos[None, :], lo, hi, st, None, key_ok) * LOG2E
+        s = s * st.softmax_scale
+        row_scales = plgpu.load(scales_ref.at[row])[None, :] if scaled else None
+        if scaled:
+            s = s * row_scales
+        s = adjust_logits(s, q_pos[:, None], pos[None, :], lo, hi, st, None, key_ok) * LOG2E
         return online_softmax_step(
             carry,
             s,
             latent,
-            lambda p, v: dot(p.astype(v.dtype), v),
+            lambda p, v: dot((p if row_scales is None else p * row_scales).astype(v.dtype), v),
             exp=functools.partial(exp2, interpret=t.interpret),
             detach=lambda x: x,
         )
@@ -145,16 +154,18 @@ def partial_sums(batch: PagedBatch, dims: TritonLatentPagedStatic, meta, q_rows,
     """Each split's `(acc [S, R, rows, Lp], m, l [S, R, rows])` (float32) of the tiles `meta [R, 5]`.
 
     `q_rows [R * rows, width]` are the tiles' query rows (`[q_nope, 0..., q_pe, 0...]`, the cache row's
-    layout), `batch.key_rows [pages * page_size, width]` the updated cache.
+    layout), `batch.key_rows [pages * page_size, width]` the updated cache and `batch.key_scales` its per-row
+    scales or None.
     """
     st: PagedStatic = batch.static
     num_tiles = meta.shape[0]
-    args = [meta, batch.page_tables, q_rows, batch.key_rows]
+    scaled = batch.key_scales is not None
+    args = [meta, batch.page_tables, q_rows, batch.key_rows] + ([batch.key_scales] if scaled else [])
     whole = lambda x: pl.BlockSpec(x.shape, lambda h, r, s: (0,) * x.ndim)
     grid = (t.rows // t.block_h, num_tiles, t.num_splits)
     stats = (t.num_splits, num_tiles, t.rows)
     return pl.pallas_call(
-        functools.partial(_kernel, st=st, dims=dims, t=t),
+        functools.partial(_kernel, st=st, dims=dims, t=t, scaled=scaled),
         grid=grid,
         in_specs=[whole(x) for x in args],
         out_specs=[

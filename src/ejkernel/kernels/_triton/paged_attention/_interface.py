@@ -26,6 +26,7 @@ from ejkernel.kernels._triton.paged_attention._kernel import TritonPagedTiling, 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 FP8_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 """Cache dtypes read as they are stored and converted in registers: half a 16-bit cache's bytes per row."""
+INT8 = jnp.dtype(jnp.int8)  # read likewise, with per-row scales only
 MAX_WIDTH = 256
 MAX_ROWS = 128  # query rows (queries x grouped heads) of one tile
 TARGET_PROGRAMS = 2 * 132  # about two programs per SM of an H100/H200
@@ -48,8 +49,13 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     compute = jnp.dtype(st.compute_dtype) if st.compute_dtype is not None else jnp.dtype(batch.queries.dtype)
     if compute not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float16/bfloat16/float32 queries, got {compute}")
-    if jnp.dtype(batch.key_rows.dtype) not in SUPPORTED_DTYPES + FP8_CACHES:
-        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {jnp.dtype(batch.key_rows.dtype)}")
+    cache = jnp.dtype(batch.key_rows.dtype)
+    scaled = batch.key_scales is not None
+    if cache not in SUPPORTED_DTYPES + FP8_CACHES + ((INT8,) if scaled else ()):
+        hint = "; int8 ones with per-token scales only" if cache == jnp.int8 else ""
+        raise NotImplementedError(f"{WHO} takes float8/16/32 caches, got {cache}{hint}")
+    if scaled != (batch.value_scales is not None):
+        raise NotImplementedError(f"{WHO} takes key and value scales together")
     width = _pow2(st.head_dim)
     if width > MAX_WIDTH:
         raise NotImplementedError(f"{WHO} supports head dims up to {MAX_WIDTH}, got {st.head_dim}")

@@ -17,7 +17,7 @@ import functools
 
 import jax
 
-from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options
+from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options, written
 from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.ops.config import FwdParams, KernelConfig
@@ -51,15 +51,16 @@ def _core_cfg(cfg, batch: PagedBatch, page_size: int) -> KernelConfig:
 def _run(*args, cfg, **options):
     batch = latent_batch(*args, **options)
     out = paged_attention_core(batch, _core_cfg(cfg, batch, batch.static.rows.page_size))
-    return out[..., : args[0].shape[-1]].astype(args[0].dtype), batch.key_rows.reshape(args[4].shape)
+    return written(out[..., : args[0].shape[-1]].astype(args[0].dtype), batch, args[4])
 
 
 def multi_latent_ragged_page_attention_xla(
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
     /, *, softmax_scale=None, sliding_window=None, logits_soft_cap=None, mask_value=None, q_scale=None, k_scale=None,
-    v_scale=None, cfg=None,
+    v_scale=None, kv_cache_scales=None, cfg=None,
 ):  # fmt: skip
-    """`(out [T, Hq, L], updated kv_cache)`: see `ejkernel.modules.multi_latent_ragged_page_attention`.
+    """`(out [T, Hq, L], updated kv_cache)` (and the updated `kv_cache_scales` with them): see
+    `ejkernel.modules.multi_latent_ragged_page_attention`.
 
     Trusts its arguments (the public functions check them): `keys_values [T, L]`, `keys_pe [T, R]`,
     `block_tables` 1-D. `mask_value` is accepted and unused (masked positions are excluded exactly);
@@ -72,5 +73,5 @@ def multi_latent_ragged_page_attention_xla(
     )  # fmt: skip
     return _run(
         queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
-        cfg=cfg, **options,
+        cfg=cfg, kv_cache_scales=kv_cache_scales, **options,
     )  # fmt: skip
