@@ -3,24 +3,17 @@ caches (float8 e4m3 and int8, per-token-head scales) (issue 45's shape: batch 64
 page 16). Each variant runs as a serving loop does (cache and scales donated, fed back). Prints ms and the cache's
 bytes per second; run on the GPU: `python3 exp/s29_fp8_sweep.py`."""
 
-import functools
-
-import jax
 import jax.numpy as jnp
+from s29_kvscales import BATCH, CONTEXT, OP, args, quantized, serving_loop
 
 from ejkernel.benchmarks._harness import time_variants
-from ejkernel.benchmarks.serving_attention import DIM, HEADS, KV_HEADS, PAGE, make_problem
-from ejkernel.kernels._common.paged_attention.kv_cache import quantize_rows
+from ejkernel.benchmarks.serving_attention import DIM, KV_HEADS
 from ejkernel.modules.operations.ragged_page_attention_v3 import RaggedPageAttentionV3Config
 from ejkernel.ops import FwdParams
 from ejkernel.registry import kernel_registry
 
-OP, BATCH, CONTEXT = "ragged_page_attention_v3", 64, 8192
 fn = kernel_registry.get(OP, "triton", "gpu")
-args, _ = make_problem(OP, [1] * BATCH, [CONTEXT] * BATCH, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
-packed = lambda dtype: quantize_rows(args[3].reshape(*args[3].shape[:2], -1, 4, DIM), dtype)
-CACHES = {"bf16": (args[3], None), "e4m3": jax.jit(packed, static_argnums=0)(jnp.float8_e4m3fn)}
-CACHES["int8"] = jax.jit(packed, static_argnums=0)(jnp.int8)
+CACHES = {"bf16": (args[3], None), "e4m3": quantized(args[3], jnp.float8_e4m3fn), "int8": quantized(args[3], jnp.int8)}
 TILINGS = {
     "default": None,
     "splits 1 bk128 s3": dict(num_splits=1, block_k=128, num_stages=3),
@@ -30,27 +23,14 @@ TILINGS = {
 
 
 def build(params, cache, scales):
-    """A zero-argument decode step whose updated cache (and scales) feed the next one, donated."""
+    """`serving_loop` on the Triton core at this tiling."""
     params = dict(params or {})
     splits = params.pop("num_splits", None)
     cfg = RaggedPageAttentionV3Config(fwd_params=FwdParams(**params) if params else None, num_splits=splits)
-
-    def step(cache, scales, *rest):
-        kw = {} if scales is None else {"kv_cache_scales": scales}
-        return fn(*rest[:3], cache, *rest[3:], softmax_scale=DIM**-0.5, cfg=cfg, **kw)
-
-    run = jax.jit(step, donate_argnums=(0, 1))
-    state = {"cache": jnp.copy(cache), "scales": None if scales is None else jnp.copy(scales)}
-
-    def call():
-        out, state["cache"], *rest = run(state["cache"], state["scales"], *args[:3], *args[4:])
-        state["scales"] = rest[0] if rest else None
-        return out
-
-    return call
+    return serving_loop(cache, scales, call=fn, cfg=cfg)
 
 
-calls = {f"{dtype} {name}": functools.partial(build, v, *CACHES[dtype]) for dtype in CACHES
+calls = {f"{dtype} {name}": lambda v=v, c=CACHES[dtype]: build(v, *c) for dtype in CACHES
          for name, v in TILINGS.items() if dtype != "bf16" or v is None}  # fmt: skip
 timings = time_variants(calls, repeats=10, where="v3 decode by tiling")
 for name, seconds in timings.items():

@@ -15,8 +15,8 @@ from ejkernel.benchmarks.serving_attention import DIM, HEADS, KV_HEADS, PAGE, ma
 from ejkernel.kernels._common.paged_attention.kv_cache import quantize_rows
 from ejkernel.modules import ragged_page_attention_v3
 
-OP = "ragged_page_attention_v3"
-args, _ = make_problem(OP, [1] * 64, [8192] * 64, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
+OP, BATCH, CONTEXT = "ragged_page_attention_v3", 64, 8192
+args, _ = make_problem(OP, [1] * BATCH, [CONTEXT] * BATCH, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -25,15 +25,15 @@ def quantized(cache, dtype):
     return quantize_rows(cache.reshape(*cache.shape[:2], -1, 4, cache.shape[-1]), dtype)
 
 
-def step(cache, scales, *rest):
-    """One decode step; `(out, cache)` or `(out, cache, scales)`."""
-    call = functools.partial(ragged_page_attention_v3, *rest[:3], cache, *rest[3:], softmax_scale=DIM**-0.5)
-    return call() if scales is None else call(kv_cache_scales=scales)
+def step(cache, scales, *rest, call=ragged_page_attention_v3, **options):
+    """One decode step of `call` (the public op by default); `(out, cache)` or `(out, cache, scales)`."""
+    extra = {} if scales is None else {"kv_cache_scales": scales}
+    return call(*rest[:3], cache, *rest[3:], softmax_scale=DIM**-0.5, **extra, **options)
 
 
-def serving_loop(cache, scales):
-    """A zero-argument decode step whose updated cache (and scales) feed the next one, donated."""
-    run = jax.jit(step, donate_argnums=(0, 1))
+def serving_loop(cache, scales, **options):
+    """A zero-argument decode step (`step`'s `options`) whose updated cache and scales feed the next, donated."""
+    run = jax.jit(functools.partial(step, **options), donate_argnums=(0, 1))
     state = {"cache": jnp.copy(cache), "scales": None if scales is None else jnp.copy(scales)}
 
     def call():
@@ -44,17 +44,20 @@ def serving_loop(cache, scales):
     return call
 
 
-variants = {"bf16 cache": (args[3], None)}
-variants |= {
-    name: quantized(args[3], dtype)
-    for name, dtype in (("e4m3 + scales", jnp.float8_e4m3fn), ("int8 + scales", jnp.int8))
-}
-outputs = {name: jax.jit(step)(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()}
-timings = time_variants(
-    {name: functools.partial(serving_loop, *v) for name, v in variants.items()}, repeats=10, where="v3 decode"
-)
-base = outputs["bf16 cache"].astype(jnp.float32)
-for name, seconds in timings.items():
-    error = float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base))
-    speedup = timings["bf16 cache"] / seconds
-    print(f"{name}: {1e3 * seconds:.3f} ms, {speedup:.2f}x bf16, relative error {error:.2e}")
+if __name__ == "__main__":
+    variants = {"bf16 cache": (args[3], None)}
+    variants |= {
+        name: quantized(args[3], dtype)
+        for name, dtype in (("e4m3 + scales", jnp.float8_e4m3fn), ("int8 + scales", jnp.int8))
+    }
+    outputs = {
+        name: jax.jit(step)(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()
+    }
+    timings = time_variants(
+        {name: functools.partial(serving_loop, *v) for name, v in variants.items()}, repeats=10, where="v3 decode"
+    )
+    base = outputs["bf16 cache"].astype(jnp.float32)
+    for name, seconds in timings.items():
+        error = float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base))
+        speedup = timings["bf16 cache"] / seconds
+        print(f"{name}: {1e3 * seconds:.3f} ms, {speedup:.2f}x bf16, relative error {error:.2e}")
