@@ -1,15 +1,28 @@
-"""float8 flash attention (inference only) on CPU: the XLA path against the reference of the dequantised
-inputs, derivatives refused, bad descales and mixed dtypes refused in one line."""
+"""float8 flash attention (inference only).
+
+On CPU: the XLA path against the reference of the dequantised inputs; the Mosaic GPU float8 forward lowered
+for CUDA and run in Mosaic GPU interpret mode against the reference; derivatives refused; bad descales and
+mixed dtypes refused in one line. GPU suite: the kernel at real shapes against the reference, and `auto`
+choosing it.
+"""
+
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import export
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._pallas.gpu.flash_attention._interface import flash_attention_mosaic_gpu, float8_attention
 from ejkernel.modules import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.reference.flash_attention import dequantized_flash_attention_reference
-from harness import assert_close, randn
+from harness import assert_close, randn, relative_error
+
+FLOAT8_TOLERANCE = 3e-2  # P rounded to e4m3 (3 mantissa bits) for P·V: about 2% relative error on random inputs
 
 E4M3 = jnp.float8_e4m3fn
 
@@ -91,3 +104,112 @@ def test_other_platforms_decline_float8(platform, backend):
     call = {"call": AttentionCall.of(q), "descales": (jnp.ones(2), jnp.ones(2), jnp.ones(2))}
     with pytest.raises(NotImplementedError, match="float8 query/key/value is supported by the xla and pallas/gpu"):
         FlashAttention().call_impl(impl, (q, k, v, None, None), call, FlashAttentionConfig())
+
+
+# ---- the Mosaic GPU float8 forward ----
+
+
+def mosaic_descales(heads: int, kv_heads: int):
+    """Per-head descales as the public function hands them to the kernel."""
+    return (
+        0.05 + jnp.arange(heads, dtype=jnp.float32) / (20 * heads),
+        0.2 + jnp.arange(kv_heads, dtype=jnp.float32) / 10,
+        0.5 + jnp.arange(kv_heads, dtype=jnp.float32),
+    )
+
+
+# (batch, q_len, kv_len, heads, kv_heads, dim, causal): partial query and key tiles, grouped heads
+KERNEL_CASES = {
+    "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True),
+    "d64": (1, 130, 200, 2, 2, 64, False),
+}
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_float8_forward_lowers_for_cuda(case):
+    batch, q_len, kv_len, heads, kv_heads, dim, causal = KERNEL_CASES[case]
+    f8 = jnp.float8_e4m3fn
+    shapes = [jax.ShapeDtypeStruct(s, f8) for s in ((batch, q_len, heads, dim), *[(batch, kv_len, kv_heads, dim)] * 2)]
+    scales = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in mosaic_descales(heads, kv_heads)]
+    run = jax.jit(lambda q, k, v, d: float8_attention(q, k, v, d, softmax_scale=0.1, causal=causal))
+    assert export.export(run, platforms=["cuda"])(*shapes, scales).mlir_module().count("@mosaic_gpu") == 1
+
+
+def interpret_check(case: str) -> None:
+    """`KERNEL_CASES[case]` in Mosaic GPU interpret mode against the reference (AssertionError); a race shows as
+    "RACE DETECTED" on stdout."""
+    from mosaic_gpu_interpret import interpret_mode
+
+    batch, q_len, kv_len, heads, kv_heads, dim, causal = KERNEL_CASES[case]
+    q, k, v = float8_inputs(batch, q_len, kv_len, heads, kv_heads, dim)
+    scales = mosaic_descales(heads, kv_heads)
+    with interpret_mode():
+        out = jax.block_until_ready(float8_attention(q, k, v, scales, softmax_scale=dim**-0.5, causal=causal))
+    expected = dequantized_flash_attention_reference(
+        q,
+        k,
+        v,
+        **dict(zip(("q_descale", "k_descale", "v_descale"), scales, strict=True)),
+        softmax_scale=dim**-0.5,
+        causal=causal,
+    )
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, expected, tol=FLOAT8_TOLERANCE)
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_float8_forward_in_interpret_mode_matches_reference(case):
+    """`interpret_check` in a fresh process, retried if the interpreter hangs (see
+    `tests/sparse_attention/test_blocksparse_mosaic_gpu.py`: a thread-pool starvation, not the kernel)."""
+    here = pathlib.Path(__file__).resolve().parent
+    code = (
+        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import jax; "
+        "jax.config.update('jax_disable_most_optimizations', True); "
+        f"import harness; harness.reseed({case!r}); "
+        f"from test_float8 import interpret_check; interpret_check({case!r})"
+    )
+    for _ in range(3):
+        try:
+            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+        except subprocess.TimeoutExpired:
+            continue
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        assert "RACE DETECTED" not in run.stdout, run.stdout[-4000:]
+        return
+    pytest.fail("interpret mode hung three times")
+
+
+def test_mosaic_gpu_declines_what_its_float8_forward_cannot_serve():
+    q, k, v = float8_inputs(1, 128, 128, 2, 2, 128)
+    scales = mosaic_descales(2, 2)
+    with pytest.raises(NotImplementedError, match="sliding_window"):
+        flash_attention_mosaic_gpu(q, k, v, None, None, AttentionCall.of(q, sliding_window=8), descales=scales)
+    with pytest.raises(NotImplementedError, match="sinks"):
+        flash_attention_mosaic_gpu(q, k, v, None, jnp.zeros(2), AttentionCall.of(q), descales=scales)
+    with pytest.raises(NotImplementedError, match="Hopper"):
+        flash_attention_mosaic_gpu(q, k, v, None, None, AttentionCall.of(q), descales=scales)
+    e5m2 = [x.astype(jnp.float8_e5m2) for x in (q, k, v)]
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn, got query float8_e5m2"):
+        float8_attention(*e5m2, scales, softmax_scale=0.1, causal=False)
+    with pytest.raises(TypeError, match="need descales"):
+        flash_attention_mosaic_gpu(q, k, v, None, None, AttentionCall.of(q))
+
+
+# ---- GPU suite ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_float8_kernel_matches_reference_at_real_shapes(causal):
+    """The Mosaic GPU float8 forward (what `auto` runs on a Hopper GPU) against the float32 reference of the
+    dequantised inputs, per-head descales, grouped heads."""
+    batch, seq, heads, kv_heads, dim = 2, 4096, 16, 8, 128
+    q, k, v = float8_inputs(batch, seq, seq, heads, kv_heads, dim)
+    scales = descales("per-head", heads, kv_heads)
+    run = jax.jit(lambda q, k, v, s: flash_attention(q, k, v, causal=causal, **s))
+    assert "mosaic_gpu" in run.lower(q, k, v, scales).as_text()  # auto chose the float8 kernel
+    out = run(q, k, v, scales)
+    expected = dequantized_flash_attention_reference(q, k, v, softmax_scale=dim**-0.5, causal=causal, **scales)
+    assert out.dtype == jnp.bfloat16
+    err = relative_error(out, expected)
+    assert err <= FLOAT8_TOLERANCE, f"relative error {err:.3g}"
