@@ -213,3 +213,13 @@ def test_float8_kernel_matches_reference_at_real_shapes(causal):
     assert out.dtype == jnp.bfloat16
     err = relative_error(out, expected)
     assert err <= FLOAT8_TOLERANCE, f"relative error {err:.3g}"
+
+
+def test_per_head_descales_follow_the_head_sharding_of_a_mesh():
+    """Under `mesh=` each shard gets the descales of its own heads (8 simulated CPU devices)."""
+    mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+    q, k, v = float8_inputs(2, 32, 32, 8, 4, 16)
+    scales = descales("per-head", 8, 4)
+    spec = jax.sharding.PartitionSpec("dp", None, "tp", None)
+    sharded = flash_attention(q, k, v, causal=True, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, **scales)
+    assert_close(sharded, flash_attention(q, k, v, causal=True, **scales), tol=1e-6)
