@@ -48,6 +48,13 @@ def test_flash_attention_bench_times_each_feature_and_names_what_auto_ran(tmp_pa
         assert all(row[f"ejkernel-xla+{feature}"] > 0 for feature in ("softcap", "sinks", "segments"))
 
 
+def test_flash_attention_bench_fp8_part_times_float8_beside_bf16(tmp_path):
+    argv = ["bench", "flash_attention", "--part", "fp8", "--quick", "--repeats", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "flash_attention_fp8.json").read_text())["rows"]
+    assert len(rows) == 2 and all(r["fp8 ran"] == "xla" and r["ejkernel-fp8"] > 0 for r in rows)
+
+
 def test_bench_unknown_op_lists_available(capsys):
     assert main(["bench", "no_such_op"]) == 2
     assert "mean_pooling" in capsys.readouterr().err

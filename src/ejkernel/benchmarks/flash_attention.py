@@ -3,6 +3,8 @@
 FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× that for forward+backward.
 With --features, rows also time each of our kernels with soft cap, sinks and segment ids, which cuDNN cannot do.
 Each row names the kernels `platform="auto"` ran ("auto ran").
+`--part fp8` times the float8 (e4m3) forward at the anchor shapes of head dim 128 instead, beside our bf16
+forward and cuDNN's bf16 forward, with its TFLOP/s ratio to cuDNN's.
 """
 
 import functools
@@ -21,6 +23,8 @@ OPS = ("flash_attention",)
 # The eight shapes of anchors.md: 16k tokens per call.
 SHAPES = [(1, 16384, 16, 128), (2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
 QUICK_SHAPES = [(1, 256, 2, 64)]
+FP8_QUICK_SHAPES = [(1, 256, 2, 128)]
+FP8_DESCALES = dict(q_descale=0.25, k_descale=0.25, v_descale=0.25)  # the float8 rows hold codes of 4x the inputs
 
 
 def _reference_fns():
@@ -70,12 +74,60 @@ def _builder(step, *args):
     return lambda: functools.partial(step, *args)
 
 
+def _fp8_rows(shapes, repeats: int) -> list[dict]:
+    """Forward TFLOP/s of float8_e4m3fn inputs (per-tensor descales, `auto`) beside bf16 (`--part fp8`)."""
+    on_gpu = jax.default_backend() == "gpu"
+    rows = []
+    for batch, seq, heads, dim in shapes:
+        keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
+        q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
+        # codes of 4x the inputs, descaled by 1/4: the float8 call attends what the bf16 calls do, to e4m3's error
+        q8, k8, v8 = ((4 * x).astype(jnp.float8_e4m3fn) for x in (q, k, v))
+        fp8 = lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, **FP8_DESCALES)
+        variants = {"ejkernel-fp8": (fp8, (q8, k8, v8)), "ejkernel-bf16": (_ours("auto"), (q, k, v))}
+        if on_gpu:
+            variants["jax-cudnn-bf16"] = (_reference_fns()["jax-cudnn"], (q, k, v))
+        for causal in (False, True):
+            flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+            steps = {name: (_jitted(fn, causal, False), inputs) for name, (fn, inputs) in variants.items()}
+            builders = {name: _builder(step, *inputs) for name, (step, inputs) in steps.items()}
+            timings = time_variants(builders, repeats=repeats, where=f"B={batch} S={seq} causal={causal} fp8 fwd")
+            row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd")
+            for name in variants:
+                row[name] = flops / timings[name] / 1e12 if name in timings else None
+            if row.get("jax-cudnn-bf16"):
+                for name in ("ejkernel-fp8", "ejkernel-bf16"):
+                    if row.get(name):
+                        row[f"{name}/cudnn-bf16"] = row[name] / row["jax-cudnn-bf16"]
+            if "ejkernel-fp8" in timings:
+                step, inputs = steps["ejkernel-fp8"]
+                row["fp8 ran"] = kernels_called(step.lower(*inputs).as_text())
+            rows.append(row)
+            print_table([row], [c for c in row if row[c] is not None])
+    return rows
+
+
 def main(argv=None) -> None:
     p = parser(__doc__)
+    p.add_argument("--part", choices=("bf16", "fp8"), default="bf16", help="which rows to time")
     p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
     p.add_argument("--shape", action="append", help="B,S,H,D to run instead of the anchor shapes (repeatable)")
     p.add_argument("--only", help="comma-separated variant names to run (e.g. ejkernel-triton,jax-cudnn)")
     args = p.parse_args(argv)
+    if args.part == "fp8":
+        shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
+        anchors = [shape for shape in SHAPES if shape[3] == 128]
+        rows = _fp8_rows(shapes or (FP8_QUICK_SHAPES if args.quick else anchors), args.repeats)
+        print_table(rows, list(dict.fromkeys(c for r in rows for c in r)))
+
+        def plot_fp8(ax, rows):
+            labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' causal' if r['causal'] else ''}" for r in rows]
+            names = [n for n in ("ejkernel-fp8", "ejkernel-bf16", "jax-cudnn-bf16") if n in rows[0]]
+            grouped_bars(ax, labels, {n: [r.get(n) for r in rows] for n in names}, "TFLOP/s (forward)")
+
+        meta = {"dtype": "float8_e4m3fn inputs, bfloat16 output; bf16 rows beside"}
+        print(f"wrote {write_results(args.out, 'flash_attention_fp8', rows, meta, plot_fp8)}")
+        return
     on_gpu = jax.default_backend() == "gpu"
     ours = ["auto"] + [i.platform.value for i in kernel_registry.candidates("flash_attention")]
     impls = {f"ejkernel-{p}": _ours(p) for p in ours}

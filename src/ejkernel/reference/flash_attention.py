@@ -137,3 +137,26 @@ def flash_attention_reference(
     total, shift = denom[..., 0], m[..., 0]
     lse = jnp.where(total > 0, shift + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
     return out.astype(out_dtype), jnp.swapaxes(lse, 1, 2)
+
+
+def dequantized_flash_attention_reference(
+    query, key, value, bias=None, softmax_aux=None, *, q_descale=None, k_descale=None, v_descale=None, **options
+):
+    """float8 flash attention: `flash_attention_reference` (float32) of the dequantised inputs, as bfloat16.
+
+    Each of query, key and value stands for `code * descale`, the descale a scalar or one factor per head of
+    that tensor (`[H]` for the query, `[Hkv]` for key and value); None means 1. `options` are those of
+    `flash_attention_reference`.
+    """
+
+    def dequantized(x, descale):
+        x = jnp.asarray(x).astype(jnp.float32)
+        if descale is None:
+            return x
+        return x * jnp.broadcast_to(jnp.asarray(descale, jnp.float32), (x.shape[2],))[:, None]
+
+    q, k, v = (dequantized(x, d) for x, d in ((query, q_descale), (key, k_descale), (value, v_descale)))
+    result = flash_attention_reference(q, k, v, bias, softmax_aux, **options)
+    if options.get("return_lse"):
+        return result[0].astype(jnp.bfloat16), result[1]
+    return result.astype(jnp.bfloat16)

@@ -18,7 +18,8 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.attention import canonical_sinks
 from ejkernel.kernels._common.attention_call import OPTION_NAMES, AttentionCall
 from ejkernel.kernels._common.bounds import padded_lengths
-from ejkernel.kernels._common.checks import check_values, is_traced, require_int
+from ejkernel.kernels._common.checks import check_values, is_traced, require_float, require_int
+from ejkernel.kernels._common.float8_attention import DESCALE_NAMES, is_float8
 from ejkernel.modules.operations._attention_args import (
     attention_roles,
     check_bias,
@@ -51,12 +52,14 @@ OPTION_DEFAULTS = {
     "precision": jax.lax.Precision.DEFAULT,
     "logits_dtype": jnp.float32,
     "return_lse": False,
+    "descales": None,  # float8 inputs: (q [H], k [Hkv], v [Hkv]) float32, passed with every float8 call
 }
-OPTION_PLATFORMS = {
+OPTION_PLATFORMS = {  # a platform, or platform/backend
     "normalize_output": ("xla",),
     "precision": ("xla",),
     "logits_dtype": ("xla",),
     "return_lse": ("xla", "triton"),
+    "descales": ("xla", "pallas/gpu"),
 }
 
 
@@ -103,9 +106,11 @@ class FlashAttention(Kernel):
     def call_impl(self, impl, args, kwargs, cfg):
         # The public function passes these options only when they differ from the defaults.
         for name in OPTION_DEFAULTS.keys() & kwargs.keys():
-            if impl.platform.value not in OPTION_PLATFORMS[name]:
-                where = " and ".join(OPTION_PLATFORMS[name])
-                raise NotImplementedError(f"{name}={kwargs[name]!r} is supported by the {where} platforms only")
+            served = OPTION_PLATFORMS[name]
+            if impl.platform.value not in served and f"{impl.platform.value}/{impl.backend.value}" not in served:
+                where = " and ".join(served)
+                what = "float8 query/key/value" if name == "descales" else f"{name}={kwargs[name]!r}"
+                raise NotImplementedError(f"{what} is supported by the {where} platforms only")
         # `call=` (from `flash_attention`), or upstream's raw keyword options, which the implementations'
         # `public_defaults` turn into an `AttentionCall`.
         return impl.fn(*args, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params, **kwargs)
@@ -170,9 +175,14 @@ class FlashAttention(Kernel):
         if call.attention_mask is not None:
             specs["attention_mask"] = dense_mask_spec(call.attention_mask, q_spec, k_spec)
         # The call's arrays are laid out by a tree of its own shape (same statics), specs in their places.
+        # float8 descales follow the heads of the query and of the keys
+        descales = {}
+        if kwargs.get("descales") is not None:
+            q_heads, kv_heads = PartitionSpec(q_spec[2]), PartitionSpec(k_spec[2])
+            descales = {"descales": (q_heads, kv_heads, kv_heads)}
         if "call" not in kwargs:
-            return specs
-        return {"call": call.replace(**specs)} if specs else {}
+            return {**specs, **descales}
+        return {**({"call": call.replace(**specs)} if specs else {}), **descales}
 
 
 def _mosaic_gpu_cfgs(head_dim: int):
@@ -209,6 +219,16 @@ def _padding_segments(name: str, cum_seqlens, batch: int, length: int) -> jax.Ar
     return jnp.where(jnp.arange(length) < lengths[:, None], 0, -1).astype(jnp.int32)
 
 
+def _descale(name: str, descale, heads: int, what: str) -> jax.Array:
+    """A descale factor as float32 `[heads]`: None (1), a float, a 0-d array or a `[heads]` float array."""
+    if descale is None or isinstance(descale, float | int):
+        return jnp.full((heads,), 1.0 if descale is None else float(descale), jnp.float32)
+    require_float(name, descale)
+    if descale.ndim == 0 or descale.shape == (heads,):
+        return jnp.broadcast_to(jnp.asarray(descale, jnp.float32), (heads,))
+    raise ValueError(f"{name} must be a scalar or a [{what}={heads}] array, got shape {tuple(descale.shape)}")
+
+
 def _merge_segments(a, b):
     if a is None or b is None:
         return a if b is None else b
@@ -243,6 +263,9 @@ def flash_attention(
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
+    q_descale: float | Array | None = None,
+    k_descale: float | Array | None = None,
+    v_descale: float | Array | None = None,
 ) -> (
     Float[Array, "batch seq_q heads dim_v"]
     | tuple[Float[Array, "batch seq_q heads dim_v"], Float[Array, "batch seq_q heads"]]
@@ -306,18 +329,30 @@ def flash_attention(
             or `sliding_window`; segment ids and a dense mask follow the query and keys. With
             `block_tables`, the gathered rows follow the query's batch and the caches' head sharding.
         out_specs: Default None. The output's `PartitionSpec`.
+        q_descale: Default None (1). With float8 query/key/value only: the query stands for `query * q_descale`;
+            a float, a 0-d array or a float `[heads]` array (one factor per head). Beyond upstream's surface.
+        k_descale: Default None (1). The same for the key, a float or `[kv_heads]`.
+        v_descale: Default None (1). The same for the value, a float or `[kv_heads]`.
+
+    float8 (`float8_e4m3fn`, `float8_e5m2`) query/key/value attend as their dequantised values (times the
+    descales) and return bfloat16; such calls are inference only (a derivative raises TypeError). On a Hopper
+    GPU, `float8_e4m3fn` at head dim 64 or 128, non-causal or causal, without bias, masks, segments, dropout,
+    windows, soft cap, sinks or `return_lse`, runs the Mosaic GPU float8 kernel (Q·Kᵀ and P·V in float8,
+    P rounded to e4m3); every other float8 call runs the XLA path on the dequantised inputs.
 
     Returns:
-        `[batch, seq_q, heads, dim_v]` in query's dtype. A query row with no key to attend (padding, or every
-        key masked) is zeros and passes no gradient. With `return_lse`, the pair `(out, lse)`.
+        `[batch, seq_q, heads, dim_v]` in query's dtype (bfloat16 for float8 inputs). A query row with no key
+        to attend (padding, or every key masked) is zeros and passes no gradient. With `return_lse`, the pair
+        `(out, lse)`.
 
     Raises:
         TypeError: a rank, dtype or size the annotations refuse (one line naming the argument), query, key
-            and value of different dtypes, a float `dropout_seed`, a `sliding_window` that is neither an int
+            and value of different dtypes, a descale with non-float8 inputs, a derivative of a float8 call,
+            a float `dropout_seed`, a `sliding_window` that is neither an int
             nor a pair, or a `cfg` that is not a `FlashAttentionConfig`.
         ValueError: `heads` not a multiple of `kv_heads`; key and value of another batch or length; a
             `dropout_prob` outside `[0, 1)`; `logits_soft_cap <= 0`; a negative window; a `bias`,
-            `softmax_aux`, `cum_seqlens_*` or `mask_info` mask of the wrong shape; bad `cum_seqlens_*` or
+            `softmax_aux`, `cum_seqlens_*`, `mask_info` mask or descale of the wrong shape; bad `cum_seqlens_*` or
             `block_tables` values (see above); a platform that is unknown, has no implementation on this
             device or contradicts `cfg.platform`; `mesh`, `in_specs`, `out_specs` not given together, or
             specs that shard a sequence as forbidden above.
@@ -340,6 +375,15 @@ def flash_attention(
     """
     check_qkv(query, key, value)
     batch, q_len, num_heads, _ = query.shape
+    descales = (q_descale, k_descale, v_descale)
+    if not is_float8(query.dtype):
+        for name, descale in zip(DESCALE_NAMES, descales, strict=True):
+            if descale is not None:
+                raise TypeError(f"{name} is for float8 query/key/value, got {query.dtype}")
+        descales = None
+    else:
+        heads = ((num_heads, "heads"), (key.shape[2], "kv_heads"), (key.shape[2], "kv_heads"))
+        descales = tuple(_descale(n, d, *h) for n, d, h in zip(DESCALE_NAMES, descales, heads, strict=True))
     page_seg = None
     if block_tables is not None:
         # Paged caches: gather each row's pages into a dense [B, max_blocks * block_size, Hkv, D] sequence.
@@ -391,6 +435,8 @@ def flash_attention(
         "return_lse": bool(return_lse),
     }
     options.update({name: value for name, value in given.items() if value != OPTION_DEFAULTS[name]})
+    if descales is not None:
+        options["descales"] = descales
     if in_specs is not None:
         # The user's specs cover the tensors passed; the canonical call takes q, k, v, bias, sinks.
         slots = (query, key, value, bias, cum_seqlens_q, cum_seqlens_k, softmax_aux, block_tables)

@@ -16,6 +16,12 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_broadcastable, check_call, check_qkv, check_segments
 from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._common.float8_attention import (
+    OUTPUT_DTYPE,
+    check_descales,
+    dequantize,
+    inference_only,
+)
 from ejkernel.kernels._common.vma import sum_to_vma
 
 from .backward import attention_backward
@@ -60,6 +66,7 @@ def flash_attention_xla(
     precision=jax.lax.Precision.DEFAULT,
     logits_dtype=jnp.float32,
     return_lse: bool = False,
+    descales=None,
 ):
     """Memory-linear flash attention in plain JAX: [B, Sq, H, D] x [B, Sk, Hkv, D] -> [B, Sq, H, Dv].
 
@@ -72,11 +79,31 @@ def flash_attention_xla(
       logits_dtype: accumulation dtype of Q K^T (softmax arithmetic is float32 regardless).
       return_lse: also return the rows' log-sum-exp, float32 [B, Sq, H] (the reference's step 8),
         differentiable (its cotangent joins the backward's row term).
+      descales: with float8 query/key/value, `(q [H], k [Hkv], v [Hkv])` float32 per-head factors: the
+        inputs are dequantised (`code * descale`) to float32, attended as such, and the output is
+        bfloat16; inference only (a derivative raises TypeError).
     Block sizes come from `fwd_params` / `bwd_params` (the op's `FwdParams` / `BwdParams`, read for
     block_q and block_k); `bwd_params` falls back to `fwd_params`. Defaults: 1024 x 2048 forward,
     1024 x 1024 backward, halved while B * H * block_q * block_k exceeds 2**25 (forward) / 2**24
     (backward), clamped to the lengths.
     """
+    descales = check_descales("xla flash_attention", query, key, descales)
+    if descales is not None:
+        options = dict(
+            fwd_params=fwd_params,
+            bwd_params=bwd_params,
+            normalize_output=normalize_output,
+            precision=precision,
+            logits_dtype=logits_dtype,
+            return_lse=return_lse,
+        )
+
+        def dequantized(q, k, v, q_descale, k_descale, v_descale, bias, softmax_aux, call):
+            q, k, v = dequantize(q, q_descale), dequantize(k, k_descale), dequantize(v, v_descale)
+            result = flash_attention_xla(q, k, v, bias, softmax_aux, call, **options)
+            return (result[0].astype(OUTPUT_DTYPE), result[1]) if return_lse else result.astype(OUTPUT_DTYPE)
+
+        return inference_only(dequantized)(query, key, value, *descales, bias, softmax_aux, call)
     batch, q_len, k_len, num_heads, *_ = check_qkv(
         query, key, value, who="xla flash_attention", dtypes=FLOAT_DTYPES, max_head_dim=2**31 - 1
     )

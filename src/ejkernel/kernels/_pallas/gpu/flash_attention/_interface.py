@@ -5,7 +5,9 @@ multiples, padded keys masked), causal and `(left, right)` windows, grouped-quer
 cap and sink logits. A sink is one more softmax column without a value: the forward adds it to each
 row's denominator as it writes the row, and its gradient is a reduction over rows outside the
 kernels. Bias, masks, segment ids and dropout are declined (`NotImplementedError`), so automatic
-selection falls through to the Triton kernels that serve them.
+selection falls through to the Triton kernels that serve them. float8 (e4m3) query/key/value run a
+forward of their own (`float8_attention`, `_fwd_fp8`), inference only, causal or not and nothing else
+(the XLA path serves the rest).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from ejkernel.kernels._common.attention import (
     round_up,
 )
 from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._common.float8_attention import check_descales, inference_only
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, MosaicGpuFlashStatic
 from ejkernel.ops.config import BwdParams, FwdParams
 
 WHO = "mosaic gpu flash_attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_DIMS = (64, 128)
+FLOAT8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)  # P is rounded to e4m3 too: one 8-bit type for both matmuls
 
 
 def _forward(st: MosaicGpuFlashStatic, q, k, v, bias, sinks, q_seg, kv_seg, mask, seed):
@@ -210,6 +214,54 @@ def mosaic_attention(query, key, value, softmax_aux=None, *, fwd_params=None, bw
     return out if out.shape[1] == st.q_len else out[:, : st.q_len]
 
 
+def float8_attention(query, key, value, descales, *, softmax_scale, causal, fwd_params=None):
+    """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
+    bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it)."""
+    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
+        query, key, value, who=WHO, dtypes=FLOAT8_DTYPES, max_head_dim=max(HEAD_DIMS)
+    )
+    if head_dim != value_dim or head_dim not in HEAD_DIMS:
+        raise NotImplementedError(f"{WHO} needs query/key/value head dims in {HEAD_DIMS}, got {head_dim}/{value_dim}")
+    if min(batch, q_len, kv_len, num_heads) == 0:
+        raise NotImplementedError(f"{WHO} needs non-empty inputs")
+    if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
+        raise NotImplementedError(f"{WHO}: a warpgroup owns {ROWS} query rows, got block_q={fwd_params.block_q}")
+    block_k = _param(fwd_params, "block_k", 128)
+    stages = _param(fwd_params, "num_stages", 2)
+    if block_k != 128 or stages < 2:  # (P·V's K is block_k: 128 bytes of e4m3, one swizzled row)
+        raise NotImplementedError(f"{WHO}: float8 takes block_k=128 and num_stages >= 2, got {block_k}, {stages}")
+    st = MosaicGpuFlashStatic(
+        softmax_scale=float(softmax_scale),
+        soft_cap=None,
+        causal=bool(causal),
+        window=None,
+        q_len=q_len,
+        kv_len=kv_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        block_k=block_k,
+        stages=stages,
+        block_k_dq=64,
+        block_q_dkv=64,
+        stages_bwd=2,
+    )
+    q_descale, k_descale, v_descale = descales
+    group = num_heads // num_kv_heads
+    logit_scale = softmax_scale * LOG2E * q_descale * jnp.repeat(k_descale, group)
+    rows = jnp.stack([logit_scale, jnp.repeat(v_descale, group)], axis=1)  # [H, 2]
+    scales = jnp.broadcast_to(rows[:, :, None], (num_heads, 2, ROWS)).astype(jnp.float32)
+
+    def run(q, k, v, scales):
+        from ejkernel.kernels._pallas.gpu.flash_attention._fwd_fp8 import forward_fp8  # loads Mosaic GPU
+
+        q = pad_axes(q, {1: round_up(q_len, CTA_ROWS) - q_len})
+        k, v = (pad_axes(x, {1: st.kv_len_padded - kv_len}) for x in (k, v))
+        vt = jnp.transpose(v, (0, 2, 3, 1))  # [B, Hkv, D, Sk]: P·V's B operand must be K-major in 8 bits
+        return forward_fp8(st, q, k, vt, scales)[:, :q_len]
+
+    return inference_only(run)(query, key, value, scales)
+
+
 def is_hopper() -> bool:
     device = jax.devices()[0]
     return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
@@ -225,17 +277,27 @@ def flash_attention_mosaic_gpu(
     *,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
+    descales=None,
 ):
     """Canonical flash-attention contract (see `ejkernel.reference.flash_attention`) on Hopper GPUs, options
     in `call`.
 
-    Differentiable in query, key, value and softmax_aux. Raises NotImplementedError for what the
-    kernels do not serve, before anything is traced.
+    Differentiable in query, key, value and softmax_aux. float8 query/key/value come with `descales`
+    (`q [H], k [Hkv], v [Hkv]` float32) and run the float8 forward, inference only, causal or not, nothing
+    else. Raises NotImplementedError for what the kernels do not serve, before anything is traced.
     """
-    decline_call(WHO, call, serves=("causal", "sliding_window", "logits_soft_cap"), bias=bias is not None)
+    descales = check_descales(WHO, query, key, descales)
+    serves = ("causal",) if descales is not None else ("causal", "sliding_window", "logits_soft_cap")
+    decline_call(
+        WHO, call, serves=serves, bias=bias is not None, sinks=descales is not None and softmax_aux is not None
+    )
     if not is_hopper():
         device = jax.devices()[0].device_kind
         raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), not {device}")
+    if descales is not None:
+        return float8_attention(
+            query, key, value, descales, softmax_scale=call.softmax_scale, causal=call.causal, fwd_params=fwd_params
+        )
     return mosaic_attention(
         query,
         key,
