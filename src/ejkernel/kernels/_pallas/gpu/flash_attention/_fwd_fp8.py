@@ -1,10 +1,10 @@
 """The Mosaic GPU float8 (e4m3) flash attention forward: the ping-pong design of `_fwd` with 8-bit matmuls.
 
 Q·Kᵀ is an e4m3 wgmma with float32 accumulation, the scores scaled per row by `softmax_scale · q_descale ·
-k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does) and the output multiplied by
-`v_descale / row sum`. 8-bit wgmma operands must be K-major, so V comes transposed (`[B, Hkv, D, S]`, done by
-XLA outside) and streams as `[D, block_k]` tiles; and an 8-bit A operand in registers needs a layout that the
-score tile's is not, so each warpgroup stages its P tile in shared memory, where P·V reads it.
+k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does; times `P_SHIFT`) and the output
+multiplied by `v_descale / row sum`. 8-bit wgmma operands must be K-major, so V comes transposed (`[B, Hkv, D,
+S]`, done by XLA outside) and streams as `[D, block_k]` tiles; and an 8-bit A operand in registers needs a layout
+that the score tile's is not, so each warpgroup stages its P tile in shared memory, where P·V reads it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ from ._parts import (
 from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
 
 OUT_DTYPE = jnp.bfloat16
+P_SHIFT = 256.0
+"""P enters e4m3 times 2**8 (the output divided back): weights in [0, 1] would fall under e4m3's smallest normal
+(2**-6) from 0.016 down, and to zero under 0.001, a long context's tail; times 2**8 they stay normal down to 6e-5
+and the largest, 256, is inside e4m3's range (448)."""
 
 
 def byte_smem(shape, row_bytes: int):
@@ -112,7 +116,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 alpha = jnp.exp2(m - m_new)
                 denom = denom * alpha + p.sum(axis=1)
                 acc = acc * along_rows(alpha, acc.shape)
-                p_tile[...] = p.astype(jnp.float8_e4m3fn)
+                p_tile[...] = (p * P_SHIFT).astype(jnp.float8_e4m3fn)
                 plgpu.commit_smem()  # P's stores before the wgmma that reads them
                 acc, denom, m_new = lax.optimization_barrier((acc, denom, m_new))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
@@ -131,7 +135,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             acc, m, denom = run_segments(step, (acc, m, denom), lo, *walk.own(row0), hi)
             pl.when(wg == 0)(schedule_sync)
             empty = m < MASKED / 2  # no allowed key: output 0
-            inv = jnp.where(empty, 0.0, v_scale / jnp.where(empty, 1.0, denom))
+            inv = jnp.where(empty, 0.0, v_scale / jnp.where(empty, 1.0, denom * P_SHIFT))
             o_smem.at[wg][...] = (acc * along_rows(inv, acc.shape)).astype(OUT_DTYPE)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_smem.at[wg], out_ref.at[b, pl.ds(row0, ROWS), h])
