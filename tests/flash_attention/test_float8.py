@@ -157,7 +157,7 @@ def interpret_check(case: str) -> None:
     assert_close(out, expected, tol=FLOAT8_TOLERANCE)
 
 
-@pytest.mark.parametrize("case", KERNEL_CASES)
+@pytest.mark.parametrize("case", ["causal-gqa-d128"])  # d64 differs in tile shapes only; it lowers above (CI time)
 def test_float8_forward_in_interpret_mode_matches_reference(case):
     """`interpret_check` in a fresh process, retried if the interpreter hangs (see
     `tests/sparse_attention/test_blocksparse_mosaic_gpu.py`: a thread-pool starvation, not the kernel)."""
