@@ -155,16 +155,23 @@ def check_fp8_lhs(fp8_lhs, rhs, rhs_scale) -> None:
         )
 
 
-def fp8_rows(lhs, block: int) -> jax.Array:
-    """`lhs [M, K]` through FP8 as the FP8 x FP8 product sees it: each row's blocks of `block` K values divided
-    by `absmax / 448` (1 for an all-zero block), rounded to float8_e4m3fn and multiplied back, in lhs's dtype.
-    Its gradient is the identity (straight through the rounding)."""
+def fp8_row_blocks(lhs, block: int) -> tuple[jax.Array, jax.Array]:
+    """`(codes [M, K] float8_e4m3fn, scales [M, K / block] float32)`: each row's blocks of `block` K values divided
+    by `absmax / 448` (1 for an all-zero block) and rounded to float8_e4m3fn, the FP8 x FP8 product's lhs."""
     m, k = lhs.shape
     x = lhs.astype(jnp.float32).reshape(m, k // block, block)
     scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / E4M3_MAX
     scale = jnp.where(scale == 0, 1.0, scale)
-    values = ((x / scale).astype(jnp.float8_e4m3fn).astype(jnp.float32) * scale).reshape(m, k).astype(lhs.dtype)
-    return lhs + lax.stop_gradient(values - lhs)
+    return (x / scale).astype(jnp.float8_e4m3fn).reshape(m, k), scale[..., 0]
+
+
+def fp8_rows(lhs, block: int) -> jax.Array:
+    """`lhs [M, K]` through FP8 as the FP8 x FP8 product sees it (`fp8_row_blocks`, multiplied back), in lhs's
+    dtype. Its gradient is the identity (straight through the rounding)."""
+    m, k = lhs.shape
+    codes, scale = fp8_row_blocks(lhs, block)
+    values = codes.astype(jnp.float32).reshape(m, k // block, block) * scale[..., None]
+    return lhs + lax.stop_gradient(values.reshape(m, k).astype(lhs.dtype) - lhs)
 
 
 def frozen_vjp(gmm, tgmm):
