@@ -88,6 +88,19 @@ def test_declines_what_it_cannot_serve():
         plan(unified_batch(*args), None, True)
 
 
+def test_eight_bit_caches_step_longer_with_more_in_flight():
+    """An 8-bit cache's default tiling: 128 keys a step, three stages, and splits for twice the programs (the
+    float8 decode's sweep on an H200); a config's fields still win."""
+    args, _ = unified_case(np.random.default_rng(5), q_lens=(1,) * 64, kv_lens=(8192,) * 64, kv_heads=1)
+    wide = plan(unified_batch(*args), None, True)
+    args[1], args[2] = (x.astype(jnp.float8_e4m3fn) for x in args[1:3])
+    narrow = plan(unified_batch(*args), None, True)
+    assert (wide.block_k, wide.num_stages, narrow.block_k, narrow.num_stages) == (64, 2, 128, 3)
+    assert narrow.num_splits > wide.num_splits  # 9 against 5 here
+    cfg = PagedAttentionConfig(fwd_params=FwdParams(block_k=32, num_stages=2))
+    assert (plan(unified_batch(*args), cfg, True).block_k, plan(unified_batch(*args), cfg, True).num_stages) == (32, 2)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_float8_cache_read_as_stored(dtype):
     """A float8 cache (v3 quantises the new keys/values into it, the queries with `q_scale`) is read as float8 and
