@@ -91,7 +91,7 @@ def _kernel(
     q_index = first + lax.div(jnp.arange(t.rows, dtype=jnp.int32), jnp.int32(group))  # query within its sequence
     q_pos = (context + q_index)[:, None]
     cols = jnp.arange(t.width, dtype=jnp.int32)
-    col_ok = (cols < st.head_dim)[None, :]
+    col_ok = None if st.head_dim == t.width else (cols < st.head_dim)[None, :]  # (no mask: plain row loads)
 
     # This split's key blocks: the span's blocks cut in `num_splits` near-equal runs.
     block_k = jnp.int32(t.block_k)
@@ -117,7 +117,8 @@ def _kernel(
     def read(rows_ref, row):
         """Rows `row [block_k]` of a cache -> `[block_k, width]`."""
         zero = 0 if jnp.issubdtype(rows_ref.dtype, jnp.integer) else 0.0  # the fill in the cache's kind
-        return plgpu.load(rows_ref.at[row[:, None], cols[None, :]], mask=col_ok, other=zero).astype(q.dtype)
+        at = rows_ref.at[row[:, None], cols[None, :]]
+        return (plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero)).astype(q.dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
