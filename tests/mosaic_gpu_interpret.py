@@ -33,6 +33,9 @@ neither wgmma's asynchrony nor layouts and swizzles (only a GPU checks those). U
 from __future__ import annotations
 
 import contextlib
+import pathlib
+import subprocess
+import sys
 import threading
 
 from jax._src import core as jax_core
@@ -244,3 +247,33 @@ def interpret_mode(detect_races: bool = True):
         from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
         interpret_pallas_call.reset_gpu_interpret_mode_state()
+
+
+def check_in_fresh_process(test_file: str, case: str) -> None:
+    """`interpret_check(case)` of the test module `test_file` (a path) in a fresh Python process, killed and
+    started again if it hangs; a wrong number (AssertionError) or a race ("RACE DETECTED") fails at once.
+
+    The interpreter runs each warpgroup as a thread whose barrier waits block inside XLA's CPU runtime, which
+    runs them on a small thread pool (one thread per core): now and then (about one run in ten of
+    `exp/bsa_gpu.py --cpu-smoke` on a 2-core machine, always in the same place, every thread waiting) the
+    warpgroup that would release the others gets no thread. Such a hang says nothing about the kernels.
+    """
+    import pytest
+
+    path = pathlib.Path(test_file).resolve()
+    here = path.parent
+    code = (
+        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import jax; "
+        "jax.config.update('jax_disable_most_optimizations', True); "
+        f"import harness; harness.reseed({case!r}); "
+        f"from {path.stem} import interpret_check; interpret_check({case!r})"
+    )
+    for _ in range(3):
+        try:
+            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+        except subprocess.TimeoutExpired:
+            continue
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        assert "RACE DETECTED" not in run.stdout, run.stdout[-4000:]
+        return
+    pytest.fail("interpret mode hung three times (see check_in_fresh_process)")

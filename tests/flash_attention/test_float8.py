@@ -6,10 +6,6 @@ mixed dtypes refused in one line. GPU suite: the kernel at real shapes against t
 choosing it.
 """
 
-import pathlib
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -21,6 +17,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._interface import flash_attent
 from ejkernel.modules import FlashAttention, FlashAttentionConfig, flash_attention
 from ejkernel.reference.flash_attention import dequantized_flash_attention_reference
 from harness import assert_close, randn, relative_error
+from mosaic_gpu_interpret import check_in_fresh_process, interpret_mode
 
 FLOAT8_TOLERANCE = 3e-2  # P rounded to e4m3 (3 mantissa bits) for P·V: about 2% relative error on random inputs
 
@@ -138,8 +135,6 @@ def test_float8_forward_lowers_for_cuda(case):
 def interpret_check(case: str) -> None:
     """`KERNEL_CASES[case]` in Mosaic GPU interpret mode against the reference (AssertionError); a race shows as
     "RACE DETECTED" on stdout."""
-    from mosaic_gpu_interpret import interpret_mode
-
     batch, q_len, kv_len, heads, kv_heads, dim, causal = KERNEL_CASES[case]
     q, k, v = float8_inputs(batch, q_len, kv_len, heads, kv_heads, dim)
     scales = mosaic_descales(heads, kv_heads)
@@ -159,24 +154,8 @@ def interpret_check(case: str) -> None:
 
 @pytest.mark.parametrize("case", ["causal-gqa-d128"])  # d64 differs in tile shapes only; it lowers above (CI time)
 def test_float8_forward_in_interpret_mode_matches_reference(case):
-    """`interpret_check` in a fresh process, retried if the interpreter hangs (see
-    `tests/sparse_attention/test_blocksparse_mosaic_gpu.py`: a thread-pool starvation, not the kernel)."""
-    here = pathlib.Path(__file__).resolve().parent
-    code = (
-        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import jax; "
-        "jax.config.update('jax_disable_most_optimizations', True); "
-        f"import harness; harness.reseed({case!r}); "
-        f"from test_float8 import interpret_check; interpret_check({case!r})"
-    )
-    for _ in range(3):
-        try:
-            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-        except subprocess.TimeoutExpired:
-            continue
-        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        assert "RACE DETECTED" not in run.stdout, run.stdout[-4000:]
-        return
-    pytest.fail("interpret mode hung three times")
+    """`interpret_check` in a fresh Python process, started again if the interpreter hangs."""
+    check_in_fresh_process(__file__, case)
 
 
 def test_mosaic_gpu_declines_what_its_float8_forward_cannot_serve():

@@ -7,9 +7,6 @@ GPU suite: forward and every gradient against the XLA path on a Hopper GPU.
 """
 
 import functools
-import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +28,7 @@ from ejkernel.modules import blocksparse_attention
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
 from harness import GRAD_TOLERANCE, assert_close, check_forward_and_grads, randn
-from mosaic_gpu_interpret import interpret_mode
+from mosaic_gpu_interpret import check_in_fresh_process, interpret_mode
 
 
 def random_blocks(q_len: int, kv_len: int, density: float, empty_rows=(1,), seed: int = 0, block: int = 128):
@@ -162,30 +159,8 @@ def interpret_check(case: str) -> None:
 
 @pytest.mark.parametrize("case", INTERPRET_CASES)
 def test_interpret_mode_matches_reference(case):
-    """`interpret_check` in a fresh Python process, killed and started again if it hangs.
-
-    The interpreter runs each warpgroup as a thread whose barrier waits block inside XLA's CPU runtime,
-    which runs them on a small thread pool (one thread per core): now and then (about one run in ten of
-    `exp/bsa_gpu.py --cpu-smoke` on a 2-core machine, always in the same place, every thread waiting)
-    the warpgroup that would release the others gets no thread. Such a hang says nothing about the
-    kernels, so it is retried, in a new process; a wrong number or a race fails at once.
-    """
-    here = pathlib.Path(__file__).resolve().parent
-    code = (
-        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import jax; "
-        "jax.config.update('jax_disable_most_optimizations', True); "
-        f"import harness; harness.reseed({case!r}); "
-        f"from test_blocksparse_mosaic_gpu import interpret_check; interpret_check({case!r})"
-    )
-    for _ in range(3):
-        try:
-            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-        except subprocess.TimeoutExpired:
-            continue
-        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        assert "RACE DETECTED" not in run.stdout, run.stdout[-4000:]
-        return
-    pytest.fail("interpret mode hung three times (see the docstring)")
+    """`interpret_check` in a fresh Python process, started again if the interpreter hangs."""
+    check_in_fresh_process(__file__, case)
 
 
 # ---- the packed lists ----

@@ -147,19 +147,25 @@ def kernel_choices(
     )
 
 
-def plan(
-    query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params, soft_cap=None
-):
-    """Checks what the kernels serve; returns `(MosaicGpuFlashStatic, padded q, k, v, folded sinks)`."""
-    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
-        query, key, value, who=WHO, dtypes=DTYPES, max_head_dim=max(HEAD_DIMS)
-    )
+def _served_shapes(query, key, value, dtypes, fwd_params) -> tuple:
+    """`check_qkv`'s dimensions of a call the kernels serve: `dtypes`, equal head dims in `HEAD_DIMS`, non-empty,
+    `ROWS` query rows a warpgroup; NotImplementedError (one line) for what they do not."""
+    dims = check_qkv(query, key, value, who=WHO, dtypes=dtypes, max_head_dim=max(HEAD_DIMS))
+    batch, q_len, kv_len, num_heads, _, head_dim, value_dim = dims
     if head_dim != value_dim or head_dim not in HEAD_DIMS:
         raise NotImplementedError(f"{WHO} needs query/key/value head dims in {HEAD_DIMS}, got {head_dim}/{value_dim}")
     if min(batch, q_len, kv_len, num_heads) == 0:
         raise NotImplementedError(f"{WHO} needs non-empty inputs")
     if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
         raise NotImplementedError(f"{WHO}: a warpgroup owns {ROWS} query rows, got block_q={fwd_params.block_q}")
+    return dims
+
+
+def plan(
+    query, key, value, softmax_aux, *, softmax_scale, causal, sliding_window, fwd_params, bwd_params, soft_cap=None
+):
+    """Checks what the kernels serve; returns `(MosaicGpuFlashStatic, padded q, k, v, folded sinks)`."""
+    _, q_len, kv_len, num_heads, num_kv_heads, head_dim, _ = _served_shapes(query, key, value, DTYPES, fwd_params)
     # At head dim 64 the forward is bound by its exp2s: 256-key tiles halve the per-tile overheads
     # (measured on an H200: non-causal forward 0.92 -> 0.98x cuDNN), but waste work on masked
     # diagonal tiles (causal 0.91 -> 0.84x).
@@ -217,15 +223,7 @@ def mosaic_attention(query, key, value, softmax_aux=None, *, fwd_params=None, bw
 def float8_attention(query, key, value, descales, *, softmax_scale, causal, fwd_params=None):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it)."""
-    batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, value_dim = check_qkv(
-        query, key, value, who=WHO, dtypes=FLOAT8_DTYPES, max_head_dim=max(HEAD_DIMS)
-    )
-    if head_dim != value_dim or head_dim not in HEAD_DIMS:
-        raise NotImplementedError(f"{WHO} needs query/key/value head dims in {HEAD_DIMS}, got {head_dim}/{value_dim}")
-    if min(batch, q_len, kv_len, num_heads) == 0:
-        raise NotImplementedError(f"{WHO} needs non-empty inputs")
-    if fwd_params is not None and fwd_params.block_q not in (None, ROWS):
-        raise NotImplementedError(f"{WHO}: a warpgroup owns {ROWS} query rows, got block_q={fwd_params.block_q}")
+    _, q_len, kv_len, num_heads, num_kv_heads, _, _ = _served_shapes(query, key, value, FLOAT8_DTYPES, fwd_params)
     block_k = _param(fwd_params, "block_k", 128)
     stages = _param(fwd_params, "num_stages", 2)
     if block_k != 128 or stages < 2:  # (P·V's K is block_k: 128 bytes of e4m3, one swizzled row)
