@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import time_variants
 from ejkernel.benchmarks.serving_attention import DIM, HEADS, KV_HEADS, PAGE, make_problem
-from ejkernel.kernels._common.paged_attention.kv_cache import quantize_rows
+from ejkernel.kernels._common.scaled_codes import quantize_rows
 from ejkernel.modules import ragged_page_attention_v3
 
 OP, BATCH, CONTEXT = "ragged_page_attention_v3", 64, 8192

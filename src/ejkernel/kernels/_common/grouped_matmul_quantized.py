@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejkernel.kernels._common.scaled_codes import quantize_rows
 from ejkernel.quantization.array import QuantizedArray
 from ejkernel.quantization.decode import check_packed, decode_layout
 from ejkernel.quantization.modes import QuantParams, resolve_axis, resolve_params
@@ -139,9 +140,6 @@ def scaled_cotangent(weights: ScaledGroupWeights, dense: jax.Array) -> ScaledGro
     return ScaledGroupWeights(d_data, d_scale.astype(weights.scale.dtype), weights.k_first)
 
 
-E4M3_MAX = 448.0
-
-
 def check_fp8_lhs(fp8_lhs, rhs, rhs_scale) -> None:
     """`fp8_lhs` must be a bool, and True only with a float8_e4m3fn array rhs and `rhs_scale` (ValueError)."""
     if not isinstance(fp8_lhs, bool):
@@ -156,13 +154,11 @@ def check_fp8_lhs(fp8_lhs, rhs, rhs_scale) -> None:
 
 
 def fp8_row_blocks(lhs, block: int) -> tuple[jax.Array, jax.Array]:
-    """`(codes [M, K] float8_e4m3fn, scales [M, K / block] float32)`: each row's blocks of `block` K values divided
-    by `absmax / 448` (1 for an all-zero block) and rounded to float8_e4m3fn, the FP8 x FP8 product's lhs."""
+    """`(codes [M, K] float8_e4m3fn, scales [M, K / block] float32)`: each row's blocks of `block` K values
+    quantised as rows of their own (`quantize_rows`), the FP8 x FP8 product's lhs."""
     m, k = lhs.shape
-    x = lhs.astype(jnp.float32).reshape(m, k // block, block)
-    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / E4M3_MAX
-    scale = jnp.where(scale == 0, 1.0, scale)
-    return (x / scale).astype(jnp.float8_e4m3fn).reshape(m, k), scale[..., 0]
+    codes, scales = quantize_rows(lhs.reshape(m, k // block, block), jnp.float8_e4m3fn)
+    return codes.reshape(m, k), scales
 
 
 def fp8_rows(lhs, block: int) -> jax.Array:

@@ -1,8 +1,8 @@
 """The caches the serving ops write: `ragged_page_attention_v3`'s packed layout, MLA's packed latent rows, where
 new tokens go, the writes.
 
-Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it, and the
-per-token-head quantiser of new rows (`quantize_rows`) for caches that carry scales.
+Also the queries quantised like a cache (`quantize_queries`), which the quantised ops score against it; caches that
+carry scales quantise their new rows with `scaled_codes.quantize_rows`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.paged_attention.problem import page_in_cache
+from ejkernel.kernels._common.scaled_codes import quantize_rows, to_codes
 from ejkernel.kernels._common.search import sorted_position
 
 
@@ -108,37 +109,7 @@ def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, 
     return flat.reshape(kv_cache.shape), scales
 
 
-def code_max(dtype) -> float:
-    """The largest code a quantised cache of `dtype` stores: 127 for int8, the float8 format's largest finite."""
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.integer):
-        return float(jnp.iinfo(dtype).max)
-    return float(jnp.finfo(dtype).max)
-
-
-def quantize_rows(x, dtype):
-    """`(codes, scales)`: rows `x [..., D]` quantised to `dtype` (float8 or int8) with one scale per row.
-
-    `scale = max|x| / code_max(dtype)` over the last axis (float32; a zero row gets 1) and `code = x / scale`
-    cast, rounded and clipped to `[-127, 127]` for int8, so `code * scale` gives the row back within the
-    format's rounding.
-    """
-    x = x.astype(jnp.float32)
-    top = code_max(dtype)
-    amax = jnp.max(jnp.abs(x), axis=-1)
-    scales = jnp.where(amax > 0, amax / top, 1.0)
-    y = jnp.clip(x / scales[..., None], -top, top)
-    if jnp.issubdtype(jnp.dtype(dtype), jnp.integer):
-        y = jnp.round(y)
-    return y.astype(dtype), scales
-
-
 def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
-    """`queries / q_scale` rounded to the cache's `dtype`, saturated to its range as a quantiser does (an
-    overflow would be inf or NaN in float8; int8 rounds and clips to `[-127, 127]`), and kept in the queries'
-    dtype, which the output keeps."""
-    top = code_max(dtype)
-    scaled = jnp.clip(queries / q_scale, -top, top)
-    if jnp.issubdtype(jnp.dtype(dtype), jnp.integer):
-        scaled = jnp.round(scaled)
-    return scaled.astype(dtype).astype(queries.dtype)
+    """`queries / q_scale` rounded to the cache's `dtype` (`to_codes`), kept in the queries' dtype, which the
+    output keeps."""
+    return to_codes(queries / q_scale, dtype).astype(queries.dtype)
