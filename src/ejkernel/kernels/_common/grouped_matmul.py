@@ -554,7 +554,7 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None, fp8
             )
             if fp8_lhs and weights is not None and fp8_forward is not None:
                 in_kernel = fp8_forward(fwd, weights)
-                if in_kernel is not None:  # the kernel rounds lhs itself
+                if in_kernel is not None:  # the implementation rounds lhs into FP8 codes itself
                     fwd, fp8_lhs = in_kernel, False
             st = GroupedMatmulStatic(transpose_rhs, out_dtype, dims.num_local, fwd, *bwd)
         if fp8_lhs:
