@@ -324,3 +324,16 @@ def test_rotation_and_projection_matrices():
     assert projection.shape == (64, 32)
     expected = jax.random.normal(jax.random.PRNGKey(3), (64, 32), jnp.float32) / 8.0
     np.testing.assert_allclose(projection, expected, rtol=1e-6)
+
+
+def test_code_values_are_every_code_exactly_and_survive_xla():
+    """`code_values` gives each of a format's 256 codes its value (NaN codes stay NaN), and a round trip through it
+    is a lookup in the compiled program, not a float8 -> float32 conversion that XLA on a GPU may drop."""
+    from ejkernel.kernels._common.scaled_codes import code_values
+
+    for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8):
+        codes = jnp.asarray(np.arange(256, dtype=np.uint8).view(dtype))
+        expected = np.asarray(codes).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(code_values(codes)), expected)
+    text = jax.jit(lambda x: code_values(x.astype(jnp.float8_e4m3fn))).lower(jnp.ones(8)).as_text()
+    assert "gather" in text

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ejkernel.kernels._common.scaled_codes import quantize_rows
+from ejkernel.kernels._common.scaled_codes import code_values, quantize_rows
 from ejkernel.quantization.array import QuantizedArray
 from ejkernel.quantization.decode import check_packed, decode_layout
 from ejkernel.quantization.modes import QuantParams, resolve_axis, resolve_params
@@ -166,7 +166,7 @@ def fp8_rows(lhs, block: int) -> jax.Array:
     dtype. Its gradient is the identity (straight through the rounding)."""
     m, k = lhs.shape
     codes, scale = fp8_row_blocks(lhs, block)
-    values = codes.astype(jnp.float32).reshape(m, k // block, block) * scale[..., None]
+    values = code_values(codes).reshape(m, k // block, block) * scale[..., None]
     return lhs + lax.stop_gradient(values.reshape(m, k).astype(lhs.dtype) - lhs)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 
 def code_max(dtype) -> float:
@@ -21,6 +23,17 @@ def to_codes(x, dtype) -> jax.Array:
     top = code_max(dtype)
     x = jnp.clip(x, -top, top)
     return (jnp.round(x) if jnp.issubdtype(jnp.dtype(dtype), jnp.integer) else x).astype(dtype)
+
+
+def code_values(codes, dtype=jnp.float32) -> jax.Array:
+    """The values of `codes` in `dtype`. float8 codes are looked up in a table of the format's 256 values: on a
+    GPU, XLA (under its default `xla_allow_excess_precision`) rewrites a chain of float conversions such as
+    float32 -> float8 -> float32 into no conversion at all, which would drop the rounding that made the codes."""
+    codes_dtype = jnp.dtype(codes.dtype)
+    if jnp.issubdtype(codes_dtype, jnp.integer):
+        return codes.astype(dtype)
+    table = np.arange(256, dtype=np.uint8).view(codes_dtype).astype(np.float32)
+    return jnp.asarray(table)[lax.bitcast_convert_type(codes, jnp.uint8)].astype(dtype)
 
 
 def quantize_rows(x, dtype) -> tuple[jax.Array, jax.Array]:

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.paged_attention.problem import page_in_cache
-from ejkernel.kernels._common.scaled_codes import quantize_rows, to_codes
+from ejkernel.kernels._common.scaled_codes import code_values, quantize_rows, to_codes
 from ejkernel.kernels._common.search import sorted_position
 
 
@@ -112,4 +112,4 @@ def write_latents(kv_cache, keys_values, keys_pe, kv_lens, tables, query_start, 
 def quantize_queries(queries, q_scale: float, dtype) -> jax.Array:
     """`queries / q_scale` rounded to the cache's `dtype` (`to_codes`), kept in the queries' dtype, which the
     output keeps."""
-    return to_codes(queries / q_scale, dtype).astype(queries.dtype)
+    return code_values(to_codes(queries / q_scale, dtype), queries.dtype)
