@@ -48,7 +48,7 @@ def _folds(params: QuantParams) -> bool:
 
 
 def tiling(
-    cfg, m: int, k: int, n: int, params: QuantParams, transpose: bool, interpret: bool
+    cfg, m: int, k: int, n: int, params: QuantParams, transpose: bool, interpret: bool, variants: dict | None = None
 ) -> TritonQuantizedMatmulTiling:
     """The kernel's tiles from `cfg` (`block_m`, `block_n`, `block_k`, `split_k`, `num_warps`, `num_stages`),
     fitted to the problem: a step decodes at most `MAX_TILE_VALUES` values (the contraction tile shrinks).
@@ -58,11 +58,12 @@ def tiling(
     columns put the weights first in the dot (`swap_ab`: an MMA's 64-row side). Without `split_k` the
     contraction is split until the programs fill one wave of the GPU's SMs, as far as the float32 partial
     sums (written, then read back: 8·M bytes a column and split) stay under an eighth of the packed weights'
-    bytes (K·bits/8 a column)."""
+    bytes (K·bits/8 a column). `variants` (the three switches by name) overrides the heuristic's choice, for
+    sweeps."""
     block_m = _fit(cfg.block_m, m, DECODE_ROWS)
     block_n = _fit(cfg.block_n, n, MAX_BLOCK_N)
     block_k = _fit(cfg.block_k, k, MAX_BLOCK_K)
-    fold = _folds(params)
+    fold = _folds(params) if variants is None else variants["fold_scales"]
     if fold and transpose and block_k > params.group_size:
         block_n = _fit(block_n * block_k // params.group_size, n, MAX_BLOCK_N)
         block_k = params.group_size
@@ -79,7 +80,8 @@ def tiling(
         affordable = k * params.bits // (8 * 8 * 8 * m)
         splits = max(1, min(sms // programs, steps // 4, affordable))  # each split walks at least 4 steps
     tiles = (block_m, block_n, block_k, splits, cfg.num_warps, cfg.num_stages, interpret)
-    variants = dict(fold_scales=fold, magic_codes=params.mode == "affine", swap_ab=block_n >= 64)
+    if variants is None:
+        variants = dict(fold_scales=fold, magic_codes=params.mode == "affine", swap_ab=block_n >= 64)
     return TritonQuantizedMatmulTiling(*tiles, **variants)
 
 
