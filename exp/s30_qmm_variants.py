@@ -4,7 +4,8 @@
 Per mode, layout (row: transpose=False, EasyDeL's; col: transpose=True) and rows of x (K = N = 8192, bf16 x,
 `LAYERS` distinct weight matrices a call, so that they stream from HBM): the kernel at explicit tilings
 (`_kernel.TritonQuantizedMatmulTiling`: scales folded out of the weights, affine codes spelled into floats,
-swapped dot operands, on the old heuristic's tiles and a few others), and the public op at its heuristic
+two codes a 32-bit operation, swapped dot operands, on the old heuristic's tiles and a few others with every
+switch the call can have on), and the public op at its heuristic
 (`auto`). One line a variant: mode, layout, M, variant, ms a matrix, TB/s over the packed weights, and the
 fraction of a device copy (`a + 1` of a bf16 [K, N] matrix, bytes read + written) timed in the same run.
 """
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import time_variants
+from ejkernel.kernels._triton._decode import magic_offset
 from ejkernel.kernels._triton.quantized_matmul._interface import tiling
 from ejkernel.kernels._triton.quantized_matmul._kernel import matmul
 from ejkernel.modules import quantized_matmul
@@ -45,18 +47,25 @@ def variants(params, transpose, m):
     block_n, block_k, warps, split = OLD_TILES.get((transpose, params.bits), OLD_DEFAULT)
     old = QuantizedMatmulConfig(block_m=64, block_n=block_n, block_k=block_k, num_warps=warps, split_k=split)
     affine = params.mode == "affine"
+    pairs = affine and magic_offset(jnp.bfloat16, params.bits) != 0
     switches = {"plain": (False, False, False), "swap": (False, False, True), "fold": (True, False, False)}
     switches |= {"fold+swap": (True, False, True)}
     if affine:
-        switches |= {"magic": (False, True, False), "fold+magic": (True, True, False), "all": (True, True, True)}
+        switches |= {
+            "magic": (False, True, False),
+            "fold+magic": (True, True, False),
+            "fold+magic+swap": (True, True, True),
+        }
+    if pairs:
+        switches |= {"fold+magic+pairs": (True, True, False, True), "all": (True, True, True, True)}
     out = {}
-    for name, (fold, magic, swap) in switches.items():
-        flags = dict(fold_scales=fold, magic_codes=magic, swap_ab=swap)
-        out[f"{name} old-tiles"] = tiling(old, m, SIZE, SIZE, params, transpose, False, flags)
+    for name, (fold, magic, swap, *paired) in switches.items():
+        flags = dict(fold_scales=fold, magic_codes=magic, swap_ab=swap, paired_codes=bool(paired))
+        out[f"{name} old-tiles"] = tiling(old, m, SIZE, SIZE, params, transpose, jnp.bfloat16, False, flags)
     for bn, bk, w in OTHER_TILES[transpose]:
         cfg = QuantizedMatmulConfig(block_m=64, block_n=bn, block_k=bk, num_warps=w)
-        flags = dict(fold_scales=True, magic_codes=affine, swap_ab=True)
-        t = tiling(cfg, m, SIZE, SIZE, params, transpose, False, flags)
+        flags = dict(fold_scales=True, magic_codes=affine, swap_ab=True, paired_codes=pairs)
+        t = tiling(cfg, m, SIZE, SIZE, params, transpose, jnp.bfloat16, False, flags)
         for splits in sorted({t.splits, 2 * t.splits}):
             out[f"all {t.block_n}x{t.block_k} w{w} s{splits}"] = dataclasses.replace(t, splits=splits)
     return out

@@ -72,7 +72,8 @@ def test_gradient_wrt_x(mode, transpose, dtype):
     assert jax.grad(lambda x: jnp.sum(fn(x)))(x).dtype == dtype
 
 
-# mode, bits, transpose, x dtype, M, K, N, group, block_n, block_k, splits, (fold_scales, magic_codes, swap_ab)
+# mode, bits, transpose, x dtype, M, K, N, group, block_n, block_k, splits,
+# (fold_scales, magic_codes, swap_ab[, paired_codes])
 VARIANTS = [
     ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 1, (False, True, False)),  # unfolded, spelled codes
     ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 2, (True, True, True)),  # bf16 keeps the offset
@@ -81,6 +82,9 @@ VARIANTS = [
     ("affine", 8, False, jnp.float32, 5, 64, 48, 16, 16, 32, 1, (True, True, False)),  # float32: no offset
     ("affine", 8, True, jnp.bfloat16, 5, 64, 32, 32, 32, 32, 1, (True, True, True)),  # too wide for bf16's
     ("affine", 8, False, jnp.bfloat16, 16, 48, 64, 64, 64, 16, 1, (True, False, False)),  # folded, converted
+    ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 1, (True, True, True, True)),  # two codes an op
+    ("affine", 4, True, jnp.bfloat16, 16, 96, 40, 32, 32, 32, 2, (True, True, False, True)),
+    ("affine", 8, True, jnp.float16, 5, 64, 40, 32, 32, 16, 1, (True, True, True, True)),
     ("nf4", None, True, jnp.bfloat16, 5, 64, 48, 32, 32, 32, 1, (True, False, True)),
     ("mxfp4", None, False, jnp.float32, 5, 64, 64, 32, 32, 16, 1, (True, False, True)),
     ("nvfp8", None, True, jnp.bfloat16, 16, 32, 40, 16, 32, 32, 1, (False, False, True)),  # unfolded, swapped
@@ -117,6 +121,8 @@ def test_variants_refuse_what_the_call_cannot_have():
         call(magic_codes=True)
     with pytest.raises(ValueError, match=r"fold_scales needs block_n dividing the group size 32 .*, got block_n=64"):
         call(fold_scales=True)
+    with pytest.raises(ValueError, match=r"paired_codes needs fold_scales, .*, got fold_scales=False"):
+        call(paired_codes=True)
 
 
 def test_declines_what_it_does_not_serve():
@@ -217,9 +223,12 @@ def test_gpu_auto_picks_triton_for_decoding_and_grads_match(transpose):
 
 
 GPU_VARIANTS = [(False, False, False), (False, True, False), (True, False, False), (True, True, False)]
-GPU_VARIANTS += [(False, False, True), (True, True, True)]
+GPU_VARIANTS += [(False, False, True), (True, True, True), (True, True, False, True), (True, True, True, True)]
 GPU_VARIANT_CASES = [
-    (mode, bits, t, flags) for mode, bits, t in (("affine", 4, False), ("affine", 8, True)) for flags in GPU_VARIANTS
+    (mode, bits, t, flags)
+    for mode, bits, t in (("affine", 4, False), ("affine", 4, True), ("affine", 8, True))
+    for flags in GPU_VARIANTS
+    if len(flags) < 4 or bits == 4  # paired codes: 4-bit in bf16
 ]
 GPU_VARIANT_CASES += [("nf4", None, False, flags) for flags in ((True, False, False), (True, False, True))]
 

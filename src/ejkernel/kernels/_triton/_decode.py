@@ -85,16 +85,22 @@ def _and(row_ok, cols_ok):
     return cols_ok[None, :] if row_ok is None else row_ok & cols_ok[None, :]
 
 
-def load_codes(w_ref, tile: WeightTile, bits: int, prefix: tuple = ()):
-    """int32 `[rows, cols]` codes of one tile of `w_ref[*prefix]`, code i of a row in column i (zero outside
-    the matrix). `cols` must be a multiple of `32 / bits`."""
+def load_words(w_ref, tile: WeightTile, bits: int, prefix: tuple = ()):
+    """uint32 `[rows, cols·bits/32]` packed words of one tile of `w_ref[*prefix]` (zero outside the matrix).
+    `cols` must be a multiple of `32 / bits`."""
     per_word = 32 // bits
     words = tile.cols // per_word
     row0, row_ok = _tile_rows(tile)
     word0 = pl.multiple_of(tile.col_block * words, words)
     word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if tile.col_count % tile.cols else None
-    packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), _and(row_ok, word_ok))
-    shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
+    return masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), _and(row_ok, word_ok))
+
+
+def load_codes(w_ref, tile: WeightTile, bits: int, prefix: tuple = ()):
+    """int32 `[rows, cols]` codes of one tile of `w_ref[*prefix]`, code i of a row in column i (zero outside
+    the matrix). `cols` must be a multiple of `32 / bits`."""
+    packed = load_words(w_ref, tile, bits, prefix)
+    shifts = jnp.arange(32 // bits, dtype=jnp.uint32) * bits
     codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
     return codes.reshape(tile.rows, tile.cols).astype(jnp.int32)
 
@@ -189,3 +195,29 @@ def decode_tile(
         values = integer_codes(codes, jnp.float32, params.bits, False) if magic else codes.astype(jnp.float32)
         return values * spread(factors) + spread(offsets)
     return code_values(codes, params, table_ref) * spread(factors)
+
+
+def _in_column_order(parts):
+    """`[..., n]` from n same-shaped arrays (`parts[i]` at position i; n a power of two) by two-way stacks along a
+    new last axis (Triton's join, free in registers): pairing `i` with `i + n/2` level by level makes the first
+    level's axis the slowest, so the flattened order is i's."""
+    count = len(parts)
+    while len(parts) > 1:
+        half = len(parts) // 2
+        parts = [jnp.stack([parts[i], parts[i + half]], axis=-1) for i in range(half)]
+    return parts[0].reshape(*parts[0].shape[: -(count.bit_length() - 1)], count)
+
+
+def spelled_code_pairs(packed, bits: int, dtype):
+    """`[rows, words·32/bits]` `dtype` (16-bit) values `P + code` of packed words' codes in column order, two
+    codes a 32-bit operation: `(word >> j·b) & mask | P·0x10001` holds code j spelled in its low half and code
+    `j + 16/b` in its high half (`integer_codes`' P; the codes must fit the mantissa: `magic_offset` nonzero)."""
+    ones = jnp.uint32(0x10001)  # a 16-bit value in both halves of a word
+    mask, magic = jnp.uint32((1 << bits) - 1) * ones, jnp.uint32(MAGIC[jnp.dtype(dtype)][0]) * ones
+    low, high = [], []
+    for j in range(16 // bits):
+        spelled = ((packed >> jnp.uint32(j * bits)) & mask) | magic
+        low.append(lax.bitcast_convert_type(spelled.astype(jnp.uint16), dtype))
+        high.append(lax.bitcast_convert_type((spelled >> jnp.uint32(16)).astype(jnp.uint16), dtype))
+    values = _in_column_order(low + high)  # [rows, words, 2, ...]: code i of a word at flattened position i
+    return values.reshape(packed.shape[0], packed.shape[1] * 32 // bits)

@@ -22,6 +22,7 @@ from ejkernel.kernels._common.quantized_matmul import (
     default_tile,
     with_vjp,
 )
+from ejkernel.kernels._triton._decode import magic_offset
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.quantized_matmul._kernel import TritonQuantizedMatmulTiling, matmul
 from ejkernel.quantization.modes import QuantParams
@@ -48,13 +49,22 @@ def _folds(params: QuantParams) -> bool:
 
 
 def tiling(
-    cfg, m: int, k: int, n: int, params: QuantParams, transpose: bool, interpret: bool, variants: dict | None = None
+    cfg,
+    m: int,
+    k: int,
+    n: int,
+    params: QuantParams,
+    transpose: bool,
+    dtype,
+    interpret: bool,
+    variants: dict | None = None,
 ) -> TritonQuantizedMatmulTiling:
     """The kernel's tiles from `cfg` (`block_m`, `block_n`, `block_k`, `split_k`, `num_warps`, `num_stages`),
     fitted to the problem: a step decodes at most `MAX_TILE_VALUES` values (the contraction tile shrinks).
     Where `_folds`, the scales are folded out of the weights (`_kernel`'s `fold_scales`): the tile edge along
     the groups (`block_n` without transpose, `block_k` with it) shrinks to the group and the other grows to
-    keep the step's values. Affine codes are spelled into floats (`magic_codes`), and tiles of at least 64
+    keep the step's values. Affine codes are spelled into floats (`magic_codes`; two a 32-bit operation where
+    folded codes fit x's 16-bit mantissa: `paired_codes`), and tiles of at least 64
     columns put the weights first in the dot (`swap_ab`: an MMA's 64-row side). Without `split_k` the
     contraction is split until the programs fill one wave of the GPU's SMs, as far as the float32 partial
     sums (written, then read back: 8·M bytes a column and split) stay under an eighth of the packed weights'
@@ -81,7 +91,9 @@ def tiling(
         splits = max(1, min(sms // programs, steps // 4, affordable))  # each split walks at least 4 steps
     tiles = (block_m, block_n, block_k, splits, cfg.num_warps, cfg.num_stages, interpret)
     if variants is None:
-        variants = dict(fold_scales=fold, magic_codes=params.mode == "affine", swap_ab=block_n >= 64)
+        affine = params.mode == "affine"
+        paired = fold and affine and magic_offset(dtype, params.bits) != 0
+        variants = dict(fold_scales=fold, magic_codes=affine, swap_ab=block_n >= 64, paired_codes=paired)
     return TritonQuantizedMatmulTiling(*tiles, **variants)
 
 
@@ -119,4 +131,6 @@ def quantized_matmul_triton(
     _decline(x, params, n)
     interpret = resolve_interpret(interpret, WHO)
     static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
-    return _run(x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, params, transpose, interpret))
+    return _run(
+        x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, params, transpose, x.dtype, interpret)
+    )

@@ -8,7 +8,7 @@ a reshape that lays the codes out in column order), turns them into values and m
 on the tensor cores, accumulating in float32. Each split writes its own float32 partial sums; the caller adds
 them up.
 
-Three tiling switches cut the work per weight (each off is the plain decode, kept for A/B sweeps):
+Four tiling switches cut the work per weight (each off is the plain decode, kept for A/B sweeps):
 
 - `fold_scales`: where a step's tile lies inside one group (`block_n` divides g without transpose, `block_k`
   divides g with it) the group's scale is not applied per weight. Without transpose the scale varies along
@@ -22,6 +22,9 @@ Three tiling switches cut the work per weight (each off is the plain decode, kep
   code OR'ed into the mantissa of a power of two P). Folded, and where the codes fit x's 16-bit mantissa
   (4-bit codes in bf16, any in f16), the tile keeps the offset P (one OR a weight, no arithmetic) and the
   zero term subtracts it.
+- `paired_codes` (folded affine codes that keep the offset): two codes a 32-bit operation, `(word >> j·b) &
+  0x000F000F | P·0x10001` spelling a code in each 16-bit half (`_decode.spelled_code_pairs`), the halves
+  joined into column order.
 - `swap_ab`: the dot computes `outᵀ [block_n, block_m] = W_tileᵀ · xᵀ`, the decoded weights being its first
   operand (the one an MMA may take from registers) and the small x tile the second; the accumulator is
   transposed once when stored.
@@ -45,9 +48,11 @@ from ejkernel.kernels._triton._decode import (
     group_metadata,
     integer_codes,
     load_codes,
+    load_words,
     magic_offset,
     masked_load,
     scale_factors,
+    spelled_code_pairs,
 )
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.quantization.codes import NF4
@@ -70,12 +75,19 @@ class TritonQuantizedMatmulTiling:
     fold_scales: bool = False
     magic_codes: bool = False
     swap_ab: bool = False
+    paired_codes: bool = False
 
 
-def check_variants(tiling: TritonQuantizedMatmulTiling, params: QuantParams, transpose: bool) -> None:
-    """ValueError where the tiling asks for a variant the call cannot have."""
+def check_variants(tiling: TritonQuantizedMatmulTiling, params: QuantParams, transpose: bool, dtype) -> None:
+    """ValueError where the tiling asks for a variant the call (x's `dtype`) cannot have."""
     if tiling.magic_codes and params.mode != "affine":
         raise ValueError(f"magic_codes needs affine integer codes, got mode {params.mode!r}")
+    if tiling.paired_codes and not (tiling.fold_scales and tiling.magic_codes and magic_offset(dtype, params.bits)):
+        raise ValueError(
+            "paired_codes needs fold_scales, magic_codes and codes that fit x's 16-bit mantissa (4-bit in bf16, "
+            f"4/8-bit in f16), got fold_scales={tiling.fold_scales}, magic_codes={tiling.magic_codes}, "
+            f"{params.bits}-bit codes, x {jnp.dtype(dtype).name}"
+        )
     block, name = (tiling.block_k, "block_k") if transpose else (tiling.block_n, "block_n")
     if tiling.fold_scales and params.group_size % block:
         raise ValueError(
@@ -111,8 +123,11 @@ def _matmul_kernel(*refs, params: QuantParams, transpose: bool, tiling: TritonQu
     per_row = (lambda v: v[None, :]) if swap else (lambda v: v[:, None])  # [bm] over the accumulator
     offset = magic_offset(op, params.bits) if tiling.magic_codes else 0
 
-    def weight_values(codes):
+    def weight_values(tile):
         """The folded path's weight tile in x's dtype: codes as values, `offset` added to affine codes."""
+        if tiling.paired_codes:
+            return spelled_code_pairs(load_words(w_ref, tile, params.bits), params.bits, op)
+        codes = load_codes(w_ref, tile, params.bits)
         if params.mode != "affine":
             return code_values(codes, params, table_ref).astype(op)
         return integer_codes(codes, op, params.bits, True) if tiling.magic_codes else codes.astype(op)
@@ -125,14 +140,14 @@ def _matmul_kernel(*refs, params: QuantParams, transpose: bool, tiling: TritonQu
     def folded_step(x, i):
         if transpose:  # one group along this step's K: scales per output column, applied to the product
             tile = WeightTile(col_block, bn, n, i, bk, k)
-            out = product(x, weight_values(load_codes(w_ref, tile, params.bits)))
+            out = product(x, weight_values(tile))
             if params.mode == "affine":
                 zeros = group_metadata(z_ref, tile, g).astype(jnp.float32) + offset
                 out = out - per_row(x.astype(jnp.float32).sum(axis=1)) * per_column(zeros)
             return out * per_column(scale_factors(group_metadata(s_ref, tile, g), params))
         tile = WeightTile(i, bk, k, col_block, bn, n)  # one group along N: scales per K, applied to x
         xs = (x.astype(jnp.float32) * scale_factors(group_metadata(s_ref, tile, g), params)[None, :]).astype(op)
-        out = product(xs, weight_values(load_codes(w_ref, tile, params.bits)))
+        out = product(xs, weight_values(tile))
         if params.mode == "affine":
             zeros = group_metadata(z_ref, tile, g).astype(jnp.float32) + offset
             out = out - per_row((xs.astype(jnp.float32) * zeros[None, :]).sum(axis=1))
@@ -153,7 +168,7 @@ def _matmul_kernel(*refs, params: QuantParams, transpose: bool, tiling: TritonQu
 def matmul(x, w, scales, zeros, *, params: QuantParams, transpose: bool, tiling: TritonQuantizedMatmulTiling):
     """float32 `[M, N]` = `x [M, K]` times the packed weights (`zeros`: None outside affine); ValueError for
     a variant the call cannot have (`check_variants`)."""
-    check_variants(tiling, params, transpose)
+    check_variants(tiling, params, transpose, x.dtype)
     m, k = x.shape
     n = w.shape[0] if transpose else scales.shape[1] * params.group_size
     row_blocks = pl.cdiv(m, tiling.block_m)
