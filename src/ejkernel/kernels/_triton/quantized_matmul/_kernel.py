@@ -62,8 +62,8 @@ from ejkernel.quantization.modes import QuantParams
 @dataclasses.dataclass(frozen=True)
 class TritonQuantizedMatmulTiling:
     """Tiles and launch settings: x rows, output columns, contraction per step, contraction splits; and the
-    decode variants (module docstring): scales folded out of the weights, affine codes spelled into floats,
-    the dot's operands swapped."""
+    decode variants (module docstring): scales folded out of the weights, affine codes spelled into floats (two
+    a 32-bit operation with `paired_codes`), the dot's operands swapped. All off is the plain decode."""
 
     block_m: int
     block_n: int
