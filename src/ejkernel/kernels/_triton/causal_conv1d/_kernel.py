@@ -63,12 +63,25 @@ class TritonCausalConvStatic:
 
 @dataclasses.dataclass(frozen=True)
 class TritonCausalConvTiling:
-    """A kernel's tile (`block_t` tokens x `block_c` channels) and launch settings."""
+    """A kernel's tile (`block_t` tokens x `block_c` channels) and launch settings.
+
+    Attributes:
+        block_t: Tokens per program (the sliding window's run).
+        block_c: Channels per program.
+        num_warps: Warps per program.
+        num_stages: Software-pipelining stages.
+        design: The forward's design: `"window"` (`_window`: a run walked row by row, each input row read
+            once) or `"shifted"` (`forward` here: each tap's input loaded as the tile shifted back). The state
+            write and the backward read neither.
+        step_rows: Rows per step of the window's walk (a divisor of `block_t`): loads in flight together.
+    """
 
     block_t: int
     block_c: int
     num_warps: int
     num_stages: int
+    design: str = "window"
+    step_rows: int = 4
 
 
 def _positions(cu_ref, rows, st: TritonCausalConvStatic):
