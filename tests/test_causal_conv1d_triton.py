@@ -205,3 +205,27 @@ def test_gpu_decode_steps_on_a_donated_pool_continue_a_prefill():
         outs.append(out[:, None])
     assert_close(jnp.concatenate(outs, axis=1), full[0])
     assert_close(state[slots], full[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("design", DESIGNS)
+def test_gpu_forward_designs_match_xla(design):
+    """Each forward design compiled, against XLA's: a dense batch with a state (SiLU, bias), and a serving batch
+    on a pool (prefills, decode steps, an empty sequence, sequences shorter than W, padding tokens)."""
+    cfg = CausalConv1dConfig(triton_tiling=DESIGNS[design])
+    x, weight, b, pool = _inputs(jnp.bfloat16, 3600, 4096, 8, 3)
+    dense = lambda platform: jax.jit(
+        lambda x, s: causal_conv1d(x, weight, b, activation="silu", conv_state=s, platform=platform, cfg=cfg)
+    )
+    dense_x, initial = x[:3584].reshape(2, 1792, 4096), pool[:2]
+    for ours, theirs in zip(dense("triton")(dense_x, initial), dense("xla")(dense_x, initial), strict=True):
+        assert_close(ours, theirs, jnp.bfloat16)
+    cu = jnp.cumsum(jnp.array([0, 1000, 1, 2, 0, 517, 1, 2047, 3], jnp.int32))
+    slots = jnp.array([5, 0, 1, 7, 2, 3, 4, 6], jnp.int32)
+    packed = lambda platform: jax.jit(
+        lambda x, pool: causal_conv1d(
+            x, weight, cu_seqlens=cu, conv_state=pool, state_indices=slots, platform=platform, cfg=cfg
+        )
+    )
+    for ours, theirs in zip(packed("triton")(x, pool), packed("xla")(x, pool), strict=True):
+        assert_close(ours, theirs, jnp.bfloat16)

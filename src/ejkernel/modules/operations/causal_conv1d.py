@@ -23,10 +23,11 @@ IMPLEMENTATIONS = implementations(
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.causal_conv1d:causal_conv1d_triton"),
 )
 """XLA first everywhere: W shifted, scaled copies that XLA fuses into one pass over the input. On an H200 (16384
-packed tokens x 8192 channels, width 4, bf16) it beat the Triton kernels in every case: dense forward 0.351 ms
-against 0.364, packed on a pool 0.492 against 0.834, forward+backward 0.83 against 1.81 (BENCHMARKS.md). The
-Triton kernels (one pass over x per tile of tokens x channels, the pool written in place by a second kernel)
-stay reachable with `platform="triton"`."""
+packed tokens x 8192 channels, width 4, bf16) it beat the Triton kernels of the shifted-tile forward in every case:
+dense forward 0.351 ms against 0.364, packed on a pool 0.492 against 0.834, forward+backward 0.83 against 1.81
+(BENCHMARKS.md). The Triton forward's default is now a sliding window over each run of tokens that reads every
+input row once (not measured yet: `exp/s30_conv_variants.py`); the pool is written in place by a second kernel.
+They stay reachable with `platform="triton"`."""
 
 ACTIVATIONS = (None, "silu", "swish")
 FORWARD_DESIGNS = ("window", "shifted")
@@ -95,6 +96,14 @@ class CausalConv1dConfig(KernelConfig):
             )
 
 
+TRITON_FORWARD_DESIGNS = (
+    CausalConv1dTritonTiling(forward="shifted"),
+    CausalConv1dTritonTiling(step_rows=1),
+    CausalConv1dTritonTiling(step_rows=8),
+)
+"""The Triton forward's designs autotuning times beside the default (the sliding window, 4 rows a step)."""
+
+
 class CausalConv1d(Kernel):
     """The executor's `Kernel` for `causal_conv1d`: op id `"causal_conv1d"`, config `CausalConv1dConfig`.
 
@@ -113,6 +122,8 @@ class CausalConv1d(Kernel):
             for warps in (4, 8):
                 tile = dict(block_k=block_k, block_d=block_d, num_warps=warps)
                 yield CausalConv1dConfig(platform=platform, fwd_params=FwdParams(**tile), bwd_params=BwdParams(**tile))
+        for design in TRITON_FORWARD_DESIGNS:
+            yield CausalConv1dConfig(platform=platform, triton_tiling=design)
 
     def busy_integers(self, args):
         """Sequences of equal length filling the tokens, each on its own slot (zeros would be all empty)."""

@@ -21,7 +21,8 @@ from jax.experimental import pallas as pl
 from ejkernel.kernels._common.bounds import clamp_packed
 from ejkernel.kernels._triton._helpers import resolve_interpret
 
-from ._kernel import TritonCausalConvStatic, TritonCausalConvTiling, backward, forward, write_states
+from ._kernel import backward, forward, write_states
+from ._parts import TritonCausalConvStatic, TritonCausalConvTiling
 from ._window import window_forward
 
 WHO = "triton causal_conv1d"

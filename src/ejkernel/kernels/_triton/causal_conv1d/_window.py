@@ -26,7 +26,14 @@ from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._triton._helpers import and_masks
 
-from ._kernel import TritonCausalConvStatic, TritonCausalConvTiling, _inputs, _params, _silu_and_slope, _unpack
+from ._parts import (
+    TritonCausalConvStatic,
+    TritonCausalConvTiling,
+    compiler_params,
+    kernel_inputs,
+    silu_and_slope,
+    unpack_refs,
+)
 
 
 class _Run:
@@ -34,7 +41,9 @@ class _Run:
 
     def __init__(self, st: TritonCausalConvStatic, refs, block_c: int):
         self.st = st
-        self.cu_ref, self.slots_ref, self.x_ref, w_ref, b_ref, self.state_ref, (self.out_ref, *_) = _unpack(refs, st)
+        self.cu_ref, self.slots_ref, self.x_ref, w_ref, b_ref, self.state_ref, (self.out_ref, *_) = unpack_refs(
+            refs, st
+        )
         c0 = pl.program_id(1) * block_c
         self.block = pl.ds(pl.multiple_of(c0, block_c), block_c)
         self.cols = c0 + jnp.arange(block_c, dtype=jnp.int32)
@@ -94,7 +103,7 @@ class _Run:
         stream = [*window, current]
         y = sum(self.taps[s] * stream[-1 - s] for s in range(self.st.width))
         y = y if self.bias is None else y + self.bias
-        return _silu_and_slope(y)[0] if self.st.silu else y
+        return silu_and_slope(y)[0] if self.st.silu else y
 
     def store(self, row, y, where=None):
         mask = and_masks(None if where is None else jnp.full(self.cols.shape, where), self.col_ok)
@@ -147,8 +156,8 @@ def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int
 def window_forward(
     st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpret: bool, cu, slots, x, weight, bias, state
 ):
-    """`out [T, C]` in x's dtype, and the pool passed through untouched (aliased, as `_kernel.forward`)."""
-    args = _inputs(cu, slots, x, weight, bias, state)
+    """`out [T, C]` in x's dtype, and the pool passed through untouched (aliased, as by `_kernel.forward`)."""
+    args = kernel_inputs(cu, slots, x, weight, bias, state)
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
     if state is not None:
         out_shape.append(jax.ShapeDtypeStruct(state.shape, state.dtype))
@@ -158,7 +167,7 @@ def window_forward(
         out_shape=out_shape,
         grid=(pl.cdiv(st.tokens, t.block_t), pl.cdiv(st.channels, t.block_c)),
         input_output_aliases={len(args) - 1: 1} if state is not None else {},
-        compiler_params=_params(t),
+        compiler_params=compiler_params(t),
         interpret=interpret,
         name="ejkernel_causal_conv1d_window",
     )(*args)
