@@ -3,8 +3,8 @@ forward at >= 0.8 of a copy's bandwidth). 16384 tokens x 8192 channels, width 4,
 of 256 (SiLU and bias, then neither), packed as 64 sequences on a conv-state pool, and dense forward+backward.
 One line per case and variant: ms, the bytes moved per second as a fraction of a copy `x + 1` timed in the same
 run, and the error against XLA's result. Variants are `window <tokens>x<channels> w<warps> s<stages> r<step rows>`
-(the sliding window) and `shifted` (the kernel before it). Run on the GPU: `python3 exp/s30_conv_variants.py`;
-`--quick`: tiny shapes in Pallas interpret mode (a CPU smoke run of this script)."""
+(the sliding window; ` p`: prefetching the next step's rows) and `shifted` (the kernel before it). Run on the
+GPU: `python3 exp/s30_conv_variants.py`; `--quick`: tiny shapes in Pallas interpret mode (a CPU smoke run)."""
 
 import argparse
 import functools
@@ -18,21 +18,26 @@ from ejkernel.kernels._triton.causal_conv1d import causal_conv1d_triton
 from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d
 from ejkernel.ops import FwdParams
 
-WINDOWS = [  # tokens, channels, warps, stages, step rows
-    (64, 1024, 4, 1, 4),  # the default
-    (64, 1024, 4, 1, 1),
-    (64, 1024, 4, 1, 8),
-    (64, 1024, 8, 1, 4),
-    (64, 1024, 4, 2, 4),
-    (64, 1024, 4, 3, 2),
-    (128, 1024, 4, 1, 4),
-    (256, 1024, 4, 2, 4),
-    (16, 1024, 4, 1, 16),
-    (32, 1024, 8, 1, 8),
-    (64, 512, 4, 1, 4),
-    (64, 512, 2, 1, 8),
-    (64, 2048, 8, 1, 4),
-    (64, 256, 1, 1, 8),
+WINDOWS = [  # tokens, channels, warps, stages, step rows, prefetch
+    (64, 1024, 4, 1, 4, False),  # the default
+    (64, 1024, 4, 1, 1, False),
+    (64, 1024, 4, 1, 8, False),
+    (64, 1024, 8, 1, 4, False),
+    (64, 1024, 4, 2, 4, False),
+    (64, 1024, 4, 3, 2, False),
+    (128, 1024, 4, 1, 4, False),
+    (256, 1024, 4, 2, 4, False),
+    (16, 1024, 4, 1, 16, False),
+    (32, 1024, 8, 1, 8, False),
+    (64, 512, 4, 1, 4, False),
+    (64, 512, 2, 1, 8, False),
+    (64, 2048, 8, 1, 4, False),
+    (64, 256, 1, 1, 8, False),
+    (64, 1024, 4, 1, 4, True),
+    (128, 1024, 4, 1, 4, True),
+    (256, 1024, 4, 1, 2, True),
+    (64, 1024, 8, 1, 8, True),
+    (128, 512, 2, 1, 4, True),
 ]
 TRAIN_WINDOWS = WINDOWS[:1]
 """The backward is the same kernel in every variant: forward+backward at the default window only."""
@@ -41,15 +46,15 @@ TRAIN_WINDOWS = WINDOWS[:1]
 def config(window):
     if window is None:
         return CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(forward="shifted"))
-    tokens, channels, warps, stages, rows = window
+    tokens, channels, warps, stages, rows, prefetch = window
     return CausalConv1dConfig(
         fwd_params=FwdParams(block_k=tokens, block_d=channels, num_warps=warps, num_stages=stages),
-        triton_tiling=CausalConv1dTritonTiling(forward="window", step_rows=rows),
+        triton_tiling=CausalConv1dTritonTiling(forward="window", step_rows=rows, prefetch=prefetch),
     )
 
 
 def name(window):
-    return "shifted" if window is None else "window {}x{} w{} s{} r{}".format(*window)
+    return "shifted" if window is None else "window {}x{} w{} s{} r{}{}".format(*window[:5], " p" * window[5])
 
 
 def main() -> None:

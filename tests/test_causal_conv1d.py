@@ -240,13 +240,16 @@ def test_bad_input_is_one_line_naming_the_argument(call, error, words):
 
 def test_triton_tiling_round_trips_and_rejects_bad_fields():
     """`CausalConv1dConfig.triton_tiling` survives JSON; a bad field is one line naming it."""
-    cfg = CausalConv1dConfig(platform="triton", triton_tiling=CausalConv1dTritonTiling(forward="shifted", step_rows=2))
+    cfg = CausalConv1dConfig(
+        platform="triton", triton_tiling=CausalConv1dTritonTiling(forward="shifted", step_rows=2, prefetch=True)
+    )
     back = CausalConv1dConfig.from_json(cfg.to_json())
     assert back == cfg and isinstance(back.triton_tiling, CausalConv1dTritonTiling)
     for fields, words in (
         (dict(forward="tiles"), "CausalConv1dTritonTiling.forward must be 'window' or 'shifted', got 'tiles'"),
         (dict(step_rows=3), "CausalConv1dTritonTiling.step_rows must be a positive power of two, got 3"),
         (dict(step_rows=True), "CausalConv1dTritonTiling.step_rows must be a positive power of two, got True"),
+        (dict(prefetch=1), "CausalConv1dTritonTiling.prefetch must be a bool, got 1"),
     ):
         with pytest.raises(ValueError, match=f"^{re.escape(words)}$"):
             CausalConv1dTritonTiling(**fields)

@@ -1,9 +1,9 @@
 """causal_conv1d's Pallas-Triton kernels: interpret mode against the reference (tiles of 8 tokens x 16 channels,
 so 20 channels leave a partial tile), forward and every gradient, dense and packed over a state pool of width
 W - 1 or W; the pool's rules (empty sequences, padding tokens, a shared slot, a slot outside the pool, donation);
-each forward design (the sliding window, at two step sizes, and the shifted tiles) on runs inside one sequence
-and runs that cross bounds; lowering for CUDA on this host; and the GPU suite against the XLA implementation at
-realistic shapes."""
+each forward design (the sliding window, at two step sizes and prefetching, and the shifted tiles) on runs
+inside one sequence and runs that cross bounds; lowering for CUDA on this host; and the GPU suite against the
+XLA implementation at realistic shapes."""
 
 import dataclasses
 import functools
@@ -25,6 +25,7 @@ TRITON = functools.partial(causal_conv1d_triton, cfg=SMALL, interpret=True)
 DESIGNS = {
     "window": CausalConv1dTritonTiling(forward="window"),
     "window by 1 row": CausalConv1dTritonTiling(forward="window", step_rows=1),
+    "window prefetching": CausalConv1dTritonTiling(forward="window", prefetch=True),
     "shifted": CausalConv1dTritonTiling(forward="shifted"),
 }
 """The forward's designs (`CausalConv1dTritonTiling`), each a parametrisation of `test_forward_designs`."""
@@ -137,6 +138,9 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     shifted = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(forward="shifted"))
     packed = lambda x, w, b, pool: ours(x, w, b, pool, cu, slots, cfg=shifted)
     assert names(lowered(packed, x, weight, b, pool)) == {"fwd", "state"}
+    prefetching = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(prefetch=True))
+    dense_args = randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16)
+    assert names(lowered(lambda x, w: ours(x, w, cfg=prefetching), *dense_args)) == {"window"}
 
 
 def _inputs(dtype, tokens, channels, slots, state_width):

@@ -43,6 +43,8 @@ class CausalConv1dTritonTiling(ConfigBase):
             in registers, so each input row is read once; `"shifted"`: each tap's input is loaded as the
             program's tile shifted back (overlapping loads) ["window"].
         step_rows: Rows per step of the window's walk, a power of two: the loads in flight together [4].
+        prefetch: Whether each step of the window's walk loads the next step's rows, so that they are in flight
+            while it computes and stores its own (twice the rows in registers) [False].
 
     Raises:
         ValueError: A field that breaks its rule above; one line naming it.
@@ -55,6 +57,7 @@ class CausalConv1dTritonTiling(ConfigBase):
 
     forward: str | None = None
     step_rows: int | None = None
+    prefetch: bool | None = None
 
     def __post_init__(self) -> None:
         who = type(self).__name__
@@ -65,6 +68,8 @@ class CausalConv1dTritonTiling(ConfigBase):
             raise ValueError(f"{who}.step_rows must be a positive power of two, got {rows!r}")
         if rows is not None and rows & (rows - 1):
             raise ValueError(f"{who}.step_rows must be a positive power of two, got {rows!r}")
+        if self.prefetch is not None and not isinstance(self.prefetch, bool):
+            raise ValueError(f"{who}.prefetch must be a bool, got {self.prefetch!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +105,7 @@ TRITON_FORWARD_DESIGNS = (
     CausalConv1dTritonTiling(forward="shifted"),
     CausalConv1dTritonTiling(step_rows=1),
     CausalConv1dTritonTiling(step_rows=8),
+    CausalConv1dTritonTiling(prefetch=True),
 )
 """The Triton forward's designs autotuning times beside the default (the sliding window, 4 rows a step)."""
 

@@ -51,7 +51,7 @@ def _decline(x, weight, bias, conv_state, cu_seqlens) -> None:
 def tilings(cfg, tokens: int, channels: int) -> tuple[TritonCausalConvTiling, TritonCausalConvTiling]:
     """The forward's and the backward's tiles: `fwd_params` / `bwd_params` (`block_k` tokens, `block_d`
     channels, `num_warps`, `num_stages`) and the forward's design (`cfg.triton_tiling`: `forward`,
-    `step_rows`), defaults where unset, no larger than the problem."""
+    `step_rows`, `prefetch`), defaults where unset, no larger than the problem."""
     design = getattr(cfg, "triton_tiling", None)
     design_field = lambda name: None if design is None else getattr(design, name)
     shifted = design_field("forward") == "shifted"
@@ -66,6 +66,7 @@ def tilings(cfg, tokens: int, channels: int) -> tuple[TritonCausalConvTiling, Tr
             num_stages=read("num_stages", default.num_stages),
             design=default.design,
             step_rows=min(design_field("step_rows") or default.step_rows, block_t),
+            prefetch=bool(design_field("prefetch")),
         )
 
     forward_default = SHIFTED_TILING if shifted else FORWARD_TILING

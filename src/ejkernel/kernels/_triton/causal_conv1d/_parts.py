@@ -51,6 +51,7 @@ class TritonCausalConvTiling:
             once) or `"shifted"` (`forward` here: each tap's input loaded as the tile shifted back). The state
             write and the backward read neither.
         step_rows: Rows per step of the window's walk (a divisor of `block_t`): loads in flight together.
+        prefetch: Whether each step of the window's walk loads the next step's rows (in flight during its own).
     """
 
     block_t: int
@@ -59,6 +60,7 @@ class TritonCausalConvTiling:
     num_stages: int
     design: str = "window"
     step_rows: int = 4
+    prefetch: bool = False
 
 
 def silu_and_slope(y):

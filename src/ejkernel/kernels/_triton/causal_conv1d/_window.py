@@ -3,7 +3,9 @@
 A program owns a run of `block_t` tokens x `block_c` channels (channels contiguous) and walks it in steps of
 `step_rows` rows, carrying the last `W - 1` input rows of the run's sequence in registers: a step loads its
 rows (one contiguous channel vector each, independent of the carry, so the loads of a step are in flight
-together), makes their outputs from the carry and the new rows, and keeps the newest `W - 1` rows. Before the
+together), makes their outputs from the carry and the new rows, and keeps the newest `W - 1` rows. With
+`prefetch`, a step loads the next step's rows instead of its own (carried in registers to the next step), so
+that loads are in flight while a step computes and stores. Before the
 walk the carry is filled with the `W - 1` inputs before the run: x's rows, or, before the sequence's start, the
 newest columns of its slot of the state pool (zeros without a pool or for a slot outside it).
 
@@ -53,14 +55,16 @@ class _Run:
         self.taps = [self._load(w_ref.at[self.cols, st.width - 1 - s]) for s in range(st.width)]
         self.bias = self._load(b_ref.at[self.cols]) if b_ref is not None else None
 
-    def _load(self, at, where=None):
-        """A channel vector in float32, zeros where `where` (a scalar) is False or past the channels."""
+    def _load(self, at, where=None, as_stored=False):
+        """A channel vector in float32 (`as_stored`: in its own dtype), zeros where `where` (a scalar) is False
+        or past the channels."""
         mask = and_masks(None if where is None else jnp.full(self.cols.shape, where), self.col_ok)
-        return plgpu.load(at, mask=mask, other=0.0 if mask is not None else None).astype(jnp.float32)
+        value = plgpu.load(at, mask=mask, other=0.0 if mask is not None else None)
+        return value if as_stored else value.astype(jnp.float32)
 
-    def x_row(self, row, where=None):
+    def x_row(self, row, where=None, as_stored=False):
         """x's row `row` (clamped into the tokens; zeros where `where` is False)."""
-        return self._load(self.x_ref.at[jnp.clip(row, 0, self.st.tokens - 1), self.block], where)
+        return self._load(self.x_ref.at[jnp.clip(row, 0, self.st.tokens - 1), self.block], where, as_stored)
 
     def start(self, seq):
         """The first token of sequence `seq`, a scalar."""
@@ -110,7 +114,7 @@ class _Run:
         plgpu.store(self.out_ref.at[row, self.block], y.astype(self.out_ref.dtype), mask=mask)
 
 
-def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int, step_rows: int):
+def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int, step_rows: int, prefetch: bool):
     run = _Run(st, refs, block_c)
     keep = st.width - 1
     t0 = pl.program_id(0) * block_t
@@ -120,14 +124,21 @@ def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int
     window = tuple(run.before(t0, seq))
 
     def steps():
-        def step(i, window):
+        count = block_t // step_rows
+        load = lambda first: tuple(run.x_row(first + r, as_stored=True) for r in range(step_rows))
+
+        def step(i, carry):
+            window, ahead = carry
             first = t0 + i * step_rows
-            stream = [*window, *(run.x_row(first + r) for r in range(step_rows))]
+            rows = ahead if prefetch else load(first)
+            if prefetch:  # the next step's rows, in flight during this step's (the last step's own again)
+                ahead = load(t0 + jnp.minimum(i + 1, count - 1) * step_rows)
+            stream = [*window, *(row.astype(jnp.float32) for row in rows)]
             for r in range(step_rows):
                 run.store(first + r, run.output(stream[r : r + keep], stream[keep + r]))
-            return tuple(stream[len(stream) - keep :])
+            return tuple(stream[len(stream) - keep :]), ahead
 
-        lax.fori_loop(0, block_t // step_rows, step, window)
+        lax.fori_loop(0, count, step, (window, load(t0) if prefetch else ()))
 
     def rows():
         last = st.tokens if st.seq_len is not None else run.cu_ref[st.num_seqs]
@@ -161,7 +172,9 @@ def window_forward(
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
     if state is not None:
         out_shape.append(jax.ShapeDtypeStruct(state.shape, state.dtype))
-    kernel = functools.partial(_window_kernel, st=st, block_t=t.block_t, block_c=t.block_c, step_rows=t.step_rows)
+    kernel = functools.partial(
+        _window_kernel, st=st, block_t=t.block_t, block_c=t.block_c, step_rows=t.step_rows, prefetch=t.prefetch
+    )
     out = pl.pallas_call(
         kernel,
         out_shape=out_shape,
