@@ -110,6 +110,7 @@ class _Run:
         return silu_and_slope(y)[0] if self.st.silu else y
 
     def store(self, row, y, where=None):
+        """`y` into the output's row `row` (nothing where `where` is False)."""
         mask = and_masks(None if where is None else jnp.full(self.cols.shape, where), self.col_ok)
         plgpu.store(self.out_ref.at[row, self.block], y.astype(self.out_ref.dtype), mask=mask)
 
@@ -123,24 +124,24 @@ def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int
     inside = (t0 + block_t <= st.tokens) & (t0 + block_t <= end)
     window = tuple(run.before(t0, seq))
 
-    def steps():
+    def unmasked_steps():
         count = block_t // step_rows
         load = lambda first: tuple(run.x_row(first + r, as_stored=True) for r in range(step_rows))
 
         def step(i, carry):
             window, ahead = carry
             first = t0 + i * step_rows
-            rows = ahead if prefetch else load(first)
+            own = ahead if prefetch else load(first)
             if prefetch:  # the next step's rows, in flight during this step's (the last step's own again)
                 ahead = load(t0 + jnp.minimum(i + 1, count - 1) * step_rows)
-            stream = [*window, *(row.astype(jnp.float32) for row in rows)]
+            stream = [*window, *(row.astype(jnp.float32) for row in own)]
             for r in range(step_rows):
                 run.store(first + r, run.output(stream[r : r + keep], stream[keep + r]))
             return tuple(stream[len(stream) - keep :]), ahead
 
         lax.fori_loop(0, count, step, (window, load(t0) if prefetch else ()))
 
-    def rows():
+    def row_by_row():
         last = st.tokens if st.seq_len is not None else run.cu_ref[st.num_seqs]
 
         def row_step(i, carry):
@@ -149,8 +150,8 @@ def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int
             if st.seq_len is not None:
                 seq = run.sequence_of(row)
             else:  # past the bounds at or below the row (several where sequences are empty)
-                ahead = lambda seq: (seq < st.num_seqs - 1) & (run.cu_ref[seq + 1] <= row)
-                seq = lax.while_loop(ahead, lambda seq: seq + 1, seq)
+                behind_row = lambda seq: (seq < st.num_seqs - 1) & (run.cu_ref[seq + 1] <= row)
+                seq = lax.while_loop(behind_row, lambda seq: seq + 1, seq)
             begins = (row == run.start(seq)) & (row < last)
             if keep:
                 window = lax.cond(begins, lambda: tuple(run.before(row, seq)), lambda: window)
@@ -161,7 +162,7 @@ def _window_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int
 
         lax.fori_loop(0, block_t, row_step, (seq, window))
 
-    lax.cond(inside, steps, rows)
+    lax.cond(inside, unmasked_steps, row_by_row)
 
 
 def window_forward(
