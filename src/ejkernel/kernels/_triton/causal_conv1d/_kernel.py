@@ -1,4 +1,5 @@
-"""The Pallas-Triton kernels of the causal depthwise convolution: the forward, the state write, the backward.
+"""The Pallas-Triton kernels of the causal depthwise convolution: the shifted-tile forward (`design="shifted"`;
+the default forward is `_window`'s), the state write, the backward.
 
 Every call is packed: `x [T, C]` holding N sequences with bounds `cu [N + 1]` (a dense `[B, S, C]` batch is
 B sequences of length S, whose positions are found by division instead of a search). A program owns a tile
