@@ -1,15 +1,16 @@
 """causal_conv1d: the XLA implementation against the reference, dense and packed, forward and every gradient;
 the state pool's rules (decode chains, empty sequences, unused slots, widths W - 1 and W, donation); EasyDeL's
-call form; bad inputs; channels sharded on the simulated devices."""
+call form; bad inputs; channels sharded on the simulated devices; the Triton tiling's fields."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.modules import causal_conv1d, ragged_causal_conv1d
+from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d, ragged_causal_conv1d
 from ejkernel.reference.causal_conv1d import causal_conv1d_reference
 from harness import assert_close, check_forward_and_grads, randn
 
@@ -235,3 +236,22 @@ def test_bad_input_is_one_line_naming_the_argument(call, error, words):
     with pytest.raises(error, match=words) as err:
         call()
     assert "\n" not in str(err.value)
+
+
+def test_triton_tiling_round_trips_and_rejects_bad_fields():
+    """`CausalConv1dConfig.triton_tiling` survives JSON; a bad field is one line naming it."""
+    cfg = CausalConv1dConfig(
+        platform="triton", triton_tiling=CausalConv1dTritonTiling(forward="shifted", step_rows=2, prefetch=True)
+    )
+    back = CausalConv1dConfig.from_json(cfg.to_json())
+    assert back == cfg and isinstance(back.triton_tiling, CausalConv1dTritonTiling)
+    for fields, words in (
+        (dict(forward="tiles"), "CausalConv1dTritonTiling.forward must be 'window' or 'shifted', got 'tiles'"),
+        (dict(step_rows=3), "CausalConv1dTritonTiling.step_rows must be a positive power of two, got 3"),
+        (dict(step_rows=True), "CausalConv1dTritonTiling.step_rows must be a positive power of two, got True"),
+        (dict(prefetch=1), "CausalConv1dTritonTiling.prefetch must be a bool, got 1"),
+    ):
+        with pytest.raises(ValueError, match=f"^{re.escape(words)}$"):
+            CausalConv1dTritonTiling(**fields)
+    with pytest.raises(ValueError, match=r"CausalConv1dConfig\.triton_tiling must be a CausalConv1dTritonTiling"):
+        CausalConv1dConfig(triton_tiling={"forward": "window"})

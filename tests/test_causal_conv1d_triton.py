@@ -1,8 +1,11 @@
 """causal_conv1d's Pallas-Triton kernels: interpret mode against the reference (tiles of 8 tokens x 16 channels,
 so 20 channels leave a partial tile), forward and every gradient, dense and packed over a state pool of width
 W - 1 or W; the pool's rules (empty sequences, padding tokens, a shared slot, a slot outside the pool, donation);
-lowering for CUDA on this host; and the GPU suite against the XLA implementation at realistic shapes."""
+each forward design (the sliding window, at two step sizes and prefetching, and the shifted tiles) on runs
+inside one sequence and runs that cross bounds; lowering for CUDA on this host; and the GPU suite against the
+XLA implementation at realistic shapes."""
 
+import dataclasses
 import functools
 
 import jax
@@ -11,7 +14,7 @@ import pytest
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._triton.causal_conv1d import causal_conv1d_triton
-from ejkernel.modules import CausalConv1dConfig, causal_conv1d
+from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d
 from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.causal_conv1d import causal_conv1d_reference
 from harness import assert_close, check_forward_and_grads, randn
@@ -19,6 +22,13 @@ from harness import assert_close, check_forward_and_grads, randn
 C = 20
 SMALL = CausalConv1dConfig(fwd_params=FwdParams(block_k=8, block_d=16), bwd_params=BwdParams(block_k=4, block_d=16))
 TRITON = functools.partial(causal_conv1d_triton, cfg=SMALL, interpret=True)
+DESIGNS = {
+    "window": CausalConv1dTritonTiling(forward="window"),
+    "window by 1 row": CausalConv1dTritonTiling(forward="window", step_rows=1),
+    "window prefetching": CausalConv1dTritonTiling(forward="window", prefetch=True),
+    "shifted": CausalConv1dTritonTiling(forward="shifted"),
+}
+"""The forward's designs (`CausalConv1dTritonTiling`), each a parametrisation of `test_forward_designs`."""
 
 
 def _flat(result):
@@ -26,10 +36,11 @@ def _flat(result):
     return jnp.concatenate([leaf.ravel().astype(jnp.float32) for leaf in jax.tree_util.tree_leaves(result)])
 
 
-def _check(args, dtype=jnp.float32, activation="silu", cu_seqlens=None, state_indices=None):
+def _check(args, dtype=jnp.float32, activation="silu", cu_seqlens=None, state_indices=None, cfg=SMALL):
     """The kernels and the reference on `(x, weight, bias, conv_state)`: outputs and every gradient."""
     packing = dict(cu_seqlens=cu_seqlens, state_indices=state_indices)
-    ours = jax.jit(lambda x, w, b, s: _flat(TRITON(x, w, b, s, activation=activation, **packing)))
+    triton = functools.partial(causal_conv1d_triton, cfg=cfg, interpret=True)
+    ours = jax.jit(lambda x, w, b, s: _flat(triton(x, w, b, s, activation=activation, **packing)))
     ref = jax.jit(
         lambda x, w, b, s: _flat(causal_conv1d_reference(x, w, b, activation=activation, conv_state=s, **packing))
     )
@@ -55,6 +66,20 @@ def test_packed_matches_reference(state_width):
     state = None if state_width is None else randn((7, C, 4 + state_width))
     slots = None if state is None else jnp.array([5, 0, 3, 2, 5], jnp.int32)
     _check((randn((20, C)), randn((C, 4)), randn((C,)), state), cu_seqlens=cu, state_indices=slots)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_forward_designs(design):
+    """Runs of 8 tokens: a dense batch of 16-token rows (every run inside one row: the window's unmasked walk,
+    its carry from the history at a row's start and from x after), then packed sequences on a pool: runs inside
+    one sequence, a run crossing a 1-token, an empty and a 2-token sequence (shorter than W), a partial last
+    run of padding tokens."""
+    cfg = dataclasses.replace(SMALL, triton_tiling=DESIGNS[design])
+    dense = (randn((2, 16, C)), randn((C, 4)), randn((C,)), randn((2, C, 3)))
+    _check(dense, cfg=cfg)
+    cu = jnp.array([0, 16, 17, 17, 19, 24, 40], jnp.int32)
+    packed = (randn((44, C)), randn((C, 4)), None, randn((7, C, 4)))
+    _check(packed, activation=None, cu_seqlens=cu, state_indices=jnp.array([4, 0, 1, 6, 2, 3], jnp.int32), cfg=cfg)
 
 
 def test_bfloat16_and_width_two():
@@ -91,11 +116,12 @@ def test_declines_what_it_does_not_serve():
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_kernels_lower_for_cuda(cuda_lowering):
-    """The forward, state-write and backward kernels lower to Triton IR for an H100 without a GPU: packed on
-    a pool with a shared slot (the last-writer search), ragged channels (a partial tile) and a dense batch."""
+    """The forward (both designs), state-write and backward kernels lower to Triton IR for an H100 without a
+    GPU: packed on a pool with a shared slot (the last-writer search), ragged channels (a partial tile) and a
+    dense batch."""
     ours = functools.partial(causal_conv1d_triton, interpret=False)
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    names = lambda text: {n for n in ("fwd", "state", "bwd") if f"ejkernel_causal_conv1d_{n}" in text}
+    names = lambda text: {n for n in ("window", "fwd", "state", "bwd") if f"ejkernel_causal_conv1d_{n}" in text}
     x, weight, b, pool = (randn(s, jnp.bfloat16) for s in ((100, 1000), (1000, 4), (1000,), (9, 1000, 3)))
     cu, slots = jnp.array([0, 30, 30, 99], jnp.int32), jnp.array([3, 1, 3], jnp.int32)
 
@@ -104,9 +130,17 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         out, pullback = jax.vjp(call, x, weight, b, pool)
         return out, pullback(jax.tree_util.tree_map(jnp.ones_like, out))
 
-    assert names(lowered(train, x, weight, b, pool)) == {"fwd", "state", "bwd"}
+    assert names(lowered(train, x, weight, b, pool)) == {"window", "state", "bwd"}
     dense = jax.grad(lambda x, w: ours(x, w).astype(jnp.float32).sum(), (0, 1))
-    assert "bwd" in names(lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16)))
+    assert {"window", "bwd"} <= names(
+        lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16))
+    )
+    shifted = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(forward="shifted"))
+    packed = lambda x, w, b, pool: ours(x, w, b, pool, cu, slots, cfg=shifted)
+    assert names(lowered(packed, x, weight, b, pool)) == {"fwd", "state"}
+    prefetching = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(prefetch=True))
+    dense_args = randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16)
+    assert names(lowered(lambda x, w: ours(x, w, cfg=prefetching), *dense_args)) == {"window"}
 
 
 def _inputs(dtype, tokens, channels, slots, state_width):
@@ -175,3 +209,27 @@ def test_gpu_decode_steps_on_a_donated_pool_continue_a_prefill():
         outs.append(out[:, None])
     assert_close(jnp.concatenate(outs, axis=1), full[0])
     assert_close(state[slots], full[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("design", DESIGNS)
+def test_gpu_forward_designs_match_xla(design):
+    """Each forward design compiled, against XLA's: a dense batch with a state (SiLU, bias), and a serving batch
+    on a pool (prefills, decode steps, an empty sequence, sequences shorter than W, padding tokens)."""
+    cfg = CausalConv1dConfig(triton_tiling=DESIGNS[design])
+    x, weight, b, pool = _inputs(jnp.bfloat16, 3600, 4096, 8, 3)
+    dense = lambda platform: jax.jit(
+        lambda x, s: causal_conv1d(x, weight, b, activation="silu", conv_state=s, platform=platform, cfg=cfg)
+    )
+    dense_x, initial = x[:3584].reshape(2, 1792, 4096), pool[:2]
+    for ours, theirs in zip(dense("triton")(dense_x, initial), dense("xla")(dense_x, initial), strict=True):
+        assert_close(ours, theirs, jnp.bfloat16)
+    cu = jnp.cumsum(jnp.array([0, 1000, 1, 2, 0, 517, 1, 2047, 3], jnp.int32))
+    slots = jnp.array([5, 0, 1, 7, 2, 3, 4, 6], jnp.int32)
+    packed = lambda platform: jax.jit(
+        lambda x, pool: causal_conv1d(
+            x, weight, cu_seqlens=cu, conv_state=pool, state_indices=slots, platform=platform, cfg=cfg
+        )
+    )
+    for ours, theirs in zip(packed("triton")(x, pool), packed("xla")(x, pool), strict=True):
+        assert_close(ours, theirs, jnp.bfloat16)

@@ -19,7 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.modules import GLAttentionTritonTiling, MultiLatentRaggedPageAttentionTritonTiling, operations
+from ejkernel.modules import (
+    CausalConv1dTritonTiling,
+    GLAttentionTritonTiling,
+    MultiLatentRaggedPageAttentionTritonTiling,
+    operations,
+)
 from ejkernel.ops import BwdParams, FwdParams, overlay_cache
 from ejkernel.ops.executor import ConfigSelectorChain
 from ejkernel.quantization import prepack_quantized_weights
@@ -142,6 +147,8 @@ NAMED_VALUES = {
         GLAttentionTritonTiling(state_k=16, block_k=16, grads_warps=8),
         GLAttentionTritonTiling(num_stages=3),
         MultiLatentRaggedPageAttentionTritonTiling(block_h=16, block_k=16, num_splits=2),
+        CausalConv1dTritonTiling(forward="shifted"),
+        CausalConv1dTritonTiling(step_rows=1),
     ),
 }
 INTS = (1, 2, 8, 32)  # an int field takes the smallest and the largest of these that it accepts

@@ -19,6 +19,7 @@ from ejkernel.modules.operations.cascade_attention import (
 from ejkernel.modules.operations.causal_conv1d import (
     CausalConv1d,
     CausalConv1dConfig,
+    CausalConv1dTritonTiling,
     causal_conv1d,
     ragged_causal_conv1d,
 )
@@ -120,6 +121,7 @@ __all__ = [
     "CascadeAttentionConfig",
     "CausalConv1d",
     "CausalConv1dConfig",
+    "CausalConv1dTritonTiling",
     "FlashAttention",
     "FlashAttentionConfig",
     "FlashMLA",

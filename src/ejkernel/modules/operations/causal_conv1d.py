@@ -14,7 +14,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.bounds import check_packed, check_with
 from ejkernel.kernels._common.checks import is_traced, require_float, require_int
 from ejkernel.modules.operations._common import executor, require_rank, typechecked
-from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops import BwdParams, ConfigBase, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
@@ -23,12 +23,53 @@ IMPLEMENTATIONS = implementations(
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.causal_conv1d:causal_conv1d_triton"),
 )
 """XLA first everywhere: W shifted, scaled copies that XLA fuses into one pass over the input. On an H200 (16384
-packed tokens x 8192 channels, width 4, bf16) it beat the Triton kernels in every case: dense forward 0.351 ms
-against 0.364, packed on a pool 0.492 against 0.834, forward+backward 0.83 against 1.81 (BENCHMARKS.md). The
-Triton kernels (one pass over x per tile of tokens x channels, the pool written in place by a second kernel)
-stay reachable with `platform="triton"`."""
+packed tokens x 8192 channels, width 4, bf16) it beat the Triton kernels of the shifted-tile forward in every case:
+dense forward 0.351 ms against 0.364, packed on a pool 0.492 against 0.834, forward+backward 0.83 against 1.81
+(BENCHMARKS.md). The Triton forward's default is now a sliding window over each run of tokens that reads every
+input row once (not measured yet: `exp/s30_conv_variants.py`); the pool is written in place by a second kernel.
+They stay reachable with `platform="triton"`."""
 
 ACTIVATIONS = (None, "silu", "swish")
+FORWARD_DESIGNS = ("window", "shifted")
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalConv1dTritonTiling(ConfigBase):
+    """The Triton forward's design (`CausalConv1dConfig.triton_tiling`); XLA does not read it. A field left None
+    keeps the default (in brackets); none changes the result beyond float32 summation order.
+
+    Attributes:
+        forward: `"window"`: a program walks its run of tokens row by row, keeping the last W - 1 input rows
+            in registers, so each input row is read once; `"shifted"`: each tap's input is loaded as the
+            program's tile shifted back (overlapping loads) ["window"].
+        step_rows: Rows per step of the window's walk, a power of two: the loads in flight together [4].
+        prefetch: Whether each step of the window's walk loads the next step's rows, so that they are in flight
+            while it computes and stores its own (twice the rows in registers) [False].
+
+    Raises:
+        ValueError: A field that breaks its rule above; one line naming it.
+
+    Example:
+        >>> from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling
+        >>> CausalConv1dConfig(platform="triton", triton_tiling=CausalConv1dTritonTiling(step_rows=8)).to_json()
+        '{"backend": "any", "platform": "triton", "triton_tiling": {"step_rows": 8}, "type": "CausalConv1dConfig"}'
+    """
+
+    forward: str | None = None
+    step_rows: int | None = None
+    prefetch: bool | None = None
+
+    def __post_init__(self) -> None:
+        who = type(self).__name__
+        if self.forward is not None and self.forward not in FORWARD_DESIGNS:
+            raise ValueError(f"{who}.forward must be 'window' or 'shifted', got {self.forward!r}")
+        rows = self.step_rows
+        if rows is not None and not (isinstance(rows, int) and not isinstance(rows, bool) and rows > 0):
+            raise ValueError(f"{who}.step_rows must be a positive power of two, got {rows!r}")
+        if rows is not None and rows & (rows - 1):
+            raise ValueError(f"{who}.step_rows must be a positive power of two, got {rows!r}")
+        if self.prefetch is not None and not isinstance(self.prefetch, bool):
+            raise ValueError(f"{who}.prefetch must be a bool, got {self.prefetch!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +78,36 @@ class CausalConv1dConfig(KernelConfig):
 
     Attributes:
         platform: `"auto"` (default), `"triton"` or `"xla"`.
-        fwd_params: The Triton forward's tile: `block_k` tokens (default 32) x `block_d` channels (default 256),
-            `num_warps` (4), `num_stages` (1); None (default): defaults. XLA reads none.
-        bwd_params: The Triton backward's tile, the same fields (defaults 16 tokens x 128 channels, 4 warps, 1
-            stage).
+        fwd_params: The Triton forward's tile: `block_k` tokens (default 64 for the window design, 32 for the
+            shifted one) x `block_d` channels (1024; 256), `num_warps` (4), `num_stages` (1); None (default):
+            defaults. XLA reads none.
+        bwd_params: The Triton backward's tile, the same fields (defaults 16 tokens x 128 channels, 4 warps, 2
+            stages).
+        triton_tiling: A `CausalConv1dTritonTiling`: the Triton forward's design; None (default): its defaults.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.
 
     Raises:
-        ValueError: An unknown `platform` or `backend`.
+        ValueError: An unknown `platform` or `backend`; a `triton_tiling` of another type.
     """
+
+    triton_tiling: CausalConv1dTritonTiling | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.triton_tiling is not None and not isinstance(self.triton_tiling, CausalConv1dTritonTiling):
+            raise ValueError(
+                f"{type(self).__name__}.triton_tiling must be a CausalConv1dTritonTiling, got {self.triton_tiling!r}"
+            )
+
+
+TRITON_FORWARD_DESIGNS = (
+    CausalConv1dTritonTiling(forward="shifted"),
+    CausalConv1dTritonTiling(step_rows=1),
+    CausalConv1dTritonTiling(step_rows=8),
+    CausalConv1dTritonTiling(prefetch=True),
+)
+"""The Triton forward's designs autotuning times beside the default (the sliding window, 4 rows a step)."""
 
 
 class CausalConv1d(Kernel):
@@ -67,6 +128,8 @@ class CausalConv1d(Kernel):
             for warps in (4, 8):
                 tile = dict(block_k=block_k, block_d=block_d, num_warps=warps)
                 yield CausalConv1dConfig(platform=platform, fwd_params=FwdParams(**tile), bwd_params=BwdParams(**tile))
+        for design in TRITON_FORWARD_DESIGNS:
+            yield CausalConv1dConfig(platform=platform, triton_tiling=design)
 
     def busy_integers(self, args):
         """Sequences of equal length filling the tokens, each on its own slot (zeros would be all empty)."""

@@ -21,13 +21,17 @@ from jax.experimental import pallas as pl
 from ejkernel.kernels._common.bounds import clamp_packed
 from ejkernel.kernels._triton._helpers import resolve_interpret
 
-from ._kernel import TritonCausalConvStatic, TritonCausalConvTiling, backward, forward, write_states
+from ._kernel import backward, forward, write_states
+from ._parts import TritonCausalConvStatic, TritonCausalConvTiling
+from ._window import window_forward
 
 WHO = "triton causal_conv1d"
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
 MAX_WIDTH = 8
 """The kernels unroll the taps (the backward W² loads of x); wider filters run on XLA."""
-FORWARD_TILING = TritonCausalConvTiling(block_t=32, block_c=256, num_warps=4, num_stages=1)
+FORWARD_TILING = TritonCausalConvTiling(block_t=64, block_c=1024, num_warps=4, num_stages=1, design="window")
+SHIFTED_TILING = TritonCausalConvTiling(block_t=32, block_c=256, num_warps=4, num_stages=1, design="shifted")
+"""The forward's tiles: the sliding window's runs by default, the shifted tiles where `design="shifted"`."""
 BACKWARD_TILING = TritonCausalConvTiling(block_t=16, block_c=128, num_warps=4, num_stages=2)
 
 
@@ -46,24 +50,34 @@ def _decline(x, weight, bias, conv_state, cu_seqlens) -> None:
 
 def tilings(cfg, tokens: int, channels: int) -> tuple[TritonCausalConvTiling, TritonCausalConvTiling]:
     """The forward's and the backward's tiles: `fwd_params` / `bwd_params` (`block_k` tokens, `block_d`
-    channels, `num_warps`, `num_stages`), defaults where unset, no larger than the problem."""
+    channels, `num_warps`, `num_stages`) and the forward's design (`cfg.triton_tiling`: `forward`,
+    `step_rows`, `prefetch`), defaults where unset, no larger than the problem."""
+    design = getattr(cfg, "triton_tiling", None)
+    design_field = lambda name: None if design is None else getattr(design, name)
+    shifted = design_field("forward") == "shifted"
 
     def pick(params, default: TritonCausalConvTiling) -> TritonCausalConvTiling:
         read = lambda name, fallback: getattr(params, name, None) or fallback
+        block_t = min(read("block_k", default.block_t), pl.next_power_of_2(tokens))
         return TritonCausalConvTiling(
-            block_t=min(read("block_k", default.block_t), pl.next_power_of_2(tokens)),
+            block_t=block_t,
             block_c=min(read("block_d", default.block_c), pl.next_power_of_2(channels)),
             num_warps=read("num_warps", default.num_warps),
             num_stages=read("num_stages", default.num_stages),
+            design=default.design,
+            step_rows=min(design_field("step_rows") or default.step_rows, block_t),
+            prefetch=bool(design_field("prefetch")),
         )
 
-    return pick(getattr(cfg, "fwd_params", None), FORWARD_TILING), pick(
+    forward_default = SHIFTED_TILING if shifted else FORWARD_TILING
+    return pick(getattr(cfg, "fwd_params", None), forward_default), pick(
         getattr(cfg, "bwd_params", None), BACKWARD_TILING
     )
 
 
 def _run(st, tiling, interpret, cu, slots, x, weight, bias, state):
-    out, pool = forward(st, tiling, interpret, cu, slots, x, weight, bias, state)
+    kernel = window_forward if tiling.design == "window" else forward
+    out, pool = kernel(st, tiling, interpret, cu, slots, x, weight, bias, state)
     if state is None:
         return out
     return out, write_states(st, tiling, interpret, cu, slots, x, pool)

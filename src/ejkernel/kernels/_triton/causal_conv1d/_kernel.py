@@ -1,4 +1,5 @@
-"""The Pallas-Triton kernels of the causal depthwise convolution: the forward, the state write, the backward.
+"""The Pallas-Triton kernels of the causal depthwise convolution: the shifted-tile forward (`design="shifted"`;
+the default forward is `_window`'s), the state write, the backward.
 
 Every call is packed: `x [T, C]` holding N sequences with bounds `cu [N + 1]` (a dense `[B, S, C]` batch is
 B sequences of length S, whose positions are found by division instead of a search). A program owns a tile
@@ -20,7 +21,6 @@ the output gradients `g` of its first `W - 1` tokens, which `_interface` turns i
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -31,44 +31,14 @@ from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._triton._helpers import and_masks
 
-
-@dataclasses.dataclass(frozen=True)
-class TritonCausalConvStatic:
-    """A call as the kernels see it (hashable: it keys the custom VJP).
-
-    Attributes:
-        tokens: T, the packed tokens (B * S for a dense batch).
-        channels: C.
-        width: W, the taps.
-        num_seqs: N, the sequences.
-        seq_len: S when every sequence has S tokens (a dense batch): positions by division; None: by search.
-        state_width: Ws of the state pool; None: no pool (zero history, no new state).
-        num_slots: The pool's slots (0 without a pool).
-        silu: Whether SiLU follows the convolution.
-        has_bias: Whether a bias is added.
-        unique_slots: Whether the sequences' slots are known to differ (no last-writer search).
-    """
-
-    tokens: int
-    channels: int
-    width: int
-    num_seqs: int
-    seq_len: int | None
-    state_width: int | None
-    num_slots: int
-    silu: bool
-    has_bias: bool
-    unique_slots: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonCausalConvTiling:
-    """A kernel's tile (`block_t` tokens x `block_c` channels) and launch settings."""
-
-    block_t: int
-    block_c: int
-    num_warps: int
-    num_stages: int
+from ._parts import (
+    TritonCausalConvStatic,
+    TritonCausalConvTiling,
+    compiler_params,
+    kernel_inputs,
+    silu_and_slope,
+    unpack_refs,
+)
 
 
 def _positions(cu_ref, rows, st: TritonCausalConvStatic):
@@ -87,12 +57,6 @@ def _positions(cu_ref, rows, st: TritonCausalConvStatic):
         hi = jnp.where(active & ~right, mid, hi)
     seq = jnp.minimum(lo, st.num_seqs - 1)
     return seq, rows - cu_ref[seq], lo < st.num_seqs
-
-
-def _silu_and_slope(y):
-    """`y · σ(y)` and its derivative `σ(y) · (1 + y · (1 - σ(y)))`."""
-    sig = 1.0 / (1.0 + jnp.exp(-y))
-    return y * sig, sig * (1.0 + y * (1.0 - sig))
 
 
 class _ConvTile:
@@ -166,24 +130,8 @@ class _ConvTile:
         return y if self.bias is None else y + self.bias
 
 
-def _unpack(refs, st: TritonCausalConvStatic):
-    """`(cu, slots, x, weight, bias or None, state or None, the remaining refs)` of a kernel's refs."""
-    cu_ref, slots_ref, x_ref, w_ref, *rest = refs
-    b_ref = rest.pop(0) if st.has_bias else None
-    state_ref = rest.pop(0) if st.state_width is not None else None
-    return cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest
-
-
-def _inputs(cu, slots, x, weight, bias, state):
-    return [a for a in (cu, slots, x, weight, bias, state) if a is not None]
-
-
-def _params(t: TritonCausalConvTiling):
-    return plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages)
-
-
 def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int):
-    cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = _unpack(refs, st)
+    cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = unpack_refs(refs, st)
     out_ref = rest[0]  # (then the aliased pool, untouched)
     tile = _ConvTile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
     t0 = pl.program_id(0) * block_t
@@ -191,7 +139,7 @@ def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: in
     where = _positions(cu_ref, rows, st)
     y = tile.preactivation(tile.inputs(rows, 0, where))
     if st.silu:
-        y = _silu_and_slope(y)[0]
+        y = silu_and_slope(y)[0]
     y = jnp.where(where[2][:, None], y, 0.0)
     mask = tile.mask(None if st.tokens % block_t == 0 else rows < st.tokens)
     plgpu.store(out_ref.at[pl.ds(pl.multiple_of(t0, block_t), block_t), tile.block], y.astype(out_ref.dtype), mask=mask)
@@ -200,7 +148,7 @@ def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: in
 def forward(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpret: bool, cu, slots, x, weight, bias, state):
     """`out [T, C]` in x's dtype, and the pool, passed through untouched (aliased: from here to the state
     write the pool is one buffer, so a donated pool is updated in place and read before it is written)."""
-    args = _inputs(cu, slots, x, weight, bias, state)
+    args = kernel_inputs(cu, slots, x, weight, bias, state)
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
     if state is not None:
         out_shape.append(jax.ShapeDtypeStruct(state.shape, state.dtype))
@@ -209,7 +157,7 @@ def forward(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpret: bo
         out_shape=out_shape,
         grid=(pl.cdiv(st.tokens, t.block_t), pl.cdiv(st.channels, t.block_c)),
         input_output_aliases={len(args) - 1: 1} if state is not None else {},
-        compiler_params=_params(t),
+        compiler_params=compiler_params(t),
         interpret=interpret,
         name="ejkernel_causal_conv1d_fwd",
     )(*args)
@@ -260,14 +208,14 @@ def write_states(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpre
         out_shape=jax.ShapeDtypeStruct(pool.shape, pool.dtype),
         grid=(st.num_seqs, pl.cdiv(st.channels, t.block_c)),
         input_output_aliases={3: 0},
-        compiler_params=_params(t),
+        compiler_params=compiler_params(t),
         interpret=interpret,
         name="ejkernel_causal_conv1d_state",
     )(cu, slots, x, pool)
 
 
 def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int, inner: int, has_dnew: bool):
-    cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = _unpack(refs, st)
+    cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = unpack_refs(refs, st)
     dout_ref, *rest = rest
     dnew_ref = rest.pop(0) if has_dnew else None
     dx_ref, dw_ref, db_ref, *rest = rest
@@ -291,7 +239,7 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
             if st.silu or s == 0:
                 values = tile.inputs(rows, s, where)
             if st.silu:
-                g = g * _silu_and_slope(tile.preactivation(values))[1]
+                g = g * silu_and_slope(tile.preactivation(values))[1]
             if s == 0:
                 dw = tuple(dw[k] + jnp.sum(g * values[k], axis=0) for k in range(st.width))
                 db = db + jnp.sum(g, axis=0)
@@ -343,7 +291,7 @@ def backward(
     chunks = min(tiles, pl.cdiv(PROGRAMS, channel_tiles))
     inner = pl.cdiv(tiles, chunks)
     chunks = pl.cdiv(tiles, inner)
-    args = _inputs(cu, slots, x, weight, bias, state) + [a for a in (dout, dnew) if a is not None]
+    args = kernel_inputs(cu, slots, x, weight, bias, state) + [a for a in (dout, dnew) if a is not None]
     out_shape = [
         jax.ShapeDtypeStruct(x.shape, x.dtype),
         jax.ShapeDtypeStruct((chunks, st.width, st.channels), jnp.float32),
@@ -359,7 +307,7 @@ def backward(
         kernel,
         out_shape=out_shape,
         grid=(chunks, channel_tiles),
-        compiler_params=_params(t),
+        compiler_params=compiler_params(t),
         interpret=interpret,
         name="ejkernel_causal_conv1d_bwd",
     )(*args)

@@ -1,0 +1,87 @@
+"""What the causal convolution's kernel files share: a call's trace-time description, the tiling, the kernels'
+operands, SiLU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax.experimental.pallas import triton as plgpu
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonCausalConvStatic:
+    """A call as the kernels see it (hashable: it keys the custom VJP).
+
+    Attributes:
+        tokens: T, the packed tokens (B * S for a dense batch).
+        channels: C.
+        width: W, the taps.
+        num_seqs: N, the sequences.
+        seq_len: S when every sequence has S tokens (a dense batch): positions by division; None: by search.
+        state_width: Ws of the state pool; None: no pool (zero history, no new state).
+        num_slots: The pool's slots (0 without a pool).
+        silu: Whether SiLU follows the convolution.
+        has_bias: Whether a bias is added.
+        unique_slots: Whether the sequences' slots are known to differ (no last-writer search).
+    """
+
+    tokens: int
+    channels: int
+    width: int
+    num_seqs: int
+    seq_len: int | None
+    state_width: int | None
+    num_slots: int
+    silu: bool
+    has_bias: bool
+    unique_slots: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonCausalConvTiling:
+    """A kernel's tile (`block_t` tokens x `block_c` channels) and launch settings.
+
+    Attributes:
+        block_t: Tokens per program (the sliding window's run).
+        block_c: Channels per program.
+        num_warps: Warps per program.
+        num_stages: Software-pipelining stages.
+        design: The forward's design: `"window"` (`_window`: a run walked row by row, each input row read
+            once) or `"shifted"` (`forward` here: each tap's input loaded as the tile shifted back). The state
+            write and the backward read neither.
+        step_rows: Rows per step of the window's walk (a divisor of `block_t`): loads in flight together.
+        prefetch: Whether each step of the window's walk loads the next step's rows (in flight during its own).
+    """
+
+    block_t: int
+    block_c: int
+    num_warps: int
+    num_stages: int
+    design: str = "window"
+    step_rows: int = 4
+    prefetch: bool = False
+
+
+def silu_and_slope(y):
+    """`y · σ(y)` and its derivative `σ(y) · (1 + y · (1 - σ(y)))`."""
+    sig = 1.0 / (1.0 + jnp.exp(-y))
+    return y * sig, sig * (1.0 + y * (1.0 - sig))
+
+
+def unpack_refs(refs, st: TritonCausalConvStatic):
+    """`(cu, slots, x, weight, bias or None, state or None, the remaining refs)` of a kernel's refs."""
+    cu_ref, slots_ref, x_ref, w_ref, *rest = refs
+    b_ref = rest.pop(0) if st.has_bias else None
+    state_ref = rest.pop(0) if st.state_width is not None else None
+    return cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest
+
+
+def kernel_inputs(cu, slots, x, weight, bias, state):
+    """The kernels' array operands: those given, in this order (`unpack_refs` reads them back)."""
+    return [a for a in (cu, slots, x, weight, bias, state) if a is not None]
+
+
+def compiler_params(t: TritonCausalConvTiling):
+    """A tiling's launch settings."""
+    return plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages)
