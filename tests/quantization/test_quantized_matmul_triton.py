@@ -9,7 +9,6 @@ import pytest
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._triton.quantized_matmul import quantized_matmul_triton
-from ejkernel.kernels._triton.quantized_matmul._kernel import TritonQuantizedMatmulTiling, matmul
 from ejkernel.kernels._xla.quantized_matmul import quantized_matmul_xla
 from ejkernel.modules import QuantizedMatmul, QuantizedMatmulConfig, quantized_matmul
 from ejkernel.modules.operations.quantized_matmul import IMPLEMENTATIONS
@@ -72,59 +71,6 @@ def test_gradient_wrt_x(mode, transpose, dtype):
     assert jax.grad(lambda x: jnp.sum(fn(x)))(x).dtype == dtype
 
 
-# mode, bits, transpose, x dtype, M, K, N, group, block_n, block_k, splits,
-# (fold_scales, magic_codes, swap_ab[, paired_codes])
-VARIANTS = [
-    ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 1, (False, True, False)),  # unfolded, spelled codes
-    ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 2, (True, True, True)),  # bf16 keeps the offset
-    ("affine", 4, True, jnp.bfloat16, 16, 96, 40, 32, 32, 32, 1, (True, True, False)),  # folded along K
-    ("affine", 8, True, jnp.float16, 5, 64, 40, 32, 32, 16, 1, (True, True, True)),  # f16 keeps the offset
-    ("affine", 8, False, jnp.float32, 5, 64, 48, 16, 16, 32, 1, (True, True, False)),  # float32: no offset
-    ("affine", 8, True, jnp.bfloat16, 5, 64, 32, 32, 32, 32, 1, (True, True, True)),  # too wide for bf16's
-    ("affine", 8, False, jnp.bfloat16, 16, 48, 64, 64, 64, 16, 1, (True, False, False)),  # folded, converted
-    ("affine", 4, False, jnp.bfloat16, 5, 40, 64, 32, 32, 32, 1, (True, True, True, True)),  # two codes an op
-    ("affine", 4, True, jnp.bfloat16, 16, 96, 40, 32, 32, 32, 2, (True, True, False, True)),
-    ("affine", 8, True, jnp.float16, 5, 64, 40, 32, 32, 16, 1, (True, True, True, True)),
-    ("nf4", None, True, jnp.bfloat16, 5, 64, 48, 32, 32, 32, 1, (True, False, True)),
-    ("mxfp4", None, False, jnp.float32, 5, 64, 64, 32, 32, 16, 1, (True, False, True)),
-    ("nvfp8", None, True, jnp.bfloat16, 16, 32, 40, 16, 32, 32, 1, (False, False, True)),  # unfolded, swapped
-]
-VARIANT_FIELDS = ("mode", "bits", "transpose", "dtype", "m", "k", "n", "group", "block_n", "block_k", "splits")
-
-
-def _variant(mode, bits, transpose, group, block_n, block_k, splits, flags, interpret=True, warps=4):
-    """The kernel-level forward with an explicit tiling (16 rows of x a block)."""
-    tiles = TritonQuantizedMatmulTiling(16, block_n, block_k, splits, warps, 1, interpret, *flags)
-    return functools.partial(matmul, params=resolve_params(mode, group, bits), transpose=transpose, tiling=tiles)
-
-
-@pytest.mark.parametrize((*VARIANT_FIELDS, "flags"), VARIANTS)
-def test_decode_variants_match_reference(mode, bits, transpose, dtype, m, k, n, group, block_n, block_k, splits, flags):
-    """Scales folded out of the weights, codes spelled into floats, swapped dot operands: each as a tiling."""
-    x, weights, options = _case(mode, bits, transpose, m, k, n, group, dtype)
-    y = _variant(mode, bits, transpose, group, block_n, block_k, splits, flags)(x, *weights)
-    assert y.dtype == jnp.float32 and y.shape == (m, n)
-    assert_close(y, quantized_matmul_reference(x, *weights, **options), dtype)
-
-
-def test_variants_refuse_what_the_call_cannot_have():
-    x, weights, _ = _case("nf4", None, False, 5, 32, 64, 32, jnp.float32)
-    params = resolve_params("nf4", 32, None)
-    call = lambda **flags: matmul(
-        x,
-        *weights,
-        params=params,
-        transpose=False,
-        tiling=TritonQuantizedMatmulTiling(16, 64, 32, 1, 4, 1, True, **flags),
-    )
-    with pytest.raises(ValueError, match="magic_codes needs affine integer codes, got mode 'nf4'"):
-        call(magic_codes=True)
-    with pytest.raises(ValueError, match=r"fold_scales needs block_n dividing the group size 32 .*, got block_n=64"):
-        call(fold_scales=True)
-    with pytest.raises(ValueError, match=r"paired_codes needs fold_scales, .*, got fold_scales=False"):
-        call(paired_codes=True)
-
-
 def test_declines_what_it_does_not_serve():
     x, weights, options = _case("affine", 4, False, 5, 32, 32, 16, jnp.float32)
     call = _triton(**options)
@@ -179,21 +125,8 @@ def test_partial_tiles_lower_for_cuda(cuda_lowering):
         assert "ejkernel_quantized_matmul" in lowered.as_text()
 
 
-@pytest.mark.parametrize((*VARIANT_FIELDS, "flags"), VARIANTS)
-def test_decode_variants_lower_for_cuda(
-    cuda_lowering, mode, bits, transpose, dtype, m, k, n, group, block_n, block_k, splits, flags
-):
-    """Each decode variant (16-bit bitcasts, the transposed accumulator, the zero terms) lowers for an H100."""
-    x, weights, _ = _case(mode, bits, transpose, m, k, n, group, dtype)
-    fn = _variant(mode, bits, transpose, group, block_n, block_k, splits, flags, interpret=False)
-    assert "ejkernel_quantized_matmul" in jax.jit(fn).trace(x, *weights).lower(lowering_platforms=("cuda",)).as_text()
-
-
 # ---- GPU suite: the compiled kernel against the XLA implementation ----
 
-GPU_TOL = 5e-3
-"""Against XLA in bf16: where scales are folded out of the weights the kernel rounds x·s (or nothing) where XLA
-rounds each weight to bf16, a relative difference of about 2e-3; a wrong decode is off by far more."""
 GPU_MODES = [("affine", 4), ("affine", 8), ("nf4", None), ("mxfp4", None), ("mxfp8", None), ("nvfp4", None)]
 GPU_MODES += [("nvfp8", None)]
 
@@ -207,7 +140,7 @@ def test_gpu_matches_xla(mode, bits, transpose, m):
     options |= dict(use_best_config=True)
     triton = jax.jit(functools.partial(quantized_matmul, platform="triton", **options))
     xla = jax.jit(functools.partial(quantized_matmul, platform="xla", **options))
-    assert_close(triton(x, *weights), xla(x, *weights), tol=GPU_TOL)
+    assert_close(triton(x, *weights), xla(x, *weights), tol=1e-3)
 
 
 @pytest.mark.gpu
@@ -220,25 +153,3 @@ def test_gpu_auto_picks_triton_for_decoding_and_grads_match(transpose):
     assert "ejkernel_quantized_matmul" not in auto.lower(prefill, *weights).as_text()
     xla = functools.partial(quantized_matmul_xla, cfg=QuantizedMatmulConfig(), fuse=True, **options)
     check_forward_and_grads(lambda x: auto(x, *weights), lambda x: xla(x, *weights), [x], (0,), jnp.bfloat16)
-
-
-GPU_VARIANTS = [(False, False, False), (False, True, False), (True, False, False), (True, True, False)]
-GPU_VARIANTS += [(False, False, True), (True, True, True), (True, True, False, True), (True, True, True, True)]
-GPU_VARIANT_CASES = [
-    (mode, bits, t, flags)
-    for mode, bits, t in (("affine", 4, False), ("affine", 4, True), ("affine", 8, True))
-    for flags in GPU_VARIANTS
-    if len(flags) < 4 or bits == 4  # paired codes: 4-bit in bf16
-]
-GPU_VARIANT_CASES += [("nf4", None, False, flags) for flags in ((True, False, False), (True, False, True))]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("mode", "bits", "transpose", "flags"), GPU_VARIANT_CASES)
-def test_gpu_decode_variants_match_xla(mode, bits, transpose, flags):
-    """Each decode variant compiled, at a decode shape (16 rows, K 4096, N 8192, bf16, group 64)."""
-    x, weights, options = _case(mode, bits, transpose, 16, 4096, 8192, 64, jnp.bfloat16)
-    block_n, block_k = (256, 64) if transpose else (64, 256)
-    triton = jax.jit(_variant(mode, bits, transpose, 64, block_n, block_k, 4, flags, interpret=False, warps=8))
-    xla = jax.jit(functools.partial(quantized_matmul, platform="xla", **options))
-    assert_close(triton(x, *weights), xla(x, *weights), tol=GPU_TOL)

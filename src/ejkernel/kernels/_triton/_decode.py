@@ -71,113 +71,36 @@ class WeightTile:
     col_count: int
 
 
-def _tile_rows(tile: WeightTile):
-    """The tile's first packed row and its row mask (`[rows, 1]`; None where the tile lies inside the matrix)."""
-    row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
-    if tile.row_count % tile.rows:
-        return row0, (row0 + jnp.arange(tile.rows) < tile.row_count)[:, None]
-    return row0, None
-
-
-def _and(row_ok, cols_ok):
-    if cols_ok is None:
-        return row_ok
-    return cols_ok[None, :] if row_ok is None else row_ok & cols_ok[None, :]
-
-
-def load_words(w_ref, tile: WeightTile, bits: int, prefix: tuple = ()):
-    """uint32 `[rows, cols·bits/32]` packed words of one tile of `w_ref[*prefix]` (zero outside the matrix).
-    `cols` must be a multiple of `32 / bits`."""
-    per_word = 32 // bits
-    words = tile.cols // per_word
-    row0, row_ok = _tile_rows(tile)
-    word0 = pl.multiple_of(tile.col_block * words, words)
-    word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if tile.col_count % tile.cols else None
-    return masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), _and(row_ok, word_ok))
-
-
-def load_codes(w_ref, tile: WeightTile, bits: int, prefix: tuple = ()):
-    """int32 `[rows, cols]` codes of one tile of `w_ref[*prefix]`, code i of a row in column i (zero outside
-    the matrix). `cols` must be a multiple of `32 / bits`."""
-    packed = load_words(w_ref, tile, bits, prefix)
-    shifts = jnp.arange(32 // bits, dtype=jnp.uint32) * bits
-    codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
-    return codes.reshape(tile.rows, tile.cols).astype(jnp.int32)
-
-
-def group_metadata(ref, tile: WeightTile, group_size: int, prefix: tuple = ()):
-    """`[rows]` metadata (`ref`: scales or zeros) of the one group the tile's columns lie in (`cols <= g`),
-    zero for rows outside the matrix."""
-    row0, row_ok = _tile_rows(tile)
-    group = lax.div(tile.col_block * tile.cols, jnp.int32(group_size))
-    index = (*prefix, pl.ds(row0, tile.rows), group)
-    return masked_load(ref, index, None if row_ok is None else row_ok[:, 0])
-
-
-def code_values(codes, params: QuantParams, table_ref):
-    """float32 values of the codes before their group's scale: affine the code itself, NF4 its table entry
-    (`table_ref`), E2M1 / E4M3 the float the bits spell."""
-    if params.mode == "affine":
-        return codes.astype(jnp.float32)
-    if params.mode == "nf4":
-        return table_ref[codes]
-    return e2m1(codes) if params.bits == 4 else e4m3(codes)
-
-
-def scale_factors(scales, params: QuantParams):
-    """float32 factors of stored scales: float scales as they are, mx exponent bytes `2^e`, nv E4M3 codes."""
-    if params.float_scales:
-        return scales.astype(jnp.float32)
-    scales = scales.astype(jnp.int32)
-    return pow2(scales) if params.mode.startswith("mx") else e4m3(scales)
-
-
-MAGIC = {jnp.dtype(jnp.float32): (0x4B000000, 23), jnp.dtype(jnp.bfloat16): (0x4300, 7)}
-MAGIC[jnp.dtype(jnp.float16)] = (0x6400, 10)
-"""dtype -> (bits of the power of two P whose ulp is 1, mantissa bits): `P | code` spells `P + code` exactly for
-codes below `2^mantissa bits`."""
-
-
-def magic_offset(dtype, bits: int) -> int:
-    """The offset P that `integer_codes(..., keep_offset=True)` leaves in `dtype` values of `bits`-bit codes:
-    2^mantissa bits where the codes fit the mantissa of `dtype`'s 16-bit or 32-bit word, else 0 (no offset)."""
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.float32 or bits > MAGIC[dtype][1]:
-        return 0
-    return 1 << MAGIC[dtype][1]
-
-
-def integer_codes(codes, dtype, bits: int, keep_offset: bool):
-    """`[rows, cols]` `dtype` values of non-negative integer codes (int32, below `2^bits`), exact, without an
-    int -> float conversion: each code OR'ed into the mantissa of a power of two P whose ulp is 1 spells
-    `P + code`. With `keep_offset` and `magic_offset(dtype, bits)` nonzero the result is `P + code` in `dtype`
-    itself (one OR a value; the caller subtracts P where it is cheaper, e.g. in a zero point); otherwise P is
-    subtracted in float32 (exact) and the codes rounded to `dtype` (exact: codes have at most 8 bits)."""
-    offset = magic_offset(dtype, bits)
-    if keep_offset and offset:
-        spelled = (codes | MAGIC[jnp.dtype(dtype)][0]).astype(jnp.uint16)
-        return lax.bitcast_convert_type(spelled, dtype)
-    spelled = _bits_to_float(codes | MAGIC[jnp.dtype(jnp.float32)][0]) - float(1 << 23)
-    return spelled.astype(dtype)
-
-
-def decode_tile(
-    w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantParams, prefix: tuple = (), magic: bool = False
-):
+def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantParams, prefix: tuple = ()):
     """float32 `[rows, cols]` values of one tile of the packed matrix `w_ref[*prefix]` (`prefix`: leading
     indices, e.g. a group's; `z_ref` affine only, `table_ref` the NF4 table for nf4 only). `cols` must be a
-    multiple of `32 / bits`, and hold whole groups or lie inside one. `magic`: affine codes to float32 by
-    `integer_codes` rather than an int -> float conversion (the same values)."""
-    g = params.group_size
-    codes = load_codes(w_ref, tile, params.bits, prefix)
-    row0, row_ok = _tile_rows(tile)
+    multiple of `32 / bits`, and hold whole groups or lie inside one."""
+    bits, g = params.bits, params.group_size
+    per_word = 32 // bits
+    words = tile.cols // per_word
+    row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
+    row_ok = None
+    if tile.row_count % tile.rows:
+        row_ok = (row0 + jnp.arange(tile.rows) < tile.row_count)[:, None]
     ragged_cols = tile.col_count % tile.cols != 0
+
+    def mask(cols_ok):
+        if cols_ok is None:
+            return row_ok
+        return cols_ok[None, :] if row_ok is None else row_ok & cols_ok[None, :]
+
+    word0 = pl.multiple_of(tile.col_block * words, words)
+    word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if ragged_cols else None
+    packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), mask(word_ok))
+    shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
+    codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
+    codes = codes.reshape(tile.rows, tile.cols).astype(jnp.int32)  # code i of a row is column i
 
     if tile.cols >= g:  # whole groups in the tile: metadata [rows, groups], broadcast over each group below
         groups = tile.cols // g
         group0 = pl.multiple_of(tile.col_block * groups, groups)
         group_ok = group0 + jnp.arange(groups) < tile.col_count // g if ragged_cols else None
-        meta_index, meta_mask = (*prefix, pl.ds(row0, tile.rows), pl.ds(group0, groups)), _and(row_ok, group_ok)
+        meta_index, meta_mask = (*prefix, pl.ds(row0, tile.rows), pl.ds(group0, groups)), mask(group_ok)
     else:  # the tile lies inside one group: metadata [rows, 1]
         groups = 1
         group = lax.div(tile.col_block * tile.cols, jnp.int32(g))
@@ -189,35 +112,14 @@ def decode_tile(
             return meta
         return jnp.broadcast_to(meta[:, :, None], (tile.rows, groups, g)).reshape(tile.rows, tile.cols)
 
-    factors = scale_factors(masked_load(s_ref, meta_index, meta_mask), params)
+    scales = masked_load(s_ref, meta_index, meta_mask)
     if params.mode == "affine":
-        offsets = -masked_load(z_ref, meta_index, meta_mask).astype(jnp.float32) * factors
-        values = integer_codes(codes, jnp.float32, params.bits, False) if magic else codes.astype(jnp.float32)
-        return values * spread(factors) + spread(offsets)
-    return code_values(codes, params, table_ref) * spread(factors)
-
-
-def _in_column_order(parts):
-    """`[..., n]` from n same-shaped arrays (`parts[i]` at position i; n a power of two) by two-way stacks along a
-    new last axis (Triton's join, free in registers): pairing `i` with `i + n/2` level by level makes the first
-    level's axis the slowest, so the flattened order is i's."""
-    count = len(parts)
-    while len(parts) > 1:
-        half = len(parts) // 2
-        parts = [jnp.stack([parts[i], parts[i + half]], axis=-1) for i in range(half)]
-    return parts[0].reshape(*parts[0].shape[: -(count.bit_length() - 1)], count)
-
-
-def spelled_code_pairs(packed, bits: int, dtype):
-    """`[rows, words·32/bits]` `dtype` (16-bit) values `P + code` of packed words' codes in column order, two
-    codes a 32-bit operation: `(word >> j·b) & mask | P·0x10001` holds code j spelled in its low half and code
-    `j + 16/b` in its high half (`integer_codes`' P; the codes must fit the mantissa: `magic_offset` nonzero)."""
-    ones = jnp.uint32(0x10001)  # a 16-bit value in both halves of a word
-    mask, magic = jnp.uint32((1 << bits) - 1) * ones, jnp.uint32(MAGIC[jnp.dtype(dtype)][0]) * ones
-    low, high = [], []
-    for j in range(16 // bits):
-        spelled = ((packed >> jnp.uint32(j * bits)) & mask) | magic
-        low.append(lax.bitcast_convert_type(spelled.astype(jnp.uint16), dtype))
-        high.append(lax.bitcast_convert_type((spelled >> jnp.uint32(16)).astype(jnp.uint16), dtype))
-    values = _in_column_order(low + high)  # [rows, words, 2, ...]: code i of a word at flattened position i
-    return values.reshape(packed.shape[0], packed.shape[1] * 32 // bits)
+        scales = scales.astype(jnp.float32)
+        offsets = -masked_load(z_ref, meta_index, meta_mask).astype(jnp.float32) * scales
+        return codes.astype(jnp.float32) * spread(scales) + spread(offsets)
+    if params.mode == "nf4":
+        return table_ref[codes] * spread(scales.astype(jnp.float32))
+    values = e2m1(codes) if bits == 4 else e4m3(codes)
+    scales = scales.astype(jnp.int32)
+    factors = pow2(scales) if params.mode.startswith("mx") else e4m3(scales)
+    return values * spread(factors)

@@ -60,9 +60,7 @@ class QuantizedMatmulConfig(KernelConfig):
             (16 to 256).
         block_k: Contraction per tile, a positive power of two (default 64); the XLA path tiles the packed
             rows of W by it without transpose (rows are K); the Triton kernel's contraction per step (16 to
-            512, and at most 32768 decoded values a step). Where groups of 64 values or more let the Triton
-            kernel fold scales out of the weights, its tile edge along the groups (`block_n` without
-            transpose, `block_k` with it) shrinks to the group and the other edge grows to keep the values.
+            512, and at most 32768 decoded values a step).
         num_warps: The Triton kernel's warps, a positive power of two (default 4).
         num_stages: The Triton kernel's pipeline stages, a positive int (default 3).
         use_bf16: Upstream's choice of bf16 or f16 dot operands for 16-bit `x`, accepted for compatibility

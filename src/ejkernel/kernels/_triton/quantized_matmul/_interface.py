@@ -22,7 +22,6 @@ from ejkernel.kernels._common.quantized_matmul import (
     default_tile,
     with_vjp,
 )
-from ejkernel.kernels._triton._decode import magic_offset
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.quantized_matmul._kernel import TritonQuantizedMatmulTiling, matmul
 from ejkernel.quantization.modes import QuantParams
@@ -41,45 +40,15 @@ def _fit(block: int, size: int, largest: int) -> int:
     return max(MIN_BLOCK, min(block, largest, pl.next_power_of_2(max(size, 1))))
 
 
-def _folds(params: QuantParams) -> bool:
-    """Whether the heuristic folds scales out of the weights: groups of a power of two, at least 64 values (a
-    step inside one group is then still a wide tile)."""
-    g = params.group_size
-    return g >= 64 and not g & (g - 1)
-
-
-def tiling(
-    cfg,
-    m: int,
-    k: int,
-    n: int,
-    params: QuantParams,
-    transpose: bool,
-    dtype,
-    interpret: bool,
-    variants: dict | None = None,
-) -> TritonQuantizedMatmulTiling:
+def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool) -> TritonQuantizedMatmulTiling:
     """The kernel's tiles from `cfg` (`block_m`, `block_n`, `block_k`, `split_k`, `num_warps`, `num_stages`),
     fitted to the problem: a step decodes at most `MAX_TILE_VALUES` values (the contraction tile shrinks).
-    Where `_folds`, the scales are folded out of the weights (`_kernel`'s `fold_scales`): the tile edge along
-    the groups (`block_n` without transpose, `block_k` with it) shrinks to the group and the other grows to
-    keep the step's values. Affine codes are spelled into floats (`magic_codes`; two a 32-bit operation where
-    folded codes fit x's 16-bit mantissa: `paired_codes`), and tiles of at least 64
-    columns put the weights first in the dot (`swap_ab`: an MMA's 64-row side). Without `split_k` the
-    contraction is split until the programs fill one wave of the GPU's SMs, as far as the float32 partial
-    sums (written, then read back: 8·M bytes a column and split) stay under an eighth of the packed weights'
-    bytes (K·bits/8 a column). `variants` (the three switches by name) overrides the heuristic's choice, for
-    sweeps."""
+    Without `split_k` the contraction is split until the programs fill one wave of the GPU's SMs, as far as
+    the float32 partial sums (written, then read back: 8·M bytes a column and split) stay under an eighth of
+    the packed weights' bytes (K·bits/8 a column)."""
     block_m = _fit(cfg.block_m, m, DECODE_ROWS)
     block_n = _fit(cfg.block_n, n, MAX_BLOCK_N)
     block_k = _fit(cfg.block_k, k, MAX_BLOCK_K)
-    fold = _folds(params) if variants is None else variants["fold_scales"]
-    if fold and transpose and block_k > params.group_size:
-        block_n = _fit(block_n * block_k // params.group_size, n, MAX_BLOCK_N)
-        block_k = params.group_size
-    elif fold and not transpose and block_n > params.group_size:
-        block_k = _fit(block_k * block_n // params.group_size, k, MAX_BLOCK_K)
-        block_n = params.group_size
     block_k = max(MIN_BLOCK, min(block_k, MAX_TILE_VALUES // block_n))
     steps = pl.cdiv(k, block_k)
     if cfg.split_k is not None:
@@ -87,14 +56,9 @@ def tiling(
     else:
         programs = pl.cdiv(n, block_n) * pl.cdiv(m, block_m)
         sms = getattr(jax.devices()[0], "core_count", None) or DEFAULT_SMS
-        affordable = k * params.bits // (8 * 8 * 8 * m)
+        affordable = k * bits // (8 * 8 * 8 * m)
         splits = max(1, min(sms // programs, steps // 4, affordable))  # each split walks at least 4 steps
-    tiles = (block_m, block_n, block_k, splits, cfg.num_warps, cfg.num_stages, interpret)
-    if variants is None:
-        affine = params.mode == "affine"
-        paired = fold and affine and magic_offset(dtype, params.bits) != 0
-        variants = dict(fold_scales=fold, magic_codes=affine, swap_ab=block_n >= 64, paired_codes=paired)
-    return TritonQuantizedMatmulTiling(*tiles, **variants)
+    return TritonQuantizedMatmulTiling(block_m, block_n, block_k, splits, cfg.num_warps, cfg.num_stages, interpret)
 
 
 def _decline(x, params: QuantParams, n: int) -> None:
@@ -131,6 +95,4 @@ def quantized_matmul_triton(
     _decline(x, params, n)
     interpret = resolve_interpret(interpret, WHO)
     static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
-    return _run(
-        x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, params, transpose, x.dtype, interpret)
-    )
+    return _run(x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, bits, interpret))
