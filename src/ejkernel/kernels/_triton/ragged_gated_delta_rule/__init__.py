@@ -2,5 +2,6 @@
 batches in the Triton gated delta rule's chunk kernels."""
 
 from ejkernel.kernels._triton.ragged_gated_delta_rule._interface import ragged_gated_delta_rule_triton
+from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import TritonRaggedPrefillTiling
 
-__all__ = ["ragged_gated_delta_rule_triton"]
+__all__ = ["TritonRaggedPrefillTiling", "ragged_gated_delta_rule_triton"]

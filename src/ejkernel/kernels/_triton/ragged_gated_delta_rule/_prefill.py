@@ -1,27 +1,69 @@
 """The chunked delta rule of packed requests (prefill and mixed batches) in Pallas-Triton kernels, forward only.
 
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
-zeros between them), one batch row of `NC·C` tokens. From there it is the Triton gated delta rule's chunked
-form (`linear_attention._delta`): the WY transform of every chunk in XLA, the cumulative gates and the outputs
-in the GLA kernels of a gate per head (`cumulative_gates`, `chunk_outputs` making each chunk's scores itself),
-and one sequential pass of its own, `_states_kernel`, which walks the chunks of one request per program
-(grid: request x head x value tile, as the dense form's batch rows), entering from the request's slot of the
-pool and leaving its final state. Matmul operands are in the inputs' dtype (float32 in full precision for
-float32 inputs), as in `gated_delta_rule`'s Triton path.
+zeros between them), one batch row of `NC·C` tokens. `_pack_kernel` builds that layout in one pass, reading
+each chunk's rows where they sit in the flat `[T, H, D]` inputs (masked loads: no gather, no full-size
+intermediate) with q and k L2-normalised in the kernel; `_outputs_kernel` stores each chunk's outputs straight
+at its tokens (masked stores) in the query's dtype. In between it is the Triton gated delta rule's chunked form
+(`linear_attention._delta`): the WY transform of every chunk in XLA, the cumulative gates in GLA's kernel, and
+one sequential pass of its own, `_states_kernel`, which walks the chunks of one request per program (grid:
+request x head x value tile, as the dense form's batch rows), entering from the request's slot of the pool and
+leaving its final state. Matmul operands are in the inputs' dtype (float32 in full precision for float32
+inputs), as in `gated_delta_rule`'s Triton path.
+
+`TritonRaggedPrefillTiling` keeps the XLA route of each end (gathers into and out of the chunk layout) as a
+switch, to time one against the other on a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
 from ejkernel.kernels._common.linear_attention.numerics import wy_transform
+from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds, request_inputs
+from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._gla_common import F32, TritonGlaTiling, call_pallas, tile_slice
+from ejkernel.kernels._triton.linear_attention._gla_common import (
+    F32,
+    TritonGlaTiling,
+    call_pallas,
+    iota,
+    pair_decays,
+    tile_slice,
+)
 from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonRaggedPrefillTiling:
+    """How the prefill runs; no field changes the result beyond rounding.
+
+    `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay; q and k
+    normalised in it); False: in XLA (`request_inputs`, then `ChunkLayout.pad`'s gathers). `outputs_in_place`:
+    `_outputs_kernel` stores the outputs at their tokens in the query's dtype; False: GLA's `chunk_outputs` in
+    the chunk layout, gathered back by `ChunkLayout.unpad`. `decode_branch`: a call whose requests all have at
+    most one token runs the decode kernel, chosen by a `lax.cond` on the traced lengths (XLA reads its
+    predicate on the host); False: every call the chunked form, no `lax.cond`. `state_block_v` and
+    `state_warps`: the sequential pass's value columns and warps (as the gated delta rule's); `pack_warps`:
+    the pack kernel's warps.
+    """
+
+    pack_in_kernel: bool = True
+    outputs_in_place: bool = True
+    decode_branch: bool = True
+    state_block_v: int = 32
+    state_warps: int = 4
+    pack_warps: int = 4
 
 
 def _states_kernel(
@@ -77,24 +119,168 @@ def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, cou
     )(*args)
 
 
-def packed_delta(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, q, k, v, beta, decay, pool, slots, cu):
-    """`(out [T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the requests `cu [N+1]` (exact
-    bounds covering the T tokens) entering from `pool[slots]` (slots in range).
+class ChunkTable(NamedTuple):
+    """Where the chunks of the packed layout sit among the tokens, `[NC]` int32 each: chunk `c` holds tokens
+    `start[c] + r` for `r < rows[c]` (0: a chunk of no request), of which rows `lo[c] <= r < hi[c]` are a live
+    request's (the others count as zero tokens); `first` and `count` `[N]`: each request's first chunk and
+    number of chunks."""
 
-    q (scaled), k `[T, H, Dk]` and v `[T, H, Dv]` in the matmuls' dtype; beta and the log decays `[T, H]`
-    float32; zero tokens where no live request is."""
-    num_tokens = q.shape[0]
-    layout = ChunkLayout.packed(cu, num_tokens, chunk)
-    q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
+    start: jax.Array
+    rows: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+    first: jax.Array
+    count: jax.Array
+
+
+def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
+    """The `ChunkTable` of `ChunkLayout.packed` on the requests' bounds stretched over the tokens (the first
+    from token 0, the last to the end), from per-chunk arithmetic (no array of the tokens' size, no while loop)."""
+    num_requests = req.lengths.shape[0]
+    num_chunks = max(1, -(-(num_tokens + num_requests * (chunk - 1)) // chunk))  # as ChunkLayout.packed
+    cu = packed_bounds(req.bounds, num_tokens)
+    count = (cu[1:] - cu[:-1] + chunk - 1) // chunk
+    first = jnp.cumsum(count) - count
+    chunks = jnp.arange(num_chunks, dtype=jnp.int32)
+    owner = jnp.clip(sorted_position(first, chunks) - 1, 0, num_requests - 1)  # empty requests are never picked
+    used = chunks < first[-1] + count[-1]
+    start = jnp.where(used, cu[owner] + (chunks - first[owner]) * chunk, 0)
+    within = lambda bound: jnp.clip(bound - start, 0, chunk)
+    rows = jnp.where(used, within(cu[owner + 1]), 0)
+    hi = jnp.where(used & req.live[owner], within(req.bounds[owner + 1]), 0)
+    return ChunkTable(start, rows, within(req.bounds[owner]), hi, first, count)
+
+
+def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
+    """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
+    else zero; q and k normalised if asked, q scaled."""
+    decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
+    q_out, k_out, v_out, beta_out, decay_out = outs
+    chunk = s["chunk"]
+    c, head = pl.program_id(0), pl.program_id(1)
+    tokens = pl.ds(start_ref[c], chunk)
+    row = iota((chunk,), 0)
+    keep = (row >= lo_ref[c]) & (row < hi_ref[c])
+
+    def rows(ref, width=None):
+        if width is None:
+            return plgpu.load(ref.at[tokens, head], mask=keep, other=0.0).astype(F32)
+        mask = jnp.broadcast_to(keep[:, None], (chunk, width))
+        return plgpu.load(ref.at[tokens, head, pl.ds(0, width)], mask=mask, other=0.0).astype(F32)
+
+    def normalised(x):
+        return x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS) if s["l2norm"] else x
+
+    dk, dv = q_out.shape[-1], v_out.shape[-1]
+    q_out[...] = (normalised(rows(q_ref, dk)) * s["scale"]).astype(q_out.dtype)
+    k_out[...] = normalised(rows(k_ref, dk)).astype(k_out.dtype)
+    v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
+    beta_out[...] = rows(beta_ref)
+    decay_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else rows(decay_ref)
+
+
+def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
+    """`(q, k, v [1, NC·C, H, D] in v's dtype, beta, decay [1, NC·C, H] float32)`: the tokens in the chunk
+    layout of `table`."""
+    query, key, value, beta, decay = inputs
+    heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
+    padded = table.start.shape[0] * chunk
+    tokens = [query, key, value, beta] + ([] if decay is None else [decay])
+    args = (table.start, table.lo, table.hi, *tokens)
+    block = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
+    return call_pallas(
+        _pack_kernel,
+        t,
+        p.pack_warps,
+        (table.start.shape[0], heads),
+        [pl.BlockSpec()] * len(args),
+        [block(dk), block(dk), block(dv), block(), block()],
+        [
+            out_struct((1, padded, heads, dk), value.dtype, *args),
+            out_struct((1, padded, heads, dk), value.dtype, *args),
+            out_struct((1, padded, heads, dv), value.dtype, *args),
+            out_struct((1, padded, heads), F32, *args),
+            out_struct((1, padded, heads), F32, *args),
+        ],
+        "ejkernel_ragged_delta_pack",
+        chunk=chunk,
+        l2norm=l2norm,
+        scale=dk**-0.5,
+        has_decay=decay is not None,
+    )(*args)
+
+
+def _outputs_kernel(start_ref, rows_ref, q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, chunk, mm, block_v):
+    """Chunk `c`'s outputs `(q ⊙ e^g) h + (q kᵀ ⊙ D) U` (q scaled already), stored at its tokens `start[c] + r`,
+    `r < rows[c]`; a chunk of no tokens does nothing."""
+    c, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows = rows_ref[c]
+
+    @pl.when(rows > 0)
+    def _():
+        g, q = g_ref[...], q_ref[...]
+        scores = dot(q.astype(mm), k_ref[...].astype(mm), trans_b=True) * pair_decays(g, g_row_ref[...][None, :])
+        decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
+        out = dot(decayed, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
+        keep = jnp.broadcast_to(iota((chunk, 1), 0) < rows, out.shape)
+        at = o_ref.at[pl.ds(start_ref[c], chunk), head, tile_slice(tile, block_v)]
+        plgpu.store(at, out.astype(o_ref.dtype), mask=keep)
+
+
+def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows, q, k, values, g, e):
+    """`[T, H, Dv]` in `dtype`: every token's output, stored by the chunk holding it (the chunks cover the tokens)."""
+    _, _, heads, dk = q.shape
+    dv, bv = values.shape[-1], t.block_v
+    block = lambda width: pl.BlockSpec((None, chunk, None, width), lambda c, h, j: (0, c, h, 0))
+    args = (start, rows, q, g, k, jnp.swapaxes(g[..., 0], 1, 2), values, e)
+    return call_pallas(
+        _outputs_kernel,
+        t,
+        t.output_warps,
+        (start.shape[0], heads, dv // bv),
+        [
+            pl.BlockSpec(),
+            pl.BlockSpec(),
+            block(dk),
+            block(1),
+            block(dk),
+            pl.BlockSpec((None, None, chunk), lambda c, h, j: (0, h, c)),
+            pl.BlockSpec((None, chunk, None, bv), lambda c, h, j: (0, c, h, j)),
+            pl.BlockSpec((None, None, None, dk, bv), lambda c, h, j: (0, c, h, 0, j)),
+        ],
+        pl.BlockSpec(),
+        out_struct((num_tokens, heads, dv), dtype, *args),
+        "ejkernel_ragged_delta_outputs",
+        chunk=chunk,
+        mm=t.mm(q.dtype),
+        block_v=bv,
+    )(*args)
+
+
+def packed_delta(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, req, pool):
+    """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of the requests `req`
+    (`Requests`), each entering from its slot of `pool` (clamped into the pool: a dropped request's state is
+    never written). `inputs`: the op's `(query, key, value, beta, decay)` (decay may be None); tokens of no live
+    request count as zeros (they output zeros and leave the states alone)."""
+    query, value = inputs[0], inputs[2]
+    num_tokens = query.shape[0]
+    table = chunk_table(req, num_tokens, chunk)
+    xla_route = not (p.pack_in_kernel and p.outputs_in_place)  # XLA's gathers need the layout's token maps
+    layout = ChunkLayout.packed(packed_bounds(req.bounds, num_tokens), num_tokens, chunk) if xla_route else None
+    if p.pack_in_kernel:
+        q, k, v, beta, decay = pack_chunks(t, p, chunk, l2norm, inputs, table)
+    else:
+        q, k, v, beta, decay = request_inputs(*inputs, l2norm, req.inside)
+        q, k, v = (x.astype(value.dtype) for x in (q, k, v))  # matmul operands in the inputs' dtype
+        q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
     chunks = ChunkLayout.dense(1, q.shape[1], chunk)  # the padded row, cut at its chunk boundaries
     gates = jnp.cumsum(chunks.to_chunks(decay), axis=-1)
     u, w = (chunks.from_chunks(x) for x in wy_transform(*(chunks.to_chunks(x) for x in (k, v, beta)), gates))
-    lengths = cu[1:] - cu[:-1]
-    count = (lengths + chunk - 1) // chunk
-    first = jnp.cumsum(count) - count
     g = cumulative_gates(t, chunk, decay[..., None])
-    e, values, final = _states(
-        t, block_v, warps, chunk, first, count, slots, k, w.astype(k.dtype), u.astype(v.dtype), g, pool
-    )
+    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
+    args = (table.first, table.count, slots, k, w.astype(k.dtype), u.astype(v.dtype), g, pool)
+    e, values, final = _states(t, p.state_block_v, p.state_warps, chunk, *args)
+    if p.outputs_in_place:
+        return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
     out = chunk_outputs(t, chunk, 1.0, q, values, g, e, k=k)
-    return layout.unpad(out)[0], final
+    return layout.unpad(out)[0].astype(query.dtype), final
