@@ -29,8 +29,11 @@ SLOT_OF = np.array([4, 0, 0, 7, 2, 5, 6], np.int32)
 # request 2 is empty; request 5's slot is outside the pool (dropped).
 DECODE_QSL = np.array([2, 3, 4, 4, 5, 6, 7], np.int32)
 DECODE_SLOTS = np.array([1, 3, 8, 0, 3, 12], np.int32)
-# The prefill's switches set the other way: XLA's gathers into and out of the chunk layout, no decode branch.
-XLA_ROUTE = TritonRaggedPrefillTiling(pack_in_kernel=False, outputs_in_place=False, decode_branch=False)
+# The prefill's switches set the other way: XLA's gathers into and out of the chunk layout and its transposes
+# around the WY transform, no decode branch.
+XLA_ROUTE = TritonRaggedPrefillTiling(
+    pack_in_kernel=False, outputs_in_place=False, wy_in_chunks=False, decode_branch=False
+)
 
 
 def make_inputs(num_tokens=T, dtype=jnp.float32, decay=True):
@@ -72,13 +75,13 @@ def test_mixed_requests_under_jit(dtype, use_qk_l2norm, decay):
 
 
 def test_prefill_through_xla_gathers_and_without_decode_branch():
-    """The prefill's other routes (`XLA_ROUTE`): a mixed call, and a decode-only call in the chunked form (fewer
-    tokens than a chunk), both against the reference."""
+    """The prefill's other routes: a mixed call on `XLA_ROUTE`, and a decode-only call in the chunked form (fewer
+    tokens than a chunk) packed by the kernel in the token layout only, both against the reference."""
     inputs = make_inputs(dtype=jnp.bfloat16)
     out, new_state = jax.jit(triton(prefill_tiling=XLA_ROUTE))(*inputs, i32(QSL), i32(SLOT_OF))
     check_reference(out, new_state, inputs, QSL, SLOT_OF, jnp.bfloat16)
     inputs = make_inputs(num_tokens=8)
-    no_branch = TritonRaggedPrefillTiling(decode_branch=False)
+    no_branch = TritonRaggedPrefillTiling(wy_in_chunks=False, decode_branch=False)
     out, new_state = jax.jit(triton(prefill_tiling=no_branch))(*inputs, i32(DECODE_QSL), i32(DECODE_SLOTS))
     check_reference(out, new_state, inputs, DECODE_QSL[:-1], DECODE_SLOTS[:-1])
 
@@ -162,7 +165,8 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         "ejkernel_gla_cumulative",
     ):
         assert name in text
-    text = lowered(prefill_tiling=XLA_ROUTE)
+    tiling = TritonRaggedPrefillTiling(outputs_in_place=False, wy_in_chunks=False, decode_branch=False)
+    text = lowered(prefill_tiling=tiling)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_ragged_delta_decode" not in text
 
 

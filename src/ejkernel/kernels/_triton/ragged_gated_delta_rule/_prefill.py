@@ -51,15 +51,18 @@ class TritonRaggedPrefillTiling:
     `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay; q and k
     normalised in it); False: in XLA (`request_inputs`, then `ChunkLayout.pad`'s gathers). `outputs_in_place`:
     `_outputs_kernel` stores the outputs at their tokens in the query's dtype; False: GLA's `chunk_outputs` in
-    the chunk layout, gathered back by `ChunkLayout.unpad`. `decode_branch`: a call whose requests all have at
-    most one token runs the decode kernel, chosen by a `lax.cond` on the traced lengths (XLA reads its
-    predicate on the host); False: every call the chunked form, no `lax.cond`. `state_block_v` and
-    `state_warps`: the sequential pass's value columns and warps (as the gated delta rule's); `pack_warps`:
-    the pack kernel's warps.
+    the chunk layout, gathered back by `ChunkLayout.unpad`. `wy_in_chunks`: k and v enter the WY transform, and
+    u and w leave it, in its chunk-major layout `[NC, 1, H, C, D]` (the pack kernel writes k and v so, the state
+    pass reads u and w so); False: XLA transposes them from and to the token layout. `decode_branch`: a call
+    whose requests all have at most one token runs the decode kernel, chosen by a `lax.cond` on the traced
+    lengths (XLA reads its predicate on the host); False: every call the chunked form, no `lax.cond`.
+    `state_block_v` and `state_warps`: the sequential pass's value columns and warps (as the gated delta
+    rule's); `pack_warps`: the pack kernel's warps.
     """
 
     pack_in_kernel: bool = True
     outputs_in_place: bool = True
+    wy_in_chunks: bool = True
     decode_branch: bool = True
     state_block_v: int = 32
     state_warps: int = 4
@@ -71,7 +74,8 @@ def _states_kernel(
 ):
     """Request `n`'s chunks in order from its slot's state `h`: store h (the chunk's entry state); `U = u − w h`
     (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`. Its final state is h after its last chunk (the slot's
-    state for an empty request)."""
+    state for an empty request). u and w come in the token layout `[1, NC·C, H, D]` or chunk-major `[NC, 1, H,
+    C, D]` (rank 5)."""
     chunk, mm, bv = s["chunk"], s["mm"], s["block_v"]
     n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = tile_slice(tile, bv)
@@ -83,8 +87,9 @@ def _states_kernel(
         e_ref[0, c, head, :, cols] = h.astype(e_ref.dtype)
         start = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(start, chunk)
+        of_chunk = lambda ref, width: ref[c, 0, head, :, width] if len(ref.shape) == 5 else ref[0, rows, head, width]
         g, g_last = g_ref[0, rows, head, one], g_ref[0, start + chunk - 1, head, one]
-        values = u_ref[0, rows, head, cols].astype(F32) - dot(w_ref[0, rows, head, :].astype(mm), h.astype(mm))
+        values = of_chunk(u_ref, cols).astype(F32) - dot(of_chunk(w_ref, slice(None)).astype(mm), h.astype(mm))
         values_ref[0, rows, head, cols] = values.astype(values_ref.dtype)
         k = (k_ref[0, rows, head, :].astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
         return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
@@ -95,7 +100,8 @@ def _states_kernel(
 
 def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, count, slots, k, w, u, g, pool):
     """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (u's dtype), final states [N, H, Dk, Dv]
-    float32)`; chunks of no request are left unwritten (their outputs are never read)."""
+    float32)`; chunks of no request are left unwritten (their outputs are never read). u and w in the token or
+    the chunk-major layout."""
     _, seq, heads, dk = k.shape
     dv = u.shape[-1]
     bv = min(block_v, dv)
@@ -109,7 +115,7 @@ def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, cou
         None,
         [
             out_struct((1, seq // chunk, heads, dk, dv), t.state_dtype(k.dtype), *args),
-            out_struct(u.shape, u.dtype, *args),
+            out_struct((1, seq, heads, dv), u.dtype, *args),
             out_struct((first.shape[0], heads, dk, dv), F32, *args),
         ],
         "ejkernel_ragged_delta_states",
@@ -153,9 +159,10 @@ def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
 
 def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
     """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
-    else zero; q and k normalised if asked, q scaled."""
+    else zero; q and k normalised if asked, q scaled. k goes to every output after decay's (k for the WY
+    transform, chunk-major)."""
     decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
-    q_out, k_out, v_out, beta_out, decay_out = outs
+    q_out, k_out, v_out, beta_out, decay_out, *k_outs = outs
     chunk = s["chunk"]
     c, head = pl.program_id(0), pl.program_id(1)
     tokens = pl.ds(start_ref[c], chunk)
@@ -173,41 +180,49 @@ def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs
 
     dk, dv = q_out.shape[-1], v_out.shape[-1]
     q_out[...] = (normalised(rows(q_ref, dk)) * s["scale"]).astype(q_out.dtype)
-    k_out[...] = normalised(rows(k_ref, dk)).astype(k_out.dtype)
+    k = normalised(rows(k_ref, dk)).astype(k_out.dtype)
+    for out in (k_out, *k_outs):
+        out[...] = k
     v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
     beta_out[...] = rows(beta_ref)
     decay_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else rows(decay_ref)
 
 
 def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
-    """`(q, k, v [1, NC·C, H, D] in v's dtype, beta, decay [1, NC·C, H] float32)`: the tokens in the chunk
-    layout of `table`."""
+    """`(q, k [1, NC·C, H, Dk], v, beta, decay [1, NC·C, H] float32, k_wy)`: the tokens in the chunk layout of
+    `table`, q, k and v in v's dtype. With `p.wy_in_chunks`, v and `k_wy` (k again) are chunk-major, `[NC, 1, H, C,
+    D]`, as the WY transform reads them; else v is `[1, NC·C, H, Dv]` and `k_wy` is k."""
     query, key, value, beta, decay = inputs
     heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
-    padded = table.start.shape[0] * chunk
+    num_chunks = table.start.shape[0]
     tokens = [query, key, value, beta] + ([] if decay is None else [decay])
     args = (table.start, table.lo, table.hi, *tokens)
-    block = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
-    return call_pallas(
+    padded, mm = num_chunks * chunk, value.dtype
+    out = lambda shape, dtype: out_struct(shape, dtype, *args)
+    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
+    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    specs = [token(dk), token(dk), major(dv) if p.wy_in_chunks else token(dv), token(), token()]
+    shapes = [out((1, padded, heads, dk), mm)] * 2
+    shapes.append(out((num_chunks, 1, heads, chunk, dv) if p.wy_in_chunks else (1, padded, heads, dv), mm))
+    shapes += [out((1, padded, heads), F32)] * 2
+    if p.wy_in_chunks:
+        specs.append(major(dk))
+        shapes.append(out((num_chunks, 1, heads, chunk, dk), mm))
+    outs = call_pallas(
         _pack_kernel,
         t,
         p.pack_warps,
-        (table.start.shape[0], heads),
+        (num_chunks, heads),
         [pl.BlockSpec()] * len(args),
-        [block(dk), block(dk), block(dv), block(), block()],
-        [
-            out_struct((1, padded, heads, dk), value.dtype, *args),
-            out_struct((1, padded, heads, dk), value.dtype, *args),
-            out_struct((1, padded, heads, dv), value.dtype, *args),
-            out_struct((1, padded, heads), F32, *args),
-            out_struct((1, padded, heads), F32, *args),
-        ],
+        specs,
+        shapes,
         "ejkernel_ragged_delta_pack",
         chunk=chunk,
         l2norm=l2norm,
         scale=dk**-0.5,
         has_decay=decay is not None,
     )(*args)
+    return (*outs, outs[1]) if len(outs) == 5 else tuple(outs)
 
 
 def _outputs_kernel(start_ref, rows_ref, q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, chunk, mm, block_v):
@@ -267,18 +282,22 @@ def packed_delta(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l
     table = chunk_table(req, num_tokens, chunk)
     xla_route = not (p.pack_in_kernel and p.outputs_in_place)  # XLA's gathers need the layout's token maps
     layout = ChunkLayout.packed(packed_bounds(req.bounds, num_tokens), num_tokens, chunk) if xla_route else None
+    chunks = ChunkLayout.dense(1, table.start.shape[0] * chunk, chunk)  # the padded row, cut at its chunk bounds
     if p.pack_in_kernel:
-        q, k, v, beta, decay = pack_chunks(t, p, chunk, l2norm, inputs, table)
+        q, k, v, beta, decay, k_wy = pack_chunks(t, p, chunk, l2norm, inputs, table)
+        k_wy, v = (x if p.wy_in_chunks else chunks.to_chunks(x) for x in (k_wy, v))
     else:
         q, k, v, beta, decay = request_inputs(*inputs, l2norm, req.inside)
         q, k, v = (x.astype(value.dtype) for x in (q, k, v))  # matmul operands in the inputs' dtype
         q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
-    chunks = ChunkLayout.dense(1, q.shape[1], chunk)  # the padded row, cut at its chunk boundaries
+        k_wy, v = chunks.to_chunks(k), chunks.to_chunks(v)
     gates = jnp.cumsum(chunks.to_chunks(decay), axis=-1)
-    u, w = (chunks.from_chunks(x) for x in wy_transform(*(chunks.to_chunks(x) for x in (k, v, beta)), gates))
+    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), gates)
+    if not p.wy_in_chunks:
+        u, w = chunks.from_chunks(u), chunks.from_chunks(w)
     g = cumulative_gates(t, chunk, decay[..., None])
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    args = (table.first, table.count, slots, k, w.astype(k.dtype), u.astype(v.dtype), g, pool)
+    args = (table.first, table.count, slots, k, w.astype(k.dtype), u.astype(value.dtype), g, pool)
     e, values, final = _states(t, p.state_block_v, p.state_warps, chunk, *args)
     if p.outputs_in_place:
         return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
