@@ -1,18 +1,19 @@
 """The chunked delta rule of packed requests (prefill and mixed batches) in Pallas-Triton kernels, forward only.
 
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
-zeros between them), one batch row of `NC·C` tokens. `_pack_kernel` builds that layout in one pass, reading
-each chunk's rows where they sit in the flat `[T, H, D]` inputs (masked loads: no gather, no full-size
-intermediate) with q and k L2-normalised in the kernel; `_outputs_kernel` stores each chunk's outputs straight
-at its tokens (masked stores) in the query's dtype. In between it is the Triton gated delta rule's chunked form
-(`linear_attention._delta`): the WY transform of every chunk in XLA, the cumulative gates in GLA's kernel, and
-one sequential pass of its own, `_states_kernel`, which walks the chunks of one request per program (grid:
-request x head x value tile, as the dense form's batch rows), entering from the request's slot of the pool and
-leaving its final state. Matmul operands are in the inputs' dtype (float32 in full precision for float32
-inputs), as in `gated_delta_rule`'s Triton path.
+zeros between them), one batch row of `NC·C` tokens, described per chunk by `chunk_table`. `_pack_kernel`
+builds that layout in one pass, reading each chunk's rows where they sit in the flat `[T, H, D]` inputs (masked
+loads: no gather, no full-size intermediate) with q and k L2-normalised in the kernel, and writes k and v a
+second way, chunk-major `[NC, 1, H, C, D]`, as the WY transform (XLA, local to each chunk) reads them and
+returns u and w; `_outputs_kernel` stores each chunk's outputs straight at its tokens (masked stores) in the
+query's dtype. In between it is the Triton gated delta rule's chunked form (`linear_attention._delta`): the
+cumulative gates in GLA's kernel, and one sequential pass of its own, `_states_kernel`, which walks the chunks
+of one request per program (grid: request x head x value tile, as the dense form's batch rows), entering from
+the request's slot of the pool and leaving its final state. Matmul operands are in the inputs' dtype (float32
+in full precision for float32 inputs), as in `gated_delta_rule`'s Triton path.
 
-`TritonRaggedPrefillTiling` keeps the XLA route of each end (gathers into and out of the chunk layout) as a
-switch, to time one against the other on a GPU.
+`TritonRaggedPrefillTiling` keeps XLA's route at each of these steps (gathers into and out of the chunk layout,
+transposes around the WY transform) as a switch, to time one against the other on a GPU.
 """
 
 from __future__ import annotations
