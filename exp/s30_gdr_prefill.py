@@ -15,11 +15,11 @@ and returns its final states, as `ejkernel bench linear_attention --part serving
    outputs stored in place, the decode `lax.cond` kept), `no-branch` (no `lax.cond`: every call the chunked
    form), `xla-pack` (the layout built by XLA's gathers), `xla-out` (outputs gathered back from the chunk
    layout), `xla-wy` (XLA's transposes of k, v into the WY transform's chunk-major layout and of u, w back),
-   `xla-route` (all three, close to the op before this change: `lax.cond` kept, but the output no longer
-   crosses it in float32 and the chunk layout's searches are no while loops); each at chunk 64 (the op's
-   default) and 32. The dense call at chunk 64 too.
-3. parts: the prologue alone, the ragged pack kernel (`_pack`) against the dense path's L2 norm of q and k
-   (XLA), and the XLA route's gathers (`request_inputs`, `ChunkLayout.pad`).
+   `bf16-u` (u rounded to bf16 by XLA before the state pass), `xla-route` (all four, close to the op before
+   this change: `lax.cond` kept, but the output no longer crosses it in float32 and the chunk layout's searches
+   are no while loops); each at chunk 64 (the op's default) and 32. The dense call at chunk 64 too.
+3. parts: the prologue alone, the ragged pack kernel (`pack_chunks`) against the dense path's L2 norm of q and
+   k (XLA), and the XLA route's gathers (`request_inputs`, `ChunkLayout.pad`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ VARIANTS = {
     "xla-pack": TritonRaggedPrefillTiling(pack_in_kernel=False),
     "xla-out": TritonRaggedPrefillTiling(outputs_in_place=False),
     "xla-wy": TritonRaggedPrefillTiling(wy_in_chunks=False),
-    "xla-route": TritonRaggedPrefillTiling(pack_in_kernel=False, outputs_in_place=False, wy_in_chunks=False),
+    "bf16-u": TritonRaggedPrefillTiling(float32_u=False),
+    "xla-route": TritonRaggedPrefillTiling(
+        pack_in_kernel=False, outputs_in_place=False, wy_in_chunks=False, float32_u=False
+    ),
 }
 
 

@@ -49,21 +49,24 @@ from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs
 class TritonRaggedPrefillTiling:
     """How the prefill runs; no field changes the result beyond rounding.
 
-    `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay; q and k
-    normalised in it); False: in XLA (`request_inputs`, then `ChunkLayout.pad`'s gathers). `outputs_in_place`:
-    `_outputs_kernel` stores the outputs at their tokens in the query's dtype; False: GLA's `chunk_outputs` in
-    the chunk layout, gathered back by `ChunkLayout.unpad`. `wy_in_chunks`: k and v enter the WY transform, and
-    u and w leave it, in its chunk-major layout `[NC, 1, H, C, D]` (the pack kernel writes k and v so, the state
-    pass reads u and w so); False: XLA transposes them from and to the token layout. `decode_branch`: a call
-    whose requests all have at most one token runs the decode kernel, chosen by a `lax.cond` on the traced
-    lengths (XLA reads its predicate on the host); False: every call the chunked form, no `lax.cond`.
-    `state_block_v` and `state_warps`: the sequential pass's value columns and warps (as the gated delta
-    rule's); `pack_warps`: the pack kernel's warps.
+    `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay: q and k
+    normalised, the log decays summed within chunks); False: by XLA (`request_inputs`, `ChunkLayout.pad`'s
+    gathers, GLA's `cumulative_gates`). `outputs_in_place`: `_outputs_kernel` stores the outputs at their tokens
+    in the query's dtype; False: GLA's `chunk_outputs` in the chunk layout, gathered back by
+    `ChunkLayout.unpad`. `wy_in_chunks`: k and v enter the WY transform, and u and w leave it, in its
+    chunk-major layout `[NC, 1, H, C, D]` (the pack kernel writes k and v so, the state pass reads u and w so);
+    False: XLA transposes them from and to the token layout. `float32_u`: the state pass reads u in float32 as
+    the WY transform leaves it; False: rounded to v's dtype first (an XLA pass, as `gated_delta_rule`'s Triton
+    path does). `decode_branch`: a call whose requests all have at most one token runs the decode kernel,
+    chosen by a `lax.cond` on the traced lengths (XLA reads its predicate on the host); False: every call the
+    chunked form, no `lax.cond`. `state_block_v` and `state_warps`: the sequential pass's value columns and
+    warps (as the gated delta rule's); `pack_warps`: the pack kernel's warps.
     """
 
     pack_in_kernel: bool = True
     outputs_in_place: bool = True
     wy_in_chunks: bool = True
+    float32_u: bool = True
     decode_branch: bool = True
     state_block_v: int = 32
     state_warps: int = 4
@@ -100,7 +103,7 @@ def _states_kernel(
 
 
 def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, count, slots, k, w, u, g, pool):
-    """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (u's dtype), final states [N, H, Dk, Dv]
+    """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (w's dtype), final states [N, H, Dk, Dv]
     float32)`; chunks of no request are left unwritten (their outputs are never read). u and w in the token or
     the chunk-major layout."""
     _, seq, heads, dk = k.shape
@@ -116,7 +119,7 @@ def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, cou
         None,
         [
             out_struct((1, seq // chunk, heads, dk, dv), t.state_dtype(k.dtype), *args),
-            out_struct((1, seq, heads, dv), u.dtype, *args),
+            out_struct((1, seq, heads, dv), w.dtype, *args),
             out_struct((first.shape[0], heads, dk, dv), F32, *args),
         ],
         "ejkernel_ragged_delta_states",
@@ -160,10 +163,10 @@ def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
 
 def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
     """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
-    else zero; q and k normalised if asked, q scaled. k goes to every output after decay's (k for the WY
-    transform, chunk-major)."""
+    else zero; q and k normalised if asked, q scaled; the log decays summed within the chunk (the cumulative
+    gates). k goes to every output after the gates' (k for the WY transform, chunk-major)."""
     decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
-    q_out, k_out, v_out, beta_out, decay_out, *k_outs = outs
+    q_out, k_out, v_out, beta_out, gates_out, *k_outs = outs
     chunk = s["chunk"]
     c, head = pl.program_id(0), pl.program_id(1)
     tokens = pl.ds(start_ref[c], chunk)
@@ -186,13 +189,14 @@ def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs
         out[...] = k
     v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
     beta_out[...] = rows(beta_ref)
-    decay_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else rows(decay_ref)
+    gates_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else jnp.cumsum(rows(decay_ref))
 
 
 def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
-    """`(q, k [1, NC·C, H, Dk], v, beta, decay [1, NC·C, H] float32, k_wy)`: the tokens in the chunk layout of
-    `table`, q, k and v in v's dtype. With `p.wy_in_chunks`, v and `k_wy` (k again) are chunk-major, `[NC, 1, H, C,
-    D]`, as the WY transform reads them; else v is `[1, NC·C, H, Dv]` and `k_wy` is k."""
+    """`(q, k [1, NC·C, H, Dk], v, beta, g [1, NC·C, H] float32, k_wy)`: the tokens in the chunk layout of
+    `table`, q, k and v in v's dtype, g the log decays summed within chunks. With `p.wy_in_chunks`, v and `k_wy`
+    (k again) are chunk-major, `[NC, 1, H, C, D]`, as the WY transform reads them; else v is `[1, NC·C, H, Dv]`
+    and `k_wy` is k."""
     query, key, value, beta, decay = inputs
     heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
     num_chunks = table.start.shape[0]
@@ -285,20 +289,21 @@ def packed_delta(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l
     layout = ChunkLayout.packed(packed_bounds(req.bounds, num_tokens), num_tokens, chunk) if xla_route else None
     chunks = ChunkLayout.dense(1, table.start.shape[0] * chunk, chunk)  # the padded row, cut at its chunk bounds
     if p.pack_in_kernel:
-        q, k, v, beta, decay, k_wy = pack_chunks(t, p, chunk, l2norm, inputs, table)
+        q, k, v, beta, g, k_wy = pack_chunks(t, p, chunk, l2norm, inputs, table)
         k_wy, v = (x if p.wy_in_chunks else chunks.to_chunks(x) for x in (k_wy, v))
+        g = g[..., None]
     else:
         q, k, v, beta, decay = request_inputs(*inputs, l2norm, req.inside)
         q, k, v = (x.astype(value.dtype) for x in (q, k, v))  # matmul operands in the inputs' dtype
         q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
         k_wy, v = chunks.to_chunks(k), chunks.to_chunks(v)
-    gates = jnp.cumsum(chunks.to_chunks(decay), axis=-1)
-    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), gates)
+        g = cumulative_gates(t, chunk, decay[..., None])
+    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), chunks.to_chunks(g[..., 0]))
+    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
     if not p.wy_in_chunks:
         u, w = chunks.from_chunks(u), chunks.from_chunks(w)
-    g = cumulative_gates(t, chunk, decay[..., None])
-    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    args = (table.first, table.count, slots, k, w.astype(k.dtype), u.astype(value.dtype), g, pool)
+    u = u if p.float32_u else u.astype(value.dtype)
+    args = (table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
     e, values, final = _states(t, p.state_block_v, p.state_warps, chunk, *args)
     if p.outputs_in_place:
         return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
