@@ -14,6 +14,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.search import sorted_position
+
 
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
@@ -50,16 +52,17 @@ class ChunkLayout:
         chunks_per_seq = (lengths + chunk - 1) // chunk
         first_chunk = jnp.cumsum(chunks_per_seq) - chunks_per_seq
         # The sequence each chunk belongs to: the last one starting at or before it (empty ones start
-        # where their successor does, so they are never picked).
+        # where their successor does, so they are never picked). `sorted_position`: one fused comparison where
+        # the pairs are few, not jnp.searchsorted's default while loop (a fixed cost per step on a GPU).
         chunk_ids = jnp.arange(num_chunks, dtype=jnp.int32)
-        owner = jnp.clip(jnp.searchsorted(first_chunk, chunk_ids, side="right") - 1, 0, num_seqs - 1)
+        owner = jnp.clip(sorted_position(first_chunk, chunk_ids) - 1, 0, num_seqs - 1)
         starts = jnp.where((first_chunk[owner] == chunk_ids) & (lengths[owner] > 0), owner, -1)
         slots = jnp.arange(num_chunks * chunk, dtype=jnp.int32)
         offset = slots - first_chunk[owner[slots // chunk]] * chunk
         seq_of_slot = owner[slots // chunk]
         valid = (offset >= 0) & (offset < lengths[seq_of_slot])
         token_ids = jnp.arange(total, dtype=jnp.int32)
-        seq_of_token = jnp.clip(jnp.searchsorted(cu[1:], token_ids, side="right"), 0, num_seqs - 1)
+        seq_of_token = jnp.clip(sorted_position(cu[1:], token_ids), 0, num_seqs - 1)
         positions = first_chunk[seq_of_token] * chunk + token_ids - cu[seq_of_token]
         return ChunkLayout(
             chunk,

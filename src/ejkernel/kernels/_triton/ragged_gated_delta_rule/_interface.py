@@ -5,8 +5,10 @@ As the XLA implementation (`_common.linear_attention.ragged`), `lax.cond` on the
 path: every request with at most one token, the decode kernel (`_decode`: each program reads its request's
 slot tile from the pool and writes it back in place; no gather, no scatter); otherwise every request in the
 packed chunked form (`_prefill`: entering from its slot of the pool, its final state written back by
-`scatter_first`). The requests (clamped bounds, dropped slots, the first writer of each slot) are read once, in
-XLA, by `requests`, so both paths have the XLA path's semantics.
+`scatter_first`). Both paths return the outputs in the query's dtype (no float32 copy crosses the `lax.cond`).
+`TritonRaggedPrefillTiling.decode_branch` False drops the `lax.cond`: every call takes the chunked form. The
+requests (clamped bounds, dropped slots, the first writer of each slot) are read once, in XLA, by `requests`, so
+both paths have the XLA path's semantics.
 
 Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead, forward and
 backward (`trained_as`), so `jax.grad` through the op gives XLA's gradient. Declines (NotImplementedError)
@@ -25,10 +27,8 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
     decode_token,
-    packed_bounds,
     place_decoded,
     ragged_delta_rule,
-    request_inputs,
     requests,
     require_pool_arguments,
     scatter_first,
@@ -42,11 +42,10 @@ from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
     TritonRaggedDecodeTiling,
     decode_step,
 )
-from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import packed_delta
+from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import TritonRaggedPrefillTiling, packed_delta
 
 WHO = "triton ragged_gated_delta_rule"
 MIN_CHUNK, MAX_CHUNK = 16, 128  # Triton's smallest matmul edge; the WY transform's inverse grows as C³
-STATE_BLOCK_V, STATE_WARPS = 32, 4  # the prefill's sequential pass (as the gated delta rule's)
 
 
 def _chunk(chunk_size: int, num_tokens: int) -> int:
@@ -65,39 +64,31 @@ def _decline(query, value, beta, decay, recurrent_state) -> None:
 
 
 def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, req):
-    """The decode kernel on the pool in place: `(out [T, H, Dv] float32, new pool)`."""
+    """The decode kernel on the pool in place: `(out [T, H, Dv] in the query's dtype, new pool)`."""
     num_tokens = inputs[0].shape[0]
     token = decode_token(req.bounds, num_tokens)
     mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
     out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
-    return place_decoded(out, token, req.live, num_tokens), pool
+    return place_decoded(out.astype(inputs[0].dtype), token, req.live, num_tokens), pool
 
 
-def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
-    """Every request in the packed chunked form: `(out [T, H, Dv] float32, new pool)`."""
-    query, key, value, beta, decay = inputs
-    q, k, v, beta, decay = request_inputs(query, key, value, beta, decay, use_qk_l2norm, req.inside)
-    mm = value.dtype  # matmul operands in the inputs' dtype (q and k come normalised in float32)
-    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    cu = packed_bounds(req.bounds, q.shape[0])
-    args = (q.astype(mm), k.astype(mm), v.astype(mm), beta, decay, pool, slots, cu)
-    out, final = packed_delta(gla, STATE_BLOCK_V, STATE_WARPS, chunk, *args)
-    return out.astype(jnp.float32), scatter_first(pool, req.slots, final, req.live)
+def _prefill(
+    gla: TritonGlaTiling, tiling: TritonRaggedPrefillTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req
+):
+    """Every request in the packed chunked form: `(out [T, H, Dv] in the query's dtype, new pool)`."""
+    out, final = packed_delta(gla, tiling, chunk, use_qk_l2norm, inputs, req, pool)
+    return out, scatter_first(pool, req.slots, final, req.live)
 
 
-def _forward(decode_tiling, gla, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
-    num_tokens = query.shape[0]
-    req = requests(qsl, state_indices, num_tokens, pool.shape[0])
+def _forward(tilings, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
+    decode_tiling, gla, prefill_tiling = tilings
+    req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
     inputs = (query, key, value, beta, decay)
-    out, pool = lax.cond(
-        jnp.all(req.lengths <= 1),
-        functools.partial(_decode, decode_tiling, use_qk_l2norm),
-        functools.partial(_prefill, gla, chunk, use_qk_l2norm),
-        inputs,
-        pool,
-        req,
-    )
-    return out.astype(query.dtype), pool
+    prefill = functools.partial(_prefill, gla, prefill_tiling, chunk, use_qk_l2norm)
+    if not prefill_tiling.decode_branch:
+        return prefill(inputs, pool, req)
+    decode = functools.partial(_decode, decode_tiling, use_qk_l2norm)
+    return lax.cond(jnp.all(req.lengths <= 1), decode, prefill, inputs, pool, req)
 
 
 def ragged_gated_delta_rule_triton(
@@ -114,13 +105,15 @@ def ragged_gated_delta_rule_triton(
     use_qk_l2norm: bool = True,
     cfg=None,
     interpret: bool | None = None,
+    prefill_tiling: TritonRaggedPrefillTiling | None = None,
 ):
     """`ragged_gated_delta_rule` in Pallas-Triton kernels: `(out [T,H,Dv] in query.dtype, new_state in
     recurrent_state.dtype)`, with the XLA implementation's semantics (`ragged_delta_rule`).
 
     Arguments as the public op's (checked there); `cfg.chunk_size` wins over `chunk_size` (rounded to a power
     of two in [16, 128]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
-    program (default 64) and warps (default 4). `interpret` forces Pallas interpret mode.
+    program (default 64) and warps (default 4). `interpret` forces Pallas interpret mode. `prefill_tiling`: the
+    chunked form's switches and tiles (`TritonRaggedPrefillTiling`; None: its defaults).
     """
     require_pool_arguments(recurrent_state, query_start_loc, state_indices)
     _decline(query, value, beta, decay, recurrent_state)
@@ -137,7 +130,8 @@ def ragged_gated_delta_rule_triton(
     )
     gla = TritonGlaTiling(interpret=interpret, precise=jnp.dtype(value.dtype) == jnp.float32)
     gla = gla.fit(query.shape[-1], value.shape[-1])
-    forward = functools.partial(_forward, decode_tiling, gla, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
+    tilings = (decode_tiling, gla, prefill_tiling or TritonRaggedPrefillTiling())
+    forward = functools.partial(_forward, tilings, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
     twin = functools.partial(_twin, chunk_size, bool(use_qk_l2norm))
     return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
 

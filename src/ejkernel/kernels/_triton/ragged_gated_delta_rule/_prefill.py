@@ -1,27 +1,76 @@
 """The chunked delta rule of packed requests (prefill and mixed batches) in Pallas-Triton kernels, forward only.
 
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
-zeros between them), one batch row of `NC·C` tokens. From there it is the Triton gated delta rule's chunked
-form (`linear_attention._delta`): the WY transform of every chunk in XLA, the cumulative gates and the outputs
-in the GLA kernels of a gate per head (`cumulative_gates`, `chunk_outputs` making each chunk's scores itself),
-and one sequential pass of its own, `_states_kernel`, which walks the chunks of one request per program
-(grid: request x head x value tile, as the dense form's batch rows), entering from the request's slot of the
-pool and leaving its final state. Matmul operands are in the inputs' dtype (float32 in full precision for
-float32 inputs), as in `gated_delta_rule`'s Triton path.
+zeros between them), one batch row of `NC·C` tokens, described per chunk by `chunk_table`. `_pack_kernel`
+builds that layout in one pass, reading each chunk's rows where they sit in the flat `[T, H, D]` inputs (masked
+loads: no gather, no full-size intermediate) with q and k L2-normalised in the kernel, and writes k and v a
+second way, chunk-major `[NC, 1, H, C, D]`, as the WY transform (XLA, local to each chunk) reads them and
+returns u and w; `_outputs_kernel` stores each chunk's outputs straight at its tokens (masked stores) in the
+query's dtype. In between it is the Triton gated delta rule's chunked form (`linear_attention._delta`): the
+cumulative gates in GLA's kernel, and one sequential pass of its own, `_states_kernel`, which walks the chunks
+of one request per program (grid: request x head x value tile, as the dense form's batch rows), entering from
+the request's slot of the pool and leaving its final state. Matmul operands are in the inputs' dtype (float32
+in full precision for float32 inputs), as in `gated_delta_rule`'s Triton path.
+
+`TritonRaggedPrefillTiling` keeps XLA's route at each of these steps (gathers into and out of the chunk layout,
+transposes around the WY transform) as a switch, to time one against the other on a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
 from ejkernel.kernels._common.linear_attention.numerics import wy_transform
+from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds, request_inputs
+from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._gla_common import F32, TritonGlaTiling, call_pallas, tile_slice
+from ejkernel.kernels._triton.linear_attention._gla_common import (
+    F32,
+    TritonGlaTiling,
+    call_pallas,
+    iota,
+    pair_decays,
+    tile_slice,
+)
 from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonRaggedPrefillTiling:
+    """How the prefill runs; no field changes the result beyond rounding.
+
+    `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay: q and k
+    normalised, the log decays summed within chunks); False: by XLA (`request_inputs`, `ChunkLayout.pad`'s
+    gathers, GLA's `cumulative_gates`). `outputs_in_place`: `_outputs_kernel` stores the outputs at their tokens
+    in the query's dtype; False: GLA's `chunk_outputs` in the chunk layout, gathered back by
+    `ChunkLayout.unpad`. `wy_in_chunks`: k and v enter the WY transform, and u and w leave it, in its
+    chunk-major layout `[NC, 1, H, C, D]` (the pack kernel writes k and v so, the state pass reads u and w so);
+    False: XLA transposes them from and to the token layout. `float32_u`: the state pass reads u in float32 as
+    the WY transform leaves it; False: rounded to v's dtype first (an XLA pass, as `gated_delta_rule`'s Triton
+    path does). `decode_branch`: a call whose requests all have at most one token runs the decode kernel,
+    chosen by a `lax.cond` on the traced lengths (XLA reads its predicate on the host); False: every call the
+    chunked form, no `lax.cond`. `state_block_v` and `state_warps`: the sequential pass's value columns and
+    warps (as the gated delta rule's); `pack_warps`: the pack kernel's warps.
+    """
+
+    pack_in_kernel: bool = True
+    outputs_in_place: bool = True
+    wy_in_chunks: bool = True
+    float32_u: bool = True
+    decode_branch: bool = True
+    state_block_v: int = 32
+    state_warps: int = 4
+    pack_warps: int = 4
 
 
 def _states_kernel(
@@ -29,7 +78,8 @@ def _states_kernel(
 ):
     """Request `n`'s chunks in order from its slot's state `h`: store h (the chunk's entry state); `U = u − w h`
     (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`. Its final state is h after its last chunk (the slot's
-    state for an empty request)."""
+    state for an empty request). u and w come in the token layout `[1, NC·C, H, D]` or chunk-major `[NC, 1, H,
+    C, D]` (rank 5)."""
     chunk, mm, bv = s["chunk"], s["mm"], s["block_v"]
     n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = tile_slice(tile, bv)
@@ -41,8 +91,9 @@ def _states_kernel(
         e_ref[0, c, head, :, cols] = h.astype(e_ref.dtype)
         start = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(start, chunk)
+        of_chunk = lambda ref, width: ref[c, 0, head, :, width] if len(ref.shape) == 5 else ref[0, rows, head, width]
         g, g_last = g_ref[0, rows, head, one], g_ref[0, start + chunk - 1, head, one]
-        values = u_ref[0, rows, head, cols].astype(F32) - dot(w_ref[0, rows, head, :].astype(mm), h.astype(mm))
+        values = of_chunk(u_ref, cols).astype(F32) - dot(of_chunk(w_ref, slice(None)).astype(mm), h.astype(mm))
         values_ref[0, rows, head, cols] = values.astype(values_ref.dtype)
         k = (k_ref[0, rows, head, :].astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
         return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
@@ -52,8 +103,9 @@ def _states_kernel(
 
 
 def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, count, slots, k, w, u, g, pool):
-    """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (u's dtype), final states [N, H, Dk, Dv]
-    float32)`; chunks of no request are left unwritten (their outputs are never read)."""
+    """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (w's dtype), final states [N, H, Dk, Dv]
+    float32)`; chunks of no request are left unwritten (their outputs are never read). u and w in the token or
+    the chunk-major layout."""
     _, seq, heads, dk = k.shape
     dv = u.shape[-1]
     bv = min(block_v, dv)
@@ -67,7 +119,7 @@ def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, cou
         None,
         [
             out_struct((1, seq // chunk, heads, dk, dv), t.state_dtype(k.dtype), *args),
-            out_struct(u.shape, u.dtype, *args),
+            out_struct((1, seq, heads, dv), w.dtype, *args),
             out_struct((first.shape[0], heads, dk, dv), F32, *args),
         ],
         "ejkernel_ragged_delta_states",
@@ -77,24 +129,183 @@ def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, cou
     )(*args)
 
 
-def packed_delta(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, q, k, v, beta, decay, pool, slots, cu):
-    """`(out [T, H, Dv] in v's dtype, final states [N, H, Dk, Dv] float32)` of the requests `cu [N+1]` (exact
-    bounds covering the T tokens) entering from `pool[slots]` (slots in range).
+class ChunkTable(NamedTuple):
+    """Where the chunks of the packed layout sit among the tokens, `[NC]` int32 each: chunk `c` holds tokens
+    `start[c] + r` for `r < rows[c]` (0: a chunk of no request), of which rows `lo[c] <= r < hi[c]` are a live
+    request's (the others count as zero tokens); `first` and `count` `[N]`: each request's first chunk and
+    number of chunks."""
 
-    q (scaled), k `[T, H, Dk]` and v `[T, H, Dv]` in the matmuls' dtype; beta and the log decays `[T, H]`
-    float32; zero tokens where no live request is."""
-    num_tokens = q.shape[0]
-    layout = ChunkLayout.packed(cu, num_tokens, chunk)
-    q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
-    chunks = ChunkLayout.dense(1, q.shape[1], chunk)  # the padded row, cut at its chunk boundaries
-    gates = jnp.cumsum(chunks.to_chunks(decay), axis=-1)
-    u, w = (chunks.from_chunks(x) for x in wy_transform(*(chunks.to_chunks(x) for x in (k, v, beta)), gates))
-    lengths = cu[1:] - cu[:-1]
-    count = (lengths + chunk - 1) // chunk
+    start: jax.Array
+    rows: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+    first: jax.Array
+    count: jax.Array
+
+
+def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
+    """The `ChunkTable` of `ChunkLayout.packed` on the requests' bounds stretched over the tokens (the first
+    from token 0, the last to the end), from per-chunk arithmetic (no array of the tokens' size, no while loop)."""
+    num_requests = req.lengths.shape[0]
+    num_chunks = max(1, -(-(num_tokens + num_requests * (chunk - 1)) // chunk))  # as ChunkLayout.packed
+    cu = packed_bounds(req.bounds, num_tokens)
+    count = (cu[1:] - cu[:-1] + chunk - 1) // chunk
     first = jnp.cumsum(count) - count
-    g = cumulative_gates(t, chunk, decay[..., None])
-    e, values, final = _states(
-        t, block_v, warps, chunk, first, count, slots, k, w.astype(k.dtype), u.astype(v.dtype), g, pool
-    )
+    chunks = jnp.arange(num_chunks, dtype=jnp.int32)
+    owner = jnp.clip(sorted_position(first, chunks) - 1, 0, num_requests - 1)  # empty requests are never picked
+    used = chunks < first[-1] + count[-1]
+    start = jnp.where(used, cu[owner] + (chunks - first[owner]) * chunk, 0)
+    within = lambda bound: jnp.clip(bound - start, 0, chunk)
+    rows = jnp.where(used, within(cu[owner + 1]), 0)
+    hi = jnp.where(used & req.live[owner], within(req.bounds[owner + 1]), 0)
+    return ChunkTable(start, rows, within(req.bounds[owner]), hi, first, count)
+
+
+def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
+    """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
+    else zero; q and k normalised if asked, q scaled; the log decays summed within the chunk (the cumulative
+    gates). k goes to every output after the gates' (k for the WY transform, chunk-major)."""
+    decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
+    q_out, k_out, v_out, beta_out, gates_out, *k_outs = outs
+    chunk = s["chunk"]
+    c, head = pl.program_id(0), pl.program_id(1)
+    tokens = pl.ds(start_ref[c], chunk)
+    row = iota((chunk,), 0)
+    keep = (row >= lo_ref[c]) & (row < hi_ref[c])
+
+    def rows(ref, width=None):
+        if width is None:
+            return plgpu.load(ref.at[tokens, head], mask=keep, other=0.0).astype(F32)
+        mask = jnp.broadcast_to(keep[:, None], (chunk, width))
+        return plgpu.load(ref.at[tokens, head, pl.ds(0, width)], mask=mask, other=0.0).astype(F32)
+
+    def normalised(x):
+        return x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS) if s["l2norm"] else x
+
+    dk, dv = q_out.shape[-1], v_out.shape[-1]
+    q_out[...] = (normalised(rows(q_ref, dk)) * s["scale"]).astype(q_out.dtype)
+    k = normalised(rows(k_ref, dk)).astype(k_out.dtype)
+    for out in (k_out, *k_outs):
+        out[...] = k
+    v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
+    beta_out[...] = rows(beta_ref)
+    gates_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else jnp.cumsum(rows(decay_ref))
+
+
+def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
+    """`(q, k [1, NC·C, H, Dk], v, beta, g [1, NC·C, H] float32, k_wy)`: the tokens in the chunk layout of
+    `table`, q, k and v in v's dtype, g the log decays summed within chunks. With `p.wy_in_chunks`, v and `k_wy`
+    (k again) are chunk-major, `[NC, 1, H, C, D]`, as the WY transform reads them; else v is `[1, NC·C, H, Dv]`
+    and `k_wy` is k."""
+    query, key, value, beta, decay = inputs
+    heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
+    num_chunks = table.start.shape[0]
+    tokens = [query, key, value, beta] + ([] if decay is None else [decay])
+    args = (table.start, table.lo, table.hi, *tokens)
+    padded, mm = num_chunks * chunk, value.dtype
+    out = lambda shape, dtype: out_struct(shape, dtype, *args)
+    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
+    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    specs = [token(dk), token(dk), major(dv) if p.wy_in_chunks else token(dv), token(), token()]
+    shapes = [out((1, padded, heads, dk), mm)] * 2
+    shapes.append(out((num_chunks, 1, heads, chunk, dv) if p.wy_in_chunks else (1, padded, heads, dv), mm))
+    shapes += [out((1, padded, heads), F32)] * 2
+    if p.wy_in_chunks:
+        specs.append(major(dk))
+        shapes.append(out((num_chunks, 1, heads, chunk, dk), mm))
+    outs = call_pallas(
+        _pack_kernel,
+        t,
+        p.pack_warps,
+        (num_chunks, heads),
+        [pl.BlockSpec()] * len(args),
+        specs,
+        shapes,
+        "ejkernel_ragged_delta_pack",
+        chunk=chunk,
+        l2norm=l2norm,
+        scale=dk**-0.5,
+        has_decay=decay is not None,
+    )(*args)
+    return (*outs, outs[1]) if len(outs) == 5 else tuple(outs)
+
+
+def _outputs_kernel(start_ref, rows_ref, q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, chunk, mm, block_v):
+    """Chunk `c`'s outputs `(q ⊙ e^g) h + (q kᵀ ⊙ D) U` (q scaled already), stored at its tokens `start[c] + r`,
+    `r < rows[c]`; a chunk of no tokens does nothing."""
+    c, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows = rows_ref[c]
+
+    @pl.when(rows > 0)
+    def _():
+        g, q = g_ref[...], q_ref[...]
+        scores = dot(q.astype(mm), k_ref[...].astype(mm), trans_b=True) * pair_decays(g, g_row_ref[...][None, :])
+        decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
+        out = dot(decayed, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
+        keep = jnp.broadcast_to(iota((chunk, 1), 0) < rows, out.shape)
+        at = o_ref.at[pl.ds(start_ref[c], chunk), head, tile_slice(tile, block_v)]
+        plgpu.store(at, out.astype(o_ref.dtype), mask=keep)
+
+
+def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows, q, k, values, g, e):
+    """`[T, H, Dv]` in `dtype`: every token's output, stored by the chunk holding it (the chunks cover the tokens)."""
+    _, _, heads, dk = q.shape
+    dv, bv = values.shape[-1], t.block_v
+    block = lambda width: pl.BlockSpec((None, chunk, None, width), lambda c, h, j: (0, c, h, 0))
+    args = (start, rows, q, g, k, jnp.swapaxes(g[..., 0], 1, 2), values, e)
+    return call_pallas(
+        _outputs_kernel,
+        t,
+        t.output_warps,
+        (start.shape[0], heads, dv // bv),
+        [
+            pl.BlockSpec(),
+            pl.BlockSpec(),
+            block(dk),
+            block(1),
+            block(dk),
+            pl.BlockSpec((None, None, chunk), lambda c, h, j: (0, h, c)),
+            pl.BlockSpec((None, chunk, None, bv), lambda c, h, j: (0, c, h, j)),
+            pl.BlockSpec((None, None, None, dk, bv), lambda c, h, j: (0, c, h, 0, j)),
+        ],
+        pl.BlockSpec(),
+        out_struct((num_tokens, heads, dv), dtype, *args),
+        "ejkernel_ragged_delta_outputs",
+        chunk=chunk,
+        mm=t.mm(q.dtype),
+        block_v=bv,
+    )(*args)
+
+
+def packed_delta(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, req, pool):
+    """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of the requests `req`
+    (`Requests`), each entering from its slot of `pool` (clamped into the pool: a dropped request's state is
+    never written). `inputs`: the op's `(query, key, value, beta, decay)` (decay may be None); tokens of no live
+    request count as zeros (they output zeros and leave the states alone)."""
+    query, value = inputs[0], inputs[2]
+    num_tokens = query.shape[0]
+    table = chunk_table(req, num_tokens, chunk)
+    xla_route = not (p.pack_in_kernel and p.outputs_in_place)  # XLA's gathers need the layout's token maps
+    layout = ChunkLayout.packed(packed_bounds(req.bounds, num_tokens), num_tokens, chunk) if xla_route else None
+    chunks = ChunkLayout.dense(1, table.start.shape[0] * chunk, chunk)  # the padded row, cut at its chunk bounds
+    if p.pack_in_kernel:
+        q, k, v, beta, g, k_wy = pack_chunks(t, p, chunk, l2norm, inputs, table)
+        k_wy, v = (x if p.wy_in_chunks else chunks.to_chunks(x) for x in (k_wy, v))
+        g = g[..., None]
+    else:
+        q, k, v, beta, decay = request_inputs(*inputs, l2norm, req.inside)
+        q, k, v = (x.astype(value.dtype) for x in (q, k, v))  # matmul operands in the inputs' dtype
+        q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
+        k_wy, v = chunks.to_chunks(k), chunks.to_chunks(v)
+        g = cumulative_gates(t, chunk, decay[..., None])
+    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), chunks.to_chunks(g[..., 0]))
+    slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
+    if not p.wy_in_chunks:
+        u, w = chunks.from_chunks(u), chunks.from_chunks(w)
+    u = u if p.float32_u else u.astype(value.dtype)
+    args = (table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
+    e, values, final = _states(t, p.state_block_v, p.state_warps, chunk, *args)
+    if p.outputs_in_place:
+        return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
     out = chunk_outputs(t, chunk, 1.0, q, values, g, e, k=k)
-    return layout.unpad(out)[0], final
+    return layout.unpad(out)[0].astype(query.dtype), final
