@@ -2,9 +2,10 @@
 turned into float32 values in registers, for the kernels that multiply by it (quantized and grouped matmul).
 
 A packed matrix has rows R and unpacked columns C: `w [..., R, ceil(C·b/32)]` uint32 words of `b`-bit codes
-(LSB first), `scales [..., R, C/g]` (and affine `zeros`) per group of g columns. `decode_tile` loads one tile
-whole along the packed axis (contiguous words), splits each word into its `32 / b` codes (a shift per code
-position, then a reshape that lays the codes out in column order) and decodes them with the group's metadata
+(LSB first; 8-bit codes may come as their bytes `[..., R, C]` uint8, `byte_codes`), `scales [..., R, C/g]` (and
+affine `zeros`) per group of g columns. `decode_tile` loads one tile whole along the packed axis (contiguous
+words), splits each word into its `32 / b` codes (a shift per code position, then a reshape that lays the codes
+out in column order; bytes are codes already) and decodes them with the group's metadata
 broadcast over the group: affine `q·s + (−z·s)` (one fused multiply-add a value); NF4 a lookup in a 16-entry
 table; E2M1 and E4M3 codes by assembling the float32's bits; mx scales `2^e` from the exponent byte, nv scales
 decoded as E4M3. All metadata arithmetic runs on the `[rows, groups]` tile before it is broadcast.
@@ -51,6 +52,15 @@ def pow2(byte):
     return _bits_to_float((half + 127) << 23) * _bits_to_float((exponent - half + 127) << 23)
 
 
+def byte_codes(w, bits: int):
+    """8-bit codes' words `w [..., R, C/4]` viewed as bytes `[..., R, C]` (a bitcast, no copy): byte i of a
+    little-endian word is its code i, so `decode_tile` loads codes whole instead of splitting words (no shifts,
+    no interleaving reshape). Other widths: `w` unchanged."""
+    if bits != 8:
+        return w
+    return lax.bitcast_convert_type(w, jnp.uint8).reshape(*w.shape[:-1], 4 * w.shape[-1])
+
+
 def masked_load(ref, index, mask):
     """`ref[index]`, zeros where `mask` (None: nothing masked) is False."""
     if mask is None:
@@ -76,7 +86,7 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     indices, e.g. a group's; `z_ref` affine only, `table_ref` the NF4 table for nf4 only). `cols` must be a
     multiple of `32 / bits`, and hold whole groups or lie inside one."""
     bits, g = params.bits, params.group_size
-    per_word = 32 // bits
+    per_word = 1 if w_ref.dtype == jnp.uint8 else 32 // bits  # `byte_codes`' view: a byte a code
     words = tile.cols // per_word
     row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
     row_ok = None
@@ -92,9 +102,12 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     word0 = pl.multiple_of(tile.col_block * words, words)
     word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if ragged_cols else None
     packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), mask(word_ok))
-    shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
-    codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
-    codes = codes.reshape(tile.rows, tile.cols).astype(jnp.int32)  # code i of a row is column i
+    if per_word == 1:
+        codes = packed.astype(jnp.int32)
+    else:
+        shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
+        codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
+        codes = codes.reshape(tile.rows, tile.cols).astype(jnp.int32)  # code i of a row is column i
 
     if tile.cols >= g:  # whole groups in the tile: metadata [rows, groups], broadcast over each group below
         groups = tile.cols // g

@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._triton._decode import WeightTile, decode_tile, masked_load
+from ejkernel.kernels._triton._decode import WeightTile, byte_codes, decode_tile, masked_load
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.quantization.codes import NF4
 from ejkernel.quantization.modes import QuantParams
@@ -81,7 +81,7 @@ def matmul(x, w, scales, zeros, *, params: QuantParams, transpose: bool, tiling:
     if rows != m:
         x = jnp.pad(x, ((0, rows - m), (0, 0)))
     table = jnp.asarray(NF4) if params.mode == "nf4" else None  # read by the kernel's lookups
-    operands = [x, w, scales] + [a for a in (zeros, table) if a is not None]
+    operands = [x, byte_codes(w, params.bits), scales] + [a for a in (zeros, table) if a is not None]
     kernel = functools.partial(_matmul_kernel, params=params, transpose=transpose, tiling=tiling, k=k, n=n)
     partial = pl.pallas_call(
         kernel,
