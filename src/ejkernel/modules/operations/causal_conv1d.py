@@ -14,20 +14,21 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.bounds import check_packed, check_with
 from ejkernel.kernels._common.checks import is_traced, require_float, require_int
 from ejkernel.modules.operations._common import executor, require_rank, typechecked
-from ejkernel.ops import BwdParams, ConfigBase, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops import ConfigBase, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "causal_conv1d",
-    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.causal_conv1d:causal_conv1d_xla"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.causal_conv1d:causal_conv1d_triton"),
+    (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.causal_conv1d:causal_conv1d_xla"),
 )
-"""XLA first everywhere: W shifted, scaled copies that XLA fuses into one pass over the input. On an H200 (16384
-packed tokens x 8192 channels, width 4, bf16) it beat the Triton kernels of the shifted-tile forward in every case:
-dense forward 0.351 ms against 0.364, packed on a pool 0.492 against 0.834, forward+backward 0.83 against 1.81
-(BENCHMARKS.md). The Triton forward's default is now a sliding window over each run of tokens that reads every
-input row once (not measured yet: `exp/s30_conv_variants.py`); the pool is written in place by a second kernel.
-They stay reachable with `platform="triton"`."""
+"""Triton first on GPUs, XLA everywhere else and where Triton declines (more than 8 taps, other dtypes). The Triton
+forward slides a window over each run of tokens, reading every input row once, and writes the pool in place; its
+backward is XLA's autodiff of the plain-JAX forward. On an H200 (16384 tokens x 8192 channels, width 4, bf16; a
+device copy at 3.21 TB/s) the dense forward with SiLU and bias took 0.176 ms (0.95 of the copy's bandwidth)
+against XLA's 0.345 (0.48), the packed one on a conv-state pool 0.189 ms (0.90) against 0.483
+(`exp/s30_conv_variants.py`). Dense forward+backward took 0.828 ms on XLA and 1.800 with a Triton backward kernel,
+which this backward replaced (the pair with it is not measured yet)."""
 
 ACTIVATIONS = (None, "silu", "swish")
 FORWARD_DESIGNS = ("window", "shifted")
@@ -42,7 +43,7 @@ class CausalConv1dTritonTiling(ConfigBase):
         forward: `"window"`: a program walks its run of tokens row by row, keeping the last W - 1 input rows
             in registers, so each input row is read once; `"shifted"`: each tap's input is loaded as the
             program's tile shifted back (overlapping loads) ["window"].
-        step_rows: Rows per step of the window's walk, a power of two: the loads in flight together [4].
+        step_rows: Rows per step of the window's walk, a power of two: the loads in flight together [8].
         prefetch: Whether each step of the window's walk loads the next step's rows, so that they are in flight
             while it computes and stores its own (twice the rows in registers) [False].
 
@@ -79,10 +80,10 @@ class CausalConv1dConfig(KernelConfig):
     Attributes:
         platform: `"auto"` (default), `"triton"` or `"xla"`.
         fwd_params: The Triton forward's tile: `block_k` tokens (default 64 for the window design, 32 for the
-            shifted one) x `block_d` channels (1024; 256), `num_warps` (4), `num_stages` (1); None (default):
+            shifted one) x `block_d` channels (1024; 256), `num_warps` (8; 4), `num_stages` (1); None (default):
             defaults. XLA reads none.
-        bwd_params: The Triton backward's tile, the same fields (defaults 16 tokens x 128 channels, 4 warps, 2
-            stages).
+        bwd_params: Read by no implementation (kept for upstream's configs): the Triton backward is XLA's
+            autodiff of the plain-JAX forward, which takes no tiles.
         triton_tiling: A `CausalConv1dTritonTiling`: the Triton forward's design; None (default): its defaults.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.
@@ -104,10 +105,10 @@ class CausalConv1dConfig(KernelConfig):
 TRITON_FORWARD_DESIGNS = (
     CausalConv1dTritonTiling(forward="shifted"),
     CausalConv1dTritonTiling(step_rows=1),
-    CausalConv1dTritonTiling(step_rows=8),
+    CausalConv1dTritonTiling(step_rows=4),
     CausalConv1dTritonTiling(prefetch=True),
 )
-"""The Triton forward's designs autotuning times beside the default (the sliding window, 4 rows a step)."""
+"""The Triton forward's designs autotuning times beside the default (the sliding window, 8 rows a step)."""
 
 
 class CausalConv1d(Kernel):
@@ -118,7 +119,6 @@ class CausalConv1d(Kernel):
 
     op_id = "causal_conv1d"
     config_type = CausalConv1dConfig
-    tune_argnums = (0, 1)  # configs tile the Triton backward too
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         if platform != "triton":
@@ -126,8 +126,8 @@ class CausalConv1d(Kernel):
             return
         for block_k, block_d in ((16, 256), (32, 128), (32, 256), (64, 128), (16, 512), (64, 256)):
             for warps in (4, 8):
-                tile = dict(block_k=block_k, block_d=block_d, num_warps=warps)
-                yield CausalConv1dConfig(platform=platform, fwd_params=FwdParams(**tile), bwd_params=BwdParams(**tile))
+                tile = FwdParams(block_k=block_k, block_d=block_d, num_warps=warps)
+                yield CausalConv1dConfig(platform=platform, fwd_params=tile)
         for design in TRITON_FORWARD_DESIGNS:
             yield CausalConv1dConfig(platform=platform, triton_tiling=design)
 
@@ -246,8 +246,7 @@ def causal_conv1d(
     `Ws - 1`: `Ws = W - 1` (Mamba's and vLLM's convention) or `Ws = W` (EasyDeL's, whose oldest column is
     carried but never read). The new state has the width of the one given. Accumulates in float32; the
     output has `x`'s dtype, the new state `conv_state`'s. Differentiable in `x`, `weight`, `bias` and
-    `conv_state` (on XLA plain JAX autodiff: W shifts transpose to W shifts; on Triton a kernel of its own
-    recomputing the pre-activations, dense and packed alike).
+    `conv_state` (plain JAX autodiff of the XLA forward on every platform: W shifts transpose to W shifts).
 
     Dense (training): `x [B, S, C]`, optional initial `conv_state [B, C, Ws]`.
 

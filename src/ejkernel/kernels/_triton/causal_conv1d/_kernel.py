@@ -1,5 +1,5 @@
 """The Pallas-Triton kernels of the causal depthwise convolution: the shifted-tile forward (`design="shifted"`;
-the default forward is `_window`'s), the state write, the backward.
+the default forward is `_window`'s) and the state write. The backward is plain JAX (`_interface`).
 
 Every call is packed: `x [T, C]` holding N sequences with bounds `cu [N + 1]` (a dense `[B, S, C]` batch is
 B sequences of length S, whose positions are found by division instead of a search). A program owns a tile
@@ -12,11 +12,6 @@ is a binary search of `cu` per row of the tile (a few steps of cached loads).
 The new states are a second kernel (one program per sequence x channel tile) that writes the pool in place:
 the forward kernel has finished reading every history by then, and where several non-empty sequences name
 one slot only the last writes it (the reference's order), so no program reads a slot another one writes.
-
-The backward recomputes the forward's pre-activations at the W rows each output gradient needs (the
-convolution's transpose is anti-causal) and accumulates the weight and bias gradients over a chunk of token
-tiles per program; XLA adds the chunks' partial sums. The gradient reaching a sequence's history is left as
-the output gradients `g` of its first `W - 1` tokens, which `_interface` turns into the history's gradient.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from ._parts import (
     TritonCausalConvTiling,
     compiler_params,
     kernel_inputs,
-    silu_and_slope,
+    silu,
     unpack_refs,
 )
 
@@ -77,20 +72,17 @@ class _ConvTile:
         # taps[s]: the weight of the input s tokens back (tap W - 1 - s)
         self.taps = [load(w_ref, self.cols[0], st.width - 1 - s)[None, :] for s in range(st.width)]
         self.bias = load(b_ref, self.cols[0])[None, :] if b_ref is not None else None
-        self.x_loads = {}
 
     def mask(self, row_ok):
         """`[rows, block_c]`: rows where `row_ok` (a vector), channels that exist."""
         return and_masks(None if row_ok is None else row_ok[:, None], self.col_ok)
 
     def x_rows(self, rows, shift):
-        """x at `rows + shift` (float32, zeros outside `[0, T)`), loaded once per shift."""
-        if shift not in self.x_loads:
-            src = rows + shift
-            mask = self.mask((src >= 0) & (src < self.st.tokens))
-            src = jnp.clip(src, 0, self.st.tokens - 1)[:, None]
-            self.x_loads[shift] = plgpu.load(self.x_ref.at[src, self.cols], mask=mask, other=0.0).astype(jnp.float32)
-        return self.x_loads[shift]
+        """x at `rows + shift` (float32, zeros outside `[0, T)`)."""
+        src = rows + shift
+        mask = self.mask((src >= 0) & (src < self.st.tokens))
+        src = jnp.clip(src, 0, self.st.tokens - 1)[:, None]
+        return plgpu.load(self.x_ref.at[src, self.cols], mask=mask, other=0.0).astype(jnp.float32)
 
     def history(self, where):
         """Per tap s = 1 .. W-1: the history entry s tokens back of the tokens at positions `where`, for those
@@ -114,14 +106,14 @@ class _ConvTile:
         near_start = jnp.min(jnp.where(slot_ok, local, st.width)) < st.width - 1
         return lax.cond(near_start, load, lambda: (jnp.zeros(shape, jnp.float32),) * (st.width - 1))
 
-    def inputs(self, rows, offset, where):
-        """Per tap: the input `s` tokens back of the tokens at `rows + offset` (positions `where`)."""
+    def inputs(self, rows, where):
+        """Per tap: the input `s` tokens back of the tokens at `rows` (positions `where`)."""
         st = self.st
         _, local, inside = where
         past = self.history(where) if st.state_width is not None and st.width > 1 else None
         values = []
         for s in range(st.width):
-            value = jnp.where((inside & (local >= s))[:, None], self.x_rows(rows, offset - s), 0.0)
+            value = jnp.where((inside & (local >= s))[:, None], self.x_rows(rows, -s), 0.0)
             values.append(value if past is None or s == 0 else value + past[s - 1])
         return values
 
@@ -137,9 +129,9 @@ def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: in
     t0 = pl.program_id(0) * block_t
     rows = t0 + jnp.arange(block_t, dtype=jnp.int32)
     where = _positions(cu_ref, rows, st)
-    y = tile.preactivation(tile.inputs(rows, 0, where))
+    y = tile.preactivation(tile.inputs(rows, where))
     if st.silu:
-        y = silu_and_slope(y)[0]
+        y = silu(y)
     y = jnp.where(where[2][:, None], y, 0.0)
     mask = tile.mask(None if st.tokens % block_t == 0 else rows < st.tokens)
     plgpu.store(out_ref.at[pl.ds(pl.multiple_of(t0, block_t), block_t), tile.block], y.astype(out_ref.dtype), mask=mask)
@@ -212,108 +204,3 @@ def write_states(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpre
         interpret=interpret,
         name="ejkernel_causal_conv1d_state",
     )(cu, slots, x, pool)
-
-
-def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int, inner: int, has_dnew: bool):
-    cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, rest = unpack_refs(refs, st)
-    dout_ref, *rest = rest
-    dnew_ref = rest.pop(0) if has_dnew else None
-    dx_ref, dw_ref, db_ref, *rest = rest
-    gh_ref = rest[0] if rest else None
-    tile = _ConvTile(st, cu_ref, slots_ref, x_ref, w_ref, b_ref, state_ref, block_c)
-    first = pl.program_id(0) * inner
-    count = jnp.minimum(inner, pl.cdiv(st.tokens, block_t) - first)
-
-    def body(i, carry):
-        dw, db = carry
-        tile.x_loads = {}  # a new tile of rows: nothing loaded yet
-        t0 = (first + i) * block_t
-        rows = t0 + jnp.arange(block_t, dtype=jnp.int32)
-        dx = jnp.zeros((block_t, block_c), jnp.float32)
-        for s in range(st.width):  # the output gradient of the tokens s rows on, through their tap s back
-            where = _positions(cu_ref, rows + s, st)
-            seq, local, inside = where
-            src = jnp.minimum(rows + s, st.tokens - 1)
-            g = plgpu.load(dout_ref.at[src[:, None], tile.cols], mask=tile.mask(inside), other=0.0)
-            g = g.astype(jnp.float32)
-            if st.silu or s == 0:
-                values = tile.inputs(rows, s, where)
-            if st.silu:
-                g = g * silu_and_slope(tile.preactivation(values))[1]
-            if s == 0:
-                dw = tuple(dw[k] + jnp.sum(g * values[k], axis=0) for k in range(st.width))
-                db = db + jnp.sum(g, axis=0)
-                if gh_ref is not None:  # the first W - 1 tokens' gradients, for their history's
-                    first_tokens = inside & (local < st.width - 1)
-                    seq_or_none = jnp.where(first_tokens, seq, st.num_seqs)[:, None]  # masked: out of range
-                    at = gh_ref.at[seq_or_none, jnp.clip(local, 0, st.width - 2)[:, None], tile.cols]
-                    plgpu.store(at, g, mask=tile.mask(first_tokens))
-                own = where
-            dx = dx + tile.taps[s] * jnp.where((local >= s)[:, None], g, 0.0)
-        if dnew_ref is not None:  # the tokens that went into the new state
-            seq, local, inside = own
-            length = st.seq_len if st.seq_len is not None else cu_ref[seq + 1] - cu_ref[seq]
-            column = local + st.state_width - length
-            at = dnew_ref.at[seq[:, None], tile.cols, jnp.clip(column, 0, st.state_width - 1)[:, None]]
-            dx = dx + plgpu.load(at, mask=tile.mask(inside & (column >= 0)), other=0.0).astype(jnp.float32)
-        mask = tile.mask(None if st.tokens % block_t == 0 else rows < st.tokens)
-        plgpu.store(
-            dx_ref.at[pl.ds(pl.multiple_of(t0, block_t), block_t), tile.block], dx.astype(dx_ref.dtype), mask=mask
-        )
-        return dw, db
-
-    zeros = jnp.zeros((block_c,), jnp.float32)
-    dw, db = lax.fori_loop(0, count, body, ((zeros,) * st.width, zeros))
-    chunk = pl.program_id(0)
-    channels = None if tile.col_ok is None else tile.col_ok[0]
-    for s in range(st.width):
-        plgpu.store(dw_ref.at[chunk, jnp.int32(st.width - 1 - s), tile.block], dw[s], mask=channels)
-    plgpu.store(db_ref.at[chunk, tile.block], db, mask=channels)
-
-
-def backward(
-    st: TritonCausalConvStatic,
-    t: TritonCausalConvTiling,
-    interpret: bool,
-    cu,
-    slots,
-    x,
-    weight,
-    bias,
-    state,
-    dout,
-    dnew,
-):
-    """`(dx [T, C], dweight partial sums [chunks, W, C], dbias partial sums [chunks, C], g of the sequences'
-    first W - 1 tokens [N, W - 1, C] or None)`, float32 sums; `dnew [N, C, Ws]`: each sequence's new-state
-    cotangent (None: none). Entries of the last for tokens that do not exist are not written."""
-    tiles, channel_tiles = pl.cdiv(st.tokens, t.block_t), pl.cdiv(st.channels, t.block_c)
-    chunks = min(tiles, pl.cdiv(PROGRAMS, channel_tiles))
-    inner = pl.cdiv(tiles, chunks)
-    chunks = pl.cdiv(tiles, inner)
-    args = kernel_inputs(cu, slots, x, weight, bias, state) + [a for a in (dout, dnew) if a is not None]
-    out_shape = [
-        jax.ShapeDtypeStruct(x.shape, x.dtype),
-        jax.ShapeDtypeStruct((chunks, st.width, st.channels), jnp.float32),
-        jax.ShapeDtypeStruct((chunks, st.channels), jnp.float32),
-    ]
-    history = state is not None and st.width > 1
-    if history:
-        out_shape.append(jax.ShapeDtypeStruct((st.num_seqs, st.width - 1, st.channels), jnp.float32))
-    kernel = functools.partial(
-        _backward_kernel, st=st, block_t=t.block_t, block_c=t.block_c, inner=inner, has_dnew=dnew is not None
-    )
-    out = pl.pallas_call(
-        kernel,
-        out_shape=out_shape,
-        grid=(chunks, channel_tiles),
-        compiler_params=compiler_params(t),
-        interpret=interpret,
-        name="ejkernel_causal_conv1d_bwd",
-    )(*args)
-    return (*out, None) if not history else tuple(out)
-
-
-PROGRAMS = 2048
-"""Programs the backward aims for: enough to fill a GPU several times over, few enough that the weight
-gradient's partial sums (one `[W, C]` row per chunk of token tiles) stay small beside x."""

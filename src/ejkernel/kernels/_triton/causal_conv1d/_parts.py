@@ -48,8 +48,8 @@ class TritonCausalConvTiling:
         num_warps: Warps per program.
         num_stages: Software-pipelining stages.
         design: The forward's design: `"window"` (`_window`: a run walked row by row, each input row read
-            once) or `"shifted"` (`forward` here: each tap's input loaded as the tile shifted back). The state
-            write and the backward read neither.
+            once) or `"shifted"` (`_kernel.forward`: each tap's input loaded as the tile shifted back). The state
+            write reads neither.
         step_rows: Rows per step of the window's walk (a divisor of `block_t`): loads in flight together.
         prefetch: Whether each step of the window's walk loads the next step's rows (in flight during its own).
     """
@@ -59,14 +59,13 @@ class TritonCausalConvTiling:
     num_warps: int
     num_stages: int
     design: str = "window"
-    step_rows: int = 4
+    step_rows: int = 8
     prefetch: bool = False
 
 
-def silu_and_slope(y):
-    """`y · σ(y)` and its derivative `σ(y) · (1 + y · (1 - σ(y)))`."""
-    sig = 1.0 / (1.0 + jnp.exp(-y))
-    return y * sig, sig * (1.0 + y * (1.0 - sig))
+def silu(y):
+    """`y · σ(y)`."""
+    return y * (1.0 / (1.0 + jnp.exp(-y)))
 
 
 def unpack_refs(refs, st: TritonCausalConvStatic):

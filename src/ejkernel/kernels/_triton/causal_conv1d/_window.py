@@ -33,7 +33,7 @@ from ._parts import (
     TritonCausalConvTiling,
     compiler_params,
     kernel_inputs,
-    silu_and_slope,
+    silu,
     unpack_refs,
 )
 
@@ -107,7 +107,7 @@ class _Run:
         stream = [*window, current]
         y = sum(self.taps[s] * stream[-1 - s] for s in range(self.st.width))
         y = y if self.bias is None else y + self.bias
-        return silu_and_slope(y)[0] if self.st.silu else y
+        return silu(y) if self.st.silu else y
 
     def store(self, row, y, where=None):
         """`y` into the output's row `row` (nothing where `where` is False)."""
