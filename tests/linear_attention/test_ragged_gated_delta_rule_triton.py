@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from linear_cases import log_decay, rand, write_strength
 
-from ejkernel.kernels._triton.ragged_gated_delta_rule import TritonRaggedPrefillTiling, ragged_gated_delta_rule_triton
+from ejkernel.kernels._triton.ragged_gated_delta_rule import ragged_gated_delta_rule_triton
 from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rule_xla
 from ejkernel.modules import RaggedGatedDeltaRuleConfig, ragged_gated_delta_rule
 from ejkernel.ops import FwdParams
@@ -29,11 +29,9 @@ SLOT_OF = np.array([4, 0, 0, 7, 2, 5, 6], np.int32)
 # request 2 is empty; request 5's slot is outside the pool (dropped).
 DECODE_QSL = np.array([2, 3, 4, 4, 5, 6, 7], np.int32)
 DECODE_SLOTS = np.array([1, 3, 8, 0, 3, 12], np.int32)
-# The prefill's switches set the other way: XLA's gathers into and out of the chunk layout and its transposes
-# around the WY transform, u rounded, no decode branch.
-XLA_ROUTE = TritonRaggedPrefillTiling(
-    pack_in_kernel=False, outputs_in_place=False, wy_in_chunks=False, float32_u=False, decode_branch=False
-)
+# Fewer tokens (8) than a chunk (16): padding tokens 0 and 7; requests of 3 tokens, 1, 0 and 2.
+SHORT_QSL = np.array([1, 4, 5, 5, 7], np.int32)
+SHORT_SLOTS = np.array([2, 3, 0, 6], np.int32)
 
 
 def make_inputs(num_tokens=T, dtype=jnp.float32, decay=True):
@@ -74,16 +72,12 @@ def test_mixed_requests_under_jit(dtype, use_qk_l2norm, decay):
     check_reference(out, new_state, inputs, QSL, SLOT_OF, dtype, use_qk_l2norm)
 
 
-def test_prefill_through_xla_gathers_and_without_decode_branch():
-    """The prefill's other routes: a mixed call on `XLA_ROUTE`, and a decode-only call in the chunked form (fewer
-    tokens than a chunk) packed by the kernel in the token layout only, both against the reference."""
-    inputs = make_inputs(dtype=jnp.bfloat16)
-    out, new_state = jax.jit(triton(prefill_tiling=XLA_ROUTE))(*inputs, i32(QSL), i32(SLOT_OF))
-    check_reference(out, new_state, inputs, QSL, SLOT_OF, jnp.bfloat16)
+def test_prefill_of_fewer_tokens_than_a_chunk():
+    """A call of 8 tokens (one chunk of 16 holds them all) with a request of 3: the chunked form, one chunk per
+    request, the pack kernel's masked loads past the tokens' end."""
     inputs = make_inputs(num_tokens=8)
-    no_branch = TritonRaggedPrefillTiling(wy_in_chunks=False, decode_branch=False)
-    out, new_state = jax.jit(triton(prefill_tiling=no_branch))(*inputs, i32(DECODE_QSL), i32(DECODE_SLOTS))
-    check_reference(out, new_state, inputs, DECODE_QSL[:-1], DECODE_SLOTS[:-1])
+    out, new_state = jax.jit(triton())(*inputs, i32(SHORT_QSL), i32(SHORT_SLOTS))
+    check_reference(out, new_state, inputs, SHORT_QSL, SHORT_SLOTS)
 
 
 def test_decode_step_reads_before_the_slot_is_written():
@@ -141,21 +135,19 @@ def test_declines_what_it_cannot_serve():
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_kernels_lower_for_cuda(cuda_lowering):
-    """Both paths lower to Triton IR for an H100: the decode kernels (readers, writers in place) and the prefill's,
-    and the prefill's XLA route."""
+    """Both paths lower to Triton IR for an H100: the decode kernels (readers, writers in place) and the prefill's."""
     shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
     tokens, requests = 256, 8
     args = (shape(tokens, 4, 128), shape(tokens, 4, 128), shape(tokens, 4, 128))
     args += (shape(tokens, 4, dtype=jnp.float32), shape(tokens, 4, dtype=jnp.float32))
     args += (shape(16, 4, 128, 128, dtype=jnp.float32), shape(requests + 1, dtype=jnp.int32))
     args += (shape(requests, dtype=jnp.int32),)
-    lowered = lambda **options: (
-        jax.jit(functools.partial(ragged_gated_delta_rule_triton, interpret=False, **options), donate_argnums=5)
+    text = (
+        jax.jit(functools.partial(ragged_gated_delta_rule_triton, interpret=False), donate_argnums=5)
         .trace(*args)
         .lower(lowering_platforms=("cuda",))
         .as_text()
     )
-    text = lowered()
     for name in (
         "ejkernel_ragged_delta_decode",
         "ejkernel_ragged_delta_decode_readers",
@@ -164,9 +156,6 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         "ejkernel_ragged_delta_outputs",
     ):
         assert name in text
-    tiling = TritonRaggedPrefillTiling(outputs_in_place=False, wy_in_chunks=False, decode_branch=False)
-    text = lowered(prefill_tiling=tiling)
-    assert "ejkernel_gla_head_outputs" in text and "ejkernel_ragged_delta_decode" not in text
 
 
 # ---- GPU suite: the compiled kernels against the XLA implementation at serving shapes ----
@@ -207,20 +196,6 @@ def test_gpu_mixed_prefill_matches_xla():
     qsl = np.r_[0, np.cumsum(lengths)].astype(np.int32)
     slots = np.random.default_rng(1).permutation(100)[: len(lengths)].astype(np.int32)
     _versus_xla(_serving_inputs(int(qsl[-1]), 16, 100), qsl, slots, jnp.bfloat16)
-
-
-@pytest.mark.gpu
-def test_gpu_mixed_prefill_through_xla_route_matches_xla():
-    """The prefill's XLA route (`XLA_ROUTE`) at the mixed call above: the same result as the XLA implementation."""
-    lengths = np.r_[[1] * 30, 1000, 2048, [1] * 30, 37, 513]
-    qsl = i32(np.r_[0, np.cumsum(lengths)])
-    slots = i32(np.random.default_rng(1).permutation(100)[: len(lengths)])
-    inputs = _serving_inputs(int(qsl[-1]), 16, 100)
-    triton_call = functools.partial(ragged_gated_delta_rule_triton, prefill_tiling=XLA_ROUTE)
-    out, new_state = jax.jit(triton_call)(*inputs, qsl, slots)
-    xla_out, xla_state = jax.jit(ragged_gated_delta_rule_xla)(*inputs, qsl, slots)
-    assert_close(out, xla_out, jnp.bfloat16, name="out")
-    assert_close(new_state, xla_state, jnp.bfloat16, name="new_state")
 
 
 @pytest.mark.gpu

@@ -2,6 +2,5 @@
 batches in the Triton gated delta rule's chunked form, packed and unpacked by kernels of their own."""
 
 from ejkernel.kernels._triton.ragged_gated_delta_rule._interface import ragged_gated_delta_rule_triton
-from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import TritonRaggedPrefillTiling
 
-__all__ = ["TritonRaggedPrefillTiling", "ragged_gated_delta_rule_triton"]
+__all__ = ["ragged_gated_delta_rule_triton"]

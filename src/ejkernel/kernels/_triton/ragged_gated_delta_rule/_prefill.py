@@ -1,24 +1,25 @@
 """The chunked delta rule of packed requests (prefill and mixed batches) in Pallas-Triton kernels, forward only.
 
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
-zeros between them), one batch row of `NC·C` tokens, described per chunk by `chunk_table`. `_pack_kernel`
-builds that layout in one pass, reading each chunk's rows where they sit in the flat `[T, H, D]` inputs (masked
-loads: no gather, no full-size intermediate) with q and k L2-normalised in the kernel, and writes k and v a
-second way, chunk-major `[NC, 1, H, C, D]`, as the WY transform (XLA, local to each chunk) reads them and
-returns u and w; `_outputs_kernel` stores each chunk's outputs straight at its tokens (masked stores) in the
-query's dtype. In between it is the Triton gated delta rule's chunked form (`linear_attention._delta`): the
-cumulative gates in GLA's kernel, and one sequential pass of its own, `_states_kernel`, which walks the chunks
-of one request per program (grid: request x head x value tile, as the dense form's batch rows), entering from
-the request's slot of the pool and leaving its final state. Matmul operands are in the inputs' dtype (float32
-in full precision for float32 inputs), as in `gated_delta_rule`'s Triton path.
+zeros between them), one batch row of `NC·C` tokens, described per chunk by `chunk_table` (per-chunk arithmetic,
+no while loop). Four steps:
 
-`TritonRaggedPrefillTiling` keeps XLA's route at each of these steps (gathers into and out of the chunk layout,
-transposes around the WY transform) as a switch, to time one against the other on a GPU.
+1. `_pack_kernel` builds that layout in one pass, reading each chunk's rows where they sit in the flat
+   `[T, H, D]` inputs (masked loads: no gather, no full-size intermediate): q and k L2-normalised, q scaled, the
+   log decays summed within chunks (the cumulative gates), and k and v written a second time chunk-major,
+   `[NC, 1, H, C, D]`, the layout the WY transform reads.
+2. The WY transform (XLA, local to each chunk) returns u and w chunk-major, u in float32.
+3. `_states_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
+   x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
+   of the pool and leaving its final state.
+4. `_outputs_kernel` stores each chunk's outputs straight at its tokens (masked stores) in the query's dtype.
+
+Matmul operands are in the inputs' dtype (float32 in full precision for float32 inputs), as in
+`gated_delta_rule`'s Triton path.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -30,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
 from ejkernel.kernels._common.linear_attention.numerics import wy_transform
-from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds, request_inputs
+from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
@@ -42,35 +43,10 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     pair_decays,
     tile_slice,
 )
-from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates
 
-
-@dataclasses.dataclass(frozen=True)
-class TritonRaggedPrefillTiling:
-    """How the prefill runs; no field changes the result beyond rounding.
-
-    `pack_in_kernel`: the chunk layout built by `_pack_kernel` (one pass over q, k, v, beta, decay: q and k
-    normalised, the log decays summed within chunks); False: by XLA (`request_inputs`, `ChunkLayout.pad`'s
-    gathers, GLA's `cumulative_gates`). `outputs_in_place`: `_outputs_kernel` stores the outputs at their tokens
-    in the query's dtype; False: GLA's `chunk_outputs` in the chunk layout, gathered back by
-    `ChunkLayout.unpad`. `wy_in_chunks`: k and v enter the WY transform, and u and w leave it, in its
-    chunk-major layout `[NC, 1, H, C, D]` (the pack kernel writes k and v so, the state pass reads u and w so);
-    False: XLA transposes them from and to the token layout. `float32_u`: the state pass reads u in float32 as
-    the WY transform leaves it; False: rounded to v's dtype first (an XLA pass, as `gated_delta_rule`'s Triton
-    path does). `decode_branch`: a call whose requests all have at most one token runs the decode kernel,
-    chosen by a `lax.cond` on the traced lengths (XLA reads its predicate on the host); False: every call the
-    chunked form, no `lax.cond`. `state_block_v` and `state_warps`: the sequential pass's value columns and
-    warps (as the gated delta rule's); `pack_warps`: the pack kernel's warps.
-    """
-
-    pack_in_kernel: bool = True
-    outputs_in_place: bool = True
-    wy_in_chunks: bool = True
-    float32_u: bool = True
-    decode_branch: bool = True
-    state_block_v: int = 32
-    state_warps: int = 4
-    pack_warps: int = 4
+STATE_BLOCK_V = 32  # the sequential pass's value columns per program, as the gated delta rule's
+STATE_WARPS = 4
+PACK_WARPS = 4
 
 
 def _states_kernel(
@@ -78,8 +54,7 @@ def _states_kernel(
 ):
     """Request `n`'s chunks in order from its slot's state `h`: store h (the chunk's entry state); `U = u − w h`
     (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`. Its final state is h after its last chunk (the slot's
-    state for an empty request). u and w come in the token layout `[1, NC·C, H, D]` or chunk-major `[NC, 1, H,
-    C, D]` (rank 5)."""
+    state for an empty request). u and w come chunk-major, `[NC, 1, H, C, D]`."""
     chunk, mm, bv = s["chunk"], s["mm"], s["block_v"]
     n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = tile_slice(tile, bv)
@@ -91,9 +66,8 @@ def _states_kernel(
         e_ref[0, c, head, :, cols] = h.astype(e_ref.dtype)
         start = pl.multiple_of(c * chunk, chunk)
         rows = pl.ds(start, chunk)
-        of_chunk = lambda ref, width: ref[c, 0, head, :, width] if len(ref.shape) == 5 else ref[0, rows, head, width]
         g, g_last = g_ref[0, rows, head, one], g_ref[0, start + chunk - 1, head, one]
-        values = of_chunk(u_ref, cols).astype(F32) - dot(of_chunk(w_ref, slice(None)).astype(mm), h.astype(mm))
+        values = u_ref[c, 0, head, :, cols].astype(F32) - dot(w_ref[c, 0, head, :, :].astype(mm), h.astype(mm))
         values_ref[0, rows, head, cols] = values.astype(values_ref.dtype)
         k = (k_ref[0, rows, head, :].astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
         return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
@@ -102,18 +76,17 @@ def _states_kernel(
     final_ref[n, head, :, cols] = lax.fori_loop(0, count_ref[n], step, init)
 
 
-def _states(t: TritonGlaTiling, block_v: int, warps: int, chunk: int, first, count, slots, k, w, u, g, pool):
+def _states(t: TritonGlaTiling, chunk: int, first, count, slots, k, w, u, g, pool):
     """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (w's dtype), final states [N, H, Dk, Dv]
-    float32)`; chunks of no request are left unwritten (their outputs are never read). u and w in the token or
-    the chunk-major layout."""
+    float32)`; chunks of no request are left unwritten (their outputs are never read). u and w chunk-major."""
     _, seq, heads, dk = k.shape
     dv = u.shape[-1]
-    bv = min(block_v, dv)
+    bv = min(STATE_BLOCK_V, dv)
     args = (first, count, slots, k, w, u, g, pool)
     return call_pallas(
         _states_kernel,
         t,
-        warps,
+        STATE_WARPS,
         (first.shape[0], heads, dv // bv),
         None,
         None,
@@ -164,9 +137,9 @@ def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
 def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
     """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
     else zero; q and k normalised if asked, q scaled; the log decays summed within the chunk (the cumulative
-    gates). k goes to every output after the gates' (k for the WY transform, chunk-major)."""
+    gates). k is written twice: in the token layout and chunk-major (for the WY transform), as v is."""
     decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
-    q_out, k_out, v_out, beta_out, gates_out, *k_outs = outs
+    q_out, k_out, v_out, beta_out, gates_out, k_wy_out = outs
     chunk = s["chunk"]
     c, head = pl.program_id(0), pl.program_id(1)
     tokens = pl.ds(start_ref[c], chunk)
@@ -185,18 +158,17 @@ def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs
     dk, dv = q_out.shape[-1], v_out.shape[-1]
     q_out[...] = (normalised(rows(q_ref, dk)) * s["scale"]).astype(q_out.dtype)
     k = normalised(rows(k_ref, dk)).astype(k_out.dtype)
-    for out in (k_out, *k_outs):
-        out[...] = k
+    k_out[...] = k
+    k_wy_out[...] = k
     v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
     beta_out[...] = rows(beta_ref)
     gates_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else jnp.cumsum(rows(decay_ref))
 
 
-def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
-    """`(q, k [1, NC·C, H, Dk], v, beta, g [1, NC·C, H] float32, k_wy)`: the tokens in the chunk layout of
-    `table`, q, k and v in v's dtype, g the log decays summed within chunks. With `p.wy_in_chunks`, v and `k_wy`
-    (k again) are chunk-major, `[NC, 1, H, C, D]`, as the WY transform reads them; else v is `[1, NC·C, H, Dv]`
-    and `k_wy` is k."""
+def pack_chunks(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
+    """`(q, k [1, NC·C, H, Dk], v [NC, 1, H, C, Dv], beta, g [1, NC·C, H] float32, k_wy [NC, 1, H, C, Dk])`: the
+    tokens in the chunk layout of `table`, q, k and v in v's dtype, g the log decays summed within chunks; v and
+    `k_wy` (k again) chunk-major, as the WY transform reads them."""
     query, key, value, beta, decay = inputs
     heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
     num_chunks = table.start.shape[0]
@@ -206,17 +178,13 @@ def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2
     out = lambda shape, dtype: out_struct(shape, dtype, *args)
     token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
     major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
-    specs = [token(dk), token(dk), major(dv) if p.wy_in_chunks else token(dv), token(), token()]
-    shapes = [out((1, padded, heads, dk), mm)] * 2
-    shapes.append(out((num_chunks, 1, heads, chunk, dv) if p.wy_in_chunks else (1, padded, heads, dv), mm))
-    shapes += [out((1, padded, heads), F32)] * 2
-    if p.wy_in_chunks:
-        specs.append(major(dk))
-        shapes.append(out((num_chunks, 1, heads, chunk, dk), mm))
-    outs = call_pallas(
+    specs = [token(dk), token(dk), major(dv), token(), token(), major(dk)]
+    shapes = [out((1, padded, heads, dk), mm)] * 2 + [out((num_chunks, 1, heads, chunk, dv), mm)]
+    shapes += [out((1, padded, heads), F32)] * 2 + [out((num_chunks, 1, heads, chunk, dk), mm)]
+    return call_pallas(
         _pack_kernel,
         t,
-        p.pack_warps,
+        PACK_WARPS,
         (num_chunks, heads),
         [pl.BlockSpec()] * len(args),
         specs,
@@ -227,7 +195,6 @@ def pack_chunks(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2
         scale=dk**-0.5,
         has_decay=decay is not None,
     )(*args)
-    return (*outs, outs[1]) if len(outs) == 5 else tuple(outs)
 
 
 def _outputs_kernel(start_ref, rows_ref, q_ref, g_ref, k_ref, g_row_ref, v_ref, e_ref, o_ref, *, chunk, mm, block_v):
@@ -277,35 +244,18 @@ def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows
     )(*args)
 
 
-def packed_delta(t: TritonGlaTiling, p: TritonRaggedPrefillTiling, chunk: int, l2norm: bool, inputs, req, pool):
+def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool):
     """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of the requests `req`
     (`Requests`), each entering from its slot of `pool` (clamped into the pool: a dropped request's state is
     never written). `inputs`: the op's `(query, key, value, beta, decay)` (decay may be None); tokens of no live
     request count as zeros (they output zeros and leave the states alone)."""
-    query, value = inputs[0], inputs[2]
+    query = inputs[0]
     num_tokens = query.shape[0]
     table = chunk_table(req, num_tokens, chunk)
-    xla_route = not (p.pack_in_kernel and p.outputs_in_place)  # XLA's gathers need the layout's token maps
-    layout = ChunkLayout.packed(packed_bounds(req.bounds, num_tokens), num_tokens, chunk) if xla_route else None
     chunks = ChunkLayout.dense(1, table.start.shape[0] * chunk, chunk)  # the padded row, cut at its chunk bounds
-    if p.pack_in_kernel:
-        q, k, v, beta, g, k_wy = pack_chunks(t, p, chunk, l2norm, inputs, table)
-        k_wy, v = (x if p.wy_in_chunks else chunks.to_chunks(x) for x in (k_wy, v))
-        g = g[..., None]
-    else:
-        q, k, v, beta, decay = request_inputs(*inputs, l2norm, req.inside)
-        q, k, v = (x.astype(value.dtype) for x in (q, k, v))  # matmul operands in the inputs' dtype
-        q, k, v, beta, decay = (layout.pad(x[None]) for x in (q, k, v, beta, decay))
-        k_wy, v = chunks.to_chunks(k), chunks.to_chunks(v)
-        g = cumulative_gates(t, chunk, decay[..., None])
-    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), chunks.to_chunks(g[..., 0]))
+    q, k, v, beta, g, k_wy = pack_chunks(t, chunk, l2norm, inputs, table)
+    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), chunks.to_chunks(g))
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    if not p.wy_in_chunks:
-        u, w = chunks.from_chunks(u), chunks.from_chunks(w)
-    u = u if p.float32_u else u.astype(value.dtype)
-    args = (table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
-    e, values, final = _states(t, p.state_block_v, p.state_warps, chunk, *args)
-    if p.outputs_in_place:
-        return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
-    out = chunk_outputs(t, chunk, 1.0, q, values, g, e, k=k)
-    return layout.unpad(out)[0].astype(query.dtype), final
+    g = g[..., None]
+    e, values, final = _states(t, chunk, table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
+    return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
