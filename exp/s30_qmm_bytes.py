@@ -1,9 +1,11 @@
 """Thirtieth session: the Triton weight-only `quantized_matmul` with 8-bit codes loaded as bytes (`_decode.byte_codes`)
 at a few tilings, int8 and mxfp8, both layouts, M 16, K = N = 8192, beside a device copy (issue 45's 0.8 of copy):
 `python3 exp/s30_qmm_bytes.py` on the GPU. One line a variant: ms a layer, TB/s over the packed weights, fraction of
-the copy's bandwidth."""
+the copy's bandwidth. `python3 exp/s30_qmm_bytes.py mxfp8 nvfp8 --defaults`: those modes at the heuristic's tiles
+only."""
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,8 @@ from ejkernel.benchmarks.quantized_matmul import LAYERS, MODES, SIZE, _layers, _
 from ejkernel.modules import quantized_matmul
 from ejkernel.modules.operations.quantized_matmul import QuantizedMatmulConfig
 
+DEFAULTS_ONLY = "--defaults" in sys.argv
+NAMES = [a for a in sys.argv[1:] if not a.startswith("--")] or ["int8", "mxfp8"]
 TILINGS = [None] + [
     dict(block_n=n, block_k=k, split_k=s, num_warps=w, num_stages=st)
     for n, k, s, w, st in (
@@ -26,7 +30,8 @@ dense = jax.random.normal(key, (SIZE, SIZE), jnp.bfloat16)
 copy = time_variants({"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), dense)}, repeats=10, where="copy")
 copy_bw = 2 * dense.nbytes / copy["copy"]
 print(f"copy {copy_bw / 1e12:.2f} TB/s", flush=True)
-for name in ("int8", "mxfp8"):
+TILINGS = TILINGS[:1] if DEFAULTS_ONLY else TILINGS
+for name in NAMES:
     mode, bits = MODES[name]
     for transpose in (False, True):
         weights = _packed(mode, bits, transpose, SIZE, LAYERS, key)

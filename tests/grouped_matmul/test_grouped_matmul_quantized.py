@@ -88,9 +88,13 @@ def _fp8_v3(transpose_rhs, groups=7, k=K, n=N, blocks=2):
     return w, jnp.abs(randn((groups, blocks, 1, n))) / 8 + 0.01
 
 
-@pytest.mark.parametrize(("mode", "axis", "transpose_rhs"), [("affine", "row", False), ("mxfp4", "col", True)])
-def test_triton_interpret_decodes_packed_weights(mode, axis, transpose_rhs):
-    rhs = _quantized(mode, axis, transpose_rhs, group_size=32 if mode == "affine" else None)
+@pytest.mark.parametrize(
+    ("mode", "axis", "transpose_rhs", "bits"),
+    [("affine", "row", False, 8), ("mxfp4", "col", True, None), ("mxfp8", "row", True, None)],
+)
+def test_triton_interpret_decodes_packed_weights(mode, axis, transpose_rhs, bits):
+    """Words split into 4-bit codes, and 8-bit codes read as bytes (uint8, and float8 for E4M3)."""
+    rhs = _quantized(mode, axis, transpose_rhs, group_size=32 if mode == "affine" else None, bits=bits)
     impl = functools.partial(grouped_matmul_triton, cfg=TRITON_SMALL, interpret=True)
     _check(impl, randn((M, K), jnp.bfloat16), rhs, transpose_rhs=transpose_rhs)
 

@@ -52,13 +52,15 @@ def pow2(byte):
     return _bits_to_float((half + 127) << 23) * _bits_to_float((exponent - half + 127) << 23)
 
 
-def byte_codes(w, bits: int):
+def byte_codes(w, params: QuantParams):
     """8-bit codes' words `w [..., R, C/4]` viewed as bytes `[..., R, C]` (a bitcast, no copy): byte i of a
     little-endian word is its code i, so `decode_tile` loads codes whole instead of splitting words (no shifts,
-    no interleaving reshape). Other widths: `w` unchanged."""
-    if bits != 8:
+    no interleaving reshape). E4M3 codes (mxfp8, nvfp8) are viewed as float8_e4m3fn, which the GPU converts in
+    one instruction; affine codes as uint8. Other widths: `w` unchanged."""
+    if params.bits != 8:
         return w
-    return lax.bitcast_convert_type(w, jnp.uint8).reshape(*w.shape[:-1], 4 * w.shape[-1])
+    dtype = jnp.uint8 if params.mode == "affine" else jnp.float8_e4m3fn
+    return lax.bitcast_convert_type(w, dtype).reshape(*w.shape[:-1], 4 * w.shape[-1])
 
 
 def masked_load(ref, index, mask):
@@ -86,7 +88,7 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     indices, e.g. a group's; `z_ref` affine only, `table_ref` the NF4 table for nf4 only). `cols` must be a
     multiple of `32 / bits`, and hold whole groups or lie inside one."""
     bits, g = params.bits, params.group_size
-    per_word = 1 if w_ref.dtype == jnp.uint8 else 32 // bits  # `byte_codes`' view: a byte a code
+    per_word = 1 if jnp.dtype(w_ref.dtype).itemsize == 1 else 32 // bits  # `byte_codes`' view: a byte a code
     words = tile.cols // per_word
     row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
     row_ok = None
@@ -103,7 +105,7 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if ragged_cols else None
     packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), mask(word_ok))
     if per_word == 1:
-        codes = packed.astype(jnp.int32)
+        codes = packed  # uint8 codes, or float8 values
     else:
         shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
         codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
@@ -132,7 +134,10 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
         return codes.astype(jnp.float32) * spread(scales) + spread(offsets)
     if params.mode == "nf4":
         return table_ref[codes] * spread(scales.astype(jnp.float32))
-    values = e2m1(codes) if bits == 4 else e4m3(codes)
+    if jnp.issubdtype(codes.dtype, jnp.floating):
+        values = codes.astype(jnp.float32)
+    else:
+        values = e2m1(codes) if bits == 4 else e4m3(codes.astype(jnp.int32))
     scales = scales.astype(jnp.int32)
     factors = pow2(scales) if params.mode.startswith("mx") else e4m3(scales)
     return values * spread(factors)

@@ -38,7 +38,7 @@ from jax.experimental.pallas import triton as plgpu
 from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans
 from ejkernel.kernels._common.grouped_matmul_quantized import PackedGroupWeights, ScaledGroupWeights, fp8_row_blocks
 from ejkernel.kernels._common.vma import out_struct
-from ejkernel.kernels._triton._decode import WeightTile, decode_tile
+from ejkernel.kernels._triton._decode import WeightTile, byte_codes, decode_tile
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.quantization.codes import NF4
 
@@ -165,7 +165,7 @@ def _weight_operands(rhs) -> list:
     """The arrays the kernel reads for `rhs`, in its `refs` order."""
     if isinstance(rhs, PackedGroupWeights):
         extra = {"affine": [rhs.zeros], "nf4": [jnp.asarray(NF4)]}.get(rhs.params.mode, [])
-        return [rhs.data, rhs.scales, *extra]
+        return [byte_codes(rhs.data, rhs.params), rhs.scales, *extra]
     if isinstance(rhs, ScaledGroupWeights):
         return [rhs.data, rhs.scale]
     return [rhs]

@@ -81,7 +81,7 @@ def matmul(x, w, scales, zeros, *, params: QuantParams, transpose: bool, tiling:
     if rows != m:
         x = jnp.pad(x, ((0, rows - m), (0, 0)))
     table = jnp.asarray(NF4) if params.mode == "nf4" else None  # read by the kernel's lookups
-    operands = [x, byte_codes(w, params.bits), scales] + [a for a in (zeros, table) if a is not None]
+    operands = [x, byte_codes(w, params), scales] + [a for a in (zeros, table) if a is not None]
     kernel = functools.partial(_matmul_kernel, params=params, transpose=transpose, tiling=tiling, k=k, n=n)
     partial = pl.pallas_call(
         kernel,
