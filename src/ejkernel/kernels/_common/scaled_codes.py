@@ -26,11 +26,12 @@ def to_codes(x, dtype) -> jax.Array:
 
 
 def code_values(codes, dtype=jnp.float32) -> jax.Array:
-    """The values of `codes` in `dtype`. float8 codes are looked up in a table of the format's 256 values: on a
-    GPU, XLA (under its default `xla_allow_excess_precision`) rewrites a chain of float conversions such as
-    float32 -> float8 -> float32 into no conversion at all, which would drop the rounding that made the codes."""
+    """The values of `codes` (int8, float8, or a 16/32-bit float) in `dtype`. float8 codes are looked up in a
+    table of the format's 256 values: on a GPU, XLA (under its default `xla_allow_excess_precision`) rewrites a
+    chain of float conversions such as float32 -> float8 -> float32 into no conversion at all, which would drop
+    the rounding that made the codes. Other codes convert directly."""
     codes_dtype = jnp.dtype(codes.dtype)
-    if jnp.issubdtype(codes_dtype, jnp.integer):
+    if jnp.issubdtype(codes_dtype, jnp.integer) or codes_dtype.itemsize > 1:
         return codes.astype(dtype)
     table = np.arange(256, dtype=np.uint8).view(codes_dtype).astype(np.float32)
     return jnp.asarray(table)[lax.bitcast_convert_type(codes, jnp.uint8)].astype(dtype)
