@@ -8,13 +8,14 @@ forward at >= 1.6x cuDNN bf16), beside our bf16 forward and cuDNN's bf16 forward
 
 Variants (`float8_attention`'s keywords): `pp` the ping-pong schedule (the default: `pp bk128 s2`), `ov` the
 overlapped one (tile t's Q·Kᵀ issued beside tile t-1's P·V; `turns`: the warpgroups take turns at issuing, `free`:
-they do not, neither: turns where causal), `bk` the key tile, `s` the shared-memory stages of the K/Vᵀ ring.
-Each variant is compiled and run once alone, its output checked against the default's (`rel` = ‖x − ref‖ / ‖ref‖:
-0 or nearly at the same key tile, below 1e-2 at another, whose row maxima round P differently) and against cuDNN's
-bf16 output on the unrounded inputs (e4m3's rounding of the inputs: about 5%, the same for every variant); then all
-that ran are timed together (interleaved). A variant whose barriers deadlock hangs the GPU: the watchdog names it
-after `--stall` seconds without progress and exits (rerun with `--skip` it). One line per variant: TFLOP/s
-(4·B·H·S²·D, halved when causal) and the ratio to cuDNN bf16.
+they do not, neither: turns where causal), `bk` the key tile, `s` the shared-memory stages of the K/Vᵀ ring, `e` the
+columns of each score tile whose exp2 runs on the FMA units (`exp2_fma_cols`; interpreted on a CPU these compute
+wrong exponentials, see `_parts.exp2_fma`). Each variant is compiled and run once alone, its output checked against
+the default's (`rel` = ‖x − ref‖ / ‖ref‖: 0 at the same key tile, about 1e-2 at another, whose row maxima round P
+differently) and against cuDNN's bf16 output on the unrounded inputs (e4m3's rounding of the inputs: about 5%, the
+same for every variant); then all that ran are timed together (interleaved). A variant whose barriers deadlock hangs
+the GPU: the watchdog names it after `--stall` seconds without progress and exits (rerun with `--skip` it). One line
+per variant: TFLOP/s (4·B·H·S²·D, halved when causal) and the ratio to cuDNN bf16.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from ejkernel.ops import FwdParams
 from ejkernel.ops.autotune import time_fns
 
 
-def variant(schedule: str, block_k: int, stages: int) -> dict:
-    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile and ring depth."""
-    options = {"fwd_params": FwdParams(block_k=block_k, num_stages=stages)}
+def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0) -> dict:
+    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth and number
+    of exp2 columns on the FMA units."""
+    options = {"fwd_params": FwdParams(block_k=block_k, num_stages=stages), "exp2_fma_cols": fma_cols}
     if schedule != "pp":
         options["overlap"] = True
     if schedule in ("ov-turns", "ov-free"):
@@ -47,19 +49,24 @@ def variant(schedule: str, block_k: int, stages: int) -> dict:
 
 
 VARIANTS = {
-    f"{schedule} bk{block_k} s{stages}": variant(schedule, block_k, stages)
-    for schedule, block_k, stages in [
-        ("pp", 128, 2),  # the default: first, the reference of the others
-        ("pp", 128, 3),
-        ("pp", 128, 4),
-        ("pp", 64, 2),
-        ("pp", 64, 4),
-        ("ov", 128, 2),
-        ("ov-turns", 128, 2),
-        ("ov-free", 128, 2),
-        ("ov", 128, 3),
-        ("ov", 128, 4),
-        ("ov", 64, 4),
+    f"{schedule} bk{block_k} s{stages}" + (f" e{fma_cols}" if fma_cols else ""): variant(
+        schedule, block_k, stages, fma_cols
+    )
+    for schedule, block_k, stages, fma_cols in [
+        ("pp", 128, 2, 0),  # the default: first, the reference of the others
+        ("pp", 128, 3, 0),
+        ("pp", 128, 4, 0),
+        ("pp", 64, 2, 0),
+        ("pp", 64, 4, 0),
+        ("pp", 128, 2, 32),
+        ("ov", 128, 2, 0),
+        ("ov-turns", 128, 2, 0),
+        ("ov-free", 128, 2, 0),
+        ("ov", 128, 3, 0),
+        ("ov", 128, 4, 0),
+        ("ov", 64, 4, 0),
+        ("ov", 128, 2, 32),
+        ("ov", 128, 2, 64),
     ]
 }
 DEFAULT = "pp bk128 s2"

@@ -28,6 +28,7 @@ from ._parts import (
     KeyTiles,
     Stream,
     along_rows,
+    exp2_tile,
     feed,
     launch_kernel,
     memory_warpgroup,
@@ -126,7 +127,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
                 s = walk.mask(s, row0, t) if mode == "masked" else s
                 m_new = jnp.maximum(m, s.max(axis=1))
-                p = jnp.exp2(s - along_rows(m_new, s.shape))
+                p = exp2_tile(s - along_rows(m_new, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
                 return p, m_new, denom * alpha + p.sum(axis=1), alpha
 
