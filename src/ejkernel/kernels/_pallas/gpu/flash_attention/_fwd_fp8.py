@@ -5,6 +5,13 @@ k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does;
 multiplied by `v_descale / row sum`. 8-bit wgmma operands must be K-major, so V comes transposed (`[B, Hkv, D,
 S]`, done by XLA outside) and streams as `[D, block_k]` tiles; and an 8-bit A operand in registers needs a layout
 that the score tile's is not, so each warpgroup stages its P tile in shared memory, where P·V reads it.
+
+Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
+ping-pong (the default: the two compute warpgroups take turns, one's softmax beside the other's matmuls, each
+P·V waited for at once), or the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued together with tile t-1's P·V
+and tile t's softmax run while that P·V does, optionally still taking turns at issuing
+(`MosaicGpuFlashStatic.overlap_schedule`). There each warpgroup has two P buffers: tile t's P is stored into one
+while tile t-1's P·V still reads the other.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from ._parts import (
     KeyTiles,
     Stream,
     along_rows,
+    exp2_tile,
     feed,
     launch_kernel,
     memory_warpgroup,
@@ -51,12 +59,14 @@ def byte_smem(shape, row_bytes: int):
 def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     """`q [B, Sq, H, D]`, `k [B, Sk, Hkv, D]` e4m3, `vt [B, Hkv, D, Sk]` e4m3 (padded), `scales [H, 2, ROWS]`
     float32 (per head: the base-2 logit scale and v_descale, repeated over the rows) -> `out [B, Sq, H, D]`
-    bfloat16."""
+    bfloat16. Shared memory: `_tiling.float8_smem_bytes`."""
     batch, q_pad_len, heads, head_dim = q.shape
     bk, stages = st.block_k, st.stages
     num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
     walk = KeyTiles(st, bk, num_blocks, num_q_tiles)
-    row_bytes = min(128, head_dim)  # the swizzle: one row of a Q/K tile, or a fraction of a P/Vᵀ row
+    row_bytes = min(128, head_dim)  # the swizzle of Q/K tiles: one row, or a fraction of one
+    pv_bytes = min(row_bytes, bk)  # the swizzle of P/Vᵀ tiles (rows of block_k bytes), one for both operands
+    p_buffers = 2 if st.overlap else 1
 
     def body(q_ref, k_ref, vt_ref, scale_ref, out_ref, smem, barriers):
         q_smem, k_smem, vt_smem, p_smem, o_smem, scale_smem = smem
@@ -74,11 +84,20 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             plgpu.barrier_arrive(schedule)
             plgpu.barrier_wait(schedule)
 
+        def take_turn():
+            """Overlapped: wait until the other warpgroup has issued its matmuls (`schedule` = one turn each)."""
+            if st.overlap_schedule:
+                plgpu.barrier_wait(schedule.at[wg])
+
+        def pass_turn():
+            if st.overlap_schedule:
+                plgpu.barrier_arrive(schedule.at[1 - wg])
+
         @pl.when(wg < COMPUTE_WGS)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             row0 = cta_row + wg * ROWS
-            qo, p_tile = q_smem.at[wg], p_smem.at[wg]
+            qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.copy_gmem_to_smem(scale_ref.at[h], scale_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
@@ -88,17 +107,44 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             def slot_of(t):
                 return lax.rem(t - lo, jnp.int32(stages))
 
-            def scores(slot):
-                """S = Q·K_slotᵀ; while it runs, the other warpgroup's softmax does (ping-pong)."""
+            def p_of(t):
+                """Overlapped: the P buffer of tile t (by parity; one traced index, as run_state needs)."""
+                return p_smem.at[wg * p_buffers + lax.rem(t, jnp.int32(p_buffers))]
+
+            def scores(slot, before=lambda: None, after=schedule_sync):
+                """S = Q·K_slotᵀ; ping-pong (the default `after`): the other warpgroup's softmax runs meanwhile."""
 
                 def qk(acc_ref):
+                    before()
                     plgpu.wgmma(acc_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    schedule_sync()
+                    after()
                     return acc_ref[...]
 
                 return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
 
+            def softmax(mode, t, s, m, denom):
+                """Raw scores of key tile t -> (P in [0, 1], new row max, new denominator, rescale of the old rows)."""
+                s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
+                s = walk.mask(s, row0, t) if mode == "masked" else s
+                m_new = jnp.maximum(m, s.max(axis=1))
+                p = exp2_tile(s - along_rows(m_new, s.shape), st.exp2_fma_cols)
+                alpha = jnp.exp2(m - m_new)
+                return p, m_new, denom * alpha + p.sum(axis=1), alpha
+
+            def store_p(p_tile, p):
+                p_tile[...] = (p * P_SHIFT).astype(jnp.float8_e4m3fn)
+                plgpu.commit_smem()  # P's stores before the wgmma that reads them
+
+            def add_pv(acc, p_tile, slot):
+                """acc + P·V_slot, waited for (the caller has waited for V_slot); the slot handed back."""
+                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], p_tile, vt_smem.at[slot].transpose((1, 0))))(
+                    (plgpu.ACC.init(acc),)
+                )
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                return acc
+
             def step(mode, t, carry):
+                """Ping-pong: tile t's S, softmax (while the other warpgroup's matmuls run), then P·V."""
                 slot = slot_of(t)
                 if mode == "skip":
                     skip_step(streams, slot)
@@ -109,34 +155,97 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 plgpu.barrier_wait(k_ready.at[slot])
                 s = scores(slot)
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
-                s = walk.mask(s, row0, t) if mode == "masked" else s
-                m_new = jnp.maximum(m, s.max(axis=1))
-                p = jnp.exp2(s - along_rows(m_new, s.shape))
-                alpha = jnp.exp2(m - m_new)
-                denom = denom * alpha + p.sum(axis=1)
+                p, m_new, denom, alpha = softmax(mode, t, s, m, denom)
                 acc = acc * along_rows(alpha, acc.shape)
-                p_tile[...] = (p * P_SHIFT).astype(jnp.float8_e4m3fn)
-                plgpu.commit_smem()  # P's stores before the wgmma that reads them
+                store_p(p_smem.at[wg], p)
                 acc, denom, m_new = lax.optimization_barrier((acc, denom, m_new))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
-                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], p_tile, vt_smem.at[slot].transpose((1, 0))))(
-                    (plgpu.ACC.init(acc),)
-                )
-                plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, m_new, denom
+                return add_pv(acc, p_smem.at[wg], slot), m_new, denom
+
+            def overlapped_step(mode, t, carry):
+                """Tile t's S and tile t-1's P·V issued together; S's softmax and P store run while P·V does."""
+                acc, m, denom = carry
+                slot, prev = slot_of(t), slot_of(t - 1)
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[prev])
+
+                def matmuls(refs):
+                    s_ref, acc_ref, m_ref, denom_ref, alpha_ref = refs
+                    take_turn()
+                    plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(acc_ref, p_of(t - 1), vt_smem.at[prev].transpose((1, 0)))
+                    pass_turn()
+                    # S is done; P·V may still run, except beside a mask (whose index tiles need registers)
+                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    p, m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
+                    # tile t-2's P·V, the last reader of this buffer, was waited for in the step before
+                    store_p(p_of(t), p)
+
+                # (the alpha slot starts as a copy of m, which has its shape and layout)
+                state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), m, denom, m)
+                _, acc, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                plgpu.barrier_arrive(v_consumed.at[prev])
+                return acc * along_rows(alpha, acc.shape), m_new, denom
+
+            def write(acc, m, denom):
+                """Normalised rows into shared memory, for the TMA store."""
+                empty = m < MASKED / 2  # no allowed key: output 0
+                inv = jnp.where(empty, 0.0, v_scale / jnp.where(empty, 1.0, denom * P_SHIFT))
+                o_smem.at[wg][...] = (acc * along_rows(inv, acc.shape)).astype(OUT_DTYPE)
+
+            def run_overlapped(acc, m, denom):
+                """This warpgroup's own tiles overlapped (the first S alone, the last P·V alone), the others
+                skipped, taking its turns throughout."""
+                own_lo, full_lo, full_hi, own_hi = walk.own(row0)
+
+                def skip(t, _):
+                    # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
+                    take_turn()
+                    pass_turn()
+                    skip_step(streams, slot_of(t))
+
+                lax.fori_loop(lo, own_lo, skip, None)
+
+                @pl.when(own_lo < own_hi)
+                def _():
+                    first = slot_of(own_lo)
+                    plgpu.barrier_wait(k_ready.at[first])
+                    s = scores(first, take_turn, pass_turn)
+                    plgpu.barrier_arrive(k_consumed.at[first])
+                    p, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
+                    store_p(p_of(own_lo), p)
+                    t1 = own_lo + 1
+                    full_lo1, full_hi1 = jnp.clip(full_lo, t1, own_hi), jnp.clip(full_hi, t1, own_hi)
+                    carry = (acc, m1, denom1)
+                    for start, end, mode in (
+                        (t1, full_lo1, "masked"),
+                        (full_lo1, full_hi1, "full"),
+                        (full_hi1, own_hi, "masked"),
+                    ):
+                        carry = lax.fori_loop(start, end, lambda t, c, mode=mode: overlapped_step(mode, t, c), carry)
+                    acc1, m1, denom1 = carry
+                    last = slot_of(own_hi - 1)
+                    plgpu.barrier_wait(v_ready.at[last])
+                    write(add_pv(acc1, p_of(own_hi - 1), last), m1, denom1)
+
+                pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
+                lax.fori_loop(own_hi, hi, skip, None)
 
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             acc = zero_acc((ROWS, head_dim))
-            pl.when(wg == 1)(schedule_sync)
-            acc, m, denom = run_segments(step, (acc, m, denom), lo, *walk.own(row0), hi)
-            pl.when(wg == 0)(schedule_sync)
-            empty = m < MASKED / 2  # no allowed key: output 0
-            inv = jnp.where(empty, 0.0, v_scale / jnp.where(empty, 1.0, denom * P_SHIFT))
-            o_smem.at[wg][...] = (acc * along_rows(inv, acc.shape)).astype(OUT_DTYPE)
+            if st.overlap:
+                if st.overlap_schedule:  # warpgroup 0 issues first
+                    pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
+                run_overlapped(acc, m, denom)
+            else:
+                pl.when(wg == 1)(schedule_sync)
+                acc, m, denom = run_segments(step, (acc, m, denom), lo, *walk.own(row0), hi)
+                pl.when(wg == 0)(schedule_sync)
+                write(acc, m, denom)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_smem.at[wg], out_ref.at[b, pl.ds(row0, ROWS), h])
             plgpu.wait_smem_to_gmem(0)
@@ -145,8 +254,8 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
         (
             byte_smem((COMPUTE_WGS, ROWS, head_dim), row_bytes),
             byte_smem((stages, bk, head_dim), row_bytes),
-            byte_smem((stages, head_dim, bk), row_bytes),
-            byte_smem((COMPUTE_WGS, ROWS, bk), row_bytes),
+            byte_smem((stages, head_dim, bk), pv_bytes),
+            byte_smem((COMPUTE_WGS * p_buffers, ROWS, bk), pv_bytes),
             swizzled_smem((COMPUTE_WGS, ROWS, head_dim), OUT_DTYPE),
             plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32),
         ),
@@ -154,7 +263,8 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),  # a warpgroup's q tile and scales
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
-            plgpu.Barrier(num_arrivals=COMPUTE_WGS),  # ping-pong: a rendezvous of both warpgroups
+            # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
+            plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
         ),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, OUT_DTYPE)

@@ -27,7 +27,13 @@ from ejkernel.kernels._common.attention import (
 )
 from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.float8_attention import check_descales, inference_only
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, ROWS, MosaicGpuFlashStatic
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
+    CTA_ROWS,
+    ROWS,
+    SMEM_BYTES,
+    MosaicGpuFlashStatic,
+    float8_smem_bytes,
+)
 from ejkernel.ops.config import BwdParams, FwdParams
 
 WHO = "mosaic gpu flash_attention"
@@ -220,14 +226,44 @@ def mosaic_attention(query, key, value, softmax_aux=None, *, fwd_params=None, bw
     return out if out.shape[1] == st.q_len else out[:, : st.q_len]
 
 
-def float8_attention(query, key, value, descales, *, softmax_scale, causal, fwd_params=None):
+def float8_attention(
+    query,
+    key,
+    value,
+    descales,
+    *,
+    softmax_scale,
+    causal,
+    fwd_params=None,
+    overlap=False,
+    overlap_schedule=None,
+    exp2_fma_cols=0,
+):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
-    bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it)."""
-    _, q_len, kv_len, num_heads, num_kv_heads, _, _ = _served_shapes(query, key, value, FLOAT8_DTYPES, fwd_params)
+    bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
+
+    `overlap`: the overlapped schedule instead of the ping-pong (`MosaicGpuFlashStatic.overlap`; not measured
+    faster yet, so off); `overlap_schedule`: whether its warpgroups take turns at issuing (None: where causal,
+    as the bfloat16 forward measured best). `exp2_fma_cols`: columns of each score tile whose exp2 runs on the
+    FMA units (`MosaicGpuFlashStatic.exp2_fma_cols`; at e4m3's matmul rate the special-function unit's exp2s
+    take as long as the matmuls). `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
+    shared memory allows).
+    """
+    _, q_len, kv_len, num_heads, num_kv_heads, head_dim, _ = _served_shapes(
+        query, key, value, FLOAT8_DTYPES, fwd_params
+    )
     block_k = _param(fwd_params, "block_k", 128)
     stages = _param(fwd_params, "num_stages", 2)
-    if block_k != 128 or stages < 2:  # (P·V's K is block_k: 128 bytes of e4m3, one swizzled row)
-        raise NotImplementedError(f"{WHO}: float8 takes block_k=128 and num_stages >= 2, got {block_k}, {stages}")
+    if block_k not in (64, 128) or stages < 2:  # (P·V's K is block_k: at most 128 bytes of e4m3, one swizzled row)
+        raise NotImplementedError(f"{WHO}: float8 takes block_k 64 or 128 and num_stages >= 2, got {block_k}, {stages}")
+    if not 0 <= exp2_fma_cols <= block_k or exp2_fma_cols % 16:
+        raise ValueError(f"exp2_fma_cols must be a multiple of 16 in [0, block_k={block_k}], got {exp2_fma_cols}")
+    smem = float8_smem_bytes(head_dim, block_k, stages, overlap)
+    if smem > SMEM_BYTES:
+        raise NotImplementedError(
+            f"{WHO}: float8 at block_k={block_k}, num_stages={stages}, overlap={overlap} needs {smem // 1024} KiB "
+            f"of shared memory, more than {SMEM_BYTES // 1024}"
+        )
     st = MosaicGpuFlashStatic(
         softmax_scale=float(softmax_scale),
         soft_cap=None,
@@ -242,6 +278,9 @@ def float8_attention(query, key, value, descales, *, softmax_scale, causal, fwd_
         block_k_dq=64,
         block_q_dkv=64,
         stages_bwd=2,
+        exp2_fma_cols=int(exp2_fma_cols),
+        overlap=bool(overlap),
+        overlap_schedule=bool(causal) if overlap_schedule is None else bool(overlap_schedule),
     )
     q_descale, k_descale, v_descale = descales
     group = num_heads // num_kv_heads
