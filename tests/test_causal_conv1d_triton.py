@@ -15,6 +15,7 @@ import pytest
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._triton.causal_conv1d import causal_conv1d_triton
+from ejkernel.kernels._triton.causal_conv1d._interface import forward_tiling
 from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d
 from ejkernel.ops import FwdParams
 from ejkernel.reference.causal_conv1d import causal_conv1d_reference
@@ -83,6 +84,15 @@ def test_forward_designs(design):
     _check(packed, activation=None, cu_seqlens=cu, state_indices=jnp.array([4, 0, 1, 6, 2, 3], jnp.int32), cfg=cfg)
 
 
+def test_decode_batch_runs_a_program_a_token():
+    """The window's default run follows the sequences' mean length: a decode batch (a token a sequence) gets
+    1-token runs, each inside its sequence, long sequences 64; a decode step on a pool against the reference."""
+    assert forward_tiling(None, 6, C, 6).block_t == 1
+    assert forward_tiling(None, 16384, 8192, 8).block_t == 64
+    cu, slots = jnp.arange(7, dtype=jnp.int32), jnp.array([3, 0, 5, 1, 2, 4], jnp.int32)
+    _check((randn((6, C)), randn((C, 4)), randn((C,)), randn((6, C, 3))), cu_seqlens=cu, state_indices=slots, cfg=None)
+
+
 def test_bfloat16_and_width_two():
     x, weight, b, state = (randn(s, jnp.bfloat16) for s in ((2, 9, C), (C, 2), (C,), (2, C, 1)))
     _check((x, weight, b, state), jnp.bfloat16)
@@ -119,7 +129,7 @@ def test_declines_what_it_does_not_serve():
 def test_kernels_lower_for_cuda(cuda_lowering):
     """The forward (both designs) and state-write kernels lower to Triton IR for an H100 without a GPU, with
     their plain-JAX backward: packed on a pool with a shared slot (the last-writer search), ragged channels (a
-    partial tile) and a dense batch."""
+    partial tile), a decode step and a dense batch."""
     ours = functools.partial(causal_conv1d_triton, interpret=False)
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     names = lambda text: {n for n in ("window", "fwd", "state") if f"ejkernel_causal_conv1d_{n}" in text}
@@ -132,6 +142,9 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         return out, pullback(jax.tree_util.tree_map(jnp.ones_like, out))
 
     assert names(lowered(train, x, weight, b, pool)) == {"window", "state"}
+    one_each = jnp.arange(10, dtype=jnp.int32)  # a decode step: 1-token runs
+    decode = lambda x, pool: ours(x, weight, b, pool, one_each, one_each[:9])
+    assert names(lowered(decode, x[:9], pool)) == {"window", "state"}
     # With the value: a gradient alone needs no forward kernel (the backward recomputes from the inputs), and
     # newer JAX drops the unused forward.
     dense = jax.value_and_grad(lambda x, w: ours(x, w).astype(jnp.float32).sum(), (0, 1))

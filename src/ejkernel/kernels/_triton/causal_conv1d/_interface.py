@@ -48,16 +48,21 @@ def _decline(x, weight, bias, conv_state, cu_seqlens) -> None:
         raise NotImplementedError(f"{WHO} needs at least one sequence, got cu_seqlens of shape {cu_seqlens.shape}")
 
 
-def forward_tiling(cfg, tokens: int, channels: int) -> TritonCausalConvTiling:
+def forward_tiling(cfg, tokens: int, channels: int, num_seqs: int) -> TritonCausalConvTiling:
     """The forward's tiles: `fwd_params` (`block_k` tokens, `block_d` channels, `num_warps`, `num_stages`) and its
     design (`cfg.triton_tiling`: `forward`, `step_rows`, `prefetch`), defaults where unset, no larger than the
-    problem. The backward (plain JAX) reads no tiles."""
+    problem. The window's default run is no longer than the sequences' mean length: a decode batch (a token a
+    sequence) gets a program a token, each inside its sequence (the unmasked walk), not 64 tokens walked row by
+    row across sequence bounds. The backward (plain JAX) reads no tiles."""
     design = getattr(cfg, "triton_tiling", None)
     design_field = lambda name: None if design is None else getattr(design, name)
     default = SHIFTED_TILING if design_field("forward") == "shifted" else FORWARD_TILING
+    default_t = default.block_t
+    if default.design == "window":
+        default_t = min(default_t, pl.next_power_of_2(pl.cdiv(tokens, max(num_seqs, 1))))
     params = getattr(cfg, "fwd_params", None)
     read = lambda name, fallback: getattr(params, name, None) or fallback
-    block_t = min(read("block_k", default.block_t), pl.next_power_of_2(tokens))
+    block_t = min(read("block_k", default_t), pl.next_power_of_2(tokens))
     return TritonCausalConvTiling(
         block_t=block_t,
         block_c=min(read("block_d", default.block_c), pl.next_power_of_2(channels)),
@@ -165,7 +170,8 @@ def causal_conv1d_triton(
         has_bias=bias is not None,
         unique_slots=cu_seqlens is None or state_indices is None,
     )
-    result = _conv(st, forward_tiling(cfg, st.tokens, channels), interpret, cu, slots, tokens, weight, bias, conv_state)
+    tiling = forward_tiling(cfg, st.tokens, channels, st.num_seqs)
+    result = _conv(st, tiling, interpret, cu, slots, tokens, weight, bias, conv_state)
     if conv_state is None:
         return result.reshape(x.shape)
     return result[0].reshape(x.shape), result[1]
