@@ -137,7 +137,7 @@ def test_multi_gpu_bench_times_each_split_beside_one_device(tmp_path):
 def test_causal_conv1d_bench_reports_bandwidth(tmp_path):
     assert main(["bench", "causal_conv1d", "--quick", "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "causal_conv1d.json").read_text())["rows"]
-    cases = ("packed + pool", "dense fwd", "dense fwd+bwd")
+    cases = ("packed + pool", "decode step", "dense fwd", "dense fwd+bwd")
     assert [(row["case"], row["platform"]) for row in rows] == [(c, p) for p in ("auto", "xla") for c in cases]
 
 
