@@ -2,13 +2,14 @@
 turned into float32 values in registers, for the kernels that multiply by it (quantized and grouped matmul).
 
 A packed matrix has rows R and unpacked columns C: `w [..., R, ceil(C·b/32)]` uint32 words of `b`-bit codes
-(LSB first; 8-bit codes may come as their bytes `[..., R, C]` uint8, `byte_codes`), `scales [..., R, C/g]` (and
-affine `zeros`) per group of g columns. `decode_tile` loads one tile whole along the packed axis (contiguous
-words), splits each word into its `32 / b` codes (a shift per code position, then a reshape that lays the codes
-out in column order; bytes are codes already) and decodes them with the group's metadata
-broadcast over the group: affine `q·s + (−z·s)` (one fused multiply-add a value); NF4 a lookup in a 16-entry
-table; E2M1 and E4M3 codes by assembling the float32's bits; mx scales `2^e` from the exponent byte, nv scales
-decoded as E4M3. All metadata arithmetic runs on the `[rows, groups]` tile before it is broadcast.
+(LSB first), except 8-bit codes, which the kernels read as their bytes `[..., R, C]` (`byte_codes`: uint8, or
+float8 for E4M3); `scales [..., R, C/g]` (and affine `zeros`) per group of g columns. `decode_tile` loads one
+tile whole along the packed axis (contiguous), splits each word into its `32 / b` codes (a shift per code
+position, then a reshape that lays the codes out in column order; bytes are codes already) and decodes them
+with the group's metadata broadcast over the group: affine `q·s + (−z·s)` (one fused multiply-add a value); NF4
+a lookup in a 16-entry table; E2M1 codes by assembling the float32's bits, E4M3 codes by the hardware's
+conversion of float8; mx scales `2^e` from the exponent byte, nv scales decoded as E4M3 (`e4m3`). All metadata
+arithmetic runs on the `[rows, groups]` tile before it is broadcast.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     multiple of `32 / bits`, and hold whole groups or lie inside one."""
     bits, g = params.bits, params.group_size
     per_word = 1 if jnp.dtype(w_ref.dtype).itemsize == 1 else 32 // bits  # `byte_codes`' view: a byte a code
+    if bits == 8 and per_word != 1:
+        raise ValueError(f"8-bit codes come as bytes (byte_codes), got words of {w_ref.dtype}")
     words = tile.cols // per_word
     row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
     row_ok = None
@@ -134,10 +137,7 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
         return codes.astype(jnp.float32) * spread(scales) + spread(offsets)
     if params.mode == "nf4":
         return table_ref[codes] * spread(scales.astype(jnp.float32))
-    if jnp.issubdtype(codes.dtype, jnp.floating):
-        values = codes.astype(jnp.float32)
-    else:
-        values = e2m1(codes) if bits == 4 else e4m3(codes.astype(jnp.int32))
+    values = codes.astype(jnp.float32) if bits == 8 else e2m1(codes)  # 8-bit: float8 (`byte_codes`)
     scales = scales.astype(jnp.int32)
     factors = pow2(scales) if params.mode.startswith("mx") else e4m3(scales)
     return values * spread(factors)
