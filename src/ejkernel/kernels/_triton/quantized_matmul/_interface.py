@@ -50,6 +50,8 @@ def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool) -> TritonQua
     block_n = _fit(cfg.block_n, n, MAX_BLOCK_N)
     block_k = _fit(cfg.block_k, k, MAX_BLOCK_K)
     block_k = max(MIN_BLOCK, min(block_k, MAX_TILE_VALUES // block_n))
+    if bits == 4:  # the kernel halves the packed axis's edge (two nibble phases): each half still a dot's edge
+        block_n, block_k = max(block_n, 2 * MIN_BLOCK), max(block_k, 2 * MIN_BLOCK)
     steps = pl.cdiv(k, block_k)
     if cfg.split_k is not None:
         splits = min(cfg.split_k, steps)
