@@ -10,8 +10,8 @@ own float32 partial sums; the caller adds them up.
 How codes leave the words, without interleaving codes inside a step (measured on an H200 at M 16, K = N = 8192,
 row layout: splitting 8-bit words by shifts and a reshape took 0.068-0.074 ms a layer, bytes 0.056):
 - 8-bit codes are read as bytes (`_decode.byte_codes`: uint8, or float8 for E4M3);
-- 4-bit codes along an even packed axis are read as bytes, and each tile is decoded as its two nibble phases,
-  the packed axis's even and odd columns (`matmul`);
+- 4-bit affine and E2M1 codes with `transpose` (K packed) are read as bytes, and each tile is decoded as its two
+  nibble phases, K's even and odd columns (`nibble_phases`);
 - other layouts split words by shifts (`_decode.decode_tile`).
 Decoding is `_triton._decode.decode_tile` (shared with the grouped matmul): affine one fused multiply-add a
 value, NF4 a lookup in a 16-entry table (read through the L1 cache), E2M1 and E4M3 by assembling the float32's
@@ -48,6 +48,13 @@ class TritonQuantizedMatmulTiling:
     interpret: bool
 
 
+def nibble_phases(params: QuantParams, transpose: bool, k: int) -> int:
+    """2 where 4-bit codes are decoded as two nibble phases, else 1: with `transpose` (K packed, even), affine and
+    E2M1 codes. Measured on an H200 at M 16, K = N = 8192: int4 0.079 -> 0.039 ms, mxfp4 0.086 -> 0.064; without
+    transpose (two accumulators of every other output column) int4 0.058 -> 0.087 and NF4 both ways slower."""
+    return 2 if params.bits == 4 and transpose and k % 2 == 0 and params.codebook in ("int", "e2m1") else 1
+
+
 def _matmul_kernel(
     *refs, params: QuantParams, transpose: bool, tiling: TritonQuantizedMatmulTiling, k: int, n: int, phases: int
 ):
@@ -63,53 +70,43 @@ def _matmul_kernel(
     last = jnp.minimum(first + per_split, steps)
     rows_x = pl.ds(pl.multiple_of(row_block * bm, bm), bm)
     phase_params = params._replace(group_size=params.group_size // phases)
-    nibbles = [None] if phases == 1 else [0, 1]
-
-    def decode(tile, nibble):
-        return decode_tile(w_ref, s_ref, z_ref, table_ref, tile, phase_params, nibble=nibble)
 
     def load_x(k0, width: int, count: int, offset: int = 0):
         k_ok = (k0 + jnp.arange(width) < count)[None, :] if count % width else None
         return masked_load(x_ref, (rows_x, pl.ds(offset + k0, width)), k_ok)
 
-    def step(i, accs):
-        if transpose:  # packed rows are output columns, packed columns the contraction (phase p: x's half p)
-            kh, bkh = k // phases, bk // phases
-            k0 = pl.multiple_of(i * bkh, bkh)
-            acc = accs[0]
-            for p, nibble in enumerate(nibbles):
-                x = load_x(k0, bkh, kh, p * kh)
-                w = decode(WeightTile(col_block, bn, n, i, bkh, kh), nibble)
-                acc = acc + dot(x, w.astype(x.dtype), trans_b=True)
-            return (acc,)
-        x = load_x(pl.multiple_of(i * bk, bk), bk, k)  # phase p: the output columns p, p + phases, ...
-        tile = WeightTile(i, bk, k, col_block, bn // phases, n // phases)
-        return tuple(acc + dot(x, decode(tile, b).astype(x.dtype)) for acc, b in zip(accs, nibbles, strict=True))
+    def step(i, acc):
+        if not transpose:
+            w = decode_tile(w_ref, s_ref, z_ref, table_ref, WeightTile(i, bk, k, col_block, bn, n), params)
+            x = load_x(pl.multiple_of(i * bk, bk), bk, k)
+            return acc + dot(x, w.astype(x.dtype))
+        # packed rows are output columns, packed columns the contraction; phase p multiplies x's half p
+        kh, bkh = k // phases, bk // phases
+        k0 = pl.multiple_of(i * bkh, bkh)
+        for p, nibble in enumerate([None] if phases == 1 else [0, 1]):
+            tile = WeightTile(col_block, bn, n, i, bkh, kh)
+            w = decode_tile(w_ref, s_ref, z_ref, table_ref, tile, phase_params, nibble=nibble)
+            x = load_x(k0, bkh, kh, p * kh)
+            acc = acc + dot(x, w.astype(x.dtype), trans_b=True)
+        return acc
 
-    width, outputs = (bn, 1) if transpose else (bn // phases, phases)
-    accs = lax.fori_loop(first, last, step, tuple(jnp.zeros((bm, width), jnp.float32) for _ in range(outputs)))
-    count = n if transpose else n // phases
-    n0 = pl.multiple_of(col_block * width, width)
-    n_ok = (n0 + jnp.arange(width) < count)[None, :] if count % width else None
-    for p, acc in enumerate(accs):
-        plgpu.store(o_ref.at[split, jnp.int32(p), rows_x, pl.ds(n0, width)], acc, mask=n_ok)
+    acc = lax.fori_loop(first, last, step, jnp.zeros((bm, bn), jnp.float32))
+    n0 = pl.multiple_of(col_block * bn, bn)
+    n_ok = (n0 + jnp.arange(bn) < n)[None, :] if n % bn else None
+    plgpu.store(o_ref.at[split, rows_x, pl.ds(n0, bn)], acc, mask=n_ok)
 
 
 def matmul(x, w, scales, zeros, *, params: QuantParams, transpose: bool, tiling: TritonQuantizedMatmulTiling):
     """float32 `[M, N]` = `x [M, K]` times the packed weights (`zeros`: None outside affine).
 
-    4-bit codes along an even packed axis are read as bytes and each tile decoded as its two nibble phases (the
-    even and the odd columns of the packed axis, `decode_tile(nibble=...)`), so no step interleaves codes: without
-    transpose each phase is its own accumulator of every other output column, interleaved once by XLA; with it
-    the phases multiply x's even and odd columns, split apart once here."""
+    Where `nibble_phases` says 2, the 4-bit codes are read as bytes and each tile decoded as its two nibble phases
+    (K's even and odd columns, `decode_tile(nibble=...)`), which multiply x's even and odd columns: no step
+    interleaves codes."""
     m, k = x.shape
     n = w.shape[0] if transpose else scales.shape[1] * params.group_size
-    packed_axis = k if transpose else n
-    phases = 2 if params.bits == 4 and packed_axis % 2 == 0 else 1
-    if phases == 2:
-        w = as_bytes(w)
-        if transpose:
-            x = jnp.concatenate([x[:, 0::2], x[:, 1::2]], axis=1)
+    phases = nibble_phases(params, transpose, k)
+    if phases == 2:  # x's even and odd columns split apart once, for the two phases
+        w, x = as_bytes(w), jnp.concatenate([x[:, 0::2], x[:, 1::2]], axis=1)
     else:
         w = byte_codes(w, params)
     row_blocks = pl.cdiv(m, tiling.block_m)
@@ -121,14 +118,13 @@ def matmul(x, w, scales, zeros, *, params: QuantParams, transpose: bool, tiling:
     kernel = functools.partial(
         _matmul_kernel, params=params, transpose=transpose, tiling=tiling, k=k, n=n, phases=phases
     )
-    out_phases = 1 if transpose else phases
     partial = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((tiling.splits, out_phases, rows, n // out_phases), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((tiling.splits, rows, n), jnp.float32),
         grid=(pl.cdiv(n, tiling.block_n), tiling.splits, row_blocks),
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
         interpret=tiling.interpret,
         name="ejkernel_quantized_matmul",
     )(*operands)
-    out = partial.sum(axis=0)  # [phases, rows, N / phases]: column c of phase p is output column c · phases + p
-    return jnp.moveaxis(out, 0, -1).reshape(rows, n)[:m]
+    out = partial[0] if tiling.splits == 1 else partial.sum(axis=0)
+    return out[:m]
