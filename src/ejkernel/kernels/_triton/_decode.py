@@ -53,15 +53,20 @@ def pow2(byte):
     return _bits_to_float((half + 127) << 23) * _bits_to_float((exponent - half + 127) << 23)
 
 
+def as_bytes(words, dtype=jnp.uint8):
+    """Packed words `[..., R, W]` viewed as their bytes `[..., R, 4 W]` of `dtype` (a bitcast, no copy): byte i of a
+    little-endian word holds its lowest bits but 8 i, so codes keep their column order."""
+    return lax.bitcast_convert_type(words, dtype).reshape(*words.shape[:-1], 4 * words.shape[-1])
+
+
 def byte_codes(w, params: QuantParams):
-    """8-bit codes' words `w [..., R, C/4]` viewed as bytes `[..., R, C]` (a bitcast, no copy): byte i of a
-    little-endian word is its code i, so `decode_tile` loads codes whole instead of splitting words (no shifts,
-    no interleaving reshape). E4M3 codes (mxfp8, nvfp8) are viewed as float8_e4m3fn, which the GPU converts in
-    one instruction; affine codes as uint8. Other widths: `w` unchanged."""
+    """8-bit codes' words `w [..., R, C/4]` viewed as bytes `[..., R, C]` (`as_bytes`), so `decode_tile` loads
+    codes whole instead of splitting words (no shifts, no interleaving reshape). E4M3 codes (mxfp8, nvfp8) are
+    viewed as float8_e4m3fn, which the GPU converts in one instruction; affine codes as uint8. Other widths: `w`
+    unchanged."""
     if params.bits != 8:
         return w
-    dtype = jnp.uint8 if params.mode == "affine" else jnp.float8_e4m3fn
-    return lax.bitcast_convert_type(w, dtype).reshape(*w.shape[:-1], 4 * w.shape[-1])
+    return as_bytes(w, jnp.uint8 if params.mode == "affine" else jnp.float8_e4m3fn)
 
 
 def masked_load(ref, index, mask):
@@ -84,10 +89,16 @@ class WeightTile:
     col_count: int
 
 
-def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantParams, prefix: tuple = ()):
+def decode_tile(
+    w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantParams, prefix: tuple = (), nibble: int | None = None
+):
     """float32 `[rows, cols]` values of one tile of the packed matrix `w_ref[*prefix]` (`prefix`: leading
-    indices, e.g. a group's; `z_ref` affine only, `table_ref` the NF4 table for nf4 only). `cols` must be a
-    multiple of `32 / bits`, and hold whole groups or lie inside one."""
+    indices, e.g. a group's; `z_ref` affine only, `table_ref` the NF4 table for nf4 only). `cols` must hold whole
+    groups or lie inside one, and be a multiple of `32 / bits` where `w_ref` holds words.
+
+    `nibble` (0 or 1): `w_ref` holds the bytes of 4-bit codes (`as_bytes`) and the tile is the matrix of every
+    byte's low (0) or high (1) code: the even or the odd columns of the packed matrix, whose groups are half as
+    wide (`params.group_size` must say so)."""
     bits, g = params.bits, params.group_size
     per_word = 1 if jnp.dtype(w_ref.dtype).itemsize == 1 else 32 // bits  # `byte_codes`' view: a byte a code
     if bits == 8 and per_word != 1:
@@ -107,7 +118,9 @@ def decode_tile(w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantP
     word0 = pl.multiple_of(tile.col_block * words, words)
     word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if ragged_cols else None
     packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), mask(word_ok))
-    if per_word == 1:
+    if nibble is not None:
+        codes = ((packed >> (4 * nibble)) & 0xF).astype(jnp.int32)
+    elif per_word == 1:
         codes = packed  # uint8 codes, or float8 values
     else:
         shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits

@@ -23,7 +23,7 @@ from ejkernel.kernels._common.quantized_matmul import (
     with_vjp,
 )
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.quantized_matmul._kernel import TritonQuantizedMatmulTiling, matmul
+from ejkernel.kernels._triton.quantized_matmul._kernel import TritonQuantizedMatmulTiling, matmul, nibble_phases
 from ejkernel.quantization.modes import QuantParams
 
 WHO = "triton quantized_matmul"
@@ -40,7 +40,7 @@ def _fit(block: int, size: int, largest: int) -> int:
     return max(MIN_BLOCK, min(block, largest, pl.next_power_of_2(max(size, 1))))
 
 
-def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool) -> TritonQuantizedMatmulTiling:
+def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool, phases: int = 1) -> TritonQuantizedMatmulTiling:
     """The kernel's tiles from `cfg` (`block_m`, `block_n`, `block_k`, `split_k`, `num_warps`, `num_stages`),
     fitted to the problem: a step decodes at most `MAX_TILE_VALUES` values (the contraction tile shrinks).
     Without `split_k` the contraction is split until the programs fill one wave of the GPU's SMs, as far as
@@ -50,6 +50,7 @@ def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool) -> TritonQua
     block_n = _fit(cfg.block_n, n, MAX_BLOCK_N)
     block_k = _fit(cfg.block_k, k, MAX_BLOCK_K)
     block_k = max(MIN_BLOCK, min(block_k, MAX_TILE_VALUES // block_n))
+    block_k = max(block_k, phases * MIN_BLOCK)  # each nibble phase's half of the step is still a dot's edge
     steps = pl.cdiv(k, block_k)
     if cfg.split_k is not None:
         splits = min(cfg.split_k, steps)
@@ -95,4 +96,5 @@ def quantized_matmul_triton(
     _decline(x, params, n)
     interpret = resolve_interpret(interpret, WHO)
     static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
-    return _run(x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, bits, interpret))
+    phases = nibble_phases(params, transpose, k)
+    return _run(x, w, scales, zeros, static=static, tiling=tiling(cfg, x.shape[0], k, n, bits, interpret, phases))
