@@ -1,0 +1,224 @@
+"""MLA decode over a paged latent cache as one Mosaic GPU kernel (Hopper): wgmma on TMA-fed cache pages.
+
+A CTA takes `ROWS` = 64 query rows (64 heads of one query token: the tiles of
+`_common.paged_attention.tiles` with one query each) and walks its share of the token's key span in blocks
+of `BLOCK` = 64 cache rows, each inside one page (the page size is a multiple of 64), so a block is a few TMA
+copies whose page the memory warpgroup reads from the page table. A cache row is `[c (L), 0..., r (R), 0...]`;
+a block arrives as three shared-memory tiles: the two halves of `c` and `r` (the zero padding is never read).
+The query rows arrive the same way, once.
+
+Two compute warpgroups share the block: each computes the whole score tile `S = q_c·cᵀ + q_r·rᵀ` (64 x 64)
+and its online softmax (the same numbers in both: nothing is exchanged), and each accumulates its own half of
+the output, `O_w += P·c_w` (64 x L/2 float32 in registers; the keys' latent rows are the values). The
+softmax is in base 2 with a finite mask value, as the flash attention kernels' (`flash_attention._parts`).
+
+The span is cut in `num_splits` near-equal runs of blocks (flash-decoding); each CTA writes its rows
+normalised (in the cache's dtype, through the query's shared-memory tiles) and their log-sum-exp (natural
+units, -inf where no key was allowed), which the caller merges with the shared `finalize`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ejkernel.kernels._common.attention import LOG2E
+from ejkernel.kernels._common.paged_attention.tiles import HI, LO, SEQ
+from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
+    COMPUTE_REGISTERS,
+    MASKED,
+    along_rows,
+    launch_kernel,
+    memory_warpgroup,
+    swizzled_smem,
+    wgmma_iota,
+    zero_acc,
+)
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import COMPUTE_WGS, ROWS
+
+BLOCK = 64  # cache rows per step: a page, or a 64-row part of one
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuLatentPagedStatic:
+    """The call's widths, heads, cache pages and softmax options (hashable: fixed at trace time)."""
+
+    latent: int  # L: the latent row c, columns [0, L) of a cache row; a multiple of 128
+    rope: int  # R: the RoPE key r, columns [rope_col, rope_col + R); a multiple of 64, or 0
+    rope_col: int
+    num_heads: int  # a multiple of ROWS
+    page_size: int  # a multiple of BLOCK
+    num_pages: int
+    softmax_scale: float
+    soft_cap: float | None
+
+    @property
+    def half(self) -> int:
+        """The output columns of one compute warpgroup."""
+        return self.latent // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuLatentPagedTiling:
+    """The kernel's key splits and pipeline depth (neither changes a result beyond float32 summation order)."""
+
+    num_splits: int  # runs each tile's key span is cut in, merged by log-sum-exp
+    stages: int  # shared-memory slots of cache blocks (one loads while another computes)
+
+
+def smem_bytes(st: MosaicGpuLatentPagedStatic, stages: int, itemsize: int) -> int:
+    """Shared memory of a CTA: the query tiles, `stages` cache blocks, the log-sum-exp row."""
+    row = (st.latent + st.rope) * itemsize
+    return (ROWS + stages * BLOCK) * row + ROWS * 4
+
+
+def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, meta, tables, q_rows, cache_rows):
+    """`(out [S, R * Hq, L], lse [S, R * Hq])` of each split: the rows normalised (cache dtype) and their
+    log-sum-exp (float32, natural units, -inf where no key was allowed).
+
+    `meta [R, 5]` are the tiles of one query each (`prepare_tiles`), `tables [N, W]` the page tables,
+    `q_rows [R * Hq, width]` the tiles' query rows in the cache row's layout, `cache_rows [pages * page_size,
+    width]` the updated cache.
+    """
+    dtype = cache_rows.dtype
+    splits, stages, half, rope = t.num_splits, t.stages, st.half, st.rope
+    num_tiles = meta.shape[0]
+    copies = 2 + bool(rope)  # TMA copies of a block (and of the query rows): two halves of c, and r
+
+    def body(meta_ref, tables_ref, q_ref, cache_ref, out_ref, lse_ref, smem, barriers):
+        q_lat, k_lat, lse_smem, *rope_smem = smem
+        q_ready, k_ready, k_consumed, done = barriers
+        head_block, tile, split = (lax.axis_index(a) for a in ("heads", "tiles", "splits"))
+        wg = lax.axis_index("wg")
+        seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
+        q_row = tile * st.num_heads + head_block * ROWS
+
+        # This split's blocks: the span's blocks cut in `splits` near-equal runs.
+        block = jnp.int32(BLOCK)
+        first = lax.div(jnp.maximum(lo, 0), block)
+        last = jnp.where(hi > lo, lax.div(hi + (BLOCK - 1), block), first)
+        per_split = lax.div(last - first + (splits - 1), jnp.int32(splits))
+        start = first + split * per_split
+        steps = jnp.clip(last - start, 0, per_split)
+
+        def page_row(i):
+            """The first cache row of step i's block, and whether its page is in the cache."""
+            pos = (start + i) * block
+            entry = tables_ref[seq, lax.div(pos, jnp.int32(st.page_size))]
+            page = jnp.clip(entry, 0, st.num_pages - 1)
+            in_cache = (entry >= 0) & (entry < st.num_pages)
+            return page * st.page_size + lax.rem(pos, jnp.int32(st.page_size)), in_cache
+
+        def parts(ref, rows):
+            """The row block's (c first half, c second half[, r]) as TMA sources."""
+            sources = [ref.at[rows, pl.ds(h * half, half)] for h in range(2)]
+            return sources + ([ref.at[rows, pl.ds(st.rope_col, rope)]] if rope else [])
+
+        def feed():
+            """The memory warpgroup: the query rows once, then the blocks into slot `i % stages`."""
+            q_dst = [q_lat.at[0], q_lat.at[1], *([rope_smem[0]] if rope else [])]
+            for source, dst in zip(parts(q_ref, pl.ds(q_row, ROWS)), q_dst, strict=True):
+                plgpu.copy_gmem_to_smem(source, dst, q_ready)
+
+            @pl.loop(0, steps)
+            def _(i):
+                slot = lax.rem(i, jnp.int32(stages))
+                pl.when(i >= stages)(lambda: plgpu.barrier_wait(k_consumed.at[slot]))
+                dst = [k_lat.at[2 * slot], k_lat.at[2 * slot + 1], *([rope_smem[1].at[slot]] if rope else [])]
+                for source, buffer in zip(parts(cache_ref, pl.ds(page_row(i)[0], BLOCK)), dst, strict=True):
+                    plgpu.copy_gmem_to_smem(source, buffer, k_ready.at[slot])
+
+        memory_warpgroup(feed)
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            plgpu.barrier_wait(q_ready)
+
+            def scores(slot):
+                def qk(s_ref):
+                    for h in range(2):
+                        plgpu.wgmma(s_ref, q_lat.at[h], k_lat.at[2 * slot + h].transpose((1, 0)))
+                    if rope:
+                        plgpu.wgmma(s_ref, rope_smem[0], rope_smem[1].at[slot].transpose((1, 0)))
+                    return s_ref[...]
+
+                return pl.run_scoped(qk, plgpu.ACC((ROWS, BLOCK), jnp.float32))
+
+            def logits2(s):
+                """Raw `q·k` -> scaled (and soft-capped) logits in base-2 units."""
+                if st.soft_cap is None:
+                    return s * (st.softmax_scale * LOG2E)
+                return jnp.tanh(s * (st.softmax_scale / st.soft_cap)) * (st.soft_cap * LOG2E)
+
+            def step(i, carry):
+                acc, m, denom = carry
+                slot = lax.rem(i, jnp.int32(stages))
+                _, in_cache = page_row(i)
+                plgpu.barrier_wait(k_ready.at[slot])
+                s = logits2(scores(slot))
+                pos = (start + i) * block + wgmma_iota(s.shape, 1)
+                allowed = (pos >= jnp.where(in_cache, lo, hi)) & (pos < hi)
+                s = jnp.where(allowed, s, MASKED)
+                m_new = jnp.maximum(m, s.max(axis=1))
+                p = jnp.exp2(s - along_rows(m_new, s.shape))
+                alpha = jnp.exp2(m - m_new)
+                denom = denom * alpha + p.sum(axis=1)
+                acc = acc * along_rows(alpha, acc.shape)
+                p16 = p.astype(dtype)
+
+                def pv(refs):
+                    plgpu.wgmma(refs[0], p16, k_lat.at[2 * slot + wg])
+
+                (acc,) = pl.run_state(pv)((plgpu.ACC.init(acc),))
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return acc, m_new, denom
+
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), row_layout)
+            denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
+            acc, m, denom = lax.fori_loop(0, steps, step, (zero_acc((ROWS, half)), m, denom))
+
+            # Both warpgroups are past their last read of the query tiles: each writes its half through them.
+            plgpu.barrier_arrive(done)
+            plgpu.barrier_wait(done)
+            empty = m < MASKED / 2  # no allowed key: output 0, log-sum-exp -inf
+            denom = jnp.where(empty, 1.0, denom)
+            q_lat.at[wg][...] = (acc * along_rows(jnp.where(empty, 0.0, 1.0 / denom), acc.shape)).astype(dtype)
+
+            @pl.when(wg == 0)
+            def _():
+                lse_smem[...] = jnp.where(empty, -jnp.inf, m / LOG2E + jnp.log(denom))
+
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_lat.at[wg], out_ref.at[split, pl.ds(q_row, ROWS), pl.ds(wg * half, half)])
+            pl.when(wg == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[split, pl.ds(q_row, ROWS)]))
+            plgpu.wait_smem_to_gmem(0)
+
+    rope_scratch = (swizzled_smem((ROWS, rope), dtype), swizzled_smem((stages, BLOCK, rope), dtype)) if rope else ()
+    scratch = (
+        (
+            swizzled_smem((2, ROWS, half), dtype),  # the query rows' halves of c; at the end, the output's
+            swizzled_smem((2 * stages, BLOCK, half), dtype),  # block halves of c: slot s at 2s, 2s + 1
+            plgpu.SMEM((ROWS,), jnp.float32),
+            *rope_scratch,  # the query rows' r, and the blocks' r
+        ),
+        (
+            plgpu.Barrier(num_arrivals=copies),
+            plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+        ),
+    )
+    rows = num_tiles * st.num_heads
+    out_type = (
+        jax.ShapeDtypeStruct((splits, rows, st.latent), dtype),
+        jax.ShapeDtypeStruct((splits, rows), jnp.float32),
+    )
+    grid = (st.num_heads // ROWS, num_tiles, splits)
+    return launch_kernel(body, out_type, scratch, grid, ("heads", "tiles", "splits"), meta, tables, q_rows, cache_rows)
