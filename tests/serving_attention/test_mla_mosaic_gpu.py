@@ -4,7 +4,8 @@ Lowering for CUDA (DeepSeek's widths) catches layout, TMA and shared-memory-budg
 mode runs the kernel's warpgroups, barriers, TMA copies and (synchronous) wgmma on the CPU against the
 reference, with race detection, at 64 or 128 heads and small latent widths: several splits of a span of 2-4
 blocks, a sliding window that starts inside a block, tokens of no sequence (empty spans), pages of one and of
-two blocks, prefill tokens (each its own tile). Layouts, swizzles and wgmma's asynchrony only the GPU suite checks.
+two blocks, prefill tokens (each its own tile), both schedules (`shared_scores`), P in the r tiles or its own.
+Layouts, swizzles and wgmma's asynchrony only the GPU suite checks.
 """
 
 import functools
@@ -33,10 +34,12 @@ def deepseek_case(q_lens=(1, 1, 0, 1, 1), kv_lens=(70, 64, 3, 9, 4), pages_per_s
     return make_case(BF16, BF16, q_lens, kv_lens, pages_per_seq, heads=128, page=64, latent=512, rope=64)
 
 
-@pytest.mark.parametrize("tiling", [None, MosaicGpuLatentPagedTiling(num_splits=3, stages=2)])
+@pytest.mark.parametrize(
+    "tiling", [None, MosaicGpuLatentPagedTiling(num_splits=3, stages=2, shared_scores=True)], ids=["own", "shared"]
+)
 def test_kernel_lowers_for_cuda(tiling):
-    """DeepSeek's widths (latent 512, RoPE 64, 128 heads, page 64): the query tiles and two cache blocks fit
-    shared memory (Mosaic checks the budget as it lowers)."""
+    """DeepSeek's widths (latent 512, RoPE 64, 128 heads, page 64), in both schedules: the query tiles and two
+    cache blocks fit shared memory (Mosaic checks the budget as it lowers)."""
     call = jax.jit(functools.partial(mosaic_latent_paged, tiling=tiling))
     text = call.trace(*deepseek_case()).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
@@ -51,10 +54,15 @@ INTERPRET_CASES = {
         dict(sliding_window=70, logits_soft_cap=3.0),
         MosaicGpuLatentPagedTiling(num_splits=3, stages=3),
     ),
-    "128 heads, pages of 2 blocks, no RoPE, prefill tokens, q/k/v scales, own tiling, gradients": (
+    "shared scores, P in the r tiles, 2 splits": (
+        dict(q_lens=(1, 0, 1), kv_lens=(250, 3, 100), pages_per_seq=4, heads=64, page=64, latent=128, rope=64),
+        dict(sliding_window=170),
+        MosaicGpuLatentPagedTiling(num_splits=2, stages=2, shared_scores=True),
+    ),
+    "shared scores, 128 heads, pages of 2 blocks, no RoPE, prefill tokens, q/k/v scales, gradients": (
         dict(q_lens=(1, 2), kv_lens=(250, 100), pages_per_seq=2, heads=128, page=128, latent=128, rope=0),
         dict(q_scale=0.5, k_scale=1.5, v_scale=2.0),
-        None,
+        MosaicGpuLatentPagedTiling(num_splits=1, stages=3, shared_scores=True),
     ),
 }
 
@@ -141,8 +149,8 @@ GPU_SHAPES = {
 @pytest.mark.parametrize("name", GPU_SHAPES)
 @pytest.mark.parametrize("op", OPS)
 def test_gpu_matches_xla(name, op):
-    """Each op through its public function (v1 whole contexts, v2 with a sliding window), then with 3 splits and
-    with one; `auto` takes this kernel on a Hopper GPU."""
+    """Each op through its public function (v1 whole contexts, v2 with a sliding window), then with 3 splits, and
+    in the shared-scores schedule with 1 and 2; `auto` takes this kernel on a Hopper GPU."""
     args = make_case(BF16, BF16, **GPU_SHAPES[name], pages_per_seq=32, heads=128, page=64, latent=512, rope=64)
     public = {OPS[0]: multi_latent_ragged_page_attention, OPS[1]: multi_latent_ragged_page_attention_v2}[op]
     options = {"sliding_window": 1024} if op == OPS[1] else {}
@@ -151,8 +159,8 @@ def test_gpu_matches_xla(name, op):
     ref_out, ref_cache = fn("xla")(*args)
     assert_close(out, ref_out, BF16)
     assert bool(jnp.array_equal(cache, ref_cache))
-    for splits in (3, 1):
-        tiling = MosaicGpuLatentPagedTiling(num_splits=splits, stages=2)
+    for splits, shared in ((3, False), (1, True), (2, True)):
+        tiling = MosaicGpuLatentPagedTiling(num_splits=splits, stages=2, shared_scores=shared)
         split_out, _ = jax.jit(functools.partial(mosaic_latent_paged, tiling=tiling, **options))(*args)
         assert_close(split_out, ref_out, BF16)
     assert kernel_registry.candidates(op, backend="gpu")[0].platform.value == "pallas"

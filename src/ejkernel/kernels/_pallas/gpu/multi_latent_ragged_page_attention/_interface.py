@@ -53,7 +53,7 @@ def num_sms() -> int:
     return int(getattr(device, "core_count", 0) or DEFAULT_SMS) if device.platform == "gpu" else DEFAULT_SMS
 
 
-def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, stages: int) -> None:
+def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, tiling: MosaicGpuLatentPagedTiling) -> None:
     """NotImplementedError (one line) for a call the kernel cannot serve, read from shapes and dtypes only."""
     _, heads, latent = queries_nope.shape
     rope = queries_pe.shape[-1]
@@ -72,20 +72,21 @@ def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, stages: 
     page_size = kv_cache.shape[1] * kv_cache.shape[2]
     if page_size % BLOCK:
         raise NotImplementedError(f"{WHO} takes pages of multiples of {BLOCK} positions, got {page_size}")
-    if stages < 2:
-        raise NotImplementedError(f"{WHO} needs stages >= 2 (one block loads while one computes), got {stages}")
+    if tiling.stages < 2:
+        raise NotImplementedError(f"{WHO} needs stages >= 2 (one block loads while one computes), got {tiling.stages}")
     dims = MosaicGpuLatentPagedStatic(latent, rope, rope_column(latent), heads, page_size, 1, 1.0, None)
-    if smem_bytes(dims, stages, 2) > SMEM_BYTES:
+    if smem_bytes(dims, tiling, 2) > SMEM_BYTES:
         raise NotImplementedError(
-            f"{WHO}: latent {latent} + RoPE {rope} in {stages} stages needs {smem_bytes(dims, stages, 2)} bytes "
-            f"of shared memory, over {SMEM_BYTES}"
+            f"{WHO}: latent {latent} + RoPE {rope} with {tiling} needs {smem_bytes(dims, tiling, 2)} bytes of shared "
+            f"memory, over {SMEM_BYTES}"
         )
     if kv_cache.size // kv_cache.shape[-1] >= 2**31:
         raise NotImplementedError(f"{WHO} indexes cache rows in int32: the cache has too many rows")
 
 
 def plan(batch: PagedBatch, head_blocks: int, tiling: MosaicGpuLatentPagedTiling | None) -> MosaicGpuLatentPagedTiling:
-    """`tiling`, or the kernel's own: 2 stages, and enough splits for every SM (each at least 4 blocks long)."""
+    """`tiling`, or the kernel's own: 2 stages, both warpgroups scoring, and enough splits for every SM (each at
+    least 4 blocks long)."""
     if tiling is not None:
         return tiling
     programs = max_tiles(batch.num_tokens, batch.num_seqs, 1) * head_blocks
@@ -146,10 +147,10 @@ def mosaic_latent_paged(
     v_scale=None, kv_cache_scales=None, tiling: MosaicGpuLatentPagedTiling | None = None,
 ):  # fmt: skip
     """`multi_latent_ragged_page_attention_mosaic_gpu` without the device check (CPU tests lower it for CUDA and
-    run it in Mosaic GPU interpret mode); `tiling`: the kernel's splits and stages (None: its own)."""
+    run it in Mosaic GPU interpret mode); `tiling`: the kernel's splits, stages and schedule (None: its own)."""
     del mask_value
-    stages = DEFAULT_STAGES if tiling is None else tiling.stages
-    check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, stages)
+    own = MosaicGpuLatentPagedTiling(num_splits=1, stages=DEFAULT_STAGES)  # (its splits change no shared memory)
+    check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, own if tiling is None else tiling)
     options = latent_options(
         queries_nope, queries_pe, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,

@@ -7,10 +7,15 @@ copies whose page the memory warpgroup reads from the page table. A cache row is
 a block arrives as three shared-memory tiles: the two halves of `c` and `r` (the zero padding is never read).
 The query rows arrive the same way, once.
 
-Two compute warpgroups share the block: each computes the whole score tile `S = q_c·cᵀ + q_r·rᵀ` (64 x 64)
-and its online softmax (the same numbers in both: nothing is exchanged), and each accumulates its own half of
-the output, `O_w += P·c_w` (64 x L/2 float32 in registers; the keys' latent rows are the values). The
-softmax is in base 2 with a finite mask value, as the flash attention kernels' (`flash_attention._parts`).
+Two compute warpgroups share the block, each accumulating its own half of the output, `O_w += P·c_w` (64 x L/2
+float32 in registers; the keys' latent rows are the values), in one of two schedules
+(`MosaicGpuLatentPagedTiling.shared_scores`): both compute the whole score tile `S = q_c·cᵀ + q_r·rᵀ` (64 x 64)
+and its online softmax (the same numbers in both: nothing is exchanged, but S's matmul is done twice); or
+warpgroup 0 alone computes S and the softmax and publishes P (bf16) and the rows' rescale through shared memory,
+P in the block's `r` tile when it has P's shape (R = 64: S, its only reader, is done with it), and warpgroup 1
+waits for them. A slot's P and rescale are read before the slot is handed back, so they need no barrier of their
+own to be overwritten. The softmax is in base 2 with a finite mask value, as the flash attention kernels'
+(`flash_attention._parts`).
 
 The span is cut in `num_splits` near-equal runs of blocks (flash-decoding); each CTA writes its rows
 normalised (in the cache's dtype, through the query's shared-memory tiles) and their log-sum-exp (natural
@@ -69,12 +74,14 @@ class MosaicGpuLatentPagedTiling:
 
     num_splits: int  # runs each tile's key span is cut in, merged by log-sum-exp
     stages: int  # shared-memory slots of cache blocks (one loads while another computes)
+    shared_scores: bool = False  # warpgroup 0 alone computes S and the softmax and hands P to warpgroup 1
 
 
-def smem_bytes(st: MosaicGpuLatentPagedStatic, stages: int, itemsize: int) -> int:
-    """Shared memory of a CTA: the query tiles, `stages` cache blocks, the log-sum-exp row."""
+def smem_bytes(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, itemsize: int) -> int:
+    """Shared memory of a CTA: the query tiles, `stages` cache blocks, float32 rows (and P tiles of its own)."""
     row = (st.latent + st.rope) * itemsize
-    return (ROWS + stages * BLOCK) * row + ROWS * 4
+    own_p = t.shared_scores and st.rope != BLOCK  # (else P goes into the block's r tile)
+    return (ROWS + t.stages * BLOCK) * row + (t.stages + 2) * ROWS * 4 + own_p * t.stages * ROWS * BLOCK * itemsize
 
 
 def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, meta, tables, q_rows, cache_rows):
@@ -91,8 +98,17 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
     copies = 2 + bool(rope)  # TMA copies of a block (and of the query rows): two halves of c, and r
 
     def body(meta_ref, tables_ref, q_ref, cache_ref, out_ref, lse_ref, smem, barriers):
-        q_lat, k_lat, lse_smem, *rope_smem = smem
-        q_ready, k_ready, k_consumed, done = barriers
+        q_lat, k_lat, rows_smem, *rest = smem  # rows_smem: alpha of each slot, then log-sum-exp, 1 / denominator
+        rope_smem = rest[:2] if rope else ()
+        q_ready, k_ready, k_consumed, done, *p_ready = barriers
+        p_ready = p_ready[0] if p_ready else None
+        lse_row, inv_row = stages, stages + 1
+
+        def p_tile(slot):
+            """Where warpgroup 0 publishes step's P (`shared_scores`): the block's r tile when it has P's shape
+            (S, its one reader, is done with it), else a tile of P's own."""
+            return rope_smem[1].at[slot] if rope == BLOCK else rest[-1].at[slot]
+
         head_block, tile, split = (lax.axis_index(a) for a in ("heads", "tiles", "splits"))
         wg = lax.axis_index("wg")
         seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
@@ -150,69 +166,131 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
 
                 return pl.run_scoped(qk, plgpu.ACC((ROWS, BLOCK), jnp.float32))
 
-            def logits2(s):
-                """Raw `q·k` -> scaled (and soft-capped) logits in base-2 units."""
+            def softmax(i, slot, m, denom):
+                """Step i's scores (its block in `slot`) -> (P, new row max, new denominator, rescale of the old)."""
+                s = scores(slot)
                 if st.soft_cap is None:
-                    return s * (st.softmax_scale * LOG2E)
-                return jnp.tanh(s * (st.softmax_scale / st.soft_cap)) * (st.soft_cap * LOG2E)
-
-            def step(i, carry):
-                acc, m, denom = carry
-                slot = lax.rem(i, jnp.int32(stages))
-                _, in_cache = page_row(i)
-                plgpu.barrier_wait(k_ready.at[slot])
-                s = logits2(scores(slot))
+                    s = s * (st.softmax_scale * LOG2E)
+                else:
+                    s = jnp.tanh(s * (st.softmax_scale / st.soft_cap)) * (st.soft_cap * LOG2E)
                 pos = (start + i) * block + wgmma_iota(s.shape, 1)
-                allowed = (pos >= jnp.where(in_cache, lo, hi)) & (pos < hi)
+                allowed = (pos >= jnp.where(page_row(i)[1], lo, hi)) & (pos < hi)
                 s = jnp.where(allowed, s, MASKED)
                 m_new = jnp.maximum(m, s.max(axis=1))
                 p = jnp.exp2(s - along_rows(m_new, s.shape))
                 alpha = jnp.exp2(m - m_new)
-                denom = denom * alpha + p.sum(axis=1)
+                return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
+
+            def add_pv(acc, alpha, p, slot, w):
+                """`acc * alpha + P·c_w` of the block in `slot` (P in registers or shared memory), waited for."""
                 acc = acc * along_rows(alpha, acc.shape)
-                p16 = p.astype(dtype)
+                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], p, k_lat.at[2 * slot + w]))(
+                    (plgpu.ACC.init(acc),)
+                )
+                return acc
 
-                def pv(refs):
-                    plgpu.wgmma(refs[0], p16, k_lat.at[2 * slot + wg])
-
-                (acc,) = pl.run_state(pv)((plgpu.ACC.init(acc),))
+            def both_step(i, carry):
+                """Both warpgroups: S and its softmax, then P·c of this warpgroup's half."""
+                acc, m, denom = carry
+                slot = lax.rem(i, jnp.int32(stages))
+                plgpu.barrier_wait(k_ready.at[slot])
+                p, m, denom, alpha = softmax(i, slot, m, denom)
+                acc = add_pv(acc, alpha, p, slot, wg)
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                return acc, m_new, denom
+                return acc, m, denom
+
+            def scoring_step(i, carry):
+                """Warpgroup 0 (`shared_scores`): S, its softmax, P and the rescale published, then P·c₀."""
+                acc, m, denom = carry
+                slot = lax.rem(i, jnp.int32(stages))
+                plgpu.barrier_wait(k_ready.at[slot])
+                p, m, denom, alpha = softmax(i, slot, m, denom)
+                # (the slot's last P and alpha were read before the slot was refilled, which k_ready said)
+                p_tile(slot)[...] = p
+                rows_smem.at[slot][...] = alpha
+                plgpu.commit_smem()  # P's stores before warpgroup 1's wgmma reads them
+                plgpu.barrier_arrive(p_ready.at[slot])
+                acc = add_pv(acc, alpha, p, slot, 0)
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return acc, m, denom
+
+            def weighing_step(i, acc):
+                """Warpgroup 1 (`shared_scores`): the published P and rescale, then P·c₁."""
+                slot = lax.rem(i, jnp.int32(stages))
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(p_ready.at[slot])
+                acc = add_pv(acc, plgpu.load(rows_smem.at[slot], layout=row_layout), p_tile(slot), slot, 1)
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return acc
+
+            def row_stats(m, denom):
+                """(1 / denominator, log-sum-exp in natural units): 0 and -inf for a row with no allowed key."""
+                empty = m < MASKED / 2
+                denom = jnp.where(empty, 1.0, denom)
+                return jnp.where(empty, 0.0, 1.0 / denom), jnp.where(empty, -jnp.inf, m / LOG2E + jnp.log(denom))
+
+            def write(acc, inv, w):
+                """Warpgroup w's half of the output, normalised, through its query tile (once no one reads Q)."""
+                q_lat.at[w][...] = (acc * along_rows(inv, acc.shape)).astype(dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(q_lat.at[w], out_ref.at[split, pl.ds(q_row, ROWS), pl.ds(w * half, half)])
+
+            def write_lse(lse):
+                rows_smem.at[lse_row][...] = lse
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(rows_smem.at[lse_row], lse_ref.at[split, pl.ds(q_row, ROWS)])
+
+            def rendezvous():
+                plgpu.barrier_arrive(done)
+                plgpu.barrier_wait(done)
 
             row_layout = plgpu.Layout.WGMMA.reduce(1)
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), row_layout)
             denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
-            acc, m, denom = lax.fori_loop(0, steps, step, (zero_acc((ROWS, half)), m, denom))
-
-            # Both warpgroups are past their last read of the query tiles: each writes its half through them.
-            plgpu.barrier_arrive(done)
-            plgpu.barrier_wait(done)
-            empty = m < MASKED / 2  # no allowed key: output 0, log-sum-exp -inf
-            denom = jnp.where(empty, 1.0, denom)
-            q_lat.at[wg][...] = (acc * along_rows(jnp.where(empty, 0.0, 1.0 / denom), acc.shape)).astype(dtype)
+            acc = zero_acc((ROWS, half))
+            if not t.shared_scores:
+                acc, m, denom = lax.fori_loop(0, steps, both_step, (acc, m, denom))
+                inv, lse = row_stats(m, denom)
+                rendezvous()  # both warpgroups are past their last read of Q
+                write(acc, inv, wg)
+                pl.when(wg == 0)(lambda: write_lse(lse))
+                plgpu.wait_smem_to_gmem(0)
+                return
 
             @pl.when(wg == 0)
             def _():
-                lse_smem[...] = jnp.where(empty, -jnp.inf, m / LOG2E + jnp.log(denom))
+                acc0, m0, denom0 = lax.fori_loop(0, steps, scoring_step, (acc, m, denom))
+                inv, lse = row_stats(m0, denom0)
+                rows_smem.at[inv_row][...] = inv
+                rendezvous()  # warpgroup 0 is past its last read of Q; warpgroup 1 may read 1 / denominator
+                write(acc0, inv, 0)
+                write_lse(lse)
+                plgpu.wait_smem_to_gmem(0)
 
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_lat.at[wg], out_ref.at[split, pl.ds(q_row, ROWS), pl.ds(wg * half, half)])
-            pl.when(wg == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[split, pl.ds(q_row, ROWS)]))
-            plgpu.wait_smem_to_gmem(0)
+            @pl.when(wg == 1)
+            def _():
+                acc1 = lax.fori_loop(0, steps, weighing_step, acc)
+                rendezvous()
+                write(acc1, plgpu.load(rows_smem.at[inv_row], layout=row_layout), 1)
+                plgpu.wait_smem_to_gmem(0)
 
     rope_scratch = (swizzled_smem((ROWS, rope), dtype), swizzled_smem((stages, BLOCK, rope), dtype)) if rope else ()
+    shared = t.shared_scores
+    own_p = (swizzled_smem((stages, ROWS, BLOCK), dtype),) if shared and rope != BLOCK else ()
     scratch = (
         (
             swizzled_smem((2, ROWS, half), dtype),  # the query rows' halves of c; at the end, the output's
             swizzled_smem((2 * stages, BLOCK, half), dtype),  # block halves of c: slot s at 2s, 2s + 1
-            plgpu.SMEM((ROWS,), jnp.float32),
+            plgpu.SMEM((stages + 2, ROWS), jnp.float32),
             *rope_scratch,  # the query rows' r, and the blocks' r
+            *own_p,
         ),
         (
             plgpu.Barrier(num_arrivals=copies),
             plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
             plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
             plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+            *((plgpu.Barrier(num_barriers=stages),) if shared else ()),  # P (and alpha) of a slot published
         ),
     )
     rows = num_tiles * st.num_heads
