@@ -47,6 +47,8 @@ from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import COMPUTE_WGS, ROWS
 
 BLOCK = 64  # cache rows per step: a page, or a 64-row part of one
+SMEM_ALIGNMENT = 1024  # of each shared-memory allocation (Mosaic GPU's)
+MOSAIC_RESERVED_SMEM = 2048  # what Mosaic GPU adds to a kernel's own shared memory (as its budget errors count it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,7 @@ class MosaicGpuLatentPagedStatic:
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuLatentPagedTiling:
-    """The kernel's key splits and pipeline depth (neither changes a result beyond float32 summation order)."""
+    """The kernel's key splits, pipeline depth and schedule (none changes a result beyond float32 summation order)."""
 
     num_splits: int  # runs each tile's key span is cut in, merged by log-sum-exp
     stages: int  # shared-memory slots of cache blocks (one loads while another computes)
@@ -78,10 +80,16 @@ class MosaicGpuLatentPagedTiling:
 
 
 def smem_bytes(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, itemsize: int) -> int:
-    """Shared memory of a CTA: the query tiles, `stages` cache blocks, float32 rows (and P tiles of its own)."""
-    row = (st.latent + st.rope) * itemsize
-    own_p = t.shared_scores and st.rope != BLOCK  # (else P goes into the block's r tile)
-    return (ROWS + t.stages * BLOCK) * row + (t.stages + 2) * ROWS * 4 + own_p * t.stages * ROWS * BLOCK * itemsize
+    """Shared memory of a CTA as Mosaic GPU lays it out: the query tiles, `stages` cache blocks, float32 rows (and P
+    tiles of its own), each allocation aligned to `SMEM_ALIGNMENT`, then the barriers and Mosaic's reserve."""
+    tile = lambda rows, cols, count=1: count * rows * cols * itemsize
+    sizes = [tile(ROWS, st.half, 2), tile(BLOCK, st.half, 2 * t.stages), (t.stages + 2) * ROWS * 4]
+    if st.rope:
+        sizes += [tile(ROWS, st.rope), tile(BLOCK, st.rope, t.stages)]
+    if t.shared_scores and st.rope != BLOCK:  # (else P goes into the block's r tile)
+        sizes.append(tile(ROWS, BLOCK, t.stages))
+    barriers = 2 + 2 * t.stages + t.shared_scores * t.stages
+    return sum(-(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT for size in sizes) + 8 * barriers + MOSAIC_RESERVED_SMEM
 
 
 def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, meta, tables, q_rows, cache_rows):
