@@ -152,9 +152,10 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
             @pl.loop(0, steps)
             def _(i):
                 slot = lax.rem(i, jnp.int32(stages))
+                row = page_row(i)[0]  # (the table read issued before the wait, which hides its latency)
                 pl.when(i >= stages)(lambda: plgpu.barrier_wait(k_consumed.at[slot]))
                 dst = [k_lat.at[2 * slot], k_lat.at[2 * slot + 1], *([rope_smem[1].at[slot]] if rope else [])]
-                for source, buffer in zip(parts(cache_ref, pl.ds(page_row(i)[0], BLOCK)), dst, strict=True):
+                for source, buffer in zip(parts(cache_ref, pl.ds(row, BLOCK)), dst, strict=True):
                     plgpu.copy_gmem_to_smem(source, buffer, k_ready.at[slot])
 
         memory_warpgroup(feed)
@@ -174,15 +175,16 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
 
                 return pl.run_scoped(qk, plgpu.ACC((ROWS, BLOCK), jnp.float32))
 
-            def softmax(i, slot, m, denom):
-                """Step i's scores (its block in `slot`) -> (P, new row max, new denominator, rescale of the old)."""
+            def softmax(i, slot, in_cache, m, denom):
+                """Step i's scores (its block in `slot`; `in_cache`: its page is) -> (P, new row max, new
+                denominator, rescale of the old)."""
                 s = scores(slot)
                 if st.soft_cap is None:
                     s = s * (st.softmax_scale * LOG2E)
                 else:
                     s = jnp.tanh(s * (st.softmax_scale / st.soft_cap)) * (st.soft_cap * LOG2E)
                 pos = (start + i) * block + wgmma_iota(s.shape, 1)
-                allowed = (pos >= jnp.where(page_row(i)[1], lo, hi)) & (pos < hi)
+                allowed = (pos >= jnp.where(in_cache, lo, hi)) & (pos < hi)
                 s = jnp.where(allowed, s, MASKED)
                 m_new = jnp.maximum(m, s.max(axis=1))
                 p = jnp.exp2(s - along_rows(m_new, s.shape))
@@ -200,9 +202,9 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
             def both_step(i, carry):
                 """Both warpgroups: S and its softmax, then P·c of this warpgroup's half."""
                 acc, m, denom = carry
-                slot = lax.rem(i, jnp.int32(stages))
+                slot, in_cache = lax.rem(i, jnp.int32(stages)), page_row(i)[1]  # (the table read before the wait)
                 plgpu.barrier_wait(k_ready.at[slot])
-                p, m, denom, alpha = softmax(i, slot, m, denom)
+                p, m, denom, alpha = softmax(i, slot, in_cache, m, denom)
                 acc = add_pv(acc, alpha, p, slot, wg)
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return acc, m, denom
@@ -210,9 +212,9 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
             def scoring_step(i, carry):
                 """Warpgroup 0 (`shared_scores`): S, its softmax, P and the rescale published, then P·c₀."""
                 acc, m, denom = carry
-                slot = lax.rem(i, jnp.int32(stages))
+                slot, in_cache = lax.rem(i, jnp.int32(stages)), page_row(i)[1]  # (the table read before the wait)
                 plgpu.barrier_wait(k_ready.at[slot])
-                p, m, denom, alpha = softmax(i, slot, m, denom)
+                p, m, denom, alpha = softmax(i, slot, in_cache, m, denom)
                 # (the slot's last P and alpha were read before the slot was refilled, which k_ready said)
                 p_tile(slot)[...] = p
                 rows_smem.at[slot][...] = alpha
