@@ -88,7 +88,7 @@ def test_default_tiling_and_gradients():
 
 def test_registered_first_for_gpus():
     for op in OPS:
-        assert [i.platform.value for i in kernel_registry.candidates(op, backend="gpu")] == ["triton", "xla"]
+        assert [i.platform.value for i in kernel_registry.candidates(op, backend="gpu")] == ["pallas", "triton", "xla"]
         assert kernel_registry.get(op, "triton", "gpu").__name__ == "multi_latent_ragged_page_attention_triton"
 
 

@@ -32,10 +32,18 @@ from ejkernel.registry import Backend, Platform, implementations
 
 _TRITON_TARGET = "ejkernel.kernels._triton.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_triton"
 _XLA_TARGET = "ejkernel.kernels._xla.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_xla"
-_BOTH = ((Platform.TRITON, Backend.GPU, _TRITON_TARGET), (Platform.XLA, Backend.ANY, _XLA_TARGET))
-IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", *_BOTH)
-IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_BOTH)
-"""Both ops, the same implementations (v2 differs only in its config): Triton on GPUs, XLA everywhere."""
+_MOSAIC_TARGET = (
+    "ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_mosaic_gpu"
+)
+_ALL = (
+    (Platform.PALLAS, Backend.GPU, _MOSAIC_TARGET),
+    (Platform.TRITON, Backend.GPU, _TRITON_TARGET),
+    (Platform.XLA, Backend.ANY, _XLA_TARGET),
+)
+IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", *_ALL)
+IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_ALL)
+"""Both ops, the same implementations (v2 differs only in its config): Mosaic GPU on Hopper (16-bit caches, 64-head
+blocks), Triton on GPUs, XLA everywhere."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,12 +155,13 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
 
     The XLA path reads the two block sizes only: it tiles at most `num_queries_per_block` queries, fewer when
     sequences average fewer, and rounds both sizes to powers of two. The Triton path reads `triton_tiling`
-    only (its tiles follow the latent width and the head count, not these TPU-sized blocks). Sizes never
-    change results.
+    only (its tiles follow the latent width and the head count, not these TPU-sized blocks); the Mosaic GPU path
+    reads none (64 heads of a query token per CTA, splits of the context for every SM). Sizes never change
+    results.
 
     Attributes:
-        platform: `str`, default "auto". "auto", "triton" (GPUs) or "xla" serve the op; the other names of
-            `KernelConfig` are accepted here but have no implementation of it.
+        platform: `str`, default "auto". "auto", "pallas" (Mosaic GPU, Hopper), "triton" (GPUs) or "xla" serve
+            the op; the other names of `KernelConfig` are accepted here but have no implementation of it.
         fwd_params: must be None (this op is tiled by the fields below).
         bwd_params: must be None.
         backend: `str`, default "any". "any", "gpu", "tpu" or "cpu": the device kind the config is for;
@@ -194,7 +203,7 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
 
     `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list is
     kept as a tuple; an int means all three). The XLA path uses the mixed entry; the Triton path reads
-    `triton_tiling` only.
+    `triton_tiling` only; the Mosaic GPU path none.
 
     Attributes:
         num_kv_pages_per_block: `int | tuple[int, int, int] | None`, default None. Cache pages per key step.
@@ -243,7 +252,11 @@ class MultiLatentRaggedPageAttention(Kernel):
     config_type = MultiLatentRaggedPageAttentionConfig
 
     def platform_cfgs(self, platform: str, inv: Invocation):
-        """XLA: 16 and 32 queries per block (upstream's candidates); Triton: its own tiling and `TRITON_TILINGS`."""
+        """XLA: 16 and 32 queries per block (upstream's candidates); Triton: its own tiling and `TRITON_TILINGS`;
+        Mosaic GPU ("pallas"): one config (its kernel picks its own splits and reads no field)."""
+        if platform == "pallas":
+            yield self.config_type(platform=platform)
+            return
         if platform == "triton":
             for tiling in (None, *TRITON_TILINGS):
                 yield self.config_type(platform=platform, triton_tiling=tiling)
@@ -518,8 +531,9 @@ def multi_latent_ragged_page_attention(
         v_scale: `float | None`, default None. Finite: multiplies the output.
         kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None (keyword
             only, beyond upstream's surface). Per-row scales of a quantised `kv_cache` (above); required for int8.
-        platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
-            "xla" under "auto") or "xla".
+        platform: `str | None`, default None ("auto"). "pallas" (a Mosaic GPU kernel on Hopper GPUs: 16-bit
+            queries and cache, heads in multiples of 64, pages of multiples of 64 positions), "triton" (GPUs) or
+            "xla"; under "auto" a call one cannot serve falls back to the next.
         cfg: `MultiLatentRaggedPageAttentionConfig | None`, default None (chosen by the executor). The tiling;
             it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
@@ -623,8 +637,9 @@ def multi_latent_ragged_page_attention_v2(
         v_scale: `float | None`, default None. Finite: multiplies the output.
         kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None. Per-row
             scales of a quantised cache, as in `multi_latent_ragged_page_attention`.
-        platform: `str | None`, default None ("auto"). "triton" (GPUs; calls it cannot serve fall back to
-            "xla" under "auto") or "xla".
+        platform: `str | None`, default None ("auto"). "pallas" (a Mosaic GPU kernel on Hopper GPUs: 16-bit
+            queries and cache, heads in multiples of 64, pages of multiples of 64 positions), "triton" (GPUs) or
+            "xla"; under "auto" a call one cannot serve falls back to the next.
         cfg: `MultiLatentRaggedPageAttentionV2Config | None`, default None (chosen by the executor). The
             tiling; it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (query heads only).
