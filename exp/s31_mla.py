@@ -36,7 +36,7 @@ QUICK = (((1,) * 2, (200,) * 2), (64, 128, 64, 64))  # (query lengths, contexts)
 def variants(quick: bool) -> dict:
     """name -> the implementation called as the op's implementations are (None: not run in `--quick`)."""
     out = {"triton": None if quick else kernel_registry.get(OP, "triton")}
-    out["mosaic both sown"] = mosaic_latent_paged  # the kernel's own tiling
+    out["mosaic own"] = mosaic_latent_paged  # the kernel's own tiling
     for shared, splits in ((False, 2), (False, 4), (True, 1), (True, 2), (True, 4)):
         tiling = MosaicGpuLatentPagedTiling(num_splits=splits, stages=2, shared_scores=shared)
         out[f"mosaic {'shared' if shared else 'both'} s{splits}"] = functools.partial(

@@ -164,3 +164,20 @@ def test_gpu_matches_xla(name, op):
         split_out, _ = jax.jit(functools.partial(mosaic_latent_paged, tiling=tiling, **options))(*args)
         assert_close(split_out, ref_out, BF16)
     assert kernel_registry.candidates(op, backend="gpu")[0].platform.value == "pallas"
+
+
+def test_config_tiling_reaches_the_kernel_and_is_checked():
+    """`mosaic_tiling` sets the fields it names (the rest the kernel's own), and bad fields are one-line errors."""
+    from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._interface import OWN_TILING, plan
+    from ejkernel.modules import MultiLatentRaggedPageAttentionConfig as Config
+    from ejkernel.modules import MultiLatentRaggedPageAttentionMosaicTiling as Tiling
+
+    cfg = Config(platform="pallas", mosaic_tiling=Tiling(num_splits=3, shared_scores=False))
+    chosen = tuple(sorted(cfg.mosaic_tiling.overrides().items()))
+    assert plan(None, 2, chosen) == MosaicGpuLatentPagedTiling(
+        **{**OWN_TILING, "num_splits": 3, "shared_scores": False}
+    )
+    with pytest.raises(ValueError, match="stages must be an int of at least 2, got 1"):
+        Tiling(stages=1)
+    with pytest.raises(ValueError, match="mosaic_tiling must be a MultiLatentRaggedPageAttentionMosaicTiling"):
+        Config(mosaic_tiling=MosaicGpuLatentPagedTiling(num_splits=1, stages=2))

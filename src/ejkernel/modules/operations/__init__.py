@@ -52,6 +52,7 @@ from ejkernel.modules.operations.merge_attention_states import (
 from ejkernel.modules.operations.multi_latent_ragged_page_attention import (
     MultiLatentRaggedPageAttention,
     MultiLatentRaggedPageAttentionConfig,
+    MultiLatentRaggedPageAttentionMosaicTiling,
     MultiLatentRaggedPageAttentionTritonTiling,
     MultiLatentRaggedPageAttentionV2,
     MultiLatentRaggedPageAttentionV2Config,
@@ -143,6 +144,7 @@ __all__ = [
     "MergeAttentionStatesConfig",
     "MultiLatentRaggedPageAttention",
     "MultiLatentRaggedPageAttentionConfig",
+    "MultiLatentRaggedPageAttentionMosaicTiling",
     "MultiLatentRaggedPageAttentionTritonTiling",
     "MultiLatentRaggedPageAttentionV2",
     "MultiLatentRaggedPageAttentionV2Config",

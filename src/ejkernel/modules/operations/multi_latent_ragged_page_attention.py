@@ -101,6 +101,51 @@ class MultiLatentRaggedPageAttentionTritonTiling(ConfigBase):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
+@dataclasses.dataclass(frozen=True)
+class MultiLatentRaggedPageAttentionMosaicTiling(ConfigBase):
+    """The Mosaic GPU platform's tiling of both MLA ops (`mosaic_tiling` of their configs; platform "pallas").
+
+    A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
+    summation order. A CTA takes 64 heads of one query token and walks its key span in blocks of 64 cache rows.
+
+    Attributes:
+        num_splits: Parts a token's key span is cut in, merged by log-sum-exp (flash-decoding), a positive int
+            [enough CTAs for every SM, each part at least 4 blocks long].
+        stages: Cache blocks in flight in shared memory, an int of at least 2 [2; 3 overflows shared memory at
+            DeepSeek's widths, and the kernel declines it].
+        shared_scores: Whether one warpgroup computes the scores and softmax and hands the probabilities to the
+            other (else both compute them) [True].
+
+    Raises:
+        ValueError: A field that breaks its rule above; one line naming it.
+
+    Example:
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionConfig as Config
+        >>> from ejkernel.modules import MultiLatentRaggedPageAttentionMosaicTiling as Tiling
+        >>> Config(platform="pallas", mosaic_tiling=Tiling(num_splits=2)).mosaic_tiling.overrides()
+        {'num_splits': 2}
+    """
+
+    num_splits: int | None = None
+    stages: int | None = None
+    shared_scores: bool | None = None
+
+    def __post_init__(self) -> None:
+        who = type(self).__name__
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
+        rules = {
+            "num_splits": ("a positive int", lambda x: is_int(x) and x > 0),
+            "stages": ("an int of at least 2", lambda x: is_int(x) and x >= 2),
+            "shared_scores": ("a bool", lambda x: isinstance(x, bool)),
+        }
+        for name, (rule, ok) in rules.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"{who}.{name} must be {rule}, got {value!r}")
+
+    overrides = MultiLatentRaggedPageAttentionTritonTiling.overrides
+
+
 def _positive_int(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
@@ -138,11 +183,13 @@ class _MlaConfigChecks:
                 _positive_int(owner, name, getattr(self, name))
         for name in ("num_warps", "num_stages"):
             _positive_int(owner, name, getattr(self, name))
-        tiling = self.triton_tiling
-        if tiling is not None and not isinstance(tiling, MultiLatentRaggedPageAttentionTritonTiling):
-            raise ValueError(
-                f"{owner}.triton_tiling must be a MultiLatentRaggedPageAttentionTritonTiling, got {tiling!r}"
-            )
+        for name, kind in (
+            ("triton_tiling", MultiLatentRaggedPageAttentionTritonTiling),
+            ("mosaic_tiling", MultiLatentRaggedPageAttentionMosaicTiling),
+        ):
+            tiling = getattr(self, name)
+            if tiling is not None and not isinstance(tiling, kind):
+                raise ValueError(f"{owner}.{name} must be a {kind.__name__}, got {tiling!r}")
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name (`default` for an unknown name), as EasyDeL reads its operation configs."""
@@ -155,9 +202,8 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
 
     The XLA path reads the two block sizes only: it tiles at most `num_queries_per_block` queries, fewer when
     sequences average fewer, and rounds both sizes to powers of two. The Triton path reads `triton_tiling`
-    only (its tiles follow the latent width and the head count, not these TPU-sized blocks); the Mosaic GPU path
-    reads none (64 heads of a query token per CTA, splits of the context for every SM). Sizes never change
-    results.
+    only (its tiles follow the latent width and the head count, not these TPU-sized blocks), the Mosaic GPU path
+    `mosaic_tiling` only. Sizes never change results.
 
     Attributes:
         platform: `str`, default "auto". "auto", "pallas" (Mosaic GPU, Hopper), "triton" (GPUs) or "xla" serve
@@ -176,10 +222,13 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
         num_stages: `int`, default 1. Upstream's GPU field: not read (see `triton_tiling.num_stages`).
         triton_tiling: `MultiLatentRaggedPageAttentionTritonTiling | None`, default None. The Triton kernel's
             tiles, splits and warps; None: its own choices.
+        mosaic_tiling: `MultiLatentRaggedPageAttentionMosaicTiling | None`, default None. The Mosaic GPU
+            kernel's splits, stages and schedule; None: its own choices.
 
     Raises:
         ValueError: `fwd_params` or `bwd_params` not None; a size, `num_warps` or `num_stages` that is not a
-            positive int (None allowed where it is the default); a `triton_tiling` of another type; a
+            positive int (None allowed where it is the default); a `triton_tiling` or `mosaic_tiling` of another
+            type; a
             `platform` or `backend` not listed.
 
     Example:
@@ -195,6 +244,7 @@ class MultiLatentRaggedPageAttentionConfig(_MlaConfigChecks, KernelConfig):
     num_warps: int = 4
     num_stages: int = 1
     triton_tiling: MultiLatentRaggedPageAttentionTritonTiling | None = None
+    mosaic_tiling: MultiLatentRaggedPageAttentionMosaicTiling | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +253,14 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
 
     `num_kv_pages_per_block` and `num_queries_per_block` may be `(decode, prefill, mixed)` triples (a list is
     kept as a tuple; an int means all three). The XLA path uses the mixed entry; the Triton path reads
-    `triton_tiling` only; the Mosaic GPU path none.
+    `triton_tiling` only, the Mosaic GPU path `mosaic_tiling` only.
 
     Attributes:
         num_kv_pages_per_block: `int | tuple[int, int, int] | None`, default None. Cache pages per key step.
         num_queries_per_block: `int | tuple[int, int, int] | None`, default None. Query tokens per tile.
         triton_tiling: `MultiLatentRaggedPageAttentionTritonTiling | None`, default None. The Triton
+            kernel's tiling.
+        mosaic_tiling: `MultiLatentRaggedPageAttentionMosaicTiling | None`, default None. The Mosaic GPU
             kernel's tiling.
 
     Raises:
@@ -230,6 +282,7 @@ class MultiLatentRaggedPageAttentionV2Config(_MlaConfigChecks, KernelConfig):
     num_warps: int = 4
     num_stages: int = 1
     triton_tiling: MultiLatentRaggedPageAttentionTritonTiling | None = None
+    mosaic_tiling: MultiLatentRaggedPageAttentionMosaicTiling | None = None
 
 
 TRITON_TILINGS = (
@@ -240,12 +293,18 @@ TRITON_TILINGS = (
 )
 """Triton tilings autotuning times beside the kernel's own choice."""
 
+MOSAIC_TILINGS = (
+    MultiLatentRaggedPageAttentionMosaicTiling(num_splits=2),
+    MultiLatentRaggedPageAttentionMosaicTiling(shared_scores=False),
+)
+"""Mosaic GPU tilings autotuning times beside the kernel's own choice."""
+
 
 class MultiLatentRaggedPageAttention(Kernel):
     """`multi_latent_ragged_page_attention` as the executor runs it (config `MultiLatentRaggedPageAttentionConfig`).
 
-    Autotuning tries 16 and 32 queries per block (upstream's candidates), and on the Triton platform the
-    kernel's own tiling and `TRITON_TILINGS`.
+    Autotuning tries 16 and 32 queries per block (upstream's candidates), on the Triton platform the kernel's
+    own tiling and `TRITON_TILINGS`, on the Mosaic GPU one its own and `MOSAIC_TILINGS`.
     """
 
     op_id = "multi_latent_ragged_page_attention"
@@ -253,9 +312,10 @@ class MultiLatentRaggedPageAttention(Kernel):
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         """XLA: 16 and 32 queries per block (upstream's candidates); Triton: its own tiling and `TRITON_TILINGS`;
-        Mosaic GPU ("pallas"): one config (its kernel picks its own splits and reads no field)."""
+        Mosaic GPU ("pallas"): its own tiling and `MOSAIC_TILINGS`."""
         if platform == "pallas":
-            yield self.config_type(platform=platform)
+            for tiling in (None, *MOSAIC_TILINGS):
+                yield self.config_type(platform=platform, mosaic_tiling=tiling)
             return
         if platform == "triton":
             for tiling in (None, *TRITON_TILINGS):

@@ -16,6 +16,7 @@ and two cache blocks overflow shared memory; caches of 2**31 rows or more.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -39,7 +40,7 @@ from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._kernel imp
 WHO = "mosaic gpu multi_latent_ragged_page_attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_LATENT = 512  # a warpgroup's half of the float32 output, [64, L / 2], is one wgmma's N (256) at most
-DEFAULT_STAGES = 2
+OWN_TILING = {"stages": 2, "shared_scores": True}  # the kernel's own choices besides its splits (`plan`)
 DEFAULT_SMS = 132  # an H100's / H200's, where the device does not say
 
 
@@ -84,15 +85,17 @@ def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, tiling: 
         raise NotImplementedError(f"{WHO} indexes cache rows in int32: the cache has too many rows")
 
 
-def plan(batch: PagedBatch, head_blocks: int, tiling: MosaicGpuLatentPagedTiling | None) -> MosaicGpuLatentPagedTiling:
-    """`tiling`, or the kernel's own: 2 stages, both warpgroups scoring, and enough splits for every SM (each at
-    least 4 blocks long)."""
-    if tiling is not None:
-        return tiling
-    programs = max_tiles(batch.num_tokens, batch.num_seqs, 1) * head_blocks
-    longest = max(1, span_bound(batch.static, 1) // (4 * BLOCK))
-    splits = max(1, min(32, longest, round(num_sms() / max(programs, 1))))
-    return MosaicGpuLatentPagedTiling(num_splits=int(splits), stages=DEFAULT_STAGES)
+def plan(batch: PagedBatch, head_blocks: int, chosen: tuple) -> MosaicGpuLatentPagedTiling:
+    """The kernel's tiling: the fields `chosen` sets (`(name, value)` pairs), the others its own: 2 stages, the
+    shared-scores schedule, and enough splits for every SM (each at least 4 blocks long). Measured on an H200 at
+    64 sequences x 8192, 128 heads, 512 + 64 (`exp/s31_mla.py`): shared scores 0.341 ms unsplit, both warpgroups
+    scoring 0.431 ms; 2 and 4 splits slower either way."""
+    given = dict(chosen)
+    if "num_splits" not in given:
+        programs = max_tiles(batch.num_tokens, batch.num_seqs, 1) * head_blocks
+        longest = max(1, span_bound(batch.static, 1) // (4 * BLOCK))
+        given["num_splits"] = int(max(1, min(32, longest, round(num_sms() / max(programs, 1)))))
+    return MosaicGpuLatentPagedTiling(**{**OWN_TILING, **given})
 
 
 def _forward(dims: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, batch: PagedBatch) -> jax.Array:
@@ -116,10 +119,10 @@ def _core(latent: int, batch: PagedBatch) -> jax.Array:
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "softmax_scale", "sliding_window", "logits_soft_cap", "q_scale", "k_scale", "v_scale", "tiling",
+        "softmax_scale", "sliding_window", "logits_soft_cap", "q_scale", "k_scale", "v_scale", "chosen",
     ),
 )  # fmt: skip
-def _run(*args, tiling, **options):
+def _run(*args, chosen, **options):
     batch = latent_batch(*args, **options)
     latent, heads = args[0].shape[-1], args[0].shape[1]
     reference = functools.partial(_core, latent)
@@ -136,7 +139,7 @@ def _run(*args, tiling, **options):
         softmax_scale=st.softmax_scale,
         soft_cap=st.soft_cap,
     )
-    t = plan(batch, heads // ROWS, tiling)
+    t = plan(batch, heads // ROWS, chosen)
     out = differentiated_as(reference, functools.partial(_forward, dims, t))(batch)
     return written(out.astype(args[0].dtype), batch, args[4])
 
@@ -144,29 +147,34 @@ def _run(*args, tiling, **options):
 def mosaic_latent_paged(
     queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc, distribution,
     /, *, softmax_scale=None, sliding_window=None, logits_soft_cap=None, mask_value=None, q_scale=None, k_scale=None,
-    v_scale=None, kv_cache_scales=None, tiling: MosaicGpuLatentPagedTiling | None = None,
+    v_scale=None, kv_cache_scales=None, tiling: MosaicGpuLatentPagedTiling | dict | None = None,
 ):  # fmt: skip
     """`multi_latent_ragged_page_attention_mosaic_gpu` without the device check (CPU tests lower it for CUDA and
-    run it in Mosaic GPU interpret mode); `tiling`: the kernel's splits, stages and schedule (None: its own)."""
+    run it in Mosaic GPU interpret mode). `tiling`: the kernel's splits, stages and schedule, all of them (a
+    `MosaicGpuLatentPagedTiling`) or those a dict sets (a config's `mosaic_tiling.overrides()`; the rest `plan`'s)."""
     del mask_value
-    own = MosaicGpuLatentPagedTiling(num_splits=1, stages=DEFAULT_STAGES)  # (its splits change no shared memory)
-    check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, own if tiling is None else tiling)
+    given = dataclasses.asdict(tiling) if isinstance(tiling, MosaicGpuLatentPagedTiling) else dict(tiling or {})
+    chosen = tuple(sorted(given.items()))
+    one_split = MosaicGpuLatentPagedTiling(**{**OWN_TILING, **given, "num_splits": 1})  # splits change no smem
+    check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, one_split)
     options = latent_options(
         queries_nope, queries_pe, softmax_scale=softmax_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     args = (queries_nope, queries_pe, keys_values, keys_pe, kv_cache, kv_lens, block_tables, query_start_loc)
-    return _run(*args, distribution, tiling=tiling, **options)
+    return _run(*args, distribution, chosen=chosen, **options)
 
 
 def multi_latent_ragged_page_attention_mosaic_gpu(*args, cfg=None, **options):
     """`(out [T, Hq, L], updated kv_cache)`: see `ejkernel.modules.multi_latent_ragged_page_attention`.
 
     Trusts its arguments (the public functions check them): `keys_values [T, L]`, `keys_pe [T, R]`,
-    `block_tables` 1-D. `cfg` (either MLA config) is not read: the kernel picks its own splits. Declines
-    (NotImplementedError) off a Hopper GPU and what `check_servable` names.
+    `block_tables` 1-D. Of `cfg` (either MLA config) only `mosaic_tiling` counts: the fields it sets, the others
+    the kernel's own (`plan`). Declines (NotImplementedError) off a Hopper GPU and what `check_servable` names.
     """
-    del cfg
+    tiling = getattr(cfg, "mosaic_tiling", None)
+    if tiling is not None:
+        options["tiling"] = tiling.overrides()
     if not is_hopper():
         device = jax.devices()[0]
         raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x), not {device.device_kind}")
