@@ -227,8 +227,9 @@ def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> Non
 def _fp8_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
     """The FP8 forward's tiling; the 16-bit kernels' for the backward products (on dequantised weights)."""
     del lhs, interpret, precision
+    fwd = plan_fp8(cfg, dims.n)  # first: its reason names the FP8 tiles
     planned = plan(dims, transpose_rhs, cfg)
-    return plan_fp8(cfg, dims.n), planned.dlhs, planned.drhs
+    return fwd, planned.dlhs, planned.drhs
 
 
 def _fp8_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
