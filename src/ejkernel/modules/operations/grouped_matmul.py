@@ -319,7 +319,8 @@ def grouped_matmul(
             all-zero block) and the products run on FP8 tensor cores, `Σ_blocks (a8 · w8) · sa · sb`, so the
             result is that of the rounded lhs (`grouped_matmul_reference(..., fp8_lhs=True)`); the gradient
             passes straight through the rounding. The Triton kernel rounds on the fly; other platforms round
-            lhs first.
+            lhs first. On a Hopper GPU, weights laid out `[L, N, K]` (`transpose_rhs=True`) with scale blocks of a
+            multiple of 128 rows run the Mosaic GPU FP8 forward (tiles: `cfg.mosaic_fp8_tiling`).
         out_shard_callback: Applied to the output (of each shard, under `mesh`), e.g. a `psum` over a
             tensor-parallel axis; None (default).
         platform: `"auto"`, `"xla"`, `"triton"` or `"pallas"`; None (default): `cfg.platform`, else auto.
