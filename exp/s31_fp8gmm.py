@@ -8,14 +8,15 @@ Triton kernel; Mosaic GPU) and the Triton FP8 paths, at `ejkernel bench grouped_
     PYTHONPATH=src python exp/s31_fp8gmm.py --quick           # a tiny shape in Mosaic GPU interpret mode (CPU)
 
 Variants: `fp8 BMxBN [ov] sS` the Mosaic GPU FP8 forward (`GroupedMatmulMosaicFp8Tiling(block_m, block_n,
-num_stages, overlap)`; stages that fit a bf16 output tile) on `[G, N, K]` weights (made once, outside the timing),
-its time including the lhs pre-pass (`fp8 pre-pass` times that alone); `triton fp8 x fp8` the Triton kernel with
-`fp8_lhs` on `[G, K, N]` weights, `triton fp8 weights` without (lhs stays bf16). Each variant is compiled and run
-once alone, its output checked against the Triton FP8 x FP8 output (`rel` = ‖x − ref‖ / ‖ref‖: the same rounding
-of lhs, so float32 summation order and the bf16 output only) and against bf16 (`vs bf16`: FP8's rounding, a few
-percent); then all that ran are timed together (interleaved). A variant whose barriers deadlock hangs the GPU: the
-watchdog names it after `--stall` seconds without progress and exits (rerun with `--skip` it). One line per
-variant: ms, TFLOP/s (2·M·K·N) and the ratio to the bf16 forward (auto: Triton) and to the bf16 Mosaic GPU forward.
+num_stages, overlap)`; stages that fit a bf16 output tile; 256 columns: 2 wgmmas a step, 4 when overlapped) on
+`[G, N, K]` weights (made once, outside the timing), its time including the lhs pre-pass (`fp8 pre-pass` times
+that alone); `triton fp8 x fp8` the Triton kernel with `fp8_lhs` on `[G, K, N]` weights, `triton fp8 weights`
+without (lhs stays bf16). Each variant is compiled and run once alone, its output checked against the Triton FP8 x
+FP8 output (`rel` = ‖x − ref‖ / ‖ref‖: the same rounding of lhs, so float32 summation order and the bf16 output
+only) and against bf16 (`vs bf16`: FP8's rounding, a few percent); then all that ran are timed together
+(interleaved). A variant whose barriers deadlock hangs the GPU: the watchdog names it after `--stall` seconds
+without progress and exits (rerun with `--skip` it). One line per variant: ms, TFLOP/s (2·M·K·N) and the ratio to
+the bf16 forward (auto: Triton) and to the bf16 Mosaic GPU forward.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from ejkernel.ops.autotune import time_fns
 TILINGS = {
     "fp8 128x128 ov s5": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=128, num_stages=5, overlap=True),
     "fp8 128x128 s5": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=128, num_stages=5, overlap=False),
-    "fp8 128x192 s4": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=192, num_stages=4, overlap=False),
-    "fp8 256x64 ov s4": GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=64, num_stages=4, overlap=True),
+    "fp8 128x256 s3": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=256, num_stages=3, overlap=False),  # 2 wgmmas
+    "fp8 128x256 ov s3": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=256, num_stages=3, overlap=True),  # 4
 }
 REFERENCE = "triton fp8 x fp8"
 QUICK_SHAPE = (300, 256, 384, 5)

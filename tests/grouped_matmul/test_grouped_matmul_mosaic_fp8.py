@@ -15,7 +15,7 @@ import pytest
 from jax import export
 
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
-from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, fit_stages
+from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, fit_smem
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling, grouped_matmul
@@ -34,7 +34,7 @@ def _weights(groups, n, k, blocks):
     return w, jnp.abs(randn((groups, blocks, 1, n))) / 8 + 0.01
 
 
-def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=384, sizes=(0, 100, 50, 0, 120)):
+def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=768, sizes=(0, 100, 50, 0, 120)):
     sizes = jnp.asarray(sizes, jnp.int32)
     cfg = GroupedMatmulConfig(mosaic_fp8_tiling=tiling)
 
@@ -55,47 +55,54 @@ def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=384, size
     [
         None,  # 128 x 128 tiles, promotion overlapped with the next wgmma
         GroupedMatmulMosaicFp8Tiling(block_n=192, overlap=False),
-        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=64, num_stages=3),
+        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3, overlap=False),  # two wgmmas a step
+        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=3),  # four, overlapped
     ],
 )
 def test_forward_lowers_for_cuda_as_one_kernel(tiling):
-    assert _lower(tiling, out_dtype=jnp.float32).count("@mosaic_gpu") == 1
+    assert _lower(tiling).count("@mosaic_gpu") == 1
 
 
 def test_gradient_lowers_to_the_16_bit_kernels():
     """Frozen FP8 weights: dlhs and the scales' gradient are the 16-bit gmm and tgmm on dequantised weights."""
-    assert _lower(None, grad=True).count("@mosaic_gpu") == 3
+    assert _lower(None, grad=True, out_dtype=jnp.float32).count("@mosaic_gpu") == 3
 
 
 # ---- interpret mode: the schedule, barriers, promotion and merging, run on this CPU ----
 
-M, K, N = 200, 256, 128
+M, K, N = 200, 256, 256
 SIZES = jnp.array([0, 90, 0, 70, 25], jnp.int32)  # empty groups, groups straddling tiles, rows past the last
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_interpret_forward_matches_reference(overlap, monkeypatch, capfd):
+@pytest.mark.parametrize(
+    ("tiling", "out_dtype"),
+    [
+        (GroupedMatmulMosaicFp8Tiling(block_n=64, num_stages=3), jnp.float32),  # promotion beside the next wgmma
+        (GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=2, overlap=False), jnp.bfloat16),  # 2 wgmmas a step
+    ],
+)
+def test_interpret_forward_matches_reference(tiling, out_dtype, monkeypatch, capfd):
     monkeypatch.setattr(interface, "num_sms", lambda: 2)  # each CTA walks several output tiles
     rhs, scale = _weights(len(SIZES), N, K, blocks=2)
-    tiling = GroupedMatmulMosaicFp8Tiling(block_n=64, num_stages=3, overlap=overlap)
     fn = functools.partial(mosaic_grouped_matmul, cfg=GroupedMatmulConfig(mosaic_fp8_tiling=tiling), **V3)
     lhs = randn((M, K), jnp.bfloat16)
     with interpret_mode():
-        out = fn(lhs, rhs, SIZES, rhs_scale=scale)
+        out = fn(lhs, rhs, SIZES, rhs_scale=scale, preferred_element_type=out_dtype)
     ref = grouped_matmul_reference(
         lhs.astype(jnp.float32), rhs, SIZES, rhs_scale=scale, transpose_rhs=True, fp8_lhs=True
     )
-    assert_close(out, ref, jnp.float32)  # lhs rounded alike; float32 sums in another order
+    assert_close(out, ref, out_dtype)  # lhs rounded alike; float32 sums in another order
     assert "RACE DETECTED" not in capfd.readouterr().out
 
 
 def test_interpret_gradients_match_reference(monkeypatch, capfd):
-    """256-row tiles, bfloat16 output, one scale block of 256 rows (two steps); lhs and scale gradients."""
+    """256-row tiles in four overlapped 32-column wgmmas a step, a bfloat16 output, one scale block of 256 rows
+    (two steps); the lhs and scale gradients."""
     monkeypatch.setattr(interface, "num_sms", lambda: 1)
     m, sizes = 72, jnp.array([0, 40, 20], jnp.int32)
-    rhs, scale = _weights(len(sizes), N, K, blocks=1)
+    rhs, scale = _weights(len(sizes), 128, K, blocks=1)
     cfg = GroupedMatmulConfig(
-        mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=64, num_stages=2),
+        mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=2),
         bwd_params=BwdParams(block_d=64),
     )
     fn = functools.partial(mosaic_grouped_matmul, rhs=rhs, group_sizes=sizes, cfg=cfg, **V3)
@@ -118,17 +125,20 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     monkeypatch.setattr(interface, "num_sms", lambda: 132)
     plan = interface.plan_fp8
     cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
-    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 128, 6, 132, True)
-    assert plan(cfg(block_m=256), 1536).block_n == 64  # three 128 x 128 float32 tiles would not fit the registers
-    assert plan(cfg(block_n=256, overlap=False), 1536).block_n == 192
+    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 128, 6, 132, True, 1)
+    wide_rows = plan(cfg(block_m=256), 1536)  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
+    assert (wide_rows.block_n, wide_rows.chunks, wide_rows.tile_registers) == (128, 4, 192)
+    wide = plan(cfg(block_n=256, overlap=False), 1536)
+    assert (wide.block_n, wide.chunks) == (256, 2)
     assert plan(cfg(block_n=256, overlap=False), 1344).block_n == 192  # 1344 = 7 x 192
     assert plan(cfg(block_n=128), 320).block_n == 64
-    fitted = fit_stages(plan(None, 1536), jnp.float32)
+    fitted = fit_smem(plan(None, 1536), 1536, jnp.float32)
     assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
+    assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
     op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
     for tiling in op.MOSAIC_FP8_TILINGS:
         for out in (jnp.bfloat16, jnp.float32):
-            assert fit_stages(plan(GroupedMatmulConfig(mosaic_fp8_tiling=tiling), 1536), out).fits(out)
+            assert fit_smem(plan(GroupedMatmulConfig(mosaic_fp8_tiling=tiling), 1536), 1536, out).fits(out)
 
 
 def test_autotuning_offers_fp8_tilings_for_fp8_calls(monkeypatch):
@@ -179,7 +189,13 @@ def test_declines_what_it_does_not_serve(call, words):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "tiling", [None, GroupedMatmulMosaicFp8Tiling(overlap=False), GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=64)]
+    "tiling",
+    [
+        None,
+        GroupedMatmulMosaicFp8Tiling(overlap=False),
+        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),
+        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=4),
+    ],
 )
 def test_gpu_matches_xla_at_the_moe_shape(tiling):
     """M 32768, K 4096, N 1536, 64 groups (two empty, rows past the last): forward within FP8's rounding of the

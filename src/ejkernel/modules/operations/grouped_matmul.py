@@ -42,7 +42,8 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
 
     Attributes:
         block_m: Output rows per tile, shared by two compute warpgroups: 128 or 256 (at least 256 asks 256) [128].
-        block_n: Output columns per tile, a multiple of 64 up to 256 [128].
+        block_n: Output columns per tile, a multiple of 64 up to 256 (wider than 128 per 64 rows: each K step's
+            wgmma is split into column chunks, as the registers need) [128].
         num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [6].
         overlap: Promote each K step's product into the accumulator while the next step's wgmma runs (three
             float32 tiles in registers), rather than after waiting for it [True].
@@ -218,8 +219,8 @@ class GroupedMatmul(Kernel):
 
 MOSAIC_FP8_TILINGS = (
     GroupedMatmulMosaicFp8Tiling(overlap=False),  # each product waited for, then promoted
-    GroupedMatmulMosaicFp8Tiling(block_n=192, overlap=False),  # wider tiles: less of lhs read per FLOP
-    GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=64),
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),  # less of lhs read per FLOP (two wgmmas)
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # four 64-column wgmmas a step, overlapped
 )
 """FP8 forward tilings autotuning times beside the default (128 x 128 tiles, promotion overlapped)."""
 

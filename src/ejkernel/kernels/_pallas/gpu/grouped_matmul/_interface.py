@@ -41,8 +41,8 @@ PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
 ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
 FP8 = jnp.dtype(jnp.float8_e4m3fn)
 FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
-# (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory and block_n to fit
-# the registers (three 64 x 128 float32 tiles per compute thread with overlap).
+# (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
+# 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`).
 DEFAULT_FP8 = (128, 128, 6, True)
 
 
@@ -172,10 +172,10 @@ _core = implementation(
 def plan_fp8(cfg, n: int):
     """The FP8 forward's `MosaicGpuFp8GroupedMatmulTiling` from `cfg.mosaic_fp8_tiling` (None fields:
     `DEFAULT_FP8`; read by field name), fitted: `block_m` 128 or 256, `block_n` the largest multiple of 64 up
-    to the one asked that divides N and fits the registers and, with 2 stages, shared memory (a float32
-    output tile: the largest); the kernel cuts the stages asked to fit its output dtype (`fit_stages`).
-    NotImplementedError where no tile fits."""
-    from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling
+    to the one asked that divides N and, in as few wgmma chunks as the registers need, fits shared memory with
+    2 stages beside a 16-bit output tile; the kernel cuts stages (or, for a float32 output, columns) to fit its
+    output (`_fp8.fit_smem`). NotImplementedError where no tile fits."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, in_registers
 
     given = getattr(cfg, "mosaic_fp8_tiling", None)
     bm = 256 if (_given(given, "block_m") or DEFAULT_FP8[0]) >= 256 else 128
@@ -184,8 +184,8 @@ def plan_fp8(cfg, n: int):
     stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
     bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
     for cols in range(bn, 0, -64):
-        tiling = MosaicGpuFp8GroupedMatmulTiling(bm, cols, stages, num_sms(), overlap)
-        if n % cols == 0 and dataclasses.replace(tiling, stages=2).fits(jnp.float32):
+        tiling = in_registers(MosaicGpuFp8GroupedMatmulTiling(bm, cols, stages, num_sms(), overlap))
+        if n % cols == 0 and tiling is not None and dataclasses.replace(tiling, stages=2).fits(jnp.bfloat16):
             return tiling
     raise NotImplementedError(
         f"{WHO}: no FP8 tile of {bm} rows and a multiple of 64 columns dividing N = {n} fits (overlap={overlap})"
