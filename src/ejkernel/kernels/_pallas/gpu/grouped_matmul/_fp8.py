@@ -250,7 +250,6 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
         @on_compute_warpgroups
         def _():
             out_tile = o_smem.at[wg]
-
             width = t.chunk_cols
 
             def multiply(acc_ref, slot, c):
@@ -289,7 +288,9 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
             plgpu.SMEM((stages, bn), jnp.float32),
             swizzled((COMPUTE_WGS, rows, bn), out_dtype),
         ),
-        Ring.barriers(t, 2 * COMPUTE_WGS + 2),  # per step: codes and scales of each warpgroup's rows, of the weights,
+        Ring.barriers(
+            t, 2 * COMPUTE_WGS + 2
+        ),  # per step: each warpgroup's rows (codes, scales), the weights' (codes, scales)
     )
     out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
     out = launch(body, out_type, scratch, num_ctas, *schedule, x, row_scales, weights, col_scales)
