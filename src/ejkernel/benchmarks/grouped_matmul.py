@@ -8,7 +8,10 @@ Every variant is timed in the same run and reported with its ratio to the dense 
 `--part quantized` times the forward with quantized expert weights on the same shape instead, beside our bf16
 grouped matmul: FP8 with DeepSeek's 128 x 128 block scales (v3 `rhs_scale`; weight-only, and FP8 x FP8 with
 `fp8_lhs`), MXFP4 and int4 affine (groups of 128) `QuantizedArray`s packed along K, and XLA's alternative
-(dequantize the MXFP4 weights, then the XLA grouped matmul); each with its ratio to bf16 (> 1: faster).
+(dequantize the MXFP4 weights, then the XLA grouped matmul); each with its ratio to bf16 (> 1: faster). The FP8 x
+FP8 rows are timed twice: `[G, K, N]` weights (the Triton kernel) and `[G, N, K]` weights with `transpose_rhs`
+(laid out once, outside the timing: the Mosaic GPU FP8 forward on Hopper, which reads both operands K-major),
+beside the bf16 Mosaic GPU forward (`platform="pallas"`).
 """
 
 import functools
@@ -76,6 +79,7 @@ def _quantized_rows(m: int, k: int, n: int, groups: int, repeats: int) -> list[d
     sizes = random_group_sizes(m, groups)
     block = min(128, k, n)
     fp8, rhs_scale = fp8_block_scaled(w, block)
+    fp8_nk = jnp.swapaxes(fp8, 1, 2)  # the K-major layout FP8 wgmma reads, made once
     mxfp4 = quantize_array(w, mode="mxfp4", axis="row")  # [G, N, K] packed, groups of 32 along K
     int4 = quantize_array(w, group_size=block, bits=4, axis="row")
     out = dict(preferred_element_type=jnp.bfloat16)
@@ -89,6 +93,13 @@ def _quantized_rows(m: int, k: int, n: int, groups: int, repeats: int) -> list[d
             lambda a, b: grouped_matmul(a, b, sizes, rhs_scale=rhs_scale, use_v3=True, fp8_lhs=True, **out),
             fp8,
         ),
+        "fp8 x fp8 [G, N, K] (fp8_lhs, auto)": (
+            lambda a, b: grouped_matmul(
+                a, b, sizes, rhs_scale=rhs_scale, use_v3=True, fp8_lhs=True, transpose_rhs=True, **out
+            ),
+            fp8_nk,
+        ),
+        "bf16 (mosaic gpu)": (lambda a, b: grouped_matmul(a, b, sizes, platform="pallas", **out), w),
         "mxfp4": (lambda a, b: grouped_matmul(a, b, sizes, **out), mxfp4),
         f"int4 affine g{block}": (lambda a, b: grouped_matmul(a, b, sizes, **out), int4),
         "xla dequantize+gmm (mxfp4)": (

@@ -32,7 +32,12 @@ from ejkernel.modules.operations.gla_attention import (
     GLAttentionTritonTiling,
     gla_attention,
 )
-from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
+from ejkernel.modules.operations.grouped_matmul import (
+    GroupedMatmul,
+    GroupedMatmulConfig,
+    GroupedMatmulMosaicFp8Tiling,
+    grouped_matmul,
+)
 from ejkernel.modules.operations.kernel_delta_attention import (
     KernelDeltaAttention,
     KernelDeltaAttentionConfig,
@@ -134,6 +139,7 @@ __all__ = [
     "GatedDeltaRuleConfig",
     "GroupedMatmul",
     "GroupedMatmulConfig",
+    "GroupedMatmulMosaicFp8Tiling",
     "KernelDeltaAttention",
     "KernelDeltaAttentionConfig",
     "LightningAttention",

@@ -13,6 +13,7 @@ from jaxtyping import Array, Float, Int, Shaped
 from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, check_versions, result_dtype, tile_params
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.config import ConfigBase
 from ejkernel.ops.kernel import FORWARD
 from ejkernel.quantization import QuantizedArray
 from ejkernel.registry import Backend, Platform, current_backend, implementations
@@ -27,8 +28,50 @@ IMPLEMENTATIONS = implementations(
 """Best first. On an H100 at M=32768, K=4096, N=1536, 64 groups, bf16, the Mosaic GPU kernels ran forward+backward
 at 0.71 of a dense matmul against Triton's 0.48 (the forward alone at 0.53 against 0.59: the shipped H100 table
 sends that signature's undifferentiated calls to Triton); calls they decline (other GPUs, group_offset,
-existing_out, v3 scales) fall to Triton. The TPU kernels, checked only in Pallas' TPU interpret mode so far, come
-after XLA (`platform="pallas"` asks for them) until the suite has passed on a real TPU."""
+existing_out, v3 scales except `fp8_lhs` with FP8 `[G, N, K]` weights, which run their FP8 forward) fall to
+Triton. The TPU kernels, checked only in Pallas' TPU interpret mode so far, come after XLA (`platform="pallas"`
+asks for them) until the suite has passed on a real TPU."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulMosaicFp8Tiling(ConfigBase):
+    """The tiles of the Mosaic GPU FP8 x FP8 forward (`GroupedMatmulConfig.mosaic_fp8_tiling`): the `fp8_lhs`
+    calls with FP8 `[G, N, K]` weights on a Hopper GPU; no other path reads it. A field left None keeps the
+    kernel's default (in brackets); none changes the result beyond float32 summation order. The kernel fits
+    them to the call (`block_n` down to a multiple of 64 dividing N and fitting the registers, stages to
+    shared memory).
+
+    Attributes:
+        block_m: Output rows per tile, shared by two compute warpgroups: 128 or 256 (at least 256 asks 256) [128].
+        block_n: Output columns per tile, a multiple of 64 up to 256 (wider than 128 per 64 rows: each K step's
+            wgmma is split into column chunks, as the registers need) [128].
+        num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [6].
+        overlap: Promote each K step's product into the accumulator while the next step's wgmma runs (three
+            float32 tiles in registers), rather than after waiting for it [True].
+
+    Raises:
+        ValueError: A tile or stage count that is not a positive int, or an `overlap` that is not a bool; one
+            line naming the field.
+
+    Example:
+        >>> from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling
+        >>> cfg = GroupedMatmulConfig(platform="pallas", mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(block_n=64))
+        >>> cfg.mosaic_fp8_tiling.block_n
+        64
+    """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    num_stages: int | None = None
+    overlap: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_stages"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise ValueError(f"{type(self).__name__}.overlap must be a bool or None, got {self.overlap!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +101,13 @@ class GroupedMatmulConfig(KernelConfig):
         num_stages: Upstream's pipeline stages; None (default, upstream's 2).
         bypass_xla_tiling: True makes the XLA platform run XLA's own ragged dot (no tiling, no padding);
             other platforms ignore it. Default False.
+        mosaic_fp8_tiling: A `GroupedMatmulMosaicFp8Tiling`: the tiles of the Mosaic GPU FP8 x FP8 forward
+            (`fp8_lhs`), read by it only. None (default): its defaults.
 
     Raises:
         ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling`, a flat
-            field contradicting `fwd_params` or `bwd_params`, or an unknown `platform` or `backend`.
+            field contradicting `fwd_params` or `bwd_params`, a `mosaic_fp8_tiling` of another type, or an
+            unknown `platform` or `backend`.
     """
 
     block_m: int | None = None
@@ -70,9 +116,15 @@ class GroupedMatmulConfig(KernelConfig):
     num_warps: int | None = None
     num_stages: int | None = None
     bypass_xla_tiling: bool = False
+    mosaic_fp8_tiling: GroupedMatmulMosaicFp8Tiling | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        tiling = self.mosaic_fp8_tiling
+        if tiling is not None and not isinstance(tiling, GroupedMatmulMosaicFp8Tiling):
+            raise ValueError(
+                f"GroupedMatmulConfig.mosaic_fp8_tiling must be a GroupedMatmulMosaicFp8Tiling, got {tiling!r}"
+            )
         for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
             value = getattr(self, name)
             if value is None:
@@ -118,9 +170,11 @@ class GroupedMatmul(Kernel):
     def heuristic_cfg(self, inv: Invocation) -> GroupedMatmulConfig:
         """Undifferentiated calls on a GPU take the Triton kernel where it serves the dtype: its forward beat
         the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed, M=32768 K=4096 N=1536,
-        64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster (0.71 against 0.55)."""
+        64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster (0.71 against 0.55).
+        `fp8_lhs` calls keep `auto`'s order: the Mosaic GPU FP8 x FP8 forward, else Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        if forward_on_gpu and jnp.dtype(inv.args[0].dtype) in TRITON_DTYPES:
+        fp8 = bool(inv.kwargs.get("fp8_lhs"))  # the Mosaic GPU FP8 x FP8 forward first, where it serves the call
+        if forward_on_gpu and not fp8 and jnp.dtype(inv.args[0].dtype) in TRITON_DTYPES:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 
@@ -134,6 +188,8 @@ class GroupedMatmul(Kernel):
             for block in (256, 1024):
                 yield GroupedMatmulConfig(platform=platform, fwd_params=FwdParams(block_q=block))
         if platform == "pallas" and current_backend() == Backend.GPU:
+            if inv is not None and inv.kwargs.get("fp8_lhs"):
+                yield from (GroupedMatmulConfig(platform=platform, mosaic_fp8_tiling=t) for t in MOSAIC_FP8_TILINGS)
             yield from _mosaic_gpu_cfgs()
         if platform != "triton":
             return
@@ -160,6 +216,14 @@ class GroupedMatmul(Kernel):
         if kwargs.get("rhs_bias") is not None:
             specs["rhs_bias"] = PartitionSpec(groups, None, columns)
         return specs
+
+
+MOSAIC_FP8_TILINGS = (
+    GroupedMatmulMosaicFp8Tiling(overlap=False),  # each product waited for, then promoted
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),  # less of lhs read per FLOP (two wgmmas)
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # four 64-column wgmmas a step, overlapped
+)
+"""FP8 forward tilings autotuning times beside the default (128 x 128 tiles, promotion overlapped)."""
 
 
 def _mosaic_gpu_cfgs():
@@ -257,7 +321,8 @@ def grouped_matmul(
             all-zero block) and the products run on FP8 tensor cores, `Σ_blocks (a8 · w8) · sa · sb`, so the
             result is that of the rounded lhs (`grouped_matmul_reference(..., fp8_lhs=True)`); the gradient
             passes straight through the rounding. The Triton kernel rounds on the fly; other platforms round
-            lhs first.
+            lhs first. On a Hopper GPU, weights laid out `[L, N, K]` (`transpose_rhs=True`) with scale blocks of a
+            multiple of 128 rows run the Mosaic GPU FP8 forward (tiles: `cfg.mosaic_fp8_tiling`).
         out_shard_callback: Applied to the output (of each shard, under `mesh`), e.g. a `psum` over a
             tensor-parallel axis; None (default).
         platform: `"auto"`, `"xla"`, `"triton"` or `"pallas"`; None (default): `cfg.platform`, else auto.

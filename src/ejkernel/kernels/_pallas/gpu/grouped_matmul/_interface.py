@@ -7,6 +7,13 @@ the backward is `gmm` again with the other transpose (dlhs) and `_kernel.tgmm` (
 scales and biases, `QuantizedArray` weights, interpret mode, contraction and output sizes no tile divides,
 and devices other than Hopper GPUs, so that automatic selection falls through to the Triton kernels that
 serve them.
+
+`fp8_lhs=True` calls with FP8 block-scaled weights (float8_e4m3fn `[L, N, K]` with `transpose_rhs=True` and
+v3's `rhs_scale`, scale blocks of a multiple of 128 rows) run the FP8 x FP8 forward (`_fp8.fp8_gmm`, tiles
+`GroupedMatmulConfig.mosaic_fp8_tiling`): lhs is rounded to e4m3 per row and scale block first
+(`fp8_row_blocks`), then multiplied on FP8 tensor cores. Their weights are frozen: the lhs gradient (and the
+scales' gradient) are the 16-bit kernels' products with the weights dequantised in memory. Other FP8
+calls are declined (weights `[L, K, N]` among them: FP8 wgmma reads both operands K-major).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
-from ejkernel.kernels._common.grouped_matmul import compute_dtype, implementation, tile_params
-from ejkernel.kernels._common.grouped_matmul_quantized import is_quantized
+from ejkernel.kernels._common.grouped_matmul import compute_dtype, dequantize, implementation, tile_params
+from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks, is_quantized
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -32,6 +39,11 @@ DEFAULT_DRHS = (128, 256, 64, 4)
 ROW_BLOCKS = (128, 256)  # two compute warpgroups of 64 or 128 rows share a tile
 PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
 ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
+FP8 = jnp.dtype(jnp.float8_e4m3fn)
+FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
+# (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
+# 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`).
+DEFAULT_FP8 = (128, 128, 6, True)
 
 
 def num_sms() -> int:
@@ -157,6 +169,102 @@ _core = implementation(
 )
 
 
+def plan_fp8(cfg, n: int):
+    """The FP8 forward's `MosaicGpuFp8GroupedMatmulTiling` from `cfg.mosaic_fp8_tiling` (None fields:
+    `DEFAULT_FP8`; read by field name), fitted: `block_m` 128 or 256, `block_n` the largest multiple of 64 up
+    to the one asked that divides N and, in as few wgmma chunks as the registers need, fits shared memory with
+    2 stages beside a 16-bit output tile; the kernel cuts stages (or, for a float32 output, columns) to fit its
+    output (`_fp8.fit_smem`). NotImplementedError where no tile fits."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, in_registers
+
+    given = getattr(cfg, "mosaic_fp8_tiling", None)
+    bm = 256 if (_given(given, "block_m") or DEFAULT_FP8[0]) >= 256 else 128
+    overlap = _given(given, "overlap")
+    overlap = DEFAULT_FP8[3] if overlap is None else bool(overlap)
+    stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
+    bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
+    for cols in range(bn, 0, -64):
+        tiling = in_registers(MosaicGpuFp8GroupedMatmulTiling(bm, cols, stages, num_sms(), overlap))
+        if n % cols == 0 and tiling is not None and dataclasses.replace(tiling, stages=2).fits(jnp.bfloat16):
+            return tiling
+    raise NotImplementedError(
+        f"{WHO}: no FP8 tile of {bm} rows and a multiple of 64 columns dividing N = {n} fits (overlap={overlap})"
+    )
+
+
+def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> None:
+    """NotImplementedError for `fp8_lhs` calls the FP8 forward does not serve (before anything is traced)."""
+    rhs_scale = options.get("rhs_scale")
+    decline(
+        WHO,
+        {
+            "group_offset": group_offset is not None,
+            "existing_out": existing_out is not None,
+            "interpret mode": bool(options.get("interpret")),
+            "a QuantizedArray rhs with fp8_lhs": is_quantized(rhs),
+        },
+    )
+    if jnp.dtype(rhs.dtype) != FP8 or rhs_scale is None:
+        raise NotImplementedError(f"{WHO}: fp8_lhs takes float8_e4m3fn rhs with rhs_scale, got {rhs.dtype}")
+    if not options.get("transpose_rhs"):
+        raise NotImplementedError(
+            f"{WHO}: FP8 wgmma reads the weights K-major: pass them as [G, N, K] with transpose_rhs=True"
+            " (w.swapaxes(1, 2), once), got [G, K, N]"
+        )
+    if jnp.dtype(lhs.dtype) not in DTYPES:
+        raise NotImplementedError(f"{WHO}: fp8_lhs takes bfloat16/float16 lhs, got {lhs.dtype}")
+    if lhs.ndim == 2 and rhs_scale.ndim == 4:  # (other shapes: the shared checks' errors)
+        k, blocks = lhs.shape[1], rhs_scale.shape[1]
+        if blocks == 0 or k % blocks or (k // blocks) % FP8_STEP:
+            raise NotImplementedError(
+                f"{WHO}: fp8_lhs needs scale blocks of a multiple of {FP8_STEP} K rows, got K {k} in {blocks} blocks"
+            )
+    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
+    if out_dtype not in OUT_DTYPES:
+        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+
+
+def _fp8_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
+    """The FP8 forward's tiling; the 16-bit kernels' for the backward products (on dequantised weights)."""
+    del lhs, interpret, precision
+    fwd = plan_fp8(cfg, dims.n)  # first: its reason names the FP8 tiles
+    planned = plan(dims, transpose_rhs, cfg)
+    return fwd, planned.dlhs, planned.drhs
+
+
+def _fp8_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
+    """The FP8 forward (`tiling` from `plan_fp8`) or, in the backward,
+    the lhs gradient: the 16-bit `gmm` on the weights dequantised in memory."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import (
+        MosaicGpuFp8GroupedMatmulTiling,
+        fp8_gmm,
+        step_scales,
+    )
+
+    if not isinstance(tiling, MosaicGpuFp8GroupedMatmulTiling):
+        dense = dequantize(rhs.data, rhs.scale, not rhs.k_first, lhs.dtype)
+        return _gmm(
+            lhs, dense, group_sizes, group_offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling
+        )
+    codes, lhs_scales = fp8_row_blocks(lhs, rhs.block)
+    row_tiles = -(-lhs.shape[0] // tiling.block_m) * tiling.block_m
+    row_scales, col_scales = step_scales(lhs_scales, rhs.scale, rhs.block, row_tiles)
+    return fp8_gmm(
+        codes, row_scales, rhs.data, col_scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling
+    )
+
+
+_fp8_core = implementation(
+    _fp8_forward_gmm,
+    _tgmm,
+    _fp8_tilings,
+    """The FP8 x FP8 forward for `fp8_lhs` (tiles from `cfg.mosaic_fp8_tiling` by `plan_fp8`); backward on the
+    16-bit kernels.""",
+    decodes=lambda weights: True,  # (check_served_fp8 lets only v3 FP8 weights through)
+    fp8_forward=lambda fwd, weights: fwd,  # the forward rounds lhs itself
+)
+
+
 def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
     """NotImplementedError for calls the kernels do not serve (before anything is traced); `options` are
     the call's keyword arguments."""
@@ -181,10 +289,19 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
         raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
 
 
+def _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options: dict):
+    """The core serving the call (the FP8 forward's for `fp8_lhs`), after declining what it does not serve."""
+    if options.get("fp8_lhs"):
+        check_served_fp8(lhs, rhs, group_offset, existing_out, options)
+        return _fp8_core
+    check_served(lhs, rhs, group_offset, existing_out, options)
+    return _core
+
+
 def mosaic_grouped_matmul(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
     """The kernels' differentiable grouped matmul without the device check (lets CPU tests lower it for CUDA)."""
-    check_served(lhs, rhs, group_offset, existing_out, options)
-    return _core(lhs, rhs, group_sizes, group_offset, existing_out, **options)
+    core = _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options)
+    return core(lhs, rhs, group_sizes, group_offset, existing_out, **options)
 
 
 def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing_out=None, **options):
@@ -198,9 +315,11 @@ def grouped_matmul_mosaic_gpu(lhs, rhs, group_sizes, group_offset=None, existing
     sizes (`plan_tiling`). Products accumulate in float32, whatever `precision` asks. Raises
     NotImplementedError, before anything is traced, for calls it does not serve (see the module doc).
     """
-    check_served(lhs, rhs, group_offset, existing_out, options)  # first: the reason names the feature
+    core = _served_core(
+        lhs, rhs, group_sizes, group_offset, existing_out, options
+    )  # first: the reason names the feature
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
-    return _core(lhs, rhs, group_sizes, group_offset, existing_out, **options)
+    return core(lhs, rhs, group_sizes, group_offset, existing_out, **options)

@@ -29,7 +29,8 @@ before multiplying. An empty group writes zeros.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -258,6 +259,108 @@ def tile_items(group_sizes, group_offset, num_local: int, m: int, block_m: int):
     return items.group, items.row_lo, items.row_hi, first, count
 
 
+class TileRefs(NamedTuple):
+    """The kernel's refs of `tile_items`: per item its group and kept rows, per row tile its first item and count."""
+
+    group: Any
+    lo: Any
+    hi: Any
+    first: Any
+    count: Any
+
+
+def unit_tile(cta, i, num_ctas: int, col_tiles: int):
+    """(row tile, column tile) of unit i of this CTA: units `cta, cta + num_ctas, ...`, row tile by row tile
+    (the CTAs running at once share the row tile's lhs rows and read different columns of the weights)."""
+    u = cta + i * num_ctas
+    tile = lax.div(u, jnp.int32(col_tiles))
+    return tile, u - tile * col_tiles
+
+
+def feed_units(ring: Ring, refs: TileRefs, my_units, unit_of, k_steps: int, copies, pingpong: bool):
+    """Memory warpgroup of a forward product: for each unit of this CTA, each group of its row tile and each
+    of the `k_steps` contraction steps, TMA `copies(tile, col, group, kk)` (`[(source, slot -> buffer)]`) into
+    the ring; with `pingpong` the units alternate between the compute warpgroups' `ready` barriers."""
+
+    def unit(i, step):
+        tile, col = unit_of(i)
+        unit_ring = ring.for_wg(lax.rem(i, COMPUTE_WGS)) if pingpong else ring
+
+        def item(j, step):
+            g = refs.group[refs.first[tile] + j]
+
+            def k_step(kk, step):
+                feed_step(unit_ring, step, copies(tile, col, g, kk))
+                return step + 1
+
+            return lax.fori_loop(0, k_steps, k_step, step)
+
+        return lax.fori_loop(0, refs.count[tile], item, step)
+
+    drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
+
+
+def compute_units(refs: TileRefs, my_units, unit_of, k_steps: int, output_tile, pingpong: bool):
+    """Compute warpgroup of a forward product: `output_tile(tile, col, step)` for each unit of this CTA whose
+    first ring step is `step` (with `pingpong` every other unit; the others' steps only counted)."""
+    wg = lax.axis_index("wg")
+
+    def unit(i, step):
+        tile, col = unit_of(i)
+        if pingpong:
+            pl.when(lax.rem(i, COMPUTE_WGS) == wg)(lambda: output_tile(tile, col, step))
+        else:
+            output_tile(tile, col, step)
+        return step + refs.count[tile] * k_steps
+
+    lax.fori_loop(0, my_units, unit, jnp.int32(0))
+    plgpu.wait_smem_to_gmem(0)
+
+
+def store_group_rows(ring: Ring, refs: TileRefs, tile, row0, shape, step, k_steps: int, product, out_tile, out_dst):
+    """Compute warpgroup: its `shape[0]` rows from `row0` of row tile `tile`, group by group, stored to `out_dst`.
+
+    For each group of the tile that owns some of these rows, `product(step)` (the float32 tile of the group's
+    `k_steps` ring steps from `step`) is merged into `out_tile` (shared memory) keeping only the group's own
+    rows; groups owning none of them pass over their steps. Rows no group owns are zeros.
+    """
+    rows = shape[0]
+    items = refs.first[tile]
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
+
+    def item(j, carry):
+        step, written = carry
+        lo, hi = refs.lo[items + j], refs.hi[items + j]
+        mine = (lo < row0 + rows) & (hi > row0)  # the group owns some of this warpgroup's rows
+
+        @pl.when(mine)
+        def _():
+            acc = product(step)
+            row = row0 + wgmma_iota(shape, 0)
+            keep = (row >= lo) & (row < hi)
+            value = acc.astype(out_tile.dtype)
+
+            @pl.when(~written)  # rows no group owns are zeros
+            def _():
+                out_tile[...] = jnp.where(keep, value, jnp.zeros_like(value))
+
+            @pl.when(written)  # a later group of a straddling tile: keep the earlier groups' rows
+            def _():
+                out_tile[...] = jnp.where(keep, value, plgpu.load(out_tile, layout=plgpu.Layout.WGMMA))
+
+        pl.when(~mine)(lambda: skip_steps(ring, step, k_steps))
+        return step + k_steps, written | mine
+
+    _, written = lax.fori_loop(0, refs.count[tile], item, (step, jnp.bool_(False)))
+
+    @pl.when(~written)
+    def _():
+        out_tile[...] = plgpu.layout_cast(jnp.zeros(shape, out_tile.dtype), plgpu.Layout.WGMMA)
+
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_tile, out_dst)
+
+
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: MosaicGpuGroupedMatmulTiling):
     """`out [M, N]`: each owned row of `lhs [M, K]` times its group's `rhs` (`[L, K, N]`, or `[L, N, K]`
     with `transpose_rhs`); zeros on every other row. K must be a multiple of `block_k`, N of `block_n`."""
@@ -268,7 +371,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     bm, bn, bk, stages, rows = t.block_m, t.block_n, t.block_k, t.stages, t.wg_rows
     if k % bk or n % bn or rows % 64:
         raise ValueError(f"gmm: K={k} and N={n} must be multiples of block_k={bk} and block_n={bn}; block_m={bm}")
-    group, row_lo, row_hi, first, count = tile_items(group_sizes, group_offset, num_local, m, bm)
+    schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
     x = pad_rows(lhs, bm)
     num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // bk
     num_units = num_tiles * col_tiles
@@ -277,44 +380,23 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
 
     def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, lhs_ref, rhs_ref, out_ref, smem, barriers):
         a_smem, b_smem, o_smem = smem
+        refs = TileRefs(group_ref, lo_ref, hi_ref, first_ref, count_ref)
         ring = Ring(*barriers, stages)
         cta, my_units = cta_units(num_units, num_ctas)
         wg = lax.axis_index("wg")
+        unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
 
-        def unit_of(i):
-            u = cta + i * num_ctas
-            tile = lax.div(u, jnp.int32(col_tiles))
-            return tile, u - tile * col_tiles
+        def copies(tile, col, g, kk):
+            ks, cols = pl.ds(kk * bk, bk), pl.ds(col * bn, bn)
+            b_src = rhs_ref.at[g, cols, ks] if transpose_rhs else rhs_ref.at[g, ks, cols]
+            a_rows = bm // a_parts
+            a_copies = [
+                (lhs_ref.at[pl.ds(tile * bm + p * a_rows, a_rows), ks], lambda slot, p=p: a_smem.at[slot * a_parts + p])
+                for p in range(a_parts)
+            ]
+            return [*a_copies, (b_src, lambda slot: b_smem.at[slot])]
 
-        @on_memory_warpgroup
-        def _():
-            def unit(i, step):
-                tile, col = unit_of(i)
-                unit_ring = ring.for_wg(lax.rem(i, COMPUTE_WGS)) if t.pingpong else ring
-
-                def item(j, step):
-                    g = group_ref[first_ref[tile] + j]
-
-                    def k_step(kk, step):
-                        ks, cols = pl.ds(kk * bk, bk), pl.ds(col * bn, bn)
-                        b_src = rhs_ref.at[g, cols, ks] if transpose_rhs else rhs_ref.at[g, ks, cols]
-                        a_rows = bm // a_parts
-                        copies = [
-                            (
-                                lhs_ref.at[pl.ds(tile * bm + p * a_rows, a_rows), ks],
-                                lambda slot, p=p: a_smem.at[slot * a_parts + p],
-                            )
-                            for p in range(a_parts)
-                        ]
-                        copies.append((b_src, lambda slot: b_smem.at[slot]))
-                        feed_step(unit_ring, step, copies)
-                        return step + 1
-
-                    return lax.fori_loop(0, k_steps, k_step, step)
-
-                return lax.fori_loop(0, count_ref[tile], item, step)
-
-            drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
+        on_memory_warpgroup(lambda: feed_units(ring, refs, my_units, unit_of, k_steps, copies, t.pingpong))
 
         @on_compute_warpgroups
         def _():
@@ -329,51 +411,20 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
             def output_tile(tile, col, step):
                 """This warpgroup's rows of output tile (tile, col), whose first step is `step`."""
                 row0 = tile * bm + (0 if t.pingpong else wg * rows)
-                items = first_ref[tile]
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store has read out_tile
+                store_group_rows(
+                    wg_ring,
+                    refs,
+                    tile,
+                    row0,
+                    (rows, bn),
+                    step,
+                    k_steps,
+                    lambda step: k_loop(wg_ring, step, k_steps, (rows, bn), multiply),
+                    out_tile,
+                    out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
+                )
 
-                def item(j, carry):
-                    step, written = carry
-                    lo, hi = lo_ref[items + j], hi_ref[items + j]
-                    mine = (lo < row0 + rows) & (hi > row0)  # the group owns some of this warpgroup's rows
-
-                    @pl.when(mine)
-                    def _():
-                        acc = k_loop(wg_ring, step, k_steps, (rows, bn), multiply)
-                        row = row0 + wgmma_iota((rows, bn), 0)
-                        keep = (row >= lo) & (row < hi)
-                        value = acc.astype(out_dtype)
-
-                        @pl.when(~written)  # rows no group owns are zeros
-                        def _():
-                            out_tile[...] = jnp.where(keep, value, jnp.zeros_like(value))
-
-                        @pl.when(written)  # a later group of a straddling tile: keep the earlier groups' rows
-                        def _():
-                            out_tile[...] = jnp.where(keep, value, plgpu.load(out_tile, layout=plgpu.Layout.WGMMA))
-
-                    pl.when(~mine)(lambda: skip_steps(wg_ring, step, k_steps))
-                    return step + k_steps, written | mine
-
-                _, written = lax.fori_loop(0, count_ref[tile], item, (step, jnp.bool_(False)))
-
-                @pl.when(~written)
-                def _():
-                    out_tile[...] = plgpu.layout_cast(jnp.zeros((rows, bn), out_dtype), plgpu.Layout.WGMMA)
-
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_tile, out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)])
-
-            def unit(i, step):
-                tile, col = unit_of(i)
-                if t.pingpong:  # every other tile is this warpgroup's; the others' steps only count
-                    pl.when(lax.rem(i, COMPUTE_WGS) == wg)(lambda: output_tile(tile, col, step))
-                else:
-                    output_tile(tile, col, step)
-                return step + count_ref[tile] * k_steps
-
-            lax.fori_loop(0, my_units, unit, jnp.int32(0))
-            plgpu.wait_smem_to_gmem(0)
+            compute_units(refs, my_units, unit_of, k_steps, output_tile, t.pingpong)
 
     b_shape = (bn, bk) if transpose_rhs else (bk, bn)
     scratch = (
@@ -385,7 +436,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
         Ring.barriers(t, a_parts + 1),
     )
     out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
-    out = launch(body, out_type, scratch, num_ctas, group, row_lo, row_hi, first, count, x, rhs)
+    out = launch(body, out_type, scratch, num_ctas, *schedule, x, rhs)
     return out if out.shape[0] == m else out[:m]
 
 

@@ -1,0 +1,297 @@
+"""The FP8 block-scaled grouped matmul forward in Pallas Mosaic GPU (Hopper): e4m3 x e4m3 on FP8 wgmma.
+
+lhs comes as e4m3 codes with a float32 scale per row and K step (`_common`'s `fp8_row_blocks`, a pre-pass),
+the weights as e4m3 codes `[L, N, K]` with a float32 scale per K step and output column (v3's `rhs_scale`:
+DeepSeek-V3's 128 x 128 blocks broadcast along N). Each 128-wide K step is one FP8 wgmma into a fresh
+float32 tile, which the compute warpgroup then promotes into its accumulator in registers,
+`acc += part · sa[row] · sb[col]`, so the tensor cores never see the scales (DeepGEMM's promotion).
+
+8-bit wgmma operands must both be K-major: jax 0.11.2's Mosaic GPU refuses an 8-bit B that is not ("Only
+f16 WGMMA supports transposes", PTX's rule: only 16-bit wgmma transposes) and TMA copies tiles as they lie,
+so the weights come as `[L, N, K]` (`transpose_rhs=True`), laid out once like prepacked weights.
+
+The schedule is `_kernel.gmm`'s: persistent CTAs walking the output tiles of `tile_items`, a memory
+warpgroup streaming every step with TMA into a ring of `stages` slots (lhs and weight codes and both scale
+vectors), two compute warpgroups sharing each output tile (`block_m // 2` rows each), and tiles that
+straddle groups merged in shared memory (`store_group_rows`). With `overlap`, each product's wgmma runs
+while the previous product is promoted (the accumulator and two product tiles live); without, each wgmma
+is waited for before its promotion, and the other warpgroup's wgmma keeps the tensor cores busy meanwhile.
+Output tiles wider than the registers hold beside the accumulator split each step into `chunks` wgmmas
+over column chunks (`in_registers`: 128 x 256 tiles in two 128-column wgmmas, four 64-column ones when
+overlapped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
+    COMPUTE_WGS,
+    SMEM_BUDGET,
+    Ring,
+    TileRefs,
+    compute_units,
+    cta_units,
+    feed_units,
+    launch,
+    on_compute_warpgroups,
+    on_memory_warpgroup,
+    pad_rows,
+    store_group_rows,
+    swizzled,
+    tile_items,
+    unit_tile,
+)
+
+STEP = 128  # K per step: one scale block, rows of 128 bytes (the 128-byte swizzle)
+CODES = jnp.dtype(jnp.float8_e4m3fn)
+WARPGROUP_THREADS = 128
+TILE_REGISTERS = 192  # float32 tile registers a compute thread may hold (of 232: scales, addresses, the rest)
+CHUNKS = (1, 2, 4)  # wgmmas per step that a tiling may split its columns into
+ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
+COLS_LAYOUT = plgpu.Layout.WGMMA.reduce(0)  # a value per column
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuFp8GroupedMatmulTiling:
+    """The FP8 forward's tiles (hashable: it keys the custom VJP).
+
+    `block_m` output rows (128 or 256: two compute warpgroups of `block_m // 2` rows), `block_n` output
+    columns (a multiple of 64), `stages` ring slots, `num_ctas` persistent CTAs; `overlap`: promote each
+    product while the next one's wgmma runs; `chunks`: wgmmas per step, each over `block_n / chunks`
+    columns (a fresh product tile no wider than the registers allow). The contraction step is `STEP`.
+    """
+
+    block_m: int
+    block_n: int
+    stages: int
+    num_ctas: int
+    overlap: bool = True
+    chunks: int = 1
+
+    @property
+    def pingpong(self) -> bool:
+        """Never: both compute warpgroups share each output tile (what `Ring.barriers` asks)."""
+        return False
+
+    @property
+    def wg_rows(self) -> int:
+        return self.block_m // COMPUTE_WGS
+
+    @property
+    def chunk_cols(self) -> int:
+        return self.block_n // self.chunks
+
+    @property
+    def tile_registers(self) -> int:
+        """Registers per compute thread of its live float32 tiles: the accumulator, and one product tile
+        (two with `overlap`: the one promoted and the one being multiplied)."""
+        acc = self.wg_rows * self.block_n // WARPGROUP_THREADS
+        return acc + acc // self.chunks * (2 if self.overlap else 1)
+
+    def smem_bytes(self, out_dtype) -> int:
+        """Per slot the step's codes and scale vectors; one output tile per CTA."""
+        step = (self.block_m + self.block_n) * (STEP * CODES.itemsize + 4)
+        return self.stages * step + self.block_m * self.block_n * jnp.dtype(out_dtype).itemsize
+
+    def fits(self, out_dtype) -> bool:
+        return self.smem_bytes(out_dtype) <= SMEM_BUDGET and self.tile_registers <= TILE_REGISTERS
+
+
+def in_registers(t: MosaicGpuFp8GroupedMatmulTiling) -> MosaicGpuFp8GroupedMatmulTiling | None:
+    """`t` in the fewest chunks (1, 2 or 4, of a multiple of 16 columns) whose tiles fit the registers; None if
+    none do."""
+    for chunks in CHUNKS:
+        fitted = dataclasses.replace(t, chunks=chunks)
+        if t.block_n % (16 * chunks) == 0 and fitted.tile_registers <= TILE_REGISTERS:
+            return fitted
+    return None
+
+
+def fit_smem(t: MosaicGpuFp8GroupedMatmulTiling, n: int, out_dtype) -> MosaicGpuFp8GroupedMatmulTiling:
+    """`t` fitted to shared memory beside an output tile of `out_dtype`: fewer stages down to 2, else narrower
+    output tiles (128 or 64 columns dividing N `n`; planning saw to it that one does)."""
+    widths = [t.block_n] + [w for w in (128, 64) if w < t.block_n and n % w == 0]
+    for width in widths:
+        narrowed = in_registers(dataclasses.replace(t, block_n=width))
+        for stages in range(t.stages, 1, -1):
+            if narrowed is not None and dataclasses.replace(narrowed, stages=stages).fits(out_dtype):
+                return dataclasses.replace(narrowed, stages=stages)
+    raise NotImplementedError(f"mosaic gpu grouped_matmul: FP8 tiles {t} do not fit ({jnp.dtype(out_dtype)} output)")
+
+
+def step_scales(lhs_scales, rhs_scale, block: int, row_tiles: int):
+    """The kernel's scale operands: `lhs_scales [M, K / block]` as `[K / STEP, row_tiles]` (a step's rows
+    contiguous, zeros past M) and `rhs_scale [L, K / block, 1, N]` as `[L, K / STEP, N]`, float32."""
+    per_block = block // STEP
+    rows = jnp.repeat(lhs_scales.astype(jnp.float32), per_block, axis=1).T
+    rows = jnp.pad(rows, ((0, 0), (0, row_tiles - rows.shape[1])))
+    cols = jnp.repeat(rhs_scale[:, :, 0, :].astype(jnp.float32), per_block, axis=1)
+    return rows, cols
+
+
+def promoted_k_loop(ring: Ring, step0, steps: int, t: MosaicGpuFp8GroupedMatmulTiling, multiply, promote):
+    """Compute warpgroup: the float32 `[wg_rows, block_n]` tile `Σ_s Σ_c promote(·, product_sc, slot_s, c)` over
+    `steps` (static, >= 1) ring steps from `step0` and each step's `t.chunks` column chunks, each product a fresh
+    wgmma tile `multiply(acc_ref, slot, c)`. With `t.overlap` each product is promoted while the next one's
+    wgmma runs; a slot is handed back once its last product is promoted (its scales read)."""
+    shape, chunks = (t.wg_rows, t.chunk_cols), t.chunks
+
+    def zeros():
+        return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+
+    def product(slot, c):
+        """Chunk c's product of step `slot` (whose operands have landed), waited for."""
+
+        def scope(acc_ref):
+            multiply(acc_ref, slot, c)
+            return acc_ref[...]
+
+        return pl.run_scoped(scope, plgpu.ACC(shape, jnp.float32))
+
+    def release(slot):
+        plgpu.barrier_arrive(ring.consumed.at[slot])
+
+    def replaced(accs, c, acc):
+        return (*accs[:c], acc, *accs[c + 1 :])
+
+    if not t.overlap:
+
+        def step(s, accs):
+            slot = ring.slot(step0 + s)
+            plgpu.barrier_wait(ring.ready_at(slot))
+            accs = tuple(promote(accs[c], product(slot, c), slot, c) for c in range(chunks))
+            release(slot)
+            return accs
+
+        accs = lax.fori_loop(0, steps, step, (zeros(),) * chunks)
+    else:
+
+        def issue(slot, c, accs, prev, prev_slot, prev_c):
+            """Chunk c's wgmma of step `slot` issued, product `prev` (chunk `prev_c` of `prev_slot`) promoted
+            meanwhile -> (the new product, the accumulators)."""
+
+            def issue_then_promote(refs):
+                part_ref, acc_ref = refs
+                multiply(part_ref, slot, c)
+                acc_ref[...] = promote(accs[prev_c], prev, prev_slot, prev_c)
+
+            part, acc = pl.run_state(issue_then_promote)((plgpu.ACC.init(zeros()), accs[prev_c]))
+            return part, replaced(accs, prev_c, acc)
+
+        def chunks_after_first(slot, accs, prev):
+            for c in range(1, chunks):
+                prev, accs = issue(slot, c, accs, prev, slot, c - 1)
+            return accs, prev
+
+        def overlapped_step(s, carry):
+            accs, prev = carry
+            slot, prev_slot = ring.slot(step0 + s), ring.slot(step0 + s - 1)
+            plgpu.barrier_wait(ring.ready_at(slot))
+            prev, accs = issue(slot, 0, accs, prev, prev_slot, chunks - 1)
+            release(prev_slot)
+            return chunks_after_first(slot, accs, prev)
+
+        first = ring.slot(step0)
+        plgpu.barrier_wait(ring.ready_at(first))
+        carry = chunks_after_first(first, (zeros(),) * chunks, product(first, 0))
+        accs, last = lax.fori_loop(1, steps, overlapped_step, carry)
+        last_slot = ring.slot(step0 + steps - 1)
+        accs = replaced(accs, chunks - 1, promote(accs[-1], last, last_slot, chunks - 1))
+        release(last_slot)
+    return accs[0] if chunks == 1 else jnp.concatenate(accs, axis=1)
+
+
+def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *, out_dtype, tiling):
+    """`out [M, N]`: each owned row of the e4m3 `codes [M, K]` times its group's e4m3 `weights [L, N, K]`ᵀ,
+    every K step's product scaled by `row_scales [K / STEP, ≥ M]` (per row) and `col_scales [L, K / STEP, N]`
+    (per column) (`step_scales`); zeros on every other row. K must be a multiple of `STEP`, N of `block_n`."""
+    m, k = codes.shape
+    num_local, n = weights.shape[:2]
+    t = fit_smem(tiling, n, out_dtype)
+    bm, bn, stages, rows = t.block_m, t.block_n, t.stages, t.wg_rows
+    if k % STEP or n % bn or rows % 64:
+        raise ValueError(f"fp8 gmm: K={k} and N={n} must be multiples of {STEP} and block_n={bn}; block_m={bm}")
+    schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
+    x = pad_rows(codes, bm)
+    num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // STEP
+    num_units = num_tiles * col_tiles
+    num_ctas = min(t.num_ctas, num_units)
+    shape = (rows, bn)
+
+    def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, a_ref, sa_ref, b_ref, sb_ref, out_ref, smem, barriers):
+        a_smem, b_smem, sa_smem, sb_smem, o_smem = smem
+        refs = TileRefs(group_ref, lo_ref, hi_ref, first_ref, count_ref)
+        ring = Ring(*barriers, stages)
+        cta, my_units = cta_units(num_units, num_ctas)
+        wg = lax.axis_index("wg")
+        unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
+
+        def copies(tile, col, g, kk):
+            ks, cols = pl.ds(kk * STEP, STEP), pl.ds(col * bn, bn)
+            out = []
+            for p in range(COMPUTE_WGS):  # each warpgroup's rows and their scales
+                wg_rows = pl.ds(tile * bm + p * rows, rows)
+                out.append((a_ref.at[wg_rows, ks], lambda slot, p=p: a_smem.at[slot * COMPUTE_WGS + p]))
+                out.append((sa_ref.at[kk, wg_rows], lambda slot, p=p: sa_smem.at[slot * COMPUTE_WGS + p]))
+            out.append((b_ref.at[g, cols, ks], lambda slot: b_smem.at[slot]))
+            out.append((sb_ref.at[g, kk, cols], lambda slot: sb_smem.at[slot]))
+            return out
+
+        on_memory_warpgroup(lambda: feed_units(ring, refs, my_units, unit_of, k_steps, copies, pingpong=False))
+
+        @on_compute_warpgroups
+        def _():
+            out_tile = o_smem.at[wg]
+            width = t.chunk_cols
+
+            def multiply(acc_ref, slot, c):
+                b = b_smem.at[slot] if t.chunks == 1 else b_smem.at[slot, pl.ds(c * width, width)]
+                plgpu.wgmma(acc_ref, a_smem.at[slot * COMPUTE_WGS + wg], b.transpose((1, 0)))
+
+            def promote(acc, part, slot, c):
+                sa = plgpu.load(sa_smem.at[slot * COMPUTE_WGS + wg], layout=ROWS_LAYOUT)
+                sb = plgpu.load(sb_smem.at[slot, pl.ds(c * width, width)], layout=COLS_LAYOUT)
+                return acc + part * lax.broadcast_in_dim(sa, part.shape, [0]) * lax.broadcast_in_dim(
+                    sb, part.shape, [1]
+                )
+
+            def output_tile(tile, col, step):
+                row0 = tile * bm + wg * rows
+                store_group_rows(
+                    ring,
+                    refs,
+                    tile,
+                    row0,
+                    shape,
+                    step,
+                    k_steps,
+                    lambda step: promoted_k_loop(ring, step, k_steps, t, multiply, promote),
+                    out_tile,
+                    out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
+                )
+
+            compute_units(refs, my_units, unit_of, k_steps, output_tile, pingpong=False)
+
+    scratch = (
+        (
+            swizzled((stages * COMPUTE_WGS, rows, STEP), CODES),
+            swizzled((stages, bn, STEP), CODES),
+            plgpu.SMEM((stages * COMPUTE_WGS, rows), jnp.float32),
+            plgpu.SMEM((stages, bn), jnp.float32),
+            swizzled((COMPUTE_WGS, rows, bn), out_dtype),
+        ),
+        Ring.barriers(
+            t, 2 * COMPUTE_WGS + 2
+        ),  # per step: each warpgroup's rows (codes, scales), the weights' (codes, scales)
+    )
+    out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
+    out = launch(body, out_type, scratch, num_ctas, *schedule, x, row_scales, weights, col_scales)
+    return out if out.shape[0] == m else out[:m]

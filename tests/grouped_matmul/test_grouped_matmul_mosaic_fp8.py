@@ -1,0 +1,218 @@
+"""The Mosaic GPU FP8 x FP8 grouped matmul forward (`fp8_lhs` with FP8 `[G, N, K]` weights and v3 block scales)
+on this CPU host: it lowers to Mosaic GPU for CUDA (its gradient to the 16-bit kernels), runs correctly in Mosaic
+GPU's interpret mode, plans its tiles within registers and shared memory and declines what it does not serve;
+(GPU suite) it matches the XLA path forward and in the gradients of lhs and the scales on a Hopper GPU.
+"""
+
+import dataclasses
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
+from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, fit_smem
+from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
+from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
+from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling, grouped_matmul
+from ejkernel.ops import BwdParams
+from ejkernel.reference.grouped_matmul import grouped_matmul_reference
+from ejkernel.registry import Backend
+from harness import assert_close, check_forward_and_grads, randn
+from mosaic_gpu_interpret import interpret_mode
+
+V3 = dict(use_v3=True, fp8_lhs=True, transpose_rhs=True)
+
+
+def _weights(groups, n, k, blocks):
+    """FP8 `[G, N, K]` codes and v3 scales `[G, blocks, 1, N]` (positive, varying by block and column)."""
+    w = randn((groups, n, k), scale=4.0).astype(jnp.float8_e4m3fn)
+    return w, jnp.abs(randn((groups, blocks, 1, n))) / 8 + 0.01
+
+
+def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=768, sizes=(0, 100, 50, 0, 120)):
+    sizes = jnp.asarray(sizes, jnp.int32)
+    cfg = GroupedMatmulConfig(mosaic_fp8_tiling=tiling)
+
+    def forward(lhs, rhs, scale):
+        return mosaic_grouped_matmul(lhs, rhs, sizes, rhs_scale=scale, preferred_element_type=out_dtype, cfg=cfg, **V3)
+
+    fn = jax.value_and_grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)), (0, 2)) if grad else forward
+    shapes = [
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((len(sizes), n, k), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct((len(sizes), k // 128, 1, n), jnp.float32),
+    ]
+    return export.export(jax.jit(fn), platforms=["cuda"])(*shapes).mlir_module()
+
+
+@pytest.mark.parametrize(
+    "tiling",
+    [
+        None,  # 128 x 128 tiles, promotion overlapped with the next wgmma
+        GroupedMatmulMosaicFp8Tiling(block_n=192, overlap=False),
+        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3, overlap=False),  # two wgmmas a step
+        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=3),  # four, overlapped
+    ],
+)
+def test_forward_lowers_for_cuda_as_one_kernel(tiling):
+    assert _lower(tiling).count("@mosaic_gpu") == 1
+
+
+def test_gradient_lowers_to_the_16_bit_kernels():
+    """Frozen FP8 weights: dlhs and the scales' gradient are the 16-bit gmm and tgmm on dequantised weights."""
+    assert _lower(None, grad=True, out_dtype=jnp.float32).count("@mosaic_gpu") == 3
+
+
+# ---- interpret mode: the schedule, barriers, promotion and merging, run on this CPU ----
+
+M, K, N = 200, 256, 256
+SIZES = jnp.array([0, 90, 0, 70, 25], jnp.int32)  # empty groups, groups straddling tiles, rows past the last
+
+
+@pytest.mark.parametrize(
+    ("tiling", "out_dtype"),
+    [
+        (GroupedMatmulMosaicFp8Tiling(block_n=64, num_stages=3), jnp.float32),  # promotion beside the next wgmma
+        (GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=2, overlap=False), jnp.bfloat16),  # 2 wgmmas a step
+    ],
+)
+def test_interpret_forward_matches_reference(tiling, out_dtype, monkeypatch, capfd):
+    monkeypatch.setattr(interface, "num_sms", lambda: 2)  # each CTA walks several output tiles
+    rhs, scale = _weights(len(SIZES), N, K, blocks=2)
+    fn = functools.partial(mosaic_grouped_matmul, cfg=GroupedMatmulConfig(mosaic_fp8_tiling=tiling), **V3)
+    lhs = randn((M, K), jnp.bfloat16)
+    with interpret_mode():
+        out = fn(lhs, rhs, SIZES, rhs_scale=scale, preferred_element_type=out_dtype)
+    ref = grouped_matmul_reference(
+        lhs.astype(jnp.float32), rhs, SIZES, rhs_scale=scale, transpose_rhs=True, fp8_lhs=True
+    )
+    assert_close(out, ref, out_dtype)  # lhs rounded alike; float32 sums in another order
+    assert "RACE DETECTED" not in capfd.readouterr().out
+
+
+def test_interpret_gradients_match_reference(monkeypatch, capfd):
+    """256-row tiles in four overlapped 32-column wgmmas a step, a bfloat16 output, one scale block of 256 rows
+    (two steps); the lhs and scale gradients."""
+    monkeypatch.setattr(interface, "num_sms", lambda: 1)
+    m, sizes = 72, jnp.array([0, 40, 20], jnp.int32)
+    rhs, scale = _weights(len(sizes), 128, K, blocks=1)
+    cfg = GroupedMatmulConfig(
+        mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=2),
+        bwd_params=BwdParams(block_d=64),
+    )
+    fn = functools.partial(mosaic_grouped_matmul, rhs=rhs, group_sizes=sizes, cfg=cfg, **V3)
+    ref = functools.partial(grouped_matmul_reference, rhs=rhs, group_sizes=sizes, transpose_rhs=True, fp8_lhs=True)
+    with interpret_mode():
+        check_forward_and_grads(
+            lambda lhs, s: fn(lhs, rhs_scale=s, preferred_element_type=jnp.bfloat16),
+            lambda lhs, s: ref(lhs, rhs_scale=s),
+            [randn((m, K), jnp.bfloat16), scale],
+            (0, 1),
+            jnp.bfloat16,
+        )
+    assert "RACE DETECTED" not in capfd.readouterr().out
+
+
+# ---- planning and declining ----
+
+
+def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
+    monkeypatch.setattr(interface, "num_sms", lambda: 132)
+    plan = interface.plan_fp8
+    cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
+    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 128, 6, 132, True, 1)
+    wide_rows = plan(cfg(block_m=256), 1536)  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
+    assert (wide_rows.block_n, wide_rows.chunks, wide_rows.tile_registers) == (128, 4, 192)
+    wide = plan(cfg(block_n=256, overlap=False), 1536)
+    assert (wide.block_n, wide.chunks) == (256, 2)
+    assert plan(cfg(block_n=256, overlap=False), 1344).block_n == 192  # 1344 = 7 x 192
+    assert plan(cfg(block_n=128), 320).block_n == 64
+    fitted = fit_smem(plan(None, 1536), 1536, jnp.float32)
+    assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
+    assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
+    op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
+    for tiling in op.MOSAIC_FP8_TILINGS:
+        for out in (jnp.bfloat16, jnp.float32):
+            assert fit_smem(plan(GroupedMatmulConfig(mosaic_fp8_tiling=tiling), 1536), 1536, out).fits(out)
+
+
+def test_autotuning_offers_fp8_tilings_for_fp8_calls(monkeypatch):
+    op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
+    monkeypatch.setattr(op, "current_backend", lambda: Backend.GPU)
+    inv = type("Inv", (), {"kwargs": {"fp8_lhs": True}})()
+    tilings = [c.mosaic_fp8_tiling for c in op.GroupedMatmul().platform_cfgs("pallas", inv)]
+    assert set(op.MOSAIC_FP8_TILINGS) <= set(tilings)
+    back = GroupedMatmulConfig.from_json(GroupedMatmulConfig(mosaic_fp8_tiling=op.MOSAIC_FP8_TILINGS[1]).to_json())
+    assert back.mosaic_fp8_tiling == op.MOSAIC_FP8_TILINGS[1]
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (
+            lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, rhs_scale=s, **V3 | dict(transpose_rhs=False)),
+            "K-major",
+        ),
+        (
+            lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, rhs_scale=s[:, :1].repeat(4, 1), **V3),
+            "multiple of 128",
+        ),
+        (lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, jnp.int32(0), rhs_scale=s, **V3), "group_offset"),
+        (
+            lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, None, jnp.zeros((M, N)), rhs_scale=s, **V3),
+            "existing_out",
+        ),
+        (lambda lhs, w, s: mosaic_grouped_matmul(lhs.astype(jnp.float32), w, SIZES, rhs_scale=s, **V3), "bfloat16"),
+        (lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, rhs_scale=s, interpret=True, **V3), "interpret"),
+        (lambda lhs, w, s: mosaic_grouped_matmul(lhs, w[:, :100], SIZES, rhs_scale=s[..., :100], **V3), "dividing N"),
+        (
+            lambda lhs, w, s: mosaic_grouped_matmul(lhs, w, SIZES, rhs_scale=s, use_v3=True, transpose_rhs=True),
+            "rhs_scale",
+        ),
+        (lambda lhs, w, s: grouped_matmul_mosaic_gpu(lhs, w, SIZES, rhs_scale=s, **V3), "Hopper"),
+    ],
+)
+def test_declines_what_it_does_not_serve(call, words):
+    """Before tracing, naming the reason (without fp8_lhs FP8 weights are the 16-bit kernels' to decline)."""
+    w, scale = jnp.ones((5, N, K), jnp.float8_e4m3fn), jnp.ones((5, 2, 1, N))
+    with pytest.raises(NotImplementedError, match=words):
+        call(jnp.ones((M, K), jnp.bfloat16), w, scale)
+
+
+# ---- GPU suite: the kernel against the XLA implementation on the device ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiling",
+    [
+        None,
+        GroupedMatmulMosaicFp8Tiling(overlap=False),
+        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),
+        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=4),
+    ],
+)
+def test_gpu_matches_xla_at_the_moe_shape(tiling):
+    """M 32768, K 4096, N 1536, 64 groups (two empty, rows past the last): forward within FP8's rounding of the
+    XLA path (which rounds lhs through FP8 too), and the gradients of lhs and the scales."""
+    m, k, n, groups = 32768, 4096, 1536, 64
+    cuts = np.sort(np.random.default_rng(3).integers(0, m - 100, groups - 1))
+    sizes = np.diff(np.concatenate([[0], cuts, [m - 100]]))
+    sizes[1] += sizes[0]
+    sizes[0] = sizes[-1] = 0  # (the last group's rows are left to none)
+    sizes = jnp.asarray(sizes, jnp.int32)
+    rhs, scale = _weights(groups, n, k, blocks=k // 128)
+    scale = scale * k**-0.5 / 4
+    cfg = GroupedMatmulConfig(platform="pallas", mosaic_fp8_tiling=tiling)
+    options = dict(preferred_element_type=jnp.bfloat16, **V3)
+    mosaic = jax.jit(lambda lhs, s: grouped_matmul(lhs, rhs, sizes, rhs_scale=s, cfg=cfg, **options))
+    xla = jax.jit(lambda lhs, s: grouped_matmul_xla(lhs, rhs, sizes, rhs_scale=s, **options))
+    lhs = randn((m, k), jnp.bfloat16)
+    check_forward_and_grads(mosaic, xla, [lhs, scale], (0, 1), jnp.bfloat16)
+    out = mosaic(lhs, scale)
+    assert float(jnp.max(jnp.abs(out[int(sizes.sum()) :].astype(jnp.float32)))) == 0.0
