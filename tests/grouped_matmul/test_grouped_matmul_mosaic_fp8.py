@@ -125,14 +125,16 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     monkeypatch.setattr(interface, "num_sms", lambda: 132)
     plan = interface.plan_fp8
     cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
-    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 128, 6, 132, True, 1)
-    wide_rows = plan(cfg(block_m=256), 1536)  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
+    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 256, 3, 132, False, 2)
+    wide_rows = plan(
+        cfg(block_m=256, block_n=128, overlap=True), 1536
+    )  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
     assert (wide_rows.block_n, wide_rows.chunks, wide_rows.tile_registers) == (128, 4, 192)
     wide = plan(cfg(block_n=256, overlap=False), 1536)
     assert (wide.block_n, wide.chunks) == (256, 2)
     assert plan(cfg(block_n=256, overlap=False), 1344).block_n == 192  # 1344 = 7 x 192
     assert plan(cfg(block_n=128), 320).block_n == 64
-    fitted = fit_smem(plan(None, 1536), 1536, jnp.float32)
+    fitted = fit_smem(plan(cfg(block_n=128, num_stages=6, overlap=True), 1536), 1536, jnp.float32)
     assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
     assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
     op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")

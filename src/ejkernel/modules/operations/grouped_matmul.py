@@ -44,10 +44,10 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     Attributes:
         block_m: Output rows per tile, shared by two compute warpgroups: 128 or 256 (at least 256 asks 256) [128].
         block_n: Output columns per tile, a multiple of 64 up to 256 (wider than 128 per 64 rows: each K step's
-            wgmma is split into column chunks, as the registers need) [128].
-        num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [6].
+            wgmma is split into column chunks, as the registers need) [256].
+        num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [3].
         overlap: Promote each K step's product into the accumulator while the next step's wgmma runs (three
-            float32 tiles in registers), rather than after waiting for it [True].
+            float32 tiles in registers), rather than after waiting for it [False].
 
     Raises:
         ValueError: A tile or stage count that is not a positive int, or an `overlap` that is not a bool; one
