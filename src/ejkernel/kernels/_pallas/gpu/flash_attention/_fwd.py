@@ -17,6 +17,7 @@ from ._parts import (
     SUM_COLS,
     KeyTiles,
     Stream,
+    Turns,
     along_rows,
     bshd,
     exp2_tile,
@@ -89,18 +90,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
 
         memory_warpgroup(feed_all)
 
-        def schedule_sync():
-            plgpu.barrier_arrive(schedule)
-            plgpu.barrier_wait(schedule)
-
-        def take_turn():
-            """Overlapped forward: wait until the other warpgroup has issued its matmuls (`schedule` = turns)."""
-            if st.overlap_schedule:
-                plgpu.barrier_wait(schedule.at[wg])
-
-        def pass_turn():
-            if st.overlap_schedule:
-                plgpu.barrier_arrive(schedule.at[1 - wg])
+        turns = Turns(schedule, wg, st.overlap_schedule)
 
         @pl.when(wg < COMPUTE_WGS)
         def _():
@@ -157,7 +147,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     """The shared-memory slot that holds key/value tile t."""
                     return lax.rem(start + t - lo, jnp.int32(stages))
 
-                def scores(slot, before=lambda: None, after=schedule_sync):
+                def scores(slot, before=lambda: None, after=turns.sync):
                     """S = Q·K_slotᵀ, synchronised with the other warpgroup around issuing it.
 
                     Ping-pong (the default `after`): the other warpgroup's softmax runs while this matmul does.
@@ -192,8 +182,8 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     slot = slot_of(t)
                     if mode == "skip":
                         skip_step(streams, slot)
-                        schedule_sync()
-                        schedule_sync()
+                        turns.sync()
+                        turns.sync()
                         return carry
                     acc, m, denom = carry
                     plgpu.barrier_wait(k_ready.at[slot])
@@ -218,10 +208,10 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
 
                     def matmuls(refs):
                         s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
-                        take_turn()
+                        turns.take()
                         plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
                         plgpu.wgmma(acc_ref, p16, v_smem.at[prev])
-                        pass_turn()
+                        turns.give()
                         # S is done; P·V may still run, except beside a mask (whose index tiles need its registers)
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
                         plgpu.barrier_arrive(k_consumed.at[slot])
@@ -261,16 +251,16 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     lse_out[...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
 
                 if not st.overlap:
-                    pl.when(wg == 1)(schedule_sync)
+                    pl.when(wg == 1)(turns.sync)
                     write(*run_segments(step, (acc, m, denom), lo, *own, hi, masked=walk.masked))
-                    pl.when(wg == 0)(schedule_sync)
+                    pl.when(wg == 0)(turns.sync)
                 else:
                     own_lo, full_lo, full_hi, own_hi = own
 
                     def skip(t, _):
                         # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
-                        take_turn()
-                        pass_turn()
+                        turns.take()
+                        turns.give()
                         skip_step(streams, slot_of(t))
 
                     lax.fori_loop(lo, own_lo, skip, None)
@@ -279,7 +269,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     def _():
                         first = slot_of(own_lo)
                         plgpu.barrier_wait(k_ready.at[first])
-                        s = scores(first, take_turn, pass_turn)
+                        s = scores(first, turns.take, turns.give)
                         plgpu.barrier_arrive(k_consumed.at[first])
                         p16, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
                         t1 = own_lo + 1

@@ -7,8 +7,8 @@ S]`, done by XLA outside) and streams as `[D, block_k]` tiles; and an 8-bit A op
 that the score tile's is not, so each warpgroup stages its P tile in shared memory, where P·V reads it.
 
 Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
-ping-pong (the default: the two compute warpgroups take turns, one's softmax beside the other's matmuls, each
-P·V waited for at once), or the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued together with tile t-1's P·V
+ping-pong (causal calls' default: the two compute warpgroups take turns, one's softmax beside the other's matmuls,
+each P·V waited for at once), or (the others' default) the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued together with tile t-1's P·V
 and tile t's softmax run while that P·V does, optionally still taking turns at issuing
 (`MosaicGpuFlashStatic.overlap_schedule`). There each warpgroup has two P buffers: tile t's P is stored into one
 while tile t-1's P·V still reads the other.
@@ -27,6 +27,7 @@ from ._parts import (
     MASKED,
     KeyTiles,
     Stream,
+    Turns,
     along_rows,
     exp2_tile,
     feed,
@@ -80,18 +81,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
         ]
         memory_warpgroup(lambda: feed(streams, hi - lo, stages))
 
-        def schedule_sync():
-            plgpu.barrier_arrive(schedule)
-            plgpu.barrier_wait(schedule)
-
-        def take_turn():
-            """Overlapped: wait until the other warpgroup has issued its matmuls (`schedule` = one turn each)."""
-            if st.overlap_schedule:
-                plgpu.barrier_wait(schedule.at[wg])
-
-        def pass_turn():
-            if st.overlap_schedule:
-                plgpu.barrier_arrive(schedule.at[1 - wg])
+        turns = Turns(schedule, wg, st.overlap_schedule)
 
         @pl.when(wg < COMPUTE_WGS)
         def _():
@@ -111,7 +101,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 """Overlapped: the P buffer of tile t (by parity; one traced index, as run_state needs)."""
                 return p_smem.at[wg * p_buffers + lax.rem(t, jnp.int32(p_buffers))]
 
-            def scores(slot, before=lambda: None, after=schedule_sync):
+            def scores(slot, before=lambda: None, after=turns.sync):
                 """S = Q·K_slotᵀ; ping-pong (the default `after`): the other warpgroup's softmax runs meanwhile."""
 
                 def qk(acc_ref):
@@ -148,8 +138,8 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 slot = slot_of(t)
                 if mode == "skip":
                     skip_step(streams, slot)
-                    schedule_sync()
-                    schedule_sync()
+                    turns.sync()
+                    turns.sync()
                     return carry
                 acc, m, denom = carry
                 plgpu.barrier_wait(k_ready.at[slot])
@@ -173,10 +163,10 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
 
                 def matmuls(refs):
                     s_ref, acc_ref, m_ref, denom_ref, alpha_ref = refs
-                    take_turn()
+                    turns.take()
                     plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(acc_ref, p_of(t - 1), vt_smem.at[prev].transpose((1, 0)))
-                    pass_turn()
+                    turns.give()
                     # S is done; P·V may still run, except beside a mask (whose index tiles need registers)
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
                     plgpu.barrier_arrive(k_consumed.at[slot])
@@ -203,8 +193,8 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
 
                 def skip(t, _):
                     # Turn first: the other warpgroup's matching turn may hold the slot this waits for.
-                    take_turn()
-                    pass_turn()
+                    turns.take()
+                    turns.give()
                     skip_step(streams, slot_of(t))
 
                 lax.fori_loop(lo, own_lo, skip, None)
@@ -213,7 +203,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 def _():
                     first = slot_of(own_lo)
                     plgpu.barrier_wait(k_ready.at[first])
-                    s = scores(first, take_turn, pass_turn)
+                    s = scores(first, turns.take, turns.give)
                     plgpu.barrier_arrive(k_consumed.at[first])
                     p, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
                     store_p(p_of(own_lo), p)
@@ -242,9 +232,9 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                     pl.when(wg == 1)(lambda: plgpu.barrier_arrive(schedule.at[0]))
                 run_overlapped(acc, m, denom)
             else:
-                pl.when(wg == 1)(schedule_sync)
+                pl.when(wg == 1)(turns.sync)
                 acc, m, denom = run_segments(step, (acc, m, denom), lo, *walk.own(row0), hi)
-                pl.when(wg == 0)(schedule_sync)
+                pl.when(wg == 0)(turns.sync)
                 write(acc, m, denom)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_smem.at[wg], out_ref.at[b, pl.ds(row0, ROWS), h])

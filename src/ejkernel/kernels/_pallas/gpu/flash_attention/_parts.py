@@ -182,6 +182,28 @@ def memory_warpgroup(run):
     pl.when(lax.axis_index("wg") == COMPUTE_WGS)(body)
 
 
+class Turns:
+    """How the two compute warpgroups order their matmul issues over the `schedule` barrier (one per warpgroup
+    when `taking`): `sync` (both arrive, then both wait: the ping-pong's handover), `take` (wait until the other
+    warpgroup has issued: the overlapped forward's turn) and `give` (let the other one issue); without `taking`,
+    `take` and `give` do nothing."""
+
+    def __init__(self, schedule, wg, taking: bool):
+        self.schedule, self.wg, self.taking = schedule, wg, taking
+
+    def sync(self):
+        plgpu.barrier_arrive(self.schedule)
+        plgpu.barrier_wait(self.schedule)
+
+    def take(self):
+        if self.taking:
+            plgpu.barrier_wait(self.schedule.at[self.wg])
+
+    def give(self):
+        if self.taking:
+            plgpu.barrier_arrive(self.schedule.at[1 - self.wg])
+
+
 def skip_step(streams: list[Stream], slot):
     """A step outside this warpgroup's rows: keep the barrier phases in step, hand the slot back."""
     for s in streams:
