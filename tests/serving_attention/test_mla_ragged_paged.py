@@ -152,8 +152,8 @@ def test_v2_per_case_block_sizes():
 def test_configs():
     fields = [f.name for f in dataclasses.fields(MultiLatentRaggedPageAttentionConfig)]
     own = ["chunk_prefill_size", "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes"]
-    upstream = [*own, "num_warps", "num_stages"]  # upstream's fields, in its order; then the Triton tiling
-    assert fields[-7:] == [*upstream, "triton_tiling"] and {"platform", "backend"} <= set(fields)
+    upstream = [*own, "num_warps", "num_stages"]  # upstream's fields, in its order; then the GPU tilings
+    assert fields[-8:] == [*upstream, "triton_tiling", "mosaic_tiling"] and {"platform", "backend"} <= set(fields)
     assert [f.name for f in dataclasses.fields(MultiLatentRaggedPageAttentionV2Config)] == fields
     cfg = MultiLatentRaggedPageAttentionConfig(num_queries_per_block=10, vmem_limit_bytes=1 << 20)
     assert (cfg.get("num_queries_per_block"), cfg.get("num_warps"), cfg.get("missing", 7)) == (10, 4, 7)
