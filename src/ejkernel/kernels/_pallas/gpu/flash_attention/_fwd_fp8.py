@@ -8,8 +8,8 @@ that the score tile's is not, so each warpgroup stages its P tile in shared memo
 
 Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
 ping-pong (causal calls' default: the two compute warpgroups take turns, one's softmax beside the other's matmuls,
-each P·V waited for at once), or (the others' default) the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued together with tile t-1's P·V
-and tile t's softmax run while that P·V does, optionally still taking turns at issuing
+each P·V waited for at once), or (the others' default) the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued
+together with tile t-1's P·V and tile t's softmax run while that P·V does, optionally still taking turns at issuing
 (`MosaicGpuFlashStatic.overlap_schedule`). There each warpgroup has two P buffers: tile t's P is stored into one
 while tile t-1's P·V still reads the other.
 """
