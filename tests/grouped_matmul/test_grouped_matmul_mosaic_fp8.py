@@ -93,8 +93,9 @@ SIZES = jnp.array([0, 90, 0, 70, 25], jnp.int32)  # empty groups, groups straddl
 @pytest.mark.parametrize(("rows", "block"), [(203, 128), (136, 256)])
 def test_interpret_rounding_pass_is_fp8_row_blocks_bit_for_bit(rows, block, capfd):
     """Codes and scales of `fp8_row_blocks` (in the product's layout: per step, rows past M zero codes and scale
-    1), with a zero block, a row with an outlier, and rows (not a multiple of 8) past the last tile."""
-    lhs = randn((rows, 2 * block), jnp.bfloat16, scale=3.0).at[5, :block].set(0).at[7, 3].set(1e4)
+    1), with a zero block, a row with an outlier, rows (not a multiple of 8) past the last tile, and four blocks a
+    CTA (its two slots refilled)."""
+    lhs = randn((rows, 4 * block), jnp.bfloat16, scale=3.0).at[5, :block].set(0).at[7, 3].set(1e4)
     code_rows, scale_rows = -(-rows // 8) * 8, -(-rows // 128) * 128
     with interpret_mode():
         codes, scales = round_lhs_blocks(lhs, block, code_rows, scale_rows)

@@ -1,10 +1,13 @@
 """The FP8 block-scaled grouped matmul forward in Pallas Mosaic GPU (Hopper): e4m3 x e4m3 on FP8 wgmma.
 
-lhs comes as e4m3 codes with a float32 scale per row and K step (`_common`'s `fp8_row_blocks`, a pre-pass),
+lhs comes as e4m3 codes with a float32 scale per row and K step (`round_lhs_blocks`, a pre-pass at copy speed
+giving `_common`'s `fp8_row_blocks` bit for bit, or that function in XLA),
 the weights as e4m3 codes `[L, N, K]` with a float32 scale per K step and output column (v3's `rhs_scale`:
 DeepSeek-V3's 128 x 128 blocks broadcast along N). Each 128-wide K step is one FP8 wgmma into a fresh
 float32 tile, which the compute warpgroup then promotes into its accumulator in registers,
-`acc += part · sa[row] · sb[col]`, so the tensor cores never see the scales (DeepGEMM's promotion).
+`acc += part · sa[row] · sb[col]`, so the tensor cores never see the scales (DeepGEMM's promotion). Where the
+weights' scales are constant over each 128 columns (DeepSeek-V3's blocks; checked on the device per call, the
+kernel holding both promotions), `acc += part · (sa[row] · sb[block])`: one FMA an element, not two operations.
 
 8-bit wgmma operands must both be K-major: jax 0.11.2's Mosaic GPU refuses an 8-bit B that is not ("Only
 f16 WGMMA supports transposes", PTX's rule: only 16-bit wgmma transposes) and TMA copies tiles as they lie,
