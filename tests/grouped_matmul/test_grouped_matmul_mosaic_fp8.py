@@ -1,7 +1,8 @@
 """The Mosaic GPU FP8 x FP8 grouped matmul forward (`fp8_lhs` with FP8 `[G, N, K]` weights and v3 block scales)
-on this CPU host: it lowers to Mosaic GPU for CUDA (its gradient to the 16-bit kernels), runs correctly in Mosaic
-GPU's interpret mode, plans its tiles within registers and shared memory and declines what it does not serve;
-(GPU suite) it matches the XLA path forward and in the gradients of lhs and the scales on a Hopper GPU.
+on this CPU host: it lowers to Mosaic GPU for CUDA (lhs's rounding pass and the product; its gradient to the
+16-bit kernels), runs correctly in Mosaic GPU's interpret mode (the rounding pass bit for bit as
+`fp8_row_blocks`; both promotions), plans its tiles within registers and shared memory and declines what it does
+not serve; (GPU suite) it matches the XLA path forward and in the gradients of lhs and the scales on a Hopper GPU.
 """
 
 import dataclasses
@@ -14,8 +15,13 @@ import numpy as np
 import pytest
 from jax import export
 
+from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _interface as interface
-from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, fit_smem
+from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import (
+    MosaicGpuFp8GroupedMatmulTiling,
+    fit_smem,
+    round_lhs_blocks,
+)
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling, grouped_matmul
@@ -28,9 +34,12 @@ from mosaic_gpu_interpret import interpret_mode
 V3 = dict(use_v3=True, fp8_lhs=True, transpose_rhs=True)
 
 
-def _weights(groups, n, k, blocks):
-    """FP8 `[G, N, K]` codes and v3 scales `[G, blocks, 1, N]` (positive, varying by block and column)."""
+def _weights(groups, n, k, blocks, column_blocks=False):
+    """FP8 `[G, N, K]` codes and v3 scales `[G, blocks, 1, N]` (positive, varying by block and column, or with
+    `column_blocks` by block of 128 columns as DeepSeek-V3's 128 x 128 blocks)."""
     w = randn((groups, n, k), scale=4.0).astype(jnp.float8_e4m3fn)
+    if column_blocks:
+        return w, jnp.repeat(jnp.abs(randn((groups, blocks, 1, n // 128))) / 8 + 0.01, 128, axis=3)
     return w, jnp.abs(randn((groups, blocks, 1, n))) / 8 + 0.01
 
 
@@ -51,21 +60,28 @@ def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=768, size
 
 
 @pytest.mark.parametrize(
-    "tiling",
+    ("tiling", "kernels"),
     [
-        None,  # 128 x 128 tiles, promotion overlapped with the next wgmma
-        GroupedMatmulMosaicFp8Tiling(block_n=192, overlap=False),
-        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3, overlap=False),  # two wgmmas a step
-        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=3),  # four, overlapped
+        (None, 2),  # 128 x 256 tiles in two wgmmas a step, both promotions; lhs rounded by a kernel
+        (GroupedMatmulMosaicFp8Tiling(block_n=192, round_in_kernel=False), 1),  # per-column promotion, XLA rounding
+        (GroupedMatmulMosaicFp8Tiling(block_n=128, num_stages=5, overlap=True), 2),  # promotion beside the wgmma
+        (GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=3, overlap=True), 2),  # four, overlapped
     ],
 )
-def test_forward_lowers_for_cuda_as_one_kernel(tiling):
-    assert _lower(tiling).count("@mosaic_gpu") == 1
+def test_forward_lowers_for_cuda(tiling, kernels):
+    assert _lower(tiling).count("@mosaic_gpu") == kernels
 
 
 def test_gradient_lowers_to_the_16_bit_kernels():
     """Frozen FP8 weights: dlhs and the scales' gradient are the 16-bit gmm and tgmm on dequantised weights."""
-    assert _lower(None, grad=True, out_dtype=jnp.float32).count("@mosaic_gpu") == 3
+    assert _lower(None, grad=True, out_dtype=jnp.float32).count("@mosaic_gpu") == 4
+
+
+def test_rounding_pass_lowers_for_scale_blocks_of_512():
+    """Four 128-column pieces a block: the registers hold one at a time."""
+    shape = jax.ShapeDtypeStruct((96, 1024), jnp.bfloat16)
+    lowered = export.export(jax.jit(lambda x: round_lhs_blocks(x, 512, 128, 128)), platforms=["cuda"])(shape)
+    assert lowered.mlir_module().count("@mosaic_gpu") == 1
 
 
 # ---- interpret mode: the schedule, barriers, promotion and merging, run on this CPU ----
@@ -74,16 +90,33 @@ M, K, N = 200, 256, 256
 SIZES = jnp.array([0, 90, 0, 70, 25], jnp.int32)  # empty groups, groups straddling tiles, rows past the last
 
 
+@pytest.mark.parametrize(("rows", "block"), [(203, 128), (136, 256)])
+def test_interpret_rounding_pass_is_fp8_row_blocks_bit_for_bit(rows, block, capfd):
+    """Codes and scales of `fp8_row_blocks` (in the product's layout: per step, rows past M zero codes and scale
+    1), with a zero block, a row with an outlier, rows (not a multiple of 8) past the last tile, and four blocks a
+    CTA (its two slots refilled)."""
+    lhs = randn((rows, 4 * block), jnp.bfloat16, scale=3.0).at[5, :block].set(0).at[7, 3].set(1e4)
+    code_rows, scale_rows = -(-rows // 8) * 8, -(-rows // 128) * 128
+    with interpret_mode():
+        codes, scales = round_lhs_blocks(lhs, block, code_rows, scale_rows)
+    ref_codes, ref_scales = fp8_row_blocks(lhs, block)
+    codes, bits = np.asarray(codes).view(np.uint8), np.asarray(ref_codes).view(np.uint8)
+    np.testing.assert_array_equal(codes[:rows], bits)
+    np.testing.assert_array_equal(np.asarray(scales)[:, :rows], np.repeat(np.asarray(ref_scales), block // 128, 1).T)
+    assert not codes[rows:].any() and (np.asarray(scales)[:, rows:] == 1).all()
+    assert "RACE DETECTED" not in capfd.readouterr().out
+
+
 @pytest.mark.parametrize(
-    ("tiling", "out_dtype"),
+    ("tiling", "out_dtype", "column_blocks"),
     [
-        (GroupedMatmulMosaicFp8Tiling(block_n=64, num_stages=3), jnp.float32),  # promotion beside the next wgmma
-        (GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=2, overlap=False), jnp.bfloat16),  # 2 wgmmas a step
+        (GroupedMatmulMosaicFp8Tiling(block_n=64, num_stages=3, overlap=True), jnp.float32, False),  # beside wgmma
+        (GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=2), jnp.bfloat16, True),  # 2 wgmmas, a scale per row
     ],
 )
-def test_interpret_forward_matches_reference(tiling, out_dtype, monkeypatch, capfd):
+def test_interpret_forward_matches_reference(tiling, out_dtype, column_blocks, monkeypatch, capfd):
     monkeypatch.setattr(interface, "num_sms", lambda: 2)  # each CTA walks several output tiles
-    rhs, scale = _weights(len(SIZES), N, K, blocks=2)
+    rhs, scale = _weights(len(SIZES), N, K, blocks=2, column_blocks=column_blocks)
     fn = functools.partial(mosaic_grouped_matmul, cfg=GroupedMatmulConfig(mosaic_fp8_tiling=tiling), **V3)
     lhs = randn((M, K), jnp.bfloat16)
     with interpret_mode():
@@ -126,6 +159,9 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     plan = interface.plan_fp8
     cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
     assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 256, 3, 132, False, 2)
+    off = plan(cfg(round_in_kernel=False, column_blocks=False), 1536)
+    assert (off.round_in_kernel, off.promotes_by_column_block) == (False, False)
+    assert not plan(cfg(block_n=192), 1536).promotes_by_column_block  # a 192-column wgmma spans two blocks
     wide_rows = plan(
         cfg(block_m=256, block_n=128, overlap=True), 1536
     )  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
@@ -190,25 +226,42 @@ def test_declines_what_it_does_not_serve(call, words):
 
 
 @pytest.mark.gpu
+def test_gpu_rounding_pass_is_fp8_row_blocks_bit_for_bit():
+    """At the MoE shape's lhs (32768 x 4096, scale blocks of 128) and an odd one (1000 x 1024, blocks of 512)."""
+    for (m, k), block in (((32768, 4096), 128), ((1000, 1024), 512)):
+        lhs = randn((m, k), jnp.bfloat16, scale=3.0).at[3, :block].set(0)
+        rounding = functools.partial(
+            round_lhs_blocks, block=block, code_rows=-(-m // 8) * 8, scale_rows=-(-m // 128) * 128
+        )
+        codes, scales = jax.jit(rounding)(lhs)
+        ref_codes, ref_scales = jax.jit(functools.partial(fp8_row_blocks, block=block))(lhs)
+        codes = np.asarray(jax.lax.bitcast_convert_type(codes[:m], jnp.uint8))
+        np.testing.assert_array_equal(codes, np.asarray(jax.lax.bitcast_convert_type(ref_codes, jnp.uint8)))
+        np.testing.assert_array_equal(np.asarray(scales)[:, :m], np.repeat(np.asarray(ref_scales), block // 128, 1).T)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
-    "tiling",
+    ("tiling", "column_blocks"),
     [
-        None,
-        GroupedMatmulMosaicFp8Tiling(overlap=False),
-        GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),
-        GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=4),
+        (None, True),  # a scale per row in the promotion, lhs rounded by the kernel
+        (None, False),
+        (GroupedMatmulMosaicFp8Tiling(round_in_kernel=False, column_blocks=False), True),  # session 31's first
+        (GroupedMatmulMosaicFp8Tiling(block_n=128, num_stages=5, overlap=True), True),
+        (GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=4), True),
     ],
 )
-def test_gpu_matches_xla_at_the_moe_shape(tiling):
+def test_gpu_matches_xla_at_the_moe_shape(tiling, column_blocks):
     """M 32768, K 4096, N 1536, 64 groups (two empty, rows past the last): forward within FP8's rounding of the
-    XLA path (which rounds lhs through FP8 too), and the gradients of lhs and the scales."""
+    XLA path (which rounds lhs through FP8 too), and the gradients of lhs and the scales; weight scales per
+    column, or per 128 columns (DeepSeek-V3's blocks)."""
     m, k, n, groups = 32768, 4096, 1536, 64
     cuts = np.sort(np.random.default_rng(3).integers(0, m - 100, groups - 1))
     sizes = np.diff(np.concatenate([[0], cuts, [m - 100]]))
     sizes[1] += sizes[0]
     sizes[0] = sizes[-1] = 0  # (the last group's rows are left to none)
     sizes = jnp.asarray(sizes, jnp.int32)
-    rhs, scale = _weights(groups, n, k, blocks=k // 128)
+    rhs, scale = _weights(groups, n, k, blocks=k // 128, column_blocks=column_blocks)
     scale = scale * k**-0.5 / 4
     cfg = GroupedMatmulConfig(platform="pallas", mosaic_fp8_tiling=tiling)
     options = dict(preferred_element_type=jnp.bfloat16, **V3)

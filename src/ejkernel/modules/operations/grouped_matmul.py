@@ -48,10 +48,15 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
         num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [3].
         overlap: Promote each K step's product into the accumulator while the next step's wgmma runs (three
             float32 tiles in registers), rather than after waiting for it [False].
+        round_in_kernel: Round lhs to FP8 in a Mosaic GPU pass at copy speed (False: in XLA); the same codes
+            and scales either way [True].
+        column_blocks: Where the call's `rhs_scale` is constant over each 128 output columns (DeepSeek-V3's
+            128 x 128 blocks; checked on the device per call), promote each product with one scale per row
+            (False: per element, always) [True].
 
     Raises:
-        ValueError: A tile or stage count that is not a positive int, or an `overlap` that is not a bool; one
-            line naming the field.
+        ValueError: A tile or stage count that is not a positive int, or a switch (`overlap`, `round_in_kernel`,
+            `column_blocks`) that is not a bool; one line naming the field.
 
     Example:
         >>> from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling
@@ -64,14 +69,18 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     block_n: int | None = None
     num_stages: int | None = None
     overlap: bool | None = None
+    round_in_kernel: bool | None = None
+    column_blocks: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_stages"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
                 raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
-        if self.overlap is not None and not isinstance(self.overlap, bool):
-            raise ValueError(f"{type(self).__name__}.overlap must be a bool or None, got {self.overlap!r}")
+        for name in ("overlap", "round_in_kernel", "column_blocks"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{type(self).__name__}.{name} must be a bool or None, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

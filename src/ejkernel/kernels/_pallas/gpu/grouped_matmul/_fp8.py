@@ -1,10 +1,13 @@
 """The FP8 block-scaled grouped matmul forward in Pallas Mosaic GPU (Hopper): e4m3 x e4m3 on FP8 wgmma.
 
-lhs comes as e4m3 codes with a float32 scale per row and K step (`_common`'s `fp8_row_blocks`, a pre-pass),
+lhs comes as e4m3 codes with a float32 scale per row and K step (`round_lhs_blocks`, a pre-pass at copy speed
+giving `_common`'s `fp8_row_blocks` bit for bit, or that function in XLA),
 the weights as e4m3 codes `[L, N, K]` with a float32 scale per K step and output column (v3's `rhs_scale`:
 DeepSeek-V3's 128 x 128 blocks broadcast along N). Each 128-wide K step is one FP8 wgmma into a fresh
 float32 tile, which the compute warpgroup then promotes into its accumulator in registers,
-`acc += part · sa[row] · sb[col]`, so the tensor cores never see the scales (DeepGEMM's promotion).
+`acc += part · sa[row] · sb[col]`, so the tensor cores never see the scales (DeepGEMM's promotion). Where the
+weights' scales are constant over each 128 columns (DeepSeek-V3's blocks; checked on the device per call, the
+kernel holding both promotions), `acc += part · (sa[row] · sb[block])`: one FMA an element, not two operations.
 
 8-bit wgmma operands must both be K-major: jax 0.11.2's Mosaic GPU refuses an 8-bit B that is not ("Only
 f16 WGMMA supports transposes", PTX's rule: only 16-bit wgmma transposes) and TMA copies tiles as they lie,
@@ -32,6 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ejkernel.kernels._common.scaled_codes import code_max
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
     COMPUTE_WGS,
     SMEM_BUDGET,
@@ -52,8 +56,10 @@ from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
 
 STEP = 128  # K per step: one scale block, rows of 128 bytes (the 128-byte swizzle)
 CODES = jnp.dtype(jnp.float8_e4m3fn)
+CODE_MAX = code_max(CODES)  # 448
 WARPGROUP_THREADS = 128
 TILE_REGISTERS = 192  # float32 tile registers a compute thread may hold (of 232: scales, addresses, the rest)
+COLUMN_BLOCK = 128  # DeepSeek-V3's weight blocks: 128 x 128, their scales constant over 128 output columns
 CHUNKS = (1, 2, 4)  # wgmmas per step that a tiling may split its columns into
 ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 COLS_LAYOUT = plgpu.Layout.WGMMA.reduce(0)  # a value per column
@@ -67,6 +73,9 @@ class MosaicGpuFp8GroupedMatmulTiling:
     columns (a multiple of 64), `stages` ring slots, `num_ctas` persistent CTAs; `overlap`: promote each
     product while the next one's wgmma runs; `chunks`: wgmmas per step, each over `block_n / chunks`
     columns (a fresh product tile no wider than the registers allow). The contraction step is `STEP`.
+    `round_in_kernel`: lhs is rounded by `round_lhs_blocks` (else by XLA, `fp8_row_blocks`); `column_blocks`:
+    where the weights' scales are constant over each `COLUMN_BLOCK` columns (checked per call), a product is
+    promoted with one scale per row (`sa[row] · sb[block]`, one FMA an element) rather than per element.
     """
 
     block_m: int
@@ -75,6 +84,13 @@ class MosaicGpuFp8GroupedMatmulTiling:
     num_ctas: int
     overlap: bool = True
     chunks: int = 1
+    round_in_kernel: bool = True
+    column_blocks: bool = True
+
+    @property
+    def promotes_by_column_block(self) -> bool:
+        """Whether `column_blocks` can apply: each wgmma chunk lies within one `COLUMN_BLOCK` of columns."""
+        return self.column_blocks and COLUMN_BLOCK % self.chunk_cols == 0
 
     @property
     def pingpong(self) -> bool:
@@ -130,11 +146,14 @@ def fit_smem(t: MosaicGpuFp8GroupedMatmulTiling, n: int, out_dtype) -> MosaicGpu
 def step_scales(lhs_scales, rhs_scale, block: int, row_tiles: int):
     """The kernel's scale operands: `lhs_scales [M, K / block]` as `[K / STEP, row_tiles]` (a step's rows
     contiguous, zeros past M) and `rhs_scale [L, K / block, 1, N]` as `[L, K / STEP, N]`, float32."""
-    per_block = block // STEP
-    rows = jnp.repeat(lhs_scales.astype(jnp.float32), per_block, axis=1).T
+    rows = jnp.repeat(lhs_scales.astype(jnp.float32), block // STEP, axis=1).T
     rows = jnp.pad(rows, ((0, 0), (0, row_tiles - rows.shape[1])))
-    cols = jnp.repeat(rhs_scale[:, :, 0, :].astype(jnp.float32), per_block, axis=1)
-    return rows, cols
+    return rows, step_col_scales(rhs_scale, block)
+
+
+def step_col_scales(rhs_scale, block: int):
+    """`rhs_scale [L, K / block, 1, N]` as the kernel's `[L, K / STEP, N]` float32 (each block's row per step)."""
+    return jnp.repeat(rhs_scale[:, :, 0, :].astype(jnp.float32), block // STEP, axis=1)
 
 
 def promoted_k_loop(ring: Ring, step0, steps: int, t: MosaicGpuFp8GroupedMatmulTiling, multiply, promote):
@@ -209,13 +228,27 @@ def promoted_k_loop(ring: Ring, step0, steps: int, t: MosaicGpuFp8GroupedMatmulT
     return accs[0] if chunks == 1 else jnp.concatenate(accs, axis=1)
 
 
-def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *, out_dtype, tiling):
-    """`out [M, N]`: each owned row of the e4m3 `codes [M, K]` times its group's e4m3 `weights [L, N, K]`ᵀ,
-    every K step's product scaled by `row_scales [K / STEP, ≥ M]` (per row) and `col_scales [L, K / STEP, N]`
-    (per column) (`step_scales`); zeros on every other row. K must be a multiple of `STEP`, N of `block_n`."""
-    m, k = codes.shape
+def column_blocks_uniform(col_scales) -> jax.Array:
+    """int32 `[1]`: 1 where `col_scales [L, S, N]` is constant over each `COLUMN_BLOCK` columns (N a multiple of it)."""
+    num_local, steps, n = col_scales.shape
+    blocks = col_scales.reshape(num_local, steps, n // COLUMN_BLOCK, COLUMN_BLOCK)
+    return jnp.all(blocks == blocks[..., :1]).astype(jnp.int32).reshape(1)
+
+
+def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *, m: int, out_dtype, tiling):
+    """`out [m, N]`: each owned row of the e4m3 `codes [≥ m, K]` (rows past m: padding, zeros) times its group's
+    e4m3 `weights [L, N, K]`ᵀ, every K step's product scaled by `row_scales [K / STEP, ≥ m]` (per row) and
+    `col_scales [L, K / STEP, N]` (per column) (`step_scales`); zeros on every other row. K must be a multiple of
+    `STEP`, N of `block_n`.
+
+    With `tiling.promotes_by_column_block` (and N a multiple of `COLUMN_BLOCK`) the kernel holds both
+    promotions and takes the one-scale-per-row one where `column_blocks_uniform(col_scales)` says it is exact
+    (a branch on the device, no host round trip)."""
+    k = codes.shape[1]
     num_local, n = weights.shape[:2]
     t = fit_smem(tiling, n, out_dtype)
+    by_block = t.promotes_by_column_block and n % COLUMN_BLOCK == 0
+    uniform = column_blocks_uniform(col_scales) if by_block else jnp.zeros((1,), jnp.int32)
     bm, bn, stages, rows = t.block_m, t.block_n, t.stages, t.wg_rows
     if k % STEP or n % bn or rows % 64:
         raise ValueError(f"fp8 gmm: K={k} and N={n} must be multiples of {STEP} and block_n={bn}; block_m={bm}")
@@ -226,7 +259,21 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
     num_ctas = min(t.num_ctas, num_units)
     shape = (rows, bn)
 
-    def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, a_ref, sa_ref, b_ref, sb_ref, out_ref, smem, barriers):
+    def body(
+        group_ref,
+        lo_ref,
+        hi_ref,
+        first_ref,
+        count_ref,
+        uniform_ref,
+        a_ref,
+        sa_ref,
+        b_ref,
+        sb_ref,
+        out_ref,
+        smem,
+        barriers,
+    ):
         a_smem, b_smem, sa_smem, sb_smem, o_smem = smem
         refs = TileRefs(group_ref, lo_ref, hi_ref, first_ref, count_ref)
         ring = Ring(*barriers, stages)
@@ -263,22 +310,35 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
                     sb, part.shape, [1]
                 )
 
-            def output_tile(tile, col, step):
-                row0 = tile * bm + wg * rows
-                store_group_rows(
-                    ring,
-                    refs,
-                    tile,
-                    row0,
-                    shape,
-                    step,
-                    k_steps,
-                    lambda step: promoted_k_loop(ring, step, k_steps, t, multiply, promote),
-                    out_tile,
-                    out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
-                )
+            def promote_by_block(acc, part, slot, c):
+                """`promote` where the chunk's column scales are one value: a scale per row, one FMA an element."""
+                sa = plgpu.load(sa_smem.at[slot * COMPUTE_WGS + wg], layout=ROWS_LAYOUT)
+                sb = sb_smem[slot, c * width]
+                return acc + part * lax.broadcast_in_dim(sa * sb, part.shape, [0])
 
-            compute_units(refs, my_units, unit_of, k_steps, output_tile, pingpong=False)
+            def output_tiles(promote):
+                def output_tile(tile, col, step):
+                    row0 = tile * bm + wg * rows
+                    store_group_rows(
+                        ring,
+                        refs,
+                        tile,
+                        row0,
+                        shape,
+                        step,
+                        k_steps,
+                        lambda step: promoted_k_loop(ring, step, k_steps, t, multiply, promote),
+                        out_tile,
+                        out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
+                    )
+
+                compute_units(refs, my_units, unit_of, k_steps, output_tile, pingpong=False)
+
+            if by_block:
+                pl.when(uniform_ref[0] != 0)(lambda: output_tiles(promote_by_block))
+                pl.when(uniform_ref[0] == 0)(lambda: output_tiles(promote))
+            else:
+                output_tiles(promote)
 
     scratch = (
         (
@@ -293,5 +353,83 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
         ),  # per step: each warpgroup's rows (codes, scales), the weights' (codes, scales)
     )
     out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
-    out = launch(body, out_type, scratch, num_ctas, *schedule, x, row_scales, weights, col_scales)
+    out = launch(body, out_type, scratch, num_ctas, *schedule, uniform, x, row_scales, weights, col_scales)
     return out if out.shape[0] == m else out[:m]
+
+
+# ---- lhs's rounding pre-pass ----
+
+ROUND_ROWS = 64  # rows per CTA of the rounding pre-pass: one warpgroup's WGMMA-layout tile
+ROUND_BLOCKS_PER_CTA = 4  # scale blocks a CTA rounds in turn (each block's load overlaps the previous one's work)
+ROUND_MAX_BLOCK = 512  # widest scale block whose two slots of lhs and codes fit shared memory
+
+
+def rounding_served(k: int, block: int) -> bool:
+    """Whether `round_lhs_blocks` takes scale blocks of `block` K values (a multiple of `STEP` up to
+    `ROUND_MAX_BLOCK` dividing `k`); wider ones go through XLA."""
+    return block % STEP == 0 and block <= ROUND_MAX_BLOCK and k % block == 0
+
+
+def round_lhs_blocks(lhs, block: int, code_rows: int, scale_rows: int):
+    """`(codes [code_rows, K] e4m3, row_scales [K / STEP, scale_rows] float32)`: lhs's rows, each block of `block`
+    K values quantised as `fp8_row_blocks` does (bit for bit: `max|x| / 448`, 1 for a zero block, `x / scale`
+    saturated and rounded to nearest even), in the layout `fp8_gmm` reads (each block's scale repeated per step,
+    rows past M: zero codes, scale 1). One pass at copy speed: each CTA rounds `ROUND_ROWS` rows of up to
+    `ROUND_BLOCKS_PER_CTA` blocks, loading the next block (TMA) while it rounds one and stores the last."""
+    m, k = lhs.shape
+    if m % 8:  # TMA reads HBM in 8-row tiles
+        lhs = jnp.pad(lhs, ((0, -m % 8), (0, 0)))
+    steps, blocks = block // STEP, k // block
+    per_cta = next(b for b in range(min(ROUND_BLOCKS_PER_CTA, blocks), 0, -1) if blocks % b == 0)
+    pieces = block // STEP  # 128-column pieces: the registers hold one at a time
+
+    def body(x_ref, codes_ref, scales_ref, x_smem, c_smem, s_smem, loaded):
+        rows = pl.ds(lax.axis_index("rows") * ROUND_ROWS, ROUND_ROWS)
+        first = lax.axis_index("blocks") * per_cta
+
+        def load(j):
+            cols = pl.ds((first + j) * block, block)
+            plgpu.copy_gmem_to_smem(x_ref.at[rows, cols], x_smem.at[j % 2], loaded.at[j % 2])
+
+        def piece(slot, p):
+            x = x_smem.at[slot, :, pl.ds(p * STEP, STEP)]
+            return plgpu.load(x, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+
+        for j in range(min(2, per_cta)):
+            load(j)
+        for j in range(per_cta):  # (static: a handful of blocks)
+            slot = j % 2
+            plgpu.barrier_wait(loaded.at[slot])
+            xs = [piece(slot, 0)] if pieces == 1 else None
+            amax = None
+            for p in range(pieces):
+                part = jnp.max(jnp.abs(xs[0] if xs else piece(slot, p)), axis=1)
+                amax = part if amax is None else jnp.maximum(amax, part)
+            scale = jnp.where(amax > 0, amax / CODE_MAX, 1.0)
+            plgpu.wait_smem_to_gmem(1 + steps, wait_read_only=True)  # this slot's previous stores have read it
+            for p in range(pieces):
+                x = xs[0] if xs else piece(slot, p)
+                codes = jnp.clip(x / lax.broadcast_in_dim(scale, x.shape, [0]), -CODE_MAX, CODE_MAX)
+                c_smem[slot, :, pl.ds(p * STEP, STEP)] = codes.astype(CODES)
+            s_smem[slot] = scale
+            plgpu.commit_smem()  # (and every thread is done reading x_smem's slot: it may be refilled)
+            kk = first + j
+            plgpu.copy_smem_to_gmem(c_smem.at[slot], codes_ref.at[rows, pl.ds(kk * block, block)])
+            for s in range(steps):
+                plgpu.copy_smem_to_gmem(s_smem.at[slot], scales_ref.at[kk * steps + s, rows])
+            if j + 2 < per_cta:
+                load(j + 2)
+        plgpu.wait_smem_to_gmem(0)
+
+    out_type = (
+        jax.ShapeDtypeStruct((code_rows, k), CODES),
+        jax.ShapeDtypeStruct((k // STEP, scale_rows), jnp.float32),
+    )
+    scratch = (
+        swizzled((2, ROUND_ROWS, block), lhs.dtype),
+        swizzled((2, ROUND_ROWS, block), CODES),
+        plgpu.SMEM((2, ROUND_ROWS), jnp.float32),
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+    )
+    grid = (-(-max(code_rows, scale_rows) // ROUND_ROWS), blocks // per_cta)
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=("rows", "blocks"))(lhs)

@@ -10,8 +10,9 @@ serve them.
 
 `fp8_lhs=True` calls with FP8 block-scaled weights (float8_e4m3fn `[L, N, K]` with `transpose_rhs=True` and
 v3's `rhs_scale`, scale blocks of a multiple of 128 rows) run the FP8 x FP8 forward (`_fp8.fp8_gmm`, tiles
-`GroupedMatmulConfig.mosaic_fp8_tiling`): lhs is rounded to e4m3 per row and scale block first
-(`fp8_row_blocks`), then multiplied on FP8 tensor cores. Their weights are frozen: the lhs gradient (and the
+`GroupedMatmulConfig.mosaic_fp8_tiling`): lhs is rounded to e4m3 per row and scale block first (by the
+`_fp8.round_lhs_blocks` kernel, the codes and scales of `fp8_row_blocks` bit for bit; by XLA for scale
+blocks wider than 512), then multiplied on FP8 tensor cores. Their weights are frozen: the lhs gradient (and the
 scales' gradient) are the 16-bit kernels' products with the weights dequantised in memory. Other FP8
 calls are declined (weights `[L, K, N]` among them: FP8 wgmma reads both operands K-major).
 """
@@ -176,17 +177,19 @@ def plan_fp8(cfg, n: int):
     `DEFAULT_FP8`; read by field name), fitted: `block_m` 128 or 256, `block_n` the largest multiple of 64 up
     to the one asked that divides N and, in as few wgmma chunks as the registers need, fits shared memory with
     2 stages beside a 16-bit output tile; the kernel cuts stages (or, for a float32 output, columns) to fit its
-    output (`_fp8.fit_smem`). NotImplementedError where no tile fits."""
+    output (`_fp8.fit_smem`). `round_in_kernel` and `column_blocks` are on unless set False. NotImplementedError
+    where no tile fits."""
     from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, in_registers
 
     given = getattr(cfg, "mosaic_fp8_tiling", None)
     bm = 256 if (_given(given, "block_m") or DEFAULT_FP8[0]) >= 256 else 128
     overlap = _given(given, "overlap")
     overlap = DEFAULT_FP8[3] if overlap is None else bool(overlap)
+    switches = {name: _given(given, name) is not False for name in ("round_in_kernel", "column_blocks")}
     stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
     bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
     for cols in range(bn, 0, -64):
-        tiling = in_registers(MosaicGpuFp8GroupedMatmulTiling(bm, cols, stages, num_sms(), overlap))
+        tiling = in_registers(MosaicGpuFp8GroupedMatmulTiling(bm, cols, stages, num_sms(), overlap, **switches))
         if n % cols == 0 and tiling is not None and dataclasses.replace(tiling, stages=2).fits(jnp.bfloat16):
             return tiling
     raise NotImplementedError(
@@ -240,19 +243,28 @@ def _fp8_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_
     from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import (
         MosaicGpuFp8GroupedMatmulTiling,
         fp8_gmm,
+        round_lhs_blocks,
+        rounding_served,
+        step_col_scales,
         step_scales,
     )
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import padded_rows
 
     if not isinstance(tiling, MosaicGpuFp8GroupedMatmulTiling):
         dense = dequantize(rhs.data, rhs.scale, not rhs.k_first, lhs.dtype)
         return _gmm(
             lhs, dense, group_sizes, group_offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling
         )
-    codes, lhs_scales = fp8_row_blocks(lhs, rhs.block)
-    row_tiles = -(-lhs.shape[0] // tiling.block_m) * tiling.block_m
-    row_scales, col_scales = step_scales(lhs_scales, rhs.scale, rhs.block, row_tiles)
+    m, k = lhs.shape
+    row_tiles = -(-m // tiling.block_m) * tiling.block_m
+    if tiling.round_in_kernel and rounding_served(k, rhs.block):
+        codes, row_scales = round_lhs_blocks(lhs, rhs.block, padded_rows(m, tiling.block_m), row_tiles)
+        col_scales = step_col_scales(rhs.scale, rhs.block)
+    else:
+        codes, lhs_scales = fp8_row_blocks(lhs, rhs.block)
+        row_scales, col_scales = step_scales(lhs_scales, rhs.scale, rhs.block, row_tiles)
     return fp8_gmm(
-        codes, row_scales, rhs.data, col_scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling
+        codes, row_scales, rhs.data, col_scales, group_sizes, group_offset, m=m, out_dtype=out_dtype, tiling=tiling
     )
 
 

@@ -233,9 +233,14 @@ def on_compute_warpgroups(fn):
     pl.when(lax.axis_index("wg") < COMPUTE_WGS)(body)
 
 
+def padded_rows(m: int, block: int) -> int:
+    """Rows of `pad_rows` of an array of `m` rows."""
+    return max(block, -(-m // 8) * 8)
+
+
 def pad_rows(x, block: int):
     """`x` with zero rows added up to a multiple of 8 (TMA's tiled view of HBM) and at least one `block`."""
-    rows = max(block, -(-x.shape[0] // 8) * 8)
+    rows = padded_rows(x.shape[0], block)
     return x if x.shape[0] == rows else jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
 
 
