@@ -21,7 +21,6 @@ from ._parts import (
     bshd,
     exp2_tile,
     feed,
-    key_value_streams,
     launch_kernel,
     logits2,
     memory_warpgroup,
@@ -70,7 +69,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         def query_tile(j):
             """The CTA's j-th query tile: its first row, its key tiles [lo, hi) and their K/V streams."""
             row, lo, hi, key_row = tiles_of.tile(cta, j)
-            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, key_row, bk)
+            streams = tiles_of.streams(k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, key_row)
             return row, lo, hi, list(streams)
 
         def over_tiles(fn):
@@ -102,7 +101,9 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
             if st.overlap_schedule:
                 plgpu.barrier_arrive(schedule.at[1 - wg])
 
-        @pl.when(wg < COMPUTE_WGS)
+        live = tiles_of.live()  # (None: every CTA has rows to compute)
+
+        @pl.when(wg < COMPUTE_WGS if live is None else (wg < COMPUTE_WGS) & live)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             for j in range(tiles):  # every query tile at once: the later ones load while the first runs
@@ -327,8 +328,8 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         (
             # a warpgroup's q tiles (and sink)
             plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),
-            *Stream.barriers(1, stages),
-            *Stream.barriers(1, stages),
+            *Stream.barriers(walk.copies, stages),
+            *Stream.barriers(walk.copies, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
             plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
             *((plgpu.Barrier(),) if row_sums else ()),  # e₀, fed once by the memory warpgroup

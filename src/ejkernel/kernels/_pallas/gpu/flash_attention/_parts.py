@@ -299,6 +299,7 @@ class KeyTiles:
 
     arrays: tuple = ()
     masked = True  # some step may need a mask (else `run_segments` traces none)
+    copies = 1  # TMA copies that fill one key (value) tile: `streams` makes that many per step
 
     def __init__(self, st: MosaicGpuFlashStatic, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
         self.st, self.block, self.num_blocks = st, block, num_blocks
@@ -332,6 +333,16 @@ class KeyTiles:
     def mask(self, s, row0, t, **kwargs):
         """Score tile `s` of step t for the rows from `row0`, disallowed pairs set to `fill`."""
         return masked_scores(self.st, s, row0, t * self.block, **kwargs)
+
+    def live(self):
+        """Whether the CTA has query rows to compute (a traced bool), or None: always. A CTA that has none
+        leaves its output rows unwritten (a walk over a static bound of tiles, whose caller drops them)."""
+        return None
+
+    def streams(self, k_ref, v_ref, smem, barriers, b, h, key_row) -> tuple[Stream, Stream]:
+        """The forward's key and value streams (`key_value_streams`; a walk over other layouts, such as
+        a paged cache, makes its own, of `copies` copies a step)."""
+        return key_value_streams(self.st, k_ref, v_ref, smem, barriers, b, h, key_row, self.block)
 
 
 class QueryTiles:

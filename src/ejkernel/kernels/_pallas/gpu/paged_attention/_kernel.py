@@ -1,0 +1,159 @@
+"""The prefill tiles of a paged batch on the Mosaic GPU flash attention forward (`flash_attention._fwd`).
+
+The forward runs unchanged (warp-specialised, wgmma, online softmax, its schedules); a walk tells it where
+things are. A CTA is 128 queries of one sequence's chunk and one query head; its key tiles are the
+sequence's positions [0, hi) in steps of 128, each tile `copies` TMA copies of whole pages (page 16: 8
+copies per operand onto the step's barrier), the pages read from the page table as scalars by the memory
+warpgroup. Steps whose keys every row may see (before the chunk's first query, on pages of the cache) run
+unmasked; the rest are masked by position (causal inside the chunk, keys past `kv_len`) and by page (a
+position whose page-table entry is not a page of the cache holds no key). CTAs of the static bound that
+hold no query (`kv_len` 0 in their row) skip their compute warpgroups.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ejkernel.kernels._common.paged_attention.core_math import PagedQueryTiles
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch
+from ejkernel.kernels._pallas.gpu.flash_attention._fwd import forward
+from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
+    MASKED,
+    ROWS,
+    KeyTiles,
+    Stream,
+    wgmma_iota,
+)
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic
+from ejkernel.kernels._pallas.gpu.paged_attention._tiling import (
+    BLOCK,
+    CLEAN,
+    KV_LEN,
+    POS0,
+    SEQ,
+    TILE,
+    MosaicGpuPagedStatic,
+    padded_tables,
+    tile_meta,
+)
+
+
+def _cdiv(a, b: int):
+    return lax.div(a + (b - 1), jnp.int32(b))
+
+
+class PageRows:
+    """Rows `rows` of every slot of a `(stages, BLOCK, D)` ring buffer, indexed as `feed` indexes buffers
+    (`.at[slot]`): where one copy of a step lands."""
+
+    def __init__(self, buffer, rows):
+        self.buffer, self.rows = buffer, rows
+
+    @property
+    def at(self):
+        return self
+
+    def __getitem__(self, slot):
+        return self.buffer.at[slot, self.rows]
+
+
+class PagedKeyTiles(KeyTiles):
+    """The forward's walk over a paged cache: the key tiles [0, hi) of each CTA's sequence (module docstring)."""
+
+    def __init__(self, st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, meta, tables):
+        super().__init__(st, BLOCK, 0, meta.shape[0])
+        self.paged, self.copies, self.arrays = paged, paged.copies, (meta, tables)
+
+    def bind(self, refs, b, h):
+        bound = copy.copy(self)
+        meta_ref, bound.tables_ref = refs
+        cta = lax.axis_index("q_tiles")
+        bound.tile_row, bound.seq, bound.kv_len, bound.pos0, bound.clean = (
+            meta_ref[cta, column] for column in (TILE, SEQ, KV_LEN, POS0, CLEAN)
+        )
+        bound.tile_row = bound.tile_row * CTA_ROWS
+        bound.kv_head = lax.div(h, jnp.int32(self.st.group))
+        return bound
+
+    def live(self):
+        return self.kv_len > 0
+
+    def row(self, cta, j):
+        return self.tile_row
+
+    def tile(self, cta, j):
+        hi = _cdiv(jnp.maximum(jnp.minimum(self.kv_len, self.pos0 + CTA_ROWS), 0), BLOCK)
+        return self.tile_row, 0, hi, lambda i: i * BLOCK
+
+    def _first_position(self, row0):
+        return self.pos0 + (row0 - self.tile_row)
+
+    def own(self, row0):
+        q0 = self._first_position(row0)
+        own_hi = _cdiv(jnp.maximum(jnp.minimum(self.kv_len, q0 + ROWS), 0), BLOCK)
+        seen_by_all = jnp.maximum(jnp.minimum(jnp.minimum(self.kv_len, self.clean), q0 + 1), 0)
+        full_hi = jnp.minimum(lax.div(seen_by_all, jnp.int32(BLOCK)), own_hi)
+        return 0, 0, full_hi, own_hi
+
+    def _entry(self, position):
+        """The page-table entry of the sequence's key `position` (a scalar)."""
+        return self.tables_ref[self.seq, lax.div(position, jnp.int32(self.paged.page_size))]
+
+    def mask(self, s, row0, t, fill=MASKED):
+        key = wgmma_iota(s.shape, 1)
+        k0, q0 = t * BLOCK, self._first_position(row0)
+        ok = (key - wgmma_iota(s.shape, 0) <= q0 - k0) & (key < self.kv_len - k0)
+        paged = self.paged
+        page = lax.div(key, jnp.int32(paged.rows_per_copy))
+        for j in range(paged.copies):  # a copy's keys on a page outside the cache: none
+            entry = self._entry(k0 + j * paged.rows_per_copy)
+            outside = (entry < 0) | (entry >= paged.num_pages)
+            ok = ok & (page != jnp.where(outside, jnp.int32(j), jnp.int32(-1)))
+        return jnp.where(ok, s, fill)
+
+    def streams(self, k_ref, v_ref, smem, barriers, b, h, key_row):
+        paged = self.paged
+        rows = paged.rows_per_copy
+        slot_of = (
+            self.kv_head * paged.head_stride + paged.key_offset,
+            self.kv_head * paged.head_stride + paged.value_offset,
+        )
+
+        def source(ref, slot_row, j):
+            def at(i):
+                position = i * BLOCK + j * rows
+                page = jnp.clip(self._entry(position), 0, paged.num_pages - 1)
+                offset = 0 if paged.page_size <= BLOCK else lax.rem(position, jnp.int32(paged.page_size))
+                return ref.at[page, pl.ds(offset, rows), slot_row]
+
+            return at
+
+        k_ready, k_consumed, v_ready, v_consumed = barriers
+        k_copies, v_copies = (
+            tuple((source(ref, slot_row, j), PageRows(buffer, pl.ds(j * rows, rows))) for j in range(paged.copies))
+            for ref, slot_row, buffer in zip((k_ref, v_ref), slot_of, smem, strict=True)
+        )
+        return Stream(k_copies, k_ready, k_consumed), Stream(v_copies, v_ready, v_consumed)
+
+
+def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, tiles: PagedQueryTiles):
+    """`(out [T, Hq, D], lse [T, Hq] natural log)` of the queries in `tiles` (128 a tile); every other token
+    0 (lse -inf)."""
+    num_tokens, num_heads, head_dim = batch.queries.shape
+    num_tiles = tiles.seq.shape[0]
+    padded = jnp.concatenate([batch.queries, jnp.zeros((1, num_heads, head_dim), batch.queries.dtype)])
+    q = padded[jnp.minimum(tiles.token, num_tokens)].reshape(1, num_tiles * CTA_ROWS, num_heads, head_dim)
+    width = batch.key_rows.shape[1]
+    view = lambda rows: rows.reshape(paged.num_pages, paged.page_size, paged.slots, width)
+    walk = PagedKeyTiles(st, paged, tile_meta(batch, tiles), padded_tables(batch, paged.copies))
+    out, lse = forward(st, q, view(batch.key_rows), view(batch.value_rows), walk=walk)
+    token = tiles.token.reshape(-1)
+    placed = jnp.zeros((num_tokens, num_heads, head_dim), out.dtype)
+    placed = placed.at[token].set(out[0], mode="drop", unique_indices=True)
+    lse = jnp.transpose(lse[0]) * jnp.log(2.0).astype(jnp.float32)
+    placed_lse = jnp.full((num_tokens, num_heads), -jnp.inf, jnp.float32)
+    return placed, placed_lse.at[token].set(lse, mode="drop", unique_indices=True)

@@ -1,0 +1,167 @@
+"""The Mosaic GPU prefill tiles of the serving ops: interpret mode against the reference, CUDA lowering, declines,
+GPU suite.
+
+Mosaic GPU interpret mode and the Pallas-Triton interpreter cannot run in one program, so the interpret cases run
+the core's two passes apart (`short_sequences` interpreted by Pallas, `long_sequences` in Mosaic GPU interpret mode
+with races detected, in a fresh process) and join them as the core does. The gradient is the plain-JAX core's
+(the GPU suite checks it through the op).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from paged_cases import jitted_reference, output_of, unified_case
+
+import ejkernel.modules as modules
+from ejkernel.benchmarks.serving_attention import MIXED, make_problem
+from ejkernel.kernels._common.paged_attention.adapters import page_attention_batch, ragged_v3_batch, unified_batch
+from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
+from ejkernel.kernels._pallas.gpu.paged_attention._interface import (
+    join,
+    long_sequences,
+    paged_attention_mosaic_gpu_core,
+    plan,
+    short_sequences,
+)
+from harness import assert_close, randn
+from mosaic_gpu_interpret import check_in_fresh_process, interpret_mode
+
+pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton")
+
+
+def _unified(q_lens, kv_lens, *, heads, kv_heads, dim, page, outside=(), seed=0):
+    """`unified_attention` arguments without biases or sinks (which the prefill tiles decline); `outside`: (sequence,
+    page) table entries set to pages that are not in the cache."""
+    args, _ = unified_case(
+        np.random.default_rng(seed), q_lens=q_lens, kv_lens=kv_lens, heads=heads, kv_heads=kv_heads, dim=dim,
+        page=page, dtype=jnp.bfloat16, alibi=False, qq=False, sinks=False,
+    )  # fmt: skip
+    tables = np.array(args[4])
+    for n, (s, p) in enumerate(outside):
+        tables[s, p] = -1 if n % 2 else 1 << 20
+    args[4] = jnp.asarray(tables)
+    return args
+
+
+# A 140-query chunk after 150 keys of context (two tiles, the second partly empty), a 30-query chunk after 170,
+# decode and short sequences beside them (the Triton pass), an empty sequence, one with more queries than keys
+# (its first queries see nothing), and pages outside the cache inside two chunks' spans.
+INTERPRET_CASES = {
+    "gqa-chunks-decode-empty-pages-outside-d128": dict(
+        q_lens=(1, 140, 0, 2, 12, 30),
+        kv_lens=(40, 290, 0, 9, 7, 200),
+        heads=2,
+        kv_heads=1,
+        dim=128,
+        page=16,
+        outside=((5, 3), (5, 6), (1, 17)),
+    ),
+    # head dim 64 runs the ping-pong schedule; pages of 32 keys (4 copies a tile)
+    "ping-pong-d64-page-32": dict(q_lens=(1, 150, 1), kv_lens=(70, 300, 33), heads=1, kv_heads=1, dim=64, page=32),
+}
+
+
+def interpret_check(case: str) -> None:
+    """`INTERPRET_CASES[case]` through both passes against the reference (output) and the plain-JAX core (its
+    log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on stdout."""
+    args = _unified(**INTERPRET_CASES[case])
+    batch = unified_batch(*args)
+    flash, paged = plan(batch)
+    expected = jitted_reference("unified_attention", {})(*args)
+    expected_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)[1]
+    out, lse, short = jax.jit(lambda b: short_sequences(b, interpret=True))(batch)
+    with interpret_mode():  # (the prefill tiles alone: nothing else is dispatched beside them)
+        long = jax.block_until_ready(jax.jit(lambda b, s: long_sequences(flash, paged, b, s))(batch, short))
+    out, lse = join((out, lse), long, with_lse=True)
+    assert_close(out, expected, jnp.bfloat16)
+    seen = jnp.isfinite(expected_lse)  # (-inf where a query sees no key)
+    assert bool(jnp.all(seen == jnp.isfinite(lse))), "lse: -inf on other rows"
+    assert_close(jnp.where(seen, lse, 0.0), jnp.where(seen, expected_lse, 0.0), name="lse")
+
+
+@pytest.mark.parametrize("case", INTERPRET_CASES)
+def test_interpret_mode_matches_reference(case):
+    check_in_fresh_process(__file__, case)
+
+
+def _lowered(op: str, cuda_lowering) -> str:
+    q_lens, kv_lens = [1] * 6 + [300, 40], [500] * 6 + [700, 300]
+    args, _ = make_problem(op, q_lens, kv_lens, heads=8, kv_heads=2, dim=128, page=16)
+    adapter = ragged_v3_batch if op == "ragged_page_attention_v3" else unified_batch
+
+    def both_passes(*args):
+        batch = adapter(*args)
+        flash, paged = plan(batch)
+        out, lse, short = short_sequences(batch, interpret=False)
+        return join((out, lse), long_sequences(flash, paged, batch, short), with_lse=True)
+
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
+    return jax.jit(both_passes).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("op", ["unified_attention", "ragged_page_attention_v3"])
+def test_both_passes_lower_for_cuda(op, cuda_lowering):
+    """The prefill tiles lower to one Mosaic GPU kernel beside the Triton pass, without a GPU: the unified
+    cache's rows and v3's packed one (K and V of a head interleaved)."""
+    text = _lowered(op, cuda_lowering)
+    assert text.count("@mosaic_gpu") == 1 and "ejkernel_paged_attention" in text
+
+
+def _declines(batch, match: str):
+    with pytest.raises(NotImplementedError, match=match):
+        plan(batch)
+
+
+def test_declines_what_the_prefill_tiles_do_not_serve():
+    mixed = dict(q_lens=(1, 150), kv_lens=(40, 300), heads=4, kv_heads=2, page=16)
+    args = _unified(**mixed, dim=128)
+    plan(unified_batch(*args))  # served
+    _declines(unified_batch(*args, sliding_window=64), "no soft cap, window")
+    _declines(unified_batch(*args, logits_soft_cap=5.0), "no soft cap, window")
+    _declines(unified_batch(*args[:8], randn((4,))), "sinks")
+    _declines(unified_batch(*_unified(**mixed, dim=96)), "head dims")
+    _declines(unified_batch(*_unified(**{**mixed, "page": 4}, dim=128)), "pages of")
+    decode = _unified(q_lens=(1,) * 8, kv_lens=(40,) * 8, heads=4, kv_heads=2, page=16, dim=128)
+    _declines(unified_batch(*decode), "no 128-query chunk")
+    fp8 = [*args[:1], *(c.astype(jnp.float8_e4m3fn) for c in args[1:3]), *args[3:]]
+    _declines(unified_batch(*fp8), "cache and compute dtype")
+    head_major = [jnp.swapaxes(c, 1, 2) for c in args[1:3]]  # page_attention's [pages, Hkv, page, D]
+    lens, tables = jnp.full((160,), 200, jnp.int32), args[4][:1].repeat(160, 0)
+    _declines(page_attention_batch(args[0][:160], *head_major, lens, tables), "reads")
+
+
+def test_declines_off_hopper():
+    with pytest.raises(NotImplementedError, match="Hopper"):
+        paged_attention_mosaic_gpu_core(
+            unified_batch(*_unified((1, 150), (40, 300), heads=4, kv_heads=2, dim=128, page=16))
+        )
+
+
+# ---- GPU suite: the bench's mixed batches against XLA ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["unified_attention", "ragged_page_attention_v3"])
+@pytest.mark.parametrize("case", MIXED, ids=lambda c: "{}x1@{} + {}x{}@{}".format(*c))
+def test_gpu_mixed_batches_match_xla(op, case):
+    n_decode, decode_ctx, n_prefill, chunk, prefill_ctx = case
+    q_lens = [1] * n_decode + [chunk] * n_prefill
+    kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
+    args, _ = make_problem(op, q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16)
+    fn = lambda platform: jax.jit(lambda *a: output_of(op)(getattr(modules, op)(*a, platform=platform)))
+    assert_close(fn("pallas")(*args), fn("xla")(*args), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_gradient_through_the_prefill_tiles():
+    """A mixed unified batch (chunks of 512 and 77 beside decode rows, a short sequence): dq as XLA's."""
+    q_lens, kv_lens = (1,) * 30 + (512, 77, 3), (3000,) * 30 + (1024, 2000, 40)
+    args = _unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16, outside=((31, 70),))
+    fn = lambda platform: jax.jit(lambda *a: modules.unified_attention(*a[:6], platform=platform))
+    assert_close(fn("pallas")(*args[:6]), fn("xla")(*args[:6]), jnp.bfloat16)
+    g = randn(args[0].shape, jnp.bfloat16)
+    grad = lambda platform: jax.grad(lambda q: jnp.vdot(fn(platform)(q, *args[1:6]), g).real)(args[0])
+    assert_close(grad("pallas"), grad("xla"), jnp.bfloat16, tol=4e-2, name="dq")
