@@ -321,7 +321,11 @@ class KeyTiles:
 
     def tile(self, cta, j):
         """`(row, lo, hi, key_row)`: the j-th query tile's first row, its steps [lo, hi), and
-        `key_row(i)`, the first key row of step lo + i (the memory warpgroup counts from 0)."""
+        `key_row(i)`, the first key row of step lo + i (the memory warpgroup counts from 0).
+
+        `row` is the tile's first output row, which `own` and `mask` take rows from; `row(cta, j)` is its first
+        row of q. They are one here; a walk that reads its queries in place writes them elsewhere
+        (`forward`'s `out_rows`)."""
         row = self.row(cta, j)
         lo, hi = cta_key_tiles(self.st, row, self.block, self.num_blocks)
         return row, lo, hi, lambda i: (lo + i) * self.block

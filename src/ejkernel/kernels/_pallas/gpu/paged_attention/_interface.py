@@ -8,28 +8,27 @@ head (`[pages, page_size, slots, width]`, `width` the head dim), pages of a mult
 tile 128 keys (or are whole multiples of them), and a batch with room for a 128-query chunk.
 
 Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode
-rows, one small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest, whose
-outputs add (each token is written by one pass). A sequence of a few queries more than the short pass takes
-(`16 // G`: speculative steps) fills a 128-query tile mostly with padding rows. The Triton pass is reached as the op modules reach a
-backend, through its `"module:attribute"` name (`ejkernel.registry.resolve`), never imported. The gradient
-is the shared plain-JAX core's, as the Triton core's is.
+rows, one small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each
+token takes its row from the pass that holds it. A sequence of a few queries more than the short pass takes
+(`16 // G`: speculative steps) fills a 128-query tile mostly with rows that compute what nobody reads. The Triton
+pass is reached as the op modules reach a backend, through its `"module:attribute"` name
+(`ejkernel.registry.resolve`), never imported. The gradient is the shared plain-JAX core's, as the Triton
+core's is.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.differentiation import differentiated_as
-from ejkernel.kernels._common.paged_attention.core_math import max_tiles, query_tiles
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper, kernel_choices
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic
-from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic
+from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic, tile_bound
 from ejkernel.registry import resolve
 
 WHO = "mosaic gpu paged attention"
@@ -82,9 +81,8 @@ def _cache_layout(batch: PagedBatch, stages: int) -> MosaicGpuPagedStatic:
 
 
 def long_tiles(batch: PagedBatch, short: int) -> int:
-    """A static bound on the 128-query tiles of the sequences of more than `short` queries."""
-    long_seqs = min(batch.num_seqs, batch.num_tokens // (short + 1))
-    return max_tiles(batch.num_tokens, long_seqs, CTA_ROWS)
+    """A static bound on the tiles of the sequences of more than `short` queries."""
+    return tile_bound(batch.num_tokens, min(batch.num_seqs, batch.num_tokens // (short + 1)))
 
 
 def plan(batch: PagedBatch, stages: int = 2) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
@@ -123,19 +121,19 @@ def short_sequences(batch: PagedBatch, cfg=None, interpret: bool | None = None):
 
 
 def long_sequences(flash: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, short):
-    """`(out, lse)` of the sequences not `short`, in Mosaic GPU prefill tiles; every other token 0 (lse -inf)."""
+    """`(out, lse, held [T] bool)` of the sequences not `short`, in Mosaic GPU prefill tiles: the tokens they
+    hold (`_kernel.prefill_tiles`)."""
     from ejkernel.kernels._pallas.gpu.paged_attention._kernel import prefill_tiles  # loads Mosaic GPU
 
-    long_batch = dataclasses.replace(batch, query_len=jnp.where(short, 0, batch.query_len))
-    tiles = query_tiles(long_batch, CTA_ROWS, long_tiles(batch, resolve(SHORT_QUERIES)(batch)))
-    return prefill_tiles(flash, paged, long_batch, tiles)
+    return prefill_tiles(flash, paged, batch, ~short, long_tiles(batch, resolve(SHORT_QUERIES)(batch)))
 
 
 def join(short_pass, long_pass, with_lse: bool):
-    """The two passes' `(out, lse)` -> the batch's (each token was written by one pass, 0 and -inf in the other)."""
-    (short_out, short_lse), (out, lse) = short_pass, long_pass
-    out = short_out + out.astype(short_out.dtype)
-    return (out, jnp.maximum(short_lse, lse)) if with_lse else out
+    """The short pass's `(out, lse)` and the long one's `(out, lse, held)` -> the batch's: each token's rows from
+    the pass that holds it (the short pass's hold 0 and -inf where no sequence has the token)."""
+    (short_out, short_lse), (out, lse, held) = short_pass, long_pass
+    out = jnp.where(held[:, None, None], out.astype(short_out.dtype), short_out)
+    return (out, jnp.where(held[:, None], lse, short_lse)) if with_lse else out
 
 
 def _forward(flash, paged, cfg, interpret, with_lse: bool, batch: PagedBatch):

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.paged_attention.core_math import PagedQueryTiles
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._pallas.gpu.flash_attention._fwd import forward
 from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
@@ -30,12 +29,14 @@ from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
 )
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic
 from ejkernel.kernels._pallas.gpu.paged_attention._tiling import (
+    ALIGN,
     BLOCK,
     CLEAN,
     KV_LEN,
     POS0,
+    QUERY_ROW,
     SEQ,
-    TILE,
+    SLOT,
     MosaicGpuPagedStatic,
     padded_tables,
     tile_meta,
@@ -72,10 +73,10 @@ class PagedKeyTiles(KeyTiles):
         bound = copy.copy(self)
         meta_ref, bound.tables_ref = refs
         cta = lax.axis_index("q_tiles")
-        bound.tile_row, bound.seq, bound.kv_len, bound.pos0, bound.clean = (
-            meta_ref[cta, column] for column in (TILE, SEQ, KV_LEN, POS0, CLEAN)
+        slot, bound.query_row, bound.seq, bound.kv_len, bound.pos0, bound.clean = (
+            meta_ref[cta, column] for column in (SLOT, QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN)
         )
-        bound.tile_row = bound.tile_row * CTA_ROWS
+        bound.tile_row, bound.query_row = slot * CTA_ROWS, bound.query_row * ALIGN
         bound.kv_head = lax.div(h, jnp.int32(self.st.group))
         return bound
 
@@ -83,7 +84,7 @@ class PagedKeyTiles(KeyTiles):
         return self.kv_len > 0
 
     def row(self, cta, j):
-        return self.tile_row
+        return self.query_row
 
     def tile(self, cta, j):
         hi = _cdiv(jnp.maximum(jnp.minimum(self.kv_len, self.pos0 + CTA_ROWS), 0), BLOCK)
@@ -127,7 +128,8 @@ class PagedKeyTiles(KeyTiles):
             def at(i):
                 position = i * BLOCK + j * rows
                 page = jnp.clip(self._entry(position), 0, paged.num_pages - 1)
-                offset = 0 if paged.page_size <= BLOCK else lax.rem(position, jnp.int32(paged.page_size))
+                # (a page of several tiles: step i's place in it, as a multiple of BLOCK the compiler can see)
+                offset = 0 if paged.page_size <= BLOCK else lax.rem(i, jnp.int32(paged.page_size // BLOCK)) * BLOCK
                 return ref.at[page, pl.ds(offset, rows), slot_row]
 
             return at
@@ -140,20 +142,16 @@ class PagedKeyTiles(KeyTiles):
         return Stream(k_copies, k_ready, k_consumed), Stream(v_copies, v_ready, v_consumed)
 
 
-def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, tiles: PagedQueryTiles):
-    """`(out [T, Hq, D], lse [T, Hq] natural log)` of the queries in `tiles` (128 a tile); every other token
-    0 (lse -inf)."""
-    num_tokens, num_heads, head_dim = batch.queries.shape
-    num_tiles = tiles.seq.shape[0]
-    padded = jnp.concatenate([batch.queries, jnp.zeros((1, num_heads, head_dim), batch.queries.dtype)])
-    q = padded[jnp.minimum(tiles.token, num_tokens)].reshape(1, num_tiles * CTA_ROWS, num_heads, head_dim)
+def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, long, num_tiles: int):
+    """`(out [T, Hq, D], lse [T, Hq] natural log, held [T] bool)` of the sequences `long` ([N] bool) in at most
+    `num_tiles` tiles: the tokens they hold, and what the rows of the others hold (nothing to read)."""
+    q = jnp.pad(batch.queries, ((0, -batch.num_tokens % ALIGN), (0, 0), (0, 0)))  # (no copy when T is a multiple of 8)
+    meta, held = tile_meta(batch, long, num_tiles, q.shape[0])
     width = batch.key_rows.shape[1]
     view = lambda rows: rows.reshape(paged.num_pages, paged.page_size, paged.slots, width)
-    walk = PagedKeyTiles(st, paged, tile_meta(batch, tiles), padded_tables(batch, paged.copies))
-    out, lse = forward(st, q, view(batch.key_rows), view(batch.value_rows), walk=walk)
-    token = tiles.token.reshape(-1)
-    placed = jnp.zeros((num_tokens, num_heads, head_dim), out.dtype)
-    placed = placed.at[token].set(out[0], mode="drop", unique_indices=True)
-    lse = jnp.transpose(lse[0]) * jnp.log(2.0).astype(jnp.float32)
-    placed_lse = jnp.full((num_tokens, num_heads), -jnp.inf, jnp.float32)
-    return placed, placed_lse.at[token].set(lse, mode="drop", unique_indices=True)
+    walk = PagedKeyTiles(st, paged, meta, padded_tables(batch, paged.copies))
+    out, lse = forward(
+        st, q[None], view(batch.key_rows), view(batch.value_rows), walk=walk, out_rows=num_tiles * CTA_ROWS
+    )
+    at = jnp.maximum(held, 0)
+    return out[0, at], lse[0, :, at] * jnp.log(2.0).astype(jnp.float32), held >= 0

@@ -1,8 +1,13 @@
-"""What a Mosaic GPU prefill-tile call fixes at trace time, and what each CTA reads of its tile (plain `jnp`).
+"""What a Mosaic GPU prefill-tile call fixes at trace time, and which tiles and rows each CTA takes (plain `jnp`).
 
-The prefill tiles are 128 queries of one sequence's chunk (`query_tiles` with `CTA_ROWS`) for one query head:
-flash attention's forward CTA, whose 128-key tiles come from the sequence's pages. Per CTA, in launch order
-(longest key span first), `tile_meta` gives one row of the columns below; the kernel reads them as scalars.
+A prefill tile is 128 rows of the packed queries for one query head: flash attention's forward CTA, whose 128-key
+tiles come from its sequence's pages. It reads its queries in place, and TMA copies into the kernels' tiled shared
+memory start at multiples of 8 rows: so a long sequence's tiles start at its first token rounded down to a
+multiple of 8, then every 128 rows (the last tile of the queries no later than `T - 128`, `T` a multiple of 8:
+the caller pads the queries); rows that are not the sequence's compute what nobody reads. Each tile writes its
+128 output rows to its slot of an array of the static bound of tiles, from which each token's row is gathered
+back (`held_rows`). Per CTA, in launch order (longest key span first), `tile_meta` gives one row of the columns
+below; the kernel reads them as scalars.
 """
 
 from __future__ import annotations
@@ -11,15 +16,19 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._common.paged_attention.core_math import PagedQueryTiles
+from ejkernel.kernels._common.paged_attention.core_math import max_tiles
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch, page_in_cache
+from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS
 
 BLOCK = CTA_ROWS  # keys per streamed tile
-TILE, SEQ, KV_LEN, POS0, CLEAN = range(5)
-"""Columns of a CTA's row: its query tile (row of the gathered queries / 128), sequence, the keys it may see
-(`kv_len`, 0 for a tile of no query), the position of its first query, and how many of the sequence's first
-keys lie on pages of the cache (the tiles past them are masked key by key)."""
+ALIGN = 8  # rows: where a TMA copy into tiled shared memory may start
+SLOT, QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN = range(6)
+"""Columns of a CTA's row: its tile's slot r (output rows r·128 ...), its first row of the packed queries over
+`ALIGN` (the kernel multiplies it back, so the compiler knows the TMA copies' rows aligned), its
+sequence, the keys it may see (`kv_len`, 0 for a tile of no query: the CTA computes nothing), the position of
+its first row, and how many of the sequence's first keys lie on pages of the cache (the tiles past them are
+masked key by key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +71,38 @@ def clean_keys(batch: PagedBatch):
     return jnp.min(jnp.where(bad, columns, tables.shape[1]), axis=1) * st.rows.page_size
 
 
-def tile_meta(batch: PagedBatch, tiles: PagedQueryTiles):
-    """`[R, 5]` int32 rows of the CTAs (columns above), longest key span first: the GPU starts CTAs in launch
-    order, so the short ones fill the last wave."""
-    seq = tiles.seq
-    kv_len = jnp.where(tiles.valid, batch.kv_len[seq], 0)
-    pos0 = batch.kv_len[seq] - batch.query_len[seq] + tiles.first
+def tile_bound(num_tokens: int, long_seqs: int) -> int:
+    """A static bound on the tiles of at most `long_seqs` sequences over `num_tokens` queries (each sequence
+    starts up to `ALIGN - 1` rows early and wastes less than a tile)."""
+    return max_tiles(num_tokens + (ALIGN - 1) * long_seqs, long_seqs, CTA_ROWS)
+
+
+def tile_meta(batch: PagedBatch, long, num_tiles: int, num_rows: int):
+    """`(meta [R, 6] int32, held [T] int32)`: the rows of the CTAs (columns above, longest key span first: the GPU
+    starts CTAs in launch order, so the short ones fill the last wave and those of no query start last) for the
+    sequences `long` ([N] bool), and each token's output row (slot · 128 + its row in the tile; -1 for a token no
+    tile holds). `num_rows`: the queries' rows (a multiple of `ALIGN`, at least 128)."""
+    start = batch.query_start - batch.query_start % ALIGN
+    length = jnp.where(long & (batch.query_len > 0), batch.query_len + batch.query_start - start, 0)
+    counts = -(-length // CTA_ROWS)
+    ends = jnp.cumsum(counts)
+    slot = jnp.arange(num_tiles, dtype=jnp.int32)
+    seq = sorted_position(ends, slot).astype(jnp.int32)
+    valid = seq < batch.num_seqs
+    seq = jnp.minimum(seq, batch.num_seqs - 1)
+    k = slot - (ends[seq] - counts[seq])  # the tile's place in its sequence
+    row = jnp.minimum(start[seq] + k * CTA_ROWS, num_rows - CTA_ROWS).astype(jnp.int32)
+    kv_len = jnp.where(valid, batch.kv_len[seq], 0)
+    pos0 = batch.kv_len[seq] - batch.query_len[seq] + row - batch.query_start[seq]
     span = jnp.clip(jnp.minimum(kv_len, pos0 + CTA_ROWS), 0, None)
     order = jnp.argsort(-span, stable=True).astype(jnp.int32)
-    meta = jnp.stack([jnp.arange(seq.shape[0], dtype=jnp.int32), seq, kv_len, pos0, clean_keys(batch)[seq]], axis=1)
-    return meta[order].astype(jnp.int32)
+    meta = jnp.stack([slot, row // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]], axis=1)[order].astype(jnp.int32)
+    # Token row[r] + i is the tile's if it is one of its sequence's queries, among the 128 the tile is for.
+    token = row[:, None] + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
+    index = token - batch.query_start[seq][:, None]  # within the sequence
+    mine = valid[:, None] & (index >= 0) & (index < batch.query_len[seq][:, None])
+    mine &= (index + (batch.query_start - start)[seq][:, None]) // CTA_ROWS == k[:, None]
+    token = jnp.where(mine, token, batch.num_tokens)
+    held = jnp.full((batch.num_tokens,), -1, jnp.int32)
+    rows = slot[:, None] * CTA_ROWS + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
+    return meta, held.at[token.reshape(-1)].set(rows.reshape(-1), mode="drop", unique_indices=True)
