@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from paged_cases import jitted_reference, output_of, unified_case
+from paged_cases import cumulative, jitted_reference, output_of, page_tables, unified_case
 
 import ejkernel.modules as modules
 from ejkernel.benchmarks.serving_attention import MIXED, make_problem
 from ejkernel.kernels._common.paged_attention.adapters import page_attention_batch, ragged_v3_batch, unified_batch
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
+from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.kernels._pallas.gpu.paged_attention._interface import (
     join,
     long_sequences,
@@ -46,31 +47,57 @@ def _unified(q_lens, kv_lens, *, heads, kv_heads, dim, page, outside=(), seed=0)
     return args
 
 
+def _v3(q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
+    """`ragged_page_attention_v3` arguments (its packed cache: K and V of a head interleaved) and options."""
+    rng = np.random.default_rng(seed)
+    width = -(-max(kv_lens) // page) + 1
+    num_pages = sum(-(-n // page) for n in kv_lens) + 2
+    tables = page_tables(rng, kv_lens, page, width, num_pages).reshape(-1)
+    tokens = sum(q_lens)
+    cache = randn(v3_cache_shape(num_pages, page, kv_heads, dim, jnp.bfloat16), jnp.bfloat16)
+    new = [randn((tokens, kv_heads, dim), jnp.bfloat16) for _ in range(2)]
+    distribution = jnp.asarray([q_lens.count(1), len(q_lens), len(q_lens)], jnp.int32)
+    lens = jnp.asarray(kv_lens, jnp.int32)
+    args = [randn((tokens, heads, dim), jnp.bfloat16), *new, cache, lens, jnp.asarray(tables), cumulative(q_lens)]
+    return [*args, distribution], {"softmax_scale": dim**-0.5}
+
+
 # A 140-query chunk after 150 keys of context (two tiles, the second partly empty), a 30-query chunk after 170,
 # decode and short sequences beside them (the Triton pass), an empty sequence, one with more queries than keys
 # (its first queries see nothing), and pages outside the cache inside two chunks' spans.
 INTERPRET_CASES = {
-    "gqa-chunks-decode-empty-pages-outside-d128": dict(
-        q_lens=(1, 140, 0, 2, 12, 30),
-        kv_lens=(40, 290, 0, 9, 7, 200),
-        heads=2,
-        kv_heads=1,
-        dim=128,
-        page=16,
-        outside=((5, 3), (5, 6), (1, 17)),
+    "gqa-chunks-decode-empty-pages-outside-d128": (
+        "unified_attention",
+        dict(
+            q_lens=(1, 140, 0, 2, 12, 30),
+            kv_lens=(40, 290, 0, 9, 7, 200),
+            heads=2,
+            kv_heads=1,
+            dim=128,
+            page=16,
+            outside=((5, 3), (5, 6), (1, 17)),
+        ),
     ),
-    # head dim 64 runs the ping-pong schedule; pages of 32 keys (4 copies a tile)
-    "ping-pong-d64-page-32": dict(q_lens=(1, 150, 1), kv_lens=(70, 300, 33), heads=1, kv_heads=1, dim=64, page=32),
+    # v3's packed cache (rows of K and V of every kv head, a head's K and V interleaved); pages of 32 keys (4 copies
+    # a tile)
+    "v3-packed-cache-page-32": (
+        "ragged_page_attention_v3",
+        dict(q_lens=(1, 150, 3), kv_lens=(60, 300, 20), heads=2, kv_heads=1, dim=128, page=32),
+    ),
 }
 
 
 def interpret_check(case: str) -> None:
     """`INTERPRET_CASES[case]` through both passes against the reference (output) and the plain-JAX core (its
     log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on stdout."""
-    args = _unified(**INTERPRET_CASES[case])
-    batch = unified_batch(*args)
+    op, shape = INTERPRET_CASES[case]
+    if op == "unified_attention":
+        args, options, adapter = _unified(**shape), {}, unified_batch
+    else:
+        (args, options), adapter = _v3(**shape), ragged_v3_batch
+    batch = adapter(*args, **options)
     flash, paged = plan(batch)
-    expected = jitted_reference("unified_attention", {})(*args)
+    expected = jitted_reference(op, options)(*args)
     expected_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)[1]
     out, lse, short = jax.jit(lambda b: short_sequences(b, interpret=True))(batch)
     with interpret_mode():  # (the prefill tiles alone: nothing else is dispatched beside them)
