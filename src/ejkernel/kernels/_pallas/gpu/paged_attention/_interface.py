@@ -28,7 +28,7 @@ from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_co
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper, kernel_choices
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic
-from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic, tile_bound
+from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic
 from ejkernel.registry import resolve
 
 WHO = "mosaic gpu paged attention"
@@ -80,9 +80,9 @@ def _cache_layout(batch: PagedBatch, stages: int) -> MosaicGpuPagedStatic:
     )
 
 
-def long_tiles(batch: PagedBatch, short: int) -> int:
-    """A static bound on the tiles of the sequences of more than `short` queries."""
-    return tile_bound(batch.num_tokens, min(batch.num_seqs, batch.num_tokens // (short + 1)))
+def long_sequences_bound(batch: PagedBatch, short: int) -> int:
+    """A static bound on the sequences of more than `short` queries."""
+    return min(batch.num_seqs, batch.num_tokens // (short + 1))
 
 
 def plan(batch: PagedBatch, stages: int = 2) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
@@ -125,7 +125,7 @@ def long_sequences(flash: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, bat
     hold (`_kernel.prefill_tiles`)."""
     from ejkernel.kernels._pallas.gpu.paged_attention._kernel import prefill_tiles  # loads Mosaic GPU
 
-    return prefill_tiles(flash, paged, batch, ~short, long_tiles(batch, resolve(SHORT_QUERIES)(batch)))
+    return prefill_tiles(flash, paged, batch, ~short, long_sequences_bound(batch, resolve(SHORT_QUERIES)(batch)))
 
 
 def join(short_pass, long_pass, with_lse: bool):

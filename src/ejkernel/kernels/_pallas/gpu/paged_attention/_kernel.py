@@ -1,7 +1,8 @@
 """The prefill tiles of a paged batch on the Mosaic GPU flash attention forward (`flash_attention._fwd`).
 
 The forward runs unchanged (warp-specialised, wgmma, online softmax, its schedules); a walk tells it where
-things are. A CTA is 128 queries of one sequence's chunk and one query head; its key tiles are the
+things are. A CTA is 128 queries of one sequence's chunk and one query head, read from the packed queries
+(`_tiling`) and written to its tile's slot of the output; its key tiles are the
 sequence's positions [0, hi) in steps of 128, each tile `copies` TMA copies of whole pages (page 16: 8
 copies per operand onto the step's barrier), the pages read from the page table as scalars by the memory
 warpgroup. Steps whose keys every row may see (before the chunk's first query, on pages of the cache) run
@@ -38,8 +39,10 @@ from ejkernel.kernels._pallas.gpu.paged_attention._tiling import (
     SEQ,
     SLOT,
     MosaicGpuPagedStatic,
+    packed_rows,
     padded_tables,
-    tile_meta,
+    tile_bound,
+    tile_plan,
 )
 
 
@@ -142,16 +145,15 @@ class PagedKeyTiles(KeyTiles):
         return Stream(k_copies, k_ready, k_consumed), Stream(v_copies, v_ready, v_consumed)
 
 
-def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, long, num_tiles: int):
-    """`(out [T, Hq, D], lse [T, Hq] natural log, held [T] bool)` of the sequences `long` ([N] bool) in at most
-    `num_tiles` tiles: the tokens they hold, and what the rows of the others hold (nothing to read)."""
-    q = jnp.pad(batch.queries, ((0, -batch.num_tokens % ALIGN), (0, 0), (0, 0)))  # (no copy when T is a multiple of 8)
-    meta, held = tile_meta(batch, long, num_tiles, q.shape[0])
+def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, long, long_seqs: int):
+    """`(out [T, Hq, D], lse [T, Hq] natural log, held [T] bool)` of the sequences `long` ([N] bool, at most
+    `long_seqs` of them): the tokens they hold, and what the rows of the others hold (nothing to read)."""
+    num_tiles = tile_bound(batch.num_tokens, long_seqs)
+    meta, sources, held = tile_plan(batch, long, num_tiles, packed_rows(batch.num_tokens, long_seqs))
     width = batch.key_rows.shape[1]
     view = lambda rows: rows.reshape(paged.num_pages, paged.page_size, paged.slots, width)
     walk = PagedKeyTiles(st, paged, meta, padded_tables(batch, paged.copies))
-    out, lse = forward(
-        st, q[None], view(batch.key_rows), view(batch.value_rows), walk=walk, out_rows=num_tiles * CTA_ROWS
-    )
+    q = batch.queries[sources][None]
+    out, lse = forward(st, q, view(batch.key_rows), view(batch.value_rows), walk=walk, out_rows=num_tiles * CTA_ROWS)
     at = jnp.maximum(held, 0)
     return out[0, at], lse[0, :, at] * jnp.log(2.0).astype(jnp.float32), held >= 0

@@ -1,13 +1,13 @@
 """What a Mosaic GPU prefill-tile call fixes at trace time, and which tiles and rows each CTA takes (plain `jnp`).
 
-A prefill tile is 128 rows of the packed queries for one query head: flash attention's forward CTA, whose 128-key
-tiles come from its sequence's pages. It reads its queries in place, and TMA copies into the kernels' tiled shared
-memory start at multiples of 8 rows: so a long sequence's tiles start at its first token rounded down to a
-multiple of 8, then every 128 rows (the last tile of the queries no later than `T - 128`, `T` a multiple of 8:
-the caller pads the queries); rows that are not the sequence's compute what nobody reads. Each tile writes its
-128 output rows to its slot of an array of the static bound of tiles, from which each token's row is gathered
-back (`held_rows`). Per CTA, in launch order (longest key span first), `tile_meta` gives one row of the columns
-below; the kernel reads them as scalars.
+A prefill tile is 128 queries of one sequence's chunk for one query head: flash attention's forward CTA, whose
+128-key tiles come from its sequence's pages. TMA copies into the kernels' tiled shared memory start at multiples
+of 8 rows, so the long sequences' queries are first packed with each sequence from a multiple of 8 (one gather of
+their rows: a 128-query tile read in place from an unaligned start would take a second tile for its last rows, a
+fifth more work at 512-query chunks); rows past a sequence's queries compute what nobody reads. Each tile writes
+its 128 output rows to its slot of an array of the static bound of tiles, from which each token's row is gathered
+back. Per CTA, in launch order (longest key span first), `tile_plan` gives one row of the columns below; the
+kernel reads them as scalars.
 """
 
 from __future__ import annotations
@@ -72,37 +72,49 @@ def clean_keys(batch: PagedBatch):
 
 
 def tile_bound(num_tokens: int, long_seqs: int) -> int:
-    """A static bound on the tiles of at most `long_seqs` sequences over `num_tokens` queries (each sequence
-    starts up to `ALIGN - 1` rows early and wastes less than a tile)."""
-    return max_tiles(num_tokens + (ALIGN - 1) * long_seqs, long_seqs, CTA_ROWS)
+    """A static bound on the 128-query tiles of at most `long_seqs` sequences over `num_tokens` queries."""
+    return max_tiles(num_tokens, long_seqs, CTA_ROWS)
 
 
-def tile_meta(batch: PagedBatch, long, num_tiles: int, num_rows: int):
-    """`(meta [R, 6] int32, held [T] int32)`: the rows of the CTAs (columns above, longest key span first: the GPU
-    starts CTAs in launch order, so the short ones fill the last wave and those of no query start last) for the
-    sequences `long` ([N] bool), and each token's output row (slot · 128 + its row in the tile; -1 for a token no
-    tile holds). `num_rows`: the queries' rows (a multiple of `ALIGN`, at least 128)."""
-    start = batch.query_start - batch.query_start % ALIGN
-    length = jnp.where(long & (batch.query_len > 0), batch.query_len + batch.query_start - start, 0)
-    counts = -(-length // CTA_ROWS)
-    ends = jnp.cumsum(counts)
+def packed_rows(num_tokens: int, long_seqs: int) -> int:
+    """Rows of the packed queries: every long sequence's queries from a multiple of `ALIGN`, and room for the
+    last tile's 128 rows (a multiple of `ALIGN`)."""
+    return -(-(num_tokens + (ALIGN - 1) * long_seqs) // ALIGN) * ALIGN + CTA_ROWS - ALIGN
+
+
+def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
+    """`(meta [R, 6], sources [num_rows], held [T])` int32 for the sequences `long` ([N] bool): the rows of the
+    CTAs (columns above; longest key span first: the GPU starts CTAs in launch order, so the short ones fill the
+    last wave and those of no query start last), the token each packed query row takes (any token where it holds
+    none: what it computes is not read), and each token's output row (slot · 128 + its row in the tile; -1 for a
+    token no tile holds)."""
+    num_tokens, num_seqs = batch.num_tokens, batch.num_seqs
+    q_len = jnp.where(long, batch.query_len, 0)
+    rows = -(-q_len // ALIGN) * ALIGN
+    ends = jnp.cumsum(rows)
+    start = ends - rows  # each sequence's first packed row
+    row = jnp.arange(num_rows, dtype=jnp.int32)
+    seq = jnp.minimum(sorted_position(ends, row), num_seqs - 1)
+    sources = jnp.clip(batch.query_start[seq] + row - start[seq], 0, num_tokens - 1).astype(jnp.int32)
+
+    counts = -(-q_len // CTA_ROWS)
+    tile_ends = jnp.cumsum(counts)
     slot = jnp.arange(num_tiles, dtype=jnp.int32)
-    seq = sorted_position(ends, slot).astype(jnp.int32)
-    valid = seq < batch.num_seqs
-    seq = jnp.minimum(seq, batch.num_seqs - 1)
-    k = slot - (ends[seq] - counts[seq])  # the tile's place in its sequence
-    row = jnp.minimum(start[seq] + k * CTA_ROWS, num_rows - CTA_ROWS).astype(jnp.int32)
+    seq = sorted_position(tile_ends, slot).astype(jnp.int32)
+    valid = seq < num_seqs
+    seq = jnp.minimum(seq, num_seqs - 1)
+    first = (slot - (tile_ends[seq] - counts[seq])) * CTA_ROWS  # the tile's first query in its sequence
     kv_len = jnp.where(valid, batch.kv_len[seq], 0)
-    pos0 = batch.kv_len[seq] - batch.query_len[seq] + row - batch.query_start[seq]
+    pos0 = batch.kv_len[seq] - batch.query_len[seq] + first
     span = jnp.clip(jnp.minimum(kv_len, pos0 + CTA_ROWS), 0, None)
     order = jnp.argsort(-span, stable=True).astype(jnp.int32)
-    meta = jnp.stack([slot, row // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]], axis=1)[order].astype(jnp.int32)
-    # Token row[r] + i is the tile's if it is one of its sequence's queries, among the 128 the tile is for.
-    token = row[:, None] + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
-    index = token - batch.query_start[seq][:, None]  # within the sequence
-    mine = valid[:, None] & (index >= 0) & (index < batch.query_len[seq][:, None])
-    mine &= (index + (batch.query_start - start)[seq][:, None]) // CTA_ROWS == k[:, None]
-    token = jnp.where(mine, token, batch.num_tokens)
-    held = jnp.full((batch.num_tokens,), -1, jnp.int32)
-    rows = slot[:, None] * CTA_ROWS + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
-    return meta, held.at[token.reshape(-1)].set(rows.reshape(-1), mode="drop", unique_indices=True)
+    columns = [slot, (start[seq] + first) // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]]
+    meta = jnp.stack(columns, axis=1)[order].astype(jnp.int32)
+
+    index = first[:, None] + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]  # the tile's queries in their sequence
+    token = jnp.where(
+        valid[:, None] & (index < q_len[seq][:, None]), batch.query_start[seq][:, None] + index, num_tokens
+    )
+    out_rows = slot[:, None] * CTA_ROWS + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
+    held = jnp.full((num_tokens,), -1, jnp.int32)
+    return meta, sources, held.at[token.reshape(-1)].set(out_rows.reshape(-1), mode="drop", unique_indices=True)
