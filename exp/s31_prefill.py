@@ -7,12 +7,13 @@ cases (Hq 32, Hkv 8, D 128, bf16, page 16, pages a random permutation).
 
 Per case and op, timed together (interleaved, the bench's `time_variants`): the mixed batch on the Triton core
 (`triton`, today's path), on the Mosaic GPU prefill tiles beside the Triton short-sequence pass (`pallas s2`, the
-registered default; `pallas s3`: a key/value ring of 3 stages), its decode sequences alone on the Triton core, and
-flash attention (auto) on the chunks' queries over their whole contexts (as the bench's `prefill_vs_flash`). A
-variant's prefill time is its mixed time less the decode sequences' alone; its `prefill_vs_flash` is that time's
-FLOP/s (causal in each chunk, the whole context before it) over flash attention's. Each mixed variant's output is
-checked against XLA's first (`rel` = ‖x − xla‖ / ‖xla‖). One flushed line per variant; the watchdog names a variant
-whose kernel hangs.
+registered default; `pallas s3`: a key/value ring of 3 stages; `pallas s2 exact`: only the chunks' tiles launched,
+not the static bound's, to see what the CTAs that compute nothing cost), its decode sequences alone on the Triton
+core, and flash attention (auto) on the chunks' queries over their whole contexts (as the bench's
+`prefill_vs_flash`). A variant's prefill time is its mixed time less the decode sequences' alone; its
+`prefill_vs_flash` is that time's FLOP/s (causal in each chunk, the whole context before it) over flash
+attention's. Each mixed variant's output is checked against XLA's first (`rel` = ‖x − xla‖ / ‖xla‖). One flushed
+line per variant; the watchdog names a variant whose kernel hangs.
 """
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ from ejkernel.kernels._pallas.gpu.paged_attention import paged_attention_mosaic_
 SIZES = dict(heads=HEADS, kv_heads=KV_HEADS, dim=DIM, page=PAGE)
 
 
-def mixed_variants(op: str, args) -> dict:
+def mixed_variants(op: str, args, n_prefill: int) -> dict:
     """Variant -> builder of its zero-argument call on the mixed batch (`make_call`'s)."""
-    staged = implementation(
-        op, functools.partial(paged_attention_mosaic_gpu_core, stages=3), f"{op}_mosaic_gpu_stages3"
-    )
+
+    def mosaic(**options):
+        core = functools.partial(paged_attention_mosaic_gpu_core, **options)
+        return functools.partial(make_call, op, implementation(op, core, f"{op}_mosaic_gpu"), args)
+
     return {
         "triton": functools.partial(make_call, op, "triton", args),
-        "pallas s2": functools.partial(make_call, op, "pallas", args),
-        "pallas s3": functools.partial(make_call, op, staged, args),
+        "pallas s2": functools.partial(make_call, op, "pallas", args),  # the registered default
+        "pallas s3": mosaic(stages=3),
+        # only the chunks' tiles launched: what the CTAs of the static bound that compute nothing cost
+        "pallas s2 exact": mosaic(long_seqs=n_prefill),
     }
 
 
@@ -52,7 +57,7 @@ def case_rows(op: str, case, only, repeats: int):
     kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
     mixed, _ = make_problem(op, q_lens, kv_lens, **SIZES)
     alone, _ = make_problem(op, [1] * n_decode, [decode_ctx] * n_decode, **SIZES)
-    variants = {k: v for k, v in mixed_variants(op, mixed).items() if not only or k in only}
+    variants = {k: v for k, v in mixed_variants(op, mixed, n_prefill).items() if not only or k in only}
 
     out = lambda call: call()[0] if op == "ragged_page_attention_v3" else call()
     expected = out(make_call(op, "xla", mixed))

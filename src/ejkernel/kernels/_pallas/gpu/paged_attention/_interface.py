@@ -120,12 +120,17 @@ def short_sequences(batch: PagedBatch, cfg=None, interpret: bool | None = None):
     return resolve(SHORT_SEQUENCES)(batch, cfg, interpret)
 
 
-def long_sequences(flash: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, short):
+def long_sequences(
+    flash: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, short, long_seqs: int | None = None
+):
     """`(out, lse, held [T] bool)` of the sequences not `short`, in Mosaic GPU prefill tiles: the tokens they
-    hold (`_kernel.prefill_tiles`)."""
+    hold (`_kernel.prefill_tiles`). `long_seqs`: a static bound on their number (default: what the batch's
+    shape allows), which sizes the launch."""
     from ejkernel.kernels._pallas.gpu.paged_attention._kernel import prefill_tiles  # loads Mosaic GPU
 
-    return prefill_tiles(flash, paged, batch, ~short, long_sequences_bound(batch, resolve(SHORT_QUERIES)(batch)))
+    if long_seqs is None:
+        long_seqs = long_sequences_bound(batch, resolve(SHORT_QUERIES)(batch))
+    return prefill_tiles(flash, paged, batch, ~short, long_seqs)
 
 
 def join(short_pass, long_pass, with_lse: bool):
@@ -136,18 +141,24 @@ def join(short_pass, long_pass, with_lse: bool):
     return (out, jnp.where(held[:, None], lse, short_lse)) if with_lse else out
 
 
-def _forward(flash, paged, cfg, interpret, with_lse: bool, batch: PagedBatch):
+def _forward(flash, paged, cfg, interpret, with_lse: bool, long_seqs, batch: PagedBatch):
     short_out, short_lse, short = short_sequences(batch, cfg, interpret)
-    return join((short_out, short_lse), long_sequences(flash, paged, batch, short), with_lse)
+    return join((short_out, short_lse), long_sequences(flash, paged, batch, short, long_seqs), with_lse)
 
 
 def paged_attention_mosaic_gpu_core(
-    batch: PagedBatch, cfg=None, interpret: bool | None = None, with_lse: bool = False, stages: int = 2
+    batch: PagedBatch,
+    cfg=None,
+    interpret: bool | None = None,
+    with_lse: bool = False,
+    stages: int = 2,
+    long_seqs: int | None = None,
 ):
     """`[T, Hq, D]` paged attention of `batch` (`with_lse`: and its log-sum-exp `[T, Hq]`), prefill chunks in
     Mosaic GPU tiles and short sequences on the Triton core (`cfg` tiles the Triton pass; `interpret` is its
-    interpret mode); `stages`: the prefill tiles' key/value ring depth. NotImplementedError for what it does
-    not serve (and off Hopper GPUs)."""
+    interpret mode); `stages`: the prefill tiles' key/value ring depth; `long_seqs`: the caller's promise that
+    at most so many sequences have more queries than the short pass takes (fewer CTAs launched that compute
+    nothing). NotImplementedError for what it does not serve (and off Hopper GPUs)."""
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
@@ -156,5 +167,5 @@ def paged_attention_mosaic_gpu_core(
     reference = functools.partial(paged_attention_core, with_lse=with_lse)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return reference(batch)
-    forward = functools.partial(_forward, flash, paged, cfg, interpret, with_lse)
+    forward = functools.partial(_forward, flash, paged, cfg, interpret, with_lse, long_seqs)
     return differentiated_as(reference, forward)(batch)
