@@ -8,9 +8,9 @@ cases (Hq 32, Hkv 8, D 128, bf16, page 16, pages a random permutation).
 Per case and op, timed together (interleaved, the bench's `time_variants`): the mixed batch on the Triton core
 (`triton`, today's path), on the Mosaic GPU prefill tiles beside the Triton short-sequence pass (`pallas s2`, the
 registered default; `pallas s3`: a key/value ring of 3 stages; `pallas s2 exact`: only the chunks' tiles launched,
-not the static bound's, to see what the CTAs that compute nothing cost), its decode sequences alone on the Triton
-core, and flash attention (auto) on the chunks' queries over their whole contexts (as the bench's
-`prefill_vs_flash`). A variant's prefill time is its mixed time less the decode sequences' alone; its
+not the static bound's, to see what the CTAs that compute nothing cost; `pallas s2 paired`: two tiles a CTA),
+its decode sequences alone on the Triton core, and flash attention (auto) on the chunks' queries over their whole
+contexts (as the bench's `prefill_vs_flash`). A variant's prefill time is its mixed time less the decode sequences' alone; its
 `prefill_vs_flash` is that time's FLOP/s (causal in each chunk, the whole context before it) over flash
 attention's. Each mixed variant's output is checked against XLA's first (`rel` = ‖x − xla‖ / ‖xla‖). One flushed
 line per variant; the watchdog names a variant whose kernel hangs.
@@ -47,6 +47,7 @@ def mixed_variants(op: str, args, n_prefill: int) -> dict:
         "pallas s3": mosaic(stages=3),
         # only the chunks' tiles launched: what the CTAs of the static bound that compute nothing cost
         "pallas s2 exact": mosaic(long_seqs=n_prefill),
+        "pallas s2 paired": mosaic(tiles_per_cta=2),  # two tiles a CTA: half as many CTAs of nothing
     }
 
 

@@ -78,26 +78,33 @@ INTERPRET_CASES = {
             page=16,
             outside=((5, 3), (5, 6), (1, 17)),
         ),
+        {},
     ),
     # v3's packed cache (rows of K and V of every kv head, a head's K and V interleaved); pages of 32 keys (4 copies
-    # a tile)
-    "v3-packed-cache-page-32": (
+    # a tile); two tiles a CTA (4 tiles of 6 slots: CTA 0 runs two, the others one and one of nothing)
+    "v3-packed-cache-page-32-paired": (
         "ragged_page_attention_v3",
-        dict(q_lens=(1, 150, 3), kv_lens=(60, 300, 20), heads=2, kv_heads=1, dim=128, page=32),
+        dict(q_lens=(1, 400), kv_lens=(60, 500), heads=2, kv_heads=1, dim=128, page=32),
+        {"tiles_per_cta": 2},
     ),
 }
 
 
-def interpret_check(case: str) -> None:
-    """`INTERPRET_CASES[case]` through both passes against the reference (output) and the plain-JAX core (its
-    log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on stdout."""
-    op, shape = INTERPRET_CASES[case]
+def interpret_check(cases: str) -> None:
+    """`INTERPRET_CASES[case]` for each of the comma-separated `cases`, through both passes against the reference
+    (output) and the plain-JAX core (its log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on
+    stdout."""
+    for case in cases.split(","):
+        check_case(*INTERPRET_CASES[case])
+
+
+def check_case(op: str, shape: dict, tiles: dict) -> None:
     if op == "unified_attention":
         args, options, adapter = _unified(**shape), {}, unified_batch
     else:
         (args, options), adapter = _v3(**shape), ragged_v3_batch
     batch = adapter(*args, **options)
-    flash, paged = plan(batch)
+    flash, paged = plan(batch, **tiles)
     expected = jitted_reference(op, options)(*args)
     expected_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)[1]
     out, lse, short = jax.jit(lambda b: short_sequences(b, interpret=True))(batch)
@@ -110,19 +117,19 @@ def interpret_check(case: str) -> None:
     assert_close(jnp.where(seen, lse, 0.0), jnp.where(seen, expected_lse, 0.0), name="lse")
 
 
-@pytest.mark.parametrize("case", INTERPRET_CASES)
-def test_interpret_mode_matches_reference(case):
-    check_in_fresh_process(__file__, case)
+def test_interpret_mode_matches_reference():
+    """Every case in one fresh process (its start, about 5 s, is most of a case's time)."""
+    check_in_fresh_process(__file__, ",".join(INTERPRET_CASES))
 
 
-def _lowered(op: str, cuda_lowering) -> str:
+def _lowered(op: str, tiles_per_cta: int) -> str:
     q_lens, kv_lens = [1] * 6 + [300, 40], [500] * 6 + [700, 300]
     args, _ = make_problem(op, q_lens, kv_lens, heads=8, kv_heads=2, dim=128, page=16)
     adapter = ragged_v3_batch if op == "ragged_page_attention_v3" else unified_batch
 
     def both_passes(*args):
         batch = adapter(*args)
-        flash, paged = plan(batch)
+        flash, paged = plan(batch, tiles_per_cta=tiles_per_cta)
         out, lse, short = short_sequences(batch, interpret=False)
         return join((out, lse), long_sequences(flash, paged, batch, short), with_lse=True)
 
@@ -130,11 +137,11 @@ def _lowered(op: str, cuda_lowering) -> str:
     return jax.jit(both_passes).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("op", ["unified_attention", "ragged_page_attention_v3"])
-def test_both_passes_lower_for_cuda(op, cuda_lowering):
+@pytest.mark.parametrize(("op", "tiles_per_cta"), [("unified_attention", 1), ("ragged_page_attention_v3", 2)])
+def test_both_passes_lower_for_cuda(op, tiles_per_cta, cuda_lowering):
     """The prefill tiles lower to one Mosaic GPU kernel beside the Triton pass, without a GPU: the unified
-    cache's rows and v3's packed one (K and V of a head interleaved)."""
-    text = _lowered(op, cuda_lowering)
+    cache's rows and v3's packed one (K and V of a head interleaved), one and two tiles a CTA."""
+    text = _lowered(op, tiles_per_cta)
     assert text.count("@mosaic_gpu") == 1 and "ejkernel_paged_attention" in text
 
 
@@ -159,6 +166,8 @@ def test_declines_what_the_prefill_tiles_do_not_serve():
     head_major = [jnp.swapaxes(c, 1, 2) for c in args[1:3]]  # page_attention's [pages, Hkv, page, D]
     lens, tables = jnp.full((160,), 200, jnp.int32), args[4][:1].repeat(160, 0)
     _declines(page_attention_batch(args[0][:160], *head_major, lens, tables), "reads")
+    with pytest.raises(NotImplementedError, match="do not fit"):
+        plan(unified_batch(*args), stages=3, tiles_per_cta=2)
 
 
 def test_declines_off_hopper():

@@ -27,7 +27,13 @@ from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper, kernel_choices
-from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS, MosaicGpuFlashStatic
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
+    COMPUTE_WGS,
+    CTA_ROWS,
+    ROWS,
+    SMEM_BYTES,
+    MosaicGpuFlashStatic,
+)
 from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic
 from ejkernel.registry import resolve
 
@@ -64,8 +70,8 @@ def _check_options(batch: PagedBatch) -> None:
         )
 
 
-def _cache_layout(batch: PagedBatch, stages: int) -> MosaicGpuPagedStatic:
-    """The cache as `[pages, page_size, slots, width]`, or NotImplementedError."""
+def _cache_layout(batch: PagedBatch, stages: int, tiles_per_cta: int) -> MosaicGpuPagedStatic:
+    """The cache as `[pages, page_size, slots, width]` (and the tiles' settings), or NotImplementedError."""
     rows, st = batch.static.rows, batch.static
     size = rows.page_size
     if size % 8 or (BLOCK % size and size % BLOCK):
@@ -75,8 +81,12 @@ def _cache_layout(batch: PagedBatch, stages: int) -> MosaicGpuPagedStatic:
     whole = {batch.key_rows.shape[0], batch.value_rows.shape[0]} == {rows.num_pages * rows.page_stride}
     if rows.page_stride != size * slots or last >= slots or not whole:
         raise NotImplementedError(f"{WHO} reads caches of rows [pages, page_size, kv heads..., width] only")
+    # shared memory: a 64-row query tile and log-sum-exp per warpgroup and tile, a ring of key and value tiles
+    smem = COMPUTE_WGS * tiles_per_cta * ROWS * (2 * st.head_dim + 4) + stages * 2 * BLOCK * st.head_dim * 2
+    if tiles_per_cta not in (1, 2) or stages < 2 or smem > SMEM_BYTES:
+        raise NotImplementedError(f"{WHO}: {tiles_per_cta} tiles a CTA and {stages} stages do not fit ({smem} bytes)")
     return MosaicGpuPagedStatic(
-        size, rows.num_pages, slots, rows.head_stride, rows.key_offset, rows.value_offset, stages=stages
+        size, rows.num_pages, slots, rows.head_stride, rows.key_offset, rows.value_offset, stages, tiles_per_cta
     )
 
 
@@ -85,10 +95,12 @@ def long_sequences_bound(batch: PagedBatch, short: int) -> int:
     return min(batch.num_seqs, batch.num_tokens // (short + 1))
 
 
-def plan(batch: PagedBatch, stages: int = 2) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
+def plan(
+    batch: PagedBatch, stages: int = 2, tiles_per_cta: int = 1
+) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
     """The prefill tiles' trace-time description; NotImplementedError for what they do not serve."""
     _check_options(batch)
-    paged = _cache_layout(batch, stages)
+    paged = _cache_layout(batch, stages, tiles_per_cta)
     st = batch.static
     if batch.num_tokens < CTA_ROWS + batch.num_seqs - 1:
         raise NotImplementedError(
@@ -110,6 +122,7 @@ def plan(batch: PagedBatch, stages: int = 2) -> tuple[MosaicGpuFlashStatic, Mosa
         block_k_dq=64,
         block_q_dkv=64,
         stages_bwd=2,
+        q_tiles_per_cta=tiles_per_cta,
         **choices,
     )
     return flash, paged
@@ -153,17 +166,20 @@ def paged_attention_mosaic_gpu_core(
     with_lse: bool = False,
     stages: int = 2,
     long_seqs: int | None = None,
+    tiles_per_cta: int = 1,
 ):
     """`[T, Hq, D]` paged attention of `batch` (`with_lse`: and its log-sum-exp `[T, Hq]`), prefill chunks in
     Mosaic GPU tiles and short sequences on the Triton core (`cfg` tiles the Triton pass; `interpret` is its
     interpret mode); `stages`: the prefill tiles' key/value ring depth; `long_seqs`: the caller's promise that
     at most so many sequences have more queries than the short pass takes (fewer CTAs launched that compute
-    nothing). NotImplementedError for what it does not serve (and off Hopper GPUs)."""
+    nothing); `tiles_per_cta`: 2 runs tiles c and c + R/2 of the launch order in CTA c (half as many CTAs that
+    compute nothing; the second tile's keys load while the first ends). NotImplementedError for what it does
+    not serve (and off Hopper GPUs)."""
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
-    flash, paged = plan(batch, stages)
+    flash, paged = plan(batch, stages, tiles_per_cta)
     reference = functools.partial(paged_attention_core, with_lse=with_lse)
     if batch.num_tokens == 0 or batch.num_seqs == 0:
         return reference(batch)

@@ -23,12 +23,11 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS
 
 BLOCK = CTA_ROWS  # keys per streamed tile
 ALIGN = 8  # rows: where a TMA copy into tiled shared memory may start
-SLOT, QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN = range(6)
-"""Columns of a CTA's row: its tile's slot r (output rows r·128 ...), its first row of the packed queries over
-`ALIGN` (the kernel multiplies it back, so the compiler knows the TMA copies' rows aligned), its
-sequence, the keys it may see (`kv_len`, 0 for a tile of no query: the CTA computes nothing), the position of
-its first row, and how many of the sequence's first keys lie on pages of the cache (the tiles past them are
-masked key by key)."""
+QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN = range(5)
+"""Columns of a tile's row (`tile_plan`'s `meta`, by slot): its first row of the packed queries over `ALIGN` (the
+kernel multiplies it back, so the compiler knows the TMA copies' rows aligned), its sequence, the keys it may see
+(`kv_len`, 0 for a slot of no tile: nothing to compute), the position of its first row, and how many of the
+sequence's first keys lie on pages of the cache (the key tiles past them are masked key by key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +43,7 @@ class MosaicGpuPagedStatic:
     key_offset: int
     value_offset: int
     stages: int = 2  # shared-memory slots per stream
+    tiles_per_cta: int = 1  # 2: a CTA runs tiles c and c + R/2 of the launch order (half the CTAs of nothing)
 
     @property
     def rows_per_copy(self) -> int:
@@ -71,9 +71,10 @@ def clean_keys(batch: PagedBatch):
     return jnp.min(jnp.where(bad, columns, tables.shape[1]), axis=1) * st.rows.page_size
 
 
-def tile_bound(num_tokens: int, long_seqs: int) -> int:
-    """A static bound on the 128-query tiles of at most `long_seqs` sequences over `num_tokens` queries."""
-    return max_tiles(num_tokens, long_seqs, CTA_ROWS)
+def tile_bound(num_tokens: int, long_seqs: int, tiles_per_cta: int = 1) -> int:
+    """A static bound on the 128-query tiles of at most `long_seqs` sequences over `num_tokens` queries (a
+    multiple of `tiles_per_cta`)."""
+    return -(-max_tiles(num_tokens, long_seqs, CTA_ROWS) // tiles_per_cta) * tiles_per_cta
 
 
 def packed_rows(num_tokens: int, long_seqs: int) -> int:
@@ -83,11 +84,11 @@ def packed_rows(num_tokens: int, long_seqs: int) -> int:
 
 
 def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
-    """`(meta [R, 6], sources [num_rows], held [T])` int32 for the sequences `long` ([N] bool): the rows of the
-    CTAs (columns above; longest key span first: the GPU starts CTAs in launch order, so the short ones fill the
-    last wave and those of no query start last), the token each packed query row takes (any token where it holds
-    none: what it computes is not read), and each token's output row (slot · 128 + its row in the tile; -1 for a
-    token no tile holds)."""
+    """`(meta [R, 5], order [R], sources [num_rows], held [T])` int32 for the sequences `long` ([N] bool): each
+    slot's tile (columns above), the slots in launch order (longest key span first: the GPU starts CTAs in launch
+    order, so the short ones fill the last wave and those of no query start last), the token each packed query
+    row takes (any token where it holds none: what it computes is not read), and each token's output row
+    (slot · 128 + its row in the tile; -1 for a token no tile holds)."""
     num_tokens, num_seqs = batch.num_tokens, batch.num_seqs
     q_len = jnp.where(long, batch.query_len, 0)
     rows = -(-q_len // ALIGN) * ALIGN
@@ -106,10 +107,10 @@ def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
     first = (slot - (tile_ends[seq] - counts[seq])) * CTA_ROWS  # the tile's first query in its sequence
     kv_len = jnp.where(valid, batch.kv_len[seq], 0)
     pos0 = batch.kv_len[seq] - batch.query_len[seq] + first
+    query_row = jnp.where(valid, start[seq] + first, 0)  # (a slot of no tile: row 0, never out of the rows)
+    meta = jnp.stack([query_row // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]], axis=1)
     span = jnp.clip(jnp.minimum(kv_len, pos0 + CTA_ROWS), 0, None)
     order = jnp.argsort(-span, stable=True).astype(jnp.int32)
-    columns = [slot, (start[seq] + first) // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]]
-    meta = jnp.stack(columns, axis=1)[order].astype(jnp.int32)
 
     index = first[:, None] + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]  # the tile's queries in their sequence
     token = jnp.where(
@@ -117,4 +118,5 @@ def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
     )
     out_rows = slot[:, None] * CTA_ROWS + jnp.arange(CTA_ROWS, dtype=jnp.int32)[None, :]
     held = jnp.full((num_tokens,), -1, jnp.int32)
-    return meta, sources, held.at[token.reshape(-1)].set(out_rows.reshape(-1), mode="drop", unique_indices=True)
+    held = held.at[token.reshape(-1)].set(out_rows.reshape(-1), mode="drop", unique_indices=True)
+    return meta.astype(jnp.int32), order, sources, held
