@@ -10,10 +10,10 @@ Per case and op, timed together (interleaved, the bench's `time_variants`): the 
 registered default; `pallas s3`: a key/value ring of 3 stages; `pallas s2 exact`: only the chunks' tiles launched,
 not the static bound's, to see what the CTAs that compute nothing cost; `pallas s2 paired`: two tiles a CTA),
 its decode sequences alone on the Triton core, and flash attention (auto) on the chunks' queries over their whole
-contexts (as the bench's `prefill_vs_flash`). A variant's prefill time is its mixed time less the decode sequences' alone; its
-`prefill_vs_flash` is that time's FLOP/s (causal in each chunk, the whole context before it) over flash
-attention's. Each mixed variant's output is checked against XLA's first (`rel` = ‖x − xla‖ / ‖xla‖). One flushed
-line per variant; the watchdog names a variant whose kernel hangs.
+contexts (as the bench's `prefill_vs_flash`). A variant's prefill time is its mixed time less the decode
+sequences' alone; its `prefill_vs_flash` is that time's FLOP/s (causal in each chunk, the whole context before it)
+over flash attention's. Each mixed variant's output is checked against XLA's first (`rel` = ‖x − xla‖ / ‖xla‖).
+One flushed line per variant; the watchdog names a variant whose kernel hangs.
 """
 
 from __future__ import annotations
