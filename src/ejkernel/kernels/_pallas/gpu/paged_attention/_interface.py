@@ -52,6 +52,7 @@ _UNSERVED_OPTIONS = {
 
 
 def _check_options(batch: PagedBatch) -> None:
+    """NotImplementedError for the options, dtypes and head dims the prefill tiles do not serve."""
     st = batch.static
     for field, what in _UNSERVED_OPTIONS.items():
         if getattr(batch, field) is not None:
