@@ -60,16 +60,20 @@ class Implementation:
     @functools.cached_property
     def fn(self) -> Callable:
         """The function (a `"module:attribute"` target imported on first use)."""
-        if not isinstance(self.target, str):
-            return self.target
-        module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return self.target if not isinstance(self.target, str) else resolve(self.target)
 
     def runs_on(self, backend: Backend) -> bool:
         return self.backend in (Backend.ANY, backend)
 
     def describe(self) -> str:
         return f"{self.platform.value}/{self.backend.value} (priority {self.priority})"
+
+
+def resolve(target: str) -> Callable:
+    """The function a `"module:attribute"` target names, its module imported now: how the op modules reach a
+    backend, and how a backend reaches another's core (never by an import statement: see docs/design.md)."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def implementations(algorithm: str, *declared: tuple[Platform, Backend, str]) -> tuple[Implementation, ...]:

@@ -82,7 +82,11 @@ def make_problem(op, q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
 
 
 def make_call(op, platform, args):
-    fn = getattr(ejkernel.modules, op) if platform == "auto" else kernel_registry.get(op, platform)
+    """A zero-argument call of `op` on `args` through `platform` ("auto": the public op), or an implementation."""
+    if callable(platform):
+        fn = platform
+    else:
+        fn = getattr(ejkernel.modules, op) if platform == "auto" else kernel_registry.get(op, platform)
     if op != "ragged_page_attention_v3":
         return functools.partial(jax.jit(lambda *a: fn(*a)), *args)
     # As a serving loop runs it: the cache is donated (updated in place) and fed back to the next call.

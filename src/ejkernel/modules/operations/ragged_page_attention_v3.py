@@ -33,12 +33,15 @@ from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "ragged_page_attention_v3",
+    (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.paged_attention:ragged_page_attention_v3"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:ragged_page_attention_v3"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:ragged_page_attention_v3"),
     (Platform.PALLAS, Backend.TPU, "ejkernel.kernels._pallas.tpu.paged_attention:ragged_page_attention_v3"),
 )
-"""Best first. The TPU kernel, checked only in Pallas' TPU interpret mode so far, comes after XLA
-(`platform="pallas"` asks for it) until the suite has passed on a real TPU."""
+"""Best first. On Hopper GPUs the prefill chunks run in Mosaic GPU flash attention tiles beside the Triton core's
+short-sequence pass (it declines windows, soft caps, sinks, quantised caches and decode-only batches: then the
+Triton core serves them). The TPU kernel, checked only in Pallas' TPU interpret mode so far, comes after XLA
+(`platform="pallas"` on a TPU asks for it) until the suite has passed on a real TPU."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,9 +30,12 @@ from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
     "unified_attention",
+    (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.paged_attention:unified_attention"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.paged_attention:unified_attention"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.paged_attention:unified_attention"),
 )
+"""Best first: on Hopper GPUs the prefill chunks in Mosaic GPU flash attention tiles beside the Triton core's
+short-sequence pass (declining what `ragged_page_attention_v3`'s entry declines), then the Triton core, XLA."""
 
 
 @dataclasses.dataclass(frozen=True)

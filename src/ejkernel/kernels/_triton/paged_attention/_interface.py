@@ -100,13 +100,35 @@ def short_pass(batch: PagedBatch, cfg, t: TritonPagedTiling) -> TritonPagedTilin
     which decode tiles stream keys while prefill tiles compute, was faster on an H200 (24 x 1@8192 beside
     8 x 1024@4096: 2.56 ms in one pass, 3.16 in two; 60 x 1@4096 beside 4 x 512@2048: 0.85 and 0.65).
     """
-    st, group = batch.static, batch.num_heads // batch.static.num_kv_heads
-    short = max(1, 16 // group)
-    params = config_tiling(cfg, st.rows.page_size)
+    short = short_queries(batch)
+    params = config_tiling(cfg, batch.static.rows.page_size)
     if params.block_q or t.block_q <= short or batch.num_tokens > 2 * t.block_q * batch.num_seqs:
         return None
-    splits = params.num_splits or st.num_splits or _splits(batch, short, t.block_k, batch.num_seqs)
-    return dataclasses.replace(t, block_q=short, rows=_pow2(short * group), num_splits=int(splits))
+    return _one_tile_each(batch, cfg, t, short)
+
+
+def short_queries(batch: PagedBatch) -> int:
+    """The most queries a sequence of the short pass has: those of 16 tile rows (`16 // G`, at least 1)."""
+    return max(1, 16 // (batch.num_heads // batch.static.num_kv_heads))
+
+
+def _one_tile_each(batch: PagedBatch, cfg, t: TritonPagedTiling, block_q: int) -> TritonPagedTiling:
+    """`t` with tiles of `block_q` queries, its key splits counted for one tile a sequence."""
+    st, group = batch.static, batch.num_heads // batch.static.num_kv_heads
+    splits = config_tiling(cfg, st.rows.page_size).num_splits or st.num_splits
+    splits = splits or _splits(batch, block_q, t.block_k, batch.num_seqs)
+    return dataclasses.replace(t, block_q=block_q, rows=_pow2(block_q * group), num_splits=int(splits))
+
+
+def short_sequences_triton(batch: PagedBatch, cfg=None, interpret: bool | None = None):
+    """The short pass of `paged_attention_triton_core` alone, for a core that serves the long sequences itself:
+    `(out [T, Hq, D], lse [T, Hq], short [N] bool)`, the sequences of at most `short_queries(batch)` queries
+    run in one tile each, every other token 0 (lse -inf). No VJP (the caller's); NotImplementedError for what
+    the kernel cannot serve."""
+    t = _one_tile_each(batch, cfg, plan(batch, cfg, interpret), short_queries(batch))
+    short = batch.query_len <= t.block_q
+    only_short = dataclasses.replace(batch, query_len=jnp.where(short, batch.query_len, 0))
+    return *_partial_pass(t, only_short, True, num_tiles=batch.num_seqs), short
 
 
 def _partial_pass(t: TritonPagedTiling, batch: PagedBatch, with_lse: bool, num_tiles: int | None = None):

@@ -3,13 +3,13 @@ one or two 128-row query tiles of a head, its output and base-2 log-sum-exp."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E, join_sink
+from ejkernel.kernels._common.vma import out_struct
 
 from ._parts import (
     COMPUTE_REGISTERS,
@@ -22,7 +22,6 @@ from ._parts import (
     bshd,
     exp2_tile,
     feed,
-    key_value_streams,
     launch_kernel,
     logits2,
     memory_warpgroup,
@@ -36,17 +35,19 @@ from ._parts import (
 from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
 
 
-def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None = None):
+def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None = None, out_rows: int | None = None):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
 
     (`[B, H, S, D]` arrays with `st.heads_major`.) `sinks`: optional `[H]` float32 sink logit per head
     (natural units), one more softmax column without a value: it joins each row's denominator and
     log-sum-exp when the row is written. `walk`: which key tiles each query tile streams (default:
-    every tile holding an allowed pair, `KeyTiles`).
+    every tile holding an allowed pair, `KeyTiles`). `out_rows`: the output's rows (default q's), 128 a query
+    tile (a walk that reads its queries in place, elsewhere than it writes them: `KeyTiles.tile`).
     """
     batch, q_pad_len, heads, head_dim = bshd(st, q.shape)
     bk, stages, dtype = st.block_k, st.stages, q.dtype
-    num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, bshd(st, k.shape)[1] // bk
+    out_len = q_pad_len if out_rows is None else out_rows
+    num_q_tiles, num_blocks = out_len // CTA_ROWS, bshd(st, k.shape)[1] // bk
     tiles = st.q_tiles_per_cta
     walk = KeyTiles(st, bk, num_blocks, num_q_tiles, tiles) if walk is None else walk
     num_walk = len(walk.arrays)
@@ -71,7 +72,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         def query_tile(j):
             """The CTA's j-th query tile: its first row, its key tiles [lo, hi) and their K/V streams."""
             row, lo, hi, key_row = tiles_of.tile(cta, j)
-            streams = key_value_streams(st, k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, key_row, bk)
+            streams = tiles_of.streams(k_ref, v_ref, (k_smem, v_smem), barriers[1:5], b, h, key_row)
             return row, lo, hi, list(streams)
 
         def over_tiles(fn):
@@ -92,7 +93,9 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
 
         turns = Turns(schedule, wg, st.overlap_schedule)
 
-        @pl.when(wg < COMPUTE_WGS)
+        live = tiles_of.live()  # (None: every CTA has rows to compute)
+
+        @pl.when(wg < COMPUTE_WGS if live is None else (wg < COMPUTE_WGS) & live)
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             for j in range(tiles):  # every query tile at once: the later ones load while the first runs
@@ -317,14 +320,19 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         (
             # a warpgroup's q tiles (and sink)
             plgpu.Barrier(num_arrivals=tiles + has_sinks, num_barriers=COMPUTE_WGS),
-            *Stream.barriers(1, stages),
-            *Stream.barriers(1, stages),
+            *Stream.barriers(walk.copies, stages),
+            *Stream.barriers(walk.copies, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
             plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
             *((plgpu.Barrier(),) if row_sums else ()),  # e₀, fed once by the memory warpgroup
         ),
     )
-    out_type = (q, jax.ShapeDtypeStruct((batch, heads, q_pad_len), jnp.float32))
+    out = q
+    if out_rows is not None:
+        out = out_struct(
+            (batch, heads, out_len, head_dim) if st.heads_major else (batch, out_len, heads, head_dim), q.dtype, q
+        )
+    out_type = (out, out_struct((batch, heads, out_len), jnp.float32, q))
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
     args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
     args += tuple(walk.arrays)

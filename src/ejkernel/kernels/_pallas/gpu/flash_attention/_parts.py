@@ -321,6 +321,7 @@ class KeyTiles:
 
     arrays: tuple = ()
     masked = True  # some step may need a mask (else `run_segments` traces none)
+    copies = 1  # TMA copies that fill one key (value) tile: `streams` makes that many per step
 
     def __init__(self, st: MosaicGpuFlashStatic, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
         self.st, self.block, self.num_blocks = st, block, num_blocks
@@ -342,7 +343,11 @@ class KeyTiles:
 
     def tile(self, cta, j):
         """`(row, lo, hi, key_row)`: the j-th query tile's first row, its steps [lo, hi), and
-        `key_row(i)`, the first key row of step lo + i (the memory warpgroup counts from 0)."""
+        `key_row(i)`, the first key row of step lo + i (the memory warpgroup counts from 0).
+
+        `row` is the tile's first output row, which `own` and `mask` take rows from; `row(cta, j)` is its first
+        row of q. They are one here; a walk that reads its queries in place writes them elsewhere
+        (`forward`'s `out_rows`)."""
         row = self.row(cta, j)
         lo, hi = cta_key_tiles(self.st, row, self.block, self.num_blocks)
         return row, lo, hi, lambda i: (lo + i) * self.block
@@ -354,6 +359,16 @@ class KeyTiles:
     def mask(self, s, row0, t, **kwargs):
         """Score tile `s` of step t for the rows from `row0`, disallowed pairs set to `fill`."""
         return masked_scores(self.st, s, row0, t * self.block, **kwargs)
+
+    def live(self):
+        """Whether the CTA has query rows to compute (a traced bool), or None: always. A CTA that has none
+        leaves its output rows unwritten (a walk over a static bound of tiles, whose caller drops them)."""
+        return None
+
+    def streams(self, k_ref, v_ref, smem, barriers, b, h, key_row) -> tuple[Stream, Stream]:
+        """The forward's key and value streams (`key_value_streams`; a walk over other layouts, such as
+        a paged cache, makes its own, of `copies` copies a step)."""
+        return key_value_streams(self.st, k_ref, v_ref, smem, barriers, b, h, key_row, self.block)
 
 
 class QueryTiles:

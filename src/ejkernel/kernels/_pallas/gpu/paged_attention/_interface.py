@@ -1,0 +1,188 @@
+"""The serving ops on Hopper: prefill chunks in Mosaic GPU flash attention tiles, short sequences on the Triton core.
+
+`paged_attention_mosaic_gpu_core(batch, cfg)` declines (NotImplementedError, before tracing a kernel) what
+the prefill tiles do not serve, so `platform="auto"` falls back to the Triton core: 16-bit queries and
+cache of one dtype, head dim 64 or 128, plain causal attention (no sliding window, soft cap, sinks, ALiBi,
+query-query bias, first keys or quantised cache), a cache whose rows of one (page, position) hold every kv
+head (`[pages, page_size, slots, width]`, `width` the head dim), pages of a multiple of 8 positions that
+tile 128 keys (or are whole multiples of them), and a batch with room for a 128-query chunk.
+
+Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode
+rows, one small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each
+token takes its row from the pass that holds it. A sequence of a few queries more than the short pass takes
+(`16 // G`: speculative steps) fills a 128-query tile mostly with rows that compute what nobody reads. The Triton
+pass is reached as the op modules reach a backend, through its `"module:attribute"` name
+(`ejkernel.registry.resolve`), never imported. The gradient is the shared plain-JAX core's, as the Triton
+core's is.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels._common.differentiation import differentiated_as
+from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
+from ejkernel.kernels._common.paged_attention.problem import PagedBatch
+from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper, kernel_choices
+from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
+    COMPUTE_WGS,
+    CTA_ROWS,
+    ROWS,
+    SMEM_BYTES,
+    MosaicGpuFlashStatic,
+)
+from ejkernel.kernels._pallas.gpu.paged_attention._tiling import BLOCK, MosaicGpuPagedStatic
+from ejkernel.registry import resolve
+
+WHO = "mosaic gpu paged attention"
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+HEAD_DIMS = (64, 128)
+SHORT_SEQUENCES = "ejkernel.kernels._triton.paged_attention:short_sequences_triton"
+SHORT_QUERIES = "ejkernel.kernels._triton.paged_attention:short_queries"
+_UNSERVED_OPTIONS = {
+    "kv_start": "first keys",
+    "sinks": "sinks",
+    "alibi_slopes": "ALiBi",
+    "qq_bias": "a query-query bias",
+    "key_scales": "per-token cache scales",
+}
+
+
+def _check_options(batch: PagedBatch) -> None:
+    """NotImplementedError for the options, dtypes and head dims the prefill tiles do not serve."""
+    st = batch.static
+    for field, what in _UNSERVED_OPTIONS.items():
+        if getattr(batch, field) is not None:
+            raise NotImplementedError(f"{WHO} does not take {what}")
+    if st.soft_cap is not None or st.window is not None or not st.causal or st.value_scale is not None:
+        raise NotImplementedError(f"{WHO} serves plain causal attention: no soft cap, window or value scale")
+    dtype = jnp.dtype(batch.queries.dtype)
+    if dtype not in DTYPES:
+        raise NotImplementedError(f"{WHO} takes bfloat16/float16 queries, got {dtype}")
+    caches = {jnp.dtype(batch.key_rows.dtype), jnp.dtype(batch.value_rows.dtype)}
+    if st.compute_dtype not in (None, dtype.name) or caches != {dtype}:
+        raise NotImplementedError(f"{WHO} takes a cache and compute dtype of the queries' {dtype}, got {caches}")
+    if st.head_dim not in HEAD_DIMS or batch.key_rows.shape[1] != st.head_dim:
+        raise NotImplementedError(
+            f"{WHO} takes head dims {HEAD_DIMS} in cache rows as wide, got {st.head_dim} in {batch.key_rows.shape[1]}"
+        )
+
+
+def _cache_layout(batch: PagedBatch, stages: int, tiles_per_cta: int) -> MosaicGpuPagedStatic:
+    """The cache as `[pages, page_size, slots, width]` (and the tiles' settings), or NotImplementedError."""
+    rows, st = batch.static.rows, batch.static
+    size = rows.page_size
+    if size % 8 or (BLOCK % size and size % BLOCK):
+        raise NotImplementedError(f"{WHO} takes pages of 8, 16, ..., 128 positions or multiples of 128, got {size}")
+    slots = rows.slot_stride
+    last = (st.num_kv_heads - 1) * rows.head_stride + max(rows.key_offset, rows.value_offset)
+    whole = {batch.key_rows.shape[0], batch.value_rows.shape[0]} == {rows.num_pages * rows.page_stride}
+    if rows.page_stride != size * slots or last >= slots or not whole:
+        raise NotImplementedError(f"{WHO} reads caches of rows [pages, page_size, kv heads..., width] only")
+    # shared memory: a 64-row query tile and log-sum-exp per warpgroup and tile, a ring of key and value tiles
+    smem = COMPUTE_WGS * tiles_per_cta * ROWS * (2 * st.head_dim + 4) + stages * 2 * BLOCK * st.head_dim * 2
+    if tiles_per_cta not in (1, 2) or stages < 2 or smem > SMEM_BYTES:
+        raise NotImplementedError(f"{WHO}: {tiles_per_cta} tiles a CTA and {stages} stages do not fit ({smem} bytes)")
+    return MosaicGpuPagedStatic(
+        size, rows.num_pages, slots, rows.head_stride, rows.key_offset, rows.value_offset, stages, tiles_per_cta
+    )
+
+
+def long_sequences_bound(batch: PagedBatch, short: int) -> int:
+    """A static bound on the sequences of more than `short` queries."""
+    return min(batch.num_seqs, batch.num_tokens // (short + 1))
+
+
+def plan(
+    batch: PagedBatch, stages: int = 2, tiles_per_cta: int = 1
+) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
+    """The prefill tiles' trace-time description; NotImplementedError for what they do not serve."""
+    _check_options(batch)
+    paged = _cache_layout(batch, stages, tiles_per_cta)
+    st = batch.static
+    if batch.num_tokens < CTA_ROWS + batch.num_seqs - 1:
+        raise NotImplementedError(
+            f"{WHO}: {batch.num_tokens} tokens over {batch.num_seqs} sequences leave no 128-query chunk beside "
+            "one query a sequence (decode steps are the Triton core's)"
+        )
+    choices = kernel_choices(st.head_dim, batch.queries.dtype, st.max_kv_len, None, BLOCK, 64, 2, True, True)
+    flash = MosaicGpuFlashStatic(
+        softmax_scale=float(st.softmax_scale),
+        soft_cap=None,
+        causal=True,
+        window=None,
+        q_len=CTA_ROWS,  # (per tile: the walk places the rows and masks them)
+        kv_len=max(st.max_kv_len, 1),
+        num_heads=batch.num_heads,
+        num_kv_heads=st.num_kv_heads,
+        block_k=BLOCK,
+        stages=stages,
+        block_k_dq=64,
+        block_q_dkv=64,
+        stages_bwd=2,
+        q_tiles_per_cta=tiles_per_cta,
+        **choices,
+    )
+    return flash, paged
+
+
+def short_sequences(batch: PagedBatch, cfg=None, interpret: bool | None = None):
+    """The Triton core's pass over the short sequences: `(out, lse, short [N] bool)` (`short_sequences_triton`)."""
+    return resolve(SHORT_SEQUENCES)(batch, cfg, interpret)
+
+
+def long_sequences(
+    flash: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, short, long_seqs: int | None = None
+):
+    """`(out, lse, held [T] bool)` of the sequences not `short`, in Mosaic GPU prefill tiles: the tokens they
+    hold (`_kernel.prefill_tiles`). `long_seqs`: a static bound on their number (default: what the batch's
+    shape allows), which sizes the launch."""
+    from ejkernel.kernels._pallas.gpu.paged_attention._kernel import prefill_tiles  # loads Mosaic GPU
+
+    if long_seqs is None:
+        long_seqs = long_sequences_bound(batch, resolve(SHORT_QUERIES)(batch))
+    return prefill_tiles(flash, paged, batch, ~short, long_seqs)
+
+
+def join(short_pass, long_pass, with_lse: bool):
+    """The short pass's `(out, lse)` and the long one's `(out, lse, held)` -> the batch's: each token's rows from
+    the pass that holds it (the short pass's hold 0 and -inf where no sequence has the token)."""
+    (short_out, short_lse), (out, lse, held) = short_pass, long_pass
+    out = jnp.where(held[:, None, None], out.astype(short_out.dtype), short_out)
+    return (out, jnp.where(held[:, None], lse, short_lse)) if with_lse else out
+
+
+def _forward(flash, paged, cfg, interpret, with_lse: bool, long_seqs, batch: PagedBatch):
+    short_out, short_lse, short = short_sequences(batch, cfg, interpret)
+    return join((short_out, short_lse), long_sequences(flash, paged, batch, short, long_seqs), with_lse)
+
+
+def paged_attention_mosaic_gpu_core(
+    batch: PagedBatch,
+    cfg=None,
+    interpret: bool | None = None,
+    with_lse: bool = False,
+    stages: int = 2,
+    long_seqs: int | None = None,
+    tiles_per_cta: int = 1,
+):
+    """`[T, Hq, D]` paged attention of `batch` (`with_lse`: and its log-sum-exp `[T, Hq]`), prefill chunks in
+    Mosaic GPU tiles and short sequences on the Triton core (`cfg` tiles the Triton pass; `interpret` is its
+    interpret mode); `stages`: the prefill tiles' key/value ring depth; `long_seqs`: the caller's promise that
+    at most so many sequences have more queries than the short pass takes (fewer CTAs launched that compute
+    nothing); `tiles_per_cta`: 2 runs tiles c and c + R/2 of the launch order in CTA c (half as many CTAs that
+    compute nothing; the second tile's keys load while the first ends). NotImplementedError for what it does
+    not serve (and off Hopper GPUs)."""
+    if not is_hopper():
+        raise NotImplementedError(
+            f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
+        )
+    flash, paged = plan(batch, stages, tiles_per_cta)
+    reference = functools.partial(paged_attention_core, with_lse=with_lse)
+    if batch.num_tokens == 0 or batch.num_seqs == 0:
+        return reference(batch)
+    forward = functools.partial(_forward, flash, paged, cfg, interpret, with_lse, long_seqs)
+    return differentiated_as(reference, forward)(batch)
