@@ -3,14 +3,19 @@ implementations, `platform=` with cached configs, mesh / in_specs / out_specs, c
 and shipped tuned configs."""
 
 import dataclasses
+import functools
 import json
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import custom_derivatives
 from jax.sharding import Mesh, PartitionSpec
 
+import ejkernel
 from ejkernel import Backend, Platform, kernel_registry
 from ejkernel.ops import (
     FwdParams,
@@ -293,6 +298,73 @@ def test_a_public_call_is_checked_once(op, monkeypatch):
     direct = first(kernel_registry.get(op, "xla")(*args, **options))
     assert len(calls) == 3
     np.testing.assert_allclose(direct, out, rtol=1e-6, atol=1e-6)
+
+
+def test_the_gla_scale_is_resolved_once(monkeypatch):
+    """The public function resolves `softmax_scale`; the entry it reaches takes it as given, while the same entry
+    called directly resolves it."""
+    import importlib
+
+    from ejkernel.kernels._common.linear_attention import entries
+    from ejkernel.modules import gla_attention
+
+    calls, resolve = [], entries.resolve_scale
+    counted = lambda *a: calls.append(1) or resolve(*a)
+    monkeypatch.setattr(importlib.import_module("ejkernel.modules.operations.gla_attention"), "resolve_scale", counted)
+    monkeypatch.setattr(entries, "resolve_scale", counted)
+    args = CHECKED_ONCE["gla"][1]
+    out = gla_attention(*args, platform="xla")
+    assert len(calls) == 1
+    direct = kernel_registry.get("gla", "xla")(*args)
+    assert len(calls) == 2
+    np.testing.assert_allclose(direct, out, rtol=1e-6, atol=1e-6)
+
+
+class _KernelReached(Exception):
+    pass
+
+
+def _frames_to_kernel_vjp(monkeypatch, public, *args, **options) -> list[str]:
+    """The ejkernel frames from `public`'s own to the one that calls its kernel's custom VJP (the first
+    `jax.custom_vjp` outside the executor, whose per-mode VJP is not the kernel's), stopped there."""
+    root = str(pathlib.Path(ejkernel.__file__).parent)
+    path, call = [], custom_derivatives.custom_vjp.__call__
+
+    def reached(self, *a, **k):
+        fun = self.fun
+        while isinstance(fun, functools.partial):
+            fun = fun.func
+        if fun.__module__ == "ejkernel.ops.executor":  # the executor's per-mode VJP
+            return call(self, *a, **k)
+        frame = sys._getframe(1)
+        while frame.f_code.co_name != public.__name__ or "modules/operations" not in frame.f_code.co_filename:
+            if frame.f_code.co_filename.startswith(root):
+                path.append(frame.f_code.co_name)
+            frame = frame.f_back
+        path.append(public.__name__)
+        raise _KernelReached
+
+    monkeypatch.setattr(custom_derivatives.custom_vjp, "__call__", reached)
+    with pytest.raises(_KernelReached):
+        public(*args, **options)
+    return path[::-1]
+
+
+@pytest.mark.parametrize("platform", ["xla", "triton"])
+def test_gla_reaches_its_kernel_in_eight_frames(platform, monkeypatch):
+    """From `gla_attention` to its kernel's custom VJP: 8 frames, flash attention's count (issue 41): the public
+    function, the executor's four (`__call__`, `_run`, its per-mode `run`, `Kernel.run`), the entry, the family's
+    driver and the engine's form that calls the kernel. The Triton path is traced as on a GPU and stopped at
+    the custom VJP, before any kernel."""
+    from ejkernel.modules import flash_attention, gla_attention
+
+    if platform == "triton":
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    q, k, v, g = (_rand(i, 1, 32, 2, 16) for i in range(4))  # head dims the Triton kernels take
+    gla = _frames_to_kernel_vjp(monkeypatch, gla_attention, q, k, v, -jax.nn.softplus(g), platform=platform)
+    engine_form = {"xla": "chunked", "triton": "gated"}[platform]
+    assert gla == ["gla_attention", "__call__", "_run", "run", "run", "gla_attention", "linear_attention", engine_form]
+    assert len(_frames_to_kernel_vjp(monkeypatch, flash_attention, *_QKV, platform="xla")) == len(gla)
 
 
 MARK_OP = "toy_checked_mark_op"

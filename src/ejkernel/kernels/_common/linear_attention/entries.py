@@ -1,7 +1,7 @@
 """The five linear-attention ops as every platform serves them: public signatures, canonical options.
 
-Each checks its arguments (unless its public function has: `ejkernel.checked_calls`), resolves its defaults
-and maps its gates onto `driver.linear_attention`, whose sequential parts run on `engine(cfg, **engine_options)`: the
+Each checks its arguments and resolves the scale (unless its public function has: `ejkernel.checked_calls`), and
+maps its gates onto `driver.linear_attention`, whose sequential parts run on `engine(cfg, **engine_options)`: the
 plain-JAX engine by default (the xla platform serves these entries as they are), the Triton platform's engine there.
 """
 
@@ -43,10 +43,8 @@ def _returned(out, state, return_state):
     return (out, state) if return_state else out
 
 
-def _gated(
+def _gated_form(
     query,
-    key,
-    value,
     g,
     g_gamma,
     gk,
@@ -54,27 +52,23 @@ def _gated(
     initial_state,
     cu_seqlens,
     *,
-    softmax_scale=None,
+    scale: float,
     reverse=False,
-    return_state=False,
     cfg=None,
     engine=xla_engine,
     **engine_options,
-):
-    """The gated recurrence of the three entries below (arguments checked by them): chunked, or token by
-    token for decoding and per-value-channel gates.
+) -> dict:
+    """`linear_attention`'s keywords for the gated recurrence of the three entries below (arguments checked, scale
+    resolved): chunked, or token by token for decoding and per-value-channel gates. The entries call the driver
+    themselves, so that no frame of this family's own stands between an entry and the driver.
 
     `engine(cfg, **engine_options)` says where the sequential parts run (plain JAX by default; GPU kernels on the
     Triton platform, whose engine takes `interpret=`).
     """
-    g = _add(to_f32(g), None if g_gamma is None else _per_token_gamma(to_f32(g_gamma), query))
     runner = engine(cfg, **engine_options)
-    out, state = linear_attention(
-        query,
-        key,
-        value,
-        scale=resolve_scale(softmax_scale, query),
-        g=g,
+    return dict(
+        scale=scale,
+        g=_add(to_f32(g), None if g_gamma is None else _per_token_gamma(to_f32(g_gamma), query)),
         gk=gk,
         gv=gv,
         initial_state=initial_state,
@@ -84,14 +78,24 @@ def _gated(
         recurrent=gv is not None or _decoding(query, cu_seqlens),
         engine=runner,
     )
-    return _returned(out, state, return_state)
 
 
 def recurrent_attention(
-    query, key, value, g=None, g_gamma=None, gk=None, gv=None, initial_state=None, cu_seqlens=None, **options
+    query,
+    key,
+    value,
+    g=None,
+    g_gamma=None,
+    gk=None,
+    gv=None,
+    initial_state=None,
+    cu_seqlens=None,
+    *,
+    softmax_scale=None,
+    return_state=False,
+    **options,
 ):
-    """`recurrent_attention`; options (`softmax_scale`, `reverse`, `return_state`, `cfg`, `engine` and its options) as
-    `_gated`'s."""
+    """`recurrent_attention`; options (`reverse`, `cfg`, `engine` and its options) as `_gated_form`'s."""
     if not arguments_checked("recurrent"):
         check_linear_call(
             query,
@@ -103,7 +107,9 @@ def recurrent_attention(
             initial_state=initial_state,
             cu_seqlens=cu_seqlens,
         )
-    return _gated(query, key, value, g, g_gamma, gk, gv, initial_state, cu_seqlens, **options)
+        softmax_scale = resolve_scale(softmax_scale, query)
+    form = _gated_form(query, g, g_gamma, gk, gv, initial_state, cu_seqlens, scale=softmax_scale, **options)
+    return _returned(*linear_attention(query, key, value, **form), return_state)
 
 
 def check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens):
@@ -115,20 +121,48 @@ def check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens):
     )  # fmt: skip
 
 
-def gla_attention(query, key, value, g=None, g_gamma=None, initial_state=None, cu_seqlens=None, **options):
-    """`gla_attention` (per-key-channel gate `g`); options as `_gated`'s."""
+def gla_attention(
+    query,
+    key,
+    value,
+    g=None,
+    g_gamma=None,
+    initial_state=None,
+    cu_seqlens=None,
+    *,
+    softmax_scale=None,
+    return_state=False,
+    **options,
+):
+    """`gla_attention` (per-key-channel gate `g`); options as `_gated_form`'s."""
     if not arguments_checked("gla"):
         check_gla_call(query, key, value, g, g_gamma, initial_state, cu_seqlens)
-    return _gated(query, key, value, None, g_gamma, g, None, initial_state, cu_seqlens, **options)
+        softmax_scale = resolve_scale(softmax_scale, query)
+    form = _gated_form(query, None, g_gamma, g, None, initial_state, cu_seqlens, scale=softmax_scale, **options)
+    return _returned(*linear_attention(query, key, value, **form), return_state)
 
 
-def lightning_attention(query, key, value, initial_state=None, cu_seqlens=None, *, layer_idx, num_layers, **options):
-    """`lightning_attention` (the layer's fixed per-head decay); options as `_gated`'s."""
+def lightning_attention(
+    query,
+    key,
+    value,
+    initial_state=None,
+    cu_seqlens=None,
+    *,
+    layer_idx,
+    num_layers,
+    softmax_scale=None,
+    return_state=False,
+    **options,
+):
+    """`lightning_attention` (the layer's fixed per-head decay); options as `_gated_form`'s."""
     if not arguments_checked("lightning_attn"):
         check_layer(layer_idx, num_layers)
         check_linear_call(query, key, value, grouped=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
+        softmax_scale = resolve_scale(softmax_scale, query)
     g_gamma = jnp.asarray(lightning_gamma(query.shape[2], layer_idx, num_layers))
-    return _gated(query, key, value, None, g_gamma, None, None, initial_state, cu_seqlens, **options)
+    form = _gated_form(query, None, g_gamma, None, None, initial_state, cu_seqlens, scale=softmax_scale, **options)
+    return _returned(*linear_attention(query, key, value, **form), return_state)
 
 
 def _delta_rule(
@@ -167,12 +201,13 @@ def kernel_delta_attention(
     engine=xla_engine,
     **engine_options,
 ):
-    """`kernel_delta_attention`: the delta rule with a per-head decay; options as `_gated`'s (`cfg`, `engine` and
-    its options)."""
+    """`kernel_delta_attention`: the delta rule with a per-head decay; options as `_gated_form`'s (`cfg`, `engine`
+    and its options)."""
     if not arguments_checked("kernel_delta_attention"):
         check_chunk_size("chunk_size", chunk_size)
         gates = {"beta": (beta, "head"), "decay": (decay, "head")}
         check_linear_call(query, key, value, grouped=False, gates=gates, initial_state=initial_state)
+        softmax_scale = resolve_scale(softmax_scale, query)
     out, state = _delta_rule(
         query,
         key,
@@ -181,7 +216,7 @@ def kernel_delta_attention(
         decay,
         None,
         initial_state,
-        scale=resolve_scale(softmax_scale, query),
+        scale=softmax_scale,
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
         chunk=_chunk(cfg, chunk_size),
@@ -208,7 +243,7 @@ def gated_delta_rule(
     **engine_options,
 ):
     """`gated_delta_rule`; `seg_ids` packs sequences per row (see the reference); `engine` and its
-    options as `_gated`'s."""
+    options as `_gated_form`'s."""
     del autotune_chunk_candidates  # chooses the configs tried by autotuning, not the computation
     if not arguments_checked("gated_delta_rule"):
         gates = {"beta": (beta, "head"), "decay": (decay, "head")}
