@@ -17,10 +17,10 @@ from paged_cases import cumulative, jitted_reference, output_of, page_tables, un
 
 import ejkernel.modules as modules
 from ejkernel.benchmarks.serving_attention import DIM, MIXED, make_problem
+from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.paged_attention.adapters import page_attention_batch, ragged_v3_batch, unified_batch
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
-from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper
 from ejkernel.kernels._pallas.gpu.paged_attention._interface import (
     join,
     long_sequences,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ejkernel.kernels._common.attention import decline, fold_sinks, pad_axes
+from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.flash_attention.entry import flash_attention_xla
 from ejkernel.kernels._common.mla import absorbed_attention, absorbed_query, canonical_call, expand_values
@@ -29,7 +29,6 @@ from ejkernel.kernels._triton.flash_mla._kernel import TritonFlashMlaStatic, att
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_RANK = 1024  # the [block_q, rank] float32 accumulator lives in registers
 WHO = "triton flash_mla"
-DEFAULT_SMS = 132  # an H100's, where the device does not say
 
 
 def _tiling(params, rows: int, kv_len: int, rank: int):
@@ -51,7 +50,7 @@ def _splits(requested, batch: int, row_blocks: int, key_blocks: int) -> int:
     if requested is not None:
         return max(1, min(requested, key_blocks))
     programs = batch * row_blocks
-    sms = getattr(jax.devices()[0], "core_count", None) or DEFAULT_SMS
+    sms = num_sms()
     return max(1, min(sms // programs, key_blocks // 2))
 
 

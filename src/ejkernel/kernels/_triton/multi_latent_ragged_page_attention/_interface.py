@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options, written
 from ejkernel.kernels._common.paged_attention.core_math import max_tiles, span_bound
@@ -40,7 +41,6 @@ FP8_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))  # read 
 MAX_LATENT = 1024  # the [block_h, latent] float32 accumulator lives in registers
 ACC_PER_WARP = 2048  # accumulator elements per warp where 8 warps pay off (64 registers a thread)
 SMEM_BUDGET = 160 * 1024  # bytes of query rows and pipelined cache tiles a program may keep in shared memory
-DEFAULT_SMS = 132  # an H100's / H200's, where the device does not say
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -94,7 +94,7 @@ def plan(dims: TritonLatentPagedStatic, batch: PagedBatch, tiling, interpret: bo
     splits = given.get("num_splits")
     if splits is None:  # enough programs for every SM, each split at least 4 steps long
         programs = max_tiles(batch.num_tokens, batch.num_seqs, block_q) * (rows // block_h)
-        sms = getattr(jax.devices()[0], "core_count", None) or DEFAULT_SMS
+        sms = num_sms()
         longest = max(1, span_bound(batch.static, block_q) // (4 * block_k))
         splits = max(1, min(32, longest, round(sms / max(programs, 1))))
     return TritonLatentPagedTiling(

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._common.quantized_matmul import (
     DECODE_BITS,
     DECODE_ROWS,
@@ -32,7 +33,6 @@ MIN_BLOCK = 16  # the smallest tile edge of a Triton dot
 MAX_TILE_VALUES = 1 << 15  # decoded values of one step's tile (held in registers: 128 a thread at 8 warps)
 MAX_BLOCK_K = 512
 MAX_BLOCK_N = 256
-DEFAULT_SMS = 132  # an H100's, where the device does not say
 
 
 def _fit(block: int, size: int, largest: int) -> int:
@@ -56,7 +56,7 @@ def tiling(cfg, m: int, k: int, n: int, bits: int, interpret: bool, phases: int 
         splits = min(cfg.split_k, steps)
     else:
         programs = pl.cdiv(n, block_n) * pl.cdiv(m, block_m)
-        sms = getattr(jax.devices()[0], "core_count", None) or DEFAULT_SMS
+        sms = num_sms()
         affordable = k * bits // (8 * 8 * 8 * m)
         splits = max(1, min(sms // programs, steps // 4, affordable))  # each split walks at least 4 steps
     return TritonQuantizedMatmulTiling(block_m, block_n, block_k, splits, cfg.num_warps, cfg.num_stages, interpret)

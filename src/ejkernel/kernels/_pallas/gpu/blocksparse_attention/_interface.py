@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels._common.attention import decline, pad_axes, round_up
+from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.sparse_attention.block_table import build_block_table
 from ejkernel.kernels._common.sparse_attention.checked_call import blocksparse_call
 from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import (
@@ -38,7 +39,6 @@ from ejkernel.kernels._pallas.gpu.blocksparse_attention._walks import (
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import (
     HEAD_DIMS,
     check_kernel_tiles,
-    is_hopper,
     kernel_choices,
 )
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS

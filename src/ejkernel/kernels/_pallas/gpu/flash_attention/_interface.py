@@ -26,6 +26,7 @@ from ejkernel.kernels._common.attention import (
     round_up,
 )
 from ejkernel.kernels._common.attention_call import AttentionCall
+from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.float8_attention import check_descales, inference_only
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     CTA_ROWS,
@@ -299,11 +300,6 @@ def float8_attention(
         return forward_fp8(st, q, k, vt, scales)[:, :q_len]
 
     return inference_only(run)(query, key, value, scales)
-
-
-def is_hopper() -> bool:
-    device = jax.devices()[0]
-    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
 
 
 def flash_attention_mosaic_gpu(

@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.device import is_hopper, num_sms
 from ejkernel.kernels._common.grouped_matmul import compute_dtype, dequantize, implementation, tile_params
 from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks, is_quantized
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 OUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-DEFAULT_SMS = 132  # H100 SXM and H200: the CTA count of a launch traced off a GPU
 # (block_m, block_n, block_k, stages) defaults. gmm: output rows, output columns, contraction step.
 # tgmm: x columns (the weights' rows), y columns, group rows per step. Stages are cut to fit shared memory.
 DEFAULT_FWD = (128, 256, 64, 4)
@@ -47,18 +47,6 @@ FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
 # M 32768, K 4096, N 1536, 64 groups (`exp/s31_fp8gmm.py`, with lhs's 0.247 ms rounding pre-pass): 128 x 256, 3
 # stages 0.832 ms; 128 x 128, 5 stages 0.854, overlapped 0.897; 128 x 256 overlapped 1.398.
 DEFAULT_FP8 = (128, 256, 3, False)
-
-
-def num_sms() -> int:
-    device = jax.devices()[0]
-    if device.platform == "gpu":
-        return int(getattr(device, "core_count", 0) or DEFAULT_SMS)
-    return DEFAULT_SMS
-
-
-def is_hopper() -> bool:
-    device = jax.devices()[0]
-    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
 
 
 def _given(params, *names):

@@ -22,6 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.device import is_hopper, num_sms
 from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention.adapters import latent_batch, latent_options, written
 from ejkernel.kernels._common.paged_attention.core_math import max_tiles, span_bound
@@ -41,17 +42,6 @@ WHO = "mosaic gpu multi_latent_ragged_page_attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_LATENT = 512  # a warpgroup's half of the float32 output, [64, L / 2], is one wgmma's N (256) at most
 OWN_TILING = {"stages": 2, "shared_scores": True}  # the kernel's own choices besides its splits (`plan`)
-DEFAULT_SMS = 132  # an H100's / H200's, where the device does not say
-
-
-def is_hopper() -> bool:
-    device = jax.devices()[0]
-    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
-
-
-def num_sms() -> int:
-    device = jax.devices()[0]
-    return int(getattr(device, "core_count", 0) or DEFAULT_SMS) if device.platform == "gpu" else DEFAULT_SMS
 
 
 def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, tiling: MosaicGpuLatentPagedTiling) -> None:

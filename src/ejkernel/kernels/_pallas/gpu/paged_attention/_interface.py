@@ -23,10 +23,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import differentiated_as
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
-from ejkernel.kernels._pallas.gpu.flash_attention._interface import is_hopper, kernel_choices
+from ejkernel.kernels._pallas.gpu.flash_attention._interface import kernel_choices
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     COMPUTE_WGS,
     CTA_ROWS,
