@@ -63,15 +63,15 @@ def _v3(q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
     return [*args, distribution], {"softmax_scale": dim**-0.5}
 
 
-# A 140-query chunk after 150 keys of context (two tiles, the second partly empty), a 30-query chunk after 170,
+# A 140-query chunk after 150 keys of context (two tiles, the second partly empty), a 40-query chunk after 170,
 # decode and short sequences beside them (the Triton pass), an empty sequence, one with more queries than keys
 # (its first queries see nothing), and pages outside the cache inside two chunks' spans.
 INTERPRET_CASES = {
     "gqa-chunks-decode-empty-pages-outside-d128": (
         "unified_attention",
         dict(
-            q_lens=(1, 140, 0, 2, 12, 30),
-            kv_lens=(40, 290, 0, 9, 7, 200),
+            q_lens=(1, 140, 0, 2, 12, 40),
+            kv_lens=(40, 290, 0, 9, 7, 210),
             heads=2,
             kv_heads=1,
             dim=128,
@@ -161,6 +161,8 @@ def test_declines_what_the_prefill_tiles_do_not_serve():
     _declines(unified_batch(*_unified(**{**mixed, "page": 4}, dim=128)), "pages of")
     decode = _unified(q_lens=(1,) * 8, kv_lens=(40,) * 8, heads=4, kv_heads=2, page=16, dim=128)
     _declines(unified_batch(*decode), "no 128-query chunk")
+    speculative = _unified(q_lens=(8,) * 24, kv_lens=(40,) * 24, heads=4, kv_heads=2, page=16, dim=128)
+    _declines(unified_batch(*speculative), "fewer than 32 queries a sequence")
     fp8 = [*args[:1], *(c.astype(jnp.float8_e4m3fn) for c in args[1:3]), *args[3:]]
     _declines(unified_batch(*fp8), "cache and compute dtype")
     head_major = [jnp.swapaxes(c, 1, 2) for c in args[1:3]]  # page_attention's [pages, Hkv, page, D]
@@ -198,8 +200,8 @@ def test_gpu_mixed_batches_match_xla(op, case):
 @pytest.mark.gpu
 def test_gpu_gradient_through_the_prefill_tiles():
     """A mixed unified batch (chunks of 512 and 77 beside decode rows, a short sequence): dq as XLA's."""
-    q_lens, kv_lens = (1,) * 30 + (512, 77, 3), (3000,) * 30 + (1024, 2000, 40)
-    args = _unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16, outside=((31, 70),))
+    q_lens, kv_lens = (1,) * 16 + (512, 77, 3), (3000,) * 16 + (1024, 2000, 40)
+    args = _unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16, outside=((17, 70),))
     fn = lambda platform: jax.jit(lambda *a: modules.unified_attention(*a[:6], platform=platform))
     assert_close(fn("pallas")(*args[:6]), fn("xla")(*args[:6]), jnp.bfloat16)
     g = randn(args[0].shape, jnp.bfloat16)

@@ -5,7 +5,8 @@ the prefill tiles do not serve, so `platform="auto"` falls back to the Triton co
 cache of one dtype, head dim 64 or 128, plain causal attention (no sliding window, soft cap, sinks, ALiBi,
 query-query bias, first keys or quantised cache), a cache whose rows of one (page, position) hold every kv
 head (`[pages, page_size, slots, width]`, `width` the head dim), pages of a multiple of 8 positions that
-tile 128 keys (or are whole multiples of them), and a batch with room for a 128-query chunk.
+tile 128 keys (or are whole multiples of them), and a batch with room for a 128-query chunk and at least
+`MIN_MEAN_QUERIES` queries a sequence on average.
 
 Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode
 rows, one small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each
@@ -41,6 +42,11 @@ from ejkernel.registry import resolve
 WHO = "mosaic gpu paged attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_DIMS = (64, 128)
+MIN_MEAN_QUERIES = 32
+"""Served from this many queries a sequence on average: the bench's 60 x 1 + 4 x 512 batch (33) measured 1.22x
+faster than the Triton core on an H200. A sequence of more queries than the Triton short pass takes fills a 128-query
+tile, so a batch of speculative steps (8-16 draft tokens a sequence) would run tiles mostly of rows nobody reads;
+unmeasured (`exp/s31_spec_decode.py`), so such batches stay on Triton."""
 SHORT_SEQUENCES = "ejkernel.kernels._triton.paged_attention:short_sequences_triton"
 SHORT_QUERIES = "ejkernel.kernels._triton.paged_attention:short_queries"
 _UNSERVED_OPTIONS = {
@@ -108,6 +114,11 @@ def plan(
         raise NotImplementedError(
             f"{WHO}: {batch.num_tokens} tokens over {batch.num_seqs} sequences leave no 128-query chunk beside "
             "one query a sequence (decode steps are the Triton core's)"
+        )
+    if batch.num_tokens < MIN_MEAN_QUERIES * batch.num_seqs:
+        raise NotImplementedError(
+            f"{WHO}: {batch.num_tokens} tokens over {batch.num_seqs} sequences average fewer than "
+            f"{MIN_MEAN_QUERIES} queries a sequence (speculative steps and decode-heavy batches are the Triton core's)"
         )
     choices = kernel_choices(st.head_dim, batch.queries.dtype, st.max_kv_len, None, BLOCK, 64, 2, True, True)
     flash = MosaicGpuFlashStatic(
