@@ -229,7 +229,12 @@ def promoted_k_loop(ring: Ring, step0, steps: int, t: MosaicGpuFp8GroupedMatmulT
 
 
 def column_blocks_uniform(col_scales) -> jax.Array:
-    """int32 `[1]`: 1 where `col_scales [L, S, N]` is constant over each `COLUMN_BLOCK` columns (N a multiple of it)."""
+    """int32 `[1]`: 1 where `col_scales [L, S, N]` is constant over each `COLUMN_BLOCK` columns (N a multiple of it).
+
+    Behind an optimization barrier: scales closed over by a jitted function are constants, and XLA constant-folded
+    this reduction for 11 s of compilation at the MoE shape on an H200 (on a CPU at that shape: 3.8 s without the
+    barrier, 0.13 s with it)."""
+    col_scales = lax.optimization_barrier(col_scales)
     num_local, steps, n = col_scales.shape
     blocks = col_scales.reshape(num_local, steps, n // COLUMN_BLOCK, COLUMN_BLOCK)
     return jnp.all(blocks == blocks[..., :1]).astype(jnp.int32).reshape(1)
