@@ -46,8 +46,32 @@ IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_AL
 blocks), Triton on GPUs, XLA everywhere."""
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_power(x) -> bool:
+    return _is_int(x) and x > 0 and not x & (x - 1)
+
+
+class _KernelTiling(ConfigBase):
+    """A GPU kernel's tiling: fields left None keep the kernel's own choice; `RULES` says what a set field must be."""
+
+    RULES: ClassVar[dict[str, tuple[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        for name, (rule, ok) in self.RULES.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"{type(self).__name__}.{name} must be {rule}, got {value!r}")
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields that are set: what replaces the kernel's own choices."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclasses.dataclass(frozen=True)
-class MultiLatentRaggedPageAttentionTritonTiling(ConfigBase):
+class MultiLatentRaggedPageAttentionTritonTiling(_KernelTiling):
     """The Triton platform's tiling of both MLA ops (`triton_tiling` of their configs); XLA does not read it.
 
     A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
@@ -80,29 +104,17 @@ class MultiLatentRaggedPageAttentionTritonTiling(ConfigBase):
     num_warps: int | None = None
     num_stages: int | None = None
 
-    def __post_init__(self) -> None:
-        who = type(self).__name__
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        power = lambda x: is_int(x) and x > 0 and not x & (x - 1)
-        rules = {
-            "block_h": ("a power of two of at least 16", lambda x: power(x) and x >= 16),
-            "block_k": ("a power of two of at least 16", lambda x: power(x) and x >= 16),
-            "num_splits": ("a positive int", lambda x: is_int(x) and x > 0),
-            "num_warps": ("a positive power of two", power),
-            "num_stages": ("a positive int", lambda x: is_int(x) and x > 0),
-        }
-        for name, (rule, ok) in rules.items():
-            value = getattr(self, name)
-            if value is not None and not ok(value):
-                raise ValueError(f"{who}.{name} must be {rule}, got {value!r}")
-
-    def overrides(self) -> dict[str, int]:
-        """The fields that are set: what replaces the kernel's own choices."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+    RULES: ClassVar[dict[str, tuple[str, Any]]] = {
+        "block_h": ("a power of two of at least 16", lambda x: _is_power(x) and x >= 16),
+        "block_k": ("a power of two of at least 16", lambda x: _is_power(x) and x >= 16),
+        "num_splits": ("a positive int", lambda x: _is_int(x) and x > 0),
+        "num_warps": ("a positive power of two", _is_power),
+        "num_stages": ("a positive int", lambda x: _is_int(x) and x > 0),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiLatentRaggedPageAttentionMosaicTiling(ConfigBase):
+class MultiLatentRaggedPageAttentionMosaicTiling(_KernelTiling):
     """The Mosaic GPU platform's tiling of both MLA ops (`mosaic_tiling` of their configs; platform "pallas").
 
     A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
@@ -130,20 +142,11 @@ class MultiLatentRaggedPageAttentionMosaicTiling(ConfigBase):
     stages: int | None = None
     shared_scores: bool | None = None
 
-    def __post_init__(self) -> None:
-        who = type(self).__name__
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        rules = {
-            "num_splits": ("a positive int", lambda x: is_int(x) and x > 0),
-            "stages": ("an int of at least 2", lambda x: is_int(x) and x >= 2),
-            "shared_scores": ("a bool", lambda x: isinstance(x, bool)),
-        }
-        for name, (rule, ok) in rules.items():
-            value = getattr(self, name)
-            if value is not None and not ok(value):
-                raise ValueError(f"{who}.{name} must be {rule}, got {value!r}")
-
-    overrides = MultiLatentRaggedPageAttentionTritonTiling.overrides
+    RULES: ClassVar[dict[str, tuple[str, Any]]] = {
+        "num_splits": ("a positive int", lambda x: _is_int(x) and x > 0),
+        "stages": ("an int of at least 2", lambda x: _is_int(x) and x >= 2),
+        "shared_scores": ("a bool", lambda x: isinstance(x, bool)),
+    }
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:
