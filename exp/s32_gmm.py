@@ -11,7 +11,9 @@ Variants: `dense` (`jnp.dot` of `[M, K] x [K, N]`, the same FLOPs), `auto` (Trit
 group a tile straddles, merged in shared memory), `mosaic spans` (`GroupedMatmulConfig(mosaic_spans=True)`: tiles
 follow each group from its first row rounded down to 8 and store only their own rows), each also with ping-pong
 forward tiles (`num_warps=4`, 128 x 128 per warpgroup, tiles alternating so that one's epilogue runs beside the
-other's matmuls), and `mosaic spans 256` (256-row spans, 128 x 128 per warpgroup). Each variant is compiled and run
+other's matmuls), `mosaic spans 256` (256-row spans, 128 x 128 per warpgroup) and `mosaic spans pingpong bwd`
+(both gradients' products in ping-pong tiles: the weights' gradient runs short K loops, about 8 steps a group at this
+shape, whose epilogues the ping-pong hides). Each variant is compiled and run
 once alone, its output (forward) or gradients checked against the Triton kernels' (`rel` = ‖x − ref‖ / ‖ref‖);
 then all that ran are timed together (interleaved). A variant whose barriers deadlock hangs the GPU: the watchdog
 names it after `--stall` seconds without progress and exits (rerun with `--skip` it). One line per variant and
@@ -33,7 +35,7 @@ from _kit import first_lines, log, rel, start_watchdog
 from ejkernel.benchmarks.grouped_matmul import SHAPES, random_group_sizes
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import mosaic_grouped_matmul
 from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
-from ejkernel.ops import FwdParams
+from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.ops.autotune import time_fns
 
 PINGPONG = FwdParams(block_q=128, block_d=128, num_warps=4)
@@ -43,6 +45,9 @@ MOSAIC = {
     "mosaic tiles pingpong": GroupedMatmulConfig(fwd_params=PINGPONG),
     "mosaic spans pingpong": GroupedMatmulConfig(mosaic_spans=True, fwd_params=PINGPONG),
     "mosaic spans 256": GroupedMatmulConfig(mosaic_spans=True, fwd_params=FwdParams(block_q=256, block_d=128)),
+    "mosaic spans pingpong bwd": GroupedMatmulConfig(
+        mosaic_spans=True, bwd_params=BwdParams(block_q=128, block_d=128, num_warps=4)
+    ),
 }
 REFERENCE = "triton"
 QUICK_SHAPE = (300, 256, 384, 5)

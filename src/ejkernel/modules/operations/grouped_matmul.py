@@ -245,8 +245,10 @@ MOSAIC_FP8_TILINGS = (
 def _mosaic_gpu_cfgs():
     """Tilings of the Mosaic GPU kernels worth timing beside their defaults (128 x 256 output tiles shared by
     two warpgroups, 64-wide steps): narrower tiles with deeper rings, 256-row tiles, 128-row steps for the
-    weights' gradient, and ping-pong (`num_warps=4`: one warpgroup per tile, tiles alternating)."""
+    weights' gradient, ping-pong (`num_warps=4`: one warpgroup per tile, tiles alternating), and tiles that
+    follow the groups (`mosaic_spans`)."""
     pingpong = FwdParams(block_q=128, block_d=128, block_k=64, num_warps=4)
+    yield GroupedMatmulConfig(platform="pallas", mosaic_spans=True)
     yield GroupedMatmulConfig(
         platform="pallas", fwd_params=FwdParams(block_q=128, block_d=128, block_k=64, num_stages=6)
     )
