@@ -18,7 +18,11 @@ shared tile schedule (`_common.grouped_matmul.work_items`) that fall in the tile
 group runs one K loop; a tile straddling groups runs one K loop per group and merges the rows in the
 shared-memory copy of the output tile, each group keeping only its own rows (a cooperative
 warpgroup skips the groups that own none of its rows). No group is padded and no store is masked;
-rows no group owns are zeros.
+rows no group owns are zeros. With `MosaicGpuGroupedMatmulTiling.spans` the row tiles are instead the spans of
+`row_spans(align=8)`: each follows one group from its first row rounded down to 8 (TMA reads HBM in 8-row tiles),
+runs one K loop, and stores only the rows it owns from an untiled shared-memory tile, in TMA boxes of `rows`,
+`rows / 2`, ..., 1 rows (the binary digits of their count), so that a group boundary costs a partial span, not a
+second K loop over a whole tile.
 
 `tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
 group's rows in `block_k`-row steps from the group's first row rounded down to a multiple of 8 (TMA
