@@ -43,7 +43,7 @@ PINGPONG = GroupedMatmulConfig(  # one compute warpgroup per output tile, tiles 
     bwd_params=BwdParams(block_q=64, block_d=256, num_warps=4),
 )
 NARROW_STEPS = GroupedMatmulConfig(fwd_params=FwdParams(block_k=32, num_stages=5))  # [N, K] weights only
-SPANS = GroupedMatmulConfig(mosaic_spans=True)  # gmm's output tiles follow the groups, row-bounded stores
+TILES = GroupedMatmulConfig(mosaic_spans=False)  # fixed row tiles, a K loop per group a tile straddles
 
 # (M, K, N, group sizes, transpose_rhs, output dtype, config). Sizes: empty groups first, last and in
 # the middle, groups that straddle tiles, rows past the last group; M not always a multiple of 8.
@@ -68,7 +68,7 @@ CASES = {
     "pingpong": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, PINGPONG),
     "pingpong-transposed-f32-out-tiny-m": (40, 128, 128, [0, 5, 14, 0, 3, 9, 5], True, jnp.float32, PINGPONG),
     "transposed-steps-of-32": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.bfloat16, NARROW_STEPS),
-    "spans-transposed-f32-out": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.float32, SPANS),
+    "tiles-transposed-f32-out": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.float32, TILES),
     "spans-pingpong-rows-256": (
         4096,
         1024,
@@ -76,7 +76,7 @@ CASES = {
         [1000, 0, 2900, 96],
         False,
         jnp.bfloat16,
-        dataclasses.replace(ROWS_256, mosaic_spans=True, fwd_params=FwdParams(block_q=128, num_warps=4)),
+        dataclasses.replace(ROWS_256, fwd_params=FwdParams(block_q=128, num_warps=4)),
     ),
     "easydel-flat-fields": (  # upstream's tiles for TPUs, sent to these kernels by platform="pallas"
         300,
@@ -165,9 +165,7 @@ INTERPRET_CASES = {
         False,
         jnp.bfloat16,
         jnp.bfloat16,
-        GroupedMatmulConfig(
-            mosaic_spans=True, fwd_params=FwdParams(block_d=64, num_stages=2), bwd_params=BwdParams(block_d=64)
-        ),
+        GroupedMatmulConfig(fwd_params=FwdParams(block_d=64, num_stages=2), bwd_params=BwdParams(block_d=64)),
         2,
     ),
     "rows-256-f16-drhs-steps-128": (
@@ -326,7 +324,7 @@ def _inputs(m, k, n, groups, seed, transpose=False, tail=100, empty=(0, 3)):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, ROWS_256, PINGPONG, SPANS])
+@pytest.mark.parametrize("cfg", [None, ROWS_256, PINGPONG, TILES])
 def test_gpu_matches_xla_at_moe_shapes(cfg):
     lhs, rhs, sizes = _inputs(32768, 4096, 1536, 64, seed=0)
     mosaic = jax.jit(lambda lhs, rhs: grouped_matmul(lhs, rhs, sizes, platform="pallas", cfg=cfg))
@@ -338,12 +336,12 @@ def test_gpu_matches_xla_at_moe_shapes(cfg):
 @pytest.mark.parametrize(
     ("m", "k", "n", "groups", "transpose", "out_dtype", "cfg"),
     [
-        (6003, 1024, 768, 16, True, jnp.float32, None),  # M no multiple of 8, float32 output tiles
+        (6003, 1024, 768, 16, True, jnp.float32, None),  # M no multiple of 8, row-bounded float32 stores
         (6003, 1024, 768, 16, True, jnp.bfloat16, NARROW_STEPS),
         (4096, 512, 256, 8, False, jnp.bfloat16, None),
         (4096, 512, 256, 8, False, jnp.bfloat16, PINGPONG),
-        (6003, 1024, 768, 16, False, jnp.bfloat16, SPANS),  # row-bounded stores, M no multiple of 8
-        (6003, 1024, 768, 16, True, jnp.float32, dataclasses.replace(SPANS, fwd_params=PINGPONG.fwd_params)),
+        (6003, 1024, 768, 16, False, jnp.bfloat16, TILES),
+        (6003, 1024, 768, 16, True, jnp.float32, dataclasses.replace(TILES, fwd_params=PINGPONG.fwd_params)),
         (40, 128, 64, 7, False, jnp.float16, None),  # fewer rows than a tile
     ],
 )

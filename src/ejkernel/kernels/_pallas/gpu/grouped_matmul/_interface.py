@@ -122,9 +122,9 @@ class Planned:
 
 def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits.
-    `cfg.mosaic_spans` (read by name) sets both gmm products' `spans`."""
+    `cfg.mosaic_spans` (read by name; default True) sets both gmm products' `spans`."""
     fwd, bwd = tile_params(cfg)
-    spans = bool(getattr(cfg, "mosaic_spans", False))
+    spans = bool(getattr(cfg, "mosaic_spans", True))
     # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
     drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
     return Planned(
