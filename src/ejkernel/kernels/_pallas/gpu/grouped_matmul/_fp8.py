@@ -337,7 +337,8 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
                         out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
                     )
 
-                compute_units(refs, my_units, unit_of, k_steps, output_tile, pingpong=False)
+                unit_steps = lambda tile: refs.count[tile] * k_steps
+                compute_units(my_units, unit_of, unit_steps, output_tile, pingpong=False)
 
             if by_block:
                 pl.when(uniform_ref[0] != 0)(lambda: output_tiles(promote_by_block))
