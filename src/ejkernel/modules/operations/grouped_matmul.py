@@ -53,10 +53,14 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
         column_blocks: Where the call's `rhs_scale` is constant over each 128 output columns (DeepSeek-V3's
             128 x 128 blocks; checked on the device per call), promote each product with one scale per row
             (False: per element, always) [True].
+        spans: Output tiles that follow each group from its first row (rounded down to 8), so that every tile
+            runs one K loop in one group and stores only its own rows, in place of fixed row tiles that run a K
+            loop per group they straddle (`GroupedMatmulConfig.mosaic_spans`' schedule); where 4 stages need
+            the room, the output tile is stored in column pieces [`GroupedMatmulConfig.mosaic_spans`].
 
     Raises:
         ValueError: A tile or stage count that is not a positive int, or a switch (`overlap`, `round_in_kernel`,
-            `column_blocks`) that is not a bool; one line naming the field.
+            `column_blocks`, `spans`) that is not a bool; one line naming the field.
 
     Example:
         >>> from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling
@@ -71,13 +75,14 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     overlap: bool | None = None
     round_in_kernel: bool | None = None
     column_blocks: bool | None = None
+    spans: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_stages"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
                 raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
-        for name in ("overlap", "round_in_kernel", "column_blocks"):
+        for name in ("overlap", "round_in_kernel", "column_blocks", "spans"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{type(self).__name__}.{name} must be a bool or None, got {value!r}")
@@ -114,8 +119,8 @@ class GroupedMatmulConfig(KernelConfig):
             (`fp8_lhs`), read by it only. None (default): its defaults.
         mosaic_spans: True makes the Mosaic GPU kernels' forward and lhs-gradient products run output tiles
             that follow each group from its first row (rounded down to 8) and store only their own rows, as the
-            Triton forward does, in place of fixed row tiles that run one K loop per group they straddle; other
-            platforms ignore it. Default False.
+            Triton forward does, in place of fixed row tiles that run one K loop per group they straddle (the FP8
+            forward too, unless `mosaic_fp8_tiling.spans` says otherwise); other platforms ignore it. Default False.
 
     Raises:
         ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling` or
