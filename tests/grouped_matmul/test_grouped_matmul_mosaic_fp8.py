@@ -131,10 +131,11 @@ def test_interpret_forward_matches_reference(tiling, out_dtype, column_blocks, m
 
 def test_interpret_spans_match_reference(monkeypatch, capfd):
     """Spans (`mosaic_spans`): groups starting off multiples of 8 and of 128 (a span's row scales start there too),
-    an empty group, rows past the last group (a span of zeros), spans reading past the codes' and scales' rows;
-    4 stages, so the output tile is stored in four 64-column pieces, each cutting across the two wgmma chunks."""
+    an empty group, rows past the last group (a span of zeros), spans reading past the codes' and scales' rows (the
+    last group's span from row 120: its second warpgroup's rows all past the 184 rows of codes); 4 stages, so the
+    output tile is stored in four 64-column pieces, each cutting across the two wgmma chunks."""
     monkeypatch.setattr(interface, "num_sms", lambda: 2)
-    m, sizes = 180, jnp.array([3, 0, 90, 13, 60], jnp.int32)
+    m, sizes = 180, jnp.array([3, 0, 110, 13, 40], jnp.int32)
     rhs, scale = _weights(len(sizes), N, K, blocks=2, column_blocks=True)
     cfg = GroupedMatmulConfig(mosaic_spans=True, mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(num_stages=4))
     assert fit_smem(interface.plan_fp8(cfg, N), N, jnp.bfloat16).out_pieces == 4
@@ -308,9 +309,11 @@ def test_gpu_matches_xla_at_the_moe_shape(tiling, column_blocks):
 @pytest.mark.gpu
 def test_gpu_spans_match_xla_with_unaligned_groups():
     """Spans at M 6003 (no multiple of 8), K 1024, N 768: groups of odd sizes starting anywhere, empty ones, rows past
-    the last group; the whole output tile beside 3 stages. Forward only (the gradients are the 16-bit kernels')."""
+    the last group, whose last span (from row 5952) reads its second warpgroup's rows wholly past the codes (6008
+    rows) and row scales (6016); the whole output tile beside 3 stages. Forward only (the gradients are the 16-bit
+    kernels')."""
     m, k, n = 6003, 1024, 768
-    sizes = jnp.asarray([5, 0, 1001, 377, 0, 2048, 1, 999, 1300, 0, 211], jnp.int32)  # 5942 rows: 61 past the last
+    sizes = jnp.asarray([5, 0, 1001, 377, 0, 2048, 1, 999, 1393, 0, 159], jnp.int32)  # 5983 rows: 20 past the last
     rhs, scale = _weights(len(sizes), n, k, blocks=k // 128, column_blocks=True)
     cfg = GroupedMatmulConfig(platform="pallas", mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(spans=True))
     options = dict(rhs_scale=scale * k**-0.5 / 4, preferred_element_type=jnp.bfloat16, **V3)

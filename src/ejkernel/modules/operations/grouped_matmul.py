@@ -243,8 +243,10 @@ MOSAIC_FP8_TILINGS = (
     GroupedMatmulMosaicFp8Tiling(overlap=False),  # each product waited for, then promoted
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),  # less of lhs read per FLOP (two wgmmas)
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # four 64-column wgmmas a step, overlapped
+    GroupedMatmulMosaicFp8Tiling(spans=True, num_stages=4),  # spans (one K loop a tile), the output in 4 pieces
 )
-"""FP8 forward tilings autotuning times beside the default (128 x 128 tiles, promotion overlapped)."""
+"""FP8 forward tilings autotuning times beside the default (128 x 256 tiles, promotion waited for; with the
+`mosaic_spans` candidate of `_mosaic_gpu_cfgs`, its spans too)."""
 
 
 def _mosaic_gpu_cfgs():
