@@ -23,6 +23,8 @@ rows no group owns are zeros. With `MosaicGpuGroupedMatmulTiling.spans` the row 
 runs one K loop, and stores only the rows it owns from an untiled shared-memory tile, in TMA boxes of `rows`,
 `rows / 2`, ..., 1 rows (the binary digits of their count), so that a group boundary costs a partial span, not a
 second K loop over a whole tile.
+The CTA's walk over its units (`ForwardWalk`: the memory warpgroup's feed, the compute warpgroups' stores) is
+shared with the FP8 forward (`_fp8.fp8_gmm`), whose copies and K loop differ.
 
 `tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
 group's rows in `block_k`-row steps from the group's first row rounded down to a multiple of 8 (TMA
