@@ -56,8 +56,9 @@ TILINGS = {
 REFERENCE = "fp8 128x256 s3 old"
 
 
-def variants(m: int, k: int, n: int, groups: int, tilings: dict) -> dict:
-    """name -> zero-argument call (arrays bound as arguments, not closed over: XLA would fold them)."""
+def variants(m: int, k: int, n: int, groups: int, tilings: dict, bf16_cfgs: dict) -> dict:
+    """name -> zero-argument call (arrays bound as arguments, not closed over: XLA would fold them); `bf16_cfgs`
+    (name -> `GroupedMatmulConfig`) adds bf16 rows after `bf16 auto`."""
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
     w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
@@ -75,6 +76,10 @@ def variants(m: int, k: int, n: int, groups: int, tilings: dict) -> dict:
 
     calls = {
         "bf16 auto": bound(lambda a, b: grouped_matmul(a, b, sizes, **out), lhs, w),
+        **{
+            name: bound(lambda a, b, cfg=cfg: grouped_matmul(a, b, sizes, cfg=cfg, **out), lhs, w)
+            for name, cfg in bf16_cfgs.items()
+        },
         "pre-pass xla": bound(xla_pass, lhs),
         "pre-pass kernel": bound(lambda a: round_lhs_blocks(a, 128, m, rows), lhs),
         "copy of lhs": bound(lambda a: a + jnp.bfloat16(1), lhs),
@@ -88,8 +93,13 @@ def variants(m: int, k: int, n: int, groups: int, tilings: dict) -> dict:
     return calls
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(
+    all_tilings: dict = TILINGS, reference: str = REFERENCE, doc: str = __doc__, bf16_cfgs: dict | None = None
+) -> None:
+    """Time `all_tilings` (name -> FP8 tiling; `--only` picks some) beside the bf16 rows (`bf16 auto` and
+    `bf16_cfgs`), the pre-pass and copy rows, each FP8 output compared with `reference`'s (another session's
+    script passes its own rows)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", help="M,K,N,G instead of the bench's MoE shape")
     p.add_argument("--only", help="comma-separated FP8 rows (the bf16, pre-pass and copy rows always run)")
     p.add_argument("--repeats", type=int, default=20)
@@ -97,11 +107,11 @@ def main() -> None:
     args = p.parse_args()
     start_watchdog(args.stall)
     m, k, n, groups = tuple(map(int, args.shape.split(","))) if args.shape else SHAPES[0]
-    tilings = TILINGS if not args.only else {name: TILINGS[name] for name in args.only.split(",")}
+    tilings = all_tilings if not args.only else {name: all_tilings[name] for name in args.only.split(",")}
     where = f"M={m} K={k} N={n} G={groups}"
     log(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, {where}, rows {list(tilings)}")
     calls, outputs = {}, {}
-    for name, call in variants(m, k, n, groups, tilings).items():
+    for name, call in variants(m, k, n, groups, tilings, bf16_cfgs or {}).items():
         log(f"{where}: compiling and running {name}")
         try:
             outputs[name] = jax.block_until_ready(call())
@@ -115,8 +125,8 @@ def main() -> None:
         line = f"{where}: {name:24s} {1e3 * seconds:8.3f} ms {flops / seconds / 1e12:7.1f} TFLOP/s"
         line += f"  x{bf16 / seconds:.2f} bf16" if bf16 else ""
         if name.startswith("fp8 "):
-            if REFERENCE in outputs:
-                line += f"  rel {rel(outputs[name], outputs[REFERENCE]):.1e} to {REFERENCE}"
+            if reference in outputs:
+                line += f"  rel {rel(outputs[name], outputs[reference]):.1e} to {reference}"
             line += f", {rel(outputs[name], outputs['bf16 auto']):.1e} vs bf16" if "bf16 auto" in outputs else ""
         log(line)
     log("done")

@@ -66,6 +66,7 @@ def _lower(tiling, grad=False, out_dtype=jnp.bfloat16, m=300, k=256, n=768, size
         (GroupedMatmulMosaicFp8Tiling(block_n=192, round_in_kernel=False), 1),  # per-column promotion, XLA rounding
         (GroupedMatmulMosaicFp8Tiling(block_n=128, num_stages=5, overlap=True), 2),  # promotion beside the wgmma
         (GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=3, overlap=True), 2),  # four, overlapped
+        (GroupedMatmulMosaicFp8Tiling(spans=True, num_stages=4), 2),  # spans, the output stored in 4 column pieces
     ],
 )
 def test_forward_lowers_for_cuda(tiling, kernels):
@@ -128,6 +129,29 @@ def test_interpret_forward_matches_reference(tiling, out_dtype, column_blocks, m
     assert "RACE DETECTED" not in capfd.readouterr().out
 
 
+def test_interpret_spans_match_reference(monkeypatch, capfd):
+    """Spans (`mosaic_spans`): groups starting off multiples of 8 and of 128 (a span's row scales start there too),
+    an empty group, rows past the last group (a span of zeros), spans reading past the codes' and scales' rows (the
+    last group's span from row 120: its second warpgroup's rows all past the 184 rows of codes); 4 stages, so the
+    output tile is stored in four 64-column pieces, each cutting across the two wgmma chunks."""
+    monkeypatch.setattr(interface, "num_sms", lambda: 2)
+    m, sizes = 180, jnp.array([3, 0, 110, 13, 40], jnp.int32)
+    rhs, scale = _weights(len(sizes), N, K, blocks=2, column_blocks=True)
+    cfg = GroupedMatmulConfig(mosaic_spans=True, mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(num_stages=4))
+    assert fit_smem(interface.plan_fp8(cfg, N), N, jnp.bfloat16).out_pieces == 4
+    lhs = randn((m, K), jnp.bfloat16)
+    with interpret_mode():
+        out = mosaic_grouped_matmul(
+            lhs, rhs, sizes, rhs_scale=scale, preferred_element_type=jnp.bfloat16, cfg=cfg, **V3
+        )
+    ref = grouped_matmul_reference(
+        lhs.astype(jnp.float32), rhs, sizes, rhs_scale=scale, transpose_rhs=True, fp8_lhs=True
+    )
+    assert_close(out, ref, jnp.bfloat16)
+    assert not np.asarray(out[int(sizes.sum()) :], np.float32).any()
+    assert "RACE DETECTED" not in capfd.readouterr().out
+
+
 def test_interpret_gradients_match_reference(monkeypatch, capfd):
     """256-row tiles in four overlapped 32-column wgmmas a step, a bfloat16 output, one scale block of 256 rows
     (two steps); the lhs and scale gradients."""
@@ -158,7 +182,9 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     monkeypatch.setattr(interface, "num_sms", lambda: 132)
     plan = interface.plan_fp8
     cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
-    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 256, 3, 132, False, 2)
+    tiles = dict(spans=False)  # (spans follow GroupedMatmulConfig.mosaic_spans, True by default)
+    assert plan(cfg(**tiles), 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 256, 3, 132, False, 2)
+    assert plan(None, 1536).spans
     off = plan(cfg(round_in_kernel=False, column_blocks=False), 1536)
     assert (off.round_in_kernel, off.promotes_by_column_block) == (False, False)
     assert not plan(cfg(block_n=192), 1536).promotes_by_column_block  # a 192-column wgmma spans two blocks
@@ -166,13 +192,20 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
         cfg(block_m=256, block_n=128, overlap=True), 1536
     )  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
     assert (wide_rows.block_n, wide_rows.chunks, wide_rows.tile_registers) == (128, 4, 192)
-    wide = plan(cfg(block_n=256, overlap=False), 1536)
+    wide = plan(cfg(block_n=256, overlap=False, **tiles), 1536)
     assert (wide.block_n, wide.chunks) == (256, 2)
     assert plan(cfg(block_n=256, overlap=False), 1344).block_n == 192  # 1344 = 7 x 192
     assert plan(cfg(block_n=128), 320).block_n == 64
-    fitted = fit_smem(plan(cfg(block_n=128, num_stages=6, overlap=True), 1536), 1536, jnp.float32)
+    fitted = fit_smem(plan(cfg(block_n=128, num_stages=6, overlap=True, **tiles), 1536), 1536, jnp.float32)
     assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
     assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
+    spans = lambda **kw: fit_smem(plan(cfg(spans=True, **kw), 1536), 1536, jnp.bfloat16)
+    assert (spans().stages, spans().out_pieces) == (3, 1)  # the whole untiled output tile beside 3 stages
+    assert (spans(num_stages=4).stages, spans(num_stages=4).out_pieces) == (4, 4)  # 4 stages: 64-column pieces
+    assert plan(GroupedMatmulConfig(mosaic_spans=True), 1536).spans  # the FP8 tiling's spans follow the config's
+    assert not plan(
+        GroupedMatmulConfig(mosaic_spans=True, mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(spans=False)), 1536
+    ).spans
     op = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
     for tiling in op.MOSAIC_FP8_TILINGS:
         for out in (jnp.bfloat16, jnp.float32):
@@ -249,6 +282,7 @@ def test_gpu_rounding_pass_is_fp8_row_blocks_bit_for_bit():
         (GroupedMatmulMosaicFp8Tiling(round_in_kernel=False, column_blocks=False), True),  # session 31's first
         (GroupedMatmulMosaicFp8Tiling(block_n=128, num_stages=5, overlap=True), True),
         (GroupedMatmulMosaicFp8Tiling(block_m=256, block_n=128, num_stages=4), True),
+        pytest.param(GroupedMatmulMosaicFp8Tiling(spans=True, num_stages=4), True, id="spans-s4"),
     ],
 )
 def test_gpu_matches_xla_at_the_moe_shape(tiling, column_blocks):
@@ -271,4 +305,22 @@ def test_gpu_matches_xla_at_the_moe_shape(tiling, column_blocks):
     lhs = randn((m, k), jnp.bfloat16)
     check_forward_and_grads(mosaic, xla, [lhs, scale], (0, 1), jnp.bfloat16)
     out = mosaic(lhs, scale)
+    assert float(jnp.max(jnp.abs(out[int(sizes.sum()) :].astype(jnp.float32)))) == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_spans_match_xla_with_unaligned_groups():
+    """Spans at M 6003 (no multiple of 8), K 1024, N 768: groups of odd sizes starting anywhere, empty ones, rows past
+    the last group, whose last span (from row 5952) reads its second warpgroup's rows wholly past the codes (6008
+    rows) and row scales (6016); the whole output tile beside 3 stages. Forward only (the gradients are the 16-bit
+    kernels')."""
+    m, k, n = 6003, 1024, 768
+    sizes = jnp.asarray([5, 0, 1001, 377, 0, 2048, 1, 999, 1393, 0, 159], jnp.int32)  # 5983 rows: 20 past the last
+    rhs, scale = _weights(len(sizes), n, k, blocks=k // 128, column_blocks=True)
+    cfg = GroupedMatmulConfig(platform="pallas", mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(spans=True))
+    options = dict(rhs_scale=scale * k**-0.5 / 4, preferred_element_type=jnp.bfloat16, **V3)
+    lhs = randn((m, k), jnp.bfloat16)
+    out = jax.jit(lambda x: grouped_matmul(x, rhs, sizes, cfg=cfg, **options))(lhs)
+    ref = jax.jit(lambda x: grouped_matmul_xla(x, rhs, sizes, **options))(lhs)
+    assert_close(out, ref.astype(jnp.float32), jnp.bfloat16)
     assert float(jnp.max(jnp.abs(out[int(sizes.sum()) :].astype(jnp.float32)))) == 0.0

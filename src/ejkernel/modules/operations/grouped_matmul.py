@@ -53,10 +53,14 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
         column_blocks: Where the call's `rhs_scale` is constant over each 128 output columns (DeepSeek-V3's
             128 x 128 blocks; checked on the device per call), promote each product with one scale per row
             (False: per element, always) [True].
+        spans: Output tiles that follow each group from its first row (rounded down to 8), so that every tile
+            runs one K loop in one group and stores only its own rows, in place of fixed row tiles that run a K
+            loop per group they straddle (`GroupedMatmulConfig.mosaic_spans`' schedule); where 4 stages need
+            the room, the output tile is stored in column pieces [`GroupedMatmulConfig.mosaic_spans`].
 
     Raises:
         ValueError: A tile or stage count that is not a positive int, or a switch (`overlap`, `round_in_kernel`,
-            `column_blocks`) that is not a bool; one line naming the field.
+            `column_blocks`, `spans`) that is not a bool; one line naming the field.
 
     Example:
         >>> from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling
@@ -71,13 +75,14 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     overlap: bool | None = None
     round_in_kernel: bool | None = None
     column_blocks: bool | None = None
+    spans: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_stages"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
                 raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
-        for name in ("overlap", "round_in_kernel", "column_blocks"):
+        for name in ("overlap", "round_in_kernel", "column_blocks", "spans"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{type(self).__name__}.{name} must be a bool or None, got {value!r}")
@@ -114,8 +119,9 @@ class GroupedMatmulConfig(KernelConfig):
             (`fp8_lhs`), read by it only. None (default): its defaults.
         mosaic_spans: True (default) makes the Mosaic GPU kernels' forward and lhs-gradient products run output
             tiles that follow each group from its first row (rounded down to 8) and store only their own rows, as
-            the Triton forward does; False: fixed row tiles, which run one K loop per group they straddle (on an
-            H200 at the bench's MoE shape 12-20% slower). Other platforms ignore it.
+            the Triton forward does (the FP8 forward too, unless `mosaic_fp8_tiling.spans` says otherwise); False:
+            fixed row tiles, which run one K loop per group they straddle (on an H200 at the bench's MoE shape
+            12-20% slower). Other platforms ignore it.
 
     Raises:
         ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling` or
@@ -238,8 +244,10 @@ MOSAIC_FP8_TILINGS = (
     GroupedMatmulMosaicFp8Tiling(overlap=False),  # each product waited for, then promoted
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),  # less of lhs read per FLOP (two wgmmas)
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # four 64-column wgmmas a step, overlapped
+    GroupedMatmulMosaicFp8Tiling(spans=True, num_stages=4),  # spans (one K loop a tile), the output in 4 pieces
 )
-"""FP8 forward tilings autotuning times beside the default (128 x 128 tiles, promotion overlapped)."""
+"""FP8 forward tilings autotuning times beside the default (128 x 256 tiles, promotion waited for; with the
+`mosaic_spans` candidate of `_mosaic_gpu_cfgs`, its spans too)."""
 
 
 def _mosaic_gpu_cfgs():

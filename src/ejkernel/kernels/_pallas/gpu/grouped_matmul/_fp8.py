@@ -13,21 +13,22 @@ kernel holding both promotions), `acc += part · (sa[row] · sb[block])`: one FM
 f16 WGMMA supports transposes", PTX's rule: only 16-bit wgmma transposes) and TMA copies tiles as they lie,
 so the weights come as `[L, N, K]` (`transpose_rhs=True`), laid out once like prepacked weights.
 
-The schedule is `_kernel.gmm`'s: persistent CTAs walking the output tiles of `tile_items`, a memory
-warpgroup streaming every step with TMA into a ring of `stages` slots (lhs and weight codes and both scale
-vectors), two compute warpgroups sharing each output tile (`block_m // 2` rows each), and tiles that
-straddle groups merged in shared memory (`store_group_rows`). With `overlap`, each product's wgmma runs
-while the previous product is promoted (the accumulator and two product tiles live); without, each wgmma
-is waited for before its promotion, and the other warpgroup's wgmma keeps the tensor cores busy meanwhile.
-Output tiles wider than the registers hold beside the accumulator split each step into `chunks` wgmmas
-over column chunks (`in_registers`: 128 x 256 tiles in two 128-column wgmmas, four 64-column ones when
-overlapped).
+The schedule is `_kernel.gmm`'s (`_kernel.ForwardWalk`): persistent CTAs walking the output tiles of
+`tile_items`, a memory warpgroup streaming every step with TMA into a ring of `stages` slots (lhs and weight codes
+and both scale vectors), two compute warpgroups sharing each output tile (`block_m // 2` rows each), and tiles
+that straddle groups merged in shared memory (`store_group_rows`); or with `spans` the spans of `row_spans`
+(each follows one group from its first row rounded down to 8: one K loop, one weight scale per column and step,
+only its own rows stored, `store_span_rows`), reading the row scales of whichever rows it reads (they are per
+row, so a span may start at any multiple of 8). With `overlap`, each product's wgmma runs while the previous
+product is promoted (the accumulator and two product tiles live); without, each wgmma is waited for before its
+promotion, and the other warpgroup's wgmma keeps the tensor cores busy meanwhile. Output tiles wider than the
+registers hold beside the accumulator split each step into `chunks` wgmmas over column chunks (`in_registers`:
+128 x 256 tiles in two 128-column wgmmas, four 64-column ones when overlapped).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -39,19 +40,13 @@ from ejkernel.kernels._common.scaled_codes import code_max
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
     COMPUTE_WGS,
     SMEM_BUDGET,
+    ForwardWalk,
     Ring,
-    TileRefs,
-    compute_units,
-    cta_units,
-    feed_units,
+    forward_schedule,
     launch,
     on_compute_warpgroups,
-    on_memory_warpgroup,
     pad_rows,
-    store_group_rows,
     swizzled,
-    tile_items,
-    unit_tile,
 )
 
 STEP = 128  # K per step: one scale block, rows of 128 bytes (the 128-byte swizzle)
@@ -61,6 +56,7 @@ WARPGROUP_THREADS = 128
 TILE_REGISTERS = 192  # float32 tile registers a compute thread may hold (of 232: scales, addresses, the rest)
 COLUMN_BLOCK = 128  # DeepSeek-V3's weight blocks: 128 x 128, their scales constant over 128 output columns
 CHUNKS = (1, 2, 4)  # wgmmas per step that a tiling may split its columns into
+OUT_PIECES = (1, 2, 4)  # column pieces a spans tiling may store its output tile in (each a multiple of 32 columns)
 ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 COLS_LAYOUT = plgpu.Layout.WGMMA.reduce(0)  # a value per column
 
@@ -76,6 +72,9 @@ class MosaicGpuFp8GroupedMatmulTiling:
     `round_in_kernel`: lhs is rounded by `round_lhs_blocks` (else by XLA, `fp8_row_blocks`); `column_blocks`:
     where the weights' scales are constant over each `COLUMN_BLOCK` columns (checked per call), a product is
     promoted with one scale per row (`sa[row] · sb[block]`, one FMA an element) rather than per element.
+    `spans`: the output tiles follow each group from its first row (`_kernel.gmm`'s spans: one K loop a tile, only
+    its own rows stored), their untiled output tile stored in `out_pieces` column pieces through one piece of
+    shared memory (room for more ring slots: 4 stages at 128 x 256 in 4 pieces).
     """
 
     block_m: int
@@ -86,6 +85,8 @@ class MosaicGpuFp8GroupedMatmulTiling:
     chunks: int = 1
     round_in_kernel: bool = True
     column_blocks: bool = True
+    spans: bool = False
+    out_pieces: int = 1
 
     @property
     def promotes_by_column_block(self) -> bool:
@@ -113,9 +114,9 @@ class MosaicGpuFp8GroupedMatmulTiling:
         return acc + acc // self.chunks * (2 if self.overlap else 1)
 
     def smem_bytes(self, out_dtype) -> int:
-        """Per slot the step's codes and scale vectors; one output tile per CTA."""
+        """Per slot the step's codes and scale vectors; one output tile per CTA (one `out_pieces`-th of it)."""
         step = (self.block_m + self.block_n) * (STEP * CODES.itemsize + 4)
-        return self.stages * step + self.block_m * self.block_n * jnp.dtype(out_dtype).itemsize
+        return self.stages * step + self.block_m * self.block_n // self.out_pieces * jnp.dtype(out_dtype).itemsize
 
     def fits(self, out_dtype) -> bool:
         return self.smem_bytes(out_dtype) <= SMEM_BUDGET and self.tile_registers <= TILE_REGISTERS
@@ -132,14 +133,18 @@ def in_registers(t: MosaicGpuFp8GroupedMatmulTiling) -> MosaicGpuFp8GroupedMatmu
 
 
 def fit_smem(t: MosaicGpuFp8GroupedMatmulTiling, n: int, out_dtype) -> MosaicGpuFp8GroupedMatmulTiling:
-    """`t` fitted to shared memory beside an output tile of `out_dtype`: fewer stages down to 2, else narrower
-    output tiles (128 or 64 columns dividing N `n`; planning saw to it that one does)."""
+    """`t` fitted to shared memory beside an output tile of `out_dtype`: with `spans` the whole tile or, where that
+    keeps more stages, column pieces of it (`OUT_PIECES`); then fewer stages down to 2, else narrower output tiles
+    (128 or 64 columns dividing N `n`; planning saw to it that one does)."""
     widths = [t.block_n] + [w for w in (128, 64) if w < t.block_n and n % w == 0]
     for width in widths:
-        narrowed = in_registers(dataclasses.replace(t, block_n=width))
+        narrowed = in_registers(dataclasses.replace(t, block_n=width, out_pieces=1))
+        pieces = [p for p in OUT_PIECES if width % (32 * p) == 0] if t.spans else [1]
         for stages in range(t.stages, 1, -1):
-            if narrowed is not None and dataclasses.replace(narrowed, stages=stages).fits(out_dtype):
-                return dataclasses.replace(narrowed, stages=stages)
+            for p in pieces:
+                fitted = None if narrowed is None else dataclasses.replace(narrowed, stages=stages, out_pieces=p)
+                if fitted is not None and fitted.fits(out_dtype):
+                    return fitted
     raise NotImplementedError(f"mosaic gpu grouped_matmul: FP8 tiles {t} do not fit ({jnp.dtype(out_dtype)} output)")
 
 
@@ -244,7 +249,8 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
     """`out [m, N]`: each owned row of the e4m3 `codes [≥ m, K]` (rows past m: padding, zeros) times its group's
     e4m3 `weights [L, N, K]`ᵀ, every K step's product scaled by `row_scales [K / STEP, ≥ m]` (per row) and
     `col_scales [L, K / STEP, N]` (per column) (`step_scales`); zeros on every other row. K must be a multiple of
-    `STEP`, N of `block_n`.
+    `STEP`, N of `block_n`. (A span may read codes and row scales past both arrays' rows, up to its first row plus
+    `block_m`: TMA reads those as zeros, and the span stores none of them.)
 
     With `tiling.promotes_by_column_block` (and N a multiple of `COLUMN_BLOCK`) the kernel holds both
     promotions and takes the one-scale-per-row one where `column_blocks_uniform(col_scales)` says it is exact
@@ -257,51 +263,40 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
     bm, bn, stages, rows = t.block_m, t.block_n, t.stages, t.wg_rows
     if k % STEP or n % bn or rows % 64:
         raise ValueError(f"fp8 gmm: K={k} and N={n} must be multiples of {STEP} and block_n={bn}; block_m={bm}")
-    schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
+    schedule, row_units = forward_schedule(group_sizes, group_offset, num_local, m, bm, t.spans)
     x = pad_rows(codes, bm)
-    num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // STEP
-    num_units = num_tiles * col_tiles
+    col_tiles, k_steps = n // bn, k // STEP
+    num_units = row_units * col_tiles
     num_ctas = min(t.num_ctas, num_units)
-    shape = (rows, bn)
 
-    def body(
-        group_ref,
-        lo_ref,
-        hi_ref,
-        first_ref,
-        count_ref,
-        uniform_ref,
-        a_ref,
-        sa_ref,
-        b_ref,
-        sb_ref,
-        out_ref,
-        smem,
-        barriers,
-    ):
+    def body(*refs):
+        schedule_refs, (uniform_ref, a_ref, sa_ref, b_ref, sb_ref, out_ref, smem, barriers) = (
+            refs[: len(schedule)],
+            refs[len(schedule) :],
+        )
         a_smem, b_smem, sa_smem, sb_smem, o_smem = smem
-        refs = TileRefs(group_ref, lo_ref, hi_ref, first_ref, count_ref)
-        ring = Ring(*barriers, stages)
-        cta, my_units = cta_units(num_units, num_ctas)
-        wg = lax.axis_index("wg")
-        unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
+        walk = ForwardWalk.start(
+            t, schedule_refs, barriers, num_units=num_units, num_ctas=num_ctas, col_tiles=col_tiles, k_steps=k_steps
+        )
 
-        def copies(tile, col, g, kk):
+        def copies(row0, col, g, kk):
+            """Step kk's copies: the codes and row scales of the lhs rows from `row0` (a multiple of 8; the scales of
+            any row are at its own index), group g's codes and column scales of column tile `col`."""
             ks, cols = pl.ds(kk * STEP, STEP), pl.ds(col * bn, bn)
             out = []
             for p in range(COMPUTE_WGS):  # each warpgroup's rows and their scales
-                wg_rows = pl.ds(tile * bm + p * rows, rows)
+                wg_rows = pl.ds(row0 + p * rows, rows)
                 out.append((a_ref.at[wg_rows, ks], lambda slot, p=p: a_smem.at[slot * COMPUTE_WGS + p]))
                 out.append((sa_ref.at[kk, wg_rows], lambda slot, p=p: sa_smem.at[slot * COMPUTE_WGS + p]))
             out.append((b_ref.at[g, cols, ks], lambda slot: b_smem.at[slot]))
             out.append((sb_ref.at[g, kk, cols], lambda slot: sb_smem.at[slot]))
             return out
 
-        on_memory_warpgroup(lambda: feed_units(ring, refs, my_units, unit_of, k_steps, copies, pingpong=False))
+        walk.feed(copies)
 
         @on_compute_warpgroups
         def _():
-            out_tile = o_smem.at[wg]
+            wg = lax.axis_index("wg")
             width = t.chunk_cols
 
             def multiply(acc_ref, slot, c):
@@ -322,23 +317,8 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
                 return acc + part * lax.broadcast_in_dim(sa * sb, part.shape, [0])
 
             def output_tiles(promote):
-                def output_tile(tile, col, step):
-                    row0 = tile * bm + wg * rows
-                    store_group_rows(
-                        ring,
-                        refs,
-                        tile,
-                        row0,
-                        shape,
-                        step,
-                        k_steps,
-                        lambda step: promoted_k_loop(ring, step, k_steps, t, multiply, promote),
-                        out_tile,
-                        out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
-                    )
-
-                unit_steps = lambda tile: refs.count[tile] * k_steps
-                compute_units(my_units, unit_of, unit_steps, output_tile, pingpong=False)
+                product = lambda ring, step: promoted_k_loop(ring, step, k_steps, t, multiply, promote)
+                walk.compute(product, o_smem.at[wg], out_ref)
 
             if by_block:
                 pl.when(uniform_ref[0] != 0)(lambda: output_tiles(promote_by_block))
@@ -346,19 +326,21 @@ def fp8_gmm(codes, row_scales, weights, col_scales, group_sizes, group_offset, *
             else:
                 output_tiles(promote)
 
+    # Spans store their rows from an untiled output tile (a store may start at any of its rows), in column pieces.
+    o_shape = (COMPUTE_WGS, rows, bn // t.out_pieces)
     scratch = (
         (
             swizzled((stages * COMPUTE_WGS, rows, STEP), CODES),
             swizzled((stages, bn, STEP), CODES),
             plgpu.SMEM((stages * COMPUTE_WGS, rows), jnp.float32),
             plgpu.SMEM((stages, bn), jnp.float32),
-            swizzled((COMPUTE_WGS, rows, bn), out_dtype),
+            plgpu.SMEM(o_shape, out_dtype) if t.spans else swizzled(o_shape, out_dtype),
         ),
         Ring.barriers(
             t, 2 * COMPUTE_WGS + 2
         ),  # per step: each warpgroup's rows (codes, scales), the weights' (codes, scales)
     )
-    out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
+    out_type = jax.ShapeDtypeStruct((m if t.spans else x.shape[0], n), out_dtype)  # (spans write rows [0, M) only)
     out = launch(body, out_type, scratch, num_ctas, *schedule, uniform, x, row_scales, weights, col_scales)
     return out if out.shape[0] == m else out[:m]
 

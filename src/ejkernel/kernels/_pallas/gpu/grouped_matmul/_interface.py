@@ -184,7 +184,8 @@ def plan_fp8(cfg, n: int):
     `DEFAULT_FP8`; read by field name), fitted: `block_m` 128 or 256, `block_n` the largest multiple of 64 up
     to the one asked that divides N and, in as few wgmma chunks as the registers need, fits shared memory with
     2 stages beside a 16-bit output tile; the kernel cuts stages (or, for a float32 output, columns) to fit its
-    output (`_fp8.fit_smem`). `round_in_kernel` and `column_blocks` are on unless set False. NotImplementedError
+    output (`_fp8.fit_smem`; with spans it first stores the output tile in column pieces). `round_in_kernel` and
+    `column_blocks` are on unless set False; `spans` left None follows `cfg.mosaic_spans`. NotImplementedError
     where no tile fits."""
     from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, in_registers
 
@@ -193,6 +194,8 @@ def plan_fp8(cfg, n: int):
     overlap = _given(given, "overlap")
     overlap = DEFAULT_FP8[3] if overlap is None else bool(overlap)
     switches = {name: _given(given, name) is not False for name in ("round_in_kernel", "column_blocks")}
+    spans = _given(given, "spans")
+    switches["spans"] = bool(getattr(cfg, "mosaic_spans", True)) if spans is None else bool(spans)
     stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
     bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
     for cols in range(bn, 0, -64):

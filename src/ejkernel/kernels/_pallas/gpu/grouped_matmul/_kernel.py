@@ -23,6 +23,8 @@ rows no group owns are zeros. With `MosaicGpuGroupedMatmulTiling.spans` the row 
 runs one K loop, and stores only the rows it owns from an untiled shared-memory tile, in TMA boxes of `rows`,
 `rows / 2`, ..., 1 rows (the binary digits of their count), so that a group boundary costs a partial span, not a
 second K loop over a whole tile.
+The CTA's walk over its units (`ForwardWalk`: the memory warpgroup's feed, the compute warpgroups' stores) is
+shared with the FP8 forward (`_fp8.fp8_gmm`), whose copies and K loop differ.
 
 `tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
 group's rows in `block_k`-row steps from the group's first row rounded down to a multiple of 8 (TMA
@@ -425,23 +427,105 @@ def store_rows(out_tile, out_dst, row0, lo, hi):
 
 def store_span_rows(ring: Ring, spans: SpanRefs, span, row0, shape, step, k_steps: int, product, out_tile, out_dst):
     """Compute warpgroup: its `shape[0]` rows from `row0` of span `span`, stored (only those the span writes) to
-    `out_dst`: `product(step)` (the float32 tile of the span's `k_steps` ring steps from `step`), or zeros for a
-    span without a group. A warpgroup holding none of the span's rows passes over its steps."""
+    `out_dst(row, rows)` (`shape[1]` columns): `product(step)` (the float32 tile of the span's `k_steps` ring steps
+    from `step`), or zeros for a span without a group. A warpgroup holding none of the span's rows passes over its
+    steps. An `out_tile` narrower than `shape[1]` (an untiled shared-memory tile; room for another ring slot) takes
+    the tile in column pieces of its width, each stored before the next is written."""
     g, lo, hi = spans.group[span], spans.lo[span], spans.hi[span]
     mine = (lo < row0 + shape[0]) & (hi > row0)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous unit's stores have read out_tile
+    width = out_tile.shape[1]
+
+    def put(piece):
+        """`piece(col0)`: the tile's `width` columns from `col0`, written to `out_tile` and stored, piece by piece."""
+        for col0 in range(0, shape[1], width):
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous stores have read out_tile
+            out_tile[...] = piece(col0)
+            plgpu.commit_smem()
+            dst = out_dst if width == shape[1] else lambda row, rows, c=col0: out_dst(row, rows).at[:, pl.ds(c, width)]
+            store_rows(out_tile, dst, row0, lo, hi)
 
     @pl.when(mine & (g >= 0))
     def _():
-        out_tile[...] = product(step).astype(out_tile.dtype)
+        value = product(step).astype(out_tile.dtype)
+        put(lambda col0: value if width == shape[1] else value[:, col0 : col0 + width])
 
     @pl.when(mine & (g < 0))
     def _():
-        out_tile[...] = plgpu.layout_cast(jnp.zeros(shape, out_tile.dtype), plgpu.Layout.WGMMA)
+        put(lambda col0: plgpu.layout_cast(jnp.zeros(out_tile.shape, out_tile.dtype), plgpu.Layout.WGMMA))
 
     pl.when(~mine & (g >= 0))(lambda: skip_steps(ring, step, k_steps))
-    plgpu.commit_smem()
-    store_rows(out_tile, out_dst, row0, lo, hi)
+
+
+def forward_schedule(group_sizes, group_offset, num_local: int, m: int, block_m: int, spans: bool):
+    """(The arrays of a forward product's row schedule, its row units): the spans of `row_spans` (8-row aligned) with
+    `spans`, else the `block_m`-row tiles of `tile_items`."""
+    if spans:  # spans start at multiples of 8 rows (TMA reads HBM in 8-row tiles)
+        schedule = tuple(row_spans(group_sizes, group_offset, num_local, m, block_m, align=8))
+        return schedule, schedule[0].shape[0]
+    return tile_items(group_sizes, group_offset, num_local, m, block_m), -(-m // block_m)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardWalk:
+    """A forward product's CTA over its units (a row tile or span by a column tile), of tiling `t` (`block_m`,
+    `block_n`, `wg_rows`, `stages`, `pingpong`, `spans`): `feed` is the memory warpgroup, `compute` a compute
+    warpgroup's rows of each unit. The 16-bit and FP8 forwards differ only in their copies and K loops."""
+
+    t: Any
+    schedule: Any  # TileRefs, or SpanRefs with `t.spans`
+    ring: Ring
+    my_units: Any
+    unit_of: Any
+    k_steps: int
+
+    @staticmethod
+    def start(t, schedule_refs, barriers, *, num_units: int, num_ctas: int, col_tiles: int, k_steps: int):
+        """This CTA's walk: `schedule_refs` the refs of `forward_schedule`'s arrays, `barriers` the ring's."""
+        cta, my_units = cta_units(num_units, num_ctas)
+        unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
+        schedule = (SpanRefs if t.spans else TileRefs)(*schedule_refs)
+        return ForwardWalk(t, schedule, Ring(*barriers, t.stages), my_units, unit_of, k_steps)
+
+    def feed(self, copies):
+        """The memory warpgroup: `copies(row0, col, group, kk)` (`[(source, slot -> buffer)]`: lhs rows from `row0`,
+        a multiple of 8, the group's column tile `col`, K step `kk`) of every step into the ring."""
+        t, args = self.t, (self.ring, self.schedule, self.my_units, self.unit_of, self.k_steps)
+        if t.spans:
+            on_memory_warpgroup(lambda: feed_spans(*args, copies, t.pingpong))
+        else:
+            tile_copies = lambda tile, col, g, kk: copies(tile * t.block_m, col, g, kk)
+            on_memory_warpgroup(lambda: feed_units(*args, tile_copies, t.pingpong))
+
+    def compute(self, product, out_tile, out_ref):
+        """A compute warpgroup: its rows of each of its units, `product(ring, step)` the float32 `[wg_rows, block_n]`
+        tile of one K loop from ring step `step` (`ring`: this warpgroup's view of it), stored to `out_ref` through
+        its shared-memory `out_tile`."""
+        t, k_steps = self.t, self.k_steps
+        wg = lax.axis_index("wg")
+        ring = self.ring.for_wg(wg) if t.pingpong else self.ring
+        rows, bn = t.wg_rows, t.block_n
+        half = 0 if t.pingpong else wg * rows  # this warpgroup's first row in the unit
+        shape, unit_product = (rows, bn), functools.partial(product, ring)
+
+        if t.spans:
+            spans = self.schedule
+
+            def output_span(span, col, step):
+                out_dst = lambda row, count: out_ref.at[pl.ds(row, count), pl.ds(col * bn, bn)]
+                row0 = spans.start[span] + half
+                store_span_rows(ring, spans, span, row0, shape, step, k_steps, unit_product, out_tile, out_dst)
+
+            compute_units(self.my_units, self.unit_of, lambda span: spans.steps(span, k_steps), output_span, t.pingpong)
+        else:
+            refs = self.schedule
+
+            def output_tile(tile, col, step):
+                row0 = tile * t.block_m + half
+                out_dst = out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)]
+                store_group_rows(ring, refs, tile, row0, shape, step, k_steps, unit_product, out_tile, out_dst)
+
+            unit_steps = lambda tile: refs.count[tile] * k_steps
+            compute_units(self.my_units, self.unit_of, unit_steps, output_tile, t.pingpong)
 
 
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: MosaicGpuGroupedMatmulTiling):
@@ -456,25 +540,19 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
         raise ValueError(f"gmm: K={k} and N={n} must be multiples of block_k={bk} and block_n={bn}; block_m={bm}")
     x = pad_rows(lhs, bm)
     col_tiles, k_steps = n // bn, k // bk
-    if t.spans:  # spans start at multiples of 8 rows (TMA reads HBM in 8-row tiles)
-        schedule = row_spans(group_sizes, group_offset, num_local, m, bm, align=8)
-    else:
-        schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
-    row_units = schedule[0].shape[0] if t.spans else -(-m // bm)
+    schedule, row_units = forward_schedule(group_sizes, group_offset, num_local, m, bm, t.spans)
     num_units = row_units * col_tiles
     num_ctas = min(t.num_ctas, num_units)
     a_parts = 1 if t.pingpong else COMPUTE_WGS  # lhs tile copies per step: one per warpgroup's rows
 
     def body(*kernel_refs):
-        schedule_refs, (lhs_ref, rhs_ref, out_ref, smem, barriers) = (
+        schedule_refs, (lhs_ref, rhs_ref, out_ref, (a_smem, b_smem, o_smem), barriers) = (
             kernel_refs[: len(schedule)],
             kernel_refs[len(schedule) :],
         )
-        a_smem, b_smem, o_smem = smem
-        ring = Ring(*barriers, stages)
-        cta, my_units = cta_units(num_units, num_ctas)
-        wg = lax.axis_index("wg")
-        unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
+        walk = ForwardWalk.start(
+            t, schedule_refs, barriers, num_units=num_units, num_ctas=num_ctas, col_tiles=col_tiles, k_steps=k_steps
+        )
 
         def copies(row0, col, g, kk):
             """Step kk's copies for the lhs rows from `row0` (a multiple of 8) and group g's column tile `col`."""
@@ -487,45 +565,19 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
             ]
             return [*a_copies, (b_src, lambda slot: b_smem.at[slot])]
 
-        if t.spans:
-            spans = SpanRefs(*schedule_refs)
-            feed = functools.partial(feed_spans, ring, spans, my_units, unit_of, k_steps, copies, t.pingpong)
-        else:
-            refs = TileRefs(*schedule_refs)
-            tile_copies = lambda tile, col, g, kk: copies(tile * bm, col, g, kk)
-            feed = functools.partial(feed_units, ring, refs, my_units, unit_of, k_steps, tile_copies, t.pingpong)
-        on_memory_warpgroup(feed)
+        walk.feed(copies)
 
         @on_compute_warpgroups
         def _():
-            out_tile = o_smem.at[wg]
-            wg_ring = ring.for_wg(wg) if t.pingpong else ring
+            wg = lax.axis_index("wg")
 
             def multiply(acc_ref, s, slot):
                 a = a_smem.at[slot] if t.pingpong else a_smem.at[slot * COMPUTE_WGS + wg]
                 b = b_smem.at[slot]
                 plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if transpose_rhs else b)
 
-            product = lambda step: k_loop(wg_ring, step, k_steps, (rows, bn), multiply)
-            half = 0 if t.pingpong else wg * rows  # this warpgroup's first row in the unit
-
-            def output_tile(tile, col, step):
-                """This warpgroup's rows of output tile (tile, col), whose first step is `step`."""
-                row0 = tile * bm + half
-                out_dst = out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)]
-                store_group_rows(wg_ring, refs, tile, row0, (rows, bn), step, k_steps, product, out_tile, out_dst)
-
-            def output_span(span, col, step):
-                """This warpgroup's rows of span `span`'s output tile in column tile `col`, first step `step`."""
-                out_dst = lambda row, count: out_ref.at[pl.ds(row, count), pl.ds(col * bn, bn)]
-                row0 = spans.start[span] + half
-                store_span_rows(wg_ring, spans, span, row0, (rows, bn), step, k_steps, product, out_tile, out_dst)
-
-            if t.spans:
-                compute_units(my_units, unit_of, lambda span: spans.steps(span, k_steps), output_span, t.pingpong)
-            else:
-                unit_steps = lambda tile: refs.count[tile] * k_steps
-                compute_units(my_units, unit_of, unit_steps, output_tile, t.pingpong)
+            product = lambda ring, step: k_loop(ring, step, k_steps, (rows, bn), multiply)
+            walk.compute(product, o_smem.at[wg], out_ref)
 
     b_shape = (bn, bk) if transpose_rhs else (bk, bn)
     # The output tiles of spans are untiled, so that a store may start at any of their rows.
