@@ -137,7 +137,7 @@ def test_interpret_spans_match_reference(monkeypatch, capfd):
     monkeypatch.setattr(interface, "num_sms", lambda: 2)
     m, sizes = 180, jnp.array([3, 0, 110, 13, 40], jnp.int32)
     rhs, scale = _weights(len(sizes), N, K, blocks=2, column_blocks=True)
-    cfg = GroupedMatmulConfig(mosaic_spans=True, mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(num_stages=4))
+    cfg = GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4))
     assert fit_smem(interface.plan_fp8(cfg, N), N, jnp.bfloat16).out_pieces == 4
     lhs = randn((m, K), jnp.bfloat16)
     with interpret_mode():
@@ -183,8 +183,10 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     plan = interface.plan_fp8
     cfg = lambda **kw: GroupedMatmulConfig(mosaic_fp8_tiling=GroupedMatmulMosaicFp8Tiling(**kw))
     tiles = dict(spans=False)  # (spans follow GroupedMatmulConfig.mosaic_spans, True by default)
-    assert plan(cfg(**tiles), 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 256, 3, 132, False, 2)
-    assert plan(None, 1536).spans
+    assert plan(cfg(block_n=256, num_stages=3, **tiles), 1536) == MosaicGpuFp8GroupedMatmulTiling(
+        128, 256, 3, 132, False, 2
+    )
+    assert plan(None, 1536) == MosaicGpuFp8GroupedMatmulTiling(128, 128, 5, 132, False, spans=True)
     off = plan(cfg(round_in_kernel=False, column_blocks=False), 1536)
     assert (off.round_in_kernel, off.promotes_by_column_block) == (False, False)
     assert not plan(cfg(block_n=192), 1536).promotes_by_column_block  # a 192-column wgmma spans two blocks
@@ -199,8 +201,8 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     fitted = fit_smem(plan(cfg(block_n=128, num_stages=6, overlap=True, **tiles), 1536), 1536, jnp.float32)
     assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
     assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
-    spans = lambda **kw: fit_smem(plan(cfg(spans=True, **kw), 1536), 1536, jnp.bfloat16)
-    assert (spans().stages, spans().out_pieces) == (3, 1)  # the whole untiled output tile beside 3 stages
+    spans = lambda **kw: fit_smem(plan(cfg(spans=True, block_n=256, **kw), 1536), 1536, jnp.bfloat16)
+    assert (spans(num_stages=3).stages, spans(num_stages=3).out_pieces) == (3, 1)  # the whole output tile, 3 stages
     assert (spans(num_stages=4).stages, spans(num_stages=4).out_pieces) == (4, 4)  # 4 stages: 64-column pieces
     assert plan(GroupedMatmulConfig(mosaic_spans=True), 1536).spans  # the FP8 tiling's spans follow the config's
     assert not plan(

@@ -44,8 +44,8 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     Attributes:
         block_m: Output rows per tile, shared by two compute warpgroups: 128 or 256 (at least 256 asks 256) [128].
         block_n: Output columns per tile, a multiple of 64 up to 256 (wider than 128 per 64 rows: each K step's
-            wgmma is split into column chunks, as the registers need) [256].
-        num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [3].
+            wgmma is split into column chunks, as the registers need) [128].
+        num_stages: Shared-memory slots of the operand ring (each one 128-wide K step) [5].
         overlap: Promote each K step's product into the accumulator while the next step's wgmma runs (three
             float32 tiles in registers), rather than after waiting for it [False].
         round_in_kernel: Round lhs to FP8 in a Mosaic GPU pass at copy speed (False: in XLA); the same codes
@@ -241,13 +241,13 @@ class GroupedMatmul(Kernel):
 
 
 MOSAIC_FP8_TILINGS = (
-    GroupedMatmulMosaicFp8Tiling(overlap=False),  # each product waited for, then promoted
-    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=False),  # less of lhs read per FLOP (two wgmmas)
-    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # four 64-column wgmmas a step, overlapped
-    GroupedMatmulMosaicFp8Tiling(spans=True, num_stages=4),  # spans (one K loop a tile), the output in 4 pieces
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # less of lhs read per FLOP, the output in 4 pieces
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3),  # the whole output tile beside 3 stages
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=True),  # four 64-column wgmmas, overlapped
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3, spans=False),  # fixed row tiles (session 31's default)
 )
-"""FP8 forward tilings autotuning times beside the default (128 x 256 tiles, promotion waited for; with the
-`mosaic_spans` candidate of `_mosaic_gpu_cfgs`, its spans too)."""
+"""FP8 forward tilings autotuning times beside the default (128 x 128 tiles on spans, 5 stages, promotion waited
+for)."""
 
 
 def _mosaic_gpu_cfgs():

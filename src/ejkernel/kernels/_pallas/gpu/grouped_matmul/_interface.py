@@ -44,9 +44,10 @@ FP8 = jnp.dtype(jnp.float8_e4m3fn)
 FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
 # (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
 # 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`). Measured on an H200 at
-# M 32768, K 4096, N 1536, 64 groups (`exp/s31_fp8gmm.py`, with lhs's 0.247 ms rounding pre-pass): 128 x 256, 3
-# stages 0.832 ms; 128 x 128, 5 stages 0.854, overlapped 0.897; 128 x 256 overlapped 1.398.
-DEFAULT_FP8 = (128, 256, 3, False)
+# M 32768, K 4096, N 1536, 64 groups, on spans (the default; `exp/s32_fp8spans.py`, lhs rounded in 0.106 ms):
+# 128 x 128, 5 stages 0.625 ms; 128 x 256, 4 stages 0.636, 3 stages 0.691; fixed row tiles 128 x 256, 3 stages
+# 0.738 (`exp/s31_fp8gmm.py`, session 31, fixed tiles: 128 x 256, 3 stages 0.832; 128 x 128, 5 stages 0.854).
+DEFAULT_FP8 = (128, 128, 5, False)
 
 
 def _given(params, *names):
