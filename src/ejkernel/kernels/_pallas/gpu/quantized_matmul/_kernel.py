@@ -1,0 +1,255 @@
+"""The weight-only quantized matmul for decoding as one Mosaic GPU kernel (Hopper): the weights are wgmma's M side.
+
+With few rows of x (decode: M up to 64), `y = x W` is computed transposed, `yᵀ [N, M] = Wᵀ [N, K] · xᵀ [K, M]`
+("swap AB"): 64 output features fill a wgmma's M and the tokens are its N (a multiple of 16, x padded), so no
+tensor-core row is wasted on padding and each accumulator is a few registers. A CTA owns `COMPUTE_WGS` x 64
+features and walks its split of the contraction in steps of `block_k`. A memory warpgroup streams each step's
+packed codes (one `[64, block_k]` or `[block_k, 64]` byte tile per compute warpgroup) and x's `[M, block_k]` tile
+by TMA into a ring of `stages` shared-memory slots, so the HBM stream never waits on the arithmetic.
+
+A compute warpgroup decodes its byte tile in registers: loaded in `WGMMA_UPCAST_2X` (32-bit shared-memory reads,
+one shuffle to reach wgmma's layout), widened to 16 bits by the hardware's paths (int8 codes flipped to signed,
+`codes ^ 0x80 = q - 128`, then the prmt/sub conversion to bf16; E4M3 codes by `cvt` to f16), then scaled in float32
+(`q·s + o` with the group's scale and offset: affine `o = (128 - z)·s`, the 128 the flip took off) and rounded to
+x's dtype, as the reference rounds its dequantized tile. The scales (and zeros) come straight from global memory
+into row vectors (`WGMMA.reduce(1)`) before the step's wait, and are spread over their groups by broadcasts and a
+concatenation of register tiles (no arithmetic).
+- `transpose=True` (codes `[N, K]`, K contiguous): the decoded tile `[64 features, block_k]` is wgmma's A operand
+  in registers;
+- `transpose=False` (codes `[K, N]`, N contiguous): the decoded tile `[block_k, 64 features]` is stored to the
+  warpgroup's own shared-memory tile and read by wgmma transposed (jax 0.11.2 loads 8-bit tiles in no transposed
+  register layout).
+Each split writes its float32 partial `yᵀ` tile; the caller adds the splits and transposes (M x N floats).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ejkernel.quantization.modes import QuantParams
+
+ROWS = 64  # output features per compute warpgroup: the M of one wgmma
+COMPUTE_WGS = 2
+CTA_FEATURES = COMPUTE_WGS * ROWS
+TOKEN_ALIGN = 16  # x's rows are padded to a multiple of this: wgmma's N
+COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
+MEMORY_REGISTERS = 40
+SMEM_ALIGNMENT = 1024  # of each shared-memory allocation (Mosaic GPU's)
+MOSAIC_RESERVED_SMEM = 2048  # what Mosaic GPU adds to a kernel's own shared memory
+FLIP = 128  # int8 codes are flipped to signed (q ^ 0x80 = q - 128) for the fast int8 -> bf16 conversion
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuQuantizedMatmulStatic:
+    """What the kernel fixes at trace time: the format, the layout, the sizes (x's rows padded to `tokens`)."""
+
+    params: QuantParams
+    transpose: bool
+    k: int
+    n: int
+    tokens: int
+    x_dtype: jnp.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuQuantizedMatmulTiling:
+    """Contraction per step, shared-memory slots of the ring, and contraction splits (float32 partials)."""
+
+    block_k: int
+    stages: int
+    splits: int
+
+
+def _swizzled(shape, dtype, row_bytes: int):
+    """Shared memory in the swizzled layout TMA and wgmma use, for rows of `row_bytes` bytes (32 to 128)."""
+    swizzle = min(row_bytes, 128)
+    elems = swizzle // jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle)))
+
+
+def code_tile_shape(st: MosaicGpuQuantizedMatmulStatic, block_k: int) -> tuple[int, int]:
+    """A compute warpgroup's byte tile of one step: `[64, block_k]` with transpose, else `[block_k, 64]`."""
+    return (ROWS, block_k) if st.transpose else (block_k, ROWS)
+
+
+def smem_bytes(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTiling) -> int:
+    """Shared memory of a CTA as Mosaic GPU lays it out: the ring (x and code tiles), the output tiles, the decoded
+    tiles (without transpose), each allocation aligned to `SMEM_ALIGNMENT`, then the barriers and Mosaic's reserve."""
+    itemsize = jnp.dtype(st.x_dtype).itemsize
+    sizes = [t.stages * st.tokens * t.block_k * itemsize, t.stages * COMPUTE_WGS * ROWS * t.block_k]
+    sizes += [COMPUTE_WGS * ROWS * st.tokens * 4] + (
+        [] if st.transpose else [COMPUTE_WGS * t.block_k * ROWS * itemsize]
+    )
+    aligned = sum(-(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT for size in sizes)
+    return aligned + 16 * t.stages + MOSAIC_RESERVED_SMEM
+
+
+def _row_vector(ref, rows, col):
+    """`ref[rows, col]` as a vector along the rows of a wgmma-layout tile (straight from global memory)."""
+    return plgpu.load(ref.at[rows, col], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+
+
+def _e8_scale(exponent_bytes):
+    """float32 `2^e` of mx scales (two's-complement exponent bytes), from two normal halves (e may be -128)."""
+    byte = exponent_bytes.astype(jnp.int32)
+    exponent = jnp.where(byte >= 128, byte - 256, byte)
+    half = exponent >> 1
+    as_float = lambda e: lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+    return as_float(half) * as_float(exponent - half)
+
+
+def _e4m3_scale(code_bytes):
+    """float32 value of nv scales (E4M3 code bytes; a scale is never the NaN code)."""
+    code = code_bytes.astype(jnp.int32)
+    exponent, mantissa = (code >> 3) & 15, code & 7
+    normal = lax.bitcast_convert_type(((exponent + 120) << 23) | (mantissa << 20), jnp.float32)
+    magnitude = jnp.where(exponent == 0, mantissa.astype(jnp.float32) * 2.0**-9, normal)
+    return jnp.where(code >= 128, -magnitude, magnitude)
+
+
+def _group_meta(params: QuantParams, s_ref, z_ref, rows, group):
+    """`(scale, offset)` row vectors (float32) of one group: a value is `code · scale + offset`, codes as the
+    kernel widens them (int8 flipped by `FLIP`); offset None where the mode has none."""
+    raw = _row_vector(s_ref, rows, group)
+    if params.mode == "affine":
+        scale = raw.astype(jnp.float32)
+        return scale, (FLIP - _row_vector(z_ref, rows, group).astype(jnp.float32)) * scale
+    if params.mode.startswith("mx"):
+        return _e8_scale(raw), None
+    if params.mode.startswith("nv"):
+        return _e4m3_scale(raw), None
+    return raw.astype(jnp.float32), None
+
+
+def _spread(vectors, shape):
+    """Group row vectors `[(R,), ...]` spread over a `[R, C]` tile whose columns hold `len(vectors)` groups."""
+    if len(vectors) == 1:
+        return lax.broadcast_in_dim(vectors[0], shape, [0])
+    cols = shape[1] // len(vectors)
+    return jnp.concatenate([lax.broadcast_in_dim(v, (shape[0], cols), [0]) for v in vectors], axis=1)
+
+
+def _decode(st: MosaicGpuQuantizedMatmulStatic, codes_ref, metas):
+    """The step's byte tile decoded to x's dtype in the WGMMA layout; `metas`: `(scale, offset)` per group."""
+    params = st.params
+    if params.mode == "affine":
+        codes = plgpu.load(codes_ref, layout=plgpu.Layout.WGMMA_UPCAST_2X)
+        wide = lax.bitcast_convert_type(codes ^ jnp.uint8(0x80), jnp.int8).astype(jnp.bfloat16)
+    else:  # E4M3 codes, viewed as float8_e4m3fn
+        wide = plgpu.load(codes_ref, layout=plgpu.Layout.WGMMA_UPCAST_2X).astype(jnp.float16)
+    values = plgpu.layout_cast(wide, plgpu.Layout.WGMMA).astype(jnp.float32)
+    shape = values.shape
+    values = values * _spread([m[0] for m in metas], shape)
+    if metas[0][1] is not None:
+        values = values + _spread([m[1] for m in metas], shape)
+    return values.astype(st.x_dtype)
+
+
+def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTiling, x, codes, scales, zeros):
+    """float32 `[splits, N, tokens]`: each contraction split's part of `yᵀ`.
+
+    `x [tokens, K]` (padded rows zero), `codes` the weights' bytes (`[N, K]` with transpose, else `[K, N]`; uint8,
+    or float8_e4m3fn for E4M3 codes), `scales` (and affine `zeros`) as the public layout has them.
+    """
+    params, bk, stages, splits = st.params, t.block_k, t.stages, t.splits
+    g = params.group_size
+    total = st.k // bk
+    per_split = -(-total // splits)
+    tile_cols = code_tile_shape(st, bk)[1]  # the code tile's columns, along which groups run
+    groups = max(1, tile_cols // g)  # groups in a tile's columns (or 1: the tile lies inside one)
+    affine = params.mode == "affine"
+
+    def body(*refs):
+        x_ref, w_ref, s_ref = refs[:3]
+        z_ref = refs[3] if affine else None
+        out_ref, (x_smem, w_smem, out_smem, *decoded), (ready, consumed) = refs[-3:]
+        col_block, split, wg = lax.axis_index("cols"), lax.axis_index("splits"), lax.axis_index("wg")
+        start = split * per_split
+        steps = jnp.clip(total - start, 0, per_split)
+
+        def code_source(step, w):
+            f0, k0 = col_block * CTA_FEATURES + w * ROWS, (start + step) * bk
+            if st.transpose:
+                return w_ref.at[pl.ds(f0, ROWS), pl.ds(k0, bk)]
+            return w_ref.at[pl.ds(k0, bk), pl.ds(f0, ROWS)]
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+            @pl.loop(0, steps)
+            def _(i):
+                slot = lax.rem(i, jnp.int32(stages))
+                pl.when(i >= stages)(lambda: plgpu.barrier_wait(consumed.at[slot]))
+                plgpu.copy_gmem_to_smem(x_ref.at[:, pl.ds((start + i) * bk, bk)], x_smem.at[slot], ready.at[slot])
+                for w in range(COMPUTE_WGS):
+                    plgpu.copy_gmem_to_smem(code_source(i, w), w_smem.at[slot, w], ready.at[slot])
+
+        @pl.when(wg < COMPUTE_WGS)
+        def _():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            f0 = col_block * CTA_FEATURES + wg * ROWS
+
+            def metas(step):
+                """The step's `(scale, offset)` row vectors, one per group of the code tile's columns."""
+                k0 = (start + step) * bk
+                if st.transpose:  # rows: the warpgroup's features; groups along K
+                    rows, first = pl.ds(f0, ROWS), lax.div(k0, jnp.int32(g))
+                else:  # rows: the step's K; groups along the features
+                    rows, first = pl.ds(k0, bk), lax.div(f0, jnp.int32(g))
+                return [_group_meta(params, s_ref, z_ref, rows, first + j) for j in range(groups)]
+
+            def step(i, acc):
+                slot = lax.rem(i, jnp.int32(stages))
+                meta = metas(i)  # (global loads issued before the wait, which hides their latency)
+                plgpu.barrier_wait(ready.at[slot])
+                values = _decode(st, w_smem.at[slot, wg], meta)
+                b = x_smem.at[slot].transpose((1, 0))
+                if st.transpose:
+                    a = values
+                else:
+                    decoded[0].at[wg][...] = values
+                    plgpu.commit_smem()  # the stores before wgmma reads the tile
+                    a = decoded[0].at[wg].transpose((1, 0))
+                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], a, b))((plgpu.ACC.init(acc),))
+                plgpu.barrier_arrive(consumed.at[slot])
+                return acc
+
+            zero = plgpu.layout_cast(jnp.zeros((ROWS, st.tokens), jnp.float32), plgpu.Layout.WGMMA)
+            acc = lax.fori_loop(0, steps, step, zero)
+            out_smem.at[wg][...] = acc
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem.at[wg], out_ref.at[split, pl.ds(f0, ROWS)])
+            plgpu.wait_smem_to_gmem(0)
+
+    itemsize = jnp.dtype(st.x_dtype).itemsize
+    code_shape = code_tile_shape(st, bk)
+    decoded = () if st.transpose else (_swizzled((COMPUTE_WGS, bk, ROWS), st.x_dtype, ROWS * itemsize),)
+    scratch = (
+        (
+            _swizzled((stages, st.tokens, bk), st.x_dtype, bk * itemsize),
+            _swizzled((stages, COMPUTE_WGS, *code_shape), codes.dtype, code_shape[1]),
+            plgpu.SMEM((COMPUTE_WGS, ROWS, st.tokens), jnp.float32),
+            *decoded,
+        ),
+        (
+            plgpu.Barrier(num_arrivals=1 + COMPUTE_WGS, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+        ),
+    )
+    operands = [x, codes, scales] + ([zeros] if affine else [])
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((splits, st.n, st.tokens), jnp.float32),
+        scratch_types=scratch,
+        grid=(st.n // CTA_FEATURES, splits),
+        grid_names=("cols", "splits"),
+        num_threads=COMPUTE_WGS + 1,
+        thread_name="wg",
+    )(*operands)
