@@ -117,15 +117,17 @@ def mosaic_descales(heads: int, kv_heads: int):
 
 
 # (batch, q_len, kv_len, heads, kv_heads, dim, causal, float8_attention's schedule and tiles): partial query and
-# key tiles, grouped heads. The overlapped schedule takes turns where causal and runs free otherwise; with 64-key
-# tiles a causal CTA's first warpgroup skips the last tile (the turns and slots of skipped steps).
+# key tiles, grouped heads. The overlapped schedule (the default) takes turns where causal and runs free otherwise;
+# with 64-key tiles a causal CTA's first warpgroup skips the last tile (the turns and slots of skipped steps).
 KERNEL_CASES = {
-    "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {}),
+    "pingpong-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"overlap": False}),
     "d64": (1, 130, 200, 2, 2, 64, False, {}),
-    "overlap-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"overlap": True}),
-    "overlap-d128": (1, 130, 300, 2, 2, 128, False, {"overlap": True}),
-    "bk64-stages3-causal-d64": (1, 130, 200, 2, 2, 64, True, {"fwd_params": FwdParams(block_k=64, num_stages=3)}),
-    "overlap-bk64-causal-d64": (1, 200, 200, 2, 2, 64, True, {"overlap": True, "fwd_params": FwdParams(block_k=64)}),
+    "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {}),
+    "d128": (1, 130, 300, 2, 2, 128, False, {}),
+    "pingpong-bk64-stages3-causal-d64": (
+        (1, 130, 200, 2, 2, 64, True, {"overlap": False, "fwd_params": FwdParams(block_k=64, num_stages=3)})
+    ),
+    "bk64-causal-d64": (1, 200, 200, 2, 2, 64, True, {"fwd_params": FwdParams(block_k=64)}),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
 }
 
@@ -216,15 +218,17 @@ def test_float8_kernel_matches_reference_at_real_shapes(causal):
     assert err <= FLOAT8_TOLERANCE, f"relative error {err:.3g}"
 
 
-# float8_attention's schedules and tiles other than the default (the ping-pong at block_k 128, 2 stages)
+# float8_attention's schedules and tiles other than the default (the overlapped schedule at block_k 128, 2 stages,
+# the warpgroups taking turns at issuing where causal)
 VARIANTS = {
-    "overlap-turns": {"overlap": True, "overlap_schedule": True},  # (the warpgroups take turns at issuing)
-    "overlap-free": {"overlap": True, "overlap_schedule": False},
+    "ping-pong": {"overlap": False},
+    "overlap-turns": {"overlap_schedule": True},
+    "overlap-free": {"overlap_schedule": False},
     "bk64": {"fwd_params": FwdParams(block_k=64)},
     "stages4": {"fwd_params": FwdParams(num_stages=4)},
-    "overlap-bk64-stages4": {"overlap": True, "fwd_params": FwdParams(block_k=64, num_stages=4)},
+    "bk64-stages4": {"fwd_params": FwdParams(block_k=64, num_stages=4)},
     "exp2-fma-32": {"exp2_fma_cols": 32},
-    "overlap-exp2-fma-32": {"overlap": True, "exp2_fma_cols": 32},
+    "ping-pong-exp2-fma-32": {"overlap": False, "exp2_fma_cols": 32},
 }
 
 

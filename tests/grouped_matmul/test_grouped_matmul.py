@@ -91,18 +91,20 @@ def test_schedule_covers_every_row_once():
         np.testing.assert_array_equal(computed, expected)
 
 
-def test_row_spans_write_every_row_once_from_its_own_group():
-    """Each row is written once: by a span of its group (the span read only rows in [0, M)) or, outside
-    the local groups, as a zero-filling span; every group but its last span is whole."""
+@pytest.mark.parametrize("align", [1, 8])
+def test_row_spans_write_every_row_once_from_its_own_group(align):
+    """Each row is written once: by a span of its group (the span read only rows in [0, M), or with `align`
+    from a multiple of it) or, outside the local groups, as a zero-filling span; every group but its first
+    (aligned) and last span is whole."""
     sizes, block, m = jnp.array([5, 0, 17, 3, 0, 40, 1, 0], jnp.int32), 16, 70
-    schedule = jax.jit(row_spans, static_argnums=(2, 3, 4))
+    schedule = jax.jit(row_spans, static_argnums=(2, 3, 4, 5))
     bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
     for offset, local in ((0, 8), (2, 3), (6, 2)):
-        spans = jax.tree.map(np.asarray, schedule(sizes, jnp.int32(offset), local, m, block))
-        assert len(spans.start) == max_row_spans(m, block, local)
+        spans = jax.tree.map(np.asarray, schedule(sizes, jnp.int32(offset), local, m, block, align))
+        assert len(spans.start) == max_row_spans(m, block, local, align)
         written, by = np.zeros(m, int), np.full(m, -2)
         for start, group, lo, hi in zip(*spans, strict=True):
-            assert start >= 0 and start + block <= m
+            assert start >= 0 and start % align == 0 and (align > 1 or start + block <= m)
             if hi > lo:
                 assert start <= lo < hi <= start + block
             written[lo:hi] += 1
@@ -110,9 +112,10 @@ def test_row_spans_write_every_row_once_from_its_own_group():
         assert (written == 1).all()
         expected = np.full(m, -1)
         for g in range(local):
-            expected[bounds[offset + g] : bounds[offset + g + 1]] = g
+            g_lo, g_hi = bounds[offset + g], bounds[offset + g + 1]
+            expected[g_lo:g_hi] = g
             count = np.sum((spans.group == g) & (spans.write_hi > spans.write_lo))
-            assert count == -(-int(sizes[offset + g]) // block)  # whole spans but the last
+            assert count == -(-(g_hi - g_lo // align * align) // block) if g_hi > g_lo else count == 0
         np.testing.assert_array_equal(by, expected)
 
 

@@ -7,6 +7,7 @@ as it lowers) of every code path; interpret mode checks the schedule, the barrie
 observed, no race on shared memory) and the numbers, but not wgmma's asynchrony, layouts or swizzles.
 """
 
+import dataclasses
 import functools
 import importlib
 
@@ -42,6 +43,7 @@ PINGPONG = GroupedMatmulConfig(  # one compute warpgroup per output tile, tiles 
     bwd_params=BwdParams(block_q=64, block_d=256, num_warps=4),
 )
 NARROW_STEPS = GroupedMatmulConfig(fwd_params=FwdParams(block_k=32, num_stages=5))  # [N, K] weights only
+SPANS = GroupedMatmulConfig(mosaic_spans=True)  # gmm's output tiles follow the groups, row-bounded stores
 
 # (M, K, N, group sizes, transpose_rhs, output dtype, config). Sizes: empty groups first, last and in
 # the middle, groups that straddle tiles, rows past the last group; M not always a multiple of 8.
@@ -66,6 +68,16 @@ CASES = {
     "pingpong": (300, 256, 384, [0, 100, 50, 0, 120], False, jnp.bfloat16, PINGPONG),
     "pingpong-transposed-f32-out-tiny-m": (40, 128, 128, [0, 5, 14, 0, 3, 9, 5], True, jnp.float32, PINGPONG),
     "transposed-steps-of-32": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.bfloat16, NARROW_STEPS),
+    "spans-transposed-f32-out": (300, 256, 384, [0, 100, 50, 0, 120], True, jnp.float32, SPANS),
+    "spans-pingpong-rows-256": (
+        4096,
+        1024,
+        512,
+        [1000, 0, 2900, 96],
+        False,
+        jnp.bfloat16,
+        dataclasses.replace(ROWS_256, mosaic_spans=True, fwd_params=FwdParams(block_q=128, num_warps=4)),
+    ),
     "easydel-flat-fields": (  # upstream's tiles for TPUs, sent to these kernels by platform="pallas"
         300,
         256,
@@ -144,6 +156,19 @@ INTERPRET_CASES = {
             bwd_params=BwdParams(block_q=64, block_d=64, num_warps=4, num_stages=3),
         ),
         1,
+    ),
+    "spans-2-ctas-unaligned-groups": (  # groups starting off multiples of 8, rows past the last owned by none
+        150,
+        128,
+        128,
+        [3, 0, 70, 13, 0, 40, 20],
+        False,
+        jnp.bfloat16,
+        jnp.bfloat16,
+        GroupedMatmulConfig(
+            mosaic_spans=True, fwd_params=FwdParams(block_d=64, num_stages=2), bwd_params=BwdParams(block_d=64)
+        ),
+        2,
     ),
     "rows-256-f16-drhs-steps-128": (
         600,
@@ -301,7 +326,7 @@ def _inputs(m, k, n, groups, seed, transpose=False, tail=100, empty=(0, 3)):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, ROWS_256, PINGPONG])
+@pytest.mark.parametrize("cfg", [None, ROWS_256, PINGPONG, SPANS])
 def test_gpu_matches_xla_at_moe_shapes(cfg):
     lhs, rhs, sizes = _inputs(32768, 4096, 1536, 64, seed=0)
     mosaic = jax.jit(lambda lhs, rhs: grouped_matmul(lhs, rhs, sizes, platform="pallas", cfg=cfg))
@@ -317,6 +342,8 @@ def test_gpu_matches_xla_at_moe_shapes(cfg):
         (6003, 1024, 768, 16, True, jnp.bfloat16, NARROW_STEPS),
         (4096, 512, 256, 8, False, jnp.bfloat16, None),
         (4096, 512, 256, 8, False, jnp.bfloat16, PINGPONG),
+        (6003, 1024, 768, 16, False, jnp.bfloat16, SPANS),  # row-bounded stores, M no multiple of 8
+        (6003, 1024, 768, 16, True, jnp.float32, dataclasses.replace(SPANS, fwd_params=PINGPONG.fwd_params)),
         (40, 128, 64, 7, False, jnp.float16, None),  # fewer rows than a tile
     ],
 )

@@ -350,10 +350,11 @@ def work_items(group_sizes, group_offset, num_local: int, m: int, block_m: int) 
     return WorkItems(tile, group, row_lo, row_hi, write_lo, write_hi)
 
 
-def max_row_spans(m: int, block_m: int, num_local: int) -> int:
+def max_row_spans(m: int, block_m: int, num_local: int, align: int = 1) -> int:
     """Static bound on `row_spans`: the rows before, in and after the local groups are `num_local + 2`
-    runs, each of whole spans but its last (and ceil(a) + ceil(b) <= ceil(a + b) + 1)."""
-    return -(-m // block_m) + num_local + 1
+    runs, each of whole spans but its last (and ceil(a) + ceil(b) <= ceil(a + b) + 1); a run after the
+    first starts up to `align - 1` rows early."""
+    return -(-(m + (align - 1) * (num_local + 1)) // block_m) + num_local + 1
 
 
 class RowSpans(NamedTuple):
@@ -363,7 +364,8 @@ class RowSpans(NamedTuple):
     `[write_lo, write_hi)` of the product, all of them its group's; with `group` -1 it writes zeros there
     (rows outside the local groups) or, past the schedule's end, nothing. Spans follow each run of rows
     from its first row, so only a run's last span is partial; one that would pass M starts earlier
-    (reading rows it does not write), so that no span reads past M when M >= block_m.
+    (reading rows it does not write), so that no span reads past M when M >= block_m. (With `row_spans`'
+    `align`, a run's spans start at its first row rounded down, and none is moved back from M.)
     """
 
     start: jax.Array
@@ -372,13 +374,15 @@ class RowSpans(NamedTuple):
     write_hi: jax.Array
 
 
-def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -> RowSpans:
+def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int, align: int = 1) -> RowSpans:
     """The span schedule of one call (plain jnp: runs under jit with traced group sizes).
 
     Unlike `work_items`' tiles, which a group boundary inside a tile makes computed once per group (a
     quarter more work at 64 groups of 512 rows in 128-row tiles), spans waste only each group's partial
-    last span: half as much. Whatever reads rows at any offset takes it (the Triton kernel, the XLA loop);
-    tiled kernels (BlockSpecs, TMA) keep `work_items`.
+    last span: half as much. Whatever reads rows at any offset takes it (the Triton kernel, the XLA loop).
+    With `align` > 1 each run's spans start at its first row rounded down to a multiple of `align` (TMA reads
+    HBM in 8-row tiles), so that its first span reads up to `align - 1` rows of the run before, which it does
+    not write, and no span is moved back from M (reads past M are the kernel's to clip).
     """
     starts, ends = local_group_bounds(group_sizes, group_offset, num_local, m)
     runs_lo = jnp.concatenate([jnp.zeros((1,), jnp.int32), starts, ends[-1:]])
@@ -386,17 +390,18 @@ def row_spans(group_sizes, group_offset, num_local: int, m: int, block_m: int) -
     runs_group = jnp.concatenate(
         [jnp.full((1,), -1, jnp.int32), jnp.arange(num_local, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]
     )
-    per_run = (runs_hi - runs_lo + block_m - 1) // block_m
+    first = runs_lo // align * align  # where a run's first span starts
+    per_run = jnp.where(runs_hi > runs_lo, (runs_hi - first + block_m - 1) // block_m, 0)
     run_end = jnp.cumsum(per_run)
-    w = jnp.arange(max_row_spans(m, block_m, num_local), dtype=jnp.int32)
+    w = jnp.arange(max_row_spans(m, block_m, num_local, align), dtype=jnp.int32)
     run = sorted_position(run_end, w)
     run = jnp.minimum(run, num_local + 1).astype(jnp.int32)
-    lo = runs_lo[run] + (w - (run_end - per_run)[run]) * block_m
+    lo = first[run] + (w - (run_end - per_run)[run]) * block_m
     live = w < run_end[-1]
-    write_lo = jnp.where(live, lo, m)
+    write_lo = jnp.where(live, jnp.maximum(lo, runs_lo[run]), m)
     write_hi = jnp.where(live, jnp.minimum(lo + block_m, runs_hi[run]), m)
-    start = jnp.where(live, jnp.clip(lo, 0, max(m - block_m, 0)), 0)
-    return RowSpans(start, jnp.where(live, runs_group[run], -1), write_lo, write_hi)
+    start = lo if align > 1 else jnp.clip(lo, 0, max(m - block_m, 0))
+    return RowSpans(jnp.where(live, start, 0), jnp.where(live, runs_group[run], -1), write_lo, write_hi)
 
 
 # ---- v3 options, applied around the core ----

@@ -112,9 +112,14 @@ class GroupedMatmulConfig(KernelConfig):
             other platforms ignore it. Default False.
         mosaic_fp8_tiling: A `GroupedMatmulMosaicFp8Tiling`: the tiles of the Mosaic GPU FP8 x FP8 forward
             (`fp8_lhs`), read by it only. None (default): its defaults.
+        mosaic_spans: True makes the Mosaic GPU kernels' forward and lhs-gradient products run output tiles
+            that follow each group from its first row (rounded down to 8) and store only their own rows, as the
+            Triton forward does, in place of fixed row tiles that run one K loop per group they straddle; other
+            platforms ignore it. Default False.
 
     Raises:
-        ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling`, a flat
+        ValueError: A flat field that is not a positive int or None, a non-bool `bypass_xla_tiling` or
+            `mosaic_spans`, a flat
             field contradicting `fwd_params` or `bwd_params`, a `mosaic_fp8_tiling` of another type, or an
             unknown `platform` or `backend`.
     """
@@ -126,6 +131,7 @@ class GroupedMatmulConfig(KernelConfig):
     num_stages: int | None = None
     bypass_xla_tiling: bool = False
     mosaic_fp8_tiling: GroupedMatmulMosaicFp8Tiling | None = None
+    mosaic_spans: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -141,8 +147,9 @@ class GroupedMatmulConfig(KernelConfig):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"GroupedMatmulConfig.{name} must be a positive int or None, got {value!r}")
             object.__setattr__(self, name, int(value))
-        if not isinstance(self.bypass_xla_tiling, bool):
-            raise ValueError(f"GroupedMatmulConfig.bypass_xla_tiling must be a bool, got {self.bypass_xla_tiling!r}")
+        for name in ("bypass_xla_tiling", "mosaic_spans"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GroupedMatmulConfig.{name} must be a bool, got {getattr(self, name)!r}")
         tile_params(self)  # a flat field that contradicts fwd_params or bwd_params is an error now, not at the call
 
 
@@ -238,8 +245,10 @@ MOSAIC_FP8_TILINGS = (
 def _mosaic_gpu_cfgs():
     """Tilings of the Mosaic GPU kernels worth timing beside their defaults (128 x 256 output tiles shared by
     two warpgroups, 64-wide steps): narrower tiles with deeper rings, 256-row tiles, 128-row steps for the
-    weights' gradient, and ping-pong (`num_warps=4`: one warpgroup per tile, tiles alternating)."""
+    weights' gradient, ping-pong (`num_warps=4`: one warpgroup per tile, tiles alternating), and tiles that
+    follow the groups (`mosaic_spans`)."""
     pingpong = FwdParams(block_q=128, block_d=128, block_k=64, num_warps=4)
+    yield GroupedMatmulConfig(platform="pallas", mosaic_spans=True)
     yield GroupedMatmulConfig(
         platform="pallas", fwd_params=FwdParams(block_q=128, block_d=128, block_k=64, num_stages=6)
     )

@@ -72,14 +72,17 @@ def _clamp(value: int, lowest: int, highest: int) -> int:
     return min(max(value, lowest), highest)
 
 
-def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False):
+def plan_tiling(
+    params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False, spans=False
+):
     """A product's `MosaicGpuGroupedMatmulTiling` from config params (None fields: `default`), fitted to its sizes.
 
     `transposed`: the tgmm product, whose rows (`block_m`) tile x's columns and whose contraction runs over
     the group's rows (any length, `block_k` 64 or 128); otherwise gmm, whose rows may be any M.
     `num_warps` says how many warps compute one output tile: 8 (the default), both compute warpgroups
     share it; 4, each warpgroup computes its own tiles (ping-pong). `b_nk`: gmm's rhs tiles are `[N, K]`
-    (they take contraction steps of 16 and 32 too; `[K, N]` tiles lower only in steps of 64).
+    (they take contraction steps of 16 and 32 too; `[K, N]` tiles lower only in steps of 64). `spans`: gmm's
+    output tiles follow the groups (`MosaicGpuGroupedMatmulTiling.spans`).
     Knobs outside what the kernels take are brought into it (warps to 4 or 8, tiles into their ranges,
     at least 2 stages); NotImplementedError only for sizes no tile divides.
     """
@@ -105,7 +108,7 @@ def plan_tiling(params, default, *, rows: int, contraction: int, cols: int, tran
         raise NotImplementedError(f"{WHO}: [K, N] weights need the contraction ({contraction}) in steps of 64")
     else:
         bk = 64
-    return MosaicGpuGroupedMatmulTiling(bm, bn, bk, int(stages), num_sms(), pingpong)
+    return MosaicGpuGroupedMatmulTiling(bm, bn, bk, int(stages), num_sms(), pingpong, bool(spans) and not transposed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,16 +121,32 @@ class Planned:
 
 
 def plan(dims, transpose_rhs: bool, cfg) -> Planned:
-    """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits."""
+    """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits.
+    `cfg.mosaic_spans` (read by name) sets both gmm products' `spans`."""
     fwd, bwd = tile_params(cfg)
+    spans = bool(getattr(cfg, "mosaic_spans", False))
     # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
     drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
     return Planned(
         plan_tiling(
-            fwd, DEFAULT_FWD, rows=dims.m, contraction=dims.k, cols=dims.n, transposed=False, b_nk=transpose_rhs
+            fwd,
+            DEFAULT_FWD,
+            rows=dims.m,
+            contraction=dims.k,
+            cols=dims.n,
+            transposed=False,
+            b_nk=transpose_rhs,
+            spans=spans,
         ),
         plan_tiling(
-            bwd, DEFAULT_DLHS, rows=dims.m, contraction=dims.n, cols=dims.k, transposed=False, b_nk=not transpose_rhs
+            bwd,
+            DEFAULT_DLHS,
+            rows=dims.m,
+            contraction=dims.n,
+            cols=dims.k,
+            transposed=False,
+            b_nk=not transpose_rhs,
+            spans=spans,
         ),
         plan_tiling(bwd, DEFAULT_DRHS, rows=drhs_rows, contraction=dims.m, cols=drhs_cols, transposed=True),
     )

@@ -18,7 +18,11 @@ shared tile schedule (`_common.grouped_matmul.work_items`) that fall in the tile
 group runs one K loop; a tile straddling groups runs one K loop per group and merges the rows in the
 shared-memory copy of the output tile, each group keeping only its own rows (a cooperative
 warpgroup skips the groups that own none of its rows). No group is padded and no store is masked;
-rows no group owns are zeros.
+rows no group owns are zeros. With `MosaicGpuGroupedMatmulTiling.spans` the row tiles are instead the spans of
+`row_spans(align=8)`: each follows one group from its first row rounded down to 8 (TMA reads HBM in 8-row tiles),
+runs one K loop, and stores only the rows it owns from an untiled shared-memory tile, in TMA boxes of `rows`,
+`rows / 2`, ..., 1 rows (the binary digits of their count), so that a group boundary costs a partial span, not a
+second K loop over a whole tile.
 
 `tgmm`: output tile = (group, `block_m` columns of x, `block_n` columns of y); its K loop walks the
 group's rows in `block_k`-row steps from the group's first row rounded down to a multiple of 8 (TMA
@@ -39,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common import SMEM_BYTES
-from ejkernel.kernels._common.grouped_matmul import local_group_bounds, work_items
+from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans, work_items
 
 COMPUTE_WGS = 2
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
@@ -56,7 +60,9 @@ class MosaicGpuGroupedMatmulTiling:
     shared-memory slots of the operand ring; `num_ctas`: persistent CTAs (the GPU's SM count).
     `pingpong=False`: both compute warpgroups share each output tile, `block_m // 2` rows each;
     `pingpong=True`: each warpgroup computes whole tiles, the CTA's tiles alternating between them, so
-    that one warpgroup's epilogue runs while the other's matmuls do.
+    that one warpgroup's epilogue runs while the other's matmuls do. `spans=True` (`gmm` only): the output
+    tiles follow each group from its first row (`row_spans`) and store only their own rows, in place of fixed
+    row tiles whose straddling groups each run a K loop.
     """
 
     block_m: int
@@ -65,6 +71,7 @@ class MosaicGpuGroupedMatmulTiling:
     stages: int
     num_ctas: int
     pingpong: bool = False
+    spans: bool = False
 
     @property
     def wg_rows(self) -> int:
@@ -305,9 +312,9 @@ def feed_units(ring: Ring, refs: TileRefs, my_units, unit_of, k_steps: int, copi
     drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
 
 
-def compute_units(refs: TileRefs, my_units, unit_of, k_steps: int, output_tile, pingpong: bool):
+def compute_units(my_units, unit_of, unit_steps, output_tile, pingpong: bool):
     """Compute warpgroup of a forward product: `output_tile(tile, col, step)` for each unit of this CTA whose
-    first ring step is `step` (with `pingpong` every other unit; the others' steps only counted)."""
+    first ring step is `step` (with `pingpong` every other unit; the others' `unit_steps(tile)` only counted)."""
     wg = lax.axis_index("wg")
 
     def unit(i, step):
@@ -316,7 +323,7 @@ def compute_units(refs: TileRefs, my_units, unit_of, k_steps: int, output_tile, 
             pl.when(lax.rem(i, COMPUTE_WGS) == wg)(lambda: output_tile(tile, col, step))
         else:
             output_tile(tile, col, step)
-        return step + refs.count[tile] * k_steps
+        return step + unit_steps(tile)
 
     lax.fori_loop(0, my_units, unit, jnp.int32(0))
     plgpu.wait_smem_to_gmem(0)
@@ -366,6 +373,77 @@ def store_group_rows(ring: Ring, refs: TileRefs, tile, row0, shape, step, k_step
     plgpu.copy_smem_to_gmem(out_tile, out_dst)
 
 
+class SpanRefs(NamedTuple):
+    """The kernel's refs of `row_spans` (8-row aligned): per span the first lhs row it reads, its local group
+    (-1: no product) and the output rows `[lo, hi)` it writes (zeros where its group is -1)."""
+
+    start: Any
+    group: Any
+    lo: Any
+    hi: Any
+
+    def steps(self, span, k_steps: int):
+        """Ring steps of one unit of `span`: a K loop, or none for a span of zeros (or past the schedule)."""
+        return jnp.where(self.group[span] >= 0, jnp.int32(k_steps), jnp.int32(0))
+
+
+def feed_spans(ring: Ring, spans: SpanRefs, my_units, unit_of, k_steps: int, copies, pingpong: bool):
+    """Memory warpgroup of a forward product over spans: for each unit of this CTA with a group, its `k_steps`
+    contraction steps, TMA `copies(row0, col, group, kk)` into the ring (units alternating as in `feed_units`)."""
+
+    def unit(i, step):
+        span, col = unit_of(i)
+        unit_ring = ring.for_wg(lax.rem(i, COMPUTE_WGS)) if pingpong else ring
+        row0, g = pl.multiple_of(spans.start[span], 8), spans.group[span]
+
+        def k_step(kk, step):
+            feed_step(unit_ring, step, copies(row0, col, g, kk))
+            return step + 1
+
+        return lax.fori_loop(0, spans.steps(span, k_steps), k_step, step)
+
+    drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
+
+
+def store_rows(out_tile, out_dst, row0, lo, hi):
+    """TMA stores of the output rows `[lo, hi)` among `out_tile`'s (an untiled shared-memory tile whose row r is
+    output row `row0 + r`; `out_dst(row, rows)` its destination in HBM): one box per binary digit of their count
+    (`rows`, `rows / 2`, ..., 1 rows), so that no other row is written."""
+    rows = out_tile.shape[0]
+    first = jnp.clip(lo - row0, 0, rows)
+    count = jnp.clip(hi - row0, 0, rows) - first
+    size = rows
+    while size:
+
+        @pl.when((count & size) != 0)
+        def _(first=first, size=size):
+            plgpu.copy_smem_to_gmem(out_tile.at[pl.ds(first, size)], out_dst(row0 + first, size))
+
+        first = first + (count & size)
+        size //= 2
+
+
+def store_span_rows(ring: Ring, spans: SpanRefs, span, row0, shape, step, k_steps: int, product, out_tile, out_dst):
+    """Compute warpgroup: its `shape[0]` rows from `row0` of span `span`, stored (only those the span writes) to
+    `out_dst`: `product(step)` (the float32 tile of the span's `k_steps` ring steps from `step`), or zeros for a
+    span without a group. A warpgroup holding none of the span's rows passes over its steps."""
+    g, lo, hi = spans.group[span], spans.lo[span], spans.hi[span]
+    mine = (lo < row0 + shape[0]) & (hi > row0)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous unit's stores have read out_tile
+
+    @pl.when(mine & (g >= 0))
+    def _():
+        out_tile[...] = product(step).astype(out_tile.dtype)
+
+    @pl.when(mine & (g < 0))
+    def _():
+        out_tile[...] = plgpu.layout_cast(jnp.zeros(shape, out_tile.dtype), plgpu.Layout.WGMMA)
+
+    pl.when(~mine & (g >= 0))(lambda: skip_steps(ring, step, k_steps))
+    plgpu.commit_smem()
+    store_rows(out_tile, out_dst, row0, lo, hi)
+
+
 def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, tiling: MosaicGpuGroupedMatmulTiling):
     """`out [M, N]`: each owned row of `lhs [M, K]` times its group's `rhs` (`[L, K, N]`, or `[L, N, K]`
     with `transpose_rhs`); zeros on every other row. K must be a multiple of `block_k`, N of `block_n`."""
@@ -376,32 +454,47 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
     bm, bn, bk, stages, rows = t.block_m, t.block_n, t.block_k, t.stages, t.wg_rows
     if k % bk or n % bn or rows % 64:
         raise ValueError(f"gmm: K={k} and N={n} must be multiples of block_k={bk} and block_n={bn}; block_m={bm}")
-    schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
     x = pad_rows(lhs, bm)
-    num_tiles, col_tiles, k_steps = -(-m // bm), n // bn, k // bk
-    num_units = num_tiles * col_tiles
+    col_tiles, k_steps = n // bn, k // bk
+    if t.spans:  # spans start at multiples of 8 rows (TMA reads HBM in 8-row tiles)
+        schedule = row_spans(group_sizes, group_offset, num_local, m, bm, align=8)
+    else:
+        schedule = tile_items(group_sizes, group_offset, num_local, m, bm)
+    row_units = schedule[0].shape[0] if t.spans else -(-m // bm)
+    num_units = row_units * col_tiles
     num_ctas = min(t.num_ctas, num_units)
     a_parts = 1 if t.pingpong else COMPUTE_WGS  # lhs tile copies per step: one per warpgroup's rows
 
-    def body(group_ref, lo_ref, hi_ref, first_ref, count_ref, lhs_ref, rhs_ref, out_ref, smem, barriers):
+    def body(*kernel_refs):
+        schedule_refs, (lhs_ref, rhs_ref, out_ref, smem, barriers) = (
+            kernel_refs[: len(schedule)],
+            kernel_refs[len(schedule) :],
+        )
         a_smem, b_smem, o_smem = smem
-        refs = TileRefs(group_ref, lo_ref, hi_ref, first_ref, count_ref)
         ring = Ring(*barriers, stages)
         cta, my_units = cta_units(num_units, num_ctas)
         wg = lax.axis_index("wg")
         unit_of = functools.partial(unit_tile, cta, num_ctas=num_ctas, col_tiles=col_tiles)
 
-        def copies(tile, col, g, kk):
+        def copies(row0, col, g, kk):
+            """Step kk's copies for the lhs rows from `row0` (a multiple of 8) and group g's column tile `col`."""
             ks, cols = pl.ds(kk * bk, bk), pl.ds(col * bn, bn)
             b_src = rhs_ref.at[g, cols, ks] if transpose_rhs else rhs_ref.at[g, ks, cols]
             a_rows = bm // a_parts
             a_copies = [
-                (lhs_ref.at[pl.ds(tile * bm + p * a_rows, a_rows), ks], lambda slot, p=p: a_smem.at[slot * a_parts + p])
+                (lhs_ref.at[pl.ds(row0 + p * a_rows, a_rows), ks], lambda slot, p=p: a_smem.at[slot * a_parts + p])
                 for p in range(a_parts)
             ]
             return [*a_copies, (b_src, lambda slot: b_smem.at[slot])]
 
-        on_memory_warpgroup(lambda: feed_units(ring, refs, my_units, unit_of, k_steps, copies, t.pingpong))
+        if t.spans:
+            spans = SpanRefs(*schedule_refs)
+            feed = functools.partial(feed_spans, ring, spans, my_units, unit_of, k_steps, copies, t.pingpong)
+        else:
+            refs = TileRefs(*schedule_refs)
+            tile_copies = lambda tile, col, g, kk: copies(tile * bm, col, g, kk)
+            feed = functools.partial(feed_units, ring, refs, my_units, unit_of, k_steps, tile_copies, t.pingpong)
+        on_memory_warpgroup(feed)
 
         @on_compute_warpgroups
         def _():
@@ -413,34 +506,40 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
                 b = b_smem.at[slot]
                 plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if transpose_rhs else b)
 
+            product = lambda step: k_loop(wg_ring, step, k_steps, (rows, bn), multiply)
+            half = 0 if t.pingpong else wg * rows  # this warpgroup's first row in the unit
+
             def output_tile(tile, col, step):
                 """This warpgroup's rows of output tile (tile, col), whose first step is `step`."""
-                row0 = tile * bm + (0 if t.pingpong else wg * rows)
-                store_group_rows(
-                    wg_ring,
-                    refs,
-                    tile,
-                    row0,
-                    (rows, bn),
-                    step,
-                    k_steps,
-                    lambda step: k_loop(wg_ring, step, k_steps, (rows, bn), multiply),
-                    out_tile,
-                    out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)],
-                )
+                row0 = tile * bm + half
+                out_dst = out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)]
+                store_group_rows(wg_ring, refs, tile, row0, (rows, bn), step, k_steps, product, out_tile, out_dst)
 
-            compute_units(refs, my_units, unit_of, k_steps, output_tile, t.pingpong)
+            def output_span(span, col, step):
+                """This warpgroup's rows of span `span`'s output tile in column tile `col`, first step `step`."""
+                out_dst = lambda row, count: out_ref.at[pl.ds(row, count), pl.ds(col * bn, bn)]
+                row0 = spans.start[span] + half
+                store_span_rows(wg_ring, spans, span, row0, (rows, bn), step, k_steps, product, out_tile, out_dst)
+
+            if t.spans:
+                compute_units(my_units, unit_of, lambda span: spans.steps(span, k_steps), output_span, t.pingpong)
+            else:
+                unit_steps = lambda tile: refs.count[tile] * k_steps
+                compute_units(my_units, unit_of, unit_steps, output_tile, t.pingpong)
 
     b_shape = (bn, bk) if transpose_rhs else (bk, bn)
+    # The output tiles of spans are untiled, so that a store may start at any of their rows.
+    o_type = plgpu.SMEM((COMPUTE_WGS, rows, bn), out_dtype) if t.spans else swizzled((COMPUTE_WGS, rows, bn), out_dtype)
     scratch = (
         (
             swizzled((stages * a_parts, bm // a_parts, bk), lhs.dtype),
             swizzled((stages, *b_shape), rhs.dtype),
-            swizzled((COMPUTE_WGS, rows, bn), out_dtype),
+            o_type,
         ),
         Ring.barriers(t, a_parts + 1),
     )
-    out_type = jax.ShapeDtypeStruct((x.shape[0], n), out_dtype)
+    out_rows = m if t.spans else x.shape[0]  # (spans write rows [0, M) only: no rows to cut off)
+    out_type = jax.ShapeDtypeStruct((out_rows, n), out_dtype)
     out = launch(body, out_type, scratch, num_ctas, *schedule, x, rhs)
     return out if out.shape[0] == m else out[:m]
 
