@@ -55,7 +55,8 @@ def test_lowers_for_cuda(mode, bits, transpose):
     args = [shape((16, 8192), jnp.bfloat16), shape((8192, 2048), jnp.uint32), scales]
     args += [scales] if mode == "affine" else []
     options = dict(transpose=transpose, group_size=params.group_size, bits=params.bits, mode=params.mode)
-    fn = jax.jit(functools.partial(mosaic_quantized_matmul, cfg=QuantizedMatmulConfig(), **options))
+    cfg = QuantizedMatmulConfig(mosaic_tiling=QuantizedMatmulMosaicTiling())  # (the defaults, never declined)
+    fn = jax.jit(functools.partial(mosaic_quantized_matmul, cfg=cfg, **options))
     assert export.export(fn, platforms=["cuda"])(*args).mlir_module().count("@mosaic_gpu") == 1
 
 
@@ -102,8 +103,10 @@ def test_declines_what_it_does_not_serve():
     narrow = _case("affine", 8, True, 5, 256, 64, 64)
     with pytest.raises(NotImplementedError, match="N a multiple of 128"):
         mosaic_quantized_matmul(narrow[0], *narrow[1], cfg=QuantizedMatmulConfig(), **narrow[2])
+    with pytest.raises(NotImplementedError, match=r"affine transposed weights at 5 rows ran slower than Triton"):
+        call(x, *weights)  # (measured slower: declined unless the config names the kernel's tiles)
     with pytest.raises(NotImplementedError, match="needs a Hopper GPU"):
-        quantized_matmul_mosaic_gpu(x, *weights, cfg=QuantizedMatmulConfig(), fuse=True, **options)
+        quantized_matmul_mosaic_gpu(x, *weights, cfg=_cfg(), fuse=True, **options)
     with pytest.raises(ValueError, match=r"QuantizedMatmulMosaicTiling\.block_k must be a positive int"):
         QuantizedMatmulMosaicTiling(block_k=0)
 
@@ -137,17 +140,27 @@ def test_registered_first_and_autotune_candidates_fit(monkeypatch):
 @pytest.mark.parametrize(("mode", "bits"), MODES)
 @pytest.mark.parametrize("m", [16, 64])
 def test_gpu_matches_xla(mode, bits, transpose, m):
+    """The default tiles (named, so that no call declines as measured slower) against XLA: K = 2048 in 8 steps."""
     x, weights, options = _case(mode, bits, transpose, m, 2048, 2048)
-    mosaic = jax.jit(functools.partial(quantized_matmul, platform="pallas", use_best_config=True, **options))
+    cfg = QuantizedMatmulConfig(platform="pallas", mosaic_tiling=QuantizedMatmulMosaicTiling())
+    mosaic = jax.jit(functools.partial(quantized_matmul, cfg=cfg, **options))
     xla = jax.jit(functools.partial(quantized_matmul, platform="xla", **options))
     assert_close(mosaic(x, *weights), xla(x, *weights), tol=1e-3)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("transpose", [False, True])
-def test_gpu_auto_picks_mosaic_for_8_bit_decoding_and_grads_match(transpose):
-    x, weights, options = _case("affine", 8, transpose, 16, 2048, 2048, 64)
+@pytest.mark.parametrize(("transpose", "m"), [(False, 16), (True, 64)])
+def test_gpu_auto_picks_mosaic_for_8_bit_decoding_and_grads_match(transpose, m):
+    x, weights, options = _case("affine", 8, transpose, m, 2048, 2048, 64)
     auto = jax.jit(functools.partial(quantized_matmul, **options))
     assert "mosaic_gpu" in auto.lower(x, *weights).as_text()
     xla = functools.partial(quantized_matmul, platform="xla", **options)
     check_forward_and_grads(lambda x: auto(x, *weights), lambda x: xla(x, *weights), [x], (0,), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_leaves_measured_slower_calls_to_triton():
+    x, weights, options = _case("affine", 8, True, 16, 2048, 2048, 64)
+    auto = jax.jit(functools.partial(quantized_matmul, **options))
+    assert "mosaic_gpu" not in auto.lower(x, *weights).as_text()
+    assert_close(auto(x, *weights), quantized_matmul(x, *weights, platform="xla", **options), tol=1e-3)

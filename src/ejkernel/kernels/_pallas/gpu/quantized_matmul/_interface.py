@@ -4,7 +4,8 @@ Serves the decode case with 8-bit codes (affine int8, mxfp8, nvfp8) in both layo
 of bfloat16/float16 x, N a multiple of `CTA_FEATURES` (128), K a multiple of 64, groups that fit the step's tile
 (a tile holds whole groups or lies inside one; groups of at least 16 values). It declines the rest
 (NotImplementedError, before anything is traced, so `platform="auto"` falls back to Triton): 4-bit and other code
-widths, nf4, float32 x, more rows, other sizes, devices other than Hopper GPUs. The kernel is `_kernel`; the
+widths, nf4, float32 x, more rows, other sizes, devices other than Hopper GPUs; and, unless the config names a
+`mosaic_tiling`, the calls `SLOWER_THAN_TRITON` lists as measured slower than Triton. The kernel is `_kernel`; the
 backward (`∂x` only: the weights are frozen) is `_common.quantized_matmul`'s plain-JAX product, as the Triton path's.
 """
 
@@ -27,10 +28,21 @@ CTA_FEATURES = 128  # (`_kernel.CTA_FEATURES`, here so that declining loads no M
 TOKEN_ALIGN = 16
 MIN_GROUP = 16  # the narrowest group a tile's scale columns are spread over (a whole wgmma column tile)
 BLOCK_KS = (256, 128, 64)
-DEFAULT_BLOCK_K = 128
-DEFAULT_STAGES = 6
+DEFAULT_BLOCK_K = 256  # measured best in round one (H200, K = N = 8192): bk64 s8 and bk128 s4/s6/s8 were slower
+DEFAULT_STAGES = 4
+MIN_DEFAULT_STAGES = 3  # the default step shrinks rather than run a shallower ring; an asked step keeps 2
 SMEM_BUDGET = 227 * 1024
 MIN_STEPS_PER_SPLIT = 4
+SLOWER_THAN_TRITON = {
+    ("affine", False, 64): (0.0673, 0.0480),
+    ("affine", True, 16): (0.0429, 0.0336),
+    ("nvfp8", False, 64): (0.0713, 0.0410),
+    ("nvfp8", True, 16): (0.0462, 0.0386),
+}
+"""`(mode, transpose, tokens)` (x's rows padded: 16, else counted as 64) where the Mosaic GPU kernel's default
+tiles ran slower than the Triton kernel: `(mosaic, triton)` ms a layer, 8-bit codes, K = N = 8192 on an H200
+(session 32, before the overlapped schedule; `exp/s32_qmm_mosaic.py`). Such calls decline (so `auto` runs Triton)
+unless the config names a `mosaic_tiling`."""
 
 
 def _decline(x, params: QuantParams, k: int, n: int) -> None:
@@ -47,6 +59,18 @@ def _decline(x, params: QuantParams, k: int, n: int) -> None:
         raise NotImplementedError(f"{WHO} needs groups of at least {MIN_GROUP} values, got {params.group_size}")
 
 
+def _decline_slower(cfg, params: QuantParams, transpose: bool, m: int) -> None:
+    """NotImplementedError where `SLOWER_THAN_TRITON` lists the call and the config names no `mosaic_tiling`."""
+    tokens = 16 if m <= TOKEN_ALIGN else 64
+    measured = SLOWER_THAN_TRITON.get((params.mode, transpose, tokens))
+    if measured is not None and getattr(cfg, "mosaic_tiling", None) is None:
+        layout = "transposed" if transpose else "untransposed"
+        raise NotImplementedError(
+            f"{WHO}: {params.mode} {layout} weights at {m} rows ran slower than Triton on an H200 ({measured[0]} "
+            f"against {measured[1]} ms at K = N = 8192); a config's mosaic_tiling asks for the kernel anyway"
+        )
+
+
 def smem_fits(st, tiling) -> bool:
     """Whether a CTA of `tiling` fits the shared memory of a Hopper SM (`SMEM_BUDGET`)."""
     from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import smem_bytes
@@ -56,33 +80,40 @@ def smem_fits(st, tiling) -> bool:
 
 def plan(cfg, params: QuantParams, transpose: bool, m: int, k: int, n: int, x_dtype):
     """The kernel's tiling from `cfg.mosaic_tiling` (None fields: `DEFAULT_BLOCK_K`, `DEFAULT_STAGES`, splits that
-    fill the GPU's SMs), fitted: the step the largest of `BLOCK_KS` up to the one asked that divides K and holds
-    whole groups (with transpose) or lies inside one; stages cut to shared memory (at least 2); splits at most one
-    per `MIN_STEPS_PER_SPLIT` steps. NotImplementedError where no step fits."""
+    fill the GPU's SMs), fitted: the step the largest of `BLOCK_KS` up to the one asked that divides K, holds
+    whole groups (with transpose) or lies inside one, and leaves shared memory for `MIN_DEFAULT_STAGES` slots (2
+    where the config asked the step); stages cut to shared memory; splits at most one per `MIN_STEPS_PER_SPLIT`
+    steps, none empty. NotImplementedError where no step fits."""
     from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import (
         MosaicGpuQuantizedMatmulStatic,
         MosaicGpuQuantizedMatmulTiling,
     )
 
     given = getattr(cfg, "mosaic_tiling", None)
-    asked = getattr(given, "block_k", None) or DEFAULT_BLOCK_K
+    asked = getattr(given, "block_k", None)
+    min_stages = 2 if asked else MIN_DEFAULT_STAGES
+    asked = asked or DEFAULT_BLOCK_K
     g = params.group_size
-    cols = (lambda bk: bk) if transpose else (lambda bk: 64)  # the code tile's columns, along which groups run
-
-    def fits(bk):
-        return bk <= max(asked, 64) and k % bk == 0 and (cols(bk) % g == 0 or g % cols(bk) == 0)
-
-    block_k = next((bk for bk in BLOCK_KS if fits(bk)), None)
-    if block_k is None:
-        raise NotImplementedError(f"{WHO}: no step of {BLOCK_KS} divides K = {k} and fits groups of {g}")
     tokens = -(-m // TOKEN_ALIGN) * TOKEN_ALIGN
     st = MosaicGpuQuantizedMatmulStatic(params, transpose, k, n, tokens, jnp.dtype(x_dtype))
+    cols = (lambda bk: bk) if transpose else (lambda bk: 64)  # the code tile's columns, along which groups run
+
+    def fits(bk, stages):
+        whole_groups = cols(bk) % g == 0 or g % cols(bk) == 0
+        tiling = MosaicGpuQuantizedMatmulTiling(bk, stages, 1)
+        return bk <= max(asked, 64) and k % bk == 0 and whole_groups and smem_fits(st, tiling)
+
+    block_k = next((bk for bk in BLOCK_KS if fits(bk, min_stages)), None)
+    block_k = block_k or next((bk for bk in BLOCK_KS if fits(bk, 2)), None)
+    if block_k is None:
+        raise NotImplementedError(f"{WHO}: no step of {BLOCK_KS} divides K = {k} and fits groups of {g}")
     stages = max(2, getattr(given, "num_stages", None) or DEFAULT_STAGES)
-    while stages > 2 and not smem_fits(st, MosaicGpuQuantizedMatmulTiling(block_k, stages, 1)):
+    while stages > 2 and not fits(block_k, stages):
         stages -= 1
     steps = k // block_k
     splits = getattr(given, "split_k", None) or max(1, num_sms() // (n // CTA_FEATURES))
-    splits = max(1, min(splits, steps // MIN_STEPS_PER_SPLIT if steps >= MIN_STEPS_PER_SPLIT else 1))
+    splits = max(1, min(splits, steps // MIN_STEPS_PER_SPLIT))
+    splits = -(-steps // -(-steps // splits))  # (the kernel's split of ceil(steps / splits) steps: none empty)
     return st, MosaicGpuQuantizedMatmulTiling(block_k, stages, splits)
 
 
@@ -114,6 +145,7 @@ def mosaic_quantized_matmul(x, w, scales, zeros=None, *, cfg, transpose: bool, g
     k, columns = x.shape[1], scales.shape[1] * group_size
     n = w.shape[0] if transpose else columns
     _decline(x, params, k, n)
+    _decline_slower(cfg, params, transpose, x.shape[0])
     st, tiling = plan(cfg, params, transpose, x.shape[0], k, n, x.dtype)
     static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
     return _run(x, w, scales, zeros, static=static, st=st, tiling=tiling)
@@ -132,6 +164,7 @@ def quantized_matmul_mosaic_gpu(
     params = QuantParams(mode, group_size, bits)
     n = w.shape[0] if transpose else scales.shape[1] * group_size
     _decline(x, params, x.shape[1], n)  # first: the reason names the call's feature, not the device
+    _decline_slower(cfg, params, transpose, x.shape[0])
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"

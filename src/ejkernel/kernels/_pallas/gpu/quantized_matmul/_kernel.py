@@ -16,9 +16,15 @@ into row vectors (`WGMMA.reduce(1)`) before the step's wait, and are spread over
 concatenation of register tiles (no arithmetic).
 - `transpose=True` (codes `[N, K]`, K contiguous): the decoded tile `[64 features, block_k]` is wgmma's A operand
   in registers;
-- `transpose=False` (codes `[K, N]`, N contiguous): the decoded tile `[block_k, 64 features]` is stored to the
-  warpgroup's own shared-memory tile and read by wgmma transposed (jax 0.11.2 loads 8-bit tiles in no transposed
-  register layout).
+- `transpose=False` (codes `[K, N]`, N contiguous): the decoded tile `[block_k, 64 features]` is stored to one of
+  the warpgroup's two shared-memory tiles (step parity) and read by wgmma transposed (jax 0.11.2 loads 8-bit tiles
+  in no transposed register layout). Decoding into `[64, block_k]` untransposed instead (or the unswapped product,
+  x padded to 64 rows as A and the decoded `[block_k, 128..256]` tile as B) takes the same loads, conversions and
+  stores per byte: the orientation of the stored tile is the one TMA gives either way.
+The steps overlap inside a warpgroup: step i's wgmma is issued asynchronously, step i + 1 is decoded while it
+runs, then the warpgroup waits for it (`wgmma_wait(0)`) and frees its ring slot. Step i's register operand is kept
+live through that wait (an optimization barrier), so that the decode never reuses the registers wgmma still reads
+(ptxas would serialise every wgmma).
 Each split writes its float32 partial `yᵀ` tile; the caller adds the splits and transposes (M x N floats).
 """
 
@@ -42,6 +48,7 @@ COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K regis
 MEMORY_REGISTERS = 40
 SMEM_ALIGNMENT = 1024  # of each shared-memory allocation (Mosaic GPU's)
 MOSAIC_RESERVED_SMEM = 2048  # what Mosaic GPU adds to a kernel's own shared memory
+DECODED_BUFFERS = 2  # decoded tiles a warpgroup keeps without transpose: one being read by wgmma, one written
 FLIP = 128  # int8 codes are flipped to signed (q ^ 0x80 = q - 128) for the fast int8 -> bf16 conversion
 
 
@@ -84,7 +91,7 @@ def smem_bytes(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTi
     itemsize = jnp.dtype(st.x_dtype).itemsize
     sizes = [t.stages * st.tokens * t.block_k * itemsize, t.stages * COMPUTE_WGS * ROWS * t.block_k]
     sizes += [COMPUTE_WGS * ROWS * st.tokens * 4] + (
-        [] if st.transpose else [COMPUTE_WGS * t.block_k * ROWS * itemsize]
+        [] if st.transpose else [DECODED_BUFFERS * COMPUTE_WGS * t.block_k * ROWS * itemsize]
     )
     aligned = sum(-(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT for size in sizes)
     return aligned + 16 * t.stages + MOSAIC_RESERVED_SMEM
@@ -205,32 +212,55 @@ def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMa
                     rows, first = pl.ds(k0, bk), lax.div(f0, jnp.int32(g))
                 return [_group_meta(params, s_ref, z_ref, rows, first + j) for j in range(groups)]
 
-            def step(i, acc):
-                slot = lax.rem(i, jnp.int32(stages))
-                meta = metas(i)  # (global loads issued before the wait, which hides their latency)
-                plgpu.barrier_wait(ready.at[slot])
-                values = _decode(st, w_smem.at[slot, wg], meta)
-                b = x_smem.at[slot].transpose((1, 0))
-                if st.transpose:
-                    a = values
-                else:
-                    decoded[0].at[wg][...] = values
-                    plgpu.commit_smem()  # the stores before wgmma reads the tile
-                    a = decoded[0].at[wg].transpose((1, 0))
-                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], a, b))((plgpu.ACC.init(acc),))
-                plgpu.barrier_arrive(consumed.at[slot])
-                return acc
+            def slot_of(i):
+                return lax.rem(i, jnp.int32(stages))
 
-            zero = plgpu.layout_cast(jnp.zeros((ROWS, st.tokens), jnp.float32), plgpu.Layout.WGMMA)
-            acc = lax.fori_loop(0, steps, step, zero)
-            out_smem.at[wg][...] = acc
+            def own_buffer(i):
+                """Step i's decoded tile without transpose: the warpgroup's buffer i % 2 (one traced index)."""
+                return decoded[0].at[DECODED_BUFFERS * wg + lax.rem(i, jnp.int32(DECODED_BUFFERS))]
+
+            def decode_step(i):
+                """Step i's weight tile decoded: in registers with transpose (returned), else stored to its buffer."""
+                meta = metas(i)  # (global loads issued before the wait, which hides their latency)
+                plgpu.barrier_wait(ready.at[slot_of(i)])
+                values = _decode(st, w_smem.at[slot_of(i), wg], meta)
+                if st.transpose:
+                    return values
+                own_buffer(i)[...] = values
+                plgpu.commit_smem()  # the stores before wgmma reads the tile
+                return None
+
+            def issue(acc_ref, i, values):
+                """Step i's wgmma, asynchronous: acc += W_i · x_iᵀ."""
+                a = values if st.transpose else own_buffer(i).transpose((1, 0))
+                plgpu.wgmma(acc_ref, a, x_smem.at[slot_of(i)].transpose((1, 0)))
+
+            def products(acc_ref):
+                def step(i, values):
+                    """Issue step i, decode step i + 1 while it runs, then wait for it and free its ring slot."""
+                    issue(acc_ref, i, values)
+                    following = decode_step(i + 1)
+                    plgpu.wgmma_wait(0)
+                    if st.transpose:  # step i's registers stay live (unreused by the decode) until its wgmma is done
+                        _, following = lax.optimization_barrier((values, following))
+                    plgpu.barrier_arrive(consumed.at[slot_of(i)])
+                    return following
+
+                last = lax.fori_loop(0, steps - 1, step, decode_step(0))
+                issue(acc_ref, steps - 1, last)
+                plgpu.wgmma_wait(0)
+                plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)])
+                return acc_ref[...]
+
+            out_smem.at[wg][...] = pl.run_scoped(products, plgpu.ACC((ROWS, st.tokens), jnp.float32))
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(out_smem.at[wg], out_ref.at[split, pl.ds(f0, ROWS)])
             plgpu.wait_smem_to_gmem(0)
 
     itemsize = jnp.dtype(st.x_dtype).itemsize
     code_shape = code_tile_shape(st, bk)
-    decoded = () if st.transpose else (_swizzled((COMPUTE_WGS, bk, ROWS), st.x_dtype, ROWS * itemsize),)
+    buffers = (DECODED_BUFFERS * COMPUTE_WGS, bk, ROWS)
+    decoded = () if st.transpose else (_swizzled(buffers, st.x_dtype, ROWS * itemsize),)
     scratch = (
         (
             _swizzled((stages, st.tokens, bk), st.x_dtype, bk * itemsize),
