@@ -7,8 +7,10 @@ kernel's defaults plan for the call.
 
 Variants: `triton` (its best config), `auto` (what a user gets: Triton where `SLOWER_THAN_TRITON` declines the
 Mosaic GPU kernel), `mosaic` (the kernel's default tiles, asked by an empty `mosaic_tiling`, so never declined),
-`mosaic bk128` and `mosaic bk256` (the step asked: 256 keeps 2 slots where the default plans 128). `--tiles` adds
-the autotuning candidates and the default tiles with 1 and 4 contraction splits."""
+`mosaic bk128` and `mosaic bk256` (the step asked: 256 keeps 2 slots where the default plans 128), and where affine
+codes with transpose take their scales after the product (M 16), `mosaic codes scaled` (the scales applied to the
+codes instead, `SCALE_AFTER_MAX_TOKENS` 0 while it traces). `--tiles` adds the autotuning candidates and the default
+tiles with 1 and 4 contraction splits."""
 
 import functools
 import sys
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import time_variants
 from ejkernel.benchmarks.quantized_matmul import LAYERS, MODES, SIZE, _layers, _packed
-from ejkernel.kernels._pallas.gpu.quantized_matmul._interface import plan
+from ejkernel.kernels._pallas.gpu.quantized_matmul import _interface
 from ejkernel.modules import quantized_matmul
 from ejkernel.modules.operations.quantized_matmul import (
     MOSAIC_CANDIDATES,
@@ -33,6 +35,23 @@ NAMES = [a for a in sys.argv[1:] if not a.startswith("--")] or ["int8", "mxfp8",
 
 def mosaic(**tiles):
     return dict(cfg=QuantizedMatmulConfig(platform="pallas", mosaic_tiling=QuantizedMatmulMosaicTiling(**tiles)))
+
+
+def codes_scaled(build):
+    """`build`'s call run with the Mosaic GPU kernel's scales applied to the codes (traced at its first call)."""
+    call = build()
+
+    def run():
+        _interface.SCALE_AFTER_MAX_TOKENS = 0
+        try:
+            return call()
+        finally:
+            _interface.SCALE_AFTER_MAX_TOKENS = SCALE_AFTER_MAX_TOKENS
+
+    return run
+
+
+SCALE_AFTER_MAX_TOKENS = _interface.SCALE_AFTER_MAX_TOKENS
 
 
 key = jax.random.PRNGKey(0)
@@ -60,14 +79,17 @@ for name in NAMES:
         for m in (16, 64):
             x = jax.random.normal(key, (m, SIZE), jnp.bfloat16)
             where = f"{name} {'col' if transpose else 'row'} M={m}"
-            _, tiling = plan(mosaic()["cfg"], params, transpose, m, SIZE, SIZE, jnp.bfloat16)
-            print(f"{where:16s} default plan: bk{tiling.block_k} s{tiling.stages} split{tiling.splits}", flush=True)
+            st, tiling = _interface.plan(mosaic()["cfg"], params, transpose, m, SIZE, SIZE, jnp.bfloat16)
+            plan = f"bk{tiling.block_k} s{tiling.stages} split{tiling.splits} scale_after={st.scale_after}"
+            print(f"{where:16s} default plan: {plan}", flush=True)
 
             def build(options, weights=weights, mode=mode, bits=bits, transpose=transpose, x=x):
                 call = functools.partial(quantized_matmul, bits=bits, mode=mode, transpose=transpose, **options)
                 return _layers(call, x, weights)
 
             builders = {v: functools.partial(build, options) for v, options in variants.items()}
+            if st.scale_after:
+                builders["mosaic codes scaled"] = functools.partial(codes_scaled, builders["mosaic"])
             for variant, seconds in time_variants(builders, repeats=10, where=where).items():
                 seconds /= LAYERS
                 bw = weights[0][0].nbytes / seconds

@@ -33,6 +33,14 @@ DEFAULT_STAGES = 4
 MIN_DEFAULT_STAGES = 3  # the default step shrinks rather than run a shallower ring; an asked step keeps 2
 SMEM_BUDGET = 227 * 1024
 MIN_STEPS_PER_SPLIT = 4
+SCALE_AFTER_MAX_TOKENS = 32
+"""The most rows of x (padded) at which affine codes with transpose take their scales after the product: each
+group's `64 x tokens` product is scaled and offset in float32 (2 FMAs a product), cheaper than scaling its
+`64 x group` codes only while tokens are few; and a warpgroup holds a step's group products in registers."""
+SCALE_AFTER_PART_VALUES = 64
+"""The most group products a step holds with `scale_after`, as groups x tokens (their float32 registers a thread:
+half of it), beside two steps' codes: the step shrinks to keep within it (256 at 16 tokens, 128 at 32 with groups
+of 64)."""
 SLOWER_THAN_TRITON = {
     ("affine", False, 64): (0.0673, 0.0480),
     ("affine", True, 16): (0.0429, 0.0336),
@@ -81,9 +89,10 @@ def smem_fits(st, tiling) -> bool:
 def plan(cfg, params: QuantParams, transpose: bool, m: int, k: int, n: int, x_dtype):
     """The kernel's tiling from `cfg.mosaic_tiling` (None fields: `DEFAULT_BLOCK_K`, `DEFAULT_STAGES`, splits that
     fill the GPU's SMs), fitted: the step the largest of `BLOCK_KS` up to the one asked that divides K, holds
-    whole groups (with transpose) or lies inside one, and leaves shared memory for `MIN_DEFAULT_STAGES` slots (2
-    where the config asked the step); stages cut to shared memory; splits at most one per `MIN_STEPS_PER_SPLIT`
-    steps, none empty. NotImplementedError where no step fits."""
+    whole groups (with transpose) or lies inside one, holds at most `SCALE_AFTER_PART_VALUES` group products where
+    scales apply after them, and leaves shared memory for `MIN_DEFAULT_STAGES` slots (2 where the config asked the
+    step); stages cut to shared memory; splits at most one per `MIN_STEPS_PER_SPLIT` steps, none empty.
+    NotImplementedError where no step fits."""
     from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import (
         MosaicGpuQuantizedMatmulStatic,
         MosaicGpuQuantizedMatmulTiling,
@@ -95,13 +104,15 @@ def plan(cfg, params: QuantParams, transpose: bool, m: int, k: int, n: int, x_dt
     asked = asked or DEFAULT_BLOCK_K
     g = params.group_size
     tokens = -(-m // TOKEN_ALIGN) * TOKEN_ALIGN
-    st = MosaicGpuQuantizedMatmulStatic(params, transpose, k, n, tokens, jnp.dtype(x_dtype))
+    scale_after = params.mode == "affine" and transpose and g % 64 == 0 and tokens <= SCALE_AFTER_MAX_TOKENS
+    st = MosaicGpuQuantizedMatmulStatic(params, transpose, k, n, tokens, jnp.dtype(x_dtype), scale_after)
     cols = (lambda bk: bk) if transpose else (lambda bk: 64)  # the code tile's columns, along which groups run
 
     def fits(bk, stages):
         whole_groups = cols(bk) % g == 0 or g % cols(bk) == 0
+        parts_fit = not scale_after or max(1, bk // g) * tokens <= SCALE_AFTER_PART_VALUES
         tiling = MosaicGpuQuantizedMatmulTiling(bk, stages, 1)
-        return bk <= max(asked, 64) and k % bk == 0 and whole_groups and smem_fits(st, tiling)
+        return bk <= max(asked, 64) and k % bk == 0 and whole_groups and parts_fit and smem_fits(st, tiling)
 
     block_k = next((bk for bk in BLOCK_KS if fits(bk, min_stages)), None)
     block_k = block_k or next((bk for bk in BLOCK_KS if fits(bk, 2)), None)
@@ -123,12 +134,16 @@ def _as_bytes(words, dtype):
 
 
 def _forward(x, w, scales, zeros, *, st, tiling):
-    from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import partial_products
+    from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import part_width, partial_products
 
-    m = x.shape[0]
+    m, k = x.shape
     codes = _as_bytes(w, jnp.uint8 if st.params.mode == "affine" else jnp.float8_e4m3fn)
     x = jnp.pad(x, ((0, st.tokens - m), (0, 0)))
-    partial = partial_products(st, tiling, x, codes, scales, zeros)
+    x_sums = None
+    if st.scale_after:  # x summed over each group's part of a step: what the offsets multiply
+        width = part_width(st, tiling)
+        x_sums = x.astype(jnp.float32).reshape(st.tokens, k // width, width).sum(axis=2).T
+    partial = partial_products(st, tiling, x, codes, scales, zeros, x_sums)
     out = partial[0] if tiling.splits == 1 else partial.sum(axis=0)
     return out[:, :m].T
 

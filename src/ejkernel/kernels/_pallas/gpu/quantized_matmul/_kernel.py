@@ -21,10 +21,17 @@ concatenation of register tiles (no arithmetic).
   in no transposed register layout). Decoding into `[64, block_k]` untransposed instead (or the unswapped product,
   x padded to 64 rows as A and the decoded `[block_k, 128..256]` tile as B) takes the same loads, conversions and
   stores per byte: the orientation of the stored tile is the one TMA gives either way.
-The steps overlap inside a warpgroup: step i's wgmma is issued asynchronously, step i + 1 is decoded while it
-runs, then the warpgroup waits for it (`wgmma_wait(0)`) and frees its ring slot. Step i's register operand is kept
-live through that wait (an optimization barrier), so that the decode never reuses the registers wgmma still reads
-(ptxas would serialise every wgmma).
+The steps overlap inside a warpgroup: step i's wgmmas are issued asynchronously, step i + 1 is decoded while they
+run, then the warpgroup waits for them and frees step i's ring slot. Step i's register operand is kept live through
+that wait (an optimization barrier), so that the decode never reuses the registers wgmma still reads (ptxas would
+serialise every wgmma).
+
+Affine codes with transpose and groups of a multiple of 64, at few tokens (`scale_after`), skip the per-value
+arithmetic: a group's value is `q'·s + o` (q' the flipped code, exact in 16 bits), so its part of the product is
+`s·(q'·x) + o·Σx`. The codes are only converted (int8 to x's dtype) and multiplied group by group into their own
+accumulators; after the wait each is scaled and offset in float32 (`Σx` per group comes precomputed, `x_sums`).
+That costs 2 FMAs per `64 x tokens` product instead of the scaling of `64 x group` codes, and rounds nothing to x's
+dtype but x (the reference rounds each dequantized value).
 Each split writes its float32 partial `yᵀ` tile; the caller adds the splits and transposes (M x N floats).
 """
 
@@ -54,7 +61,8 @@ FLIP = 128  # int8 codes are flipped to signed (q ^ 0x80 = q - 128) for the fast
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuQuantizedMatmulStatic:
-    """What the kernel fixes at trace time: the format, the layout, the sizes (x's rows padded to `tokens`)."""
+    """What the kernel fixes at trace time: the format, the layout, the sizes (x's rows padded to `tokens`), and
+    whether the group scales apply after the product (`scale_after`: affine codes with transpose, see the module)."""
 
     params: QuantParams
     transpose: bool
@@ -62,6 +70,7 @@ class MosaicGpuQuantizedMatmulStatic:
     n: int
     tokens: int
     x_dtype: jnp.dtype
+    scale_after: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +143,34 @@ def _group_meta(params: QuantParams, s_ref, z_ref, rows, group):
     return raw.astype(jnp.float32), None
 
 
+def _column_vector(ref, row):
+    """`ref[row, :]` as a vector along the columns of a wgmma-layout tile (straight from global memory)."""
+    return plgpu.load(ref.at[row], layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+
+
+def _zeros(shape):
+    """float32 zeros in the WGMMA layout (an accumulator's start)."""
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+
+
 def _spread(vectors, shape):
     """Group row vectors `[(R,), ...]` spread over a `[R, C]` tile whose columns hold `len(vectors)` groups."""
     if len(vectors) == 1:
         return lax.broadcast_in_dim(vectors[0], shape, [0])
     cols = shape[1] // len(vectors)
     return jnp.concatenate([lax.broadcast_in_dim(v, (shape[0], cols), [0]) for v in vectors], axis=1)
+
+
+def part_width(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTiling) -> int:
+    """Contraction of one group's product within a step where the scales apply after it: a group, or the step."""
+    return min(st.params.group_size, t.block_k)
+
+
+def _signed_codes(st: MosaicGpuQuantizedMatmulStatic, codes_ref):
+    """The step's int8 codes flipped to signed (`q - FLIP`, exact in 16 bits) in x's dtype, in the WGMMA layout."""
+    codes = plgpu.load(codes_ref, layout=plgpu.Layout.WGMMA_UPCAST_2X)
+    wide = lax.bitcast_convert_type(codes ^ jnp.uint8(0x80), jnp.int8).astype(st.x_dtype)
+    return plgpu.layout_cast(wide, plgpu.Layout.WGMMA)
 
 
 def _decode(st: MosaicGpuQuantizedMatmulStatic, codes_ref, metas):
@@ -158,11 +189,14 @@ def _decode(st: MosaicGpuQuantizedMatmulStatic, codes_ref, metas):
     return values.astype(st.x_dtype)
 
 
-def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTiling, x, codes, scales, zeros):
+def partial_products(
+    st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMatmulTiling, x, codes, scales, zeros, x_sums=None
+):
     """float32 `[splits, N, tokens]`: each contraction split's part of `yᵀ`.
 
     `x [tokens, K]` (padded rows zero), `codes` the weights' bytes (`[N, K]` with transpose, else `[K, N]`; uint8,
-    or float8_e4m3fn for E4M3 codes), `scales` (and affine `zeros`) as the public layout has them.
+    or float8_e4m3fn for E4M3 codes), `scales` (and affine `zeros`) as the public layout has them; with
+    `st.scale_after`, `x_sums [K / part_width, tokens]` float32: x summed over each part of the contraction.
     """
     params, bk, stages, splits = st.params, t.block_k, t.stages, t.splits
     g = params.group_size
@@ -170,11 +204,13 @@ def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMa
     per_split = -(-total // splits)
     tile_cols = code_tile_shape(st, bk)[1]  # the code tile's columns, along which groups run
     groups = max(1, tile_cols // g)  # groups in a tile's columns (or 1: the tile lies inside one)
+    width = part_width(st, t)
     affine = params.mode == "affine"
 
     def body(*refs):
         x_ref, w_ref, s_ref = refs[:3]
         z_ref = refs[3] if affine else None
+        sums_ref = refs[-4] if st.scale_after else None
         out_ref, (x_smem, w_smem, out_smem, *decoded), (ready, consumed) = refs[-3:]
         col_block, split, wg = lax.axis_index("cols"), lax.axis_index("splits"), lax.axis_index("wg")
         start = split * per_split
@@ -221,38 +257,58 @@ def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMa
 
             def decode_step(i):
                 """Step i's weight tile decoded: in registers with transpose (returned), else stored to its buffer."""
-                meta = metas(i)  # (global loads issued before the wait, which hides their latency)
+                meta = () if st.scale_after else metas(i)  # (global loads issued before the wait: latency hidden)
                 plgpu.barrier_wait(ready.at[slot_of(i)])
-                values = _decode(st, w_smem.at[slot_of(i), wg], meta)
+                codes = w_smem.at[slot_of(i), wg]
+                if st.scale_after:
+                    return _signed_codes(st, codes)
+                values = _decode(st, codes, meta)
                 if st.transpose:
                     return values
                 own_buffer(i)[...] = values
                 plgpu.commit_smem()  # the stores before wgmma reads the tile
                 return None
 
-            def issue(acc_ref, i, values):
-                """Step i's wgmma, asynchronous: acc += W_i · x_iᵀ."""
-                a = values if st.transpose else own_buffer(i).transpose((1, 0))
-                plgpu.wgmma(acc_ref, a, x_smem.at[slot_of(i)].transpose((1, 0)))
+            def step(i, acc, operand, decode_next: bool):
+                """acc plus step i's product, whose wgmmas run asynchronously while step i + 1 is decoded (where
+                `decode_next`); then step i's ring slot is freed. Returns (acc, step i + 1's operand)."""
+                slot, shape = slot_of(i), (ROWS, st.tokens)
+                after, parts = (), []  # with scale_after: each group's (scale, offset, x sum) and product
+                if st.scale_after:  # (loaded now, used after the wait: the decode hides their latency)
+                    first = lax.div((start + i) * bk, jnp.int32(width))
+                    sums = [_column_vector(sums_ref, first + j) for j in range(groups)]
+                    after = [(*m, x_sum) for m, x_sum in zip(metas(i), sums, strict=True)]
+                    parts = [plgpu.ACC.init(_zeros(shape)) for _ in range(groups)]
 
-            def products(acc_ref):
-                def step(i, values):
-                    """Issue step i, decode step i + 1 while it runs, then wait for it and free its ring slot."""
-                    issue(acc_ref, i, values)
-                    following = decode_step(i + 1)
-                    plgpu.wgmma_wait(0)
-                    if st.transpose:  # step i's registers stay live (unreused by the decode) until its wgmma is done
-                        _, following = lax.optimization_barrier((values, following))
-                    plgpu.barrier_arrive(consumed.at[slot_of(i)])
-                    return following
+                def matmuls(refs):
+                    acc_ref, part_refs, following = refs
+                    if not st.scale_after:
+                        a = operand if st.transpose else own_buffer(i).transpose((1, 0))
+                        plgpu.wgmma(acc_ref, a, x_smem.at[slot].transpose((1, 0)))
+                    for j, part_ref in enumerate(part_refs):  # a group's codes times its slice of x
+                        x_t = x_smem.at[slot, :, pl.ds(j * width, width)].transpose((1, 0))
+                        plgpu.wgmma(part_ref, operand[:, j * width : (j + 1) * width], x_t)
+                    if decode_next and operand is not None:
+                        following[...] = decode_step(i + 1)
+                    elif decode_next:
+                        decode_step(i + 1)
 
-                last = lax.fori_loop(0, steps - 1, step, decode_step(0))
-                issue(acc_ref, steps - 1, last)
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(consumed.at[slot_of(steps - 1)])
-                return acc_ref[...]
+                acc_in = None if st.scale_after else plgpu.ACC.init(acc)  # (scale_after adds to acc after the wait)
+                acc_out, parts, following = pl.run_state(matmuls)((acc_in, parts, operand))
+                acc = acc if st.scale_after else acc_out
+                if decode_next and operand is not None:  # step i's registers stay live (unreused by the decode)
+                    _, following = lax.optimization_barrier((operand, following))  # until its wgmmas are done
+                plgpu.barrier_arrive(consumed.at[slot])
+                for (scale, offset, x_sum), part in zip(after, parts, strict=True):
+                    scale, offset = (lax.broadcast_in_dim(v, shape, [0]) for v in (scale, offset))
+                    acc = acc + scale * part + offset * lax.broadcast_in_dim(x_sum, shape, [1])  # s·(q'·x) + o·Σx
+                return acc, following
 
-            out_smem.at[wg][...] = pl.run_scoped(products, plgpu.ACC((ROWS, st.tokens), jnp.float32))
+            def loop_step(i, carry):
+                return step(i, *carry, decode_next=True)
+
+            acc, last = lax.fori_loop(0, steps - 1, loop_step, (_zeros((ROWS, st.tokens)), decode_step(0)))
+            out_smem.at[wg][...] = step(steps - 1, acc, last, decode_next=False)[0]
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(out_smem.at[wg], out_ref.at[split, pl.ds(f0, ROWS)])
             plgpu.wait_smem_to_gmem(0)
@@ -273,7 +329,7 @@ def partial_products(st: MosaicGpuQuantizedMatmulStatic, t: MosaicGpuQuantizedMa
             plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
         ),
     )
-    operands = [x, codes, scales] + ([zeros] if affine else [])
+    operands = [x, codes, scales] + ([zeros] if affine else []) + ([x_sums] if st.scale_after else [])
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((splits, st.n, st.tokens), jnp.float32),
