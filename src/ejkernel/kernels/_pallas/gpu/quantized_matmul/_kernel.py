@@ -31,7 +31,10 @@ arithmetic: a group's value is `q'·s + o` (q' the flipped code, exact in 16 bit
 `s·(q'·x) + o·Σx`. The codes are only converted (int8 to x's dtype) and multiplied group by group into their own
 accumulators; after the wait each is scaled and offset in float32 (`Σx` per group comes precomputed, `x_sums`).
 That costs 2 FMAs per `64 x tokens` product instead of the scaling of `64 x group` codes, and rounds nothing to x's
-dtype but x (the reference rounds each dequantized value).
+dtype but x (the reference rounds each dequantized value). Without transpose the groups run along the features, so
+a code's scale changes along the contraction and cannot leave the product; folding it into x instead (x scaled per
+step and group as wgmma's B) would scale a `[tokens, block_k]` tile per warpgroup, which at 16 tokens has no wgmma
+register layout (and at 64 tokens is as many values as the codes).
 Each split writes its float32 partial `yᵀ` tile; the caller adds the splits and transposes (M x N floats).
 """
 
