@@ -29,8 +29,8 @@ IMPLEMENTATIONS = implementations(
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.quantized_matmul:quantized_matmul_xla"),
 )
 """Best first on a GPU: the Mosaic GPU kernel serves decoding with 8-bit codes (affine, mxfp8, nvfp8; bfloat16 or
-float16 x, N a multiple of 128) on a Hopper GPU, except the layouts and row counts where it was measured slower than
-Triton (`SLOWER_THAN_TRITON` of its interface); Triton serves the other decode calls (up to `DECODE_ROWS` rows of
+float16 x, N a multiple of 128) on a Hopper GPU, in the layouts and row counts where it was measured faster than
+Triton (`FASTER_THAN_TRITON` of its interface); Triton serves the other decode calls (up to `DECODE_ROWS` rows of
 x, 4- and 8-bit codes); XLA the rest."""
 
 TPU_PATHS = ("packed", "hybrid", "predecode")
@@ -59,8 +59,8 @@ class QuantizedMatmulMosaicTiling(ConfigBase):
     A field left None keeps the kernel's default (in brackets); none changes the result beyond float32 summation
     order. The kernel fits them to the call (the step down to 128 or 64 where K or the groups ask it, or where a
     default step leaves shared memory for fewer than 3 slots; stages to shared memory; splits to at least 4 steps
-    each). A config that names a tiling, even an empty one, runs the kernel where its defaults were measured slower
-    than Triton (those calls decline otherwise, and `auto` runs Triton).
+    each). A config that names a tiling, even an empty one, runs the kernel where its defaults were not measured
+    faster than Triton (those calls decline otherwise, and `auto` runs Triton).
 
     Attributes:
         block_k: Contraction per step, 64, 128 or 256 [256].
