@@ -9,7 +9,7 @@ import pytest
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._xla.quantized_matmul._interface import quantized_matmul_xla
-from ejkernel.modules import QuantizedMatmul, QuantizedMatmulConfig, quantized_matmul
+from ejkernel.modules import QuantizedMatmul, QuantizedMatmulConfig, QuantizedMatmulMosaicTiling, quantized_matmul
 from ejkernel.ops import ConfigBase, KernelConfig
 from ejkernel.quantization import prepack_quantized_weights
 from ejkernel.reference.quantized_matmul import quantized_matmul_reference
@@ -163,13 +163,16 @@ def test_autotuned_tiling(monkeypatch):
 def test_config_kernel_and_registration():
     base = [f.name for f in dataclasses.fields(KernelConfig)]
     own = [f.name for f in dataclasses.fields(QuantizedMatmulConfig)][len(base) :]
-    assert own == ["block_m", "block_n", "block_k", "num_warps", "num_stages", "use_bf16", "split_k", "tpu_path"]
+    upstream = ["block_m", "block_n", "block_k", "num_warps", "num_stages", "use_bf16", "split_k", "tpu_path"]
+    assert own == [*upstream, "mosaic_tiling"]  # upstream's fields in order, then the Mosaic GPU kernel's tiles
     cfg = QuantizedMatmulConfig(platform="xla", backend="any", block_m=64, use_bf16=False, split_k=2, tpu_path="packed")
-    assert ConfigBase.from_json(cfg.to_json()) == cfg and hash(cfg) == hash(ConfigBase.from_json(cfg.to_json()))
+    tiled = QuantizedMatmulConfig(platform="pallas", mosaic_tiling=QuantizedMatmulMosaicTiling(block_k=64, split_k=2))
+    for c in (cfg, tiled):
+        assert ConfigBase.from_json(c.to_json()) == c and hash(c) == hash(ConfigBase.from_json(c.to_json()))
     defaults = {name: getattr(QuantizedMatmulConfig(), name) for name in ("platform", "backend", *own)}
     assert defaults == dict(
         platform="auto", backend="any", block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3
-    ) | dict(use_bf16=True, split_k=None, tpu_path=None)
+    ) | dict(use_bf16=True, split_k=None, tpu_path=None, mosaic_tiling=None)
     assert QuantizedMatmul().op_id == "quantized_matmul" and QuantizedMatmul.config_type is QuantizedMatmulConfig
     assert kernel_registry.get("quantized_matmul", "xla") is quantized_matmul_xla
 

@@ -84,8 +84,8 @@ def test_declines_what_it_does_not_serve():
         quantized_matmul_triton(x, *weights, cfg=QuantizedMatmulConfig(), fuse=True, **options)
 
 
-def test_registered_first_with_its_own_tiles():
-    assert [impl.platform.value for impl in IMPLEMENTATIONS] == ["triton", "xla"]
+def test_registered_before_xla_with_its_own_tiles():
+    assert [impl.platform.value for impl in IMPLEMENTATIONS] == ["pallas", "triton", "xla"]
     assert kernel_registry.get("quantized_matmul", "triton", "gpu") is quantized_matmul_triton
     x, (w, scales, zeros), options = _case("affine", 4, True, 16, 256, 64, 64, jnp.bfloat16)
     inv = Invocation("quantized_matmul", (x, w, scales, zeros), options | {"fuse": True}, "triton")

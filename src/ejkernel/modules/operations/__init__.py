@@ -75,7 +75,12 @@ from ejkernel.modules.operations.prefill_page_attention import (
     PrefillPageAttentionConfig,
     prefill_page_attention,
 )
-from ejkernel.modules.operations.quantized_matmul import QuantizedMatmul, QuantizedMatmulConfig, quantized_matmul
+from ejkernel.modules.operations.quantized_matmul import (
+    QuantizedMatmul,
+    QuantizedMatmulConfig,
+    QuantizedMatmulMosaicTiling,
+    quantized_matmul,
+)
 from ejkernel.modules.operations.ragged_decode_attention import (
     RaggedDecodeAttention,
     RaggedDecodeAttentionConfig,
@@ -162,6 +167,7 @@ __all__ = [
     "PrefillPageAttentionConfig",
     "QuantizedMatmul",
     "QuantizedMatmulConfig",
+    "QuantizedMatmulMosaicTiling",
     "RaggedDecodeAttention",
     "RaggedDecodeAttentionConfig",
     "RaggedGatedDeltaRule",

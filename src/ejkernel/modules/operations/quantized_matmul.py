@@ -7,6 +7,7 @@ Layouts (`ejkernel.quantization.matmul`): without transpose `w` packs `W [K, N]`
 
 import dataclasses
 import math
+import numbers
 import os
 from typing import Any
 
@@ -16,17 +17,21 @@ import jax.numpy as jnp
 from ejkernel.kernels._common.quantized_matmul import DECODE_BITS, DECODE_ROWS, TILE_VALUES
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops.config import ConfigBase
 from ejkernel.quantization.matmul import check_matmul_operands, resolve_transpose
 from ejkernel.quantization.modes import resolve_params
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 
 IMPLEMENTATIONS = implementations(
     "quantized_matmul",
+    (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.quantized_matmul:quantized_matmul_mosaic_gpu"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.quantized_matmul:quantized_matmul_triton"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.quantized_matmul:quantized_matmul_xla"),
 )
-"""Triton first on a GPU: it serves decoding (up to `DECODE_ROWS` rows of x, 4- and 8-bit codes) and declines
-the rest, which XLA serves."""
+"""Best first on a GPU: the Mosaic GPU kernel serves decoding with 8-bit codes (affine, mxfp8, nvfp8; bfloat16 or
+float16 x, N a multiple of 128) on a Hopper GPU, in the layouts and row counts where it was measured faster than
+Triton (`FASTER_THAN_TRITON` of its interface); Triton serves the other decode calls (up to `DECODE_ROWS` rows of
+x, 4- and 8-bit codes); XLA the rest."""
 
 TPU_PATHS = ("packed", "hybrid", "predecode")
 GEMV_MODES = ("auto", "on", "off")
@@ -40,10 +45,47 @@ earlier (64, 256, 8 warps, unsplit); 8-bit 0.0681 against 0.0906). Unmeasured la
 `TRITON_DEFAULT_TILES`: 128 programs at N = 8192 without splitting the contraction."""
 
 TRITON_DEFAULT_TILES = (64, 256, 8, None)
+MOSAIC_CANDIDATES = ((64, 8), (128, 4), (128, 8), (256, 4))
+"""`(block_k, num_stages)` autotuning tries on the Mosaic GPU kernel, beside its defaults (unmeasured yet)."""
 
 
 def _power_of_two(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0 and not value & (value - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedMatmulMosaicTiling(ConfigBase):
+    """The tiles of the Mosaic GPU decode kernel (`QuantizedMatmulConfig.mosaic_tiling`); no other path reads it.
+    A field left None keeps the kernel's default (in brackets); none changes the result beyond float32 summation
+    order. The kernel fits them to the call (the step down to 128 or 64 where K or the groups ask it, or where a
+    default step leaves shared memory for fewer than 3 slots; stages to shared memory; splits to at least 4 steps
+    each). A config that names a tiling, even an empty one, runs the kernel where its defaults were not measured
+    faster than Triton (those calls decline otherwise, and `auto` runs Triton).
+
+    Attributes:
+        block_k: Contraction per step, 64, 128 or 256 [256].
+        num_stages: Shared-memory slots of the ring of code and x tiles [4].
+        split_k: Contraction splits (float32 partial sums added by XLA) [enough to fill the GPU's SMs].
+
+    Raises:
+        ValueError: A field that is not a positive int or None; one line naming the field.
+
+    Example:
+        >>> from ejkernel.modules import QuantizedMatmulConfig, QuantizedMatmulMosaicTiling
+        >>> cfg = QuantizedMatmulConfig(platform="pallas", mosaic_tiling=QuantizedMatmulMosaicTiling(block_k=256))
+        >>> cfg.mosaic_tiling.block_k
+        256
+    """
+
+    block_k: int | None = None
+    num_stages: int | None = None
+    split_k: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_k", "num_stages", "split_k"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +110,18 @@ class QuantizedMatmulConfig(KernelConfig):
         split_k: The Triton kernel's contraction splits (float32 partial sums added by XLA), a positive int;
             None (default): enough splits to fill the GPU's SMs.
         tpu_path: `"packed"` or None (default); legacy `"hybrid"` / `"predecode"` are accepted.
-        platform: `"auto"` (default), `"triton"` (GPU; up to 64 rows of x, 4- and 8-bit codes) or `"xla"`.
+        mosaic_tiling: A `QuantizedMatmulMosaicTiling`: the Mosaic GPU decode kernel's tiles, read by it only.
+            None (default): its defaults.
+        platform: `"auto"` (default), `"pallas"` (Mosaic GPU on a Hopper GPU; up to 64 rows of x, 8-bit codes),
+            `"triton"` (GPU; up to 64 rows of x, 4- and 8-bit codes) or `"xla"`.
         fwd_params: Not read by this op.
         bwd_params: Not read by this op.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.
 
     Raises:
-        ValueError: A field outside the domain above, or an unknown `platform` or `backend`.
+        ValueError: A field outside the domain above, a `mosaic_tiling` of another type, or an unknown `platform`
+            or `backend`.
     """
 
     block_m: int = 128
@@ -86,10 +132,13 @@ class QuantizedMatmulConfig(KernelConfig):
     use_bf16: bool = True
     split_k: int | None = None
     tpu_path: str | None = None
+    mosaic_tiling: QuantizedMatmulMosaicTiling | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
+        if self.mosaic_tiling is not None and not isinstance(self.mosaic_tiling, QuantizedMatmulMosaicTiling):
+            raise ValueError(f"{name}.mosaic_tiling must be a QuantizedMatmulMosaicTiling, got {self.mosaic_tiling!r}")
         for field in ("block_m", "block_n", "block_k", "num_warps"):
             if not _power_of_two(getattr(self, field)):
                 raise ValueError(f"{name}.{field} must be a positive power of two, got {getattr(self, field)!r}")
@@ -131,9 +180,10 @@ class QuantizedMatmul(Kernel):
     """The executor's `Kernel` for `quantized_matmul`: op id `"quantized_matmul"`, config `QuantizedMatmulConfig`.
 
     Without a measured config: for the Triton kernel `TRITON_TILES`; for XLA, row tiles of about
-    `TILE_VALUES` dequantized values. Autotuning (policy `autotune`) also times 128, 512 and 2048 packed rows
-    per tile on XLA, and Triton tiles of 32 to 256 columns by 64 to 512 contraction steps (at most 32K values;
-    8 warps above 8K), and the heuristic tiles with 1, 2 or 4 contraction splits.
+    `TILE_VALUES` dequantized values; the Mosaic GPU kernel its own defaults (`QuantizedMatmulMosaicTiling`).
+    Autotuning (policy `autotune`) also times 128, 512 and 2048 packed rows per tile on XLA, Triton tiles of 32
+    to 256 columns by 64 to 512 contraction steps (at most 32K values; 8 warps above 8K), the heuristic tiles
+    with 1, 2 or 4 contraction splits, and the Mosaic GPU kernel's `MOSAIC_CANDIDATES`.
     """
 
     op_id = "quantized_matmul"
@@ -171,6 +221,10 @@ class QuantizedMatmul(Kernel):
             heuristic = self.heuristic_cfg(dataclasses.replace(inv, platform=platform))
             for split_k in (1, 2, 4):
                 yield dataclasses.replace(heuristic, split_k=split_k)
+        if platform == "pallas" and current_backend() == Backend.GPU:
+            for block_k, stages in MOSAIC_CANDIDATES:
+                tiling = QuantizedMatmulMosaicTiling(block_k=block_k, num_stages=stages)
+                yield QuantizedMatmulConfig(platform=platform, mosaic_tiling=tiling)
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -221,8 +275,10 @@ def quantized_matmul(
     `y = x @ Wᵀ`. `prepack_quantized_weights(kernel[in, out])` gives the second layout, and with
     `transpose=False` the first. Row tiles of W are dequantized, rounded to x's dtype and multiplied in it,
     accumulating in float32, so the full float W never exists (`fuse=False`: one tile of all rows). On a GPU,
-    calls of up to 64 rows of x with 4- or 8-bit codes run a Triton kernel that reads the packed words once
-    and decodes them in registers (`platform="triton"`); XLA serves the others.
+    calls of up to 64 rows of x with 4- or 8-bit codes run a kernel that reads the packed words once and decodes
+    them in registers: on a Hopper GPU with 8-bit codes (affine, mxfp8, nvfp8), bfloat16/float16 x and N a
+    multiple of 128, a Mosaic GPU kernel (`platform="pallas"`), else a Triton one (`platform="triton"`); XLA
+    serves the others.
 
     Strategy knobs are validated and never change the result: `strict_fuse` forbids dense fallbacks, which
     the XLA path never needs (it computes every width, odd ones too); `allow_dense_fallback`, `tpu_path`,
@@ -254,8 +310,8 @@ def quantized_matmul(
         use_best_config: True: the tiling from the executor's config selection (caches, autotuning when the
             policy allows it, else a size heuristic); False (default): `QuantizedMatmulConfig()`'s
             defaults. `cfg` always wins.
-        platform: `"auto"`, `"triton"` (GPU; up to 64 rows of x, 4- and 8-bit codes) or `"xla"`; None
-            (default): `cfg.platform`, else auto.
+        platform: `"auto"`, `"pallas"` (Mosaic GPU, Hopper; up to 64 rows of x, 8-bit codes), `"triton"` (GPU;
+            up to 64 rows of x, 4- and 8-bit codes) or `"xla"`; None (default): `cfg.platform`, else auto.
         cfg: A `QuantizedMatmulConfig`; None (default): as `use_best_config` says.
         mesh: A `jax.sharding.Mesh` to run the op on under `shard_map`; None (default): no sharding. Needs
             `in_specs` and `out_specs`, and a 2-D `x`.
