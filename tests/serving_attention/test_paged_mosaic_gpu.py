@@ -22,9 +22,13 @@ from ejkernel.kernels._common.paged_attention.adapters import page_attention_bat
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.kernels._pallas.gpu.paged_attention._interface import (
+    CORE_ALONE,
+    CORE_THEN_TILES,
     LONG_QUERIES,
+    SHORT_THEN_TILES,
     paged_attention_mosaic_gpu_core,
     plan,
+    route,
     tiles_pass,
     triton_pass,
 )
@@ -123,7 +127,8 @@ def check_case(op: str, shape: dict, tiles: dict) -> None:
     expected = jitted_reference(op, options)(*args)
     expected_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)[1]
     long_queries = tiles.get("long_queries")
-    triton = jax.jit(lambda b: triton_pass(b, interpret=True, long_queries=long_queries))(batch)
+    whole_core = long_queries is not None and int(route(batch, long_queries)) == CORE_THEN_TILES
+    triton = jax.jit(lambda b: triton_pass(b, interpret=True, long_queries=long_queries, whole_core=whole_core))(batch)
     with interpret_mode():  # (the prefill tiles alone: nothing else is dispatched beside them)
         both = jax.jit(lambda b, t: tiles_pass(flash, paged, b, t, True, long_queries=long_queries))(batch, triton)
         out, lse = jax.block_until_ready(both)
@@ -138,20 +143,33 @@ def test_interpret_mode_matches_reference():
     check_in_fresh_process(__file__, ",".join(INTERPRET_CASES))
 
 
+def test_route_picks_the_passes():
+    """Routed by queries (G = 2: the short pass takes up to 8): decode rows and a chunk run the short pass and the
+    tiles, a 12-query sequence beside them the whole Triton core and the tiles, a batch without a chunk the core."""
+    routes = {
+        (1, 140, 3): SHORT_THEN_TILES,
+        (1, 140, 12): CORE_THEN_TILES,
+        (12, 30, 63): CORE_ALONE,
+    }
+    for q_lens, expected in routes.items():
+        batch = unified_batch(*_unified(q_lens, (200,) * 3, heads=2, kv_heads=1, dim=64, page=16))
+        assert int(route(batch, LONG_QUERIES)) == expected, q_lens
+
+
+@pytest.fixture
+def on_hopper(monkeypatch, cuda_lowering):
+    """Lowering for CUDA on this CPU host as on a Hopper GPU (the core declines elsewhere)."""
+    monkeypatch.setattr("ejkernel.kernels._pallas.gpu.paged_attention._interface.is_hopper", lambda: True)
+
+
 def _lowered(op: str, with_lse: bool = True, **options) -> str:
+    """The core's program for CUDA (`on_hopper`): decode rows beside a 300-query and a 40-query chunk."""
     q_lens, kv_lens = [1] * 6 + [300, 40], [500] * 6 + [700, 300]
     args, _ = make_problem(op, q_lens, kv_lens, heads=8, kv_heads=2, dim=128, page=16)
     adapter = ragged_v3_batch if op == "ragged_page_attention_v3" else unified_batch
-
-    def both_passes(*args):
-        batch = adapter(*args)
-        flash, paged = plan(batch, **options)
-        long_queries = options.get("long_queries")
-        triton = triton_pass(batch, interpret=False, long_queries=long_queries)
-        return tiles_pass(flash, paged, batch, triton, with_lse, long_queries=long_queries)
-
+    call = lambda *a: paged_attention_mosaic_gpu_core(adapter(*a), interpret=False, with_lse=with_lse, **options)
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
-    return jax.jit(both_passes).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    return jax.jit(call).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize(
@@ -163,17 +181,18 @@ def _lowered(op: str, with_lse: bool = True, **options) -> str:
     ],
     ids=["unified", "v3-paired", "unified-in-place-routed"],
 )
-def test_both_passes_lower_for_cuda(op, options, cuda_lowering):
+def test_both_passes_lower_for_cuda(op, options, on_hopper):
     """The prefill tiles lower to one Mosaic GPU kernel beside the Triton pass, without a GPU: the unified
     cache's rows and v3's packed one (K and V of a head interleaved), one and two tiles a CTA; in place (the kernel
-    aliases the Triton pass's output) and routed by queries (the Triton core's passes in a conditional)."""
+    aliases the Triton pass's output) and routed by queries (a switch of three branches, two with the tiles)."""
     text = _lowered(op, **options)
-    assert text.count("@mosaic_gpu") == 1 and "ejkernel_paged_attention" in text
+    calls = text.split("@mosaic_gpu")[1:]
+    assert len(calls) == (2 if options.get("long_queries") else 1) and "ejkernel_paged_attention" in text
     if options.get("in_place"):
-        assert "output_operand_alias" in text.split("@mosaic_gpu")[1].split("\n")[0]
+        assert all("output_operand_alias" in call.split("\n")[0] for call in calls)
 
 
-def test_in_place_lowers_without_glue(cuda_lowering):
+def test_in_place_lowers_without_glue(on_hopper):
     """In place, the output of a call without the log-sum-exp is the Mosaic GPU kernel's aliased operand: no
     gather of the queries or of tile rows and no select after the kernel (today's path has both)."""
     after = lambda text: text.split("@mosaic_gpu")[1].split("\n", 1)[1].split("return")[0]  # (to main's end)
@@ -277,9 +296,14 @@ def test_gpu_in_place_and_routed_match_the_plain_jax_core(op, case, options):
 
 
 @pytest.mark.gpu
-def test_gpu_draft_batch_routed_to_the_triton_core():
-    """Routed by queries: 32 sequences of 24 drafts on the Triton core's general tiles (the conditional's other
-    branch), a 300-query chunk and a 77-query one in the tiles, decode rows in the short pass, in place."""
-    q_lens, kv_lens = (24,) * 32 + (300, 1, 77), (1500,) * 32 + (900, 2000, 77)
+@pytest.mark.parametrize("chunks", [True, False], ids=["with-chunks", "drafts-alone"])
+def test_gpu_draft_batch_routed_to_the_triton_core(chunks):
+    """Routed by queries: 32 sequences of 24 drafts on the Triton core's general tiles and decode rows on its short
+    pass, beside a 300-query chunk and a 77-query one in the tiles, in place (`CORE_THEN_TILES`), or alone
+    (`CORE_ALONE`)."""
+    q_lens, kv_lens = (24,) * 32 + (1,), (1500,) * 32 + (2000,)
+    if chunks:
+        q_lens, kv_lens = q_lens + (300, 77), kv_lens + (900, 77)
     batch = unified_batch(*_unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16))
+    assert int(route(batch, LONG_QUERIES)) == (CORE_THEN_TILES if chunks else CORE_ALONE)
     _against_the_core(batch, in_place=True, long_queries=LONG_QUERIES)

@@ -8,16 +8,16 @@ head (`[pages, page_size, slots, width]`, `width` the head dim), pages of a mult
 tile 128 keys (or are whole multiples of them), and a batch with room for a 128-query chunk (and, unless sequences
 are routed by their queries, at least `MIN_MEAN_QUERIES` queries a sequence on average).
 
-Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode
-rows, one small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each
-token takes its row from the pass that holds it. A sequence of a few queries more than the short pass takes
-(`16 // G`: speculative steps) fills a 128-query tile mostly with rows that compute what nobody reads, so with
-`long_queries` the tiles take only sequences of at least that many queries and the Triton core the others, chosen
-on the device (`other_sequences`: its short pass alone while no sequence lies between). `in_place`: the tiles read
-their queries from the batch's rows and write theirs into the Triton pass's output (no packed copy of the queries,
-no gather of the tiles' rows, no select). The Triton passes are reached as the op modules reach a backend, through
-their `"module:attribute"` names (`ejkernel.registry.resolve`), never imported. The gradient is the shared plain-JAX
-core's, as the Triton core's is.
+Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode rows, one
+small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each token takes its
+row from the pass that holds it. A sequence of a few queries more than the short pass takes (`16 // G`: speculative
+steps) fills a 128-query tile mostly with rows that compute what nobody reads, so with `long_queries` the tiles take
+only sequences of at least that many queries and the Triton core the others, its passes chosen on the device
+(`route`: its short pass alone while no sequence lies between, no tiles without sequences for them). `in_place`: the
+tiles read their queries from the batch's rows and write theirs into the Triton pass's output (no packed copy of the
+queries, no gather of the tiles' rows, no select). The Triton passes are reached as the op modules reach a backend,
+through their `"module:attribute"` names (`ejkernel.registry.resolve`), never imported. The gradient is the shared
+plain-JAX core's, as the Triton core's is.
 """
 
 from __future__ import annotations
@@ -173,14 +173,16 @@ def short_sequences(batch: PagedBatch, cfg=None, interpret: bool | None = None):
     return resolve(SHORT_SEQUENCES)(batch, cfg, interpret)
 
 
-def other_sequences(batch: PagedBatch, long, cfg=None, interpret: bool | None = None):
-    """`(out, lse)` of the sequences not `long` ([N] bool) on the Triton core, 0 and -inf on the other tokens: its
-    short pass alone while none of them has more queries than that pass takes, else the whole core (its short pass
-    and its general tiles), chosen on the device, so that a batch without such sequences pays nothing for them."""
-    others = dataclasses.replace(batch, query_len=jnp.where(long, 0, batch.query_len))
-    middle = jnp.any(others.query_len > resolve(SHORT_QUERIES)(batch))
-    core = lambda b: resolve(TRITON_CORE)(b, cfg, interpret, with_lse=True)
-    return lax.cond(middle, core, lambda b: short_sequences(b, cfg, interpret)[:2], others)
+SHORT_THEN_TILES, CORE_THEN_TILES, CORE_ALONE = range(3)
+
+
+def route(batch: PagedBatch, long_queries: int):
+    """Which passes a batch routed by queries runs, on the device (`lax.switch`'s index): `SHORT_THEN_TILES` (the
+    Triton short pass, then the prefill tiles over the sequences of at least `long_queries` queries), or where some
+    sequence lies between the two, `CORE_THEN_TILES` (the whole Triton core, then the tiles), or where none has so
+    many, `CORE_ALONE` (the Triton core over the batch). A batch pays only for the passes it needs."""
+    middle = jnp.any((batch.query_len > resolve(SHORT_QUERIES)(batch)) & (batch.query_len < long_queries))
+    return jnp.where(jnp.any(batch.query_len >= long_queries), middle.astype(jnp.int32), CORE_ALONE)
 
 
 def long_sequences(
@@ -210,14 +212,24 @@ def join(short_pass, long_pass, with_lse: bool):
     return (out, jnp.where(held[:, None], lse, short_lse)) if with_lse else out
 
 
-def triton_pass(batch: PagedBatch, cfg=None, interpret: bool | None = None, long_queries: int | None = None):
+def triton_pass(
+    batch: PagedBatch,
+    cfg=None,
+    interpret: bool | None = None,
+    long_queries: int | None = None,
+    whole_core: bool = False,
+):
     """`(out, lse, long [N] bool)`: the Triton core's pass over the sequences that the prefill tiles do not take
-    (`long`): its short pass (sequences of more queries are long), or with `long_queries` `other_sequences`."""
+    (`long`): its short pass (sequences of more queries are long), or with `long_queries` (sequences of fewer
+    queries are not long) the short pass or, `whole_core`, the whole core (its short pass and its general tiles)."""
     if long_queries is None:
         out, lse, short = short_sequences(batch, cfg, interpret)
         return out, lse, ~short
     long = batch.query_len >= long_queries
-    return *other_sequences(batch, long, cfg, interpret), long
+    others = dataclasses.replace(batch, query_len=jnp.where(long, 0, batch.query_len))
+    if whole_core:
+        return *resolve(TRITON_CORE)(others, cfg, interpret, with_lse=True), long
+    return *short_sequences(others, cfg, interpret)[:2], long
 
 
 def tiles_pass(
@@ -241,8 +253,17 @@ def tiles_pass(
 
 
 def _forward(flash, paged, cfg, interpret, with_lse: bool, long_seqs, long_queries, batch: PagedBatch):
-    triton = triton_pass(batch, cfg, interpret, long_queries)
-    return tiles_pass(flash, paged, batch, triton, with_lse, long_seqs, long_queries)
+    def then_tiles(whole_core: bool):
+        def run(batch):
+            triton = triton_pass(batch, cfg, interpret, long_queries, whole_core)
+            return tiles_pass(flash, paged, batch, triton, with_lse, long_seqs, long_queries)
+
+        return run
+
+    if long_queries is None:
+        return then_tiles(False)(batch)
+    core_alone = lambda batch: resolve(TRITON_CORE)(batch, cfg, interpret, with_lse=with_lse)
+    return lax.switch(route(batch, long_queries), [then_tiles(False), then_tiles(True), core_alone], batch)
 
 
 def paged_attention_mosaic_gpu_core(
@@ -264,7 +285,7 @@ def paged_attention_mosaic_gpu_core(
     compute nothing; the second tile's keys load while the first ends); `in_place`: the tiles read their queries
     from the batch's rows and write theirs into the Triton pass's output (one tile a CTA); `long_queries`: the
     tiles take only sequences of at least so many queries (`LONG_QUERIES` is a choice), the Triton core the others
-    (`other_sequences`), in place of the short pass and a static floor on the mean queries a sequence.
+    (`route`), in place of the short pass and a static floor on the mean queries a sequence.
     NotImplementedError for what it does not serve (and off Hopper GPUs)."""
     if not is_hopper():
         raise NotImplementedError(
