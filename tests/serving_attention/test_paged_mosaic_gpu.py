@@ -303,7 +303,7 @@ def test_gpu_draft_batch_routed_to_the_triton_core(chunks):
     (`CORE_ALONE`)."""
     q_lens, kv_lens = (24,) * 32 + (1,), (1500,) * 32 + (2000,)
     if chunks:
-        q_lens, kv_lens = q_lens + (300, 77), kv_lens + (900, 77)
+        q_lens, kv_lens = (*q_lens, 300, 77), (*kv_lens, 900, 77)
     batch = unified_batch(*_unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16))
     assert int(route(batch, LONG_QUERIES)) == (CORE_THEN_TILES if chunks else CORE_ALONE)
     _against_the_core(batch, in_place=True, long_queries=LONG_QUERIES)
