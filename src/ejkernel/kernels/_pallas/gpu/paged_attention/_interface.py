@@ -51,11 +51,11 @@ MIN_MEAN_QUERIES = 32
 """Served from this many queries a sequence on average: the bench's 60 x 1 + 4 x 512 batch (33) measured 1.22x
 faster than the Triton core on an H200. A sequence of more queries than the Triton short pass takes fills a 128-query
 tile, so a batch of speculative steps (8-16 draft tokens a sequence) would run tiles mostly of rows nobody reads;
-measured 1.99x slower at 32 draft tokens (`exp/s31_spec_decode.py`), so such batches stay on Triton. (Not with
+measured 1.98x slower at 32 draft tokens (`exp/s31_spec_decode.py`), so such batches stay on Triton. (Not with
 `long_queries`, which routes each sequence.)"""
 LONG_QUERIES = 64
-"""With routing by sequence: the fewest queries of a sequence in the prefill tiles (a quarter of a 128-query tile
-is 32 at most, where draft batches of 32 tokens a sequence ran 1.99x slower than on the Triton core)."""
+"""With routing by sequence: the fewest queries of a sequence in the prefill tiles, half a 128-query tile (at 32, a
+quarter, draft batches ran 1.98x slower in the tiles than on the Triton core, `exp/s31_spec_decode.py`)."""
 SHORT_SEQUENCES = "ejkernel.kernels._triton.paged_attention:short_sequences_triton"
 SHORT_QUERIES = "ejkernel.kernels._triton.paged_attention:short_queries"
 TRITON_CORE = "ejkernel.kernels._triton.paged_attention:paged_attention_triton_core"
