@@ -51,14 +51,16 @@ def mixed_variants(op: str, args, n_prefill: int) -> dict:
     }
 
 
-def case_rows(op: str, case, only, repeats: int):
+def case_rows(op: str, case, only, repeats: int, variants=mixed_variants):
+    """One line per variant of `variants(op, args, n_prefill)` (name -> builder of a zero-argument call) at MIXED
+    `case`, beside the decode sequences alone and flash attention on the chunks."""
     n_decode, decode_ctx, n_prefill, chunk, prefill_ctx = case
     label = f"{op} mixed {n_decode}x1@{decode_ctx} + {n_prefill}x{chunk}@{prefill_ctx}"
     q_lens = [1] * n_decode + [chunk] * n_prefill
     kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
     mixed, _ = make_problem(op, q_lens, kv_lens, **SIZES)
     alone, _ = make_problem(op, [1] * n_decode, [decode_ctx] * n_decode, **SIZES)
-    variants = {k: v for k, v in mixed_variants(op, mixed, n_prefill).items() if not only or k in only}
+    variants = {k: v for k, v in variants(op, mixed, n_prefill).items() if not only or k in only}
 
     out = lambda call: call()[0] if op == "ragged_page_attention_v3" else call()
     expected = out(make_call(op, "xla", mixed))

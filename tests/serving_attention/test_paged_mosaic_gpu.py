@@ -2,8 +2,8 @@
 GPU suite.
 
 Mosaic GPU interpret mode and the Pallas-Triton interpreter cannot run in one program, so the interpret cases run
-the core's two passes apart (`short_sequences` interpreted by Pallas, `long_sequences` in Mosaic GPU interpret mode
-with races detected, in a fresh process) and join them as the core does. The gradient is the plain-JAX core's
+the core's two passes apart (`triton_pass` interpreted by Pallas, `tiles_pass` in Mosaic GPU interpret mode with
+races detected, in a fresh process), as the core chains them. The gradient is the plain-JAX core's
 (the GPU suite checks it through the op).
 """
 
@@ -22,11 +22,15 @@ from ejkernel.kernels._common.paged_attention.adapters import page_attention_bat
 from ejkernel.kernels._common.paged_attention.jax_core import paged_attention_core
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.kernels._pallas.gpu.paged_attention._interface import (
-    join,
-    long_sequences,
+    CORE_ALONE,
+    CORE_THEN_TILES,
+    LONG_QUERIES,
+    SHORT_THEN_TILES,
     paged_attention_mosaic_gpu_core,
     plan,
-    short_sequences,
+    route,
+    tiles_pass,
+    triton_pass,
 )
 from harness import assert_close, randn
 from mosaic_gpu_interpret import check_in_fresh_process, interpret_mode
@@ -87,6 +91,21 @@ INTERPRET_CASES = {
         dict(q_lens=(1, 400), kv_lens=(60, 500), heads=2, kv_heads=1, dim=128, page=32),
         {"tiles_per_cta": 2},
     ),
+    # in place: queries read from the batch's rows and rows written into the Triton pass's output; the 140-query
+    # chunk's second tile ends mid-tile beside the next sequence's rows, the last chunk (70 queries) at the end of
+    # the tokens (its tile reads past them); a 3-query sequence beside (the short pass)
+    "in-place-mid-tile-and-last": (
+        "unified_attention",
+        dict(q_lens=(140, 3, 70), kv_lens=(300, 50, 90), heads=4, kv_heads=2, dim=64, page=16),
+        {"in_place": True},
+    ),
+    # routed by queries: a 12-query sequence (more than the short pass's 16 // G = 8) goes to the Triton core's
+    # general tiles, not to a 128-query tile; decode rows beside; a 130-query chunk in the tiles, in place
+    "routed-short-queries-to-triton": (
+        "unified_attention",
+        dict(q_lens=(12, 130, 1), kv_lens=(80, 200, 33), heads=2, kv_heads=1, dim=128, page=16),
+        {"in_place": True, "long_queries": 64},
+    ),
 }
 
 
@@ -107,10 +126,12 @@ def check_case(op: str, shape: dict, tiles: dict) -> None:
     flash, paged = plan(batch, **tiles)
     expected = jitted_reference(op, options)(*args)
     expected_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)[1]
-    out, lse, short = jax.jit(lambda b: short_sequences(b, interpret=True))(batch)
+    long_queries = tiles.get("long_queries")
+    whole_core = long_queries is not None and int(route(batch, long_queries)) == CORE_THEN_TILES
+    triton = jax.jit(lambda b: triton_pass(b, interpret=True, long_queries=long_queries, whole_core=whole_core))(batch)
     with interpret_mode():  # (the prefill tiles alone: nothing else is dispatched beside them)
-        long = jax.block_until_ready(jax.jit(lambda b, s: long_sequences(flash, paged, b, s))(batch, short))
-    out, lse = join((out, lse), long, with_lse=True)
+        both = jax.jit(lambda b, t: tiles_pass(flash, paged, b, t, True, long_queries=long_queries))(batch, triton)
+        out, lse = jax.block_until_ready(both)
     assert_close(out, expected, jnp.bfloat16)
     seen = jnp.isfinite(expected_lse)  # (-inf where a query sees no key)
     assert bool(jnp.all(seen == jnp.isfinite(lse))), "lse: -inf on other rows"
@@ -122,27 +143,62 @@ def test_interpret_mode_matches_reference():
     check_in_fresh_process(__file__, ",".join(INTERPRET_CASES))
 
 
-def _lowered(op: str, tiles_per_cta: int) -> str:
+def test_route_picks_the_passes():
+    """Routed by queries (G = 2: the short pass takes up to 8): decode rows and a chunk run the short pass and the
+    tiles, a 12-query sequence beside them the whole Triton core and the tiles, a batch without a chunk the core."""
+    routes = {
+        (1, 140, 3): SHORT_THEN_TILES,
+        (1, 140, 12): CORE_THEN_TILES,
+        (12, 30, 63): CORE_ALONE,
+    }
+    for q_lens, expected in routes.items():
+        batch = unified_batch(*_unified(q_lens, (200,) * 3, heads=2, kv_heads=1, dim=64, page=16))
+        assert int(route(batch, LONG_QUERIES)) == expected, q_lens
+
+
+@pytest.fixture
+def on_hopper(monkeypatch, cuda_lowering):
+    """Lowering for CUDA on this CPU host as on a Hopper GPU (the core declines elsewhere)."""
+    monkeypatch.setattr("ejkernel.kernels._pallas.gpu.paged_attention._interface.is_hopper", lambda: True)
+
+
+def _lowered(op: str, with_lse: bool = True, **options) -> str:
+    """The core's program for CUDA (`on_hopper`): decode rows beside a 300-query and a 40-query chunk."""
     q_lens, kv_lens = [1] * 6 + [300, 40], [500] * 6 + [700, 300]
     args, _ = make_problem(op, q_lens, kv_lens, heads=8, kv_heads=2, dim=128, page=16)
     adapter = ragged_v3_batch if op == "ragged_page_attention_v3" else unified_batch
-
-    def both_passes(*args):
-        batch = adapter(*args)
-        flash, paged = plan(batch, tiles_per_cta=tiles_per_cta)
-        out, lse, short = short_sequences(batch, interpret=False)
-        return join((out, lse), long_sequences(flash, paged, batch, short), with_lse=True)
-
+    call = lambda *a: paged_attention_mosaic_gpu_core(adapter(*a), interpret=False, with_lse=with_lse, **options)
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
-    return jax.jit(both_passes).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    return jax.jit(call).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize(("op", "tiles_per_cta"), [("unified_attention", 1), ("ragged_page_attention_v3", 2)])
-def test_both_passes_lower_for_cuda(op, tiles_per_cta, cuda_lowering):
+@pytest.mark.parametrize(
+    ("op", "options"),
+    [
+        ("unified_attention", {}),
+        ("ragged_page_attention_v3", {"tiles_per_cta": 2}),
+        ("unified_attention", {"in_place": True, "long_queries": 64}),
+    ],
+    ids=["unified", "v3-paired", "unified-in-place-routed"],
+)
+def test_both_passes_lower_for_cuda(op, options, on_hopper):
     """The prefill tiles lower to one Mosaic GPU kernel beside the Triton pass, without a GPU: the unified
-    cache's rows and v3's packed one (K and V of a head interleaved), one and two tiles a CTA."""
-    text = _lowered(op, tiles_per_cta)
-    assert text.count("@mosaic_gpu") == 1 and "ejkernel_paged_attention" in text
+    cache's rows and v3's packed one (K and V of a head interleaved), one and two tiles a CTA; in place (the kernel
+    aliases the Triton pass's output) and routed by queries (a switch of three branches, two with the tiles)."""
+    text = _lowered(op, **options)
+    calls = text.split("@mosaic_gpu")[1:]
+    assert len(calls) == (2 if options.get("long_queries") else 1) and "ejkernel_paged_attention" in text
+    if options.get("in_place"):
+        assert all("output_operand_alias" in call.split("\n")[0] for call in calls)
+
+
+def test_in_place_lowers_without_glue(on_hopper):
+    """In place, the output of a call without the log-sum-exp is the Mosaic GPU kernel's aliased operand: no
+    gather of the queries or of tile rows and no select after the kernel (today's path has both)."""
+    after = lambda text: text.split("@mosaic_gpu")[1].split("\n", 1)[1].split("return")[0]  # (to main's end)
+    for in_place in (False, True):
+        text = after(_lowered("unified_attention", with_lse=False, in_place=in_place))
+        assert ("stablehlo.gather" in text or "stablehlo.select" in text) != in_place, in_place
 
 
 def _declines(batch, match: str):
@@ -163,6 +219,7 @@ def test_declines_what_the_prefill_tiles_do_not_serve():
     _declines(unified_batch(*decode), "no 128-query chunk")
     speculative = _unified(q_lens=(8,) * 24, kv_lens=(40,) * 24, heads=4, kv_heads=2, page=16, dim=128)
     _declines(unified_batch(*speculative), "fewer than 32 queries a sequence")
+    plan(unified_batch(*speculative), long_queries=LONG_QUERIES)  # routed by queries: served
     fp8 = [*args[:1], *(c.astype(jnp.float8_e4m3fn) for c in args[1:3]), *args[3:]]
     _declines(unified_batch(*fp8), "cache and compute dtype")
     head_major = [jnp.swapaxes(c, 1, 2) for c in args[1:3]]  # page_attention's [pages, Hkv, page, D]
@@ -170,6 +227,8 @@ def test_declines_what_the_prefill_tiles_do_not_serve():
     _declines(page_attention_batch(args[0][:160], *head_major, lens, tables), "reads")
     with pytest.raises(NotImplementedError, match="do not fit"):
         plan(unified_batch(*args), stages=3, tiles_per_cta=2)
+    with pytest.raises(NotImplementedError, match="in place do not fit"):
+        plan(unified_batch(*args), tiles_per_cta=2, in_place=True)
 
 
 def test_declines_off_hopper():
@@ -207,3 +266,44 @@ def test_gpu_gradient_through_the_prefill_tiles():
     g = randn(args[0].shape, jnp.bfloat16)
     grad = lambda platform: jax.grad(lambda q: jnp.vdot(fn(platform)(q, *args[1:6]), g).real)(args[0])
     assert_close(grad("pallas"), grad("xla"), jnp.bfloat16, tol=4e-2, name="dq")
+
+
+def _against_the_core(batch, **options):
+    """`paged_attention_mosaic_gpu_core(batch, **options)`'s output and log-sum-exp against the plain-JAX core's."""
+    out, lse = jax.jit(lambda b: paged_attention_mosaic_gpu_core(b, with_lse=True, **options))(batch)
+    want, want_lse = jax.jit(functools.partial(paged_attention_core, with_lse=True))(batch)
+    assert_close(out, want, jnp.bfloat16)
+    seen = jnp.isfinite(want_lse)
+    assert bool(jnp.all(seen == jnp.isfinite(lse))), "lse: -inf on other rows"
+    assert_close(jnp.where(seen, lse, 0.0), jnp.where(seen, want_lse, 0.0), name="lse")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "options", [{"in_place": True}, {"in_place": True, "long_queries": LONG_QUERIES}], ids=["in-place", "routed"]
+)
+@pytest.mark.parametrize("op", ["unified_attention", "ragged_page_attention_v3"])
+@pytest.mark.parametrize("case", MIXED, ids=lambda c: "{}x1@{} + {}x{}@{}".format(*c))
+def test_gpu_in_place_and_routed_match_the_plain_jax_core(op, case, options):
+    """The bench's mixed batches with the tiles in place (and routed by queries), output and log-sum-exp."""
+    n_decode, decode_ctx, n_prefill, chunk, prefill_ctx = case
+    q_lens = [1] * n_decode + [chunk] * n_prefill
+    kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill
+    args, _ = make_problem(op, q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16)
+    v3 = op == "ragged_page_attention_v3"
+    batch = ragged_v3_batch(*args, softmax_scale=DIM**-0.5) if v3 else unified_batch(*args)
+    _against_the_core(batch, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunks", [True, False], ids=["with-chunks", "drafts-alone"])
+def test_gpu_draft_batch_routed_to_the_triton_core(chunks):
+    """Routed by queries: 32 sequences of 24 drafts on the Triton core's general tiles and decode rows on its short
+    pass, beside a 300-query chunk and a 77-query one in the tiles, in place (`CORE_THEN_TILES`), or alone
+    (`CORE_ALONE`)."""
+    q_lens, kv_lens = (24,) * 32 + (1,), (1500,) * 32 + (2000,)
+    if chunks:
+        q_lens, kv_lens = (*q_lens, 300, 77), (*kv_lens, 900, 77)
+    batch = unified_batch(*_unified(q_lens, kv_lens, heads=32, kv_heads=8, dim=128, page=16))
+    assert int(route(batch, LONG_QUERIES)) == (CORE_THEN_TILES if chunks else CORE_ALONE)
+    _against_the_core(batch, in_place=True, long_queries=LONG_QUERIES)

@@ -3,6 +3,7 @@ one or two 128-row query tiles of a head, its output and base-2 log-sum-exp."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -10,6 +11,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E, join_sink
 from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._pallas.gpu._stores import store_rows
 
 from ._parts import (
     COMPUTE_REGISTERS,
@@ -35,14 +37,25 @@ from ._parts import (
 from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
 
 
-def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None = None, out_rows: int | None = None):
+def forward(
+    st: MosaicGpuFlashStatic,
+    q,
+    k,
+    v,
+    sinks=None,
+    walk: KeyTiles | None = None,
+    out_rows: int | None = None,
+    into=None,
+):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
 
     (`[B, H, S, D]` arrays with `st.heads_major`.) `sinks`: optional `[H]` float32 sink logit per head
     (natural units), one more softmax column without a value: it joins each row's denominator and
     log-sum-exp when the row is written. `walk`: which key tiles each query tile streams (default:
     every tile holding an allowed pair, `KeyTiles`). `out_rows`: the output's rows (default q's), 128 a query
-    tile (a walk that reads its queries in place, elsewhere than it writes them: `KeyTiles.tile`).
+    tile (a walk that reads its queries in place, elsewhere than it writes them: `KeyTiles.tile`). `into`: with a
+    walk `in_place`, the `[B, S, H, D]` array (S as q's) whose rows the tiles own are overwritten in place (no
+    new output: the kernel aliases it); `out` is then `into` with those rows, `lse` still `out_rows` long.
     """
     batch, q_pad_len, heads, head_dim = bshd(st, q.shape)
     bk, stages, dtype = st.block_k, st.stages, q.dtype
@@ -57,16 +70,20 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
     row_sums = st.row_sums_on_tc
     if row_sums and st.overlap:
         raise ValueError("row_sums_on_tc: the overlapped forward keeps its row sums as a vector")
+    in_place = walk.in_place
+    if in_place != (into is not None) or (in_place and (tiles != 1 or st.heads_major)):
+        raise ValueError("`into` goes with a walk `in_place` of one query tile a CTA, [B, S, H, D] arrays")
 
     def body(q_ref, k_ref, v_ref, *refs):
         sink_ref = refs[0] if has_sinks else None
         unit_col_ref = refs[has_sinks] if row_sums else None
         walk_refs = refs[has_sinks + row_sums : has_sinks + row_sums + num_walk]
         out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums + num_walk :]
-        q_smem, k_smem, v_smem, lse_smem, *unit_col = smem
-        unit_col_smem = unit_col[0] if row_sums else None
+        q_smem, k_smem, v_smem, lse_smem, *more = smem
+        unit_col_smem = more[0] if row_sums else None
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *unit_col_ready = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
+        stage_smem = more[-1].at[wg] if in_place else None  # (this warpgroup's untiled tile)
         tiles_of = walk.bind(walk_refs, b, h)
 
         def query_tile(j):
@@ -99,11 +116,20 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         def _():
             plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             for j in range(tiles):  # every query tile at once: the later ones load while the first runs
-                rows = pl.ds(tiles_of.row(cta, j) + wg * ROWS, ROWS)
-                plgpu.copy_gmem_to_smem(rows_at(st, q_ref, b, rows, h), q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg])
+                if in_place:  # from any row of q (past its end: zeros), through the untiled tile
+                    rows = pl.ds(tiles_of.tokens(tiles_of.tile(cta, j)[0] + wg * ROWS)[0], ROWS)
+                    plgpu.copy_gmem_to_smem(rows_at(st, q_ref, b, rows, h), stage_smem, q_ready.at[wg])
+                else:
+                    rows = pl.ds(tiles_of.row(cta, j) + wg * ROWS, ROWS)
+                    plgpu.copy_gmem_to_smem(
+                        rows_at(st, q_ref, b, rows, h), q_smem.at[j * COMPUTE_WGS + wg], q_ready.at[wg]
+                    )
             if has_sinks:  # this head's sink in every row, base 2, through the first lse buffer
                 plgpu.copy_gmem_to_smem(sink_ref.at[h], lse_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
+            if in_place:  # (the untiled tile into the swizzled one wgmma reads)
+                q_smem.at[wg][...] = plgpu.load(stage_smem, layout=plgpu.Layout.WGMMA)
+                plgpu.commit_smem()
             if row_sums:
                 plgpu.barrier_wait(unit_col_ready[0])
             if has_sinks:
@@ -241,7 +267,8 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                 own = tiles_of.own(row0)
 
                 def write(acc, m, denom):
-                    """Normalised rows into `qo`, their log-sum-exp into shared memory (for the TMA store)."""
+                    """Normalised rows into `qo` (in place: the untiled tile), their log-sum-exp into shared memory
+                    (for the TMA stores)."""
                     if row_sums:
                         denom = denom.sum(axis=1)  # (column 0 plus zeros: exact)
                     weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
@@ -250,7 +277,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     empty = (denom == 0.0) if st.bounded else (m < MASKED / 2)  # no allowed key: output 0, lse -inf
                     denom = jnp.where(empty, 1.0, denom)
                     inv = jnp.where(empty, 0.0, weight / denom)
-                    qo[...] = (acc * along_rows(inv, acc.shape)).astype(dtype)
+                    (stage_smem if in_place else qo)[...] = (acc * along_rows(inv, acc.shape)).astype(dtype)
                     lse_out[...] = jnp.where(empty, -jnp.inf, m + jnp.log(denom) * LOG2E)
 
                 if not st.overlap:
@@ -302,7 +329,12 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
                     lax.fori_loop(own_hi, hi, skip, None)
 
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(qo, rows_at(st, out_ref, b, pl.ds(row0, ROWS), h))
+                if in_place:  # only the rows before `end`: those after are another sequence's or past the array
+                    first, end = tiles_of.tokens(row0)
+                    dst = lambda row, count: rows_at(st, out_ref, b, pl.ds(row, count), h)
+                    store_rows(stage_smem, dst, first, first, end)
+                else:
+                    plgpu.copy_smem_to_gmem(qo, rows_at(st, out_ref, b, pl.ds(row0, ROWS), h))
                 plgpu.copy_smem_to_gmem(lse_out, lse_ref.at[b, h, pl.ds(row0, ROWS)])
                 return start + hi - lo
 
@@ -316,6 +348,7 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
             swizzled_smem((stages, bk, head_dim), dtype),
             plgpu.SMEM((tiles * COMPUTE_WGS, ROWS), jnp.float32),
             *((unit_col_smem(bk, dtype),) if row_sums else ()),
+            *((plgpu.SMEM((COMPUTE_WGS, ROWS, head_dim), dtype),) if in_place else ()),
         ),
         (
             # a warpgroup's q tiles (and sink)
@@ -332,9 +365,13 @@ def forward(st: MosaicGpuFlashStatic, q, k, v, sinks=None, walk: KeyTiles | None
         out = out_struct(
             (batch, heads, out_len, head_dim) if st.heads_major else (batch, out_len, heads, head_dim), q.dtype, q
         )
-    out_type = (out, out_struct((batch, heads, out_len), jnp.float32, q))
+    lse_type = out_struct((batch, heads, out_len), jnp.float32, q)
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
     args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
     args += tuple(walk.arrays)
     grid = (heads, num_q_tiles // tiles, batch)
-    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
+    if in_place:  # a ref among the inputs, right before the lse: the body finds it where the output would be
+        into_ref = jax.new_ref(into)
+        lse = launch_kernel(body, (lse_type,), scratch, grid, ("heads", "q_tiles", "batch"), *args, into_ref)[0]
+        return jax.freeze(into_ref), lse
+    return launch_kernel(body, (out, lse_type), scratch, grid, ("heads", "q_tiles", "batch"), *args)

@@ -322,6 +322,9 @@ class KeyTiles:
     arrays: tuple = ()
     masked = True  # some step may need a mask (else `run_segments` traces none)
     copies = 1  # TMA copies that fill one key (value) tile: `streams` makes that many per step
+    # a walk whose tiles read their queries from, and write only their own rows into, token rows of `forward`'s
+    # `into` at any row (its `tokens(row0)`), through an untiled shared-memory tile per warpgroup
+    in_place = False
 
     def __init__(self, st: MosaicGpuFlashStatic, block: int, num_blocks: int, num_q_tiles: int, tiles_per_cta: int = 1):
         self.st, self.block, self.num_blocks = st, block, num_blocks

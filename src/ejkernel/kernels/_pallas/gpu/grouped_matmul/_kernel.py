@@ -46,6 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common import SMEM_BYTES
 from ejkernel.kernels._common.grouped_matmul import local_group_bounds, row_spans, work_items
+from ejkernel.kernels._pallas.gpu._stores import store_rows
 
 COMPUTE_WGS = 2
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
@@ -405,24 +406,6 @@ def feed_spans(ring: Ring, spans: SpanRefs, my_units, unit_of, k_steps: int, cop
         return lax.fori_loop(0, spans.steps(span, k_steps), k_step, step)
 
     drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
-
-
-def store_rows(out_tile, out_dst, row0, lo, hi):
-    """TMA stores of the output rows `[lo, hi)` among `out_tile`'s (an untiled shared-memory tile whose row r is
-    output row `row0 + r`; `out_dst(row, rows)` its destination in HBM): one box per binary digit of their count
-    (`rows`, `rows / 2`, ..., 1 rows), so that no other row is written."""
-    rows = out_tile.shape[0]
-    first = jnp.clip(lo - row0, 0, rows)
-    count = jnp.clip(hi - row0, 0, rows) - first
-    size = rows
-    while size:
-
-        @pl.when((count & size) != 0)
-        def _(first=first, size=size):
-            plgpu.copy_smem_to_gmem(out_tile.at[pl.ds(first, size)], out_dst(row0 + first, size))
-
-        first = first + (count & size)
-        size //= 2
 
 
 def store_span_rows(ring: Ring, spans: SpanRefs, span, row0, shape, step, k_steps: int, product, out_tile, out_dst):

@@ -2,7 +2,10 @@
 
 The forward runs unchanged (warp-specialised, wgmma, online softmax, its schedules); a walk tells it where
 things are. A CTA is 128 queries of one sequence's chunk and one query head, read from the packed queries
-(`_tiling`) and written to its tile's slot of the output; its key tiles are the
+(`_tiling`) and written to its tile's slot of the output, or in place (`MosaicGpuPagedStatic.in_place`) read from
+the batch's own rows, at any row, and written only where its sequence's tokens are, into the output of the other
+sequences (the forward's `into`: an untiled shared-memory tile per warpgroup between q and HBM, stores in boxes
+of binary-digit row counts); its key tiles are the
 sequence's positions [0, hi) in steps of 128, each tile `copies` TMA copies of whole pages (page 16: 8
 copies per operand onto the step's barrier), the pages read from the page table as scalars by the memory
 warpgroup. Steps whose keys every row may see (before the chunk's first query, on pages of the cache) run
@@ -34,10 +37,12 @@ from ejkernel.kernels._pallas.gpu.paged_attention._tiling import (
     ALIGN,
     BLOCK,
     CLEAN,
+    END,
     KV_LEN,
     POS0,
     QUERY_ROW,
     SEQ,
+    TOKEN,
     MosaicGpuPagedStatic,
     packed_rows,
     padded_tables,
@@ -72,9 +77,12 @@ class PagedKeyTiles(KeyTiles):
     slot · 128, which is how `own` and `mask` (given a first output row) find the slot's row of `meta`.
     """
 
-    def __init__(self, st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, meta, order, tables):
+    def __init__(
+        self, st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, meta, order, tables, in_place: bool = False
+    ):
         super().__init__(st, BLOCK, 0, meta.shape[0], paged.tiles_per_cta)
         self.paged, self.copies, self.arrays = paged, paged.copies, (meta, order, tables)
+        self.in_place = in_place
 
     def bind(self, refs, b, h):
         bound = copy.copy(self)
@@ -109,6 +117,12 @@ class PagedKeyTiles(KeyTiles):
         slot = lax.div(row0, jnp.int32(CTA_ROWS))
         seq, kv_len, clean, pos0 = (self._of(slot, column) for column in (SEQ, KV_LEN, CLEAN, POS0))
         return seq, kv_len, clean, pos0 + (row0 - slot * CTA_ROWS)
+
+    def tokens(self, row0):
+        """`(token of output row row0, end of its sequence's tokens)`: in place, the rows of q and of the output the
+        warpgroup from `row0` reads and writes (it owns those before `end`)."""
+        slot = lax.div(row0, jnp.int32(CTA_ROWS))
+        return self._of(slot, TOKEN) + (row0 - slot * CTA_ROWS), self._of(slot, END)
 
     def own(self, row0):
         _, kv_len, clean, q0 = self._rows(row0)
@@ -160,15 +174,24 @@ class PagedKeyTiles(KeyTiles):
         return Stream(k_copies, k_ready, k_consumed), Stream(v_copies, v_ready, v_consumed)
 
 
-def prefill_tiles(st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, long, long_seqs: int):
+def prefill_tiles(
+    st: MosaicGpuFlashStatic, paged: MosaicGpuPagedStatic, batch: PagedBatch, long, long_seqs: int, into=None
+):
     """`(out [T, Hq, D], lse [T, Hq] natural log, held [T] bool)` of the sequences `long` ([N] bool, at most
-    `long_seqs` of them): the tokens they hold, and what the rows of the others hold (nothing to read)."""
+    `long_seqs` of them): the tokens they hold, and what the rows of the others hold (nothing to read). `into`: the
+    other sequences' `[T, Hq, D]` output, into which the tiles write theirs in place, reading their queries from the
+    batch's rows (no packed copy of the queries, no gather of the rows): `out` is then the batch's."""
     num_tiles = tile_bound(batch.num_tokens, long_seqs, paged.tiles_per_cta)
     meta, order, sources, held = tile_plan(batch, long, num_tiles, packed_rows(batch.num_tokens, long_seqs))
     width = batch.key_rows.shape[1]
     view = lambda rows: rows.reshape(paged.num_pages, paged.page_size, paged.slots, width)
-    walk = PagedKeyTiles(st, paged, meta, order, padded_tables(batch, paged.copies))
-    q = batch.queries[sources][None]
-    out, lse = forward(st, q, view(batch.key_rows), view(batch.value_rows), walk=walk, out_rows=num_tiles * CTA_ROWS)
+    walk = PagedKeyTiles(st, paged, meta, order, padded_tables(batch, paged.copies), in_place=into is not None)
+    k, v, rows = view(batch.key_rows), view(batch.value_rows), num_tiles * CTA_ROWS
     at = jnp.maximum(held, 0)
-    return out[0, at], lse[0, :, at] * jnp.log(2.0).astype(jnp.float32), held >= 0
+    if into is None:
+        out, lse = forward(st, batch.queries[sources][None], k, v, walk=walk, out_rows=rows)
+        out = out[0, at]
+    else:
+        out, lse = forward(st, batch.queries[None], k, v, walk=walk, out_rows=rows, into=into[None])
+        out = out[0]
+    return out, lse[0, :, at] * jnp.log(2.0).astype(jnp.float32), held >= 0

@@ -6,8 +6,10 @@ of 8 rows, so the long sequences' queries are first packed with each sequence fr
 their rows: a 128-query tile read in place from an unaligned start would take a second tile for its last rows, a
 fifth more work at 512-query chunks); rows past a sequence's queries compute what nobody reads. Each tile writes
 its 128 output rows to its slot of an array of the static bound of tiles, from which each token's row is gathered
-back. Per CTA, in launch order (longest key span first), `tile_plan` gives one row of the columns below; the
-kernel reads them as scalars.
+back. In place (`MosaicGpuPagedStatic.in_place`) the tiles instead read the batch's own query rows from any row
+through an untiled shared-memory tile and write their sequence's rows straight into the output (`TOKEN`, `END`).
+Per CTA, in launch order (longest key span first), `tile_plan` gives one row of the columns below; the kernel reads
+them as scalars.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import CTA_ROWS
 
 BLOCK = CTA_ROWS  # keys per streamed tile
 ALIGN = 8  # rows: where a TMA copy into tiled shared memory may start
-QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN = range(5)
+QUERY_ROW, SEQ, KV_LEN, POS0, CLEAN, TOKEN, END = range(7)
 """Columns of a tile's row (`tile_plan`'s `meta`, by slot): its first row of the packed queries over `ALIGN` (the
 kernel multiplies it back, so the compiler knows the TMA copies' rows aligned), its sequence, the keys it may see
-(`kv_len`, 0 for a slot of no tile: nothing to compute), the position of its first row, and how many of the
-sequence's first keys lie on pages of the cache (the key tiles past them are masked key by key)."""
+(`kv_len`, 0 for a slot of no tile: nothing to compute), the position of its first row, how many of the
+sequence's first keys lie on pages of the cache (the key tiles past them are masked key by key), and, for tiles that
+read and write the batch's token rows in place, its first token and the end of its sequence's tokens."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,8 @@ class MosaicGpuPagedStatic:
     value_offset: int
     stages: int = 2  # shared-memory slots per stream
     tiles_per_cta: int = 1  # 2: a CTA runs tiles c and c + R/2 of the launch order (half the CTAs of nothing)
+    # the tiles read their queries from the batch's rows and write theirs into the other sequences' output in place
+    in_place: bool = False
 
     @property
     def rows_per_copy(self) -> int:
@@ -84,7 +89,7 @@ def packed_rows(num_tokens: int, long_seqs: int) -> int:
 
 
 def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
-    """`(meta [R, 5], order [R], sources [num_rows], held [T])` int32 for the sequences `long` ([N] bool): each
+    """`(meta [R, 7], order [R], sources [num_rows], held [T])` int32 for the sequences `long` ([N] bool): each
     slot's tile (columns above), the slots in launch order (longest key span first: the GPU starts CTAs in launch
     order, so the short ones fill the last wave and those of no query start last), the token each packed query
     row takes (any token where it holds none: what it computes is not read), and each token's output row
@@ -108,7 +113,9 @@ def tile_plan(batch: PagedBatch, long, num_tiles: int, num_rows: int):
     kv_len = jnp.where(valid, batch.kv_len[seq], 0)
     pos0 = batch.kv_len[seq] - batch.query_len[seq] + first
     query_row = jnp.where(valid, start[seq] + first, 0)  # (a slot of no tile: row 0, never out of the rows)
-    meta = jnp.stack([query_row // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq]], axis=1)
+    first_token, end = batch.query_start[seq] + first, batch.query_start[seq] + batch.query_len[seq]
+    columns = [query_row // ALIGN, seq, kv_len, pos0, clean_keys(batch)[seq], first_token, end]
+    meta = jnp.stack(columns, axis=1)
     span = jnp.clip(jnp.minimum(kv_len, pos0 + CTA_ROWS), 0, None)
     order = jnp.argsort(-span, stable=True).astype(jnp.int32)
 
