@@ -35,7 +35,7 @@ from ejkernel.kernels._pallas.gpu.paged_attention import paged_attention_mosaic_
 from ejkernel.kernels._pallas.gpu.paged_attention._interface import LONG_QUERIES
 
 OPTIONS = {
-    "tiles": {},
+    "tiles": {"in_place": False},
     "in place": {"in_place": True},
     "routed": {"long_queries": LONG_QUERIES},
     "routed in place": {"in_place": True, "long_queries": LONG_QUERIES},

@@ -89,11 +89,11 @@ INTERPRET_CASES = {
     "v3-packed-cache-page-32-paired": (
         "ragged_page_attention_v3",
         dict(q_lens=(1, 400), kv_lens=(60, 500), heads=2, kv_heads=1, dim=128, page=32),
-        {"tiles_per_cta": 2},
+        {"tiles_per_cta": 2, "in_place": False},
     ),
-    # in place: queries read from the batch's rows and rows written into the Triton pass's output; the 140-query
-    # chunk's second tile ends mid-tile beside the next sequence's rows, the last chunk (70 queries) at the end of
-    # the tokens (its tile reads past them); a 3-query sequence beside (the short pass)
+    # in place (the default): queries read from the batch's rows and rows written into the Triton pass's output;
+    # the 140-query chunk's second tile ends mid-tile beside the next sequence's rows, the last chunk (70 queries)
+    # at the end of the tokens (its tile reads past them); a 3-query sequence beside (the short pass)
     "in-place-mid-tile-and-last": (
         "unified_attention",
         dict(q_lens=(140, 3, 70), kv_lens=(300, 50, 90), heads=4, kv_heads=2, dim=64, page=16),
@@ -176,7 +176,7 @@ def _lowered(op: str, with_lse: bool = True, **options) -> str:
     ("op", "options"),
     [
         ("unified_attention", {}),
-        ("ragged_page_attention_v3", {"tiles_per_cta": 2}),
+        ("ragged_page_attention_v3", {"tiles_per_cta": 2, "in_place": False}),
         ("unified_attention", {"in_place": True, "long_queries": 64}),
     ],
     ids=["unified", "v3-paired", "unified-in-place-routed"],
@@ -188,7 +188,7 @@ def test_both_passes_lower_for_cuda(op, options, on_hopper):
     text = _lowered(op, **options)
     calls = text.split("@mosaic_gpu")[1:]
     assert len(calls) == (2 if options.get("long_queries") else 1) and "ejkernel_paged_attention" in text
-    if options.get("in_place"):
+    if options.get("in_place", True):
         assert all("output_operand_alias" in call.split("\n")[0] for call in calls)
 
 
@@ -280,12 +280,13 @@ def _against_the_core(batch, **options):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "options", [{"in_place": True}, {"in_place": True, "long_queries": LONG_QUERIES}], ids=["in-place", "routed"]
+    "options", [{"in_place": False}, {"long_queries": LONG_QUERIES}], ids=["out-of-place", "routed"]
 )
 @pytest.mark.parametrize("op", ["unified_attention", "ragged_page_attention_v3"])
 @pytest.mark.parametrize("case", MIXED, ids=lambda c: "{}x1@{} + {}x{}@{}".format(*c))
-def test_gpu_in_place_and_routed_match_the_plain_jax_core(op, case, options):
-    """The bench's mixed batches with the tiles in place (and routed by queries), output and log-sum-exp."""
+def test_gpu_out_of_place_and_routed_match_the_plain_jax_core(op, case, options):
+    """The bench's mixed batches with the tiles out of place, and in place routed by queries, output and
+    log-sum-exp (the default, in place, has its own test)."""
     n_decode, decode_ctx, n_prefill, chunk, prefill_ctx = case
     q_lens = [1] * n_decode + [chunk] * n_prefill
     kv_lens = [decode_ctx] * n_decode + [prefill_ctx + chunk] * n_prefill

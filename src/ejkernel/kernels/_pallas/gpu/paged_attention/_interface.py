@@ -9,15 +9,16 @@ tile 128 keys (or are whole multiples of them), and a batch with room for a 128-
 are routed by their queries, at least `MIN_MEAN_QUERIES` queries a sequence on average).
 
 Two passes, each sequence in one: the Triton core's short-sequence pass (`short_sequences_triton`: decode rows, one
-small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each token takes its
-row from the pass that holds it. A sequence of a few queries more than the short pass takes (`16 // G`: speculative
-steps) fills a 128-query tile mostly with rows that compute what nobody reads, so with `long_queries` the tiles take
-only sequences of at least that many queries and the Triton core the others, its passes chosen on the device
-(`route`: its short pass alone while no sequence lies between, no tiles without sequences for them). `in_place`: the
-tiles read their queries from the batch's rows and write theirs into the Triton pass's output (no packed copy of the
-queries, no gather of the tiles' rows, no select). The Triton passes are reached as the op modules reach a backend,
-through their `"module:attribute"` names (`ejkernel.registry.resolve`), never imported. The gradient is the shared
-plain-JAX core's, as the Triton core's is.
+small tile a sequence, at decode bandwidth) and the prefill tiles (`_kernel`) over the rest; each token takes its row
+from the pass that holds it. A sequence of a few queries more than the short pass takes (`16 // G`: speculative steps)
+fills a 128-query tile mostly with rows that compute what nobody reads, so with `long_queries` the tiles take only
+sequences of at least that many queries and the Triton core the others, its passes chosen on the device (`route`: its
+short pass alone while no sequence lies between, no tiles without sequences for them). `in_place`: the tiles read their
+queries from the batch's rows and write theirs into the Triton pass's output (no packed copy of the queries, no gather
+of the tiles' rows, no select; the default: on an H200 the bench's mixed batches ran 4-7% faster, the prefill chunks of
+60 x 1 + 4 x 512 at 0.60-0.61 of flash attention's TFLOP/s against 0.48-0.52 out of place). The Triton passes are
+reached as the op modules reach a backend, through their `"module:attribute"` names (`ejkernel.registry.resolve`), never
+imported. The gradient is the shared plain-JAX core's, as the Triton core's is.
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ measured 1.98x slower at 32 draft tokens (`exp/s31_spec_decode.py`), so such bat
 `long_queries`, which routes each sequence.)"""
 LONG_QUERIES = 64
 """With routing by sequence: the fewest queries of a sequence in the prefill tiles, half a 128-query tile (at 32, a
-quarter, draft batches ran 1.98x slower in the tiles than on the Triton core, `exp/s31_spec_decode.py`)."""
+quarter, draft batches ran 1.98x slower in the tiles than on the Triton core, `exp/s31_spec_decode.py`). Not the
+default: on an H200 (`exp/s32_prefill3.py`) routing cost the mixed batches 2-5% (the 60 x 1 + 4 x 512 prefill at
+0.55 of flash attention against 0.60-0.61 unrouted), kept 64 x 8-32 draft batches within 5-8% of the Triton core
+(in the tiles, 64 x 32 ran 1.94x slower), but beside a 512-query chunk ran 64 x 32 drafts at 1.137 ms against the
+Triton core's 0.783 (the tiles' 1.364)."""
 SHORT_SEQUENCES = "ejkernel.kernels._triton.paged_attention:short_sequences_triton"
 SHORT_QUERIES = "ejkernel.kernels._triton.paged_attention:short_queries"
 TRITON_CORE = "ejkernel.kernels._triton.paged_attention:paged_attention_triton_core"
@@ -130,7 +135,7 @@ def plan(
     batch: PagedBatch,
     stages: int = 2,
     tiles_per_cta: int = 1,
-    in_place: bool = False,
+    in_place: bool = True,
     long_queries: int | None = None,
 ) -> tuple[MosaicGpuFlashStatic, MosaicGpuPagedStatic]:
     """The prefill tiles' trace-time description; NotImplementedError for what they do not serve."""
@@ -274,18 +279,18 @@ def paged_attention_mosaic_gpu_core(
     stages: int = 2,
     long_seqs: int | None = None,
     tiles_per_cta: int = 1,
-    in_place: bool = False,
+    in_place: bool = True,
     long_queries: int | None = None,
 ):
-    """`[T, Hq, D]` paged attention of `batch` (`with_lse`: and its log-sum-exp `[T, Hq]`), prefill chunks in
-    Mosaic GPU tiles and short sequences on the Triton core (`cfg` tiles the Triton pass; `interpret` is its
-    interpret mode); `stages`: the prefill tiles' key/value ring depth; `long_seqs`: the caller's promise that
-    at most so many sequences have more queries than the short pass takes (fewer CTAs launched that compute
-    nothing); `tiles_per_cta`: 2 runs tiles c and c + R/2 of the launch order in CTA c (half as many CTAs that
-    compute nothing; the second tile's keys load while the first ends); `in_place`: the tiles read their queries
-    from the batch's rows and write theirs into the Triton pass's output (one tile a CTA); `long_queries`: the
-    tiles take only sequences of at least so many queries (`LONG_QUERIES` is a choice), the Triton core the others
-    (`route`), in place of the short pass and a static floor on the mean queries a sequence.
+    """`[T, Hq, D]` paged attention of `batch` (`with_lse`: and its log-sum-exp `[T, Hq]`), prefill chunks in Mosaic GPU
+    tiles and short sequences on the Triton core (`cfg` tiles the Triton pass; `interpret` is its interpret mode);
+    `stages`: the prefill tiles' key/value ring depth; `long_seqs`: the caller's promise that at most so many sequences
+    have more queries than the short pass takes (fewer CTAs launched that compute nothing); `tiles_per_cta`: 2 runs
+    tiles c and c + R/2 of the launch order in CTA c (half as many CTAs that compute nothing; the second tile's keys
+    load while the first ends; out of place only); `in_place` (default): the tiles read their queries from the batch's
+    rows and write theirs into the Triton pass's output (one tile a CTA); `long_queries`: the tiles take only sequences
+    of at least so many queries (`LONG_QUERIES` is a choice), the Triton core the others (`route`), in place of the
+    short pass and a static floor on the mean queries a sequence.
     NotImplementedError for what it does not serve (and off Hopper GPUs)."""
     if not is_hopper():
         raise NotImplementedError(
