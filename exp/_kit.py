@@ -1,10 +1,13 @@
 """What the GPU experiment scripts share: a timestamped log a watchdog reads, exception summaries, errors,
-and the GLA kernels one by one (`gla_stages`)."""
+Mosaic GPU interpret mode for their `--quick` runs on a CPU, and the GLA kernels one by one (`gla_stages`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import pathlib
+import sys
 import threading
 import time
 import traceback
@@ -24,6 +27,16 @@ def elapsed() -> float:
 def log(*args):
     LAST[:] = [time.perf_counter(), " ".join(str(a) for a in args)[:200]]
     print(f"[{LAST[0] - T0:6.1f}s]", *args, flush=True)
+
+
+def interpret_context(quick: bool, detect_races: bool = True):
+    """With `quick`, the tests' Mosaic GPU interpret mode (their additions to it, from tests/), else nothing."""
+    if not quick:
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from mosaic_gpu_interpret import interpret_mode
+
+    return interpret_mode(detect_races=detect_races)
 
 
 def start_watchdog(stall_s: float) -> None:

@@ -26,16 +26,13 @@ inside XLA's CPU runtime; the watchdog ends it. The tests retry such runs in a f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import pathlib
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _kit import elapsed, first_lines, log, rel, start_watchdog
+from _kit import elapsed, first_lines, interpret_context, log, rel, start_watchdog
 
 from ejkernel.kernels._pallas.gpu.blocksparse_attention import _interface as mosaic_interface
 from ejkernel.kernels._xla.blocksparse_attention import blocksparse_attention_xla
@@ -65,13 +62,9 @@ class Ops:
     def context(self):
         """Where the whole run happens: on a CPU, Mosaic GPU interpret mode (it must last until the kernels
         have run, not only while they are traced)."""
-        if not self.smoke:
-            return contextlib.nullcontext()
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-        from mosaic_gpu_interpret import interpret_mode
-
-        mosaic_interface.is_hopper = lambda: True
-        return interpret_mode(detect_races=False)
+        if self.smoke:
+            mosaic_interface.is_hopper = lambda: True
+        return interpret_context(self.smoke, detect_races=False)
 
     def mosaic(self, q, k, v, aux=None, *, cfg=None, **options):
         if self.smoke:

@@ -21,14 +21,11 @@ bf16."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, log, rel, start_watchdog
+from _kit import first_lines, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.flash_attention import SHAPES
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import float8_attention
@@ -99,13 +96,7 @@ def main() -> None:
     shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
     shapes = shapes or (QUICK_SHAPES if args.quick else [s for s in SHAPES if s[3] == 128])
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    if args.quick:  # the tests' additions to Mosaic GPU interpret mode
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from mosaic_gpu_interpret import interpret_mode
-
-        context = interpret_mode()
-    else:
-        context = contextlib.nullcontext()
+    context = interpret_context(args.quick)
     log(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, variants {names}")
     with context:
         for batch, seq, heads, dim in shapes:

@@ -22,14 +22,11 @@ the bf16 forward (auto: Triton) and to the bf16 Mosaic GPU forward.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, log, rel, start_watchdog
+from _kit import first_lines, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.grouped_matmul import SHAPES, fp8_block_scaled, random_group_sizes
 from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks
@@ -59,13 +56,7 @@ def main() -> None:
     start_watchdog(args.stall)
     shape = tuple(map(int, args.shape.split(","))) if args.shape else (QUICK_SHAPE if args.quick else SHAPES[0])
     tilings = TILINGS if not args.only else {n: TILINGS[n] for n in args.only.split(",")}
-    if args.quick:  # the tests' additions to Mosaic GPU interpret mode; the Triton and cuDNN rows need a GPU
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from mosaic_gpu_interpret import interpret_mode
-
-        context = interpret_mode()
-    else:
-        context = contextlib.nullcontext()
+    context = interpret_context(args.quick)  # (the Triton and cuDNN rows need a GPU)
     log(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, shape {shape}, tilings {list(tilings)}")
     with context:
         run(args, shape, tilings)

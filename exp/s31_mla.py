@@ -14,14 +14,11 @@ to warpgroup 1). Run on the GPU: `python3 exp/s31_mla.py`; `--quick`: a tiny sha
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, log, rel, start_watchdog
+from _kit import first_lines, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.mla import COPY_BYTES, PAGED_DECODE, PAGED_WIDTHS, paged_inputs
 from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._interface import mosaic_latent_paged
@@ -80,13 +77,7 @@ def main() -> None:
     copy_bw = 2 * x.nbytes / time_fns({"copy": copy}, repeats=args.repeats)["copy"]
     log(f"copy: {copy_bw / 1e12:.3f} TB/s (read + write)")
 
-    if args.quick:  # the tests' additions to Mosaic GPU interpret mode
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from mosaic_gpu_interpret import interpret_mode
-
-        context = interpret_mode()
-    else:
-        context = contextlib.nullcontext()
+    context = interpret_context(args.quick)
     reference = None
     with context:
         for name, fn in chosen.items():

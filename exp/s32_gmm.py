@@ -23,14 +23,11 @@ mode: ms, TFLOP/s (2·M·K·N forward, 3 times that forward+backward) and the fr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, log, rel, start_watchdog
+from _kit import first_lines, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.grouped_matmul import SHAPES, random_group_sizes
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import mosaic_grouped_matmul
@@ -67,13 +64,7 @@ def main() -> None:
     start_watchdog(args.stall)
     shape = tuple(map(int, args.shape.split(","))) if args.shape else (QUICK_SHAPE if args.quick else SHAPES[0])
     mosaic = MOSAIC if not args.only else {n: MOSAIC[n] for n in args.only.split(",")}
-    if args.quick:  # the tests' additions to Mosaic GPU interpret mode; the Triton and dense rows need a GPU
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from mosaic_gpu_interpret import interpret_mode
-
-        context = interpret_mode()
-    else:
-        context = contextlib.nullcontext()
+    context = interpret_context(args.quick)  # (the Triton and dense rows need a GPU)
     log(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, shape {shape}, variants {list(mosaic)}")
     with context:
         for mode in args.modes.split(","):
