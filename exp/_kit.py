@@ -39,6 +39,25 @@ def interpret_context(quick: bool, detect_races: bool = True):
     return interpret_mode(detect_races=detect_races)
 
 
+def compile_and_time(where: str, variants: dict, *, skip: str | None, quick: bool, repeats: int):
+    """Each of `variants` (name -> zero-argument call) compiled and run once, one that cannot run (declined, out of
+    shared memory) reported and left out, then all timed together (`quick`: once): `(seconds, outputs)` by name."""
+    from ejkernel.ops.autotune import time_fns
+
+    calls, outputs = {}, {}
+    for name, call in variants.items():
+        if skip and name in skip.split(","):
+            continue
+        log(f"{where}: compiling and running {name}")
+        try:
+            outputs[name] = jax.block_until_ready(call())
+            calls[name] = call
+        except Exception as err:
+            log(f"{where}: {name} failed: {first_lines(err)}")
+    log(f"{where}: timing {len(calls)} calls")
+    return time_fns(calls, repeats=1 if quick else repeats, warmup=1 if quick else 2), outputs
+
+
 def start_watchdog(stall_s: float) -> None:
     """A kernel that deadlocks (a barrier never completed) hangs the process: after `stall_s` seconds
     without a log line, say where, and exit."""

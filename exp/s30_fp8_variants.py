@@ -25,13 +25,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, interpret_context, log, rel, start_watchdog
+from _kit import compile_and_time, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.flash_attention import SHAPES
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import float8_attention
 from ejkernel.modules import flash_attention
 from ejkernel.ops import FwdParams
-from ejkernel.ops.autotune import time_fns
 
 
 def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0) -> dict:
@@ -49,7 +48,7 @@ VARIANTS = {
         schedule, block_k, stages, fma_cols
     )
     for schedule, block_k, stages, fma_cols in [
-        ("pp", 128, 2, 0),  # the default: first, the reference of the others
+        ("pp", 128, 2, 0),  # the ping-pong (session 30's default): first, the reference of the others
         ("pp", 128, 3, 0),
         ("pp", 128, 4, 0),
         ("pp", 64, 2, 0),
@@ -112,27 +111,14 @@ def run_case(args, names, batch: int, seq: int, heads: int, dim: int, causal: bo
     # codes of 4x the inputs, descaled by 1/4 (as the bench): the float8 calls attend what the bf16 calls do
     q8, k8, v8 = ((4 * x).astype(jnp.float8_e4m3fn) for x in (q, k, v))
     descales = tuple(jnp.full((heads,), 0.25, jnp.float32) for _ in range(3))
-    calls, outputs = {}, {}
-    for name in names:
-        log(f"{where}: compiling and running {name}")
-        call = functools.partial(fp8_call(VARIANTS[name], causal), q8, k8, v8, descales)
-        try:
-            outputs[name] = jax.block_until_ready(call())
-            calls[name] = call
-        except Exception as err:  # a variant that cannot run (declined, out of shared memory): report, go on
-            log(f"{where}: {name} failed: {first_lines(err)}")
-    bf16 = {"ours-bf16": functools.partial(jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal)), q, k, v)}
+    calls = {name: functools.partial(fp8_call(VARIANTS[name], causal), q8, k8, v8, descales) for name in names}
+    calls["ours-bf16"] = functools.partial(jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal)), q, k, v)
     if not args.quick:
         cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn"))
-        bf16["cudnn-bf16"] = functools.partial(cudnn, q, k, v)
-    for name, call in bf16.items():
-        log(f"{where}: compiling and running {name}")
-        outputs[name] = jax.block_until_ready(call())
-        calls[name] = call
+        calls["cudnn-bf16"] = functools.partial(cudnn, q, k, v)
+    timings, outputs = compile_and_time(where, calls, skip=None, quick=args.quick, repeats=args.repeats)
     reference = outputs.get(DEFAULT)
     truth = outputs.get("cudnn-bf16", outputs["ours-bf16"])
-    log(f"{where}: timing {len(calls)} calls")
-    timings = time_fns(calls, repeats=1 if args.quick else args.repeats, warmup=1 if args.quick else 2)
     flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
     base = timings.get("cudnn-bf16")
     for name, seconds in timings.items():

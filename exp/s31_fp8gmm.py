@@ -26,13 +26,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, interpret_context, log, rel, start_watchdog
+from _kit import compile_and_time, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.grouped_matmul import SHAPES, fp8_block_scaled, random_group_sizes
 from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import mosaic_grouped_matmul
 from ejkernel.modules import GroupedMatmulConfig, GroupedMatmulMosaicFp8Tiling, grouped_matmul
-from ejkernel.ops.autotune import time_fns
 
 TILINGS = {
     "fp8 128x128 ov s5": GroupedMatmulMosaicFp8Tiling(block_m=128, block_n=128, num_stages=5, overlap=True),
@@ -100,18 +99,8 @@ def variants(m: int, k: int, n: int, groups: int, tilings: dict, quick: bool) ->
 def run(args, shape, tilings: dict) -> None:
     m, k, n, groups = shape
     where = f"M={m} K={k} N={n} G={groups}"
-    calls, outputs = {}, {}
-    for name, call in variants(m, k, n, groups, tilings, args.quick).items():
-        if args.skip and name in args.skip.split(","):
-            continue
-        log(f"{where}: compiling and running {name}")
-        try:
-            outputs[name] = jax.block_until_ready(call())
-            calls[name] = call
-        except Exception as err:  # a variant that cannot run (declined, out of shared memory): report, go on
-            log(f"{where}: {name} failed: {first_lines(err)}")
-    log(f"{where}: timing {len(calls)} calls")
-    timings = time_fns(calls, repeats=1 if args.quick else args.repeats, warmup=1 if args.quick else 2)
+    calls = variants(m, k, n, groups, tilings, args.quick)
+    timings, outputs = compile_and_time(where, calls, skip=args.skip, quick=args.quick, repeats=args.repeats)
     flops = 2.0 * m * k * n
     auto, mosaic = timings.get("bf16 auto"), timings.get("bf16 mosaic")
     reference, bf16 = outputs.get(REFERENCE), outputs.get("bf16 auto", outputs.get("bf16 mosaic"))

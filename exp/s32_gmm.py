@@ -27,13 +27,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from _kit import first_lines, interpret_context, log, rel, start_watchdog
+from _kit import compile_and_time, interpret_context, log, rel, start_watchdog
 
 from ejkernel.benchmarks.grouped_matmul import SHAPES, random_group_sizes
 from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import mosaic_grouped_matmul
 from ejkernel.modules import GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import BwdParams, FwdParams
-from ejkernel.ops.autotune import time_fns
 
 PINGPONG = FwdParams(block_q=128, block_d=128, num_warps=4)
 MOSAIC = {
@@ -100,18 +99,8 @@ def run(args, shape, mosaic: dict, mode: str) -> None:
     lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
     rhs = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
     sizes = random_group_sizes(m, groups)
-    calls, outputs = {}, {}
-    for name, call in variants(lhs, rhs, sizes, mosaic, mode == "fwd+bwd", args.quick).items():
-        if args.skip and name in args.skip.split(","):
-            continue
-        log(f"{where}: compiling and running {name}")
-        try:
-            outputs[name] = jax.block_until_ready(call())
-            calls[name] = call
-        except Exception as err:  # a variant that cannot run (declined, out of shared memory): report, go on
-            log(f"{where}: {name} failed: {first_lines(err)}")
-    log(f"{where}: timing {len(calls)} calls")
-    timings = time_fns(calls, repeats=1 if args.quick else args.repeats, warmup=1 if args.quick else 2)
+    calls = variants(lhs, rhs, sizes, mosaic, mode == "fwd+bwd", args.quick)
+    timings, outputs = compile_and_time(where, calls, skip=args.skip, quick=args.quick, repeats=args.repeats)
     work = 2.0 * m * k * n * (3.0 if mode == "fwd+bwd" else 1.0)
     dense, reference = timings.get("dense"), outputs.get(REFERENCE)
     for name, seconds in timings.items():

@@ -67,9 +67,10 @@ def _v3(q_lens, kv_lens, *, heads, kv_heads, dim, page, seed=0):
     return [*args, distribution], {"softmax_scale": dim**-0.5}
 
 
-# A 140-query chunk after 150 keys of context (two tiles, the second partly empty), a 40-query chunk after 170,
-# decode and short sequences beside them (the Triton pass), an empty sequence, one with more queries than keys
-# (its first queries see nothing), and pages outside the cache inside two chunks' spans.
+# A 140-query chunk after 150 keys of context (two tiles, the second partly empty beside the next sequence's rows:
+# in place, the default, it stores only its own), a 40-query chunk after 170 at the end of the tokens (its tile reads
+# past them), decode and short sequences beside them (the Triton pass), an empty sequence, one with more queries than
+# keys (its first queries see nothing), and pages outside the cache inside two chunks' spans.
 INTERPRET_CASES = {
     "gqa-chunks-decode-empty-pages-outside-d128": (
         "unified_attention",
@@ -90,14 +91,6 @@ INTERPRET_CASES = {
         "ragged_page_attention_v3",
         dict(q_lens=(1, 400), kv_lens=(60, 500), heads=2, kv_heads=1, dim=128, page=32),
         {"tiles_per_cta": 2, "in_place": False},
-    ),
-    # in place (the default): queries read from the batch's rows and rows written into the Triton pass's output;
-    # the 140-query chunk's second tile ends mid-tile beside the next sequence's rows, the last chunk (70 queries)
-    # at the end of the tokens (its tile reads past them); a 3-query sequence beside (the short pass)
-    "in-place-mid-tile-and-last": (
-        "unified_attention",
-        dict(q_lens=(140, 3, 70), kv_lens=(300, 50, 90), heads=4, kv_heads=2, dim=64, page=16),
-        {"in_place": True},
     ),
     # routed by queries: a 12-query sequence (more than the short pass's 16 // G = 8) goes to the Triton core's
     # general tiles, not to a 128-query tile; decode rows beside; a 130-query chunk in the tiles, in place
