@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -52,6 +53,10 @@ COMPUTE_WGS = 2
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40
 SMEM_BUDGET = SMEM_BYTES - 1024  # less room for the barriers (8 bytes each)
+SPAN_STORE_COLS = 128
+"""The most columns of the untiled tile a span's rows are stored from; a wider output tile is stored in pieces
+(`store_span_rows`). JAX 0.12's Mosaic GPU layout inference finds no layout for a 64 x 256 16-bit untiled tile
+written from registers (0.11 does); at 128 columns both lower, at the cost of one wait between the pieces."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,7 +569,10 @@ def gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs: bool, out_dtype, 
 
     b_shape = (bn, bk) if transpose_rhs else (bk, bn)
     # The output tiles of spans are untiled, so that a store may start at any of their rows.
-    o_type = plgpu.SMEM((COMPUTE_WGS, rows, bn), out_dtype) if t.spans else swizzled((COMPUTE_WGS, rows, bn), out_dtype)
+    if t.spans:
+        o_type = plgpu.SMEM((COMPUTE_WGS, rows, math.gcd(bn, SPAN_STORE_COLS)), out_dtype)  # (whole pieces)
+    else:
+        o_type = swizzled((COMPUTE_WGS, rows, bn), out_dtype)
     scratch = (
         (
             swizzled((stages * a_parts, bm // a_parts, bk), lhs.dtype),
