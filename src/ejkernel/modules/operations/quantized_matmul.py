@@ -46,7 +46,8 @@ earlier (64, 256, 8 warps, unsplit); 8-bit 0.0681 against 0.0906). Unmeasured la
 
 TRITON_DEFAULT_TILES = (64, 256, 8, None)
 MOSAIC_CANDIDATES = ((64, 8), (128, 4), (128, 8), (256, 4))
-"""`(block_k, num_stages)` autotuning tries on the Mosaic GPU kernel, beside its defaults (unmeasured yet)."""
+"""`(block_k, num_stages)` autotuning tries on the Mosaic GPU kernel, beside its defaults (in session 32's first
+round none beat 256-wide steps with 4 stages, now the default, at K = N = 8192)."""
 
 
 def _power_of_two(value) -> bool:
