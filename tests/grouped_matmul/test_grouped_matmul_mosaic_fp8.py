@@ -202,7 +202,7 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
     assert fitted.stages == 4 and not dataclasses.replace(fitted, stages=5).fits(jnp.float32)
     assert fit_smem(wide, 1536, jnp.float32).block_n == 128  # a float32 256-column tile leaves no room for 2 stages
     spans = lambda **kw: fit_smem(plan(cfg(spans=True, block_n=256, **kw), 1536), 1536, jnp.bfloat16)
-    assert (spans(num_stages=3).stages, spans(num_stages=3).out_pieces) == (3, 1)  # the whole output tile, 3 stages
+    assert (spans(num_stages=3).stages, spans(num_stages=3).out_pieces) == (3, 2)  # pieces of SPAN_STORE_COLS
     assert (spans(num_stages=4).stages, spans(num_stages=4).out_pieces) == (4, 4)  # 4 stages: 64-column pieces
     assert plan(GroupedMatmulConfig(mosaic_spans=True), 1536).spans  # the FP8 tiling's spans follow the config's
     assert not plan(
@@ -314,7 +314,7 @@ def test_gpu_matches_xla_at_the_moe_shape(tiling, column_blocks):
 def test_gpu_spans_match_xla_with_unaligned_groups():
     """Spans at M 6003 (no multiple of 8), K 1024, N 768: groups of odd sizes starting anywhere, empty ones, rows past
     the last group, whose last span (from row 5952) reads its second warpgroup's rows wholly past the codes (6008
-    rows) and row scales (6016); the whole output tile beside 3 stages. Forward only (the gradients are the 16-bit
+    rows) and row scales (6016); the default tiles (128 x 128, 5 stages). Forward only (the gradients are the 16-bit
     kernels')."""
     m, k, n = 6003, 1024, 768
     sizes = jnp.asarray([5, 0, 1001, 377, 0, 2048, 1, 999, 1393, 0, 159], jnp.int32)  # 5983 rows: 20 past the last

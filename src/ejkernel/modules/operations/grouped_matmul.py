@@ -56,8 +56,9 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
             (False: per element, always) [True].
         spans: Output tiles that follow each group from its first row (rounded down to 8), so that every tile
             runs one K loop in one group and stores only its own rows, in place of fixed row tiles that run a K
-            loop per group they straddle (`GroupedMatmulConfig.mosaic_spans`' schedule); where 4 stages need
-            the room, the output tile is stored in column pieces [`GroupedMatmulConfig.mosaic_spans`].
+            loop per group they straddle (`GroupedMatmulConfig.mosaic_spans`' schedule); the output tile is stored
+            in column pieces of at most 128 columns, narrower where more stages need the room
+            [`GroupedMatmulConfig.mosaic_spans`].
 
     Raises:
         ValueError: A tile or stage count that is not a positive int, or a switch (`overlap`, `round_in_kernel`,
@@ -243,7 +244,7 @@ class GroupedMatmul(Kernel):
 
 MOSAIC_FP8_TILINGS = (
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4),  # less of lhs read per FLOP, the output in 4 pieces
-    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3),  # the whole output tile beside 3 stages
+    GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3),  # 3 stages, the output in 2 column pieces
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=4, overlap=True),  # four 64-column wgmmas, overlapped
     GroupedMatmulMosaicFp8Tiling(block_n=256, num_stages=3, spans=False),  # fixed row tiles (session 31's default)
 )

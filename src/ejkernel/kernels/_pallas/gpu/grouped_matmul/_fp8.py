@@ -40,6 +40,7 @@ from ejkernel.kernels._common.scaled_codes import code_max
 from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
     COMPUTE_WGS,
     SMEM_BUDGET,
+    SPAN_STORE_COLS,
     ForwardWalk,
     Ring,
     forward_schedule,
@@ -134,12 +135,12 @@ def in_registers(t: MosaicGpuFp8GroupedMatmulTiling) -> MosaicGpuFp8GroupedMatmu
 
 def fit_smem(t: MosaicGpuFp8GroupedMatmulTiling, n: int, out_dtype) -> MosaicGpuFp8GroupedMatmulTiling:
     """`t` fitted to shared memory beside an output tile of `out_dtype`: with `spans` the whole tile or, where that
-    keeps more stages, column pieces of it (`OUT_PIECES`); then fewer stages down to 2, else narrower output tiles
-    (128 or 64 columns dividing N `n`; planning saw to it that one does)."""
+    keeps more stages, column pieces of it (`OUT_PIECES`, none wider than `SPAN_STORE_COLS`); then fewer stages down
+    to 2, else narrower output tiles (128 or 64 columns dividing N `n`; planning saw to it that one does)."""
     widths = [t.block_n] + [w for w in (128, 64) if w < t.block_n and n % w == 0]
     for width in widths:
         narrowed = in_registers(dataclasses.replace(t, block_n=width, out_pieces=1))
-        pieces = [p for p in OUT_PIECES if width % (32 * p) == 0] if t.spans else [1]
+        pieces = [p for p in OUT_PIECES if width % (32 * p) == 0 and width // p <= SPAN_STORE_COLS] if t.spans else [1]
         for stages in range(t.stages, 1, -1):
             for p in pieces:
                 fitted = None if narrowed is None else dataclasses.replace(narrowed, stages=stages, out_pieces=p)

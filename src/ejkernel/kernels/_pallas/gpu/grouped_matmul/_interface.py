@@ -74,7 +74,15 @@ def _clamp(value: int, lowest: int, highest: int) -> int:
 
 
 def plan_tiling(
-    params, default, *, rows: int, contraction: int, cols: int, transposed: bool, b_nk: bool = False, spans=False
+    params,
+    default,
+    *,
+    rows: int,
+    contraction: int,
+    cols: int,
+    transposed: bool,
+    b_nk: bool = False,
+    spans: bool = False,
 ):
     """A product's `MosaicGpuGroupedMatmulTiling` from config params (None fields: `default`), fitted to its sizes.
 
@@ -109,7 +117,12 @@ def plan_tiling(
         raise NotImplementedError(f"{WHO}: [K, N] weights need the contraction ({contraction}) in steps of 64")
     else:
         bk = 64
-    return MosaicGpuGroupedMatmulTiling(bm, bn, bk, int(stages), num_sms(), pingpong, bool(spans) and not transposed)
+    return MosaicGpuGroupedMatmulTiling(bm, bn, bk, int(stages), num_sms(), pingpong, spans)
+
+
+def spans_asked(cfg) -> bool:
+    """`cfg.mosaic_spans`, read by name (True without a config, as `GroupedMatmulConfig`'s default)."""
+    return bool(getattr(cfg, "mosaic_spans", True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +136,9 @@ class Planned:
 
 def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     """Tiles of the forward, dlhs and drhs products of a call; NotImplementedError where none fits.
-    `cfg.mosaic_spans` (read by name; default True) sets both gmm products' `spans`."""
+    `cfg.mosaic_spans` sets both gmm products' `spans` (`spans_asked`)."""
     fwd, bwd = tile_params(cfg)
-    spans = bool(getattr(cfg, "mosaic_spans", True))
+    spans = spans_asked(cfg)
     # drhs is tgmm(lhs, dout) -> [G, K, N], or tgmm(dout, lhs) -> [G, N, K] for a transposed rhs
     drhs_rows, drhs_cols = (dims.n, dims.k) if transpose_rhs else (dims.k, dims.n)
     return Planned(
@@ -196,7 +209,7 @@ def plan_fp8(cfg, n: int):
     overlap = DEFAULT_FP8[3] if overlap is None else bool(overlap)
     switches = {name: _given(given, name) is not False for name in ("round_in_kernel", "column_blocks")}
     spans = _given(given, "spans")
-    switches["spans"] = bool(getattr(cfg, "mosaic_spans", True)) if spans is None else bool(spans)
+    switches["spans"] = spans_asked(cfg) if spans is None else bool(spans)
     stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
     bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
     for cols in range(bn, 0, -64):

@@ -54,9 +54,10 @@ COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K regis
 MEMORY_REGISTERS = 40
 SMEM_BUDGET = SMEM_BYTES - 1024  # less room for the barriers (8 bytes each)
 SPAN_STORE_COLS = 128
-"""The most columns of the untiled tile a span's rows are stored from; a wider output tile is stored in pieces
-(`store_span_rows`). JAX 0.12's Mosaic GPU layout inference finds no layout for a 64 x 256 16-bit untiled tile
-written from registers (0.11 does); at 128 columns both lower, at the cost of one wait between the pieces."""
+"""The most columns of the untiled tile a span's rows are stored from, here and in the FP8 forward; a wider output
+tile is stored in pieces (`store_span_rows`). JAX 0.12's Mosaic GPU layout inference finds no layout for a 64 x 256
+16-bit untiled tile written from registers (0.11 does; the FP8 forward's lowering hangs), at 128 columns both lower,
+at the cost of one wait between the pieces."""
 
 
 @dataclasses.dataclass(frozen=True)
