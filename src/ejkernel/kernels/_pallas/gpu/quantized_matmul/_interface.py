@@ -16,8 +16,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import is_hopper, num_sms
 from ejkernel.kernels._common.quantized_matmul import DECODE_ROWS, QuantizedMatmulStatic, default_tile, with_vjp
 from ejkernel.quantization.modes import QuantParams
@@ -131,16 +131,11 @@ def plan(cfg, params: QuantParams, transpose: bool, m: int, k: int, n: int, x_dt
     return st, MosaicGpuQuantizedMatmulTiling(block_k, stages, splits)
 
 
-def _as_bytes(words, dtype):
-    """Packed words `[R, W]` viewed as their bytes `[R, 4 W]` of `dtype` (little-endian: codes keep their order)."""
-    return lax.bitcast_convert_type(words, dtype).reshape(words.shape[0], 4 * words.shape[1])
-
-
 def _forward(x, w, scales, zeros, *, st, tiling):
     from ejkernel.kernels._pallas.gpu.quantized_matmul._kernel import part_width, partial_products
 
     m, k = x.shape
-    codes = _as_bytes(w, jnp.uint8 if st.params.mode == "affine" else jnp.float8_e4m3fn)
+    codes = as_bytes(w, jnp.uint8 if st.params.mode == "affine" else jnp.float8_e4m3fn)
     x = jnp.pad(x, ((0, st.tokens - m), (0, 0)))
     x_sums = None
     if st.scale_after:  # x summed over each group's part of a step: what the offsets multiply
@@ -156,17 +151,27 @@ def _run(x, w, scales, zeros, *, static: QuantizedMatmulStatic, st, tiling):
     return with_vjp(functools.partial(_forward, st=st, tiling=tiling), x, w, scales, zeros, static)
 
 
+def _served(x, w, scales, cfg, *, transpose: bool, group_size: int, bits: int, mode: str):
+    """`(params, N)` of a call the kernel serves; NotImplementedError (see the module's docstring) for the rest."""
+    params = QuantParams(mode, group_size, bits)
+    n = w.shape[0] if transpose else scales.shape[1] * group_size
+    _decline(x, params, x.shape[1], n)
+    _decline_unmeasured(cfg, params, transpose, x.shape[0])
+    return params, n
+
+
+def _product(x, w, scales, zeros, cfg, params: QuantParams, transpose: bool, n: int):
+    st, tiling = plan(cfg, params, transpose, x.shape[0], x.shape[1], n, x.dtype)
+    columns = scales.shape[1] * params.group_size
+    static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
+    return _run(x, w, scales, zeros, static=static, st=st, tiling=tiling)
+
+
 def mosaic_quantized_matmul(x, w, scales, zeros=None, *, cfg, transpose: bool, group_size: int, bits: int, mode: str):
     """The kernel's differentiable product without the device check (lets CPU tests lower it for CUDA and run it
     in Mosaic GPU interpret mode)."""
-    params = QuantParams(mode, group_size, bits)
-    k, columns = x.shape[1], scales.shape[1] * group_size
-    n = w.shape[0] if transpose else columns
-    _decline(x, params, k, n)
-    _decline_unmeasured(cfg, params, transpose, x.shape[0])
-    st, tiling = plan(cfg, params, transpose, x.shape[0], k, n, x.dtype)
-    static = QuantizedMatmulStatic(params, transpose, default_tile(w.shape[0], columns), jnp.dtype(x.dtype))
-    return _run(x, w, scales, zeros, static=static, st=st, tiling=tiling)
+    params, n = _served(x, w, scales, cfg, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
+    return _product(x, w, scales, zeros, cfg, params, transpose, n)
 
 
 def quantized_matmul_mosaic_gpu(
@@ -179,14 +184,10 @@ def quantized_matmul_mosaic_gpu(
     anything is traced, for calls it does not serve (see the module's docstring).
     """
     del fuse
-    params = QuantParams(mode, group_size, bits)
-    n = w.shape[0] if transpose else scales.shape[1] * group_size
-    _decline(x, params, x.shape[1], n)  # first: the reason names the call's feature, not the device
-    _decline_unmeasured(cfg, params, transpose, x.shape[0])
+    # the call's own reasons first, then the device's
+    params, n = _served(x, w, scales, cfg, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
     if not is_hopper():
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
-    return mosaic_quantized_matmul(
-        x, w, scales, zeros, cfg=cfg, transpose=transpose, group_size=group_size, bits=bits, mode=mode
-    )
+    return _product(x, w, scales, zeros, cfg, params, transpose, n)

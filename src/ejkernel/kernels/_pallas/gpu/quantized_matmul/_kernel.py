@@ -48,6 +48,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ejkernel.kernels._common.code_bits import e4m3, pow2
 from ejkernel.quantization.modes import QuantParams
 
 ROWS = 64  # output features per compute warpgroup: the M of one wgmma
@@ -114,24 +115,6 @@ def _row_vector(ref, rows, col):
     return plgpu.load(ref.at[rows, col], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
 
 
-def _e8_scale(exponent_bytes):
-    """float32 `2^e` of mx scales (two's-complement exponent bytes), from two normal halves (e may be -128)."""
-    byte = exponent_bytes.astype(jnp.int32)
-    exponent = jnp.where(byte >= 128, byte - 256, byte)
-    half = exponent >> 1
-    as_float = lambda e: lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
-    return as_float(half) * as_float(exponent - half)
-
-
-def _e4m3_scale(code_bytes):
-    """float32 value of nv scales (E4M3 code bytes; a scale is never the NaN code)."""
-    code = code_bytes.astype(jnp.int32)
-    exponent, mantissa = (code >> 3) & 15, code & 7
-    normal = lax.bitcast_convert_type(((exponent + 120) << 23) | (mantissa << 20), jnp.float32)
-    magnitude = jnp.where(exponent == 0, mantissa.astype(jnp.float32) * 2.0**-9, normal)
-    return jnp.where(code >= 128, -magnitude, magnitude)
-
-
 def _group_meta(params: QuantParams, s_ref, z_ref, rows, group):
     """`(scale, offset)` row vectors (float32) of one group: a value is `code · scale + offset`, codes as the
     kernel widens them (int8 flipped by `FLIP`); offset None where the mode has none."""
@@ -140,9 +123,9 @@ def _group_meta(params: QuantParams, s_ref, z_ref, rows, group):
         scale = raw.astype(jnp.float32)
         return scale, (FLIP - _row_vector(z_ref, rows, group).astype(jnp.float32)) * scale
     if params.mode.startswith("mx"):
-        return _e8_scale(raw), None
+        return pow2(raw.astype(jnp.int32)), None
     if params.mode.startswith("nv"):
-        return _e4m3_scale(raw), None
+        return e4m3(raw.astype(jnp.int32)), None
     return raw.astype(jnp.float32), None
 
 
