@@ -265,6 +265,33 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     check(fn, ref, [q, k, v, aux])
 
 
+def test_mosaic_gpu_per_step_kernels_lower_for_cuda():
+    """The Mosaic GPU ring on 2 devices, mirrored and causal, exported for CUDA with its gradient (its kernels
+    run on a GPU only: `test_gpu_ring_matches_flash_attention`)."""
+    from jax import export
+
+    from ejkernel.kernels._common.ring import RingSpec, run_ring
+    from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
+
+    mesh = jax.make_mesh((2,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+    block = MosaicGpuBlock(softmax_scale=0.1, causal=True, fwd_params=None, bwd_params=None)
+    spec = RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)
+
+    def loss(q, k, v):
+        ring = jax.shard_map(
+            lambda q, k, v: run_ring(block, spec, 2, q, k, v), mesh=mesh, in_specs=(SEQ,) * 3, out_specs=SEQ
+        )
+        return jnp.sum(ring(q, k, v).astype(jnp.float32))
+
+    shapes = [jax.ShapeDtypeStruct((1, 512, 4, 128), jnp.bfloat16)] + [
+        jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
+    ] * 2
+    module = export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(*shapes).mlir_module()
+    # the 8 pairs of two pieces over two steps (those a mask may hide inside a `lax.cond`), each with a forward,
+    # a dQ and a dK/dV kernel
+    assert module.count("@mosaic_gpu") == 8 * 3
+
+
 # ---- errors ----------------------------------------------------------------------------------------
 
 
@@ -329,7 +356,7 @@ def test_errors_name_the_argument(case, call, error, words):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("platform", ["auto", "triton", "cuda"])
+@pytest.mark.parametrize("platform", ["auto", "triton", "cuda", "pallas"])
 def test_gpu_ring_matches_flash_attention(platform, causal):
     """On every local GPU: bf16 GQA with sinks, forward and gradients, against one-device XLA flash attention."""
     from ejkernel.modules import flash_attention

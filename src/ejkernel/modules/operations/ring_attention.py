@@ -45,6 +45,7 @@ from ejkernel.types.windows import intersect_windows
 IMPLEMENTATIONS = implementations(
     "ring_attention",
     (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.ring_attention:ring_attention"),
+    (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.ring_attention:ring_attention"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )

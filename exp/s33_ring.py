@@ -1,0 +1,118 @@
+"""Issue 46's ring on 2 GPUs: where the time goes, and the Mosaic GPU per-step kernels beside cuDNN's.
+
+Times, in one interleaved run per mode (forward, forward+backward), at S=65536 causal H=16 D=128 bf16:
+- the ring with cuDNN and with Mosaic GPU per-step kernels (`platform="cuda"`, `"pallas"`);
+- the same rings with every `ppermute` replaced by the identity ("nocomm": the same kernels and merges on the
+  same pieces, wrong values, no transfers): ring - nocomm is the exposed communication;
+- flash attention on one GPU at S and at S/2 with cuDNN and with Mosaic GPU (2 x S/2 is what one device of
+  the ring computes, in two calls' worth of kernels).
+Prints ms and the ring / flash ratios; writes the compiled schedules of the rings to $OUT.
+
+    python exp/s33_ring.py --kv-heads 16 --out $OUT
+"""
+
+import argparse
+import contextlib
+import functools
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ejkernel.modules import flash_attention, ring_attention
+from ejkernel.ops.autotune import time_fns
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from ring_schedule import schedule
+
+
+@contextlib.contextmanager
+def no_transfers():
+    real = jax.lax.ppermute
+    jax.lax.ppermute = lambda x, axis_name, perm: x
+    try:
+        yield
+    finally:
+        jax.lax.ppermute = real
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--kv-heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=65536)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--platforms", default="cuda,pallas")
+    p.add_argument("--nocomm", action="store_true")
+    p.add_argument("--out", default="out")
+    args = p.parse_args()
+    devices = jax.devices()
+    n = len(devices)
+    mesh = jax.make_mesh((n,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    spec = P(None, "sp")
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
+    qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
+    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
+    single = [jax.device_put(x, devices[0]) for x in qkv]
+    half = [x[:, : args.seq // n] for x in single]
+
+    def ring(platform):
+        return lambda q, k, v: ring_attention(
+            q, k, v, causal=True, platform=platform, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec
+        )
+
+    def flash(platform):
+        return lambda q, k, v: flash_attention(q, k, v, causal=True, platform=platform)
+
+    platforms = args.platforms.split(",")
+    variants = {}
+    for plat in platforms:
+        variants[f"ring-{plat}"] = (ring(plat), sharded, False)
+        if args.nocomm:
+            variants[f"ring-{plat}-nocomm"] = (ring(plat), sharded, True)
+    for plat in platforms:
+        variants[f"flash-{plat} S"] = (flash(plat), single, False)
+        variants[f"flash-{plat} S/n"] = (flash(plat), half, False)
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for backward in (False, True):
+        mode = "fwd+bwd" if backward else "fwd"
+        calls = {}
+        for name, (fn, inputs, nocomm) in variants.items():
+            if backward:
+                fn = jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+            try:
+                with no_transfers() if nocomm else contextlib.nullcontext():
+                    compiled = jax.jit(fn).lower(*inputs).compile()
+                if name.startswith("ring") and not nocomm:
+                    lines = schedule(compiled.as_text())
+                    (out / f"schedule_{name}_{mode}_kv{args.kv_heads}.txt").write_text("\n".join(lines))
+                call = functools.partial(compiled, *inputs)
+                jax.block_until_ready(call())
+                calls[name] = call
+            except Exception as err:
+                print(f"{name} {mode}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+        times = time_fns(calls, repeats=args.repeats, warmup=2)
+        results[mode] = {k: t * 1e3 for k, t in times.items()}
+        print(f"== {mode}, kv heads {args.kv_heads}, {n} x {devices[0].device_kind}", flush=True)
+        for name, ms in results[mode].items():
+            line = f"  {name:24s} {ms:8.3f} ms"
+            if name.startswith("ring"):
+                ratios = [
+                    f"{results[mode][f] / ms:.3f}x {f}"
+                    for f in results[mode]
+                    if f.startswith("flash") and f.endswith(" S")
+                ]
+                line += "   " + ", ".join(ratios)
+            print(line, flush=True)
+    (out / f"s33_ring_kv{args.kv_heads}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
