@@ -47,6 +47,8 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--platforms", default="cuda,pallas")
     p.add_argument("--nocomm", action="store_true")
+    p.add_argument("--flash", default="cuda,pallas", help="one-GPU flash attention platforms ('' for none)")
+    p.add_argument("--tag", default="", help="suffix of the output files")
     p.add_argument("--out", default="out")
     args = p.parse_args()
     devices = jax.devices()
@@ -74,7 +76,7 @@ def main():
         variants[f"ring-{plat}"] = (ring(plat), sharded, False)
         if args.nocomm:
             variants[f"ring-{plat}-nocomm"] = (ring(plat), sharded, True)
-    for plat in platforms:
+    for plat in filter(None, args.flash.split(",")):
         variants[f"flash-{plat} S"] = (flash(plat), single, False)
         variants[f"flash-{plat} S/n"] = (flash(plat), half, False)
 
@@ -92,7 +94,8 @@ def main():
                     compiled = jax.jit(fn).lower(*inputs).compile()
                 if name.startswith("ring") and not nocomm:
                     lines = schedule(compiled.as_text())
-                    (out / f"schedule_{name}_{mode}_kv{args.kv_heads}.txt").write_text("\n".join(lines))
+                    path = out / f"schedule_{name}_{mode.replace('+', '_')}_kv{args.kv_heads}{args.tag}.txt"
+                    path.write_text("\n".join(lines))
                 call = functools.partial(compiled, *inputs)
                 jax.block_until_ready(call())
                 calls[name] = call
@@ -111,7 +114,7 @@ def main():
                 ]
                 line += "   " + ", ".join(ratios)
             print(line, flush=True)
-    (out / f"s33_ring_kv{args.kv_heads}.json").write_text(json.dumps(results, indent=1))
+    (out / f"s33_ring_kv{args.kv_heads}{args.tag}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

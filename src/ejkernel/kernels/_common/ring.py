@@ -25,12 +25,16 @@ transfer, and only the caller's output is joined.
 An additive bias stays put too: each query piece holds its rows of it for every key in global order
 `[1|B, 1|H, Lq', S]`, and each step slices the columns of the key piece it holds (by the piece's
 absolute position); the backward places each block's gradient back at those columns.
-- "contiguous": one piece, positions [d L, (d + 1) L).
-- "mirrored": the sequence is cut into 2n chunks of L / 2; device d keeps its first half (chunk 2d) and
-  swaps its second (chunk 2d + 1) with device n - 1 - d, so that it holds chunks 2d and 2n - 1 - 2d.
-  Every device then holds a pair {i, 2n - 1 - i} mirrored about the middle, and under a causal mask
-  every device has the same work at every step. Inputs arrive contiguous; `to_mirrored` /
-  `from_mirrored` move the second halves with one `ppermute` each way.
+- "contiguous": one piece of queries and one of keys, positions [d L, (d + 1) L).
+- "mirrored": the sequence is cut into 2n chunks of L / 2. Device d keeps the first half of its queries
+  (chunk 2d) and swaps the second (chunk 2d + 1) with device n - 1 - d, so that it holds query chunks 2d
+  and 2n - 1 - 2d: a pair mirrored about the middle, so that under a causal mask every device has the
+  same work. Keys and values stay where they are, in two pieces (chunks 2d and 2d + 1): the ring moves
+  them anyway, and each step's transfer then starts from local data. Inputs arrive contiguous;
+  `to_mirrored` / `from_mirrored` move the queries' (and the output's) second halves with one `ppermute`
+  each way. A query piece and a key piece hold the same positions (the block a causal mask cuts along
+  its diagonal) at step 0 for the first pieces, and for the second pieces at step 2d + 1 - n (mod n):
+  known when tracing on rings of one or two devices, else chosen on the device (`lax.cond`).
 """
 
 from __future__ import annotations
@@ -89,12 +93,29 @@ class RingSpec:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
-    def offsets(self, device, size: int, n: int) -> list:
-        """Absolute position of the first element of each piece (of `size`) held by `device` (traced int32)."""
+    def q_offsets(self, device, size: int, n: int) -> list:
+        """Absolute position of the first query of each piece (of `size`) that `device` holds (traced int32)."""
         device = jnp.asarray(device, jnp.int32)
         if self.layout == "contiguous":
             return [device * size]
         return [2 * device * size, (2 * n - 1 - 2 * device) * size]
+
+    def kv_offsets(self, device, size: int, n: int) -> list:
+        """Absolute position of the first key of each piece (of `size`) that `device` holds (traced int32)."""
+        device = jnp.asarray(device, jnp.int32)
+        return [device * size] if self.layout == "contiguous" else [2 * device * size, (2 * device + 1) * size]
+
+    def diagonal(self, step: int, a: int, b: int, n: int, device):
+        """Whether query piece a and key piece b (of equal lengths) hold the same positions at `step`, on the
+        device whose own keys were held at step 0: a bool where the layout fixes it for every device, else
+        a traced bool (the mirrored layout's second pieces on rings of more than two devices)."""
+        if a != b:
+            return False  # the mirrored layout's pieces 0 hold even chunks, its pieces 1 odd ones
+        if a == 0:
+            return step == 0
+        if n <= 2:
+            return step == (1 - n) % n  # step 2d + 1 - n (mod n), the same step on every device
+        return jnp.mod(2 * jnp.asarray(device, jnp.int32) + 1 - n - step, n) == 0
 
     def visible(self, q_offset, q_len: int, kv_offset, kv_len: int):
         """Traced bool: may any query of the piece see any key of the other by position (None: always)."""
@@ -134,24 +155,34 @@ def from_mirrored(pieces, axis_name: str, n: int):
 # ---- the ring --------------------------------------------------------------------------------------
 
 
-def _pairs(step: int, pieces: int) -> list[tuple[int, int]]:
-    """The (query piece, key piece) pairs of one step, in the order they are computed: at step 0 the
-    diagonal pairs first, piece 0's first (local data: no transfer to wait for; they start every
-    result), else in order. (Starting the last step with query piece 1, whose result travels home,
-    made forward+backward 11% slower on 2 H200s: the order is a schedule hint that XLA follows.)"""
+def _pairs(step: int, steps: int, pieces: int) -> list[tuple[int, int]]:
+    """The (query piece, key piece) pairs of one step, in the order they are computed (a schedule hint that
+    XLA follows). Step 0 starts with query piece 0: local queries and keys, no transfer to wait for, while
+    the swapped queries arrive. The last step goes key piece by key piece, query piece 1 first in each: a
+    key piece's finished dK / dV and query piece 1's finished result (both of which travel home) are ready
+    while the rest is computed."""
     pairs = [(a, b) for a in range(pieces) for b in range(pieces)]
-    return sorted(pairs, key=lambda pair: pair[0] != pair[1]) if step == 0 else pairs
+    if step == steps - 1 and step > 0:
+        return sorted(pairs, key=lambda pair: (pair[1], -pair[0]))
+    return pairs
 
 
 def _fold(acc, pred, block, combine, axes):
-    """The accumulator after one block: `block()` itself when `acc` is None (the first block, visible),
-    else `combine(acc, block())` where `pred` holds (None: always) and `acc` unchanged where it does not,
-    so that a hidden block costs neither its kernel nor the combine. Typed varying over `axes`."""
+    """The accumulator after one block: `combine(acc, block())` where `pred` holds (None: always) and `acc`
+    unchanged where it does not, so that a hidden block costs neither its kernel nor the combine. `acc` may
+    be None (or hold None) only where `pred` is None: nothing accumulated yet. Typed varying over `axes`."""
     typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
-    if acc is None:
-        return typed(block())
     update = lambda acc: typed(combine(acc, block()))
     return update(acc) if pred is None else lax.cond(pred, update, typed, acc)
+
+
+def _block(compute, diagonal, axes):
+    """`compute(diagonal=...)` as a zero-argument call; a traced `diagonal` chooses the kernel on the device."""
+    if isinstance(diagonal, bool):
+        return functools.partial(compute, diagonal=diagonal)
+    typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
+    branch = lambda diag: lambda: typed(compute(diagonal=diag))
+    return lambda: lax.cond(diagonal, branch(True), branch(False))
 
 
 def _merge(acc, new, unit=None):
@@ -174,7 +205,8 @@ def _merge(acc, new, unit=None):
 
 
 def _add(acc, new):
-    return tuple(x + y for x, y in zip(acc, new, strict=True))
+    """Elementwise sums of two tuples of gradients; a None in `acc` (nothing yet) takes `new`'s."""
+    return tuple(y if x is None else x + y for x, y in zip(acc, new, strict=True))
 
 
 def _sink_logits(aux, num_heads: int):
@@ -209,11 +241,11 @@ def _sink_grad(sinks, out, lse, d_out, unit=None):
 
 def _ring_setup(spec: RingSpec, q, k, *pieces):
     """Ring size, this device, the axes results vary over, the ring permutation, and `diagonal(step, a, b)`:
-    whether query piece a and key piece b hold the same positions at that step."""
+    whether query piece a and key piece b hold the same positions at that step (`RingSpec.diagonal`)."""
     n = lax.axis_size(spec.axis_name)
     me = lax.axis_index(spec.axis_name)
     axes = varying_axes(me, *jax.tree_util.tree_leaves((q, k, pieces)))
-    diagonal = lambda step, a, b: step == 0 and a == b and q[a].shape[1] == k[b].shape[1]
+    diagonal = lambda step, a, b: q[a].shape[1] == k[b].shape[1] and spec.diagonal(step, a, b, n, me)
     return n, me, axes, [(i, (i + 1) % n) for i in range(n)], diagonal
 
 
@@ -222,13 +254,18 @@ def _bias_block(bias, piece: int, kv_offset, kv_len: int):
     return None if bias is None else lax.dynamic_slice_in_dim(bias[piece], kv_offset, kv_len, axis=3)
 
 
+def _visibility(spec: RingSpec, diag, q_offset, q_len: int, kv_offset, kv_len: int):
+    """None where the block is visible for certain (the diagonal), else `spec.visible`'s traced bool or None."""
+    return None if diag is True else spec.visible(q_offset, q_len, kv_offset, kv_len)
+
+
 def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, bias=None):
     n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, bias)
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     batch, size, num_heads, _ = q[0].shape
     dv = v[0].shape[-1]
-    q_offsets = spec.offsets(me, size, n)
+    q_offsets = spec.q_offsets(me, size, n)
     unit = getattr(kernel, "lse_unit", None)
 
     def empty():
@@ -238,30 +275,40 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
             lse = (jnp.zeros_like(lse), lse)
         return vary(out, axes), jax.tree_util.tree_map(lambda x: vary(x, axes), lse)
 
-    # Each result starts as its diagonal block's (None until then); unequal lengths have none: empty.
-    results = [None if diagonal(0, a, a) else empty() for a in range(len(q))]
+    merge = lambda acc, new: new if acc is None else _merge(acc, new, unit)
+    # Each result starts as its first block that is visible for certain (a diagonal one), else as empty.
+    results = [None] * len(q)
     block = (k, v, kv_seg)
     for s in range(n):  # unrolled (n is small): lets XLA overlap each transfer with compute across steps
         # Issue the transfer of the next block first: it runs while this block is computed.
         following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
         k_cur, v_cur, seg_cur = block
-        k_offsets = spec.offsets((me - s) % n, k_cur[0].shape[1], n)
-        for a, b in _pairs(s, len(q)):
+        k_offsets = spec.kv_offsets((me - s) % n, k_cur[0].shape[1], n)
+        for a, b in _pairs(s, n, len(q)):
             diag = diagonal(s, a, b)
             offsets = (q_offsets[a], k_offsets[b])
             compute = functools.partial(
                 kernel.forward,
                 *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets),
-                diagonal=diag,
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
-            visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
-            results[a] = _fold(results[a], visible, compute, functools.partial(_merge, unit=unit), axes)
+            visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
+            if results[a] is None and visible is not None:
+                results[a] = empty()
+            results[a] = _fold(results[a], visible, _block(compute, diag, axes), merge, axes)
         block = following
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
         results = [_with_sinks(out, lse, sink_lse, unit) for out, lse in results]
     return tuple(out.astype(q[0].dtype) for out, _ in results), tuple(lse for _, lse in results)
+
+
+def _homeward(grads, like):
+    """Finished gradients for their trip home: in the input's dtype where nothing is summed after arrival (the
+    same rounding, half the bytes for bf16), else float32."""
+    return tuple(
+        g if varying_axes(g) - varying_axes(x) else g.astype(x.dtype) for g, x in zip(grads, like, strict=True)
+    )
 
 
 def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
@@ -270,57 +317,55 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     size, num_heads = q[0].shape[1], q[0].shape[2]
-    q_offsets = spec.offsets(me, size, n)
+    q_offsets = spec.q_offsets(me, size, n)
     zeros = lambda x: vary(jnp.zeros(x.shape, jnp.float32), axes)
 
-    # dQ starts as its diagonal block's (None until then); unequal lengths have none: zeros.
-    dq = [None if diagonal(0, a, a) else zeros(x) for a, x in enumerate(q)]
+    dq = [None] * len(q)  # each starts as its first block that is visible for certain, else as zeros
     dbias = None if bias is None else [zeros(x) for x in bias]  # blocks are placed into it, each once
-    dk = dv = None
+    arrived = None
+    home = [None] * len(k)  # each key piece's (dk, dv), sent home once finished
     block = (k, v, kv_seg)
     for s in range(n):
-        # Both transfers start before this step's compute: the next block, and the gradients the previous
-        # device accumulated for the block held now (sent at the start of a step, not at the end of the
-        # last one, so that they too travel while this step computes). This step's dK / dV are summed
-        # apart and added to the arrived ones last, so that no kernel waits for that transfer.
+        # Two transfers run while this step computes: the next block, issued first, and the gradients this
+        # device accumulated for the block it held last step, issued at that step's end. A key piece's dK / dV
+        # of this step are summed apart and added to the arrived ones once the piece is done (so that no
+        # kernel waits for that transfer); after the last step they are complete and go home, piece by piece.
         following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
-        arrived = lax.ppermute((dk, dv), spec.axis_name, ring) if s > 0 else None
         k_cur, v_cur, seg_cur = block
-        step_dk = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(k_cur)]
-        step_dv = [None if diagonal(s, b, b) else zeros(x) for b, x in enumerate(v_cur)]
-        k_offsets = spec.offsets((me - s) % n, k_cur[0].shape[1], n)
-        for a, b in _pairs(s, len(q)):
+        step_dk, step_dv = [None] * len(k_cur), [None] * len(v_cur)
+        k_offsets = spec.kv_offsets((me - s) % n, k_cur[0].shape[1], n)
+        pairs = _pairs(s, n, len(q))
+        for i, (a, b) in enumerate(pairs):
             diag = diagonal(s, a, b)
             offsets = (q_offsets[a], k_offsets[b])
-            grads = functools.partial(
+            compute = functools.partial(
                 kernel.backward,
                 *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], out[a], lse[a], d_out[a], *offsets),
-                diagonal=diag,
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
-            visible = None if diag else spec.visible(offsets[0], size, offsets[1], k_cur[b].shape[1])
+            visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
+            acc = (dq[a], step_dk[b], step_dv[b])
+            if visible is not None:
+                shapes = (q[a], k_cur[b], v_cur[b])
+                acc = tuple(zeros(x) if g is None else g for g, x in zip(acc, shapes, strict=True))
+            grads = _block(compute, diag, axes)
             if bias is None:
-                acc = None if diag else (dq[a], step_dk[b], step_dv[b])
                 dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, lambda g=grads: g()[:3], _add, axes)
-                continue
-            place = functools.partial(_place, at=offsets[1])
-            if diag:  # the first block of this query piece: its dbias starts as zeros with the block placed
-                compute, acc = functools.partial(_placed_first, grads, dbias[a], place), None
             else:
-                compute, acc = grads, (dq[a], step_dk[b], step_dv[b], dbias[a])
-            combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
-            dq[a], step_dk[b], step_dv[b], dbias[a] = _fold(acc, visible, compute, combine, axes)
-        block = following
-        if arrived is None:
-            dk, dv = step_dk, step_dv
-        else:
-            dk, dv = (_add(old, new) for old, new in zip(arrived, (step_dk, step_dv), strict=True))
-    # After n steps a device holds the complete dK / dV of the block of the next device: send it home, in the
-    # input's dtype where nothing is summed after arrival (the same rounding, half the bytes for bf16).
-    homeward = lambda gs, xs: tuple(
-        g if varying_axes(g) - varying_axes(x) else g.astype(x.dtype) for g, x in zip(gs, xs, strict=True)
-    )
-    dk, dv = lax.ppermute((homeward(dk, k), homeward(dv, v)), spec.axis_name, ring)
+                place = functools.partial(_place, at=offsets[1])
+                combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
+                dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, grads, combine, axes)
+            if all(later[1] != b for later in pairs[i + 1 :]):  # key piece b is done for this step
+                step = (step_dk[b], step_dv[b])
+                finished = step if arrived is None else _add(step, tuple(g[b] for g in arrived))
+                if s == n - 1:  # after n steps: the complete dK / dV of the next device's piece b, sent home
+                    home[b] = lax.ppermute(_homeward(finished, (k[b], v[b])), spec.axis_name, ring)
+                else:
+                    step_dk[b], step_dv[b] = finished
+        if s < n - 1:
+            arrived = lax.ppermute((step_dk, step_dv), spec.axis_name, ring)
+            block = following
+    dk, dv = (tuple(g) for g in zip(*home, strict=True))
 
     d_aux = None
     if aux is not None:
@@ -333,12 +378,6 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     pairs = [(dq, q), (dk, k), (dv, v)] + ([] if bias is None else [(dbias, bias)])
     grads = [tuple(sum_to_vma(g.astype(x.dtype), x) for g, x in zip(gs, xs, strict=True)) for gs, xs in pairs]
     return *grads[:3], d_aux, grads[3] if bias is not None else None
-
-
-def _placed_first(grads, zeros, place):
-    """A diagonal block's (dq, dk, dv) and its bias gradient placed into the piece's zero dbias."""
-    dq, dk, dv, dbias = grads()
-    return dq, dk, dv, place(zeros, dbias)
 
 
 def _place(full, block, *, at):
@@ -452,11 +491,13 @@ def run_ring(kernel: BlockKernel, spec: RingSpec, n: int, q, k, v, aux=None, q_s
     `bias` is `[1|B, 1|H, Lq, S]`: the local query rows against every key of the ring."""
     if spec.layout == "mirrored":
         split = lambda x: to_mirrored(x, spec.axis_name, n)
+        halves = lambda x: None if x is None else (x[:, : x.shape[1] // 2], x[:, x.shape[1] // 2 :])
         join = lambda pieces: from_mirrored(pieces, spec.axis_name, n)
     else:
-        split = lambda x: None if x is None else (x,)
+        split = halves = lambda x: None if x is None else (x,)
         join = lambda pieces: pieces[0]
-    q, k, v, q_seg, kv_seg = (split(x) for x in (q, k, v, q_seg, kv_seg))
+    q, q_seg = split(q), split(q_seg)
+    k, v, kv_seg = halves(k), halves(v), halves(kv_seg)
     if bias is not None:  # its query axis is 2: split it there
         bias = tuple(jnp.moveaxis(piece, 1, 2) for piece in split(jnp.moveaxis(bias, 2, 1)))
     return join(ring_attention(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias))
