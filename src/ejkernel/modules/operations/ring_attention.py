@@ -9,16 +9,17 @@ Three ways to call it:
 - under `with jax.set_mesh(mesh)` (or the older `with mesh:`) and global arrays: the same, with the
   sequence sharded over `axis_name` and batch / heads as the inputs' shardings say (else replicated).
 In the last two, causal calls use the load-balanced mirrored layout: the sequence is cut into 2n chunks,
-device i keeps the first half of its shard (chunk 2i) and swaps the second with device n - 1 - i, so it
-computes for chunks 2i and 2n - 1 - 2i, a pair mirrored about the middle: every device does the same
-work. The arrays are sharded contiguously and the halves are exchanged inside the sharded computation
-(one `ppermute` each way), rather than by permuting the global arrays: a gather across a sharded axis
-is refused on meshes of explicit axes, and point-to-point transfers move each chunk once. The output
-comes back in the original order. `axis_name=None` means "sp".
+device i keeps the first half of its queries (chunk 2i) and swaps the second with device n - 1 - i, so it
+computes the queries of chunks 2i and 2n - 1 - 2i, a pair mirrored about the middle: every device does the
+same work. Keys and values stay in place (the ring moves them anyway). The arrays are sharded contiguously
+and the query halves are exchanged inside the sharded computation (one `ppermute` each way), rather than by
+permuting the global arrays: a gather across a sharded axis is refused on meshes of explicit axes, and
+point-to-point transfers move each chunk once. The output comes back in the original order. `axis_name=None`
+means "sp".
 
-Implementations, in the order `auto` tries them: cuDNN (GPU; causal or full attention only), Pallas-Triton
-(GPU; no sliding window or bias) and XLA (every device; every feature above). Each runs the same ring
-(`ejkernel.kernels._common.ring`) around its flash attention.
+Implementations, in the order `auto` tries them: cuDNN (GPU; causal or full attention only), Mosaic GPU
+(Hopper; the same calls), Pallas-Triton (GPU; no sliding window or bias) and XLA (every device; every feature
+above). Each runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
 """
 
 import dataclasses
@@ -49,8 +50,10 @@ IMPLEMENTATIONS = implementations(
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )
-"""Best first. cuDNN where it accepts the call: on 2 H200s it matched one-GPU XLA flash attention in the GPU suite
-and ran 1.56x the one-GPU throughput at S=65536 (BENCHMARKS.md), ahead of the Triton ring."""
+"""Best first. cuDNN where it accepts the call, then the Mosaic GPU steps for the same calls: on 2 H200s at S=65536
+(causal, 16 heads, D 128) the Mosaic GPU ring ran the forward 6% faster than the cuDNN ring (17.1 against 18.1 ms)
+but forward+backward 8% slower (68.3 against 63.1 ms), so training keeps cuDNN (BENCHMARKS.md, session 33); both
+ahead of the Triton ring."""
 
 DEFAULT_AXIS = "sp"
 
@@ -64,8 +67,8 @@ class RingAttentionConfig(KernelConfig):
     Values out of range are a ValueError when the config is built.
 
     Attributes:
-        platform: Default `"auto"`. `"auto"`, `"xla"`, `"triton"` or `"cuda"` (`"pallas"` is accepted but has
-            no ring implementation).
+        platform: Default `"auto"`. `"auto"`, `"xla"`, `"triton"`, `"cuda"` or `"pallas"` (Mosaic GPU steps on
+            Hopper).
         fwd_params: Default None. `FwdParams` of each step's forward (`block_q`, `block_k`, `num_warps`,
             `num_stages`); cuDNN ignores it.
         bwd_params: Default None. `BwdParams` of each step's backward.
@@ -273,7 +276,7 @@ def ring_attention(
       heads sharded as the inputs' shardings say (else replicated).
 
     In the last two, a causal call uses the load-balanced mirrored layout (the sequence cut into `2n`
-    chunks, device i computes chunks `2i` and `2n - 1 - 2i`), and the output comes back in the original
+    chunks, device i computes the queries of chunks `2i` and `2n - 1 - 2i`), and the output comes back in the original
     order. With no `axis_name` bound and no mesh (given, or in context with that axis; with
     `axis_name=None`, an `"sp"` axis), there is no ring: the call is `flash_attention` of the whole sequence
     on this device, with every feature of `flash_attention` (dense masks included).
