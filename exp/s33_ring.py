@@ -13,6 +13,7 @@ Prints ms and the ring / flash ratios; writes the compiled schedules of the ring
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import pathlib
@@ -23,11 +24,28 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ejkernel.kernels._common.ring import RingSpec, run_ring
+from ejkernel.kernels._cuda.ring_attention._interface import CudnnBlock
+from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.ops.autotune import time_fns
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from ring_schedule import schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedBlock:
+    """The Mosaic GPU forward (faster in call 1) and cuDNN's backward (faster in call 1) per step."""
+
+    fwd: MosaicGpuBlock
+    bwd: CudnnBlock
+
+    def forward(self, *args, **kwargs):
+        return self.fwd.forward(*args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        return self.bwd.backward(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -63,6 +81,12 @@ def main():
     half = [x[:, : args.seq // n] for x in single]
 
     def ring(platform):
+        if platform == "mixed":
+            scale = 128**-0.5
+            block = MixedBlock(MosaicGpuBlock(scale, True, None, None), CudnnBlock(scale, True))
+            layout = RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)
+            body = lambda q, k, v: run_ring(block, layout, n, q, k, v)
+            return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
         return lambda q, k, v: ring_attention(
             q, k, v, causal=True, platform=platform, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec
         )
