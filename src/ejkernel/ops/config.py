@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import typing
+from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
 _CONFIG_TYPES: dict[str, type[ConfigBase]] = {}
@@ -80,6 +82,48 @@ class ConfigBase:
         if target is None or not issubclass(target, cls):
             raise ValueError(f"not a serialised {cls.__name__}: unknown config type {name!r}")
         return target.from_dict({k: v for k, v in fields.items() if k != "type"})
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+Rule = tuple[str, Callable[[Any], bool]]
+"""What a tiling field must be, in words for the error, and the test of a value."""
+
+POSITIVE_INT: Rule = ("a positive int", lambda x: is_int(x) and x > 0)
+POWER_OF_TWO: Rule = ("a positive power of two", lambda x: is_int(x) and x > 0 and not x & (x - 1))
+BOOL: Rule = ("a bool", lambda x: isinstance(x, bool))
+
+
+def int_at_least(low: int) -> Rule:
+    return f"an int of at least {low}", lambda x: is_int(x) and x >= low
+
+
+def power_of_two_at_least(low: int) -> Rule:
+    return f"a power of two of at least {low}", lambda x: POWER_OF_TWO[1](x) and x >= low
+
+
+def one_of(*values: Any) -> Rule:
+    return " or ".join(map(repr, values)), lambda x: x in values
+
+
+class KernelTiling(ConfigBase):
+    """One implementation's tiling (a config's `*_tiling` field): fields left None keep the kernel's own choice,
+    and `RULES` says what a set field must be, checked when the tiling is built (one-line ValueError)."""
+
+    RULES: ClassVar[dict[str, Rule]] = {}
+
+    def __post_init__(self) -> None:
+        for name, (rule, ok) in self.RULES.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"{type(self).__name__}.{name} must be {rule}, got {value!r}")
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields that are set: what replaces the kernel's own choices."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
 def _tuples(value: Any) -> Any:

@@ -5,6 +5,7 @@ Dense for training (`x [B, S, C]`), or packed for serving (`x [T, C]`, `cu_seqle
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,8 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels._common.bounds import check_packed, check_with
 from ejkernel.kernels._common.checks import is_traced, require_float, require_int
 from ejkernel.modules.operations._common import executor, require_rank, typechecked
-from ejkernel.ops import ConfigBase, FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops import FwdParams, Invocation, Kernel, KernelConfig
+from ejkernel.ops.config import BOOL, POWER_OF_TWO, KernelTiling, Rule, one_of
 from ejkernel.registry import Backend, Platform, implementations
 
 IMPLEMENTATIONS = implementations(
@@ -35,7 +37,7 @@ FORWARD_DESIGNS = ("window", "shifted")
 
 
 @dataclasses.dataclass(frozen=True)
-class CausalConv1dTritonTiling(ConfigBase):
+class CausalConv1dTritonTiling(KernelTiling):
     """The Triton forward's design (`CausalConv1dConfig.triton_tiling`); XLA does not read it. A field left None
     keeps the default (in brackets); none changes the result beyond float32 summation order.
 
@@ -60,16 +62,11 @@ class CausalConv1dTritonTiling(ConfigBase):
     step_rows: int | None = None
     prefetch: bool | None = None
 
-    def __post_init__(self) -> None:
-        who = type(self).__name__
-        if self.forward is not None and self.forward not in FORWARD_DESIGNS:
-            raise ValueError(f"{who}.forward must be 'window' or 'shifted', got {self.forward!r}")
-        rows = self.step_rows
-        power_of_two = isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 and not rows & (rows - 1)
-        if rows is not None and not power_of_two:
-            raise ValueError(f"{who}.step_rows must be a positive power of two, got {rows!r}")
-        if self.prefetch is not None and not isinstance(self.prefetch, bool):
-            raise ValueError(f"{who}.prefetch must be a bool, got {self.prefetch!r}")
+    RULES: ClassVar[dict[str, Rule]] = {
+        "forward": one_of(*FORWARD_DESIGNS),
+        "step_rows": POWER_OF_TWO,
+        "prefetch": BOOL,
+    }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ Per batch row and head: `h_t = h_{t-1} ⊙ exp(g_t + g_gamma)[:, None] + k_t v_t
 """
 
 import dataclasses
+from typing import ClassVar
 
 from jaxtyping import Array, Float, Int
 
@@ -12,7 +13,7 @@ from ejkernel.kernels._common.linear_attention.entries import check_gla_call, re
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations._linear_attention import ChunkedConfig, ChunkedKernel
 from ejkernel.ops import Invocation
-from ejkernel.ops.config import ConfigBase
+from ejkernel.ops.config import BOOL, POSITIVE_INT, POWER_OF_TWO, KernelTiling, Rule, power_of_two_at_least
 from ejkernel.ops.kernel import FORWARD
 from ejkernel.registry import Backend, Platform, implementations
 
@@ -28,7 +29,7 @@ WARPS = ("state_warps", "scores_warps", "output_warps", "grads_warps", "head_sco
 
 
 @dataclasses.dataclass(frozen=True)
-class GLAttentionTritonTiling(ConfigBase):
+class GLAttentionTritonTiling(KernelTiling):
     """The Triton platform's tiling of `gla_attention` (`GLAttentionConfig.triton_tiling`); the xla platform
     does not read it. A field left None keeps the kernels' own default (in brackets); none changes the
     result beyond rounding. Tiles are clipped to the head dims (`dim_k`, `dim_v`).
@@ -80,26 +81,12 @@ class GLAttentionTritonTiling(ConfigBase):
     num_stages: int | None = None
     fuse_head_scores: bool | None = None
 
-    def __post_init__(self) -> None:
-        who = type(self).__name__
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        power = lambda x: is_int(x) and x > 0 and not x & (x - 1)
-        for name in (*MATMUL_EDGES, "head_span", *WARPS, "num_stages"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if name in MATMUL_EDGES and not (power(value) and value >= 16):
-                raise ValueError(f"{who}.{name} must be a power of two of at least 16, got {value!r}")
-            if name == "num_stages" and not (is_int(value) and value > 0):
-                raise ValueError(f"{who}.{name} must be a positive int, got {value!r}")
-            if name not in (*MATMUL_EDGES, "num_stages") and not power(value):
-                raise ValueError(f"{who}.{name} must be a positive power of two, got {value!r}")
-        if self.fuse_head_scores is not None and not isinstance(self.fuse_head_scores, bool):
-            raise ValueError(f"{who}.fuse_head_scores must be a bool, got {self.fuse_head_scores!r}")
-
-    def overrides(self) -> dict[str, int | bool]:
-        """The fields that are set: what replaces the Triton kernels' defaults."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+    RULES: ClassVar[dict[str, Rule]] = {
+        **dict.fromkeys(MATMUL_EDGES, power_of_two_at_least(16)),
+        **dict.fromkeys(("head_span", *WARPS), POWER_OF_TWO),
+        "num_stages": POSITIVE_INT,
+        "fuse_head_scores": BOOL,
+    }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import dataclasses
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, Int, Shaped
 from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, check_versions, result_dtype, tile_params
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
-from ejkernel.ops.config import ConfigBase
+from ejkernel.ops.config import BOOL, POSITIVE_INT, KernelTiling, Rule
 from ejkernel.ops.kernel import FORWARD
 from ejkernel.quantization import QuantizedArray
 from ejkernel.registry import Backend, Platform, current_backend, implementations
@@ -35,7 +35,7 @@ asks for them) until the suite has passed on a real TPU."""
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupedMatmulMosaicFp8Tiling(ConfigBase):
+class GroupedMatmulMosaicFp8Tiling(KernelTiling):
     """The tiles of the Mosaic GPU FP8 x FP8 forward (`GroupedMatmulConfig.mosaic_fp8_tiling`): the `fp8_lhs`
     calls with FP8 `[G, N, K]` weights on a Hopper GPU; no other path reads it. A field left None keeps the
     kernel's default (in brackets); none changes the result beyond float32 summation order. The kernel fits
@@ -79,15 +79,10 @@ class GroupedMatmulMosaicFp8Tiling(ConfigBase):
     column_blocks: bool | None = None
     spans: bool | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "num_stages"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-                raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
-        for name in ("overlap", "round_in_kernel", "column_blocks", "spans"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{type(self).__name__}.{name} must be a bool or None, got {value!r}")
+    RULES: ClassVar[dict[str, Rule]] = {
+        **dict.fromkeys(("block_m", "block_n", "num_stages"), POSITIVE_INT),
+        **dict.fromkeys(("overlap", "round_in_kernel", "column_blocks", "spans"), BOOL),
+    }
 
 
 @dataclasses.dataclass(frozen=True)

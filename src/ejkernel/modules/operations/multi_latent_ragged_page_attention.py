@@ -27,7 +27,16 @@ from ejkernel.kernels._common.paged_attention.arguments import (
 from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules.operations._common import executor
 from ejkernel.modules.operations.page_attention import busy_sequences
-from ejkernel.ops import ConfigBase, Invocation, Kernel, KernelConfig
+from ejkernel.ops import Invocation, Kernel, KernelConfig
+from ejkernel.ops.config import (
+    BOOL,
+    POSITIVE_INT,
+    POWER_OF_TWO,
+    KernelTiling,
+    Rule,
+    int_at_least,
+    power_of_two_at_least,
+)
 from ejkernel.registry import Backend, Platform, implementations
 
 _TRITON_TARGET = "ejkernel.kernels._triton.multi_latent_ragged_page_attention:multi_latent_ragged_page_attention_triton"
@@ -46,32 +55,8 @@ IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_AL
 blocks), Triton on GPUs, XLA everywhere."""
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_power(x) -> bool:
-    return _is_int(x) and x > 0 and not x & (x - 1)
-
-
-class _KernelTiling(ConfigBase):
-    """A GPU kernel's tiling: fields left None keep the kernel's own choice; `RULES` says what a set field must be."""
-
-    RULES: ClassVar[dict[str, tuple[str, Any]]] = {}
-
-    def __post_init__(self) -> None:
-        for name, (rule, ok) in self.RULES.items():
-            value = getattr(self, name)
-            if value is not None and not ok(value):
-                raise ValueError(f"{type(self).__name__}.{name} must be {rule}, got {value!r}")
-
-    def overrides(self) -> dict[str, Any]:
-        """The fields that are set: what replaces the kernel's own choices."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
-
-
 @dataclasses.dataclass(frozen=True)
-class MultiLatentRaggedPageAttentionTritonTiling(_KernelTiling):
+class MultiLatentRaggedPageAttentionTritonTiling(KernelTiling):
     """The Triton platform's tiling of both MLA ops (`triton_tiling` of their configs); XLA does not read it.
 
     A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
@@ -104,17 +89,17 @@ class MultiLatentRaggedPageAttentionTritonTiling(_KernelTiling):
     num_warps: int | None = None
     num_stages: int | None = None
 
-    RULES: ClassVar[dict[str, tuple[str, Any]]] = {
-        "block_h": ("a power of two of at least 16", lambda x: _is_power(x) and x >= 16),
-        "block_k": ("a power of two of at least 16", lambda x: _is_power(x) and x >= 16),
-        "num_splits": ("a positive int", lambda x: _is_int(x) and x > 0),
-        "num_warps": ("a positive power of two", _is_power),
-        "num_stages": ("a positive int", lambda x: _is_int(x) and x > 0),
+    RULES: ClassVar[dict[str, Rule]] = {
+        "block_h": power_of_two_at_least(16),
+        "block_k": power_of_two_at_least(16),
+        "num_splits": POSITIVE_INT,
+        "num_warps": POWER_OF_TWO,
+        "num_stages": POSITIVE_INT,
     }
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiLatentRaggedPageAttentionMosaicTiling(_KernelTiling):
+class MultiLatentRaggedPageAttentionMosaicTiling(KernelTiling):
     """The Mosaic GPU platform's tiling of both MLA ops (`mosaic_tiling` of their configs; platform "pallas").
 
     A field left None keeps the kernel's own choice (in brackets); none changes the result beyond float32
@@ -142,15 +127,11 @@ class MultiLatentRaggedPageAttentionMosaicTiling(_KernelTiling):
     stages: int | None = None
     shared_scores: bool | None = None
 
-    RULES: ClassVar[dict[str, tuple[str, Any]]] = {
-        "num_splits": ("a positive int", lambda x: _is_int(x) and x > 0),
-        "stages": ("an int of at least 2", lambda x: _is_int(x) and x >= 2),
-        "shared_scores": ("a bool", lambda x: isinstance(x, bool)),
-    }
+    RULES: ClassVar[dict[str, Rule]] = {"num_splits": POSITIVE_INT, "stages": int_at_least(2), "shared_scores": BOOL}
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not POSITIVE_INT[1](value):
         raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
 
 

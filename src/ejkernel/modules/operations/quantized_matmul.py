@@ -7,9 +7,8 @@ Layouts (`ejkernel.quantization.matmul`): without transpose `w` packs `W [K, N]`
 
 import dataclasses
 import math
-import numbers
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 from ejkernel.kernels._common.quantized_matmul import DECODE_BITS, DECODE_ROWS, TILE_VALUES
 from ejkernel.modules.operations._common import executor
 from ejkernel.ops import Invocation, Kernel, KernelConfig
-from ejkernel.ops.config import ConfigBase
+from ejkernel.ops.config import POSITIVE_INT, KernelTiling, Rule
 from ejkernel.quantization.matmul import check_matmul_operands, resolve_transpose
 from ejkernel.quantization.modes import resolve_params
 from ejkernel.registry import Backend, Platform, current_backend, implementations
@@ -55,7 +54,7 @@ def _power_of_two(value) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizedMatmulMosaicTiling(ConfigBase):
+class QuantizedMatmulMosaicTiling(KernelTiling):
     """The tiles of the Mosaic GPU decode kernel (`QuantizedMatmulConfig.mosaic_tiling`); no other path reads it.
     A field left None keeps the kernel's default (in brackets); none changes the result beyond float32 summation
     order. The kernel fits them to the call (the step down to 128 or 64 where K or the groups ask it, or where a
@@ -69,7 +68,7 @@ class QuantizedMatmulMosaicTiling(ConfigBase):
         split_k: Contraction splits (float32 partial sums added by XLA) [enough to fill the GPU's SMs].
 
     Raises:
-        ValueError: A field that is not a positive int or None; one line naming the field.
+        ValueError: A field set to anything but a positive int; one line naming the field.
 
     Example:
         >>> from ejkernel.modules import QuantizedMatmulConfig, QuantizedMatmulMosaicTiling
@@ -82,11 +81,7 @@ class QuantizedMatmulMosaicTiling(ConfigBase):
     num_stages: int | None = None
     split_k: int | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("block_k", "num_stages", "split_k"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-                raise ValueError(f"{type(self).__name__}.{name} must be a positive int or None, got {value!r}")
+    RULES: ClassVar[dict[str, Rule]] = dict.fromkeys(("block_k", "num_stages", "split_k"), POSITIVE_INT)
 
 
 @dataclasses.dataclass(frozen=True)

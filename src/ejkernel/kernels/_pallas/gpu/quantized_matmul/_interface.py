@@ -52,8 +52,9 @@ FASTER_THAN_TRITON = {
 tiles ran at least 5% faster than the Triton kernel: `(mosaic, triton)` ms a layer, 8-bit codes, K = N = 8192 on
 an H200 (session 32, call 4, `exp/s32_qmm_mosaic.py`). The other calls were slower or within 5% (int8 col 16
 0.0353 against 0.0329, mxfp8 row 64 0.0561 / 0.0392, mxfp8 col 16 0.0353 / 0.0362, nvfp8 row 64 0.0700 / 0.0396,
-nvfp8 col 0.0483 / 0.0384 and 0.0541 / 0.0521) or unmeasured with the overlapped schedule (int8 row): they decline
-(so `auto` runs Triton) unless the config names a `mosaic_tiling`."""
+nvfp8 col 0.0483 / 0.0384 and 0.0541 / 0.0521; session 33: int8 col 16 0.0374 / 0.0343, int8 row 64 0.0736 at its
+best step against Triton's 0.048 of round one): they decline (so `auto` runs Triton) unless the config names a
+`mosaic_tiling`."""
 
 
 def _decline(x, params: QuantParams, k: int, n: int) -> None:
