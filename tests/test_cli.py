@@ -16,7 +16,8 @@ def test_info_lists_ops_and_platforms(capsys):
     assert "mean_pooling" in out and "flash_attention" in out
 
 
-def test_demo_checks_every_op_against_its_reference(capsys):
+def test_demo_checks_every_op_against_its_reference(capsys, monkeypatch):
+    monkeypatch.setattr("ejkernel.demo.time_fn", lambda fn, **_: 1e-3)  # its timings are for people, not this test
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "mean_pooling" in out and "rel_error" in out and "NO" not in out

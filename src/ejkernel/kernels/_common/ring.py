@@ -115,6 +115,8 @@ class RingSpec:
             return step == 0
         if n <= 2:
             return step == (1 - n) % n  # step 2d + 1 - n (mod n), the same step on every device
+        if (step - 1 + n) % 2:  # 2d + 1 - n has the parity of 1 - n: never at a step of the other parity
+            return False
         return jnp.mod(2 * jnp.asarray(device, jnp.int32) + 1 - n - step, n) == 0
 
     def visible(self, q_offset, q_len: int, kv_offset, kv_len: int):
@@ -167,13 +169,14 @@ def _pairs(step: int, steps: int, pieces: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def _fold(acc, pred, block, combine, axes):
+def _fold(acc, pred, block, combine, fill, axes):
     """The accumulator after one block: `combine(acc, block())` where `pred` holds (None: always) and `acc`
-    unchanged where it does not, so that a hidden block costs neither its kernel nor the combine. `acc` may
-    be None (or hold None) only where `pred` is None: nothing accumulated yet. Typed varying over `axes`."""
+    unchanged where it does not, so that a hidden block costs neither its kernel nor the combine. A None in
+    `acc` is nothing accumulated yet: `combine` takes the block's part there, and where `pred` does not hold,
+    `fill(acc)` puts the empty result in its place. Typed varying over `axes`."""
     typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
     update = lambda acc: typed(combine(acc, block()))
-    return update(acc) if pred is None else lax.cond(pred, update, typed, acc)
+    return update(acc) if pred is None else lax.cond(pred, update, lambda acc: typed(fill(acc)), acc)
 
 
 def _block(compute, diagonal, axes):
@@ -276,8 +279,7 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
         return vary(out, axes), jax.tree_util.tree_map(lambda x: vary(x, axes), lse)
 
     merge = lambda acc, new: new if acc is None else _merge(acc, new, unit)
-    # Each result starts as its first block that is visible for certain (a diagonal one), else as empty.
-    results = [None] * len(q)
+    results = [None] * len(q)  # each starts as its first block (empty where that block is hidden)
     block = (k, v, kv_seg)
     for s in range(n):  # unrolled (n is small): lets XLA overlap each transfer with compute across steps
         # Issue the transfer of the next block first: it runs while this block is computed.
@@ -293,9 +295,8 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
             visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
-            if results[a] is None and visible is not None:
-                results[a] = empty()
-            results[a] = _fold(results[a], visible, _block(compute, diag, axes), merge, axes)
+            fill = lambda acc: empty() if acc is None else acc
+            results[a] = _fold(results[a], visible, _block(compute, diag, axes), merge, fill, axes)
         block = following
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
@@ -320,7 +321,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     q_offsets = spec.q_offsets(me, size, n)
     zeros = lambda x: vary(jnp.zeros(x.shape, jnp.float32), axes)
 
-    dq = [None] * len(q)  # each starts as its first block that is visible for certain, else as zeros
+    dq = [None] * len(q)  # each starts as its first block's (zeros where that block is hidden)
     dbias = None if bias is None else [zeros(x) for x in bias]  # blocks are placed into it, each once
     arrived = None
     home = [None] * len(k)  # each key piece's (dk, dv), sent home once finished
@@ -344,17 +345,19 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
             visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
-            acc = (dq[a], step_dk[b], step_dv[b])
-            if visible is not None:
-                shapes = (q[a], k_cur[b], v_cur[b])
-                acc = tuple(zeros(x) if g is None else g for g, x in zip(acc, shapes, strict=True))
+            shapes = (q[a], k_cur[b], v_cur[b])
+            fill = lambda acc, shapes=shapes: (
+                *(zeros(x) if g is None else g for g, x in zip(acc, shapes, strict=False)),
+                *acc[len(shapes) :],
+            )
             grads = _block(compute, diag, axes)
+            acc = (dq[a], step_dk[b], step_dv[b])
             if bias is None:
-                dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, lambda g=grads: g()[:3], _add, axes)
+                dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, lambda g=grads: g()[:3], _add, fill, axes)
             else:
                 place = functools.partial(_place, at=offsets[1])
                 combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
-                dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, grads, combine, axes)
+                dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, grads, combine, fill, axes)
             if all(later[1] != b for later in pairs[i + 1 :]):  # key piece b is done for this step
                 step = (step_dk[b], step_dv[b])
                 finished = step if arrived is None else _add(step, tuple(g[b] for g in arrived))
