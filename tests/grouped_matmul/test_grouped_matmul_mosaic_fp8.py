@@ -194,6 +194,9 @@ def test_tiles_are_planned_within_registers_and_shared_memory(monkeypatch):
         cfg(block_m=256, block_n=128, overlap=True), 1536
     )  # 128 rows a warpgroup: three 128 x 128 tiles would not fit
     assert (wide_rows.block_n, wide_rows.chunks, wide_rows.tile_registers) == (128, 4, 192)
+    assert not wide_rows.spans  # 256-row spans tiles hit a misaligned address on a GPU: fixed tiles
+    with pytest.raises(NotImplementedError, match="FP8 spans take 128-row tiles, got block_m=256"):
+        plan(cfg(block_m=256, spans=True), 1536)
     wide = plan(cfg(block_n=256, overlap=False, **tiles), 1536)
     assert (wide.block_n, wide.chunks) == (256, 2)
     assert plan(cfg(block_n=256, overlap=False), 1344).block_n == 192  # 1344 = 7 x 192

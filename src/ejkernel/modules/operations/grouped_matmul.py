@@ -57,8 +57,9 @@ class GroupedMatmulMosaicFp8Tiling(KernelTiling):
         spans: Output tiles that follow each group from its first row (rounded down to 8), so that every tile
             runs one K loop in one group and stores only its own rows, in place of fixed row tiles that run a K
             loop per group they straddle (`GroupedMatmulConfig.mosaic_spans`' schedule); the output tile is stored
-            in column pieces of at most 128 columns, narrower where more stages need the room
-            [`GroupedMatmulConfig.mosaic_spans`].
+            in column pieces of at most 128 columns, narrower where more stages need the room; 128-row tiles only
+            (256-row spans tiles hit a misaligned address on an H200; a kernel declines them)
+            [`GroupedMatmulConfig.mosaic_spans` for 128-row tiles, else False].
 
     Raises:
         ValueError: A tile or stage count that is not a positive int, or a switch (`overlap`, `round_in_kernel`,

@@ -199,8 +199,8 @@ def plan_fp8(cfg, n: int):
     to the one asked that divides N and, in as few wgmma chunks as the registers need, fits shared memory with
     2 stages beside a 16-bit output tile; the kernel cuts stages (or, for a float32 output, columns) to fit its
     output (`_fp8.fit_smem`; with spans it first stores the output tile in column pieces). `round_in_kernel` and
-    `column_blocks` are on unless set False; `spans` left None follows `cfg.mosaic_spans`. NotImplementedError
-    where no tile fits."""
+    `column_blocks` are on unless set False; `spans` left None follows `cfg.mosaic_spans` for 128-row tiles (256-row
+    ones run the fixed tiles). NotImplementedError where no tile fits, or for spans of 256 rows."""
     from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import MosaicGpuFp8GroupedMatmulTiling, in_registers
 
     given = getattr(cfg, "mosaic_fp8_tiling", None)
@@ -209,7 +209,11 @@ def plan_fp8(cfg, n: int):
     overlap = DEFAULT_FP8[3] if overlap is None else bool(overlap)
     switches = {name: _given(given, name) is not False for name in ("round_in_kernel", "column_blocks")}
     spans = _given(given, "spans")
-    switches["spans"] = spans_asked(cfg) if spans is None else bool(spans)
+    # 256-row spans tiles pass the interpreter but hit a misaligned address on an H200 (session 33, the MoE shape):
+    # until that is found, spans take 128-row tiles, and 256 rows run the fixed tiles.
+    if spans and bm == 256:
+        raise NotImplementedError(f"{WHO}: FP8 spans take 128-row tiles, got block_m={bm}")
+    switches["spans"] = spans_asked(cfg) and bm == 128 if spans is None else bool(spans)
     stages = max(_given(given, "num_stages") or DEFAULT_FP8[2], 2)
     bn = _clamp(_given(given, "block_n") or DEFAULT_FP8[1], 64, 256) // 64 * 64
     for cols in range(bn, 0, -64):
