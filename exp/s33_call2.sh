@@ -1,7 +1,8 @@
 # Session 33, call 2 (nvidia-h200-x2): the ring before / after keeping keys and values in place, and with XLA's
 # overlap limit raised; then the ring and multi-GPU tests on the new ring.
 . exp/s28_env.sh
-git show ff12ef9:src/ejkernel/kernels/_common/ring.py > exp/s33_ring_before.py && mkdir -p /tmp/before && cp -r src /tmp/before/ && cp exp/s33_ring_before.py /tmp/before/src/ejkernel/kernels/_common/ring.py
+[ -s exp/s33_ring_before.py ] || git show ff12ef9:src/ejkernel/kernels/_common/ring.py > exp/s33_ring_before.py  # (make it here first: the device copy's git may lack ff12ef9)
+mkdir -p /tmp/before && cp -r src /tmp/before/ && cp exp/s33_ring_before.py /tmp/before/src/ejkernel/kernels/_common/ring.py
 ring() { timeout "$1" python3 exp/s33_ring.py --out "$OUT" "${@:2}" 2>&1 | quiet ; }
 echo "#### before"; PYTHONPATH=/tmp/before/src:/tmp/site ring 90 --flash "" --tag _before
 echo "#### after"; ring 120 --platforms cuda,pallas,mixed --flash "cuda,pallas" --tag _after
