@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from ejkernel.kernels._common.attention_call import AttentionCall
 from ejkernel.kernels._common.flash_attention.forward import attention_forward
 from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
-from ejkernel.kernels._common.ring import from_mirrored, to_mirrored
+from ejkernel.kernels._common.ring import RingSpec, from_mirrored, to_mirrored
 from ejkernel.modules import RingAttentionConfig, ring_attention
 from ejkernel.ops import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
@@ -217,6 +217,22 @@ def test_mirrored_reorder_places_chunks_and_inverts(n):
     chunks = np.asarray(z).reshape(n, 2, chunk)[:, :, 0] // chunk
     np.testing.assert_array_equal(chunks, [[2 * d, 2 * n - 1 - 2 * d] for d in range(n)])
     np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
+
+
+@pytest.mark.parametrize("mirrored_keys", [False, True])
+def test_diagonal_is_where_query_and_key_pieces_share_positions(mirrored_keys):
+    """`RingSpec.diagonal` against the chunks the pieces hold, on every ring up to 6, device, step and pair."""
+    spec = RingSpec("sp", "mirrored", causal=True, window=None)
+    for n in range(1, 7):
+        for d in range(n):
+            queries = [2 * d, 2 * n - 1 - 2 * d]
+            for s in range(n):
+                owner = (d - s) % n  # whose keys device d holds at step s
+                keys = [2 * owner, 2 * n - 1 - 2 * owner] if mirrored_keys else [2 * owner, 2 * owner + 1]
+                for a in range(2):
+                    for b in range(2):
+                        got = spec.diagonal(s, a, b, n, d, mirrored_keys)
+                        assert bool(got) == (queries[a] == keys[b]), (n, d, s, a, b)
 
 
 def test_block_forward_with_position_offsets():

@@ -29,8 +29,10 @@ absolute position); the backward places each block's gradient back at those colu
 - "mirrored": the sequence is cut into 2n chunks of L / 2. Device d keeps the first half of its queries
   (chunk 2d) and swaps the second (chunk 2d + 1) with device n - 1 - d, so that it holds query chunks 2d
   and 2n - 1 - 2d: a pair mirrored about the middle, so that under a causal mask every device has the
-  same work. Keys and values stay where they are, in two pieces (chunks 2d and 2d + 1): the ring moves
-  them anyway, and each step's transfer then starts from local data. Inputs arrive contiguous;
+  same work. In the forward, keys and values stay where they are, in two pieces (chunks 2d and 2d + 1):
+  the ring moves them anyway, and each step's transfer then starts from local data. The backward holds
+  them mirrored like the queries (the forward keeps chunk 2n - 1 - 2d as it passes by), so that its
+  steps, which wait for each other's gradients, carry equal work. Inputs arrive contiguous;
   `to_mirrored` / `from_mirrored` move the queries' (and the output's) second halves with one `ppermute`
   each way. A query piece and a key piece hold the same positions (the block a causal mask cuts along
   its diagonal) at step 0 for the first pieces, and for the second pieces at step 2d + 1 - n (mod n):
@@ -100,22 +102,25 @@ class RingSpec:
             return [device * size]
         return [2 * device * size, (2 * n - 1 - 2 * device) * size]
 
-    def kv_offsets(self, device, size: int, n: int) -> list:
-        """Absolute position of the first key of each piece (of `size`) that `device` holds (traced int32)."""
+    def kv_offsets(self, device, size: int, n: int, mirrored_keys: bool = False) -> list:
+        """Absolute position of the first key of each piece (of `size`) that `device` holds (traced int32): the
+        forward's mirrored layout keeps the two halves of the contiguous shard, its backward mirrors them too."""
         device = jnp.asarray(device, jnp.int32)
-        return [device * size] if self.layout == "contiguous" else [2 * device * size, (2 * device + 1) * size]
+        if self.layout == "contiguous" or mirrored_keys:
+            return self.q_offsets(device, size, n)
+        return [2 * device * size, (2 * device + 1) * size]
 
-    def diagonal(self, step: int, a: int, b: int, n: int, device):
+    def diagonal(self, step: int, a: int, b: int, n: int, device, mirrored_keys: bool = False):
         """Whether query piece a and key piece b (of equal lengths) hold the same positions at `step`, on the
         device whose own keys were held at step 0: a bool where the layout fixes it for every device, else
-        a traced bool (the mirrored layout's second pieces on rings of more than two devices)."""
+        a traced bool (the forward's second pieces on rings of more than two devices)."""
         if a != b:
             return False  # the mirrored layout's pieces 0 hold even chunks, its pieces 1 odd ones
-        if a == 0:
+        if a == 0 or mirrored_keys:
             return step == 0
         if n <= 2:
             return step == (1 - n) % n  # step 2d + 1 - n (mod n), the same step on every device
-        if (step - 1 + n) % 2:  # 2d + 1 - n has the parity of 1 - n: never at a step of the other parity
+        if n % 2 == 0 and step % 2 == 0:  # on even rings 2d + 1 - n (mod n) is odd: never at an even step
             return False
         return jnp.mod(2 * jnp.asarray(device, jnp.int32) + 1 - n - step, n) == 0
 
@@ -242,13 +247,13 @@ def _sink_grad(sinks, out, lse, d_out, unit=None):
     return -jnp.sum(p_sink * jnp.swapaxes(delta, 1, 2)[..., None], axis=(0, 2))
 
 
-def _ring_setup(spec: RingSpec, q, k, *pieces):
+def _ring_setup(spec: RingSpec, mirrored_keys: bool, q, k, *pieces):
     """Ring size, this device, the axes results vary over, the ring permutation, and `diagonal(step, a, b)`:
     whether query piece a and key piece b hold the same positions at that step (`RingSpec.diagonal`)."""
     n = lax.axis_size(spec.axis_name)
     me = lax.axis_index(spec.axis_name)
     axes = varying_axes(me, *jax.tree_util.tree_leaves((q, k, pieces)))
-    diagonal = lambda step, a, b: q[a].shape[1] == k[b].shape[1] and spec.diagonal(step, a, b, n, me)
+    diagonal = lambda step, a, b: q[a].shape[1] == k[b].shape[1] and spec.diagonal(step, a, b, n, me, mirrored_keys)
     return n, me, axes, [(i, (i + 1) % n) for i in range(n)], diagonal
 
 
@@ -263,7 +268,7 @@ def _visibility(spec: RingSpec, diag, q_offset, q_len: int, kv_offset, kv_len: i
 
 
 def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, bias=None):
-    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, bias)
+    n, me, axes, ring, diagonal = _ring_setup(spec, False, q, k, v, q_seg, kv_seg, bias)
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     batch, size, num_heads, _ = q[0].shape
@@ -280,11 +285,13 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
 
     merge = lambda acc, new: new if acc is None else _merge(acc, new, unit)
     results = [None] * len(q)  # each starts as its first block (empty where that block is hidden)
-    block = (k, v, kv_seg)
+    block = kept = (k, v, kv_seg)
     for s in range(n):  # unrolled (n is small): lets XLA overlap each transfer with compute across steps
         # Issue the transfer of the next block first: it runs while this block is computed.
         following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
         k_cur, v_cur, seg_cur = block
+        if spec.layout == "mirrored":
+            kept = _keep_mirrored(kept, block, spec.diagonal(s, 1, 1, n, me))
         k_offsets = spec.kv_offsets((me - s) % n, k_cur[0].shape[1], n)
         for a, b in _pairs(s, n, len(q)):
             diag = diagonal(s, a, b)
@@ -301,7 +308,19 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
         results = [_with_sinks(out, lse, sink_lse, unit) for out, lse in results]
-    return tuple(out.astype(q[0].dtype) for out, _ in results), tuple(lse for _, lse in results)
+    return tuple(out.astype(q[0].dtype) for out, _ in results), tuple(lse for _, lse in results), kept
+
+
+def _keep_mirrored(kept, block, here):
+    """The backward's key pieces: the mirrored layout's second key piece of this device (chunk 2n - 1 - 2d)
+    passes by in the forward's ring, at the step its second pieces meet (`here`: a bool, or traced on rings
+    of more than two devices); keeping it costs the backward a transfer, and balances its steps (with keys
+    in halves, one device of two has a step with three times the other's work, and the gradients' transfer
+    after each step makes both wait for it)."""
+    if here is False:
+        return kept
+    take = lambda old, new: new if here is True or new is None else jnp.where(here, new, old)
+    return tuple((old[0], take(old[1], new[1])) for old, new in zip(kept, block, strict=True))
 
 
 def _homeward(grads, like):
@@ -312,9 +331,23 @@ def _homeward(grads, like):
     )
 
 
+def _home(piece: int, n: int, mirrored: bool) -> list[tuple[int, int]]:
+    """Where the backward's finished dK / dV of a key piece go: device d holds the next device's block, and
+    its mirrored second piece (chunk 2n - 1 - 2(d + 1)) is the second half of device n - 2 - d's shard."""
+    if mirrored and piece == 1:
+        return [(d, (n - 2 - d) % n) for d in range(n)]
+    return [(d, (d + 1) % n) for d in range(n)]
+
+
+def _send_home(grads, axis_name: str, perm):
+    """`ppermute`, skipped where every device keeps its own (the mirrored second pieces of a two-device ring)."""
+    return grads if all(src == dst for src, dst in perm) else lax.ppermute(grads, axis_name, perm)
+
+
 def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
-    q, k, v, aux, q_seg, kv_seg, bias, out, lse = residuals
-    n, me, axes, ring, diagonal = _ring_setup(spec, q, k, v, q_seg, kv_seg, bias, out, d_out)
+    q, k, v, aux, q_seg, kv_seg, bias, out, lse = residuals  # keys in the layout of `_keep_mirrored`
+    mirrored = spec.layout == "mirrored"
+    n, me, axes, ring, diagonal = _ring_setup(spec, mirrored, q, k, v, q_seg, kv_seg, bias, out, d_out)
     q_seg = (None,) * len(q) if q_seg is None else q_seg
     kv_seg = (None,) * len(k) if kv_seg is None else kv_seg
     size, num_heads = q[0].shape[1], q[0].shape[2]
@@ -334,7 +367,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
         following = lax.ppermute(block, spec.axis_name, ring) if s < n - 1 else None
         k_cur, v_cur, seg_cur = block
         step_dk, step_dv = [None] * len(k_cur), [None] * len(v_cur)
-        k_offsets = spec.kv_offsets((me - s) % n, k_cur[0].shape[1], n)
+        k_offsets = spec.kv_offsets((me - s) % n, k_cur[0].shape[1], n, mirrored)
         pairs = _pairs(s, n, len(q))
         for i, (a, b) in enumerate(pairs):
             diag = diagonal(s, a, b)
@@ -362,7 +395,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
                 step = (step_dk[b], step_dv[b])
                 finished = step if arrived is None else _add(step, tuple(g[b] for g in arrived))
                 if s == n - 1:  # after n steps: the complete dK / dV of the next device's piece b, sent home
-                    home[b] = lax.ppermute(_homeward(finished, (k[b], v[b])), spec.axis_name, ring)
+                    home[b] = _send_home(_homeward(finished, (k[b], v[b])), spec.axis_name, _home(b, n, mirrored))
                 else:
                     step_dk[b], step_dv[b] = finished
         if s < n - 1:
@@ -394,7 +427,7 @@ def _ring(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias):
 
 
 def _ring_fwd(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias):
-    out, lse = _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias)
+    out, lse, (k, v, kv_seg) = _forward(kernel, spec, q, k, v, aux, q_seg, kv_seg, bias)
     return out, (q, k, v, aux, q_seg, kv_seg, bias, out, lse)
 
 
