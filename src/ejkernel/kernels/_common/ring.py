@@ -164,10 +164,9 @@ def from_mirrored(pieces, axis_name: str, n: int):
 
 def _pairs(pieces: int) -> list[tuple[int, int]]:
     """The (query piece, key piece) pairs of one step, in the order they are computed: query piece 0 first,
-    whose local queries and keys need no transfer at step 0 while the swapped queries arrive. (Sending each
-    key piece's dK / dV home as soon as it was done cost 2 H200s 14% of forward+backward at 4 KV heads: the
-    send waits for the other device, whose share of that piece's work differs; the ordering of the last
-    step's pairs changed nothing measurable.)"""
+    whose local queries and keys need no transfer at step 0 while the swapped queries arrive. (Ordering the
+    last step so that what travels home finishes first, and sending each key piece's dK / dV home as soon as
+    it was done, changed nothing measurable on 2 H200s: BENCHMARKS.md, session 34.)"""
     return [(a, b) for a in range(pieces) for b in range(pieces)]
 
 

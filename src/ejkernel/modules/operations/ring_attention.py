@@ -51,8 +51,8 @@ IMPLEMENTATIONS = implementations(
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )
 """Best first. cuDNN where it accepts the call, then the Mosaic GPU steps for the same calls: on 2 H200s at S=65536
-(causal, 16 heads, D 128) the Mosaic GPU ring ran the forward 6% faster than the cuDNN ring (17.1 against 18.1 ms)
-but forward+backward 8% slower (68.3 against 63.1 ms), so training keeps cuDNN (BENCHMARKS.md, session 33); both
+(causal, 16 heads, D 128) the Mosaic GPU ring ran the forward 7% faster than the cuDNN ring (16.2 against 17.3 ms)
+but forward+backward 9% slower (66.2 against 60.9 ms), so training keeps cuDNN (BENCHMARKS.md, session 34); both
 ahead of the Triton ring."""
 
 DEFAULT_AXIS = "sp"
