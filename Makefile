@@ -38,15 +38,17 @@ $(LOWEST_STAMP): pyproject.toml
 	$(LOWEST)/bin/python -m pip install -q -e '.[test,bench]' "jax==$(JAX_LOWEST)"
 	@touch $@
 
-# What checks our own harness and framework over ops whose suites run on both JAX versions runs once, in `unit`:
-# the demo (every op's XLA path against its reference), the benchmarks' CLI tests and the reliability suite
-# (the config-invariance property, bounds, large logits, masked rows: about 4-5 minutes of a cold run on 2 cores);
-# so do the kernels' interpret-mode runs (44 tests, about 2.5 minutes of CI), which check a kernel's logic, not
-# JAX's API, and their lowerings for CUDA (about 80 tests): the lowest JAX is the one the GPU machines run, where
-# the GPU suite compiles every kernel for real. Every op suite runs on both.
+# `unit-lowest` runs what depends on the JAX version beneath it: every op's public call and XLA implementation
+# (the path every platform has), the framework, the Pallas TPU kernels in interpret mode. What checks our own
+# harness runs once, in `unit`: the demo, the benchmarks' CLI tests and the reliability suite (about 4-5 minutes of
+# a cold run on 2 cores). So do the GPU kernels' test files (Triton, Mosaic GPU: about 2.5 minutes of a cold run at
+# the lowest JAX), their interpret-mode runs and their lowerings for CUDA: the lowest JAX is the one the GPU
+# machines run, where the GPU suite compiles every GPU kernel for real.
+GPU_KERNEL_TESTS := --ignore-glob='*_triton.py' --ignore-glob='*_mosaic_gpu.py' --ignore-glob='*_mosaic_fp8.py' \
+	--ignore=tests/sparse_attention/test_kernels.py
 unit-lowest: $(LOWEST_STAMP)
 	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_docs.py --ignore=tests/reliability \
-		--deselect tests/test_cli.py::test_demo_checks_every_op_against_its_reference \
+		$(GPU_KERNEL_TESTS) --deselect tests/test_cli.py::test_demo_checks_every_op_against_its_reference \
 		-k "not bench and not interpret and not lowers_ and not for_cuda"
 
 # EasyDeL 0.3.0 itself without its pins (ejkernel 0.0.78, flax 0.12.3): everything else it declares is in
@@ -59,9 +61,9 @@ $(INTEGRATION_STAMP): pyproject.toml tests/integration/requirements.txt
 	@touch $@
 
 integration: $(INTEGRATION_STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(INTEGRATION)/bin/python -m pytest -q tests/integration/test_easydel.py
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(INTEGRATION)/bin/python -m pytest -q -n 2 tests/integration/test_easydel.py
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-		$(INTEGRATION)/bin/python -m pytest -q tests/integration/test_easydel_sharded.py
+		$(INTEGRATION)/bin/python -m pytest -q -n 2 tests/integration/test_easydel_sharded.py
 
 # The documentation site (docs/_build/html), from a fresh environment with warnings as errors; then every
 # Python example of its pages and every docstring example (tests/test_docs.py).
