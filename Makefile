@@ -44,13 +44,13 @@ $(LOWEST_STAMP): pyproject.toml
 # forms of upstream, the seeds and the README (argument forms over the same ops); and the kernels' own test files
 # (Triton, Mosaic GPU, Pallas TPU: about 3 minutes at the lowest JAX), their interpret-mode runs and lowerings for
 # CUDA: the lowest JAX is the one the GPU machines run, where the GPU suite compiles every GPU kernel for real.
-UNIT_ONLY := --ignore=tests/test_docs.py --ignore=tests/reliability --ignore-glob='*_triton.py' \
+UNIT_ONLY := --ignore=tests/reliability --ignore-glob='*_triton.py' \
 	--ignore-glob='*_mosaic_gpu.py' --ignore-glob='*_mosaic_fp8.py' --ignore-glob='*pallas_tpu.py' \
 	--ignore=tests/sparse_attention/test_kernels.py --ignore=tests/test_upstream_call_forms.py \
 	--ignore=tests/test_drop_in.py --ignore=tests/test_seed_examples.py --ignore=tests/test_readme.py \
 	--deselect tests/test_cli.py::test_demo_checks_every_op_against_its_reference
 unit-lowest: $(LOWEST_STAMP)
-	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadgroup $(UNIT_ONLY) -k "not bench and not interpret and not lowers_ and not for_cuda"
+	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_docs.py $(UNIT_ONLY) -k "not bench and not interpret and not lowers_ and not for_cuda"
 
 # EasyDeL 0.3.0 itself without its pins (ejkernel 0.0.78, flax 0.12.3): everything else it declares is in
 # tests/integration/requirements.txt.

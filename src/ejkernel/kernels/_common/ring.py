@@ -353,7 +353,6 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
     dq = [None] * len(q)  # each starts as its first block's (zeros where that block is hidden)
     dbias = None if bias is None else [zeros(x) for x in bias]  # blocks are placed into it, each once
     arrived = None
-    finished = [None] * len(k)  # each key piece's (dk, dv) of the steps so far
     block = (k, v, kv_seg)
     for s in range(n):
         # Two transfers run while this step computes: the next block, issued first, and the gradients this
@@ -387,17 +386,16 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
                 place = functools.partial(_place, at=offsets[1])
                 combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
                 dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, grads, combine, fill, axes)
-            if all(later[1] != b for later in pairs[i + 1 :]):  # key piece b is done for this step
-                step = (step_dk[b], step_dv[b])
-                finished[b] = step if arrived is None else _add(step, tuple(g[b] for g in arrived))
-                step_dk[b], step_dv[b] = finished[b]
+            done = all(later[1] != b for later in pairs[i + 1 :])  # key piece b is done for this step
+            if done and arrived is not None:
+                step_dk[b], step_dv[b] = _add((step_dk[b], step_dv[b]), tuple(g[b] for g in arrived))
         if s < n - 1:
             arrived = lax.ppermute((step_dk, step_dv), spec.axis_name, ring)
             block = following
     # After n steps: the complete dK / dV of the next device's pieces, sent home.
     home = [
         _send_home(_homeward(grads, (k[b], v[b])), spec.axis_name, _home(b, n, mirrored))
-        for b, grads in enumerate(finished)
+        for b, grads in enumerate(zip(step_dk, step_dv, strict=True))
     ]
     dk, dv = (tuple(g) for g in zip(*home, strict=True))
 
