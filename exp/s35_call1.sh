@@ -25,4 +25,4 @@ PY
 vers=ff12=$V/ff12.py,r9f74=$V/r9f74.py,head=$V/head.py,early=$V/early.py,diagfirst=$V/diagfirst.py,both=$V/both.py
 echo "#### kv 4"; timeout 200 python3 exp/s35_ring_bisect.py --versions $vers --kv-heads 4 --out "$OUT" 2>&1 | quiet | tail -20
 echo "#### kv 16"; timeout 120 python3 exp/s35_ring_bisect.py --versions ff12=$V/ff12.py,head=$V/head.py,both=$V/both.py --kv-heads 16 --modes fwd+bwd --out "$OUT" 2>&1 | quiet | tail -8
-gpu_tests 150 tests/test_ring_attention.py tests/test_multi_gpu.py
+# (the ring and multi-GPU tests passed on HEAD in the first try of this call: 18 passed)

@@ -30,6 +30,7 @@ from ring_schedule import schedule
 def load(name: str, path: str):
     spec = importlib.util.spec_from_file_location(f"ring_{name}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
