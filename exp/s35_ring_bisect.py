@@ -10,6 +10,7 @@ ratios are free of run-to-run drift. Writes the compiled schedules and a JSON of
 
 import argparse
 import functools
+import gzip
 import importlib.util
 import json
 import pathlib
@@ -42,6 +43,7 @@ def main():
     p.add_argument("--seq", type=int, default=65536)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--modes", default="fwd,fwd+bwd")
+    p.add_argument("--hlo", default="", help="versions whose compiled HLO is written too (gzipped)")
     p.add_argument("--out", default="out")
     args = p.parse_args()
     devices = jax.devices()
@@ -72,6 +74,8 @@ def main():
             compiled = jax.jit(fn).lower(*sharded).compile()
             tag = mode.replace("+", "_")
             (out / f"schedule_{name}_{tag}_kv{args.kv_heads}.txt").write_text("\n".join(schedule(compiled.as_text())))
+            if name in args.hlo.split(","):
+                (out / f"hlo_{name}_{tag}_kv{args.kv_heads}.txt.gz").write_bytes(gzip.compress(compiled.as_text().encode()))
             call = functools.partial(compiled, *sharded)
             jax.block_until_ready(call())
             calls[name] = call
