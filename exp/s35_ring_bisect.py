@@ -75,7 +75,8 @@ def main():
             tag = mode.replace("+", "_")
             (out / f"schedule_{name}_{tag}_kv{args.kv_heads}.txt").write_text("\n".join(schedule(compiled.as_text())))
             if name in args.hlo.split(","):
-                (out / f"hlo_{name}_{tag}_kv{args.kv_heads}.txt.gz").write_bytes(gzip.compress(compiled.as_text().encode()))
+                hlo = gzip.compress(compiled.as_text().encode())
+                (out / f"hlo_{name}_{tag}_kv{args.kv_heads}.txt.gz").write_bytes(hlo)
             call = functools.partial(compiled, *sharded)
             jax.block_until_ready(call())
             calls[name] = call
