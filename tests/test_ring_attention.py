@@ -284,6 +284,31 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     check(fn, ref, [q, k, v, aux])
 
 
+@pytest.mark.parametrize(
+    ("backend", "mode", "served", "platform"),
+    [
+        ("gpu", "forward", True, "pallas"),  # inference: the Mosaic GPU steps' forward is the faster one
+        ("gpu", "train", True, "auto"),  # training: auto's order (cuDNN first)
+        ("gpu", "forward", False, "auto"),  # a call the Mosaic GPU ring declines
+        ("cpu", "forward", True, "auto"),
+    ],
+)
+def test_heuristic_sends_gpu_inference_to_mosaic_gpu_steps(monkeypatch, backend, mode, served, platform):
+    import importlib
+
+    from ejkernel.modules.operations.ring_attention import RingAttention
+    from ejkernel.ops import Invocation
+
+    module = importlib.import_module("ejkernel.modules.operations.ring_attention")
+    mosaic = importlib.import_module("ejkernel.kernels._pallas.gpu.ring_attention")
+    monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
+    monkeypatch.setattr(mosaic, "serves", lambda *args, **kwargs: served)
+    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
+    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", "layout": "mirrored"}
+    cfg = RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", mode))
+    assert cfg.platform == platform
+
+
 def test_mosaic_gpu_per_step_kernels_lower_for_cuda():
     """The Mosaic GPU ring on 2 devices, mirrored and causal, exported for CUDA with its gradient (its kernels
     run on a GPU only: `test_gpu_ring_matches_flash_attention`)."""

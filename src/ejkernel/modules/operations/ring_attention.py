@@ -19,7 +19,8 @@ means "sp".
 
 Implementations, in the order `auto` tries them: cuDNN (GPU; causal or full attention only), Mosaic GPU
 (Hopper; the same calls), Pallas-Triton (GPU; no sliding window or bias) and XLA (every device; every feature
-above). Each runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
+above); a call that is not differentiated takes the Mosaic GPU steps first, whose forward is the faster. Each
+runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
 """
 
 import dataclasses
@@ -39,7 +40,8 @@ from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, flash_attention
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
-from ejkernel.registry import Backend, Platform, implementations
+from ejkernel.ops.kernel import FORWARD
+from ejkernel.registry import Backend, Platform, current_backend, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import intersect_windows
 
@@ -50,10 +52,10 @@ IMPLEMENTATIONS = implementations(
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )
-"""Best first. cuDNN where it accepts the call, then the Mosaic GPU steps for the same calls: on 2 H200s at S=65536
-(causal, 16 heads, D 128) the Mosaic GPU ring ran the forward 7% faster than the cuDNN ring (16.2 against 17.3 ms)
-but forward+backward 9% slower (66.2 against 60.9 ms), so training keeps cuDNN (BENCHMARKS.md, session 34); both
-ahead of the Triton ring."""
+"""Best first for training: cuDNN where it accepts the call, then the Mosaic GPU steps for the same calls. On 2 H200s
+at S=65536 (causal, 16 heads, D 128) the Mosaic GPU ring ran forward+backward 7% slower than the cuDNN ring (65.5
+against 60.9 ms) but the forward 6% faster (16.2 against 17.2 ms): undifferentiated calls take it first
+(`RingAttention.heuristic_cfg`; BENCHMARKS.md, session 35). Both ahead of the Triton ring."""
 
 DEFAULT_AXIS = "sp"
 
@@ -88,13 +90,27 @@ class RingAttention(Kernel):
 
     It takes the local shards `(query, key, value, softmax_aux, bias)` with the options `ring_attention`
     resolved into one `call=` (a `RingCall`), the ring's `axis_name` bound; call `ring_attention` rather
-    than this class. Not autotuned
-    (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Triton (GPU) and XLA, tried in that
-    order on `"auto"`; each runs the same ring around its own flash attention.
+    than this class. Not autotuned (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Mosaic
+    GPU (`"pallas"`, Hopper), Triton (GPU) and XLA, tried in that order on `"auto"`, except that an
+    undifferentiated call on Hopper takes the Mosaic GPU steps first where they serve it (`heuristic_cfg`);
+    each runs the same ring around its own flash attention.
     """
 
     op_id = "ring_attention"
     config_type = RingAttentionConfig
+    tune_argnums = (0, 1, 2)  # configs tile the backward too: a call's mode (differentiated or not) is known
+
+    def heuristic_cfg(self, inv: Invocation) -> RingAttentionConfig:
+        """Undifferentiated calls on Hopper take the Mosaic GPU steps where they serve the call: their forward
+        beat cuDNN's by 5-6% on 2 H200s (S=65536 causal, 16 and 4 KV heads), while cuDNN's steps train faster
+        (BENCHMARKS.md, session 35); else `auto`'s order."""
+        forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
+        if forward_on_gpu:
+            from ejkernel.kernels._pallas.gpu.ring_attention import serves  # loads Mosaic GPU: GPU only
+
+            if serves(*inv.args, call=inv.kwargs["call"], layout=inv.kwargs["layout"]):
+                return RingAttentionConfig(platform="pallas")
+        return super().heuristic_cfg(inv)
 
     def axis_roles(self, args, kwargs):
         """Attention's (`attention_roles`): batch, heads and query rows alike, the output laid out as the

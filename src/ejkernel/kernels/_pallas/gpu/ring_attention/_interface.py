@@ -57,6 +57,32 @@ class MosaicGpuBlock:
         return (*(g.astype(jnp.float32) for g in (dq[:, :q_len], dk[:, :k_len], dv[:, :k_len])), None)
 
 
+def _block(query, key, value, softmax_aux, bias, call: AttentionCall, layout: str, fwd_params, bwd_params):
+    """The per-step block of a call; NotImplementedError for what the kernels do not serve."""
+    decline_call(WHO, call, serves=("causal",), bias=bias is not None)
+    check_call(call)
+    if not is_hopper():
+        raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x)")
+    causal = bool(call.causal)
+    if causal and query.shape[1] != key.shape[1]:
+        raise NotImplementedError(f"{WHO} with causal=True needs equal query and key/value lengths")
+    check_local_inputs(query, key, value, softmax_aux, None, None, layout)
+    block = MosaicGpuBlock(float(call.softmax_scale), causal, fwd_params, bwd_params)
+    # What the kernels cannot serve (dtype, head dim, tiles) is refused here, before the ring is traced.
+    block.plan(query, key, value, diagonal=causal)
+    return block
+
+
+def serves(query, key, value, softmax_aux, bias, call: AttentionCall, layout: str = "contiguous") -> bool:
+    """Whether the Mosaic GPU ring runs this call with its default tiles (a bad input is left for the
+    implementation that runs the call to name)."""
+    try:
+        _block(query, key, value, softmax_aux, bias, call, layout, None, None)
+    except (NotImplementedError, ValueError):
+        return False
+    return True
+
+
 def ring_attention_mosaic_gpu(
     query,
     key,
@@ -76,17 +102,7 @@ def ring_attention_mosaic_gpu(
     Mosaic GPU route reads them. Declines (NotImplementedError) what the kernels do not serve and any GPU
     but a Hopper.
     """
-    decline_call(WHO, call, serves=("causal",), bias=bias is not None)
-    check_call(call)
-    if not is_hopper():
-        raise NotImplementedError(f"{WHO} needs a Hopper GPU (compute capability 9.x)")
-    causal = bool(call.causal)
-    if causal and query.shape[1] != key.shape[1]:
-        raise NotImplementedError(f"{WHO} with causal=True needs equal query and key/value lengths")
-    check_local_inputs(query, key, value, softmax_aux, None, None, layout)
-    block = MosaicGpuBlock(float(call.softmax_scale), causal, fwd_params, bwd_params)
-    # What the kernels cannot serve (dtype, head dim, tiles) is refused here, before the ring is traced.
-    block.plan(query, key, value, diagonal=causal)
+    block = _block(query, key, value, softmax_aux, bias, call, layout, fwd_params, bwd_params)
     n = bound_axis_size(axis_name)
-    ring = RingSpec(axis_name=axis_name, layout=layout, causal=causal, window=None)
+    ring = RingSpec(axis_name=axis_name, layout=layout, causal=block.causal, window=None)
     return run_ring(block, ring, n, query, key, value, softmax_aux)
