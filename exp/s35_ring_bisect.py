@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._cuda.ring_attention._interface import CudnnBlock
+from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
 from ejkernel.ops.autotune import time_fns
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -43,6 +44,7 @@ def main():
     p.add_argument("--seq", type=int, default=65536)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--modes", default="fwd,fwd+bwd")
+    p.add_argument("--block", default="cudnn", choices=("cudnn", "mosaic"), help="the per-step kernels")
     p.add_argument("--hlo", default="", help="versions whose compiled HLO is written too (gzipped)")
     p.add_argument("--out", default="out")
     args = p.parse_args()
@@ -54,7 +56,10 @@ def main():
     shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
     qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
     sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
-    block = CudnnBlock(128**-0.5, True)
+    if args.block == "mosaic":
+        block = MosaicGpuBlock(128**-0.5, True, None, None)
+    else:
+        block = CudnnBlock(128**-0.5, True)
 
     def ring(module):
         layout = module.RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)
@@ -82,10 +87,10 @@ def main():
             calls[name] = call
         times = time_fns(calls, repeats=args.repeats, warmup=2)
         results[mode] = {k: t * 1e3 for k, t in times.items()}
-        print(f"== {mode}, kv heads {args.kv_heads}, {n} x {devices[0].device_kind}", flush=True)
+        print(f"== {mode}, {args.block} steps, kv heads {args.kv_heads}, {n} x {devices[0].device_kind}", flush=True)
         for name, ms in results[mode].items():
             print(f"  {name:12s} {ms:8.3f} ms", flush=True)
-    (out / f"s35_bisect_kv{args.kv_heads}.json").write_text(json.dumps(results, indent=1))
+    (out / f"s35_bisect_{args.block}_kv{args.kv_heads}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
