@@ -70,7 +70,6 @@ def main():
     copy_s = run(lambda: big + 1)
     copy_bw = 2 * big.nbytes / copy_s
     rows["copy"] = dict(ms=1e3 * copy_s, TBps=copy_bw / 1e12)
-    del big
 
     requests, heads, dim = 256, 32, 128
     q, k, v, g, beta = gdr_inputs(requests, heads, dim, device)
