@@ -4,17 +4,48 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ejkernel.ops.autotune import time_fn, time_fns
 from ejkernel.ops.fingerprint import describe_device
 
-__all__ = ["parser", "print_table", "time_fn", "time_variants", "write_results"]
+__all__ = [
+    "COPY_BYTES",
+    "copy_bandwidth",
+    "copy_builder",
+    "parser",
+    "print_table",
+    "time_fn",
+    "time_variants",
+    "write_results",
+]
+
+COPY_BYTES = 2 * 2**30
+"""Bytes the device copy reads (and writes) where it is timed on its own (`copy_bandwidth`)."""
+
+
+def copy_builder(nbytes: int) -> Callable[[], Callable[[], Any]]:
+    """A `time_variants` builder of the device copy that bandwidth ratios are taken against: `x ^ 1` over `nbytes`
+    of uint32 words under `jit`, reading and writing `nbytes` each (bandwidth = 2 nbytes / time). Four-byte words:
+    XLA's bfloat16 `x + 1`, the reference until session 35, ran 22% below the device's copy bandwidth on an H200
+    (3.28 against 4.18 TB/s, PyTorch's copy 4.29; BENCHMARKS.md)."""
+    return lambda: functools.partial(jax.jit(lambda a: a ^ 1), jnp.zeros((nbytes // 4,), jnp.uint32))
+
+
+def copy_bandwidth(*, quick: bool, repeats: int) -> float:
+    """Bytes per second (read + written) of the device copy over `COPY_BYTES` (1 MiB when `quick`), timed on its
+    own and printed."""
+    nbytes = 2**20 if quick else COPY_BYTES
+    seconds = time_variants({"copy": copy_builder(nbytes)}, repeats=repeats, where="copy")["copy"]
+    print(f"device copy: {2 * nbytes / seconds / 1e12:.3g} TB/s (bytes read + written)")
+    return 2 * nbytes / seconds
 
 
 def time_variants(

@@ -9,7 +9,7 @@ platform.
 
 Serving (`ragged_gated_delta_rule`, forward, each platform and auto, the float32 state pool donated and fed
 back as a serving loop does): a decode step of 256 requests, H=32, Dk=Dv=128, bf16 tokens, in achieved
-bandwidth (state read + written, q, k, v, beta, decay read, out written) beside a device copy `x + 1` of 2 GiB
+bandwidth (state read + written, q, k, v, beta, decay read, out written) beside the device copy of 2 GiB
 timed in the same run (`ratio_to_copy`); and a prefill of 8 requests of 2048 tokens beside `gated_delta_rule`
 on the same tokens as a batch of 8 (initial and final states, Triton and XLA), `vs_gated_delta_rule` the
 ratio of times to it on the same platform.
@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import copy_bandwidth, parser, print_table, time_variants, write_results
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
 from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention, ragged_gated_delta_rule
 from ejkernel.registry import kernel_registry
@@ -33,7 +33,6 @@ QUICK_SHAPE = (1, 128, 2, 32)
 DECODE = (256, 32, 128)  # requests, H, D
 PREFILL = (8, 2048, 32, 128)  # requests, tokens each, H, D
 QUICK_DECODE, QUICK_PREFILL = (4, 2, 32), (2, 64, 2, 32)
-COPY_BYTES = 2 * 2**30
 
 
 def _inputs(batch, seq, heads, dim):
@@ -94,10 +93,7 @@ def _dense_call(platform, dense, initial_state):
 
 def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     """The decode step's bandwidth beside a device copy, and the ragged prefill beside the dense gated delta rule."""
-    x = jnp.zeros(((2**20 if quick else COPY_BYTES) // 2,), jnp.bfloat16)
-    copy = time_variants({"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}, repeats=repeats, where="")
-    copy_bw = 2 * x.nbytes / copy["copy"]
-    print(f"device copy: {copy_bw / 1e12:.3g} TB/s")
+    copy_bw = copy_bandwidth(quick=quick, repeats=repeats)
     platforms = ["auto", *(i.platform.value for i in kernel_registry.candidates("ragged_gated_delta_rule"))]
     rows = []
 

@@ -1,16 +1,16 @@
 """Multi-head latent attention: decode bandwidth of each implementation beside a device copy; prefill time.
 
 `flash_mla`: decode (one query token per sequence against its whole latent cache) is bound by reading the
-cache: bandwidth = bytes of the latent rows and RoPE keys read / time, compared with a copy `c + 1` of the
-cache (bytes read + written / time) measured in the same run. Shapes are DeepSeek-V2-Lite's attention: 16
-heads, rank 512, d_nope 128, RoPE 64, Dv 128, bf16. A causal prefill row reports each implementation's
-time and its ratio to XLA's.
+cache: bandwidth = bytes of the latent rows and RoPE keys read / time, compared with the device copy
+(`_harness.copy_builder`) of the cache's bytes (read + written / time) measured in the same run. Shapes are
+DeepSeek-V2-Lite's attention: 16 heads, rank 512, d_nope 128, RoPE 64, Dv 128, bf16. A causal prefill row
+reports each implementation's time and its ratio to XLA's.
 
 `multi_latent_ragged_page_attention` (`--cases paged`): one serving step over a paged latent cache (latent
 512 + RoPE 64 in rows of 640, page 64, bf16, every sequence's pages a random permutation of the cache), run as
 a serving loop runs it (the cache donated and fed back). Decode, 64 sequences x 8192 context with 128 query
 heads (DeepSeek-V3's): bandwidth = bytes of the latent and RoPE parts of the rows read (`(L + R) * 2` per
-position; the rows' zero padding is not counted) / time, beside a 2 GiB copy `x + 1` of the same run
+position; the rows' zero padding is not counted) / time, beside a 2 GiB device copy of the same run
 (`ratio`). Mixed decode + prefill chunks in one call: time and speed-up over XLA (`ratio`). Both report
 TFLOP/s (`2 * Hq * (2L + R)` per (query, visible position) pair): at 128 heads a decode step does ~240
 flops per byte of cache read, about an H200's ratio of bf16 tensor throughput to memory bandwidth, so it is
@@ -24,7 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import ejkernel.modules
-from ejkernel.benchmarks._harness import parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import (
+    copy_bandwidth,
+    copy_builder,
+    parser,
+    print_table,
+    time_variants,
+    write_results,
+)
 from ejkernel.kernels._common.paged_attention.kv_cache import kv_packing
 from ejkernel.modules import flash_mla
 from ejkernel.registry import kernel_registry
@@ -44,7 +51,6 @@ PAGED_DECODE = ((1,) * 64, (8192,) * 64)
 PAGED_MIXED = ((1,) * 56 + (512,) * 4, (8192,) * 56 + (2560,) * 4)
 PAGED_WIDTHS = (128, 512, 64, 64)
 QUICK_PAGED = (((1,) * 2, (96,) * 2), ((1, 16), (96, 40)), (4, 64, 16, 16))
-COPY_BYTES = 2 * 2**30
 
 
 def mla_inputs(batch, q_len, kv_len, heads, rank, nope, rope, dv, dtype=jnp.bfloat16):
@@ -119,9 +125,7 @@ def _paged_rows(args) -> list[dict]:
     quick = args.quick
     decode, mixed, widths = QUICK_PAGED if quick else (PAGED_DECODE, PAGED_MIXED, PAGED_WIDTHS)
     platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates(PAGED_OP)]
-    x = jnp.zeros(((2**20 if quick else COPY_BYTES) // 2,), jnp.bfloat16)
-    copy = time_variants({"copy": _builder(lambda a: a + 1, x)}, repeats=args.repeats, where="copy")
-    copy_bw = 2 * x.nbytes / copy["copy"]
+    copy_bw = copy_bandwidth(quick=quick, repeats=args.repeats)
     rows = []
     for mode, (q_lens, kv_lens) in (("paged decode", decode), ("paged mixed", mixed)):
         problem, nbytes, flops = paged_inputs(q_lens, kv_lens, *widths)
@@ -146,10 +150,10 @@ def _flash_mla_rows(args) -> list[dict]:
     tensors = mla_inputs(*shape)
     kv, rope_keys = tensors[1], tensors[4]
     cache_bytes = kv.size * kv.dtype.itemsize + rope_keys.size * rope_keys.dtype.itemsize
-    builders = {"copy": _builder(lambda c: c + 1, kv)}
+    builders = {"copy": copy_builder(kv.nbytes)}
     builders.update({p: _builder(_ours(p, False), *tensors) for p in platforms})
     timings = time_variants(builders, repeats=args.repeats, where=f"decode {shape}")
-    copy_bw = 2 * kv.size * kv.dtype.itemsize / timings["copy"]
+    copy_bw = 2 * kv.nbytes / timings["copy"]
     for platform in platforms:
         if platform in timings:
             bandwidth = cache_bytes / timings[platform]

@@ -6,8 +6,8 @@ Hq=32, Hkv=8, D=128, bf16, page 16, every sequence's pages a random permutation 
 Cascade: 64 sequences sharing an 8192-token prompt with 512 tokens each of their own, `cascade_attention`
 beside `page_attention` over each whole context (`speedup_vs_whole`). Prefill share: each mixed case's
 prefill chunks' FLOP/s (the mixed call's time less its decode sequences' alone) over flash attention's.
-Achieved bandwidth = (bytes of K/V read + queries + output) / time, beside a copy `x + 1` of 2 GiB
-(bytes read + written) and XLA's time measured in the same run. Each implementation is timed as the
+Achieved bandwidth = (bytes of K/V read + queries + output) / time, beside the device copy of 2 GiB
+(`_harness.copy_bandwidth`) and XLA's time measured in the same run. Each implementation is timed as the
 registry gives it (its own default tiling), and `auto` through the public op, as users call it: under
 `ejkernel autotune` that row's calls are the ones tuned and exported.
 """
@@ -21,7 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import ejkernel.modules
-from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
+from ejkernel.benchmarks._harness import (
+    copy_bandwidth,
+    grouped_bars,
+    parser,
+    print_table,
+    time_variants,
+    write_results,
+)
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.registry import kernel_registry
 
@@ -34,7 +41,6 @@ DECODE = [(b, c) for b in (8, 32, 64, 128) for c in (1024, 4096, 8192, 32768)]
 MIXED = [(60, 4096, 4, 512, 2048), (24, 8192, 8, 1024, 4096)]
 CASCADE = (64, 8192, 512)  # sequences, shared prefix, own tokens each
 QUICK = dict(heads=4, kv_heads=2, dim=32, page=16, decode=[(2, 64)], mixed=[(2, 64, 1, 16, 32)], cascade=(2, 64, 16))
-COPY_BYTES = 2 * 2**30
 
 
 def _tables(rng, kv_lens, page: int):
@@ -203,12 +209,7 @@ def main(argv=None) -> None:
             decode = [case for case in decode if str(case[index]) in chosen.split(",")]
     mixed = sizes.pop("mixed", MIXED)
     cascade = sizes.pop("cascade", CASCADE)
-    x = jnp.zeros(((2**20 if args.quick else COPY_BYTES) // 2,), jnp.bfloat16)
-    copy = time_variants(
-        {"copy": lambda: functools.partial(jax.jit(lambda a: a + 1), x)}, repeats=args.repeats, where=""
-    )
-    copy_bw = 2 * x.nbytes / copy["copy"]
-    print(f"device copy: {copy_bw / 1e12:.3g} TB/s")
+    copy_bw = copy_bandwidth(quick=args.quick, repeats=args.repeats)
 
     rows = []
     for batch, context in decode:
