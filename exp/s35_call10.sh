@@ -1,0 +1,7 @@
+# Session 35, call 10 (nvidia-h200): the WY transform's kernel on the GPU: the gated-delta-rule GPU tests (dense and
+# ragged), then `ejkernel bench linear_attention --part serving` (decode, and the 8 x 2048 prefill beside the dense op).
+. exp/s28_env.sh
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 75 python3 -m pytest -q -m gpu -n 2 -p no:cacheprovider -rfE \
+  tests/linear_attention/test_linear_triton.py tests/linear_attention/test_ragged_gated_delta_rule_triton.py \
+  -k "delta or mixed" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | cut -c1-300 | tail -6
+timeout 85 python3 -m ejkernel.cli bench linear_attention --part serving --repeats 10 --out "$OUT" 2>&1 | quiet | tail -12
