@@ -1,12 +1,11 @@
 """The chunked delta rule (gated delta rule, kernel delta attention) in Pallas-Triton kernels, token layout.
 
-Per chunk entered with state `h`, the WY transform (`wy_transform`: local to each chunk; in XLA under
-differentiation, whose pullback the backward takes, else in one kernel, `wy_in_kernel`) gives `u = T (β v)`
-and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are `U = u − w h`. From there the
-chunk is the gated recurrence with a gate per head and values U: outputs `scale · ((q ⊙ e^{g}) h + A U)`, exit
-state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that story). So the delta rule runs GLA's kernels of a
-gate per head (`cumulative_gates`, `head_scores`, `chunk_outputs`, `head_grads`) around two sequential passes
-of its own, which carry U's dependence on h:
+Per chunk entered with state `h`, the WY transform (`wy_transform`, in XLA: it is local to each chunk)
+gives `u = T (β v)` and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are
+`U = u − w h`. From there the chunk is the gated recurrence with a gate per head and values U: outputs
+`scale · ((q ⊙ e^{g}) h + A U)`, exit state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that
+story). So the delta rule runs GLA's kernels of a gate per head (`cumulative_gates`, `head_scores`, `chunk_outputs`,
+`head_grads`) around two sequential passes of its own, which carry U's dependence on h:
 
 - forward (`_delta_states`): per chunk, `U = u − w h` (stored), then the exit state;
 - backward (`_delta_state_grads`), in reverse from the final state's gradient `d`: the chunk's
@@ -36,11 +35,8 @@ from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_backward import head_grads
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
-    SUB,
     TritonGlaTiling,
     call_pallas,
-    iota,
-    masked_exp,
     tile_slice,
     tiles_sum,
 )
@@ -62,76 +58,6 @@ def _wy(chunk: int, k, v, beta, a):
     gates = jnp.cumsum(layout.to_chunks(a), axis=-1)
     u, w = wy_transform(*(layout.to_chunks(x) for x in (k, v, beta)), gates)
     return layout.from_chunks(u), layout.from_chunks(w)
-
-
-def _unit_lower_inverse(lower):
-    """`(I + lower)⁻¹` of a strictly lower triangular `[SUB, SUB]` float32 tile, by forward substitution: row r
-    of the inverse is `e_r − lower[r] @ inverse`, where only the rows before r (final already) meet lower[r]."""
-    rows = iota(lower.shape, 0)
-    inverse = (rows == iota(lower.shape, 1)).astype(F32)
-    for r in range(1, lower.shape[0]):
-        row = jnp.sum(jnp.where(rows == r, lower, 0.0), axis=0)  # lower[r, s], zero for s >= r
-        update = jnp.sum(row[:, None] * inverse, axis=0)  # lower[r] @ inverse
-        inverse = jnp.where(rows == r, inverse - update[None, :], inverse)
-    return inverse
-
-
-def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *, blocks: int, cumulative: bool):
-    """One chunk of one head: `(I + L)⁻¹` as blocks of SUB rows (`wy_transform`'s system), then u and w; the
-    log gates `a` per token, or summed within the chunk already (`cumulative`).
-
-    `L` block (i, j), j <= i: `beta_t (k_t · k_s) e^{g_t − g_s}` for s < t, g the cumulative log gate. Its
-    inverse is block lower triangular: the diagonal blocks' by forward substitution, then
-    `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products). `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
-    (beta e^{g} k)_j`, in k's and v's dtype, accumulated in float32, as `wy_transform` computes them."""
-    rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
-    gates, total = [], jnp.zeros((), F32)
-    for i in range(blocks):
-        logs = a_ref[rows[i]]
-        gates.append(logs if cumulative else jnp.cumsum(logs) + total)
-        total = total + jnp.sum(logs)
-    betas = [beta_ref[rows[i]] for i in range(blocks)]
-    keys = [k_ref[rows[i], :] for i in range(blocks)]
-    strict = iota((SUB, SUB), 0) > iota((SUB, SUB), 1)
-    system = {}
-    for i in range(blocks):
-        for j in range(i + 1):
-            keep = strict if i == j else True
-            decay = masked_exp(gates[i][:, None] - gates[j][None, :], keep)
-            system[i, j] = betas[i][:, None] * dot(keys[i], keys[j], trans_b=True) * decay
-    inverse = {(i, i): _unit_lower_inverse(system[i, i]) for i in range(blocks)}
-    for j in range(blocks):
-        for i in range(j + 1, blocks):
-            inner = sum(dot(system[i, m], inverse[m, j]) for m in range(j, i))
-            inverse[i, j] = -dot(inverse[i, i], inner)
-    values = [(betas[j][:, None] * v_ref[rows[j], :].astype(F32)).astype(v_ref.dtype) for j in range(blocks)]
-    entries = [betas[j] * jnp.exp(gates[j]) for j in range(blocks)]
-    scaled_keys = [(entries[j][:, None] * keys[j].astype(F32)).astype(k_ref.dtype) for j in range(blocks)]
-    for i in range(blocks):
-        u_ref[rows[i], :] = sum(dot(inverse[i, j].astype(v_ref.dtype), values[j]) for j in range(i + 1))
-        w_ref[rows[i], :] = sum(dot(inverse[i, j].astype(k_ref.dtype), scaled_keys[j]) for j in range(i + 1))
-
-
-def wy_in_kernel(t: TritonGlaTiling, chunk: int, grid, specs, shapes, k, v, beta, gates, *, cumulative: bool):
-    """`(u, w)` float32 of `wy_transform` in one Pallas-Triton kernel per chunk and head. `specs` (inputs, outputs)
-    place each program's `[C, D]` rows of k and v, `[C]` of beta and of the log gates (summed within chunks if
-    `cumulative`), and its `[C, Dv]` / `[C, Dk]` rows of u and w, whose shapes are `shapes`. On an H200 (8 x 2048
-    tokens, H 32, D 128) XLA's WY transform took 1.36 of the gated delta rule prefill's 2.2 ms: chunked copies
-    of the tensors and small batched products."""
-    outs = [out_struct(shape, F32, k, v, beta, gates) for shape in shapes]
-    return call_pallas(
-        _wy_kernel, t, 4, grid, *specs, outs, "ejkernel_delta_wy", blocks=chunk // SUB, cumulative=cumulative
-    )(k, v, beta, gates)
-
-
-def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a):
-    """`_wy` in `wy_in_kernel`: k, v `[B, T, H, D]`, beta and the log gates `a` `[B, T, H]`."""
-    batch, seq, heads, _ = k.shape
-    rows = lambda x: pl.BlockSpec((None, chunk, None, x.shape[-1]), lambda c, b, h: (b, c, h, 0))
-    gate = pl.BlockSpec((None, chunk, None), lambda c, b, h: (b, c, h))
-    specs = [rows(k), rows(v), gate, gate], [rows(v), rows(k)]
-    grid = (seq // chunk, batch, heads)
-    return wy_in_kernel(t, chunk, grid, specs, (v.shape, k.shape), k, v, beta, a, cumulative=False)
 
 
 # ---- the sequential passes (one program per batch row, head and tile of value columns) ----
@@ -258,9 +184,8 @@ def delta_chunked(
 
     q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`), a `[B, T, H]` float32 log gates per
     head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]` float32. Differentiable w.r.t. q, k, v, a, beta
-    and init. Undifferentiated, the WY transform runs in its kernel (`_wy_triton`); differentiated, in XLA,
-    whose pullback the backward takes."""
-    return _forward(tiling, passes, scale, chunk, q, k, v, a, init, *_wy_triton(tiling, chunk, k, v, beta, a))[0]
+    and init."""
+    return _forward(tiling, passes, scale, chunk, q, k, v, a, init, *_wy(chunk, k, v, beta, a))[0]
 
 
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w):
