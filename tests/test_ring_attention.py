@@ -300,9 +300,8 @@ def test_heuristic_sends_gpu_inference_to_mosaic_gpu_steps(monkeypatch, backend,
     from ejkernel.ops import Invocation
 
     module = importlib.import_module("ejkernel.modules.operations.ring_attention")
-    mosaic = importlib.import_module("ejkernel.kernels._pallas.gpu.ring_attention")
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    monkeypatch.setattr(mosaic, "serves", lambda *args, **kwargs: served)
+    monkeypatch.setattr(module, "resolve", lambda target: lambda *args, **kwargs: served)
     args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
     options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", "layout": "mirrored"}
     cfg = RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", mode))

@@ -41,7 +41,7 @@ from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, fl
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.ops.kernel import FORWARD
-from ejkernel.registry import Backend, Platform, current_backend, implementations
+from ejkernel.registry import Backend, Platform, current_backend, implementations, resolve
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import intersect_windows
 
@@ -106,8 +106,7 @@ class RingAttention(Kernel):
         (BENCHMARKS.md, session 35); else `auto`'s order."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
         if forward_on_gpu:
-            from ejkernel.kernels._pallas.gpu.ring_attention import serves  # loads Mosaic GPU: GPU only
-
+            serves = resolve("ejkernel.kernels._pallas.gpu.ring_attention:serves")  # loads Mosaic GPU: GPU only
             if serves(*inv.args, call=inv.kwargs["call"], layout=inv.kwargs["layout"]):
                 return RingAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
