@@ -308,6 +308,23 @@ def test_heuristic_sends_gpu_inference_to_mosaic_gpu_steps(monkeypatch, backend,
     assert cfg.platform == platform
 
 
+def test_heuristic_asks_the_mosaic_gpu_ring_about_the_tiles_chunk_size_sets(monkeypatch):
+    import importlib
+
+    from ejkernel.modules.operations.ring_attention import RingAttention
+    from ejkernel.ops import Invocation
+
+    module = importlib.import_module("ejkernel.modules.operations.ring_attention")
+    asked = {}
+    monkeypatch.setattr(module, "current_backend", lambda: module.Backend("gpu"))
+    monkeypatch.setattr(module, "resolve", lambda target: lambda *args, **kwargs: asked.update(kwargs) or False)
+    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
+    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", "chunk_size": 64}
+    cfg = RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", "forward"))
+    assert cfg.platform == "auto"  # declined: auto's order
+    assert asked["layout"] == "contiguous" and asked["fwd_params"].block_q == asked["bwd_params"].block_k == 64
+
+
 def test_mosaic_gpu_per_step_kernels_lower_for_cuda():
     """The Mosaic GPU ring on 2 devices, mirrored and causal, exported for CUDA with its gradient (its kernels
     run on a GPU only: `test_gpu_ring_matches_flash_attention`)."""

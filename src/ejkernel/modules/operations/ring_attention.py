@@ -104,11 +104,15 @@ class RingAttention(Kernel):
         """Undifferentiated calls on Hopper take the Mosaic GPU steps where they serve the call: their forward
         beat cuDNN's by 5-6% on 2 H200s (S=65536 causal, 16 and 4 KV heads), while cuDNN's steps train faster
         (BENCHMARKS.md, session 35); else `auto`'s order."""
+        call = inv.kwargs.get("call")  # (None: upstream's raw keyword options, given to the executor directly)
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        if forward_on_gpu:
+        if forward_on_gpu and call is not None:
             serves = resolve("ejkernel.kernels._pallas.gpu.ring_attention:serves")  # loads Mosaic GPU: GPU only
-            if serves(*inv.args, call=inv.kwargs["call"], layout=inv.kwargs["layout"]):
-                return RingAttentionConfig(platform="pallas")
+            chosen = RingAttentionConfig(platform="pallas")
+            fwd, bwd = _tiles(chosen, inv.kwargs.get("chunk_size"))
+            layout = inv.kwargs.get("layout", "contiguous")
+            if serves(*inv.args, call=call, layout=layout, fwd_params=fwd, bwd_params=bwd):
+                return chosen
         return super().heuristic_cfg(inv)
 
     def axis_roles(self, args, kwargs):

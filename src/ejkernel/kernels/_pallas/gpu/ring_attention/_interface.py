@@ -73,11 +73,21 @@ def _block(query, key, value, softmax_aux, bias, call: AttentionCall, layout: st
     return block
 
 
-def serves(query, key, value, softmax_aux, bias, call: AttentionCall, layout: str = "contiguous") -> bool:
-    """Whether the Mosaic GPU ring runs this call with its default tiles (a bad input is left for the
-    implementation that runs the call to name)."""
+def serves(
+    query,
+    key,
+    value,
+    softmax_aux,
+    bias,
+    call: AttentionCall,
+    layout: str = "contiguous",
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> bool:
+    """Whether the Mosaic GPU ring runs this call with these tiles (a bad input is left for the implementation
+    that runs the call to name)."""
     try:
-        _block(query, key, value, softmax_aux, bias, call, layout, None, None)
+        _block(query, key, value, softmax_aux, bias, call, layout, fwd_params, bwd_params)
     except (NotImplementedError, ValueError):
         return False
     return True
