@@ -29,8 +29,8 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.f
 MAX_WIDTH = 8
 """The kernels unroll the taps (each a row of registers per step); wider filters run on XLA."""
 FORWARD_TILING = TritonCausalConvTiling(block_t=64, block_c=1024, num_warps=8, num_stages=1, step_rows=8)
-"""The sliding window's default: the fastest measured on an H200 (16384 tokens x 8192 channels, W 4, bf16: 0.95
-of a device copy's bandwidth dense, 0.90 packed on a pool)."""
+"""The sliding window's default: the fastest measured on an H200 (16384 tokens x 8192 channels, W 4, bf16: 0.72
+of the device's copy bandwidth dense, 0.68 packed on a pool)."""
 SHIFTED_TILING = TritonCausalConvTiling(block_t=32, block_c=256, num_warps=4, num_stages=1, design="shifted")
 """The shifted tiles' default, where `design="shifted"`."""
 
