@@ -29,8 +29,9 @@ forward slides a window over each run of tokens, reading every input row once, a
 backward is XLA's autodiff of the plain-JAX forward. On an H200 (16384 tokens x 8192 channels, width 4, bf16) the
 dense forward with SiLU and bias took 0.176 ms against XLA's 0.345, the packed one on a conv-state pool 0.189 ms
 against 0.483 (`exp/s30_conv_variants.py`): 0.72 and 0.68 of the device's copy bandwidth (4.18 TB/s, BENCHMARKS.md,
-session 35), and 2.2x faster than flash-linear-attention's Triton kernel. Dense forward+backward took 1.800 ms with a Triton backward kernel, which this backward
-replaced: 0.864 ms with it, against XLA's 0.854 (`ejkernel bench causal_conv1d`)."""
+session 35), and 2.2x faster than flash-linear-attention's Triton kernel. Dense forward+backward took 1.800 ms with
+a Triton backward kernel, which this backward replaced: 0.864 ms with it, against XLA's 0.854 (`ejkernel bench
+causal_conv1d`)."""
 
 ACTIVATIONS = (None, "silu", "swish")
 FORWARD_DESIGNS = ("window", "shifted")
