@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from _kit import first_lines, interpret_context, log, rel, start_watchdog
 
-from ejkernel.benchmarks.mla import COPY_BYTES, PAGED_DECODE, PAGED_WIDTHS, paged_inputs
+from ejkernel.benchmarks._harness import COPY_BYTES
+from ejkernel.benchmarks.mla import PAGED_DECODE, PAGED_WIDTHS, paged_inputs
 from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._interface import mosaic_latent_paged
 from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._kernel import MosaicGpuLatentPagedTiling
 from ejkernel.ops.autotune import time_fns

@@ -5,6 +5,8 @@ jax.set_mesh`), both layouts (contiguous; mirrored for causal calls that shard t
 MHA / GQA / MQA, causal, windows, soft cap, sinks, segments with padding, and the errors.
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,10 +19,12 @@ from ejkernel.kernels._common.flash_attention.forward import attention_forward
 from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
 from ejkernel.kernels._common.ring import RingSpec, from_mirrored, to_mirrored
 from ejkernel.modules import RingAttentionConfig, ring_attention
-from ejkernel.ops import FwdParams
+from ejkernel.ops import FwdParams, Invocation
 from ejkernel.reference.flash_attention import flash_attention_reference
 from ejkernel.types import MaskInfo
 from harness import assert_close, check_forward_and_grads, randn
+
+ring_module = importlib.import_module("ejkernel.modules.operations.ring_attention")  # the module, not the function
 
 B, S, H, D = 2, 64, 4, 16
 SEQ = P(None, "sp")
@@ -284,6 +288,16 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     check(fn, ref, [q, k, v, aux])
 
 
+def _ring_heuristic(monkeypatch, backend: str, mode: str, serves, **options):
+    """`RingAttention.heuristic_cfg` of a small causal call on a `backend` device, the Mosaic GPU ring's `serves`
+    replaced by `serves`."""
+    monkeypatch.setattr(ring_module, "current_backend", lambda: ring_module.Backend(backend))
+    monkeypatch.setattr(ring_module, "resolve", lambda target: serves)
+    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
+    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", **options}
+    return ring_module.RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", mode))
+
+
 @pytest.mark.parametrize(
     ("backend", "mode", "served", "platform"),
     [
@@ -294,33 +308,14 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     ],
 )
 def test_heuristic_sends_gpu_inference_to_mosaic_gpu_steps(monkeypatch, backend, mode, served, platform):
-    import importlib
-
-    from ejkernel.modules.operations.ring_attention import RingAttention
-    from ejkernel.ops import Invocation
-
-    module = importlib.import_module("ejkernel.modules.operations.ring_attention")
-    monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    monkeypatch.setattr(module, "resolve", lambda target: lambda *args, **kwargs: served)
-    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
-    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", "layout": "mirrored"}
-    cfg = RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", mode))
+    cfg = _ring_heuristic(monkeypatch, backend, mode, lambda *args, **kwargs: served, layout="mirrored")
     assert cfg.platform == platform
 
 
 def test_heuristic_asks_the_mosaic_gpu_ring_about_the_tiles_chunk_size_sets(monkeypatch):
-    import importlib
-
-    from ejkernel.modules.operations.ring_attention import RingAttention
-    from ejkernel.ops import Invocation
-
-    module = importlib.import_module("ejkernel.modules.operations.ring_attention")
     asked = {}
-    monkeypatch.setattr(module, "current_backend", lambda: module.Backend("gpu"))
-    monkeypatch.setattr(module, "resolve", lambda target: lambda *args, **kwargs: asked.update(kwargs) or False)
-    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
-    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp", "chunk_size": 64}
-    cfg = RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", "forward"))
+    serves = lambda *args, **kwargs: asked.update(kwargs) or False
+    cfg = _ring_heuristic(monkeypatch, "gpu", "forward", serves, chunk_size=64)
     assert cfg.platform == "auto"  # declined: auto's order
     assert asked["layout"] == "contiguous" and asked["fwd_params"].block_q == asked["bwd_params"].block_k == 64
 

@@ -57,7 +57,9 @@ class MosaicGpuBlock:
         return (*(g.astype(jnp.float32) for g in (dq[:, :q_len], dk[:, :k_len], dv[:, :k_len])), None)
 
 
-def _block(query, key, value, softmax_aux, bias, call: AttentionCall, layout: str, fwd_params, bwd_params):
+def _block(
+    query, key, value, softmax_aux, bias, call: AttentionCall, *, layout="contiguous", fwd_params=None, bwd_params=None
+):
     """The per-step block of a call; NotImplementedError for what the kernels do not serve."""
     decline_call(WHO, call, serves=("causal",), bias=bias is not None)
     check_call(call)
@@ -73,21 +75,11 @@ def _block(query, key, value, softmax_aux, bias, call: AttentionCall, layout: st
     return block
 
 
-def serves(
-    query,
-    key,
-    value,
-    softmax_aux,
-    bias,
-    call: AttentionCall,
-    layout: str = "contiguous",
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
-) -> bool:
-    """Whether the Mosaic GPU ring runs this call with these tiles (a bad input is left for the implementation
-    that runs the call to name)."""
+def serves(*args, **options) -> bool:
+    """Whether the Mosaic GPU ring runs this call (`ring_attention_mosaic_gpu`'s arguments less `axis_name`) with
+    these tiles; a bad input is left for the implementation that runs the call to name."""
     try:
-        _block(query, key, value, softmax_aux, bias, call, layout, fwd_params, bwd_params)
+        _block(*args, **options)
     except (NotImplementedError, ValueError):
         return False
     return True
@@ -112,7 +104,8 @@ def ring_attention_mosaic_gpu(
     Mosaic GPU route reads them. Declines (NotImplementedError) what the kernels do not serve and any GPU
     but a Hopper.
     """
-    block = _block(query, key, value, softmax_aux, bias, call, layout, fwd_params, bwd_params)
+    options = dict(layout=layout, fwd_params=fwd_params, bwd_params=bwd_params)
+    block = _block(query, key, value, softmax_aux, bias, call, **options)
     n = bound_axis_size(axis_name)
     ring = RingSpec(axis_name=axis_name, layout=layout, causal=block.causal, window=None)
     return run_ring(block, ring, n, query, key, value, softmax_aux)
