@@ -8,7 +8,8 @@ Each workload is compiled and run once, then run `--repeats` times inside `jax.p
 kernels of the device's streams (CUPTI's timestamps: real speed, kernels as they overlap) are summed by
 name and divided by the repeats. Without XLA's command buffers every kernel is its own launch, which the
 trace names one by one. Workloads (bf16, the issues' bench shapes): `gla`, `gdr` (forward+backward,
-B=2 S=16384 H=16 D=128), `ssd_fwd`, `ssd` (Mamba-2 B=2 S=16384 H=32 P=64 N=128), `bsa10`
+B=2 S=16384 H=16 D=128), `gdr_decode`, `gdr_prefill` (`ragged_gated_delta_rule`, 256 x 1 and 8 x 2048
+tokens), `ssd_fwd`, `ssd` (Mamba-2 B=2 S=16384 H=32 P=64 N=128), `bsa10`
 (block-sparse, forward+backward, random 128x128 blocks at 10%, B=1 S=16384 H=16 D=128), `gmm_fwd`
 (grouped matmul M=32768 K=4096 N=1536, 64 groups), `ssm1_decode` (Mamba-1 decode step at batch 64),
 `decode_b8_4k`, `decode_b8_8k` (page_attention on Triton, batch 8, contexts 4096 / 8192, the serving
@@ -54,6 +55,30 @@ def gdr():
     beta = jax.nn.sigmoid(_normal(3, (2, 16384, 16), jnp.float32))
     decay = -0.05 * jax.nn.softplus(_normal(4, (2, 16384, 16), jnp.float32))
     return _grad_step(lambda q, k, v, b, d: gated_delta_rule(q, k, v, b, d), q, k, v, beta, decay)
+
+
+def _ragged_gdr(requests: int, length: int):
+    """`ragged_gated_delta_rule` on Triton, `requests` x `length` tokens, H 32, D 128, pool of 2 x requests slots
+    (the pool not donated: a copy of it per call is in the split)."""
+    from ejkernel.modules import ragged_gated_delta_rule
+
+    tokens = requests * length
+    q, k, v = (_normal(i, (tokens, 32, 128)) for i in range(3))
+    beta = jax.nn.sigmoid(_normal(3, (tokens, 32), jnp.float32))
+    decay = -0.05 * jax.nn.softplus(_normal(4, (tokens, 32), jnp.float32))
+    pool = _normal(5, (2 * requests, 32, 128, 128), jnp.float32)
+    bounds = jnp.arange(0, tokens + 1, length, dtype=jnp.int32)
+    slots = jnp.arange(requests, dtype=jnp.int32) * 2
+    call = jax.jit(functools.partial(ragged_gated_delta_rule, platform="triton"))
+    return functools.partial(call, q, k, v, beta, decay, pool, bounds, slots)
+
+
+def gdr_decode():
+    return _ragged_gdr(256, 1)
+
+
+def gdr_prefill():
+    return _ragged_gdr(8, 2048)
 
 
 def _ssd_inputs():
@@ -120,7 +145,10 @@ def decode_b8_8k():
     return _decode(8192)
 
 
-WORKLOADS = {f.__name__: f for f in (gla, gdr, ssd_fwd, ssd, bsa10, gmm_fwd, ssm1_decode, decode_b8_4k, decode_b8_8k)}
+WORKLOADS = {
+    f.__name__: f
+    for f in (gla, gdr, gdr_decode, gdr_prefill, ssd_fwd, ssd, bsa10, gmm_fwd, ssm1_decode, decode_b8_4k, decode_b8_8k)
+}
 
 
 def split(name: str, repeats: int, trace_dir: str) -> None:

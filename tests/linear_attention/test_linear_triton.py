@@ -165,14 +165,18 @@ def test_gated_delta_rule_segments():
 
 def test_delta_rule_on_the_gated_kernels():
     """One sequence per row, no segments: the delta rule on GLA's kernels of a gate per head (`_delta`),
-    a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay."""
+    a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay;
+    undifferentiated too (the WY transform's kernel, `_wy_triton`)."""
     q, k, v = inputs(seq=70)
     args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), rand((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
     fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
         q, k, v, b, d, None, h0, return_state=True, cfg=cfg, interpret=True
     )
-    check(fn, lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0), args)
+    reference = lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0)
+    check(fn, reference, args)
+    for got, expected in zip(jax.jit(fn)(*args), reference(*args), strict=True):
+        assert_close(got, expected, jnp.float32)
     fn = lambda q, k, v, b, h0: kernel_delta_attention_triton(
         q, k, v, b, None, h0, return_state=True, chunk_size=16, interpret=True
     )
@@ -224,7 +228,8 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     def lowered(fn, *args):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
-    delta = ["ejkernel_delta_states", "ejkernel_delta_state_grads", "ejkernel_gla_outputs", "ejkernel_gla_grads"]
+    delta = ["ejkernel_delta_wy", "ejkernel_delta_states", "ejkernel_delta_state_grads", "ejkernel_gla_outputs"]
+    delta.append("ejkernel_gla_grads")
     passes = ["ejkernel_linear_attention_exit_states", "ejkernel_linear_attention_entry_grads"]
     for fn, args, kernels in (
         (
@@ -270,6 +275,8 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     )  # a plain forward with a gate per head: fused
     text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=engine), x, x, x, per_head)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text
+    plain = lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False)  # WY in its kernel
+    assert "ejkernel_delta_wy" in lowered(plain, x, x, x, per_head, per_head)
     token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)
     decode = lambda q, k, v, h: lightning_attention_triton(q, k, v, h, layer_idx=1, num_layers=2, interpret=False)
     assert "ejkernel_linear_attention_step" in lowered(decode, token, token, token, state)

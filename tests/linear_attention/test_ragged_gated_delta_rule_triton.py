@@ -152,6 +152,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         "ejkernel_ragged_delta_decode",
         "ejkernel_ragged_delta_decode_readers",
         "ejkernel_ragged_delta_pack",
+        "ejkernel_delta_wy",
         "ejkernel_ragged_delta_states",
         "ejkernel_ragged_delta_outputs",
     ):

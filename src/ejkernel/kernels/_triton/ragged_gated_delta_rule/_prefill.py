@@ -6,9 +6,9 @@ no while loop). Four steps:
 
 1. `_pack_kernel` builds that layout in one pass, reading each chunk's rows where they sit in the flat
    `[T, H, D]` inputs (masked loads: no gather, no full-size intermediate): q and k L2-normalised, q scaled, the
-   log decays summed within chunks (the cumulative gates), and k and v written a second time chunk-major,
-   `[NC, 1, H, C, D]`, the layout the WY transform reads.
-2. The WY transform (XLA, local to each chunk) returns u and w chunk-major, u in float32.
+   log decays summed within chunks (the cumulative gates), and v chunk-major, `[NC, 1, H, C, D]`.
+2. The WY transform, local to each chunk, in one kernel (`wy_in_kernel`), returns u and w chunk-major in
+   float32.
 3. `_states_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
    x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
    of the pool and leaving its final state.
@@ -29,12 +29,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
-from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
-from ejkernel.kernels._common.linear_attention.numerics import wy_transform
 from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
+from ejkernel.kernels._triton.linear_attention._delta import wy_in_kernel
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     TritonGlaTiling,
@@ -137,9 +136,9 @@ def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
 def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
     """Chunk `c` of head `h` in the chunk layout: row `r` is token `start[c] + r` where `lo[c] <= r < hi[c]`,
     else zero; q and k normalised if asked, q scaled; the log decays summed within the chunk (the cumulative
-    gates). k is written twice: in the token layout and chunk-major (for the WY transform), as v is."""
+    gates); v chunk-major."""
     decay_ref, outs = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
-    q_out, k_out, v_out, beta_out, gates_out, k_wy_out = outs
+    q_out, k_out, v_out, beta_out, gates_out = outs
     chunk = s["chunk"]
     c, head = pl.program_id(0), pl.program_id(1)
     tokens = pl.ds(start_ref[c], chunk)
@@ -157,18 +156,15 @@ def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs
 
     dk, dv = q_out.shape[-1], v_out.shape[-1]
     q_out[...] = (normalised(rows(q_ref, dk)) * s["scale"]).astype(q_out.dtype)
-    k = normalised(rows(k_ref, dk)).astype(k_out.dtype)
-    k_out[...] = k
-    k_wy_out[...] = k
+    k_out[...] = normalised(rows(k_ref, dk)).astype(k_out.dtype)
     v_out[...] = rows(v_ref, dv).astype(v_out.dtype)
     beta_out[...] = rows(beta_ref)
     gates_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else jnp.cumsum(rows(decay_ref))
 
 
 def pack_chunks(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
-    """`(q, k [1, NC·C, H, Dk], v [NC, 1, H, C, Dv], beta, g [1, NC·C, H] float32, k_wy [NC, 1, H, C, Dk])`: the
-    tokens in the chunk layout of `table`, q, k and v in v's dtype, g the log decays summed within chunks; v and
-    `k_wy` (k again) chunk-major, as the WY transform reads them."""
+    """`(q, k [1, NC·C, H, Dk], v [NC, 1, H, C, Dv], beta, g [1, NC·C, H] float32)`: the tokens in the chunk
+    layout of `table`, q, k and v in v's dtype, g the log decays summed within chunks; v chunk-major."""
     query, key, value, beta, decay = inputs
     heads, dk, dv = query.shape[1], query.shape[-1], value.shape[-1]
     num_chunks = table.start.shape[0]
@@ -178,9 +174,9 @@ def pack_chunks(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, table: Chu
     out = lambda shape, dtype: out_struct(shape, dtype, *args)
     token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
     major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
-    specs = [token(dk), token(dk), major(dv), token(), token(), major(dk)]
+    specs = [token(dk), token(dk), major(dv), token(), token()]
     shapes = [out((1, padded, heads, dk), mm)] * 2 + [out((num_chunks, 1, heads, chunk, dv), mm)]
-    shapes += [out((1, padded, heads), F32)] * 2 + [out((num_chunks, 1, heads, chunk, dk), mm)]
+    shapes += [out((1, padded, heads), F32)] * 2
     return call_pallas(
         _pack_kernel,
         t,
@@ -244,6 +240,17 @@ def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows
     )(*args)
 
 
+def _wy(t: TritonGlaTiling, chunk: int, k, v, beta, g):
+    """`(u, w)` `[NC, 1, H, C, Dv | Dk]` float32, chunk-major, of the packed chunks (`pack_chunks`' k, v, beta, g)."""
+    num_chunks, heads = v.shape[0], v.shape[2]
+    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
+    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    dk, dv = k.shape[-1], v.shape[-1]
+    specs = [token(dk), major(dv), token(), token()], [major(dv), major(dk)]
+    shapes = (v.shape, (*v.shape[:-1], dk))
+    return wy_in_kernel(t, chunk, (num_chunks, heads), specs, shapes, k, v, beta, g, cumulative=True)
+
+
 def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool):
     """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of the requests `req`
     (`Requests`), each entering from its slot of `pool` (clamped into the pool: a dropped request's state is
@@ -252,9 +259,8 @@ def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool
     query = inputs[0]
     num_tokens = query.shape[0]
     table = chunk_table(req, num_tokens, chunk)
-    chunks = ChunkLayout.dense(1, table.start.shape[0] * chunk, chunk)  # the padded row, cut at its chunk bounds
-    q, k, v, beta, g, k_wy = pack_chunks(t, chunk, l2norm, inputs, table)
-    u, w = wy_transform(k_wy, v, chunks.to_chunks(beta), chunks.to_chunks(g))
+    q, k, v, beta, g = pack_chunks(t, chunk, l2norm, inputs, table)
+    u, w = _wy(t, chunk, k, v, beta, g)
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
     g = g[..., None]
     e, values, final = _states(t, chunk, table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
