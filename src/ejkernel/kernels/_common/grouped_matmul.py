@@ -490,17 +490,18 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None, fp8
     """A registered implementation with the public contract, from an implementation's two products.
 
     `gmm` and `tgmm` are as `grouped_vjp` takes them; `tilings(dims, lhs, cfg=, interpret=, precision=,
-    transpose_rhs=)` returns their `tiling=` values `(fwd, dlhs, drhs)` for a call, or raises
-    NotImplementedError for a call the implementation does not serve. `untiled(lhs, rhs, group_sizes,
-    group_offset, transpose_rhs=, out_dtype=, precision=)`, where given, replaces the core (its own
-    derivatives) when `cfg.bypass_xla_tiling` is set. `decodes(weights)`, where given, says whether `gmm`
-    takes `PackedGroupWeights` or `ScaledGroupWeights` (`_common.grouped_matmul_quantized`) in place of a
-    float rhs, or raises NotImplementedError for weights it declines; without it a `QuantizedArray` rhs is
-    declined and v3 scales are applied before the core. `fp8_forward(fwd_tiling, weights)`, where given,
-    returns the forward's tiling set to multiply FP8 by FP8 in the kernel for `fp8_lhs` (None where it cannot);
-    otherwise lhs is rounded through FP8 first (`fp8_rows`). Around the core: the checks, the operands cast to
-    `compute_dtype` (autodiff casts each gradient back to its input's dtype), v3 dequantisation and bias,
-    and `existing_out` added to every row.
+    transpose_rhs=, quantized=)` returns their `tiling=` values `(fwd, dlhs, drhs)` for a call (`quantized`:
+    quantized weights, unless `fp8_lhs` asks for FP8 products), or raises NotImplementedError for a call the
+    implementation does not serve.
+    `untiled(lhs, rhs, group_sizes, group_offset, transpose_rhs=, out_dtype=, precision=)`, where given,
+    replaces the core (its own derivatives) when `cfg.bypass_xla_tiling` is set. `decodes(weights)`, where
+    given, says whether `gmm` takes `PackedGroupWeights` or `ScaledGroupWeights`
+    (`_common.grouped_matmul_quantized`) in place of a float rhs, or raises NotImplementedError for weights it
+    declines; without it a `QuantizedArray` rhs is declined and v3 scales are applied before the core.
+    `fp8_forward(fwd_tiling, weights)`, where given, returns the forward's tiling set to multiply FP8 by FP8 in
+    the kernel for `fp8_lhs` (None where it cannot); otherwise lhs is rounded through FP8 first (`fp8_rows`).
+    Around the core: the checks, the operands cast to `compute_dtype` (autodiff casts each gradient back to its
+    input's dtype), v3 dequantisation and bias, and `existing_out` added to every row.
     """
     core = grouped_vjp(gmm, tgmm)
     frozen = frozen_vjp(gmm, tgmm)
@@ -555,7 +556,13 @@ def implementation(gmm, tgmm, tilings, doc: str, untiled=None, decodes=None, fp8
         bypass = untiled is not None and getattr(cfg, "bypass_xla_tiling", False)
         if not bypass:
             fwd, *bwd = tilings(
-                dims, lhs, cfg=cfg, interpret=interpret, precision=precision, transpose_rhs=transpose_rhs
+                dims,
+                lhs,
+                cfg=cfg,
+                interpret=interpret,
+                precision=precision,
+                transpose_rhs=transpose_rhs,
+                quantized=weights is not None and not fp8_lhs,
             )
             if fp8_lhs and weights is not None and fp8_forward is not None:
                 in_kernel = fp8_forward(fwd, weights)

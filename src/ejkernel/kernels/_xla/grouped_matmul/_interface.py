@@ -115,7 +115,8 @@ def ragged(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, pre
     return jnp.roll(product(jnp.roll(lhs, -starts[0], axis=0), ends - starts), starts[0], axis=0)
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
+    del quantized  # (rows per tile alone: the same for decoded weights)
     fwd, bwd = tile_params(cfg)
     bwd = bwd or fwd
     return (_block_m(dims.m, fwd), precision), *[(_block_m(dims.m, bwd), precision)] * 2

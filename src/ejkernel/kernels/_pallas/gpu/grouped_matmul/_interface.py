@@ -166,9 +166,9 @@ def plan(dims, transpose_rhs: bool, cfg) -> Planned:
     )
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
     """(`precision` is moot: 16-bit inputs, float32 sums.)"""
-    del lhs, interpret, precision
+    del lhs, interpret, precision, quantized
     planned = plan(dims, transpose_rhs, cfg)
     return planned.fwd, planned.dlhs, planned.drhs
 
@@ -257,9 +257,9 @@ def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> Non
         raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
 
 
-def _fp8_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
+def _fp8_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
     """The FP8 forward's tiling; the 16-bit kernels' for the backward products (on dequantised weights)."""
-    del lhs, interpret, precision
+    del lhs, interpret, precision, quantized
     fwd = plan_fp8(cfg, dims.n)  # first: its reason names the FP8 tiles
     planned = plan(dims, transpose_rhs, cfg)
     return fwd, planned.dlhs, planned.drhs

@@ -38,8 +38,10 @@ def tiling(params, rows: int, contraction: int, cols: int, interpret, granules=G
     )
 
 
-def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs):
-    """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products."""
+def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
+    """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products (quantized
+    weights are declined before)."""
+    del quantized
     if jnp.dtype(lhs.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16, got {lhs.dtype}")
     interpret = resolve_interpret(interpret)
