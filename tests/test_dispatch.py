@@ -84,6 +84,26 @@ def test_auto_falls_through_not_implemented_to_next():
     assert factor(make_executor()(FallKernel(), x, platform="xla"), x) == 7
 
 
+class PreferringKernel(FallKernel):
+    """Its heuristic prefers the Triton implementation, which declines every call."""
+
+    def heuristic_cfg(self, inv):
+        return ToyConfig(platform="triton") if inv.platform == "auto" else ToyConfig(platform=inv.platform)
+
+
+def test_a_preferred_platform_that_declines_falls_back_to_auto_order(caplog):
+    x = toy_input()
+    with caplog.at_level("DEBUG", logger="ejkernel.dispatch"):
+        assert factor(make_executor()(PreferringKernel(), x), x) == 7
+    expected = "xla serves the call (platform='triton' preferred); declined first: triton: needs head_dim 128"
+    assert any(expected in message for message in caplog.messages), caplog.messages
+
+
+def test_a_platform_the_caller_names_does_not_fall_back():
+    with pytest.raises(NotImplementedError, match="needs head_dim 128"):
+        make_executor()(PreferringKernel(), toy_input(), cfg=ToyConfig(platform="triton"))
+
+
 def test_explicit_platform_does_not_fall_through():
     with pytest.raises(NotImplementedError, match="needs head_dim 128"):
         make_executor()(FallKernel(), toy_input(), platform="triton")

@@ -250,10 +250,12 @@ def _apply_pullback(pullback, g):
     return pullback(g)
 
 
-def _launcher(kernel: Kernel, kwargs: dict[str, Any], chosen: KernelConfig):
-    """`kernel.run` with `chosen` and the keyword options, as a function of the positional arguments; wrapped in
-    a custom VJP of the kernel's `fwd_with_residuals` and `vjp` where it has both."""
-    run = functools.partial(kernel.run, cfg=chosen, **kwargs)
+def _launcher(kernel: Kernel, kwargs: dict[str, Any], chosen: KernelConfig, inv: Invocation):
+    """`kernel.run` with `chosen` and the keyword options, as a function of the positional arguments (`chosen`'s
+    platform `preferred` where the call asked for `auto`); wrapped in a custom VJP of the kernel's
+    `fwd_with_residuals` and `vjp` where it has both."""
+    preferred = inv.platform == "auto" and config_platform(chosen) != "auto"
+    run = functools.partial(kernel.run, cfg=chosen, **({"preferred": True} if preferred else {}), **kwargs)
     if kernel.fwd_with_residuals is None or kernel.vjp is None:
         return run
     call = jax.custom_vjp(run)
@@ -319,7 +321,7 @@ class Executor:
         """
         if cfg is not None or not kernel.tune_argnums:
             inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
-            return _launcher(kernel, kwargs, self.chain.select(kernel, inv, cfg))(*args)
+            return _launcher(kernel, kwargs, self.chain.select(kernel, inv, cfg), inv)(*args)
         leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
         is_input = lambda leaf: isinstance(leaf, jax.Array | np.ndarray) and not _read_while_tracing(leaf)
         dynamic = [i for i, leaf in enumerate(leaves) if is_input(leaf)]
@@ -329,8 +331,8 @@ class Executor:
             for i, array in zip(dynamic, arrays, strict=True):
                 full[i] = array
             a, kw = jax.tree_util.tree_unflatten(treedef, full)
-            chosen = self.chain.select(kernel, Invocation(kernel.op_id, a, kw, platform, mode))
-            return _launcher(kernel, kw, chosen)(*a)
+            inv = Invocation(kernel.op_id, a, kw, platform, mode)
+            return _launcher(kernel, kw, self.chain.select(kernel, inv), inv)(*a)
 
         # Partials, not closures: the rules call `run` with no frame of their own between.
         call = jax.custom_vjp(functools.partial(run, FORWARD))

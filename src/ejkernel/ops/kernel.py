@@ -179,8 +179,11 @@ class Kernel[Cfg: KernelConfig, Out]:
         """Run `impl` with `cfg`; `run` calls `impl.fn` inline instead where a subclass keeps this default."""
         return impl.fn(*args, cfg=cfg, **kwargs)
 
-    def run(self, *args: Any, cfg: KernelConfig, **kwargs: Any) -> Any:
-        """Run with `cfg`; with `platform="auto"`, the first implementation that accepts the call."""
+    def run(self, *args: Any, cfg: KernelConfig, preferred: bool = False, **kwargs: Any) -> Any:
+        """Run with `cfg`: on its platform's implementation, or, with `platform="auto"`, on the first
+        implementation that accepts the call. `preferred`: the config's platform was chosen for a call that
+        asked for `auto` (by a heuristic, a cache or the tuner), so it is tried first and, where it declines,
+        `auto`'s order serves the call; a platform the caller named runs or fails with its reason."""
         here, backend, platform = current_backend().value, config_backend(cfg), config_platform(cfg)
         if backend not in ("any", here):
             raise ValueError(
@@ -189,22 +192,29 @@ class Kernel[Cfg: KernelConfig, Out]:
             )
         # The default hook is called inline (below, twice): one frame fewer between a public function and its kernel.
         hook = None if getattr(self.call_impl, "__func__", None) is Kernel.call_impl else self.call_impl
+        order = self.implementations()
         if platform != "auto":
-            impl = next(iter(self.implementations(platform)), None)
-            if impl is None:
+            first = self.implementations(platform)
+            if not first:
                 kernel_registry.get(self.op_id, platform)  # raises the registry's error, listing what exists
-            out = impl.fn(*args, cfg=cfg, **kwargs) if hook is None else hook(impl, args, kwargs, cfg)
-            log_dispatch("%s: %s serves the call (platform=%r asked for)", self.op_id, impl.platform.value, platform)
-            return out
+            if not preferred:
+                impl = first[0]
+                out = impl.fn(*args, cfg=cfg, **kwargs) if hook is None else hook(impl, args, kwargs, cfg)
+                log_dispatch(
+                    "%s: %s serves the call (platform=%r asked for)", self.op_id, impl.platform.value, platform
+                )
+                return out
+            order = first + [impl for impl in order if impl not in first]
         reasons = []
-        for impl in self.implementations():
+        for impl in order:
             try:
                 out = impl.fn(*args, cfg=cfg, **kwargs) if hook is None else hook(impl, args, kwargs, cfg)
             except NotImplementedError as err:
                 reasons.append(f"{impl.platform.value}: {err}")
                 continue
+            how = "platform='auto'" if platform == "auto" else f"platform={platform!r} preferred"
             declined = f"; declined first: {'; '.join(reasons)}" if reasons else ""
-            log_dispatch("%s: %s serves the call (platform='auto')%s", self.op_id, impl.platform.value, declined)
+            log_dispatch("%s: %s serves the call (%s)%s", self.op_id, impl.platform.value, how, declined)
             return out
         raise NoImplementationError(
             f"{self.op_id}: no implementation on this device accepts the call: " + "; ".join(reasons)

@@ -41,9 +41,6 @@ from ejkernel.kernels._common.search import sorted_position
 
 # ---- argument checks ----
 
-# The dtypes the Triton kernels take: also what the public module's heuristic checks before preferring them.
-TRITON_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
 
 @dataclasses.dataclass(frozen=True)
 class Dims:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int, Shaped
 
-from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, check_args, check_versions, result_dtype, tile_params
+from ejkernel.kernels._common.grouped_matmul import check_args, check_versions, result_dtype, tile_params
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.config import BOOL, POSITIVE_INT, KernelTiling, Rule
@@ -188,13 +188,13 @@ class GroupedMatmul(Kernel):
         return {2: (rows // groups + (jnp.arange(groups) < rows % groups)).astype(sizes.dtype)}
 
     def heuristic_cfg(self, inv: Invocation) -> GroupedMatmulConfig:
-        """Undifferentiated calls on a GPU take the Triton kernel where it serves the dtype: its forward beat
-        the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed, M=32768 K=4096 N=1536,
-        64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster (0.71 against 0.55).
-        `fp8_lhs` calls keep `auto`'s order: the Mosaic GPU FP8 x FP8 forward, else Triton's."""
+        """Undifferentiated calls on a GPU prefer the Triton kernel (where it declines, `auto`'s order serves
+        the call): its forward beat the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed,
+        M=32768 K=4096 N=1536, 64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster
+        (0.71 against 0.55). `fp8_lhs` calls keep `auto`'s order: the Mosaic GPU FP8 x FP8 forward, else
+        Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        fp8 = bool(inv.kwargs.get("fp8_lhs"))  # the Mosaic GPU FP8 x FP8 forward first, where it serves the call
-        if forward_on_gpu and not fp8 and jnp.dtype(inv.args[0].dtype) in TRITON_DTYPES:
+        if forward_on_gpu and not inv.kwargs.get("fp8_lhs"):
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 

@@ -41,7 +41,7 @@ from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, fl
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
 from ejkernel.ops.kernel import FORWARD
-from ejkernel.registry import Backend, Platform, current_backend, implementations, resolve
+from ejkernel.registry import Backend, Platform, current_backend, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import intersect_windows
 
@@ -101,18 +101,13 @@ class RingAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: a call's mode (differentiated or not) is known
 
     def heuristic_cfg(self, inv: Invocation) -> RingAttentionConfig:
-        """Undifferentiated calls on Hopper take the Mosaic GPU steps where they serve the call: their forward
-        beat cuDNN's by 5-6% on 2 H200s (S=65536 causal, 16 and 4 KV heads), while cuDNN's steps train faster
-        (BENCHMARKS.md, session 35); else `auto`'s order."""
+        """Undifferentiated calls on a GPU prefer the Mosaic GPU steps (where they decline, a call that is not
+        Hopper's or not theirs, `auto`'s order serves it): their forward beat cuDNN's by 5-6% on 2 H200s
+        (S=65536 causal, 16 and 4 KV heads), while cuDNN's steps train faster (BENCHMARKS.md, session 35)."""
         call = inv.kwargs.get("call")  # (None: upstream's raw keyword options, given to the executor directly)
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
         if forward_on_gpu and call is not None:
-            serves = resolve("ejkernel.kernels._pallas.gpu.ring_attention:serves")  # loads Mosaic GPU: GPU only
-            chosen = RingAttentionConfig(platform="pallas")
-            fwd, bwd = _tiles(chosen, inv.kwargs.get("chunk_size"))
-            layout = inv.kwargs.get("layout", "contiguous")
-            if serves(*inv.args, call=call, layout=layout, fwd_params=fwd, bwd_params=bwd):
-                return chosen
+            return RingAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
     def axis_roles(self, args, kwargs):

@@ -14,13 +14,14 @@ import dataclasses
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ejkernel.kernels._common.grouped_matmul import TRITON_DTYPES, implementation, tile_params
+from ejkernel.kernels._common.grouped_matmul import implementation, tile_params
 from ejkernel.kernels._common.grouped_matmul_quantized import PackedGroupWeights, ScaledGroupWeights
 from ejkernel.kernels._common.quantized_matmul import DECODE_BITS
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.grouped_matmul._kernel import TritonGroupedMatmulTiling, gmm, tgmm
 
 MIN_BLOCK = 16  # smallest tile edge the Triton matmuls take
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # of lhs, the kernels take
 # (block_m, block_k, block_n, num_warps, num_stages) of the forward and of both backward products.
 DEFAULT_FWD = (128, 64, 256, 8, 3)
 DEFAULT_BWD = (128, 64, 128, 8, 3)
@@ -49,7 +50,7 @@ def tiling(params, default, rows: int, contraction: int, cols: int, interpret: b
 def _tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
     """(output rows, contraction, output columns) tiles of the forward, dlhs and drhs products; the forward's
     default is `DEFAULT_QUANTIZED_FWD` where it decodes weights."""
-    if jnp.dtype(lhs.dtype) not in TRITON_DTYPES:
+    if jnp.dtype(lhs.dtype) not in DTYPES:
         raise NotImplementedError(f"{WHO} takes float32/bfloat16/float16, got {lhs.dtype}")
     interpret = resolve_interpret(interpret, WHO)
     fwd, bwd = tile_params(cfg)

@@ -75,16 +75,6 @@ def _block(
     return block
 
 
-def serves(*args, **options) -> bool:
-    """Whether the Mosaic GPU ring runs this call (`ring_attention_mosaic_gpu`'s arguments less `axis_name`) with
-    these tiles; a bad input is left for the implementation that runs the call to name."""
-    try:
-        _block(*args, **options)
-    except (NotImplementedError, ValueError):
-        return False
-    return True
-
-
 def ring_attention_mosaic_gpu(
     query,
     key,
