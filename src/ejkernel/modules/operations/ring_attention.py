@@ -92,7 +92,7 @@ class RingAttention(Kernel):
     resolved into one `call=` (a `RingCall`), the ring's `axis_name` bound; call `ring_attention` rather
     than this class. Not autotuned (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Mosaic
     GPU (`"pallas"`, Hopper), Triton (GPU) and XLA, tried in that order on `"auto"`, except that an
-    undifferentiated call on Hopper takes the Mosaic GPU steps first where they serve it (`heuristic_cfg`);
+    undifferentiated call on a GPU tries the Mosaic GPU steps first (`heuristic_cfg`; they decline off Hopper);
     each runs the same ring around its own flash attention.
     """
 
