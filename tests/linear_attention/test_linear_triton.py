@@ -229,7 +229,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     delta = ["ejkernel_delta_wy", "ejkernel_delta_states", "ejkernel_delta_state_grads", "ejkernel_gla_outputs"]
-    delta.append("ejkernel_gla_grads")
+    delta += ["ejkernel_gla_grads", "ejkernel_delta_wy_grads"]
     passes = ["ejkernel_linear_attention_exit_states", "ejkernel_linear_attention_entry_grads"]
     for fn, args, kernels in (
         (
