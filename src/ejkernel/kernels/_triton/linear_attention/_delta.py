@@ -43,9 +43,9 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     tiles_sum,
 )
 from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs, cumulative_gates, head_scores
-from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling
+from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling, matmul
 
-# ---- the WY transform, per chunk: in a kernel, and its pullback in XLA ----
+# ---- the WY transform and its pullback, per chunk and head in a kernel each ----
 
 
 def _unit_lower_inverse(lower):
@@ -127,40 +127,37 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     return wy_in_kernel(t, chunk, grid, specs, shapes, k, v, beta, a, cumulative=False)
 
 
-def _tf32_dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
-    """`dot` of float32 tiles on TF32 tensor cores (the precision of XLA's float32 products on a GPU), where
-    `dot`'s full-precision float32 runs on the FMA units."""
-    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-    return lax.dot_general(a, b, dims, precision=lax.Precision.DEFAULT, preferred_element_type=F32)
-
-
-def _wy_grads_kernel(k_ref, v_ref, beta_ref, a_ref, x_ref, du_ref, e_ref, dk_ref, dv_ref, d_beta_ref, da_ref):
+def _wy_grads_kernel(
+    k_ref, v_ref, beta_ref, a_ref, x_ref, du_ref, e_ref, dk_ref, dv_ref, d_beta_ref, da_ref, *, mm, precise
+):
     """One chunk of one head: the WY transform's gradients from the inverse `X` it kept and the cotangents of
     U = u − w h (dU, and dw = −dU hᵀ from the entry state h, formed here). With `a = β v`, `b = β e^{g} k`,
     `u = X a`, `w = X b`: `dX = du aᵀ + dw bᵀ`, `da = Xᵀ du`, `db = Xᵀ dw`, and `dL = −Xᵀ dX Xᵀ` on the strict
     lower triangle, whence k (through `k kᵀ`), β and the cumulative gates g (through `e^{g_t − g_s}`); the log
     gates by g's reverse sums. Products as XLA's WY transform and its autodiff took them: in k's and v's dtype
-    where the forward's were, else float32 (TF32)."""
+    where the forward's were, dw's in `mm`, the rest float32 (full precision if `precise`, else TF32, as XLA's
+    on a GPU)."""
+    product = functools.partial(matmul, precise=precise)
     k, v = k_ref[...], v_ref[...]
     k32, v32 = k.astype(F32), v.astype(F32)
     beta, gates = beta_ref[...], jnp.cumsum(a_ref[...])
     x, du = x_ref[...], du_ref[...]
-    dw = -dot(du.astype(k.dtype), e_ref[...].astype(k.dtype), trans_b=True)
+    dw = -dot(du.astype(mm), e_ref[...].astype(mm), trans_b=True)
     entry = beta * jnp.exp(gates)
     a_rows = (beta[:, None] * v32).astype(v.dtype).astype(F32)
     b_rows = (entry[:, None] * k32).astype(k.dtype).astype(F32)
-    d_x = _tf32_dot(du, a_rows, trans_b=True) + _tf32_dot(dw, b_rows, trans_b=True)
-    d_a = _tf32_dot(x.astype(v.dtype).astype(F32), du, trans_a=True)
-    d_b = _tf32_dot(x.astype(k.dtype).astype(F32), dw, trans_a=True)
+    d_x = product(du, a_rows, trans_b=True) + product(dw, b_rows, trans_b=True)
+    d_a = product(x.astype(v.dtype).astype(F32), du, trans_a=True)
+    d_b = product(x.astype(k.dtype).astype(F32), dw, trans_a=True)
     shape = x.shape
     lower = masked_exp(gates[:, None] - gates[None, :], iota(shape, 0) > iota(shape, 1))
-    d_lower = -_tf32_dot(_tf32_dot(x, d_x, trans_a=True), x, trans_b=True) * lower  # dL ⊙ e^{g_t − g_s}
+    d_lower = -product(product(x, d_x, trans_a=True), x, trans_b=True) * lower  # dL ⊙ e^{g_t − g_s}
     scores = dot(k, k, trans_b=True)
     d_scores = beta[:, None] * d_lower
     pairs = d_scores * scores  # dL ⊙ L: d g_t from row t, minus d g_s from column s
     d_entry = jnp.sum(k32 * d_b, axis=1)
     d_gates = d_entry * entry + jnp.sum(pairs, axis=1) - jnp.sum(pairs, axis=0)
-    dk_ref[...] = entry[:, None] * d_b + _tf32_dot(d_scores + d_scores.T, k32)
+    dk_ref[...] = entry[:, None] * d_b + product(d_scores + d_scores.T, k32)
     dv_ref[...] = (beta[:, None] * d_a).astype(dv_ref.dtype)
     d_beta = jnp.sum(v32 * d_a, axis=1) + d_entry * jnp.exp(gates) + jnp.sum(d_lower * scores, axis=1)
     d_beta_ref[...] = d_beta.astype(d_beta_ref.dtype)
@@ -182,9 +179,8 @@ def _wy_pullback(t: TritonGlaTiling, chunk: int, k, v, beta, a, inverse, du, e):
     shapes = [(k.shape, F32), (v.shape, v.dtype), (beta.shape, beta.dtype), (a.shape, a.dtype)]
     outs = [out_struct(shape, dtype, k, v, beta, a, inverse, du, e) for shape, dtype in shapes]
     grid = (seq // chunk, batch, heads)
-    return call_pallas(_wy_grads_kernel, t, 4, grid, *specs, outs, "ejkernel_delta_wy_grads")(
-        k, v, beta, a, inverse, du, e
-    )
+    kernel = functools.partial(_wy_grads_kernel, mm=t.mm(k.dtype), precise=t.precise)
+    return call_pallas(kernel, t, 4, grid, *specs, outs, "ejkernel_delta_wy_grads")(k, v, beta, a, inverse, du, e)
 
 
 # ---- the sequential passes (one program per batch row, head and tile of value columns) ----
