@@ -183,6 +183,35 @@ def test_delta_rule_on_the_gated_kernels():
     check(fn, lambda q, k, v, b, h0: delta_rule_reference(q, k, v, b, None, h0), args[:4] + args[5:])
 
 
+def test_wy_kernels_match_xla_and_its_autodiff():
+    """The WY transform's kernel (u, w, the inverse) against XLA's `wy_transform`, and its pullback kernel (dw =
+    −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs; two chunks of 32."""
+    from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
+    from ejkernel.kernels._common.linear_attention.numerics import wy_transform
+    from ejkernel.kernels._triton.linear_attention import _delta
+
+    batch, seq, heads, chunk = 1, 64, 2, 32
+    k, v = rand((batch, seq, heads, D)), rand((batch, seq, heads, D))
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    beta, a = write_strength(batch, seq, heads), log_decay(batch, seq, heads)
+    du, e = rand((batch, seq, heads, D)), rand((batch, seq // chunk, heads, D, D))
+    layout = ChunkLayout.dense(batch, seq, chunk)
+
+    def xla(k, v, beta, a):
+        chunks = [layout.to_chunks(x) for x in (k, v, beta)]
+        return tuple(layout.from_chunks(y) for y in wy_transform(*chunks, jnp.cumsum(layout.to_chunks(a), -1)))
+
+    t = TritonGlaTiling(interpret=True).fit(D, D)
+    u, w, inverse = _delta._wy_triton(t, chunk, k, v, beta, a, with_inverse=True)
+    (u0, w0), pullback = jax.vjp(xla, k, v, beta, a)
+    assert_close(u, u0, jnp.float32)
+    assert_close(w, w0, jnp.float32)
+    dw = -jnp.einsum("bnhkv,bnchv->bnchk", e, du.reshape(batch, seq // chunk, chunk, heads, D)).reshape(du.shape)
+    grads = _delta._wy_pullback(t, chunk, k, v, beta, a, inverse, du, e)
+    for got, expected in zip(grads, pullback((du, dw)), strict=True):
+        assert_close(got, expected, jnp.float32)
+
+
 def test_decode_step_kernel():
     """One token with a state (per-key and per-value gates; the delta rule): the fused step kernel."""
     q, k, v = inputs(seq=1)
