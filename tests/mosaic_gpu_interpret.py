@@ -249,9 +249,10 @@ def interpret_mode(detect_races: bool = True):
         interpret_pallas_call.reset_gpu_interpret_mode_state()
 
 
-def check_in_fresh_process(test_file: str, case: str) -> None:
-    """`interpret_check(case)` of the test module `test_file` (a path) in a fresh Python process, killed and
-    started again if it hangs; a wrong number (AssertionError) or a race ("RACE DETECTED") fails at once.
+def check_in_fresh_process(test_file: str, cases) -> None:
+    """`interpret_check(case)` of the test module `test_file` (a path) for each of `cases` (names), one after the
+    other in a fresh Python process (its start, about 5 s, is most of a case's time), killed and started again if
+    it hangs; a wrong number (AssertionError) or a race ("RACE DETECTED") fails at once.
 
     The interpreter runs each warpgroup as a thread whose barrier waits block inside XLA's CPU runtime, which
     runs them on a small thread pool (one thread per core): now and then (about one run in ten of
@@ -265,8 +266,8 @@ def check_in_fresh_process(test_file: str, case: str) -> None:
     code = (
         f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import jax; "
         "jax.config.update('jax_disable_most_optimizations', True); "
-        f"import harness; harness.reseed({case!r}); "
-        f"from {path.stem} import interpret_check; interpret_check({case!r})"
+        f"import harness; from {path.stem} import interpret_check\n"
+        f"for case in {list(cases)!r}:\n    harness.reseed(case); interpret_check(case)"
     )
     for _ in range(3):
         try:

@@ -96,10 +96,9 @@ def interpret_check(case: str) -> None:
             assert_close(g, rg, BF16)
 
 
-@pytest.mark.parametrize("case", INTERPRET_CASES)
-def test_interpret_mode_matches_reference(case):
-    """`interpret_check` in a fresh Python process, started again if the interpreter hangs."""
-    check_in_fresh_process(__file__, case)
+def test_interpret_mode_matches_reference():
+    """`interpret_check` of every case, in one fresh Python process (started again if the interpreter hangs)."""
+    check_in_fresh_process(__file__, INTERPRET_CASES)
 
 
 # ---- what it serves ----

@@ -102,15 +102,10 @@ INTERPRET_CASES = {
 }
 
 
-def interpret_check(cases: str) -> None:
-    """`INTERPRET_CASES[case]` for each of the comma-separated `cases`, through both passes against the reference
-    (output) and the plain-JAX core (its log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on
-    stdout."""
-    for case in cases.split(","):
-        check_case(*INTERPRET_CASES[case])
-
-
-def check_case(op: str, shape: dict, tiles: dict) -> None:
+def interpret_check(case: str) -> None:
+    """`INTERPRET_CASES[case]` through both passes against the reference (output) and the plain-JAX core (its
+    log-sum-exp); raises AssertionError, a race shows as "RACE DETECTED" on stdout."""
+    op, shape, tiles = INTERPRET_CASES[case]
     if op == "unified_attention":
         args, options, adapter = _unified(**shape), {}, unified_batch
     else:
@@ -132,8 +127,8 @@ def check_case(op: str, shape: dict, tiles: dict) -> None:
 
 
 def test_interpret_mode_matches_reference():
-    """Every case in one fresh process (its start, about 5 s, is most of a case's time)."""
-    check_in_fresh_process(__file__, ",".join(INTERPRET_CASES))
+    """Every case, in one fresh process."""
+    check_in_fresh_process(__file__, INTERPRET_CASES)
 
 
 def test_route_picks_the_passes():
