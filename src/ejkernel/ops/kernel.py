@@ -192,8 +192,9 @@ class Kernel[Cfg: KernelConfig, Out]:
             )
         # The default hook is called inline (below, twice): one frame fewer between a public function and its kernel.
         hook = None if getattr(self.call_impl, "__func__", None) is Kernel.call_impl else self.call_impl
-        order = self.implementations()
-        if platform != "auto":
+        if platform == "auto":
+            order = self.implementations()
+        else:
             first = self.implementations(platform)
             if not first:
                 kernel_registry.get(self.op_id, platform)  # raises the registry's error, listing what exists
@@ -204,7 +205,7 @@ class Kernel[Cfg: KernelConfig, Out]:
                     "%s: %s serves the call (platform=%r asked for)", self.op_id, impl.platform.value, platform
                 )
                 return out
-            order = first + [impl for impl in order if impl not in first]
+            order = first + [impl for impl in self.implementations() if impl not in first]
         reasons = []
         for impl in order:
             try:
