@@ -1,15 +1,14 @@
 """Session 36: quantized-weight grouped matmul (issue 45) on the MoE shape (M 32768, K 4096, N 1536, 64 groups, bf16
-lhs), the Triton forward swept over tiles, each with and without `swap_ab` (the transposed tile: decoded weights the
-product's register operand), beside our bf16 grouped matmul (`auto`). Modes: MXFP4 and int4 affine (groups of 128)
-`QuantizedArray`s packed along K, and DeepSeek-style FP8 with 128 x 128 block scales (v3 `rhs_scale`). Each
-variant's output is compared with the mode's default tiling. Writes `qgmm.json` to `--out`. `--fp8-lhs`: only the
+lhs), the Triton forward swept over tiles, beside our bf16 grouped matmul (`auto`). Modes: MXFP4 and int4 affine
+(groups of 128) `QuantizedArray`s packed along K, and DeepSeek-style FP8 with 128 x 128 block scales (v3
+`rhs_scale`). Call 5 ran each tile also with a trial `swap_ab` field of the kernel's tiling (the transposed tile),
+removed since (BENCHMARKS.md has its times). Writes `qgmm.json` to `--out`. `--fp8-lhs`: only the
 FP8 x FP8 forward (`fp8_lhs`), at the implementation's default tiles and at the bf16 forward's (128, 64, 256, 8, 3).
 
     python3 exp/s36_qgmm.py --out $OUT
 """
 
 import argparse
-import dataclasses
 import functools
 import json
 import pathlib
@@ -19,7 +18,6 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import time_variants
 from ejkernel.benchmarks.grouped_matmul import fp8_block_scaled, random_group_sizes
-from ejkernel.kernels._triton.grouped_matmul import _kernel
 from ejkernel.modules import grouped_matmul
 from ejkernel.modules.operations.grouped_matmul import GroupedMatmulConfig
 from ejkernel.ops.config import FwdParams
@@ -28,7 +26,6 @@ from ejkernel.quantization import quantize_array
 M, K, N, G = 32768, 4096, 1536, 64
 TILES = [(128, 64, 256, 8, 3), (128, 64, 128, 4, 3), (128, 128, 128, 8, 3), (128, 64, 128, 8, 4), (64, 128, 128, 4, 3),
          (256, 64, 128, 8, 3)]  # fmt: skip
-FIT = _kernel.fit_to_weights
 
 
 def main():
@@ -48,13 +45,9 @@ def main():
         "fp8 block-scaled": (fp8, dict(rhs_scale=rhs_scale, use_v3=True)),
     }
     out = dict(preferred_element_type=jnp.bfloat16)
-    state = {"swap": False}
-    if not args.fp8_lhs:  # (`swap_ab` was a trial field of the kernel's tiling, removed after call 5)
-        _kernel.fit_to_weights = lambda t, ws, tr: dataclasses.replace(FIT(t, ws, tr), swap_ab=state["swap"])
 
-    def build(rhs, extra, tiles, swap):
+    def build(rhs, extra, tiles):
         def builder():
-            state["swap"] = swap  # read while the first call traces (time_variants runs it at once)
             cfg = None
             if tiles is not None:
                 bm, bk, bn, warps, stages = tiles
@@ -69,12 +62,11 @@ def main():
     builders = {"bf16 auto": lambda: functools.partial(bf16, lhs, w)}
     if args.fp8_lhs:
         modes = {"fp8 x fp8": (fp8, dict(rhs_scale=rhs_scale, use_v3=True, fp8_lhs=True))}
-        builders["fp8 x fp8 default"] = build(*modes["fp8 x fp8"], None, False)
-        builders["fp8 x fp8 (128, 64, 256, 8, 3)"] = build(*modes["fp8 x fp8"], TILES[0], False)
+        builders["fp8 x fp8 default"] = build(*modes["fp8 x fp8"], None)
+        builders["fp8 x fp8 (128, 64, 256, 8, 3)"] = build(*modes["fp8 x fp8"], TILES[0])
     for mode, (rhs, extra) in {} if args.fp8_lhs else modes.items():
         for tiles in TILES if mode != "int4 g128" else TILES[:3]:
-            for swap in (False, True):
-                builders[f"{mode} {tiles}{' swap' if swap else ''}"] = build(rhs, extra, tiles, swap)
+            builders[f"{mode} {tiles}"] = build(rhs, extra, tiles)
     timings = time_variants(builders, repeats=args.repeats, where="quantized gmm")
     base = timings.get("bf16 auto")
     rows = []
@@ -82,13 +74,6 @@ def main():
         row = dict(name=name, ms=1e3 * seconds, TFLOPs=2 * M * K * N / seconds / 1e12, x_bf16=base / seconds)
         rows.append(row)
         print(f"{name:48s} {row['ms']:.3f} ms  {row['TFLOPs']:.0f} TFLOP/s  {row['x_bf16']:.2f}x bf16", flush=True)
-    for mode, (rhs, extra) in modes.items():  # each swapped default against the unswapped one
-        results = []
-        for swap in (False, True):
-            state["swap"] = swap
-            fn = jax.jit(lambda a, b, extra=extra: grouped_matmul(a, b, sizes, platform="triton", **extra, **out))
-            results.append(fn(lhs, rhs).astype(jnp.float32))
-        print(f"{mode}: swap vs not, max |diff| {float(jnp.max(jnp.abs(results[0] - results[1]))):.3g}")
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "qgmm.json").write_text(json.dumps(rows, indent=1))
