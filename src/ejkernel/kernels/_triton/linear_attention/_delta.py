@@ -112,13 +112,19 @@ def wy_in_kernel(t: TritonGlaTiling, chunk: int, grid, specs, shapes, k, v, beta
     )(k, v, beta, gates)
 
 
+def _chunk_specs(chunk: int):
+    """`(rows(width), gate)`: the BlockSpecs of a (chunk, batch row, head) program's `[C, width]` rows of a
+    `[B, T, H, width]` array and its `[C]` of a `[B, T, H]` one."""
+    rows = lambda width: pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
+    return rows, pl.BlockSpec((None, chunk, None), lambda c, b, h: (b, c, h))
+
+
 def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
     """`wy_transform`'s `(u, w)` of every chunk in `wy_in_kernel`: k, v `[B, T, H, D]`, beta and the log gates `a`
     `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` float32, and with `with_inverse` the inverse
     `[B, T, H, C]` too (row t of its chunk's `(I + L)⁻¹`, for the pullback)."""
     batch, seq, heads, _ = k.shape
-    rows = lambda width: pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
-    gate = pl.BlockSpec((None, chunk, None), lambda c, b, h: (b, c, h))
+    rows, gate = _chunk_specs(chunk)
     widths, shapes = [v.shape[-1], k.shape[-1]], [v.shape, k.shape]
     if with_inverse:
         widths, shapes = [*widths, chunk], [*shapes, (*k.shape[:-1], chunk)]
@@ -172,8 +178,7 @@ def _wy_pullback(t: TritonGlaTiling, chunk: int, k, v, beta, a, inverse, du, e):
     (6.81 at 8), 8.15 with XLA's pullback (chunked copies and batched products, about 3 ms of kernels)."""
     batch, seq, heads, dk = k.shape
     dv = v.shape[-1]
-    rows = lambda width: pl.BlockSpec((None, chunk, None, width), lambda c, b, h: (b, c, h, 0))
-    gate = pl.BlockSpec((None, chunk, None), lambda c, b, h: (b, c, h))
+    rows, gate = _chunk_specs(chunk)
     state = pl.BlockSpec((None, None, None, dk, dv), lambda c, b, h: (b, c, h, 0, 0))
     specs = [rows(dk), rows(dv), gate, gate, rows(chunk), rows(dv), state], [rows(dk), rows(dv), gate, gate]
     shapes = [(k.shape, F32), (v.shape, v.dtype), (beta.shape, beta.dtype), (a.shape, a.dtype)]

@@ -162,6 +162,14 @@ def _pack_kernel(start_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, beta_ref, *refs
     gates_out[...] = jnp.zeros((chunk,), F32) if decay_ref is None else jnp.cumsum(rows(decay_ref))
 
 
+def _chunk_specs(chunk: int):
+    """`(token(*width), major(width))`: the BlockSpecs of a (chunk, head) program's rows of the padded token layout
+    `[1, NC·C, H, *width]` and of the chunk-major `[NC, 1, H, C, width]` one."""
+    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
+    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    return token, major
+
+
 def pack_chunks(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, table: ChunkTable):
     """`(q, k [1, NC·C, H, Dk], v [NC, 1, H, C, Dv], beta, g [1, NC·C, H] float32)`: the tokens in the chunk
     layout of `table`, q, k and v in v's dtype, g the log decays summed within chunks; v chunk-major."""
@@ -172,8 +180,7 @@ def pack_chunks(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, table: Chu
     args = (table.start, table.lo, table.hi, *tokens)
     padded, mm = num_chunks * chunk, value.dtype
     out = lambda shape, dtype: out_struct(shape, dtype, *args)
-    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
-    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    token, major = _chunk_specs(chunk)
     specs = [token(dk), token(dk), major(dv), token(), token()]
     shapes = [out((1, padded, heads, dk), mm)] * 2 + [out((num_chunks, 1, heads, chunk, dv), mm)]
     shapes += [out((1, padded, heads), F32)] * 2
@@ -243,8 +250,7 @@ def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows
 def _wy(t: TritonGlaTiling, chunk: int, k, v, beta, g):
     """`(u, w)` `[NC, 1, H, C, Dv | Dk]` float32, chunk-major, of the packed chunks (`pack_chunks`' k, v, beta, g)."""
     num_chunks, heads = v.shape[0], v.shape[2]
-    token = lambda *width: pl.BlockSpec((None, chunk, None, *width), lambda c, h: (0, c, h) + (0,) * len(width))
-    major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
+    token, major = _chunk_specs(chunk)
     dk, dv = k.shape[-1], v.shape[-1]
     specs = [token(dk), major(dv), token(), token()], [major(dv), major(dk)]
     shapes = (v.shape, (*v.shape[:-1], dk))
