@@ -6,14 +6,13 @@ Times, in one interleaved run per mode (forward, forward+backward), at S=65536 c
   same pieces, wrong values, no transfers): ring - nocomm is the exposed communication;
 - flash attention on one GPU at S and at S/2 with cuDNN and with Mosaic GPU (2 x S/2 is what one device of
   the ring computes, in two calls' worth of kernels).
-Prints ms and the ring / flash ratios; writes the compiled schedules of the rings to $OUT.
+Prints ms and the ring / flash ratios; with --schedules writes the compiled schedules of the rings to $OUT.
 
     python exp/s33_ring.py --kv-heads 16 --out $OUT
 """
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import pathlib
@@ -24,28 +23,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ejkernel.kernels._common.ring import RingSpec, run_ring
-from ejkernel.kernels._cuda.ring_attention._interface import CudnnBlock
-from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
 from ejkernel.modules import flash_attention, ring_attention
 from ejkernel.ops.autotune import time_fns
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from ring_schedule import schedule
-
-
-@dataclasses.dataclass(frozen=True)
-class MixedBlock:
-    """The Mosaic GPU forward (faster in call 1) and cuDNN's backward (faster in call 1) per step."""
-
-    fwd: MosaicGpuBlock
-    bwd: CudnnBlock
-
-    def forward(self, *args, **kwargs):
-        return self.fwd.forward(*args, **kwargs)
-
-    def backward(self, *args, **kwargs):
-        return self.bwd.backward(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -68,6 +50,8 @@ def main():
     p.add_argument("--flash", default="cuda,pallas", help="one-GPU flash attention platforms ('' for none)")
     p.add_argument("--tag", default="", help="suffix of the output files")
     p.add_argument("--out", default="out")
+    p.add_argument("--modes", default="fwd,fwd+bwd")
+    p.add_argument("--schedules", action="store_true", help="write the rings' compiled schedules to --out")
     args = p.parse_args()
     devices = jax.devices()
     n = len(devices)
@@ -81,12 +65,6 @@ def main():
     half = [x[:, : args.seq // n] for x in single]
 
     def ring(platform):
-        if platform == "mixed":
-            scale = 128**-0.5
-            block = MixedBlock(MosaicGpuBlock(scale, True, None, None), CudnnBlock(scale, True))
-            layout = RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)
-            body = lambda q, k, v: run_ring(block, layout, n, q, k, v)
-            return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
         return lambda q, k, v: ring_attention(
             q, k, v, causal=True, platform=platform, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec
         )
@@ -107,8 +85,8 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for backward in (False, True):
-        mode = "fwd+bwd" if backward else "fwd"
+    for mode in args.modes.split(","):
+        backward = mode == "fwd+bwd"
         calls = {}
         for name, (fn, inputs, nocomm) in variants.items():
             if backward:
@@ -116,7 +94,7 @@ def main():
             try:
                 with no_transfers() if nocomm else contextlib.nullcontext():
                     compiled = jax.jit(fn).lower(*inputs).compile()
-                if name.startswith("ring") and not nocomm:
+                if args.schedules and name.startswith("ring") and not nocomm:
                     lines = schedule(compiled.as_text())
                     path = out / f"schedule_{name}_{mode.replace('+', '_')}_kv{args.kv_heads}{args.tag}.txt"
                     path.write_text("\n".join(lines))

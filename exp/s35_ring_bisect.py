@@ -56,10 +56,7 @@ def main():
     shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
     qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
     sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
-    if args.block == "mosaic":
-        block = MosaicGpuBlock(128**-0.5, True, None, None)
-    else:
-        block = CudnnBlock(128**-0.5, True)
+    block = MosaicGpuBlock(128 ** (-0.5), True, None) if args.block == "mosaic" else CudnnBlock(128 ** (-0.5), True)
 
     def ring(module):
         layout = module.RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)

@@ -19,7 +19,7 @@ from ejkernel.kernels._common.flash_attention.forward import attention_forward
 from ejkernel.kernels._common.flash_attention.tiles import AttentionSpec
 from ejkernel.kernels._common.ring import RingSpec, from_mirrored, to_mirrored
 from ejkernel.modules import RingAttentionConfig, ring_attention
-from ejkernel.ops import FwdParams, Invocation
+from ejkernel.ops import FwdParams
 from ejkernel.reference.flash_attention import flash_attention_reference
 from ejkernel.types import MaskInfo
 from harness import assert_close, check_forward_and_grads, randn
@@ -288,37 +288,20 @@ def test_triton_per_step_kernels_in_interpret_mode(layout):
     check(fn, ref, [q, k, v, aux])
 
 
-def _ring_heuristic(monkeypatch, backend: str, mode: str):
-    """`RingAttention.heuristic_cfg` of a small causal call on a `backend` device."""
-    monkeypatch.setattr(ring_module, "current_backend", lambda: ring_module.Backend(backend))
-    args = (randn((1, 8, 2, 16)),) * 3 + (None, None)
-    options = {"call": AttentionCall.of(args[0], causal=True), "axis_name": "sp"}
-    return ring_module.RingAttention().heuristic_cfg(Invocation("ring_attention", args, options, "auto", mode))
-
-
-@pytest.mark.parametrize(
-    ("backend", "mode", "platform"),
-    [
-        ("gpu", "forward", "pallas"),  # inference: the Mosaic GPU steps' forward is the faster one (a preference:
-        # where they decline, auto's order; `test_dispatch`'s preferred-platform tests)
-        ("gpu", "train", "auto"),  # training: auto's order (cuDNN first)
-        ("cpu", "forward", "auto"),
-    ],
-)
-def test_heuristic_prefers_the_mosaic_gpu_steps_for_gpu_inference(monkeypatch, backend, mode, platform):
-    assert _ring_heuristic(monkeypatch, backend, mode).platform == platform
+def test_auto_tries_the_mosaic_gpu_steps_first():
+    """Hopper's Mosaic GPU ring, then cuDNN's (the same calls, any GPU), Triton's, and XLA's."""
+    platforms = [impl.platform.value for impl in ring_module.IMPLEMENTATIONS]
+    assert platforms == ["pallas", "cuda", "triton", "xla"]
 
 
 def test_mosaic_gpu_per_step_kernels_lower_for_cuda():
-    """The Mosaic GPU ring on 2 devices, mirrored and causal, exported for CUDA with its gradient (its kernels
+    """The Mosaic GPU ring on 2 devices, mirrored and causal, lowered for CUDA with its gradient (its kernels
     run on a GPU only: `test_gpu_ring_matches_flash_attention`)."""
-    from jax import export
-
     from ejkernel.kernels._common.ring import RingSpec, run_ring
     from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
 
     mesh = jax.make_mesh((2,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
-    block = MosaicGpuBlock(softmax_scale=0.1, causal=True, fwd_params=None, bwd_params=None)
+    block = MosaicGpuBlock(softmax_scale=0.1, causal=True, fwd_params=None)
     spec = RingSpec(axis_name="sp", layout="mirrored", causal=True, window=None)
 
     def loss(q, k, v):
@@ -330,10 +313,54 @@ def test_mosaic_gpu_per_step_kernels_lower_for_cuda():
     shapes = [jax.ShapeDtypeStruct((1, 512, 4, 128), jnp.bfloat16)] + [
         jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
     ] * 2
-    module = export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(*shapes).mlir_module()
-    # the 8 pairs of two pieces over two steps (those a mask may hide inside a `lax.cond`), each with a forward,
-    # a dQ and a dK/dV kernel
-    assert module.count("@mosaic_gpu") == 8 * 3
+    module = jax.jit(jax.grad(loss, (0, 1, 2))).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    # the 8 pairs of two pieces over two steps (those a mask may hide inside a `lax.cond`), each with a Mosaic GPU
+    # forward and a cuDNN backward
+    assert module.count("@mosaic_gpu") == 8
+    assert module.count("@__cudnn$fmhaSoftmaxBackward") == 8
+
+
+# (query length, key length, heads, kv heads, head dim, diagonal block): the step's forward merged onto a running
+# result of earlier keys. Head dim 128 runs the overlapped forward, 64 the ping-pong one.
+ONTO_CASES = {"diagonal-d128-gqa": (128, 128, 2, 1, 128, True), "full-d64": (128, 192, 2, 2, 64, False)}
+
+
+def interpret_check(case: str) -> None:
+    """The Mosaic GPU step's `forward_onto` in interpret mode: merged onto an empty result, then onto that one,
+    against attention over both key blocks (the ring's order: an earlier block, then this one)."""
+    from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
+    from mosaic_gpu_interpret import interpret_mode
+
+    q_len, k_len, heads, kv_heads, dim, diagonal = ONTO_CASES[case]
+    q = randn((1, q_len, heads, dim), jnp.bfloat16)
+    k, v = (randn((1, 2 * k_len, kv_heads, dim), jnp.bfloat16) for _ in range(2))
+    block = MosaicGpuBlock(softmax_scale=dim**-0.5, causal=True, fwd_params=None)
+    empty = (jnp.zeros(q.shape, q.dtype), jnp.full((1, heads, q_len), -jnp.inf, jnp.float32))
+    halves = [(k[:, :k_len], v[:, :k_len], False), (k[:, k_len:], v[:, k_len:], diagonal)]
+    result = empty
+    with interpret_mode():
+        for k_block, v_block, diag in halves:
+            result = block.forward_onto(result, q, k_block, v_block, None, None, 0, 0, diag)
+        out = jax.block_until_ready(result[0])
+    # the second block's keys on the queries' positions (the diagonal's mask), the first before them
+    rows, cols = np.arange(q_len)[:, None], np.arange(2 * k_len)[None, :] - k_len
+    allowed = (cols <= rows) if diagonal else np.ones_like(cols + rows, bool)
+    bias = jnp.where(jnp.asarray(allowed), 0.0, -jnp.inf)[None, None]
+    f32 = lambda x: x.astype(jnp.float32)
+    expected = flash_attention_reference(f32(q), f32(k), f32(v), bias, softmax_scale=dim**-0.5)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, expected, dtype=jnp.bfloat16)
+    full = jax.nn.logsumexp(
+        jnp.einsum("bqhd,bkhd->bhqk", f32(q), jnp.repeat(f32(k), heads // kv_heads, 2)) * dim**-0.5 + bias, -1
+    )
+    assert_close(result[1], full, dtype=jnp.bfloat16, name="lse")
+
+
+def test_mosaic_gpu_step_merges_onto_a_running_result_in_interpret_mode():
+    """`interpret_check` of every case, in one fresh Python process."""
+    from mosaic_gpu_interpret import check_in_fresh_process
+
+    check_in_fresh_process(__file__, list(ONTO_CASES))
 
 
 # ---- errors ----------------------------------------------------------------------------------------

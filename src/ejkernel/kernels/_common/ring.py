@@ -69,6 +69,11 @@ class BlockKernel(Protocol):
     own units, exact, and the rest small. One float rounds a log-sum-exp to its ulp (~0.004 at 4e4),
     and every weight the backward recomputes from it would be off by that much; the pair keeps them
     exact at any logit size. The merges below keep the pair.
+
+    A kernel may have `forward_onto(prior, q, k, v, ...)` instead of `forward` (and no `lse_unit`): `forward`'s
+    arguments after a running result `prior = (out, lse)` of the same queries over other keys, returning the
+    union's result with `out` in the queries' dtype. The ring then keeps its running results in that dtype and
+    merges nothing itself: the kernel merges as it writes, sparing a pass over the float32 results per block.
     """
 
     def forward(self, q, k, v, q_seg, kv_seg, q_offset, kv_offset, diagonal: bool, bias=None):
@@ -170,14 +175,14 @@ def _pairs(pieces: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(pieces) for b in range(pieces)]
 
 
-def _fold(acc, pred, block, combine, fill, axes):
-    """The accumulator after one block: `combine(acc, block())` where `pred` holds (None: always) and `acc`
-    unchanged where it does not, so that a hidden block costs neither its kernel nor the combine. A None in
-    `acc` is nothing accumulated yet: `combine` takes the block's part there, and where `pred` does not hold,
-    `fill(acc)` puts the empty result in its place. Typed varying over `axes`."""
+def _fold(acc, pred, update, fill, axes):
+    """The accumulator after one block: `update(acc)` (the block computed and combined in) where `pred` holds
+    (None: always) and `acc` unchanged where it does not, so that a hidden block costs neither its kernel nor
+    the combine. A None in `acc` is nothing accumulated yet: `update` takes the block's part there, and where
+    `pred` does not hold, `fill(acc)` puts the empty result in its place. Typed varying over `axes`."""
     typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
-    update = lambda acc: typed(combine(acc, block()))
-    return update(acc) if pred is None else lax.cond(pred, update, lambda acc: typed(fill(acc)), acc)
+    update_typed = lambda acc: typed(update(acc))
+    return update_typed(acc) if pred is None else lax.cond(pred, update_typed, lambda acc: typed(fill(acc)), acc)
 
 
 def _block(compute, diagonal, axes):
@@ -271,16 +276,18 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
     dv = v[0].shape[-1]
     q_offsets = spec.q_offsets(me, size, n)
     unit = getattr(kernel, "lse_unit", None)
+    onto = getattr(kernel, "forward_onto", None)
 
     def empty():
-        out = jnp.zeros((batch, size, num_heads, dv), jnp.float32)
+        out = jnp.zeros((batch, size, num_heads, dv), jnp.float32 if onto is None else q[0].dtype)
         lse = jnp.full((batch, num_heads, size), -jnp.inf, jnp.float32)
         if unit is not None:
             lse = (jnp.zeros_like(lse), lse)
         return vary(out, axes), jax.tree_util.tree_map(lambda x: vary(x, axes), lse)
 
     merge = lambda acc, new: new if acc is None else _merge(acc, new, unit)
-    results = [None] * len(q)  # each starts as its first block (empty where that block is hidden)
+    # Each starts as its first block (empty where that block is hidden); one the kernel merges onto, as empty.
+    results = [None if onto is None else empty() for _ in q]
     block = kept = (k, v, kv_seg)
     for s in range(n):  # unrolled (n is small): lets XLA overlap each transfer with compute across steps
         # Issue the transfer of the next block first: it runs while this block is computed.
@@ -292,14 +299,18 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
         for a, b in _pairs(len(q)):
             diag = diagonal(s, a, b)
             offsets = (q_offsets[a], k_offsets[b])
-            compute = functools.partial(
-                kernel.forward,
-                *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets),
-                bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
-            )
+            args = (q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], *offsets)
+            bias_block = _bias_block(bias, a, offsets[1], k_cur[b].shape[1])
+            if onto is None:
+                computed = _block(functools.partial(kernel.forward, *args, bias=bias_block), diag, axes)
+                update = lambda acc, computed=computed: merge(acc, computed())
+            else:
+                update = lambda acc, args=args, bias_block=bias_block, diag=diag: _block(
+                    functools.partial(onto, acc, *args, bias=bias_block), diag, axes
+                )()
             visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
             fill = lambda acc: empty() if acc is None else acc
-            results[a] = _fold(results[a], visible, _block(compute, diag, axes), merge, fill, axes)
+            results[a] = _fold(results[a], visible, update, fill, axes)
         block = following
     if aux is not None:  # sinks join the denominator once, here
         sink_lse = jax.nn.logsumexp(_sink_logits(aux, num_heads), axis=-1)[None, :, None]
@@ -381,11 +392,16 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
             grads = _block(compute, diag, axes)
             acc = (dq[a], step_dk[b], step_dv[b])
             if bias is None:
-                dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, lambda g=grads: g()[:3], _add, fill, axes)
+                update = lambda acc, grads=grads: _add(acc, grads()[:3])
+                dq[a], step_dk[b], step_dv[b] = _fold(acc, visible, update, fill, axes)
             else:
                 place = functools.partial(_place, at=offsets[1])
-                combine = lambda acc, new, place=place: (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
-                dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, grads, combine, fill, axes)
+
+                def update(acc, grads=grads, place=place):
+                    new = grads()
+                    return (*_add(acc[:3], new[:3]), place(acc[3], new[3]))
+
+                dq[a], step_dk[b], step_dv[b], dbias[a] = _fold((*acc, dbias[a]), visible, update, fill, axes)
             done = all(later[1] != b for later in pairs[i + 1 :])  # key piece b is done for this step
             if done and arrived is not None:
                 step_dk[b], step_dv[b] = _add((step_dk[b], step_dv[b]), tuple(g[b] for g in arrived))

@@ -17,10 +17,10 @@ permuting the global arrays: a gather across a sharded axis is refused on meshes
 point-to-point transfers move each chunk once. The output comes back in the original order. `axis_name=None`
 means "sp".
 
-Implementations, in the order `auto` tries them: cuDNN (GPU; causal or full attention only), Mosaic GPU
-(Hopper; the same calls), Pallas-Triton (GPU; no sliding window or bias) and XLA (every device; every feature
-above); a call that is not differentiated takes the Mosaic GPU steps first, whose forward is the faster. Each
-runs the same ring (`ejkernel.kernels._common.ring`) around its flash attention.
+Implementations, in the order `auto` tries them: Mosaic GPU (Hopper; causal or full attention only; cuDNN's
+backward per step), cuDNN (GPU; the same calls), Pallas-Triton (GPU; no sliding window or bias) and XLA (every
+device; every feature above). Each runs the same ring (`ejkernel.kernels._common.ring`) around its flash
+attention.
 """
 
 import dataclasses
@@ -40,22 +40,21 @@ from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.modules.operations.flash_attention import FlashAttentionConfig, flash_attention
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
-from ejkernel.ops.kernel import FORWARD
-from ejkernel.registry import Backend, Platform, current_backend, implementations
+from ejkernel.registry import Backend, Platform, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import intersect_windows
 
 IMPLEMENTATIONS = implementations(
     "ring_attention",
-    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.ring_attention:ring_attention"),
     (Platform.PALLAS, Backend.GPU, "ejkernel.kernels._pallas.gpu.ring_attention:ring_attention"),
+    (Platform.CUDA, Backend.GPU, "ejkernel.kernels._cuda.ring_attention:ring_attention"),
     (Platform.TRITON, Backend.GPU, "ejkernel.kernels._triton.ring_attention:ring_attention"),
     (Platform.XLA, Backend.ANY, "ejkernel.kernels._xla.ring_attention:ring_attention"),
 )
-"""Best first for training: cuDNN where it accepts the call, then the Mosaic GPU steps for the same calls. On 2 H200s
-at S=65536 (causal, 16 heads, D 128) the Mosaic GPU ring ran forward+backward 7% slower than the cuDNN ring (65.5
-against 60.9 ms) but the forward 6% faster (16.2 against 17.2 ms): undifferentiated calls take it first
-(`RingAttention.heuristic_cfg`; BENCHMARKS.md, session 35). Both ahead of the Triton ring."""
+"""Best first: the Mosaic GPU steps on Hopper, merging each step into the running result in the kernel, with cuDNN's
+backward; elsewhere cuDNN's steps for the same calls. On 2 H200s at S=65536 (causal, 16 heads, D 128) the Mosaic GPU
+ring ran the forward 6% faster than the cuDNN ring (16.4 against 17.4 ms) and forward+backward 2% faster (59.8
+against 61.2 ms; BENCHMARKS.md, session 37). Both ahead of the Triton ring."""
 
 DEFAULT_AXIS = "sp"
 
@@ -69,11 +68,12 @@ class RingAttentionConfig(KernelConfig):
     Values out of range are a ValueError when the config is built.
 
     Attributes:
-        platform: Default `"auto"`. `"auto"`, `"xla"`, `"triton"`, `"cuda"` or `"pallas"` (Mosaic GPU steps on
-            Hopper).
+        platform: Default `"auto"`. `"auto"`, `"xla"`, `"triton"`, `"cuda"` or `"pallas"` (Mosaic GPU forward
+            steps on Hopper, cuDNN's backward).
         fwd_params: Default None. `FwdParams` of each step's forward (`block_q`, `block_k`, `num_warps`,
             `num_stages`); cuDNN ignores it.
-        bwd_params: Default None. `BwdParams` of each step's backward.
+        bwd_params: Default None. `BwdParams` of each step's backward (Triton and XLA; cuDNN's backward, which
+            the cuDNN and Mosaic GPU rings run, ignores it).
         backend: Default `"any"`. The device kind the config is meant for (`"gpu"`, `"tpu"`, `"cpu"`); a call
             on another kind is refused (ValueError).
 
@@ -90,25 +90,13 @@ class RingAttention(Kernel):
 
     It takes the local shards `(query, key, value, softmax_aux, bias)` with the options `ring_attention`
     resolved into one `call=` (a `RingCall`), the ring's `axis_name` bound; call `ring_attention` rather
-    than this class. Not autotuned (`candidate_cfgs` is empty). Implementations: cuDNN (`"cuda"`, GPU), Mosaic
-    GPU (`"pallas"`, Hopper), Triton (GPU) and XLA, tried in that order on `"auto"`, except that an
-    undifferentiated call on a GPU tries the Mosaic GPU steps first (`heuristic_cfg`; they decline off Hopper);
-    each runs the same ring around its own flash attention.
+    than this class. Not autotuned (`candidate_cfgs` is empty). Implementations: Mosaic GPU (`"pallas"`,
+    Hopper), cuDNN (`"cuda"`, GPU), Triton (GPU) and XLA, tried in that order on `"auto"`; each runs the same
+    ring around its own flash attention.
     """
 
     op_id = "ring_attention"
     config_type = RingAttentionConfig
-    tune_argnums = (0, 1, 2)  # configs tile the backward too: a call's mode (differentiated or not) is known
-
-    def heuristic_cfg(self, inv: Invocation) -> RingAttentionConfig:
-        """Undifferentiated calls on a GPU prefer the Mosaic GPU steps (where they decline, a call that is not
-        Hopper's or not theirs, `auto`'s order serves it): their forward beat cuDNN's by 5-6% on 2 H200s
-        (S=65536 causal, 16 and 4 KV heads), while cuDNN's steps train faster (BENCHMARKS.md, session 35)."""
-        call = inv.kwargs.get("call")  # (None: upstream's raw keyword options, given to the executor directly)
-        forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        if forward_on_gpu and call is not None:
-            return RingAttentionConfig(platform="pallas")
-        return super().heuristic_cfg(inv)
 
     def axis_roles(self, args, kwargs):
         """Attention's (`attention_roles`): batch, heads and query rows alike, the output laid out as the

@@ -21,46 +21,11 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import check_call, decline_call
 from ejkernel.kernels._common.attention_call import AttentionCall
-from ejkernel.kernels._common.jax_compat import cudnn_fused_attention, cudnn_score_mod_options
+from ejkernel.kernels._common.jax_compat import cudnn_backward, cudnn_forward
 from ejkernel.kernels._common.ring import RingSpec, bound_axis_size, check_local_inputs, run_ring
 from ejkernel.ops.config import BwdParams, FwdParams
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def _static_options(causal: bool) -> dict:
-    cudnn = cudnn_fused_attention()
-    return dict(
-        seed=0,
-        dropout_rate=0.0,
-        variadic_args=(False, False),  # (has bias, has dbias)
-        mask_type=cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK,
-        layout=cudnn.AttentionLayout.BTNH.value,
-        sliding_window_length=None,
-        **cudnn_score_mod_options(),
-    )
-
-
-def _unused(dtype):
-    return jnp.zeros(0, dtype)
-
-
-def cudnn_forward(q, k, v, scale: float, causal: bool):
-    """(out [B, T, H, D] in q.dtype, lse [B, H, T] float32) of one cuDNN attention call."""
-    none = _unused(q.dtype)
-    out, stats = cudnn_fused_attention()._dot_product_attention_fwd_impl(
-        q, k, v, none, none, none, none, none, none, none, scale=scale, is_training=True, **_static_options(causal)
-    )
-    return out, stats
-
-
-def cudnn_backward(q, k, v, out, lse, d_out, scale: float, causal: bool):
-    """(dq, dk, dv) of one cuDNN attention call, recomputing P = exp(S - lse) from the given out / lse."""
-    none = _unused(q.dtype)
-    dq, dk, dv = cudnn_fused_attention()._dot_product_attention_bwd_impl(
-        q, k, v, none, none, none, none, none, none, none, lse, out, d_out, scale=scale, **_static_options(causal)
-    )[:3]
-    return dq, dk, dv
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,7 @@ def forward(
     walk: KeyTiles | None = None,
     out_rows: int | None = None,
     into=None,
+    prior=None,
 ):
     """`q [B, Sq, H, D]`, `k, v [B, Sk, Hkv, D]` (padded) -> `out [B, Sq, H, D]`, `lse [B, H, Sq]` (base 2).
 
@@ -56,6 +57,9 @@ def forward(
     tile (a walk that reads its queries in place, elsewhere than it writes them: `KeyTiles.tile`). `into`: with a
     walk `in_place`, the `[B, S, H, D]` array (S as q's) whose rows the tiles own are overwritten in place (no
     new output: the kernel aliases it); `out` is then `into` with those rows, `lse` still `out_rows` long.
+    `prior`: `(out, lse)` shaped as this call's results (lse base 2, -inf for a row with no key), the softmax
+    of other keys for the same queries: merged into each row as it is written (the union of both key sets),
+    so that a caller adding key blocks one call at a time (ring attention) needs no merge of its own.
     """
     batch, q_pad_len, heads, head_dim = bshd(st, q.shape)
     bk, stages, dtype = st.block_k, st.stages, q.dtype
@@ -71,6 +75,9 @@ def forward(
     if row_sums and st.overlap:
         raise ValueError("row_sums_on_tc: the overlapped forward keeps its row sums as a vector")
     in_place = walk.in_place
+    has_prior = prior is not None
+    if has_prior and (has_sinks or in_place):
+        raise ValueError("`prior` goes without sinks (join them once, after the last call) and without `into`")
     if in_place != (into is not None) or (in_place and (tiles != 1 or st.heads_major)):
         raise ValueError("`into` goes with a walk `in_place` of one query tile a CTA, [B, S, H, D] arrays")
 
@@ -78,10 +85,13 @@ def forward(
         sink_ref = refs[0] if has_sinks else None
         unit_col_ref = refs[has_sinks] if row_sums else None
         walk_refs = refs[has_sinks + row_sums : has_sinks + row_sums + num_walk]
-        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums + num_walk :]
+        prior_refs = refs[has_sinks + row_sums + num_walk : has_sinks + row_sums + num_walk + 2 * has_prior]
+        out_ref, lse_ref, smem, barriers = refs[has_sinks + row_sums + num_walk + 2 * has_prior :]
         q_smem, k_smem, v_smem, lse_smem, *more = smem
         unit_col_smem = more[0] if row_sums else None
-        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *unit_col_ready = barriers
+        q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule, *more_barriers = barriers
+        unit_col_ready = more_barriers[:row_sums]
+        prior_ready = more_barriers[-1] if has_prior else None
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
         stage_smem = more[-1].at[wg] if in_place else None  # (this warpgroup's untiled tile)
         tiles_of = walk.bind(walk_refs, b, h)
@@ -266,11 +276,26 @@ def forward(
                 acc = zero_acc((ROWS, head_dim))
                 own = tiles_of.own(row0)
 
+                def join_prior(acc, m, denom):
+                    """The rows merged with the prior's, read through `qo` and `lse_out` (free once the last Q·Kᵀ
+                    is done): the prior is one more softmax column, worth 2^lse and carrying its output."""
+                    prior_out, prior_lse = prior_refs
+                    plgpu.copy_gmem_to_smem(rows_at(st, prior_out, b, pl.ds(row0, ROWS), h), qo, prior_ready.at[wg])
+                    plgpu.copy_gmem_to_smem(prior_lse.at[b, h, pl.ds(row0, ROWS)], lse_out, prior_ready.at[wg])
+                    plgpu.barrier_wait(prior_ready.at[wg])
+                    lse = plgpu.load(lse_out, layout=plgpu.Layout.WGMMA.reduce(1))
+                    m, weight, denom = join_sink(m, denom, lse, jnp.exp2)
+                    out = plgpu.load(qo, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+                    acc = acc * along_rows(weight, acc.shape) + out * along_rows(jnp.exp2(lse - m), acc.shape)
+                    return acc, m, denom
+
                 def write(acc, m, denom):
                     """Normalised rows into `qo` (in place: the untiled tile), their log-sum-exp into shared memory
                     (for the TMA stores)."""
                     if row_sums:
                         denom = denom.sum(axis=1)  # (column 0 plus zeros: exact)
+                    if has_prior:
+                        acc, m, denom = join_prior(acc, m, denom)
                     weight = 1.0  # of the rows' 2^(logit - m) against the final denominator
                     if has_sinks:  # a row with no allowed key but a finite sink: output 0, lse = the sink
                         m, weight, denom = join_sink(m, denom, sink, jnp.exp2)
@@ -358,6 +383,7 @@ def forward(
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
             plgpu.Barrier(num_barriers=COMPUTE_WGS) if st.overlap else plgpu.Barrier(num_arrivals=COMPUTE_WGS),
             *((plgpu.Barrier(),) if row_sums else ()),  # e₀, fed once by the memory warpgroup
+            *((plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),) if has_prior else ()),  # a tile's prior
         ),
     )
     out = q
@@ -368,7 +394,7 @@ def forward(
     lse_type = out_struct((batch, heads, out_len), jnp.float32, q)
     args = (q, k, v) + ((jnp.broadcast_to((sinks * LOG2E)[:, None], (heads, ROWS)),) if has_sinks else ())
     args += (jnp.zeros((bk, SUM_COLS), dtype).at[:, 0].set(1),) if row_sums else ()
-    args += tuple(walk.arrays)
+    args += tuple(walk.arrays) + (tuple(prior) if has_prior else ())
     grid = (heads, num_q_tiles // tiles, batch)
     if in_place:  # a ref among the inputs, right before the lse: the body finds it where the output would be
         into_ref = jax.new_ref(into)
