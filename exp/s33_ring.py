@@ -3,7 +3,8 @@
 Times, in one interleaved run per mode (forward, forward+backward), at S=65536 causal H=16 D=128 bf16:
 - the ring with cuDNN and with Mosaic GPU per-step kernels (`platform="cuda"`, `"pallas"`);
 - the same rings with every `ppermute` replaced by the identity ("nocomm": the same kernels and merges on the
-  same pieces, wrong values, no transfers): ring - nocomm is the exposed communication;
+  same pieces, wrong values, no transfers): ring - nocomm is the exposed communication; and ("bf16t") with the
+  float32 transfers (the backward's partial dK / dV) sent as bfloat16;
 - flash attention on one GPU at S and at S/2 with cuDNN and with Mosaic GPU (2 x S/2 is what one device of
   the ring computes, in two calls' worth of kernels).
 Prints ms and the ring / flash ratios; with --schedules writes the compiled schedules of the rings to $OUT.
@@ -40,6 +41,24 @@ def no_transfers():
         jax.lax.ppermute = real
 
 
+@contextlib.contextmanager
+def bf16_float_transfers():
+    """float32 arrays travel as bfloat16 (the backward's partial dK / dV: half the bytes, one more rounding)."""
+    real = jax.lax.ppermute
+
+    def send(x, axis_name, perm):
+        narrow = lambda t: t.astype(jnp.bfloat16) if t.dtype == jnp.float32 else t
+        widen = lambda t, like: t.astype(like.dtype)
+        sent = real(jax.tree_util.tree_map(narrow, x), axis_name, perm)
+        return jax.tree_util.tree_map(widen, sent, x)
+
+    jax.lax.ppermute = send
+    try:
+        yield
+    finally:
+        jax.lax.ppermute = real
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--kv-heads", type=int, default=16)
@@ -47,6 +66,7 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--platforms", default="cuda,pallas")
     p.add_argument("--nocomm", action="store_true")
+    p.add_argument("--bf16t", action="store_true", help="also each ring with float32 transfers sent as bfloat16")
     p.add_argument("--flash", default="cuda,pallas", help="one-GPU flash attention platforms ('' for none)")
     p.add_argument("--tag", default="", help="suffix of the output files")
     p.add_argument("--out", default="out")
@@ -75,12 +95,14 @@ def main():
     platforms = args.platforms.split(",")
     variants = {}
     for plat in platforms:
-        variants[f"ring-{plat}"] = (ring(plat), sharded, False)
+        variants[f"ring-{plat}"] = (ring(plat), sharded, contextlib.nullcontext)
         if args.nocomm:
-            variants[f"ring-{plat}-nocomm"] = (ring(plat), sharded, True)
+            variants[f"ring-{plat}-nocomm"] = (ring(plat), sharded, no_transfers)
+        if args.bf16t:
+            variants[f"ring-{plat}-bf16t"] = (ring(plat), sharded, bf16_float_transfers)
     for plat in filter(None, args.flash.split(",")):
-        variants[f"flash-{plat} S"] = (flash(plat), single, False)
-        variants[f"flash-{plat} S/n"] = (flash(plat), half, False)
+        variants[f"flash-{plat} S"] = (flash(plat), single, contextlib.nullcontext)
+        variants[f"flash-{plat} S/n"] = (flash(plat), half, contextlib.nullcontext)
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,13 +110,13 @@ def main():
     for mode in args.modes.split(","):
         backward = mode == "fwd+bwd"
         calls = {}
-        for name, (fn, inputs, nocomm) in variants.items():
+        for name, (fn, inputs, transfers) in variants.items():
             if backward:
                 fn = jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
             try:
-                with no_transfers() if nocomm else contextlib.nullcontext():
+                with transfers():
                     compiled = jax.jit(fn).lower(*inputs).compile()
-                if args.schedules and name.startswith("ring") and not nocomm:
+                if args.schedules and name.startswith("ring") and transfers is contextlib.nullcontext:
                     lines = schedule(compiled.as_text())
                     path = out / f"schedule_{name}_{mode.replace('+', '_')}_kv{args.kv_heads}{args.tag}.txt"
                     path.write_text("\n".join(lines))
