@@ -92,6 +92,15 @@ def test_decode_only_requests_under_jit():
     check(out, new_state, inputs, DECODE_QSL, DECODE_SLOTS)
 
 
+def test_decode_batch_without_query_start_loc():
+    """No `query_start_loc`: token i is request i (its slot `state_indices[i]`), under `jit` as in serving; tokens
+    sharing a slot read its old state and the first writes it (as `arange(T + 1)` bounds give)."""
+    inputs = make_inputs(num_tokens=6)
+    slots = np.array([4, 0, 4, 7, 2, 0], np.int32)
+    out, new_state = jax.jit(ragged_gated_delta_rule)(*inputs, None, i32(slots))
+    check(out, new_state, inputs, np.arange(7, dtype=np.int32), slots)
+
+
 def test_easydel_call_form():
     """EasyDeL's keyword call (decay zeros where the model has none), eagerly: the values are checked too."""
     query, key, value, beta, _, state = make_inputs()
@@ -194,7 +203,11 @@ def _bad(**changes):
 BAD_INPUTS = {
     "no beta": (_bad(beta=lambda _: None), ValueError, "beta is required"),
     "no recurrent_state": (_bad(recurrent_state=lambda _: None), ValueError, "recurrent_state is required"),
-    "no query_start_loc": (_bad(query_start_loc=lambda _: None), ValueError, "query_start_loc is required"),
+    "decode batch's state_indices": (
+        _bad(query_start_loc=lambda _: None),
+        ValueError,
+        r"state_indices must be \[tokens\] \(without query_start_loc, one token a request\) = \(8,\), got \(5,\)",
+    ),
     "no state_indices": (_bad(state_indices=lambda _: None), ValueError, "state_indices is required"),
     "query rank": (_bad(query=lambda x: x[None]), ValueError, "query must be"),
     "query dtype": (_bad(query=lambda x: x.astype(jnp.int32)), TypeError, "query must be a floating"),

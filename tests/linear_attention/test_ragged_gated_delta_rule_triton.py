@@ -91,6 +91,19 @@ def test_decode_step_reads_before_the_slot_is_written():
     check_reference(out, new_state, inputs, DECODE_QSL[:-1], DECODE_SLOTS[:-1])  # without the dropped request
 
 
+def test_decode_batch_without_query_start_loc():
+    """A decode batch by contract (no `query_start_loc`): the decode kernel alone, token i on slot
+    `state_indices[i]`; a shared slot's reader sees the old state, an out-of-range slot outputs zeros."""
+    inputs = make_inputs(num_tokens=6)
+    slots = np.array([1, 3, 8, 3, 12, 0], np.int32)
+    out, new_state = jax.jit(triton())(*inputs, None, i32(slots))
+    xla_out, xla_state = jax.jit(ragged_gated_delta_rule_xla)(*inputs, None, i32(slots))
+    assert_close(out, xla_out, name="out")
+    assert_close(new_state, xla_state, name="new_state")
+    kept = np.array([0, 1, 2, 3, 5])  # without the dropped token
+    check_reference(out[kept], new_state, [x[kept] for x in inputs[:5]] + [inputs[5]], np.arange(6), slots[kept])
+
+
 def test_serving_loop_donates_the_pool():
     """Two decode steps, each fed the pool the last returned, donated (updated in place by the kernel)."""
     qsl, slots = np.array([0, 1, 2, 3], np.int32), np.array([5, 2, 7], np.int32)
@@ -175,8 +188,9 @@ def _serving_inputs(num_tokens, heads, slots, dtype=jnp.bfloat16):
 
 def _versus_xla(inputs, qsl, slots, dtype):
     on = lambda platform: jax.jit(functools.partial(ragged_gated_delta_rule, platform=platform))
-    out, new_state = on("triton")(*inputs, i32(qsl), i32(slots))
-    xla_out, xla_state = on("xla")(*inputs, i32(qsl), i32(slots))
+    bounds = None if qsl is None else i32(qsl)
+    out, new_state = on("triton")(*inputs, bounds, i32(slots))
+    xla_out, xla_state = on("xla")(*inputs, bounds, i32(slots))
     assert_close(out, xla_out, dtype, name="out")
     assert_close(new_state, xla_state, dtype, name="new_state")
 
@@ -188,6 +202,14 @@ def test_gpu_decode_matches_xla():
     slots[10], slots[20], slots[30] = slots[3], slots[3], 400
     qsl = np.r_[0, np.cumsum(np.where(np.arange(256) == 7, 0, 1))].astype(np.int32)
     _versus_xla(_serving_inputs(256, 32, 320, jnp.float32), qsl, slots, jnp.float32)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_batch_matches_xla():
+    """The same decode step called as a decode batch (no `query_start_loc`): 256 tokens, each its own request."""
+    slots = np.random.default_rng(2).permutation(320)[:256].astype(np.int32)
+    slots[10], slots[20], slots[30] = slots[3], slots[3], 400
+    _versus_xla(_serving_inputs(256, 32, 320, jnp.float32), None, slots, jnp.float32)
 
 
 @pytest.mark.gpu

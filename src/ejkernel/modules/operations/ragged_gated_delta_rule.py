@@ -84,8 +84,11 @@ class RaggedGatedDeltaRule(Kernel):
     def busy_integers(self, args):
         """Requests of equal length filling the tokens, each on its own slot (zeros would be all empty)."""
         num_tokens, num_slots, num_requests = args[0].shape[0], args[5].shape[0], args[7].shape[0]
+        slots = {7: jnp.arange(num_requests, dtype=jnp.int32) % num_slots}
+        if args[6] is None:  # a decode batch: one token a request
+            return slots
         bounds = np.linspace(0, num_tokens, num_requests + 1).astype(np.int32)
-        return {6: jnp.asarray(bounds), 7: jnp.arange(num_requests, dtype=jnp.int32) % num_slots}
+        return {6: jnp.asarray(bounds)} | slots
 
     def axis_roles(self, args, kwargs):
         """Heads split alike everywhere, and the value channels; tokens, state slots, key channels and the
@@ -115,8 +118,7 @@ def _check_shape(name: str, x, shape: tuple, layout: str) -> None:
 
 def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices) -> None:
     """Shapes and dtypes, then the values of `query_start_loc` and `state_indices` (`check_values`)."""
-    required = {"beta": beta, "recurrent_state": recurrent_state, "query_start_loc": query_start_loc}
-    required["state_indices"] = state_indices
+    required = {"beta": beta, "recurrent_state": recurrent_state, "state_indices": state_indices}
     for name, x in required.items():
         if x is None:
             raise ValueError(f"{name} is required, got None")
@@ -133,22 +135,31 @@ def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc
     _check_array("recurrent_state", recurrent_state, 4, "[slots, heads, dim_k, dim_v]")
     state_shape = (recurrent_state.shape[0], num_heads, dk, value.shape[2])
     _check_shape("recurrent_state", recurrent_state, state_shape, "[slots, heads, dim_k, dim_v]")
-    _check_array("query_start_loc", query_start_loc, 1, "[num_requests + 1]", floating=False)
-    _check_array("state_indices", state_indices, 1, "[num_requests]", floating=False)
-    if query_start_loc.shape[0] < 1:
-        raise ValueError("query_start_loc must be [num_requests + 1], got shape (0,)")
-    num_requests = query_start_loc.shape[0] - 1
-    _check_shape("state_indices", state_indices, (num_requests,), "[num_requests] (len(query_start_loc) - 1)")
+    if query_start_loc is None:  # a decode batch: token i is request i
+        layout = "[tokens] (without query_start_loc, one token a request)"
+        _check_array("state_indices", state_indices, 1, layout, floating=False)
+        _check_shape("state_indices", state_indices, (num_tokens,), layout)
+    else:
+        _check_array("query_start_loc", query_start_loc, 1, "[num_requests + 1]", floating=False)
+        _check_array("state_indices", state_indices, 1, "[num_requests]", floating=False)
+        if query_start_loc.shape[0] < 1:
+            raise ValueError("query_start_loc must be [num_requests + 1], got shape (0,)")
+        num_requests = query_start_loc.shape[0] - 1
+        _check_shape("state_indices", state_indices, (num_requests,), "[num_requests] (len(query_start_loc) - 1)")
     traced = is_traced(query_start_loc, state_indices)
     if traced and not checks_enabled():
         return
     xp = jnp if traced else np
-    bounds, slots = xp.asarray(query_start_loc), xp.asarray(state_indices)
-    lower = xp.concatenate([xp.zeros((1,), bounds.dtype), bounds[:-1]])
-    expected = f"[query_start_loc[i - 1], {num_tokens}] (the bounds rise without decreasing within the tokens)"
-    rising = (bounds >= lower) & (bounds <= num_tokens)
-    check_values("query_start_loc", bounds, rising, expected)
-    busy = bounds[1:] > bounds[:-1]
+    slots = xp.asarray(state_indices)
+    if query_start_loc is None:
+        busy, rising = xp.ones(slots.shape, bool), True
+    else:
+        bounds = xp.asarray(query_start_loc)
+        lower = xp.concatenate([xp.zeros((1,), bounds.dtype), bounds[:-1]])
+        expected = f"[query_start_loc[i - 1], {num_tokens}] (the bounds rise without decreasing within the tokens)"
+        rising = (bounds >= lower) & (bounds <= num_tokens)
+        check_values("query_start_loc", bounds, rising, expected)
+        busy = bounds[1:] > bounds[:-1]
     num_slots = recurrent_state.shape[0]
     valid = ~busy | ((slots >= 0) & (slots < num_slots)) | ~xp.all(rising)  # one error, as eagerly
     check_values("state_indices", slots, valid, f"[0, {num_slots}) (the slots of recurrent_state)")
@@ -189,7 +200,11 @@ def ragged_gated_delta_rule(
     result. Runs under `jit` with traced `query_start_loc` and `state_indices`: a bad value is a ValueError
     outside `jit` (under it too with `EJKERNEL_CHECKS=1`); otherwise, under `jit`, the bounds are clamped
     into `[0, tokens]` and made non-decreasing (a running max), and a non-empty request whose slot is
-    outside `[0, slots)` is dropped (its tokens give zeros, no slot is written). On Triton the decode step
+    outside `[0, slots)` is dropped (its tokens give zeros, no slot is written). Without `query_start_loc` the
+    call is a decode batch: token `i` is request `i` on slot `state_indices[i]`, as `arange(tokens + 1)` bounds
+    would give, known without looking at values, so the decode path runs alone (a serving engine's decode step;
+    with bounds, telling the paths apart costs a `lax.cond`, whose predicate XLA reads on the host: 25 us of a
+    363 us step on an H200). On Triton the decode step
     updates the pool in place: under `jit` with `recurrent_state` donated, no copy of the pool is made. Meant for
     inference; `jax.grad` through it runs and differentiates the plain JAX computation (on every platform).
 
@@ -201,10 +216,10 @@ def ragged_gated_delta_rule(
         decay: `[tokens, heads]` float, a log decay per head and token (the factor is `exp(decay)`); None
             (default): no decay.
         recurrent_state: `[slots, heads, dim_k, dim_v]` float, required: the state pool.
-        query_start_loc: `[num_requests + 1]` integer, required: the requests' token bounds, rising without
-            decreasing, each in `[0, tokens]`.
+        query_start_loc: `[num_requests + 1]` integer: the requests' token bounds, rising without decreasing,
+            each in `[0, tokens]`; None (upstream requires it): a decode batch, one token a request.
         state_indices: `[num_requests]` integer, required: each request's slot, in `[0, slots)` for a
-            non-empty request (an empty request's may be anything).
+            non-empty request (an empty request's may be anything); `[tokens]` without `query_start_loc`.
         chunk_size: Tokens per chunk of the chunked form, any positive int (default 64); a `cfg` given wins
             (its `chunk_size`); never changes the result beyond rounding.
         use_qk_l2norm: L2-normalise q and k as above (default True).

@@ -8,7 +8,9 @@ Semantics are those of `ejkernel.reference.ragged_gated_delta_rule`. Request `r`
 under `jit`), so every shape is static and the request bounds are only read as data. Out-of-range values
 have one meaning: bounds are clamped to `[0, T]` and made non-decreasing, and a request whose slot is
 outside the pool is dropped (its tokens output zeros, nothing is written). Of several non-empty requests
-naming one slot, each reads the slot's old state and the first writes it.
+naming one slot, each reads the slot's old state and the first writes it. `qsl=None` says, statically, that
+the call is a decode batch: token `i` is request `i` (`state_indices [T]`), as `qsl = arange(T + 1)` would with
+no `lax.cond` between the paths.
 """
 
 from __future__ import annotations
@@ -40,10 +42,15 @@ class Requests(NamedTuple):
     inside: jax.Array
 
 
+def in_pool(slots, num_slots: int):
+    """`[N]` bool: the slots in `[0, num_slots)`."""
+    return (slots >= 0) & (slots < num_slots)
+
+
 def first_writers(slots, keep, num_slots: int):
     """`[N]` bool: the rows where `keep` is set whose slot (in `[0, num_slots)`) no earlier kept row names."""
     rows = jnp.arange(slots.shape[0], dtype=jnp.int32)
-    keep = keep & (slots >= 0) & (slots < num_slots)
+    keep = keep & in_pool(slots, num_slots)
     target = jnp.where(keep, slots, num_slots)
     first = jnp.full((num_slots + 1,), slots.shape[0], jnp.int32).at[target].min(rows)
     return keep & (first[target] == rows)
@@ -54,7 +61,7 @@ def requests(query_start_loc, state_indices, num_tokens: int, num_slots: int) ->
     bounds = lax.cummax(jnp.clip(query_start_loc.astype(jnp.int32), 0, num_tokens))
     lengths = bounds[1:] - bounds[:-1]
     slots = state_indices.astype(jnp.int32)
-    live = (lengths > 0) & (slots >= 0) & (slots < num_slots)
+    live = (lengths > 0) & in_pool(slots, num_slots)
     positions = jnp.arange(num_tokens, dtype=jnp.int32)
     request = jnp.clip(sorted_position(bounds[1:], positions), 0, slots.shape[0] - 1)
     inside = (positions >= bounds[0]) & (positions < bounds[-1]) & live[request]
@@ -134,10 +141,10 @@ def _chunked(xs, init, bounds, chunk_size: int):
     return out[0], final
 
 
-def require_pool_arguments(recurrent_state, query_start_loc, state_indices) -> None:
+def require_pool_arguments(recurrent_state, state_indices) -> None:
     """ValueError naming the first of the pool arguments an entry got as None (they default to None only to keep
-    upstream's argument order)."""
-    required = {"recurrent_state": recurrent_state, "query_start_loc": query_start_loc, "state_indices": state_indices}
+    upstream's argument order; `query_start_loc=None` is a decode batch)."""
+    required = {"recurrent_state": recurrent_state, "state_indices": state_indices}
     for name, x in required.items():
         if x is None:
             raise ValueError(f"{name} is required, got None")
@@ -161,11 +168,14 @@ def ragged_delta_rule(
 
     A call whose requests all have at most one token runs one `delta_step` per request, any other the family's
     packed chunked form (each request starting on a chunk boundary) in float32; `lax.cond` on the traced lengths
-    picks the path, and both give the same result. New states are written back by `scatter_first`.
+    picks the path, and both give the same result. New states are written back by `scatter_first`. Without
+    `query_start_loc`, a decode batch: `decode_tokens`.
     """
     num_tokens = query.shape[0]
     if num_tokens == 0 or state_indices.shape[0] == 0:
         return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
+    if query_start_loc is None:
+        return decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices, use_qk_l2norm)
     req = requests(query_start_loc, state_indices, num_tokens, recurrent_state.shape[0])
     xs = request_inputs(query, key, value, beta, decay, use_qk_l2norm, req.inside)
     init = read_states(recurrent_state, req.slots)
@@ -194,6 +204,6 @@ def decode_tokens(query, key, value, beta, decay, recurrent_state, state_indices
     final, out = delta_step(
         read_states(recurrent_state, slots), *delta_inputs(query, key, value, beta, decay, use_qk_l2norm)
     )
-    keep = (slots >= 0) & (slots < recurrent_state.shape[0])
+    keep = in_pool(slots, recurrent_state.shape[0])
     out = jnp.where(keep.reshape((-1,) + (1,) * (out.ndim - 1)), out, 0.0)
     return out.astype(query.dtype), scatter_first(recurrent_state, slots, final, keep)

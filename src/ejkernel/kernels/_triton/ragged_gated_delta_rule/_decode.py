@@ -58,7 +58,7 @@ def _step(refs, r, head, cols, s):
         h = h * jnp.exp(decay_ref[token, head].astype(F32))
     u = beta_ref[token, head].astype(F32) * (v_ref[token, head, cols].astype(F32) - jnp.sum(h * k[:, None], 0))
     h = h + k[:, None] * u[None, :]
-    out_ref[r, head, cols] = jnp.sum(q[:, None] * h, axis=0)
+    out_ref[r, head, cols] = jnp.sum(q[:, None] * h, axis=0).astype(out_ref.dtype)
     if new_pool_ref is not None:
         new_pool_ref[slot, head, :, cols] = h.astype(new_pool_ref.dtype)
 
@@ -97,13 +97,14 @@ def _writers_kernel(token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref
 
     @pl.when(mode == IDLE)
     def _():
-        out_ref[r, head, cols] = jnp.zeros((bv,), F32)
+        out_ref[r, head, cols] = jnp.zeros((bv,), out_ref.dtype)
 
 
 def decode_step(
     tiling: TritonRaggedDecodeTiling, l2norm: bool, query, key, value, beta, decay, pool, token, slot, mode
 ):
-    """`(out [N, H, Dv] float32, the pool after the step)`: request `r` steps token `token[r]` on slot `slot[r]`
+    """`(out [N, H, Dv] in the query's dtype, the pool after the step)`: request `r` steps token `token[r]` on slot
+    `slot[r]`
     as `mode[r]` says (`IDLE`, `READS`, `WRITES`); the pool is updated in place (aliased)."""
     num_requests, heads, dv = token.shape[0], query.shape[1], value.shape[-1]
     bv = min(tiling.block_v, dv)
@@ -115,7 +116,7 @@ def decode_step(
         interpret=tiling.interpret,
     )
     index = [token, slot, mode]
-    out_shape = out_struct((num_requests, heads, dv), F32, *index, *tokens, pool)
+    out_shape = out_struct((num_requests, heads, dv), query.dtype, *index, *tokens, pool)
     readers = call(
         functools.partial(_readers_kernel, heads=heads, tiles=dv // bv, **static),
         grid=(num_requests,),

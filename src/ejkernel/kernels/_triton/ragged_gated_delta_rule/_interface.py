@@ -8,7 +8,9 @@ packed chunked form (`_prefill`: entering from its slot of the pool, its final s
 `scatter_first`). Both paths return the outputs in the query's dtype (no float32 copy crosses the `lax.cond`).
 The `lax.cond` costs the prefill little (2.014 ms against 2.004 without it on an H200, 8 x 2048 tokens) and
 spares a decode batch the chunked form. The requests (clamped bounds, dropped slots, the first writer of each
-slot) are read once, in XLA, by `requests`, so both paths have the XLA path's semantics.
+slot) are read once, in XLA, by `requests`, so both paths have the XLA path's semantics. A call without
+`query_start_loc` is a decode batch by contract (token i is request i): the decode kernel alone, no `lax.cond`
+(whose predicate XLA reads on the host: 25 us of a 363 us step on an H200) and no placing of the outputs.
 
 Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead, forward and
 backward (`trained_as`), so `jax.grad` through the op gives XLA's gradient. Declines (NotImplementedError)
@@ -27,6 +29,8 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
     decode_token,
+    first_writers,
+    in_pool,
     place_decoded,
     ragged_delta_rule,
     requests,
@@ -63,13 +67,27 @@ def _decline(query, value, beta, decay, recurrent_state) -> None:
             raise NotImplementedError(f"{WHO} takes {name} a power of two in [16, 256], got {size}")
 
 
+def _step(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, token, slots, live, writes):
+    """The decode kernel on the pool in place, request r stepping token `token[r]`: `(out [N, H, Dv] in the
+    query's dtype, zeros where not `live`; new pool)`."""
+    mode = jnp.where(writes, WRITES, jnp.where(live, READS, IDLE)).astype(jnp.int32)
+    return decode_step(tiling, use_qk_l2norm, *inputs, pool, token, slots, mode)
+
+
 def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, req):
-    """The decode kernel on the pool in place: `(out [T, H, Dv] in the query's dtype, new pool)`."""
+    """The decode path of a call with requests: `(out [T, H, Dv] in the query's dtype, new pool)`."""
     num_tokens = inputs[0].shape[0]
     token = decode_token(req.bounds, num_tokens)
-    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
-    out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
-    return place_decoded(out.astype(inputs[0].dtype), token, req.live, num_tokens), pool
+    out, pool = _step(tiling, use_qk_l2norm, inputs, pool, token, req.slots, req.live, req.writes)
+    return place_decoded(out, token, req.live, num_tokens), pool
+
+
+def _decode_batch(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, state_indices):
+    """A call without `query_start_loc`: token i is request i, on slot `state_indices[i]`."""
+    slots = state_indices.astype(jnp.int32)
+    live = in_pool(slots, pool.shape[0])
+    token = jnp.arange(slots.shape[0], dtype=jnp.int32)
+    return _step(tiling, use_qk_l2norm, inputs, pool, token, slots, live, first_writers(slots, live, pool.shape[0]))
 
 
 def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
@@ -80,8 +98,10 @@ def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool
 
 def _forward(tilings, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
     decode_tiling, gla = tilings
-    req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
     inputs = (query, key, value, beta, decay)
+    if qsl is None:
+        return _decode_batch(decode_tiling, use_qk_l2norm, inputs, pool, state_indices)
+    req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
     prefill = functools.partial(_prefill, gla, chunk, use_qk_l2norm)
     decode = functools.partial(_decode, decode_tiling, use_qk_l2norm)
     return lax.cond(jnp.all(req.lengths <= 1), decode, prefill, inputs, pool, req)
@@ -109,7 +129,7 @@ def ragged_gated_delta_rule_triton(
     of two in [16, 128]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
     program (default 64) and warps (default 4). `interpret` forces Pallas interpret mode.
     """
-    require_pool_arguments(recurrent_state, query_start_loc, state_indices)
+    require_pool_arguments(recurrent_state, state_indices)
     _decline(query, value, beta, decay, recurrent_state)
     interpret = resolve_interpret(interpret, WHO)
     num_tokens = query.shape[0]

@@ -28,11 +28,12 @@ def ragged_gated_delta_rule_xla(
 ):
     """`ragged_gated_delta_rule` in plain JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`.
 
-    Arguments as the public op's (checked there); `cfg.chunk_size`, when given, wins over `chunk_size`.
+    Arguments as the public op's (checked there; `query_start_loc=None`: a decode batch, one token a request);
+    `cfg.chunk_size`, when given, wins over `chunk_size`.
     Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing, and requests whose
     slot is outside `[0, S)` are dropped (zero outputs, no write).
     """
-    require_pool_arguments(recurrent_state, query_start_loc, state_indices)
+    require_pool_arguments(recurrent_state, state_indices)
     chunk = getattr(cfg, "chunk_size", None) or chunk_size
     return ragged_delta_rule(
         query,
