@@ -29,6 +29,7 @@ def cudnn_score_mod_options() -> dict:
 
 
 def _cudnn_options(causal: bool) -> dict:
+    """The static options of one cuDNN call: no dropout, bias or window; BTNH layout; causal or no mask."""
     cudnn = cudnn_fused_attention()
     return dict(
         seed=0,

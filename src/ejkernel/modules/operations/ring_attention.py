@@ -307,9 +307,10 @@ def ring_attention(
         softmax_scale: Default None, meaning `dim ** -0.5`.
         axis_name: Default None, meaning `"sp"`. The mesh axis the sequence is sharded over.
         fused_backward: Default False. True is not supported (NotImplementedError).
-        platform: Default None, meaning `"auto"`: cuDNN (`"cuda"`, GPU: causal or full attention in bfloat16
-            or float16, no window, soft cap, segment ids or bias), Triton (GPU: no window or bias) or XLA
-            (every device and feature), the first that accepts the call.
+        platform: Default None, meaning `"auto"`: Mosaic GPU (`"pallas"`, Hopper: our forward per step, cuDNN's
+            backward; head dim 64 or 128), cuDNN (`"cuda"`, GPU: causal or full attention in bfloat16 or
+            float16, no window, soft cap, segment ids or bias), Triton (GPU: no window or bias) or XLA (every
+            device and feature), the first that accepts the call.
         cfg: Default None (the per-step kernel's defaults). A `RingAttentionConfig`.
         mesh: Default None. A `jax.sharding.Mesh` with an `axis_name` axis; needs `in_specs` and `out_specs`.
         in_specs: Default None. A `PartitionSpec` per tensor passed (or per positional slot), in the
