@@ -110,8 +110,9 @@ def test_autotune_caches_and_exports_the_winners(tmp_path, capsys):
 
 
 def test_ring_bench_reports_speed_up_and_scaling_efficiency(tmp_path):
-    """On the simulated CPU devices: both one-device baselines (total and per-device length) and their ratios."""
-    argv = ["bench", "ring_attention", "--quick", "--repeats", "1", "--platform", "xla", "--out", str(tmp_path)]
+    """On two simulated CPU devices: both one-device baselines (total and per-device length) and their ratios."""
+    argv = ["bench", "ring_attention", "--quick", "--repeats", "1", "--platform", "xla", "--devices", "2"]
+    argv += ["--out", str(tmp_path)]
     assert main(argv) == 0
     record = json.loads((tmp_path / "ring_attention.json").read_text())
     n = record["devices"]

@@ -43,12 +43,13 @@ def main(argv=None) -> None:
     p.add_argument("--platform", help="one ring_attention platform (default: auto and every one that runs here)")
     p.add_argument("--flash-platform", default="auto", help="one-device flash_attention platform")
     p.add_argument("--no-causal", action="store_true", help="full (non-causal) attention instead")
+    p.add_argument("--devices", type=int, help="how many of the visible devices form the ring (default: all)")
     args = p.parse_args(argv)
     batch, seq, heads, dim = QUICK_SHAPE if args.quick else SHAPE
     seq, heads = args.seq or seq, args.heads or heads
     kv_heads = args.kv_heads or heads
     causal = not args.no_causal
-    devices = jax.devices()
+    devices = jax.devices()[: args.devices]
     n = len(devices)
     mesh = jax.make_mesh((n,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
