@@ -155,12 +155,13 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     args += (shape(tokens, 4, dtype=jnp.float32), shape(tokens, 4, dtype=jnp.float32))
     args += (shape(16, 4, 128, 128, dtype=jnp.float32), shape(requests + 1, dtype=jnp.int32))
     args += (shape(requests, dtype=jnp.int32),)
-    text = (
+    lower = lambda *args: (
         jax.jit(functools.partial(ragged_gated_delta_rule_triton, interpret=False), donate_argnums=5)
         .trace(*args)
         .lower(lowering_platforms=("cuda",))
         .as_text()
     )
+    text = lower(*args)
     for name in (
         "ejkernel_ragged_delta_decode",
         "ejkernel_ragged_delta_decode_readers",
@@ -170,6 +171,9 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         "ejkernel_ragged_delta_outputs",
     ):
         assert name in text
+    # a decode batch: the readers' kernel deciding the modes, then the writers'; nothing else
+    text = lower(*args[:6], None, shape(tokens, dtype=jnp.int32))
+    assert "ejkernel_ragged_delta_decode_readers" in text and "ejkernel_ragged_delta_pack" not in text
 
 
 # ---- GPU suite: the compiled kernels against the XLA implementation at serving shapes ----

@@ -5,13 +5,15 @@ decay; q and k L2-normalised in the kernel), loads the `[Dk, block_v]` float32 t
 straight from the pool, runs one delta-rule step and writes the tile back into the same slot. The pool is
 aliased to the kernel's output (`input_output_aliases`), so under `jit` with the pool donated nothing is copied.
 
-Which programs work is data, decided in XLA beforehand (`Requests`): a request `WRITES` (the first live request
-of its slot), `READS` (live, but an earlier request writes its slot: output only) or is `IDLE` (empty, or its
-slot outside the pool: zero output, no write). Readers must see the slot's old state, which a writer of the
-same slot overwrites in place; so they run first, in a kernel of their own that writes no state, one program
-per request (readers are rare: a reader steps all its heads and tiles in turn, every other program returns at
-once; on an H200 a grid of one program per tile cost 12 us of a 390 us step with no reader at all). The
-writers' kernel then writes the writers' outputs and states and the idle requests' zero outputs.
+Which programs work is data: a request `WRITES` (the first live request of its slot), `READS` (live, but an
+earlier request writes its slot: output only) or is `IDLE` (empty, or its slot outside the pool: zero output, no
+write). A call with request bounds decides it in XLA beforehand (`Requests`); for a decode batch (request r is
+token r) the readers' kernel decides it, each program scanning the slots before its own, and hands the modes on.
+Readers must see the slot's old state, which a writer of the same slot overwrites in place; so they run first, in a
+kernel of their own that writes no state, one program per request (readers are rare: a reader steps all its heads
+and tiles in turn, every other program returns at once; on an H200 a grid of one program per tile cost 12 us of a
+390 us step with no reader at all). The writers' kernel then writes the writers' outputs and states and the idle
+requests' zero outputs.
 """
 
 from __future__ import annotations
@@ -63,14 +65,40 @@ def _step(refs, r, head, cols, s):
         new_pool_ref[slot, head, :, cols] = h.astype(new_pool_ref.dtype)
 
 
-def _readers_kernel(token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref, *refs, **s):
+def _mode_of(slot_ref, r, num_requests: int, num_slots: int):
+    """Request r's mode in a decode batch, from the slots: `IDLE` outside the pool, else `READS` where an earlier
+    request names its slot (that one is live too, and writes it first), else `WRITES`."""
+    slot = slot_ref[r]
+    block = min(1024, pl.next_power_of_2(num_requests))
+
+    def scan(i, seen):
+        rows = i * block + jnp.arange(block)
+        earlier = plgpu.load(slot_ref.at[pl.ds(i * block, block)], mask=rows < r, other=-1)
+        return jnp.maximum(seen, jnp.max((earlier == slot).astype(jnp.int32)))
+
+    seen = lax.fori_loop(0, lax.div(r + block - 1, block), scan, jnp.int32(0))
+    live = ((slot >= 0) & (slot < num_slots)).astype(jnp.int32)
+    return live * (WRITES - (WRITES - READS) * seen)  # (IDLE is 0)
+
+
+def _readers_kernel(token_ref, slot_ref, *refs, **s):
     """One program per request: a reader steps every head and tile in turn and stores its outputs (not the
-    state); any other request returns at once (its row is the writers' kernel's)."""
-    decay_ref, (pool_ref, out_ref) = (refs[0], refs[1:]) if s["has_decay"] else (None, refs)
+    state); any other request returns at once (its row is the writers' kernel's). Without a mode input (a decode
+    batch) the program decides its request's mode (`_mode_of`) and stores it in the last output."""
+    refs = list(refs)
+    mode_ref = refs.pop(0) if s["modes_given"] else None
+    q_ref, k_ref, v_ref, beta_ref = refs[:4]
+    decay_ref = refs[4] if s["has_decay"] else None
+    pool_ref, out_ref, *mode_out = refs[4 + s["has_decay"] :]
     r, bv, tiles = pl.program_id(0), s["block_v"], s["tiles"]
     step_refs = (token_ref, slot_ref, q_ref, k_ref, v_ref, beta_ref, decay_ref, pool_ref, out_ref, None)
+    if mode_ref is not None:
+        mode = mode_ref[r]
+    else:
+        mode = _mode_of(slot_ref, r, slot_ref.shape[0], pool_ref.shape[0])
+        mode_out[0][r] = mode
 
-    @pl.when(mode_ref[r] == READS)
+    @pl.when(mode == READS)
     def _():
         def body(i, carry):
             cols = pl.ds(pl.multiple_of(lax.rem(i, tiles) * bv, bv), bv)
@@ -101,11 +129,11 @@ def _writers_kernel(token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref
 
 
 def decode_step(
-    tiling: TritonRaggedDecodeTiling, l2norm: bool, query, key, value, beta, decay, pool, token, slot, mode
+    tiling: TritonRaggedDecodeTiling, l2norm: bool, query, key, value, beta, decay, pool, token, slot, mode=None
 ):
     """`(out [N, H, Dv] in the query's dtype, the pool after the step)`: request `r` steps token `token[r]` on slot
-    `slot[r]`
-    as `mode[r]` says (`IDLE`, `READS`, `WRITES`); the pool is updated in place (aliased)."""
+    `slot[r]` as `mode[r]` says (`IDLE`, `READS`, `WRITES`); the pool is updated in place (aliased). `mode` None:
+    a decode batch (`token[r] = r`), the modes decided from the slots in the readers' kernel."""
     num_requests, heads, dv = token.shape[0], query.shape[1], value.shape[-1]
     bv = min(tiling.block_v, dv)
     tokens = [query, key, value, beta] + ([] if decay is None else [decay])
@@ -115,15 +143,18 @@ def decode_step(
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
         interpret=tiling.interpret,
     )
-    index = [token, slot, mode]
+    index = [token, slot] + ([] if mode is None else [mode])
     out_shape = out_struct((num_requests, heads, dv), query.dtype, *index, *tokens, pool)
+    modes_shape = () if mode is not None else (out_struct((num_requests,), jnp.int32, *index, *tokens, pool),)
     readers = call(
-        functools.partial(_readers_kernel, heads=heads, tiles=dv // bv, **static),
+        functools.partial(_readers_kernel, heads=heads, tiles=dv // bv, modes_given=mode is not None, **static),
         grid=(num_requests,),
-        out_shape=out_shape,
+        out_shape=[out_shape, *modes_shape],
         name="ejkernel_ragged_delta_decode_readers",
     )
-    out = readers(*index, *tokens, pool)  # always (a `lax.cond` on the modes may read its predicate on the host)
+    # always (a `lax.cond` on the modes may read its predicate on the host)
+    out, *decided = readers(*index, *tokens, pool)
+    index = [token, slot, *decided] if mode is None else index
     aliased = len(index) + len(tokens)  # the pool's operand index, then the readers' outputs'
     writers = call(
         functools.partial(_writers_kernel, **static),

@@ -29,8 +29,6 @@ from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
     decode_token,
-    first_writers,
-    in_pool,
     place_decoded,
     ragged_delta_rule,
     requests,
@@ -83,11 +81,10 @@ def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool,
 
 
 def _decode_batch(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, state_indices):
-    """A call without `query_start_loc`: token i is request i, on slot `state_indices[i]`."""
-    slots = state_indices.astype(jnp.int32)
-    live = in_pool(slots, pool.shape[0])
-    token = jnp.arange(slots.shape[0], dtype=jnp.int32)
-    return _step(tiling, use_qk_l2norm, inputs, pool, token, slots, live, first_writers(slots, live, pool.shape[0]))
+    """A call without `query_start_loc`: token i is request i, on slot `state_indices[i]`; the kernels decide
+    which requests read and write (no XLA work before them)."""
+    token = jnp.arange(state_indices.shape[0], dtype=jnp.int32)
+    return decode_step(tiling, use_qk_l2norm, *inputs, pool, token, state_indices.astype(jnp.int32))
 
 
 def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
