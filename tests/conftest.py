@@ -1,4 +1,5 @@
-"""Test set-up: 8 simulated CPU devices, JAX's persistent compilation cache, the `gpu` and `multigpu` markers."""
+"""Test set-up: 8 simulated CPU devices, JAX's persistent compilation cache, the `gpu`, `multigpu` and `long`
+markers."""
 
 import os
 import pathlib
@@ -28,6 +29,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         elif item.get_closest_marker("multigpu") and gpus < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
+    # Long tests first (stable otherwise): xdist hands tests out in this order, and a long one collected last
+    # would run alone at the end while the other workers idle.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ def test_info_lists_ops_and_platforms(capsys):
     assert "mean_pooling" in out and "flash_attention" in out
 
 
+@pytest.mark.long
 def test_demo_checks_every_op_against_its_reference(capsys, monkeypatch):
     monkeypatch.setattr("ejkernel.demo.time_fn", lambda fn, **_: 1e-3)  # its timings are for people, not this test
     assert main(["demo"]) == 0
@@ -123,6 +124,7 @@ def test_ring_bench_reports_speed_up_and_scaling_efficiency(tmp_path):
         assert row["ring-xla efficiency"] == pytest.approx(ring / (n * per_device))
 
 
+@pytest.mark.long
 def test_multi_gpu_bench_times_each_split_beside_one_device(tmp_path):
     argv = ["bench", "multi_gpu", "--quick", "--devices", "2", "--repeats", "1", "--out", str(tmp_path)]
     assert main(argv) == 0

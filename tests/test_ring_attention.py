@@ -356,6 +356,7 @@ def interpret_check(case: str) -> None:
     assert_close(result[1], full, dtype=jnp.bfloat16, name="lse")
 
 
+@pytest.mark.long
 def test_mosaic_gpu_step_merges_onto_a_running_result_in_interpret_mode():
     """`interpret_check` of every case, in one fresh Python process."""
     from mosaic_gpu_interpret import check_in_fresh_process

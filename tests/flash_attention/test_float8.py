@@ -169,6 +169,7 @@ def interpret_check(case: str) -> None:
 LOWERED_ONLY = ("d64", "exp2-fma-d128")
 
 
+@pytest.mark.long
 def test_float8_forward_in_interpret_mode_matches_reference():
     """`interpret_check` of every case not `LOWERED_ONLY`, in one fresh Python process (started again if the
     interpreter hangs)."""

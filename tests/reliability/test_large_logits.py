@@ -104,6 +104,7 @@ def test_flash_attention_backward_at_large_logits(inputs, kw):
     check(fn, q, k, v, do, causal=call["causal"], segment_ids=seg, sinks=sinks)
 
 
+@pytest.mark.long
 def test_ring_backward_at_large_logits():
     """Causal, mirrored, on 4 devices: the ring merges the (offset, rest) pairs of its steps."""
     rng = np.random.default_rng(1)

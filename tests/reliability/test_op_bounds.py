@@ -75,6 +75,7 @@ def test_linear_attention_packed_bounds_end_at_the_last_token():
         assert_close(final, ref_final, tol=1e-4)
 
 
+@pytest.mark.long
 def test_native_sparse_packed_bounds_end_at_the_last_token():
     """NSA's bounds must end at T exactly, as the linear-attention family's: the last one is set to T."""
     q, k, v = randn((1, T, 4, 16)), randn((1, T, 2, 16)), randn((1, T, 2, 16))

@@ -96,6 +96,7 @@ def interpret_check(case: str) -> None:
             assert_close(g, rg, BF16)
 
 
+@pytest.mark.long
 def test_interpret_mode_matches_reference():
     """`interpret_check` of every case, in one fresh Python process (started again if the interpreter hangs)."""
     check_in_fresh_process(__file__, INTERPRET_CASES)

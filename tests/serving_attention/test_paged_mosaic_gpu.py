@@ -126,6 +126,7 @@ def interpret_check(case: str) -> None:
     assert_close(jnp.where(seen, lse, 0.0), jnp.where(seen, expected_lse, 0.0), name="lse")
 
 
+@pytest.mark.long
 def test_interpret_mode_matches_reference():
     """Every case, in one fresh process."""
     check_in_fresh_process(__file__, INTERPRET_CASES)

@@ -157,6 +157,7 @@ def interpret_check(case: str) -> None:
         assert_close(g, r, jnp.bfloat16, GRAD_TOLERANCE[jnp.dtype(jnp.bfloat16)], name=f"grad of argument {i}")
 
 
+@pytest.mark.long
 def test_interpret_mode_matches_reference():
     """`interpret_check` of every case, in one fresh Python process (started again if the interpreter hangs)."""
     check_in_fresh_process(__file__, INTERPRET_CASES)
