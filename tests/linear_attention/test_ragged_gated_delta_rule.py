@@ -233,6 +233,11 @@ BAD_INPUTS = {
         r"query_start_loc\[5\] = 9 is outside",
     ),
     "slot out of range": (_bad(state_indices=lambda x: x.at[0].set(SLOTS)), ValueError, r"state_indices\[0\]"),
+    "decode batch's slot out of range": (
+        _bad(query_start_loc=lambda _: None, state_indices=lambda _: i32(np.arange(8)).at[5].set(SLOTS)),
+        ValueError,
+        r"state_indices\[5\]",
+    ),
     "chunk_size": (_bad(chunk_size=lambda _: 0), ValueError, "chunk_size must be a positive int"),
     "cfg type": (_bad(cfg=lambda _: "xla"), TypeError, "cfg for ragged_gated_delta_rule"),
     "mesh alone": (_bad(mesh=lambda _: jax.make_mesh((8,), ("x",))), ValueError, "mesh, in_specs and out_specs"),

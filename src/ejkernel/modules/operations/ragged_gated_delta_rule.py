@@ -150,18 +150,15 @@ def _check_call(query, key, value, beta, decay, recurrent_state, query_start_loc
     if traced and not checks_enabled():
         return
     xp = jnp if traced else np
-    slots = xp.asarray(state_indices)
-    if query_start_loc is None:
-        busy, rising = xp.ones(slots.shape, bool), True
-    else:
+    slots, num_slots = xp.asarray(state_indices), recurrent_state.shape[0]
+    valid = (slots >= 0) & (slots < num_slots)  # every slot of a decode batch; those of non-empty requests
+    if query_start_loc is not None:
         bounds = xp.asarray(query_start_loc)
         lower = xp.concatenate([xp.zeros((1,), bounds.dtype), bounds[:-1]])
         expected = f"[query_start_loc[i - 1], {num_tokens}] (the bounds rise without decreasing within the tokens)"
         rising = (bounds >= lower) & (bounds <= num_tokens)
         check_values("query_start_loc", bounds, rising, expected)
-        busy = bounds[1:] > bounds[:-1]
-    num_slots = recurrent_state.shape[0]
-    valid = ~busy | ((slots >= 0) & (slots < num_slots)) | ~xp.all(rising)  # one error, as eagerly
+        valid = valid | (bounds[1:] <= bounds[:-1]) | ~xp.all(rising)  # one error, as eagerly
     check_values("state_indices", slots, valid, f"[0, {num_slots}) (the slots of recurrent_state)")
 
 

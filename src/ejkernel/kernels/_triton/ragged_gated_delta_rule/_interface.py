@@ -65,18 +65,13 @@ def _decline(query, value, beta, decay, recurrent_state) -> None:
             raise NotImplementedError(f"{WHO} takes {name} a power of two in [16, 256], got {size}")
 
 
-def _step(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, token, slots, live, writes):
-    """The decode kernel on the pool in place, request r stepping token `token[r]`: `(out [N, H, Dv] in the
-    query's dtype, zeros where not `live`; new pool)`."""
-    mode = jnp.where(writes, WRITES, jnp.where(live, READS, IDLE)).astype(jnp.int32)
-    return decode_step(tiling, use_qk_l2norm, *inputs, pool, token, slots, mode)
-
-
 def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool, req):
-    """The decode path of a call with requests: `(out [T, H, Dv] in the query's dtype, new pool)`."""
+    """The decode path of a call with requests, the kernels on the pool in place: `(out [T, H, Dv] in the query's
+    dtype, new pool)`."""
     num_tokens = inputs[0].shape[0]
     token = decode_token(req.bounds, num_tokens)
-    out, pool = _step(tiling, use_qk_l2norm, inputs, pool, token, req.slots, req.live, req.writes)
+    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
+    out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
     return place_decoded(out, token, req.live, num_tokens), pool
 
 
