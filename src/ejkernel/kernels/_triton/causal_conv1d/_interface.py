@@ -4,7 +4,8 @@ Semantics are those of `ejkernel.reference.causal_conv1d`. A dense batch `[B, S,
 sequences of S tokens (a free reshape) with slot b for row b's state. The forward is two kernels: the
 convolution, then the state write into the pool, in place (`_kernel`). The backward is the VJP of the same
 call in plain JAX (`kernels/_common/causal_conv1d`), which recomputes what it needs from the inputs: on an
-H200 XLA's autodiff of that forward ran in about a third of the time of a backward kernel of our own.
+H200 XLA's autodiff of that forward ran in about a third of the time of a backward kernel of our own. On a GPU,
+16-bit inputs take SiLU's sigmoid through the hardware's approximate tanh (`_parts.silu`), within their rounding.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.f
 MAX_WIDTH = 8
 """The kernels unroll the taps (each a row of registers per step); wider filters run on XLA."""
 FORWARD_TILING = TritonCausalConvTiling(block_t=64, block_c=1024, num_warps=8, num_stages=1, step_rows=8)
-"""The sliding window's default: the fastest measured on an H200 (16384 tokens x 8192 channels, W 4, bf16: 0.72
-of the device's copy bandwidth dense, 0.68 packed on a pool)."""
+"""The sliding window's default: among the fastest measured on an H200 (16384 tokens x 8192 channels, W 4, bf16,
+SiLU through the approximate tanh: 0.88 of the device's copy bandwidth dense, 0.85 packed on a pool; session 38)."""
 SHIFTED_TILING = TritonCausalConvTiling(block_t=32, block_c=256, num_warps=4, num_stages=1, design="shifted")
 """The shifted tiles' default, where `design="shifted"`."""
 
@@ -167,6 +168,7 @@ def causal_conv1d_triton(
         state_width=None if conv_state is None else conv_state.shape[2],
         num_slots=0 if conv_state is None else conv_state.shape[0],
         silu=activation in ("silu", "swish"),
+        fast_silu=not interpret and jnp.dtype(x.dtype) != jnp.float32,
         has_bias=bias is not None,
         unique_slots=cu_seqlens is None or state_indices is None,
     )

@@ -131,7 +131,7 @@ def _forward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: in
     where = _positions(cu_ref, rows, st)
     y = tile.preactivation(tile.inputs(rows, where))
     if st.silu:
-        y = silu(y)
+        y = silu(y, st.fast_silu)
     y = jnp.where(where[2][:, None], y, 0.0)
     mask = tile.mask(None if st.tokens % block_t == 0 else rows < st.tokens)
     plgpu.store(out_ref.at[pl.ds(pl.multiple_of(t0, block_t), block_t), tile.block], y.astype(out_ref.dtype), mask=mask)

@@ -22,6 +22,7 @@ class TritonCausalConvStatic:
         state_width: Ws of the state pool; None: no pool (zero history, no new state).
         num_slots: The pool's slots (0 without a pool).
         silu: Whether SiLU follows the convolution.
+        fast_silu: Whether SiLU's sigmoid goes through the hardware's approximate tanh (`silu`).
         has_bias: Whether a bias is added.
         unique_slots: Whether the sequences' slots are known to differ (no last-writer search).
     """
@@ -34,6 +35,7 @@ class TritonCausalConvStatic:
     state_width: int | None
     num_slots: int
     silu: bool
+    fast_silu: bool
     has_bias: bool
     unique_slots: bool
 
@@ -63,8 +65,14 @@ class TritonCausalConvTiling:
     prefetch: bool = False
 
 
-def silu(y):
-    """`y · σ(y)`."""
+def silu(y, fast: bool):
+    """`y · σ(y)`. `fast`: `σ(y) = (1 + tanh(y/2)) / 2` through the hardware's approximate tanh (relative error about
+    2⁻¹¹, below 16-bit rounding), one special-function instruction where `1 / (1 + e⁻ʸ)` takes two: on an H200 those
+    bounded the forward (16384 tokens x 8192 channels, bf16: 0.182 ms against 0.150 through the tanh, 0.155 with no
+    SiLU at all)."""
+    if fast:
+        half = 0.5 * y
+        return half + half * plgpu.approx_tanh(half)
     return y * (1.0 / (1.0 + jnp.exp(-y)))
 
 

@@ -107,7 +107,7 @@ class _Run:
         stream = [*window, current]
         y = sum(self.taps[s] * stream[-1 - s] for s in range(self.st.width))
         y = y if self.bias is None else y + self.bias
-        return silu(y) if self.st.silu else y
+        return silu(y, self.st.fast_silu) if self.st.silu else y
 
     def store(self, row, y, where=None):
         """`y` into the output's row `row` (nothing where `where` is False)."""

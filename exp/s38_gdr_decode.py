@@ -1,0 +1,106 @@
+"""Session 38: the gated delta rule's decode batch (256 requests x 1 token, H 32, Dk = Dv = 128, float32 pool of 512
+slots donated), beside the device copy, in one run:
+
+- `op`: `ragged_gated_delta_rule(query_start_loc=None, platform="triton")`, the bench's decode batch;
+- `one kernel bv W [evict]` (`--one`, call 1): `exp/s38_gdr_one_kernel.py`'s `decode_step` alone, the fused kernel
+  at `block_v` bv and W warps;
+- `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it).
+
+`evict L/S`: the pool's tile loaded (L) and/or stored (S) with `eviction_policy="evict_first"`, patched in at trace
+time.
+
+Bytes: the pool tiles read and written, q, k, v, out in bf16, beta and decay. Prints a table and writes
+`gdr_decode.json` to `--out`.
+
+    python3 exp/s38_gdr_decode.py --out $OUT
+"""
+
+import argparse
+import functools
+import json
+import pathlib
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import triton as plgpu
+
+from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
+from ejkernel.modules import ragged_gated_delta_rule
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import s38_gdr_one_kernel as one
+import s38_gdr_two_kernels as two
+
+N, H, D = 256, 32, 128
+
+
+def evicting(where: str):
+    """A stand-in for a kernel module's `plgpu` whose loads (`L` in `where`) and stores (`S`) take `evict_first`."""
+    policy = lambda flag: "evict_first" if flag in where else None
+    return types.SimpleNamespace(
+        load=lambda ref, **kw: plgpu.load(ref, eviction_policy=policy("L"), **kw),
+        store=lambda ref, value, **kw: plgpu.store(ref, value, eviction_policy=policy("S"), **kw),
+        CompilerParams=plgpu.CompilerParams,
+    )
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="out")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--one", action="store_true", help="also time the one fused kernel (call 1)")
+    args = p.parse_args()
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
+    x = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
+    q, k, v = (x(N, H, D).astype(jnp.bfloat16) for _ in range(3))
+    beta, decay = jax.nn.sigmoid(x(N, H)), -0.05 * jax.nn.softplus(x(N, H))
+    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * N)[:N].astype(jnp.int32)
+    pool0 = x(2 * N, H, D, D)
+    token = jnp.arange(N, dtype=jnp.int32)
+
+    def looped(step, *rest, module=None, patch=None):
+        state = {"pool": jnp.copy(pool0)}
+        fn = jax.jit(step, donate_argnums=0)
+
+        def call():
+            out, state["pool"] = fn(state["pool"], *rest)
+            return out
+
+        if patch is not None:  # traced (and compiled) now, with the patch in place
+            saved, module.plgpu = module.plgpu, patch
+            try:
+                jax.block_until_ready(call())
+            finally:
+                module.plgpu = saved
+        return call
+
+    op = lambda pool, *a: ragged_gated_delta_rule(*a[:5], pool, None, a[5], platform="triton")
+    builders = {"op": functools.partial(looped, op, q, k, v, beta, decay, slots)}
+    old = lambda pool, *a: two.decode_step(two.TritonRaggedDecodeTiling(), True, *a[:5], pool, token, a[5])
+    for evict in ("", "L", "S", "LS"):
+        patch = evicting(evict) if evict else None
+        name = "two kernels" + (f" evict {evict}" if evict else "")
+        builders[name] = functools.partial(looped, old, q, k, v, beta, decay, slots, module=two, patch=patch)
+    one_kernel = ((64, 4, ""), (64, 4, "LS"), (128, 4, ""), (128, 8, ""), (32, 2, "")) if args.one else ()
+    for bv, warps, evict in one_kernel:
+        tiling = one.TritonRaggedDecodeTiling(block_v=bv, num_warps=warps)
+        step = lambda pool, *a, t=tiling: one.decode_step(t, True, *a[:5], pool, token, a[5])
+        patch = evicting(evict) if evict else None
+        name = f"one kernel {bv} {warps}" + (" evict" if evict else "")
+        builders[name] = functools.partial(looped, step, q, k, v, beta, decay, slots, module=one, patch=patch)
+    copy_bw = copy_bandwidth(quick=False, repeats=args.repeats)
+    timings = time_variants(builders, repeats=args.repeats, where="gdr decode")
+    nbytes = 2 * N * H * D * D * 4 + 4 * N * H * D * 2 + 2 * N * H * 4
+    rows = []
+    for name, s in timings.items():
+        rows.append(dict(name=name, ms=1e3 * s, TBps=nbytes / s / 1e12, ratio_to_copy=nbytes / s / copy_bw))
+        print(f"{name:24s} {1e3 * s:.4f} ms  {nbytes / s / 1e12:.3f} TB/s  {nbytes / s / copy_bw:.3f} of copy")
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gdr_decode.json").write_text(json.dumps(dict(copy_TBps=copy_bw / 1e12, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
