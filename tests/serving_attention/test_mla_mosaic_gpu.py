@@ -2,9 +2,10 @@
 
 Lowering for CUDA (DeepSeek's widths) catches layout, TMA and shared-memory-budget errors; Mosaic GPU interpret
 mode runs the kernel's warpgroups, barriers, TMA copies and (synchronous) wgmma on the CPU against the
-reference, with race detection, at 64 or 128 heads and small latent widths: several splits of a span of 2-4
+reference, with race detection, at 16, 64 or 128 heads and small latent widths: several splits of a span of 2-4
 blocks, a sliding window that starts inside a block, tokens of no sequence (empty spans), pages of one and of
-two blocks, prefill tokens (each its own tile), both schedules (`shared_scores`), P in the r tiles or its own.
+two blocks, prefill tokens (each its own tile; at 16 heads four to a tile, each row masked by its own query's
+position), both schedules (`shared_scores`), P in the r tiles or its own.
 Layouts, swizzles and wgmma's asynchrony only the GPU suite checks.
 """
 
@@ -30,18 +31,20 @@ OPS = ("multi_latent_ragged_page_attention", "multi_latent_ragged_page_attention
 BF16 = jnp.bfloat16
 
 
-def deepseek_case(q_lens=(1, 1, 0, 1, 1), kv_lens=(70, 64, 3, 9, 4), pages_per_seq=2):
-    return make_case(BF16, BF16, q_lens, kv_lens, pages_per_seq, heads=128, page=64, latent=512, rope=64)
+def deepseek_case(q_lens=(1, 1, 0, 1, 1), kv_lens=(70, 64, 3, 9, 4), pages_per_seq=2, heads=128):
+    return make_case(BF16, BF16, q_lens, kv_lens, pages_per_seq, heads=heads, page=64, latent=512, rope=64)
 
 
 @pytest.mark.parametrize(
-    "tiling", [None, MosaicGpuLatentPagedTiling(num_splits=3, stages=2, shared_scores=True)], ids=["own", "shared"]
+    "tiling, heads",
+    [(None, 128), (MosaicGpuLatentPagedTiling(num_splits=3, stages=2, shared_scores=True), 128), (None, 16)],
+    ids=["own", "shared", "16 heads"],
 )
-def test_kernel_lowers_for_cuda(tiling):
-    """DeepSeek's widths (latent 512, RoPE 64, 128 heads, page 64), in both schedules: the query tiles and two
-    cache blocks fit shared memory (Mosaic checks the budget as it lowers)."""
+def test_kernel_lowers_for_cuda(tiling, heads):
+    """DeepSeek's widths (latent 512, RoPE 64, 128 heads or a shard's 16, page 64), in both schedules: the query
+    tiles and two cache blocks fit shared memory (Mosaic checks the budget as it lowers)."""
     call = jax.jit(functools.partial(mosaic_latent_paged, tiling=tiling))
-    text = call.trace(*deepseek_case()).lower(lowering_platforms=("cuda",)).as_text()
+    text = call.trace(*deepseek_case(heads=heads)).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
 
 
@@ -57,6 +60,11 @@ INTERPRET_CASES = {
     "shared scores, P in the r tiles, 2 splits": (
         dict(q_lens=(1, 0, 1), kv_lens=(250, 3, 100), pages_per_seq=4, heads=64, page=64, latent=128, rope=64),
         dict(sliding_window=170),
+        MosaicGpuLatentPagedTiling(num_splits=2, stages=2, shared_scores=True),
+    ),
+    "16 heads (4 queries a tile), prefill chunks, window inside a block, 2 splits": (
+        dict(q_lens=(1, 6, 0, 3), kv_lens=(100, 150, 3, 70), pages_per_seq=3, heads=16, page=64, latent=128, rope=64),
+        dict(sliding_window=90),
         MosaicGpuLatentPagedTiling(num_splits=2, stages=2, shared_scores=True),
     ),
     "shared scores, 128 heads, pages of 2 blocks, no RoPE, prefill tokens, q/k/v scales, gradients": (
@@ -126,7 +134,7 @@ def test_declines_what_it_cannot_serve():
     _declines(float8, "all bfloat16 or all float16, got bfloat16/bfloat16/float8_e4m3fn")
     _declines(args, "no per-row cache scales", kv_cache_scales=jnp.ones(args[4].shape[:3], jnp.float32))
     _declines(
-        make_case(BF16, BF16, (1, 1), (5, 9), 1, heads=32, page=64, latent=128, rope=64), "multiples of 64, got 32"
+        make_case(BF16, BF16, (1, 1), (5, 9), 1, heads=48, page=64, latent=128, rope=64), "divisors of 64, got 48"
     )
     _declines(make_case(BF16, BF16, (1, 1), (5, 9), 1, heads=64, page=64, latent=96, rope=64), "got 96")
     _declines(make_case(BF16, BF16, (1, 1), (5, 9), 1, heads=64, page=64, latent=1024, rope=64), "got 1024")
@@ -166,6 +174,22 @@ def test_gpu_matches_xla(name, op):
     assert kernel_registry.candidates(op, backend="gpu")[0].platform.value == "pallas"
 
 
+@pytest.mark.gpu
+def test_gpu_sixteen_heads_matches_xla():
+    """A tensor-parallel shard's 16 heads (four queries to a tile): mixed prefill and decode, with a window and 2
+    splits, against XLA."""
+    args = make_case(BF16, BF16, **GPU_SHAPES["mixed prefill + decode"], pages_per_seq=32, heads=16, page=64,
+                     latent=512, rope=64)  # fmt: skip
+    for options in ({}, {"sliding_window": 300}):
+        ref_out, ref_cache = jax.jit(lambda *a, o=options: multi_latent_ragged_page_attention(*a, platform="xla", **o))(
+            *args
+        )
+        tiling = MosaicGpuLatentPagedTiling(num_splits=2, stages=2, shared_scores=True)
+        out, cache = jax.jit(functools.partial(mosaic_latent_paged, tiling=tiling, **options))(*args)
+        assert_close(out, ref_out, BF16)
+        assert bool(jnp.array_equal(cache, ref_cache))
+
+
 def test_config_tiling_reaches_the_kernel_and_is_checked():
     """`mosaic_tiling` sets the fields it names (the rest the kernel's own), and bad fields are one-line errors."""
     from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._interface import OWN_TILING, plan
@@ -174,7 +198,7 @@ def test_config_tiling_reaches_the_kernel_and_is_checked():
 
     cfg = Config(platform="pallas", mosaic_tiling=Tiling(num_splits=3, shared_scores=False))
     chosen = tuple(sorted(cfg.mosaic_tiling.overrides().items()))
-    assert plan(None, 2, chosen) == MosaicGpuLatentPagedTiling(
+    assert plan(None, None, chosen) == MosaicGpuLatentPagedTiling(
         **{**OWN_TILING, "num_splits": 3, "shared_scores": False}
     )
     with pytest.raises(ValueError, match="stages must be an int of at least 2, got 1"):

@@ -123,12 +123,16 @@ def _kernel(
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
         row, key_ok = lookup(pos)
+        if scaled:  # loaded with the rows, before the first dot (not queued behind it)
+            k_scales = plgpu.load(ks_ref.at[row + layout.key_offset])[None, :]
+            v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :]
+        else:
+            v_scales = None
         k = read(k_ref, row + layout.key_offset)
         v = read(v_ref, row + layout.value_offset)
         s = dot(q, k, trans_b=True) * logit_scale
         if scaled:
-            s = s * plgpu.load(ks_ref.at[row + layout.key_offset])[None, :]
-        v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :] if scaled else None
+            s = s * k_scales
         rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
         if qq:

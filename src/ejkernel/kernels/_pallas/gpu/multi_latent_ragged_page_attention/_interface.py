@@ -2,14 +2,17 @@
 
 `multi_latent_ragged_page_attention_mosaic_gpu` states the call as the shared latent problem
 (`_common.paged_attention.adapters.latent_batch`: the new rows scattered into the cache, in place under
-donation), cuts the queries in tiles of one query token (`prepare_tiles`), runs `_kernel.partial_sums` over
-64 heads per CTA and merges its splits with the shared `finalize`. A gradient goes through the shared plain-JAX
-core (recomputed), as the Triton implementation's does.
+donation), cuts the queries in tiles (`prepare_tiles`), runs `_kernel.partial_sums` over 64 query rows per CTA
+and merges its splits with the shared `finalize`. A gradient goes through the shared plain-JAX core (recomputed),
+as the Triton implementation's does.
 
-Every query is its own tile (its heads in CTAs of 64), so prefill tokens are served too, each reading its
-sequence's cache as a decode token does. Declined with NotImplementedError before tracing (`platform="auto"`
-then runs Triton): devices other than Hopper GPUs; queries and cache not all bfloat16 or all float16 (float8
-and int8 caches, per-row scales); head counts not a multiple of 64; latent widths not a multiple of 128 or
+With 64 heads or more every query is its own tile (its heads in CTAs of 64); with fewer (a divisor of 64), a tile
+holds the heads of `64 / heads` consecutive queries of a sequence, so that a prefill chunk fills the CTA's rows
+(a decode token's tile is then `heads` rows of 64: on an H200 16 heads padded so decoded at 0.73 of copy
+bandwidth, against the Triton core's 0.60). Prefill tokens are served too, each reading its sequence's cache as a
+decode token does. Declined with NotImplementedError before tracing (`platform="auto"` then runs Triton): devices
+other than Hopper GPUs; queries and cache not all bfloat16 or all float16 (float8 and int8 caches, per-row
+scales); head counts neither a multiple nor a divisor of 64; latent widths not a multiple of 128 or
 above 512; RoPE widths not a multiple of 64; pages not a multiple of 64 positions; widths whose query tiles
 and two cache blocks overflow shared memory; caches of 2**31 rows or more.
 """
@@ -54,8 +57,8 @@ def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, tiling: 
         raise NotImplementedError(f"{WHO} takes queries and cache all bfloat16 or all float16, got {names}")
     if kv_cache_scales is not None:
         raise NotImplementedError(f"{WHO} takes no per-row cache scales (quantised caches)")
-    if heads % ROWS:
-        raise NotImplementedError(f"{WHO} takes head counts in multiples of {ROWS}, got {heads}")
+    if heads % ROWS and ROWS % heads:
+        raise NotImplementedError(f"{WHO} takes head counts that are multiples or divisors of {ROWS}, got {heads}")
     if latent % 128 or latent > MAX_LATENT:
         raise NotImplementedError(f"{WHO} takes latent widths in multiples of 128 up to {MAX_LATENT}, got {latent}")
     if rope % 64:
@@ -75,15 +78,15 @@ def check_servable(queries_nope, queries_pe, kv_cache, kv_cache_scales, tiling: 
         raise NotImplementedError(f"{WHO} indexes cache rows in int32: the cache has too many rows")
 
 
-def plan(batch: PagedBatch, head_blocks: int, chosen: tuple) -> MosaicGpuLatentPagedTiling:
+def plan(batch: PagedBatch, dims: MosaicGpuLatentPagedStatic, chosen: tuple) -> MosaicGpuLatentPagedTiling:
     """The kernel's tiling: the fields `chosen` sets (`(name, value)` pairs), the others its own: 2 stages, the
     shared-scores schedule, and enough splits for every SM (each at least 4 blocks long). Measured on an H200 at
     64 sequences x 8192, 128 heads, 512 + 64 (`exp/s31_mla.py`): shared scores 0.341 ms unsplit, both warpgroups
     scoring 0.431 ms; 2 and 4 splits slower either way."""
     given = dict(chosen)
     if "num_splits" not in given:
-        programs = max_tiles(batch.num_tokens, batch.num_seqs, 1) * head_blocks
-        longest = max(1, span_bound(batch.static, 1) // (4 * BLOCK))
+        programs = max_tiles(batch.num_tokens, batch.num_seqs, dims.queries) * (dims.tile_rows // ROWS)
+        longest = max(1, span_bound(batch.static, dims.queries) // (4 * BLOCK))
         given["num_splits"] = int(max(1, min(32, longest, round(num_sms() / max(programs, 1)))))
     return MosaicGpuLatentPagedTiling(**{**OWN_TILING, **given})
 
@@ -92,14 +95,14 @@ def _forward(dims: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, ba
     from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._kernel import partial_sums
 
     width = batch.static.head_dim
-    tiles, meta, q_tiles, _ = prepare_tiles(batch, 1, dims.num_heads, width)
+    tiles, meta, q_tiles, _ = prepare_tiles(batch, dims.queries, dims.tile_rows, width)
     out, lse = partial_sums(dims, t, meta, batch.page_tables, q_tiles.reshape(-1, width), batch.key_rows)
     splits, num_tiles = t.num_splits, meta.shape[0]
     # Each split's rows are normalised: as partial sums they weigh 1 at their log-sum-exp (0 where empty).
-    acc = out.astype(jnp.float32).reshape(splits, num_tiles, 1, dims.num_heads, dims.latent)
-    lse = lse.reshape(splits, num_tiles, 1, dims.num_heads)
+    acc = out.astype(jnp.float32).reshape(splits, num_tiles, 1, dims.tile_rows, dims.latent)
+    lse = lse.reshape(splits, num_tiles, 1, dims.tile_rows)
     denom = jnp.where(lse == -jnp.inf, 0.0, 1.0)
-    return finish_tiles(batch, tiles, 1, acc, lse, denom)[..., : dims.latent]
+    return finish_tiles(batch, tiles, dims.queries, acc, lse, denom)[..., : dims.latent]
 
 
 def _core(latent: int, batch: PagedBatch) -> jax.Array:
@@ -128,8 +131,11 @@ def _run(*args, chosen, **options):
         num_pages=st.rows.num_pages,
         softmax_scale=st.softmax_scale,
         soft_cap=st.soft_cap,
+        queries=max(1, ROWS // heads),
+        causal=st.causal,
+        window=st.window,
     )
-    t = plan(batch, heads // ROWS, chosen)
+    t = plan(batch, dims, chosen)
     out = differentiated_as(reference, functools.partial(_forward, dims, t))(batch)
     return written(out.astype(args[0].dtype), batch, args[4])
 

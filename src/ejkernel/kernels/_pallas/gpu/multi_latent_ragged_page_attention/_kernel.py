@@ -1,10 +1,12 @@
 """MLA decode over a paged latent cache as one Mosaic GPU kernel (Hopper): wgmma on TMA-fed cache pages.
 
-A CTA takes `ROWS` = 64 query rows (64 heads of one query token: the tiles of
-`_common.paged_attention.tiles` with one query each) and walks its share of the token's key span in blocks
-of `BLOCK` = 64 cache rows, each inside one page (the page size is a multiple of 64), so a block is a few TMA
-copies whose page the memory warpgroup reads from the page table. A cache row is `[c (L), 0..., r (R), 0...]`;
-a block arrives as three shared-memory tiles: the two halves of `c` and `r` (the zero padding is never read).
+A CTA takes `ROWS` = 64 query rows of one tile of `_common.paged_attention.tiles`: 64 heads of one query token,
+or, for fewer heads (a tensor-parallel shard of DeepSeek-V3's 128 heads holds 16 or 32), the heads of `64 / heads`
+consecutive queries of one sequence (rows query-major), each row then masked by its own query's position. It walks
+its share of the tile's key span in blocks of `BLOCK` = 64 cache rows, each inside one page (the page size is a
+multiple of 64), so a block is a few TMA copies whose page the memory warpgroup reads from the page table. A cache
+row is `[c (L), 0..., r (R), 0...]`; a block arrives as three shared-memory tiles: the two halves of `c` and `r`
+(the zero padding is never read).
 The query rows arrive the same way, once.
 
 Two compute warpgroups share the block, each accumulating its own half of the output, `O_w += P·c_w` (64 x L/2
@@ -33,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.attention import LOG2E
-from ejkernel.kernels._common.paged_attention.tiles import HI, LO, SEQ
+from ejkernel.kernels._common.paged_attention.tiles import CONTEXT, FIRST, HI, LO, SEQ
 from ejkernel.kernels._pallas.gpu.flash_attention._parts import (
     COMPUTE_REGISTERS,
     MASKED,
@@ -58,16 +60,24 @@ class MosaicGpuLatentPagedStatic:
     latent: int  # L: the latent row c, columns [0, L) of a cache row; a multiple of 128
     rope: int  # R: the RoPE key r, columns [rope_col, rope_col + R); a multiple of 64, or 0
     rope_col: int
-    num_heads: int  # a multiple of ROWS
+    num_heads: int  # a multiple of ROWS, or a divisor
     page_size: int  # a multiple of BLOCK
     num_pages: int
     softmax_scale: float
     soft_cap: float | None
+    queries: int = 1  # queries of a tile (ROWS // num_heads where fewer heads than ROWS)
+    causal: bool = True  # the rows' own masks, where a tile holds several queries
+    window: tuple[int, int] | None = None
 
     @property
     def half(self) -> int:
         """The output columns of one compute warpgroup."""
         return self.latent // 2
+
+    @property
+    def tile_rows(self) -> int:
+        """A tile's query rows: its queries' heads."""
+        return self.queries * self.num_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +130,8 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
         head_block, tile, split = (lax.axis_index(a) for a in ("heads", "tiles", "splits"))
         wg = lax.axis_index("wg")
         seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
-        q_row = tile * st.num_heads + head_block * ROWS
+        first_pos = meta_ref[tile, CONTEXT] + meta_ref[tile, FIRST]  # the position of the tile's first query
+        q_row = tile * st.tile_rows + head_block * ROWS
 
         # This split's blocks: the span's blocks cut in `splits` near-equal runs.
         block = jnp.int32(BLOCK)
@@ -185,6 +196,12 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
                     s = jnp.tanh(s * (st.softmax_scale / st.soft_cap)) * (st.soft_cap * LOG2E)
                 pos = (start + i) * block + wgmma_iota(s.shape, 1)
                 allowed = (pos >= jnp.where(in_cache, lo, hi)) & (pos < hi)
+                if st.queries > 1:  # [lo, hi) is the span of all the tile's queries; each row keeps its own
+                    q_pos = first_pos + lax.div(wgmma_iota(s.shape, 0), jnp.int32(st.num_heads))
+                    if st.causal:
+                        allowed &= pos <= q_pos
+                    if st.window is not None:
+                        allowed &= (pos >= q_pos - st.window[0]) & (pos <= q_pos + st.window[1])
                 s = jnp.where(allowed, s, MASKED)
                 m_new = jnp.maximum(m, s.max(axis=1))
                 p = jnp.exp2(s - along_rows(m_new, s.shape))
@@ -303,10 +320,10 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
             *((plgpu.Barrier(num_barriers=stages),) if shared else ()),  # P (and alpha) of a slot published
         ),
     )
-    rows = num_tiles * st.num_heads
+    rows = num_tiles * st.tile_rows
     out_type = (
         jax.ShapeDtypeStruct((splits, rows, st.latent), dtype),
         jax.ShapeDtypeStruct((splits, rows), jnp.float32),
     )
-    grid = (st.num_heads // ROWS, num_tiles, splits)
+    grid = (st.tile_rows // ROWS, num_tiles, splits)
     return launch_kernel(body, out_type, scratch, grid, ("heads", "tiles", "splits"), meta, tables, q_rows, cache_rows)
