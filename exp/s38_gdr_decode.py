@@ -7,7 +7,9 @@ slots donated), beside the device copy, in one run:
 - `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it).
 
 `evict L/S`: the pool's tile loaded (L) and/or stored (S) with `eviction_policy="evict_first"`, patched in at trace
-time.
+time. `--ceiling` (call 6) adds what the step's memory traffic alone costs: `tile copy` (a Pallas-Triton kernel on
+the writers' grid loading each request's `[Dk, 64]` float32 tile and storing it plus one in place) and `xla pool + 1`
+(the requests' slots gathered, plus one, scattered back, the pool donated).
 
 Bytes: the pool tiles read and written, q, k, v, out in bf16, beta and decay. Prints a table and writes
 `gdr_decode.json` to `--out`.
@@ -24,6 +26,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
@@ -46,11 +49,30 @@ def evicting(where: str):
     )
 
 
+def tile_copy(pool, slots):
+    """Each request's slot tiles `[Dk, 64]` loaded and stored plus one, in place: the writers' traffic alone."""
+
+    def kernel(slot_ref, pool_ref, out_ref):
+        r, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        cols = pl.ds(pl.multiple_of(tile * 64, 64), 64)
+        slot = slot_ref[r]
+        out_ref[slot, head, :, cols] = pool_ref[slot, head, :, cols] + 1.0
+
+    return pl.pallas_call(
+        kernel,
+        grid=(slots.shape[0], pool.shape[1], pool.shape[3] // 64),
+        out_shape=jax.ShapeDtypeStruct(pool.shape, pool.dtype),
+        input_output_aliases={1: 0},
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+    )(slots, pool)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="out")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--one", action="store_true", help="also time the one fused kernel (call 1)")
+    p.add_argument("--ceiling", action="store_true", help="also time the traffic alone (call 6)")
     args = p.parse_args()
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
     x = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
@@ -90,6 +112,10 @@ def main():
         patch = evicting(evict) if evict else None
         name = f"one kernel {bv} {warps}" + (" evict" if evict else "")
         builders[name] = functools.partial(looped, step, q, k, v, beta, decay, slots, module=one, patch=patch)
+    if args.ceiling:
+        builders["tile copy"] = functools.partial(looped, lambda pool, s: (s, tile_copy(pool, s)), slots)
+        plus_one = lambda pool, s: (s, pool.at[s].set(pool[s] + 1.0))
+        builders["xla pool + 1"] = functools.partial(looped, plus_one, slots)
     copy_bw = copy_bandwidth(quick=False, repeats=args.repeats)
     timings = time_variants(builders, repeats=args.repeats, where="gdr decode")
     nbytes = 2 * N * H * D * D * 4 + 4 * N * H * D * 2 + 2 * N * H * 4
