@@ -6,15 +6,15 @@ cache: bandwidth = bytes of the latent rows and RoPE keys read / time, compared 
 DeepSeek-V2-Lite's attention: 16 heads, rank 512, d_nope 128, RoPE 64, Dv 128, bf16. A causal prefill row
 reports each implementation's time and its ratio to XLA's.
 
-`multi_latent_ragged_page_attention` (`--cases paged`): one serving step over a paged latent cache (latent
-512 + RoPE 64 in rows of 640, page 64, bf16, every sequence's pages a random permutation of the cache), run as
-a serving loop runs it (the cache donated and fed back). Decode, 64 sequences x 8192 context with 128 query
-heads (DeepSeek-V3's): bandwidth = bytes of the latent and RoPE parts of the rows read (`(L + R) * 2` per
-position; the rows' zero padding is not counted) / time, beside a 2 GiB device copy of the same run
-(`ratio`). Mixed decode + prefill chunks in one call: time and speed-up over XLA (`ratio`). Both report
-TFLOP/s (`2 * Hq * (2L + R)` per (query, visible position) pair): at 128 heads a decode step does ~240
-flops per byte of cache read, about an H200's ratio of bf16 tensor throughput to memory bandwidth, so it is
-bound by the tensor cores as much as by memory.
+`multi_latent_ragged_page_attention` (`--cases paged`): one serving step over a paged latent cache (latent 512 +
+RoPE 64 in rows of 640, page 64, bf16, every sequence's pages a random permutation of the cache), run as a serving
+loop runs it (the cache donated and fed back). Decode, 64 sequences x 8192 context with 128 query heads
+(DeepSeek-V3's) and with the 16 of a tensor-parallel shard (128 over 8 GPUs): bandwidth = bytes of the latent and
+RoPE parts of the rows read (`(L + R) * 2` per position; the rows' zero padding is not counted) / time, beside a 2
+GiB device copy of the same run (`ratio`). Mixed decode + prefill chunks in one call: time and speed-up over XLA
+(`ratio`). Both report TFLOP/s (`2 * Hq * (2L + R)` per (query, visible position) pair): at 128 heads a decode step
+does ~240 flops per byte of cache read, about an H200's ratio of bf16 tensor throughput to memory bandwidth, so it
+is bound by the tensor cores as much as by memory; at 16 heads, by memory.
 """
 
 import functools
@@ -50,6 +50,8 @@ PAGED_OP = "multi_latent_ragged_page_attention"
 PAGED_DECODE = ((1,) * 64, (8192,) * 64)
 PAGED_MIXED = ((1,) * 56 + (512,) * 4, (8192,) * 56 + (2560,) * 4)
 PAGED_WIDTHS = (128, 512, 64, 64)
+SHARD_HEADS, QUICK_SHARD_HEADS = 16, 2
+"""Query heads of the second decode row: a tensor-parallel shard of DeepSeek-V3's 128 (8 GPUs)."""
 QUICK_PAGED = (((1,) * 2, (96,) * 2), ((1, 16), (96, 40)), (4, 64, 16, 16))
 
 
@@ -124,15 +126,17 @@ def _paged_call(platform, args, cfg=None):
 def _paged_rows(args) -> list[dict]:
     quick = args.quick
     decode, mixed, widths = QUICK_PAGED if quick else (PAGED_DECODE, PAGED_MIXED, PAGED_WIDTHS)
+    shard = (QUICK_SHARD_HEADS if quick else SHARD_HEADS, *widths[1:])
     platforms = ["auto"] + [i.platform.value for i in kernel_registry.candidates(PAGED_OP)]
     copy_bw = copy_bandwidth(quick=quick, repeats=args.repeats)
     rows = []
-    for mode, (q_lens, kv_lens) in (("paged decode", decode), ("paged mixed", mixed)):
-        problem, nbytes, flops = paged_inputs(q_lens, kv_lens, *widths)
+    cases = (("paged decode", decode, widths), ("paged decode", decode, shard), ("paged mixed", mixed, widths))
+    for mode, (q_lens, kv_lens), case_widths in cases:
+        problem, nbytes, flops = paged_inputs(q_lens, kv_lens, *case_widths)
         timings = time_variants(
             {p: functools.partial(_paged_call, p, problem) for p in platforms}, repeats=args.repeats, where=mode
         )
-        shape = f"{len(q_lens)}seq {sum(q_lens)}tok {max(kv_lens)}ctx H{widths[0]}"
+        shape = f"{len(q_lens)}seq {sum(q_lens)}tok {max(kv_lens)}ctx H{case_widths[0]}"
         for platform, seconds in timings.items():
             row = dict(mode=mode, shape=shape, platform=platform, ms=1e3 * seconds, TFLOPs=flops / seconds / 1e12)
             if mode == "paged decode":
@@ -197,13 +201,13 @@ def main(argv=None) -> None:
     print_table(rows, ["mode", "shape", "platform", "ms", "TBps", "copy_TBps", "TFLOPs", "ratio"])
 
     def plot(ax, rows):
-        labels = [f"{r['mode']} {r['platform']}" for r in rows]
+        labels = [f"{r['mode']} {r['shape'].rsplit(' ', 1)[-1]} {r['platform']}" for r in rows]
         ax.bar(labels, [r["ratio"] or 0 for r in rows])
         ax.axhline(1.0, color="gray", lw=0.5)
         ax.set_ylabel("decode: / copy bandwidth; prefill, mixed: / XLA speed")
         ax.tick_params(axis="x", rotation=30)
 
-    meta = {"dtype": "bfloat16", "decode": DECODE, "prefill": PREFILL, "paged_widths": PAGED_WIDTHS}
+    meta = dict(dtype="bfloat16", decode=DECODE, prefill=PREFILL, paged_widths=PAGED_WIDTHS, shard_heads=SHARD_HEADS)
     path = write_results(args.out, "mla", rows, meta, plot)
     print(f"wrote {path}")
 
