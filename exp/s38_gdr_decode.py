@@ -4,7 +4,9 @@ slots donated), beside the device copy, in one run:
 - `op`: `ragged_gated_delta_rule(query_start_loc=None, platform="triton")`, the bench's decode batch;
 - `one kernel bv W [evict]` (`--one`, call 1): `exp/s38_gdr_one_kernel.py`'s `decode_step` alone, the fused kernel
   at `block_v` bv and W warps;
-- `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it).
+- `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it);
+- `looped per<P> st<S> w<W>` (`--looped`, call 8): its writers looping over P heads a program, `num_stages` S
+  (`exp/s38_gdr_looped.py`).
 
 `evict L/S`: the pool's tile loaded (L) and/or stored (S) with `eviction_policy="evict_first"`, patched in at trace
 time. `--ceiling` (call 6) adds what the step's memory traffic alone costs: `tile copy` (a Pallas-Triton kernel on
@@ -33,6 +35,7 @@ from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
 from ejkernel.modules import ragged_gated_delta_rule
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import s38_gdr_looped as looped_writers
 import s38_gdr_one_kernel as one
 import s38_gdr_two_kernels as two
 
@@ -73,6 +76,7 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--one", action="store_true", help="also time the one fused kernel (call 1)")
     p.add_argument("--ceiling", action="store_true", help="also time the traffic alone (call 6)")
+    p.add_argument("--looped", action="store_true", help="also time the looped writers (call 8)")
     args = p.parse_args()
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
     x = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
@@ -112,6 +116,11 @@ def main():
         patch = evicting(evict) if evict else None
         name = f"one kernel {bv} {warps}" + (" evict" if evict else "")
         builders[name] = functools.partial(looped, step, q, k, v, beta, decay, slots, module=one, patch=patch)
+    for per, stages, warps in ((2, 2, 4), (4, 2, 4), (4, 3, 4), (8, 3, 4), (4, 1, 4), (4, 2, 8)) if args.looped else ():
+        step = lambda pool, *a, c=(per, warps, stages): looped_writers.decode_step(
+            64, c[1], c[0], c[2], *a[:5], pool, token, a[5]
+        )
+        builders[f"looped per{per} st{stages} w{warps}"] = functools.partial(looped, step, q, k, v, beta, decay, slots)
     if args.ceiling:
         builders["tile copy"] = functools.partial(looped, lambda pool, s: (s, tile_copy(pool, s)), slots)
         plus_one = lambda pool, s: (s, pool.at[s].set(pool[s] + 1.0))
