@@ -1,10 +1,10 @@
-"""causal_conv1d's Pallas-Triton implementation: interpret mode against the reference (tiles of 8 tokens x 16
-channels, so 20 channels leave a partial tile), forward and every gradient (the backward is the plain-JAX
-forward's VJP; a shared slot's gradient follows the kernels' last writer), dense and packed over a state pool of
-width W - 1 or W; the pool's rules (empty sequences, padding tokens, a shared slot, a slot outside the pool, donation);
-each forward design (the sliding window, at two step sizes and prefetching, and the shifted tiles) on runs
-inside one sequence and runs that cross bounds; lowering for CUDA on this host; and the GPU suite against the
-XLA implementation at realistic shapes."""
+"""causal_conv1d's Pallas-Triton implementation: interpret mode against the reference (tiles of 8 tokens x 16 channels,
+so 20 channels leave a partial tile), forward and every gradient (the backward kernel on dense calls without a
+state, else the plain-JAX forward's VJP; a shared slot's gradient follows the kernels' last writer), dense and
+packed over a state pool of width W - 1 or W; the pool's rules (empty sequences, padding tokens, a shared slot, a
+slot outside the pool, donation); each forward design (the sliding window, at two step sizes and prefetching, and
+the shifted tiles) on runs inside one sequence and runs that cross bounds; lowering for CUDA on this host; and the
+GPU suite against the XLA implementation at realistic shapes."""
 
 import dataclasses
 import functools
@@ -17,7 +17,7 @@ from ejkernel import kernel_registry
 from ejkernel.kernels._triton.causal_conv1d import causal_conv1d_triton
 from ejkernel.kernels._triton.causal_conv1d._interface import forward_tiling
 from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d
-from ejkernel.ops import FwdParams
+from ejkernel.ops import BwdParams, FwdParams
 from ejkernel.reference.causal_conv1d import causal_conv1d_reference
 from harness import assert_close, check_forward_and_grads, randn
 
@@ -58,6 +58,15 @@ def test_dense_matches_reference(bias, activation, state_width):
     x, weight = randn((2, 11, C)), randn((C, 4))
     state = None if state_width is None else randn((2, C, 4 + state_width))
     _check((x, weight, randn((C,)) if bias else None, state), activation=activation)
+
+
+@pytest.mark.parametrize(("bias", "activation", "width"), [(True, "silu", 4), (False, None, 2)])
+def test_dense_backward_kernel(bias, activation, width):
+    """Sequences of 48 tokens without a state: the backward kernel, in runs of 16 (three a sequence, each reading
+    its neighbours' rows) and two channel tiles (the second partial), every gradient against the reference."""
+    cfg = dataclasses.replace(SMALL, bwd_params=BwdParams(block_k=16, block_d=16))
+    x, weight = randn((2, 48, C)), randn((C, width))
+    _check((x, weight, randn((C,)) if bias else None, None), activation=activation, cfg=cfg)
 
 
 @pytest.mark.parametrize("state_width", [None, -1, 0])
@@ -132,7 +141,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     partial tile), a decode step and a dense batch."""
     ours = functools.partial(causal_conv1d_triton, interpret=False)
     lowered = lambda fn, *args: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    names = lambda text: {n for n in ("window", "fwd", "state") if f"ejkernel_causal_conv1d_{n}" in text}
+    names = lambda text: {n for n in ("window", "fwd", "state", "backward") if f"ejkernel_causal_conv1d_{n}" in text}
     x, weight, b, pool = (randn(s, jnp.bfloat16) for s in ((100, 1000), (1000, 4), (1000,), (9, 1000, 3)))
     cu, slots = jnp.array([0, 30, 30, 99], jnp.int32), jnp.array([3, 1, 3], jnp.int32)
 
@@ -147,9 +156,10 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     decode = lambda x, pool: ours(x, weight, b, pool, one_each, one_each[:9])
     assert names(lowered(decode, x[:9], pool)) == {"window", "state"}
     # With the value: a gradient alone needs no forward kernel (the backward recomputes from the inputs), and
-    # newer JAX drops the unused forward.
+    # newer JAX drops the unused forward. A dense batch without a state: the backward kernel.
     dense = jax.value_and_grad(lambda x, w: ours(x, w).astype(jnp.float32).sum(), (0, 1))
-    assert names(lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16))) == {"window"}
+    text = lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16))
+    assert names(text) == {"window", "backward"}
     shifted = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(forward="shifted"))
     packed = lambda x, w, b, pool: ours(x, w, b, pool, cu, slots, cfg=shifted)
     assert names(lowered(packed, x, weight, b, pool)) == {"fwd", "state"}

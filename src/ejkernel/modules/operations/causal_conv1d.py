@@ -46,7 +46,8 @@ class CausalConv1dTritonTiling(KernelTiling):
         forward: `"window"`: a program walks its run of tokens row by row, keeping the last W - 1 input rows
             in registers, so each input row is read once; `"shifted"`: each tap's input is loaded as the
             program's tile shifted back (overlapping loads) ["window"].
-        step_rows: Rows per step of the window's walk, a power of two: the loads in flight together [8].
+        step_rows: Rows per step of the window's walks (forward and backward), a power of two: the loads in flight
+            together [8].
         prefetch: Whether each step of the window's walk loads the next step's rows, so that they are in flight
             while it computes and stores its own (twice the rows in registers) [False].
 
@@ -79,8 +80,9 @@ class CausalConv1dConfig(KernelConfig):
         fwd_params: The Triton forward's tile: `block_k` tokens (default 64 for the window design, 32 for the
             shifted one) x `block_d` channels (1024; 256), `num_warps` (8; 4), `num_stages` (1); None (default):
             defaults. XLA reads none.
-        bwd_params: Read by no implementation (kept for upstream's configs): the Triton backward is XLA's
-            autodiff of the plain-JAX forward, which takes no tiles.
+        bwd_params: The Triton backward kernel's tile (dense calls without an initial state): runs of at most
+            `block_k` tokens (default 256; the largest power of two dividing the sequence length), `block_d`
+            channels (1024), `num_warps` (8); None (default): defaults. Other calls' backward is plain JAX.
         triton_tiling: A `CausalConv1dTritonTiling`: the Triton forward's design; None (default): its defaults.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.

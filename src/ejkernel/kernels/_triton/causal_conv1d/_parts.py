@@ -70,10 +70,19 @@ def silu(y, fast: bool):
     2⁻¹¹, below 16-bit rounding), one special-function instruction where `1 / (1 + e⁻ʸ)` takes two: on an H200 those
     bounded the forward (16384 tokens x 8192 channels, bf16: 0.182 ms against 0.150 through the tanh, 0.155 with no
     SiLU at all)."""
+    return y * _sigmoid(y, fast)
+
+
+def silu_grad(y, fast: bool):
+    """`d silu / dy = σ(y) (1 + y (1 - σ(y)))`, σ as `silu`'s."""
+    sig = _sigmoid(y, fast)
+    return sig * (1.0 + y * (1.0 - sig))
+
+
+def _sigmoid(y, fast: bool):
     if fast:
-        half = 0.5 * y
-        return half + half * plgpu.approx_tanh(half)
-    return y * (1.0 / (1.0 + jnp.exp(-y)))
+        return 0.5 + 0.5 * plgpu.approx_tanh(0.5 * y)
+    return 1.0 / (1.0 + jnp.exp(-y))
 
 
 def unpack_refs(refs, st: TritonCausalConvStatic):
