@@ -22,6 +22,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._triton._helpers import and_masks
+
 from ._parts import TritonCausalConvStatic, TritonCausalConvTiling, compiler_params, silu_grad
 
 MIN_RUN = 16
@@ -34,8 +36,8 @@ def backward_run(st: TritonCausalConvStatic, block_t: int) -> int | None:
     None for a call the kernel does not serve (packed, an initial state, no such run of `MIN_RUN` tokens)."""
     if st.seq_len is None or st.state_width is not None:
         return None
-    run = math.gcd(st.seq_len, block_t)
-    return run if run >= MIN_RUN and run & (run - 1) == 0 else None
+    run = math.gcd(st.seq_len, block_t)  # (block_t a power of two)
+    return run if run >= MIN_RUN else None
 
 
 def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: int, step_rows: int):
@@ -48,11 +50,14 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
     block = pl.ds(pl.multiple_of(c0, block_c), block_c)
     col_ok = None if st.channels % block_c == 0 else cols < st.channels
 
+    def mask(where):
+        """The channels that exist, where `where` (a scalar, or None) holds."""
+        return and_masks(None if where is None else jnp.full(cols.shape, where), col_ok)
+
     def load(at, where=None):
-        """A channel vector in float32, zeros where `where` (a scalar) is False or past the channels."""
-        mask = None if where is None else jnp.full(cols.shape, where)
-        mask = col_ok if mask is None else (mask if col_ok is None else mask & col_ok)
-        return plgpu.load(at, mask=mask, other=0.0 if mask is not None else None).astype(jnp.float32)
+        """A channel vector in float32, zeros where `where` is False or past the channels."""
+        valid = mask(where)
+        return plgpu.load(at, mask=valid, other=None if valid is None else 0.0).astype(jnp.float32)
 
     taps = [load(w_ref.at[cols, width - 1 - s]) for s in range(width)]  # taps[s]: the input s tokens back
     bias = load(b_ref.at[cols]) if b_ref is not None else None
@@ -70,9 +75,7 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
     def emit(t, grads, where=None):
         """dx of row t from the dpre of rows t .. t + W - 1 (`grads`, oldest first)."""
         dx = sum(taps[s] * grads[s] for s in range(width))
-        mask = None if where is None else jnp.full(cols.shape, where)
-        mask = col_ok if mask is None else (mask if col_ok is None else mask & col_ok)
-        plgpu.store(dx_ref.at[jnp.clip(t, 0, st.tokens - 1), block], dx.astype(dx_ref.dtype), mask=mask)
+        plgpu.store(dx_ref.at[jnp.clip(t, 0, st.tokens - 1), block], dx.astype(dx_ref.dtype), mask=mask(where))
 
     def step(i, carry):
         inputs, grads, dw, db = carry

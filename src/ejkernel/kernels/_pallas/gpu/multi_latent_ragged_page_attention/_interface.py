@@ -8,8 +8,8 @@ as the Triton implementation's does.
 
 With 64 heads or more every query is its own tile (its heads in CTAs of 64); with fewer (a divisor of 64), a tile
 holds the heads of `64 / heads` consecutive queries of a sequence, so that a prefill chunk fills the CTA's rows
-(a decode token's tile is then `heads` rows of 64: on an H200 16 heads padded so decoded at 0.73 of copy
-bandwidth, against the Triton core's 0.60). Prefill tokens are served too, each reading its sequence's cache as a
+(a decode token's tile then fills `heads` of the 64 rows: on an H200 a 16-head decode step read at 0.76 of copy
+bandwidth, the Triton core's at 0.63). Prefill tokens are served too, each reading its sequence's cache as a
 decode token does. Declined with NotImplementedError before tracing (`platform="auto"` then runs Triton): devices
 other than Hopper GPUs; queries and cache not all bfloat16 or all float16 (float8 and int8 caches, per-row
 scales); head counts neither a multiple nor a divisor of 64; latent widths not a multiple of 128 or
