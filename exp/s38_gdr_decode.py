@@ -6,7 +6,9 @@ slots donated), beside the device copy, in one run:
   at `block_v` bv and W warps;
 - `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it);
 - `looped per<P> st<S> w<W>` (`--looped`, call 8): its writers looping over P heads a program, `num_stages` S
-  (`exp/s38_gdr_looped.py`).
+  (`exp/s38_gdr_looped.py`);
+- `narrow bv<columns> w<warps>` (`--narrow`, call 11): the op with narrow tiles and one or two warps a program (so
+  that the column sums stay within a warp).
 
 `evict L/S`: the pool's tile loaded (L) and/or stored (S) with `eviction_policy="evict_first"`, patched in at trace
 time. `--ceiling` (call 6) adds what the step's memory traffic alone costs: `tile copy` (a Pallas-Triton kernel on
@@ -32,7 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
-from ejkernel.modules import ragged_gated_delta_rule
+from ejkernel.modules import RaggedGatedDeltaRuleConfig, ragged_gated_delta_rule
+from ejkernel.ops import FwdParams
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import s38_gdr_looped as looped_writers
@@ -77,6 +80,7 @@ def main():
     p.add_argument("--one", action="store_true", help="also time the one fused kernel (call 1)")
     p.add_argument("--ceiling", action="store_true", help="also time the traffic alone (call 6)")
     p.add_argument("--looped", action="store_true", help="also time the looped writers (call 8)")
+    p.add_argument("--narrow", action="store_true", help="also time narrow tiles of few warps (call 11)")
     args = p.parse_args()
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
     x = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
@@ -121,6 +125,10 @@ def main():
             64, c[1], c[0], c[2], *a[:5], pool, token, a[5]
         )
         builders[f"looped per{per} st{stages} w{warps}"] = functools.partial(looped, step, q, k, v, beta, decay, slots)
+    for bv, warps in ((16, 1), (32, 1), (16, 2), (32, 2), (64, 2)) if args.narrow else ():
+        cfg = RaggedGatedDeltaRuleConfig(fwd_params=FwdParams(block_d=bv, num_warps=warps))
+        narrow = lambda pool, *a, cfg=cfg: ragged_gated_delta_rule(*a[:5], pool, None, a[5], platform="triton", cfg=cfg)
+        builders[f"narrow bv{bv} w{warps}"] = functools.partial(looped, narrow, q, k, v, beta, decay, slots)
     if args.ceiling:
         builders["tile copy"] = functools.partial(looped, lambda pool, s: (s, tile_copy(pool, s)), slots)
         plus_one = lambda pool, s: (s, pool.at[s].set(pool[s] + 1.0))
