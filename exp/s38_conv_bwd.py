@@ -3,11 +3,13 @@ XLA's autodiff of the plain-JAX forward (the backward on every platform until th
 backward in plain JAX (`formula`, call 9) and the Triton backward kernel (`--kernel`, call 10: `triton` and
 `triton bt<run> bc<channels> w<warps>`), beside the copy, in one run. `jax.grad` of `sum(out · cotangent)` with
 respect to x, weight and bias (the forward included: Triton's for `triton` and `formula`, XLA's for `xla`).
+`--packed` (call 12): the same 16384 tokens packed, as 64 sequences of 256 (every run inside one) and as 17
+sequences of uneven lengths (runs across bounds), `xla` against `triton`.
 
 The formula: `pre = b + Σ_j w_j · s[t + j]` over the stream `s = zeros(W - 1) ++ x`; `dpre = dout · silu'(pre)`;
 `dx[p] = Σ_j w_j · dpre[p + W - 1 - j]`; `dw_j = Σ dpre[t] · s[t + j]`; `db = Σ dpre`.
 
-    python3 exp/s38_conv_bwd.py [--kernel]
+    python3 exp/s38_conv_bwd.py [--kernel | --packed]
 """
 
 import functools
@@ -49,7 +51,39 @@ def _bwd(forward, residuals, dout):
 formula_conv.defvjp(_fwd, _bwd)
 
 
+def packed():
+    """`--packed`: the backward of packed calls without a state, XLA's autodiff against the kernel."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 4))
+    x = jax.random.normal(next(keys), (B * S, C), jnp.float32).astype(jnp.bfloat16)
+    weight = jax.random.normal(next(keys), (C, W), jnp.float32).astype(jnp.bfloat16)
+    bias = jax.random.normal(next(keys), (C,), jnp.float32).astype(jnp.bfloat16)
+    cotangent = jax.random.normal(next(keys), (B * S, C), jnp.float32).astype(jnp.bfloat16)
+    uneven = [1000, 37, 3000, 1, 500, 777] * 2 + [1, 2, 3, 2000]  # and the rest: 17 sequences
+    bounds = {
+        "64 x 256": jnp.arange(B + 1, dtype=jnp.int32) * S,
+        "17 uneven": jnp.cumsum(jnp.array([0, *uneven, B * S - sum(uneven)], jnp.int32)),
+    }
+    builders, grads = {"copy": copy_builder(x.nbytes)}, {}
+    for label, cu in bounds.items():
+        for platform in ("xla", "triton"):
+            conv = functools.partial(causal_conv1d, activation="silu", platform=platform, cu_seqlens=cu)
+            loss = lambda x, w, b, conv=conv: jnp.sum(conv(x, w, b).astype(jnp.float32) * cotangent)
+            fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            grads[(label, platform)] = fn(x, weight, bias)
+            builders[f"{label} {platform}"] = lambda fn=fn: functools.partial(fn, x, weight, bias)
+    timings = time_variants(builders, repeats=20, where="packed conv bwd")
+    timings.pop("copy")
+    for name, seconds in timings.items():
+        print(f"{name:20s} {1e3 * seconds:.4f} ms")
+    rel = lambda a, b: float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
+    for label in bounds:
+        pairs = zip(grads[(label, "triton")], grads[(label, "xla")], strict=True)
+        print(label, "triton vs xla:", [f"{rel(a, b):.2e}" for a, b in pairs])
+
+
 def main():
+    if "--packed" in sys.argv:
+        return packed()
     kernel_round = "--kernel" in sys.argv
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4))
     x = jax.random.normal(next(keys), (B, S, C), jnp.float32).astype(jnp.bfloat16)

@@ -69,6 +69,15 @@ def test_dense_backward_kernel(bias, activation, width):
     _check((x, weight, randn((C,)) if bias else None, None), activation=activation, cfg=cfg)
 
 
+def test_packed_backward_kernel():
+    """Packed sequences without a state: the backward kernel in runs of 16, one inside a sequence (the stepped walk),
+    the others row by row across bounds, an empty sequence and padding tokens; every gradient against the
+    reference."""
+    cfg = dataclasses.replace(SMALL, bwd_params=BwdParams(block_k=16, block_d=16))
+    cu = jnp.array([0, 5, 5, 37, 44], jnp.int32)
+    _check((randn((64, C)), randn((C, 3)), randn((C,)), None), cu_seqlens=cu, cfg=cfg)
+
+
 @pytest.mark.parametrize("state_width", [None, -1, 0])
 def test_packed_matches_reference(state_width):
     """Prefill, decode (one token), empty and shorter-than-the-window sequences, padding tokens, unused slots;
@@ -160,6 +169,10 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     dense = jax.value_and_grad(lambda x, w: ours(x, w).astype(jnp.float32).sum(), (0, 1))
     text = lowered(dense, randn((2, 64, 1024), jnp.bfloat16), randn((1024, 4), jnp.bfloat16))
     assert names(text) == {"window", "backward"}
+    packed_grad = jax.value_and_grad(
+        lambda x: ours(x, weight, b, None, cu, activation="silu").astype(jnp.float32).sum()
+    )
+    assert names(lowered(packed_grad, x)) == {"window", "backward"}  # runs inside a sequence, and across bounds
     shifted = CausalConv1dConfig(triton_tiling=CausalConv1dTritonTiling(forward="shifted"))
     packed = lambda x, w, b, pool: ours(x, w, b, pool, cu, slots, cfg=shifted)
     assert names(lowered(packed, x, weight, b, pool)) == {"fwd", "state"}
@@ -171,6 +184,19 @@ def test_kernels_lower_for_cuda(cuda_lowering):
 def _inputs(dtype, tokens, channels, slots, state_width):
     x, weight, b = randn((tokens, channels), dtype), randn((channels, 4), dtype), randn((channels,), dtype)
     return x, weight, b, randn((slots, channels, state_width), dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_packed_backward_matches_xla():
+    """Packed training without a state (the backward kernel: runs inside a sequence and across bounds, an empty
+    sequence, padding tokens): every gradient against XLA's."""
+    lengths = [1000, 1, 0, 517, 2048, 3]
+    cu = jnp.cumsum(jnp.array([0, *lengths], jnp.int32))
+    x, weight, b, _ = _inputs(jnp.bfloat16, 3600, 4096, 1, 3)
+    call = lambda platform: jax.jit(
+        lambda x, w, b: causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu, platform=platform)
+    )
+    check_forward_and_grads(call("triton"), call("xla"), [x, weight, b], (0, 1, 2), jnp.bfloat16)
 
 
 @pytest.mark.gpu

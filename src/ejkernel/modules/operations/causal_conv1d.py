@@ -80,9 +80,10 @@ class CausalConv1dConfig(KernelConfig):
         fwd_params: The Triton forward's tile: `block_k` tokens (default 64 for the window design, 32 for the
             shifted one) x `block_d` channels (1024; 256), `num_warps` (8; 4), `num_stages` (1); None (default):
             defaults. XLA reads none.
-        bwd_params: The Triton backward kernel's tile (dense calls without an initial state): runs of at most
-            `block_k` tokens (default 256; the largest power of two dividing the sequence length), `block_d`
-            channels (1024), `num_warps` (8); None (default): defaults. Other calls' backward is plain JAX.
+        bwd_params: The Triton backward kernel's tile (calls without a state): runs of at most `block_k` tokens
+            (default 256; dense: the largest power of two dividing the sequence length, packed: no longer than
+            the mean sequence), `block_d` channels (1024), `num_warps` (8); None (default): defaults. A call
+            with a state takes the plain-JAX backward.
         triton_tiling: A `CausalConv1dTritonTiling`: the Triton forward's design; None (default): its defaults.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.

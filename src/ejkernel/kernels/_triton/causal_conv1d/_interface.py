@@ -2,11 +2,11 @@
 
 Semantics are those of `ejkernel.reference.causal_conv1d`. A dense batch `[B, S, C]` runs as B packed
 sequences of S tokens (a free reshape) with slot b for row b's state. The forward is two kernels: the
-convolution, then the state write into the pool, in place (`_kernel`). The backward of a dense call without an
-initial state is a kernel of its own (`_backward`: dx, dw and db from x and dout in one pass; on an H200, 16384
-tokens x 8192 channels, W 4, bf16, SiLU: 0.27 ms against 1.09 for XLA's autodiff, session 38); any other call's is
-the VJP of the same call in plain JAX (`kernels/_common/causal_conv1d`), which recomputes what it needs from the
-inputs. On a GPU, 16-bit inputs take SiLU's sigmoid through the hardware's approximate tanh (`_parts.silu`), within
+convolution, then the state write into the pool, in place (`_kernel`). The backward of a call without a state (the
+training forms) is a kernel of its own (`_backward`: dx, dw and db from x and dout in one pass; on an H200, 16384
+tokens x 8192 channels, W 4, bf16, SiLU: 0.27 ms against 1.09 for XLA's autodiff, session 38); a call with a state
+takes the VJP of the same call in plain JAX (`kernels/_common/causal_conv1d`), which recomputes what it needs from
+the inputs. On a GPU, 16-bit inputs take SiLU's sigmoid through the hardware's approximate tanh (`_parts.silu`), within
 their rounding.
 """
 
@@ -147,7 +147,7 @@ def _conv_bwd(st, tilings, interpret, residuals, cotangents):
         return (
             no_grad(cu),
             no_grad(slots),
-            *window_backward(st, tilings[1], interpret, x, weight, bias, cotangents),
+            *window_backward(st, tilings[1], interpret, cu, x, weight, bias, cotangents),
             None,
         )
     _, pullback = jax.vjp(functools.partial(_plain, st, cu, slots), x, weight, bias, state)

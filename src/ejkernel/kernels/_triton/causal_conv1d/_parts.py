@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental.pallas import triton as plgpu
 
 
@@ -83,6 +84,20 @@ def _sigmoid(y, fast: bool):
     if fast:
         return 0.5 + 0.5 * plgpu.approx_tanh(0.5 * y)
     return 1.0 / (1.0 + jnp.exp(-y))
+
+
+def sequence_of(cu_ref, row, st: TritonCausalConvStatic):
+    """The sequence holding token `row`, a scalar (the last whose start is at or before it), clamped into `[0, N)`:
+    by division in a dense batch, else a binary search of the bounds `cu_ref`."""
+    if st.seq_len is not None:
+        return jnp.minimum(lax.div(row, jnp.int32(st.seq_len)), st.num_seqs - 1)
+    lo, hi = jnp.int32(0), jnp.int32(st.num_seqs)  # seq = how many of cu[1..N] are at or below the row
+    for _ in range(st.num_seqs.bit_length()):
+        mid = lax.div(lo + hi, jnp.int32(2))
+        active = lo < hi
+        right = cu_ref[jnp.minimum(mid + 1, st.num_seqs)] <= row
+        lo, hi = jnp.where(active & right, mid + 1, lo), jnp.where(active & ~right, mid, hi)
+    return jnp.minimum(lo, st.num_seqs - 1)
 
 
 def unpack_refs(refs, st: TritonCausalConvStatic):

@@ -33,6 +33,7 @@ from ._parts import (
     TritonCausalConvTiling,
     compiler_params,
     kernel_inputs,
+    sequence_of,
     silu,
     unpack_refs,
 )
@@ -71,17 +72,8 @@ class _Run:
         return seq * self.st.seq_len if self.st.seq_len is not None else self.cu_ref[seq]
 
     def sequence_of(self, row):
-        """The sequence holding token `row` (the last whose start is at or before it), clamped into `[0, N)`."""
-        st = self.st
-        if st.seq_len is not None:
-            return jnp.minimum(lax.div(row, jnp.int32(st.seq_len)), st.num_seqs - 1)
-        lo, hi = jnp.int32(0), jnp.int32(st.num_seqs)  # seq = how many of cu[1..N] are at or below the row
-        for _ in range(st.num_seqs.bit_length()):
-            mid = lax.div(lo + hi, jnp.int32(2))
-            active = lo < hi
-            right = self.cu_ref[jnp.minimum(mid + 1, st.num_seqs)] <= row
-            lo, hi = jnp.where(active & right, mid + 1, lo), jnp.where(active & ~right, mid, hi)
-        return jnp.minimum(lo, st.num_seqs - 1)
+        """The sequence holding token `row` (`_parts.sequence_of`)."""
+        return sequence_of(self.cu_ref, row, self.st)
 
     def before(self, row, seq):
         """The `W - 1` inputs before token `row` of sequence `seq`, oldest first: x's rows from the sequence's
