@@ -36,10 +36,10 @@ the plain-JAX backward (as a call with a state does)."""
 
 def backward_run(st: TritonCausalConvStatic, block_t: int) -> int | None:
     """The run of the backward's programs (`block_t` a power of two), None for a call the kernel does not serve (a
-    state; a dense length with no power-of-two divisor of `MIN_RUN` or more). Dense: the largest power of two
-    dividing the length, at most `block_t` (every run inside one sequence); packed: at most `block_t` and no
+    state; no tokens; a dense length with no power-of-two divisor of `MIN_RUN` or more). Dense: the largest power of
+    two dividing the length, at most `block_t` (every run inside one sequence); packed: at most `block_t` and no
     longer than the sequences' mean length."""
-    if st.state_width is not None:
+    if st.state_width is not None or st.tokens == 0:
         return None
     if st.seq_len is None:
         return max(MIN_RUN, min(block_t, pl.next_power_of_2(pl.cdiv(st.tokens, st.num_seqs))))
