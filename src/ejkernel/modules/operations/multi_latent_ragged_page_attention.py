@@ -51,8 +51,9 @@ _ALL = (
 )
 IMPLEMENTATIONS = implementations("multi_latent_ragged_page_attention", *_ALL)
 IMPLEMENTATIONS += implementations("multi_latent_ragged_page_attention_v2", *_ALL)
-"""Both ops, the same implementations (v2 differs only in its config): Mosaic GPU on Hopper (16-bit caches, 64-head
-blocks), Triton on GPUs, XLA everywhere."""
+"""Both ops, the same implementations (v2 differs only in its config): Mosaic GPU on Hopper (16-bit caches, 64 query
+rows a block: heads in multiples of 64, or a divisor of 64 with several queries a block), Triton on GPUs, XLA
+everywhere."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -576,8 +577,8 @@ def multi_latent_ragged_page_attention(
         kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None (keyword
             only, beyond upstream's surface). Per-row scales of a quantised `kv_cache` (above); required for int8.
         platform: `str | None`, default None ("auto"). "pallas" (a Mosaic GPU kernel on Hopper GPUs: 16-bit
-            queries and cache, heads in multiples of 64, pages of multiples of 64 positions), "triton" (GPUs) or
-            "xla"; under "auto" a call one cannot serve falls back to the next.
+            queries and cache, heads a multiple or a divisor of 64, pages of multiples of 64 positions), "triton"
+            (GPUs) or "xla"; under "auto" a call one cannot serve falls back to the next.
         cfg: `MultiLatentRaggedPageAttentionConfig | None`, default None (chosen by the executor). The tiling;
             it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (see Sharding).
@@ -682,8 +683,8 @@ def multi_latent_ragged_page_attention_v2(
         kv_cache_scales: `[num_pages, page_size // packing, packing]` float32 or None, default None. Per-row
             scales of a quantised cache, as in `multi_latent_ragged_page_attention`.
         platform: `str | None`, default None ("auto"). "pallas" (a Mosaic GPU kernel on Hopper GPUs: 16-bit
-            queries and cache, heads in multiples of 64, pages of multiples of 64 positions), "triton" (GPUs) or
-            "xla"; under "auto" a call one cannot serve falls back to the next.
+            queries and cache, heads a multiple or a divisor of 64, pages of multiples of 64 positions), "triton"
+            (GPUs) or "xla"; under "auto" a call one cannot serve falls back to the next.
         cfg: `MultiLatentRaggedPageAttentionV2Config | None`, default None (chosen by the executor). The
             tiling; it never changes the result.
         mesh: `jax.sharding.Mesh | None`, default None. The mesh to shard the call over (query heads only).
