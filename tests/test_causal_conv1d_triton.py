@@ -1,6 +1,6 @@
 """causal_conv1d's Pallas-Triton implementation: interpret mode against the reference (tiles of 8 tokens x 16 channels,
-so 20 channels leave a partial tile), forward and every gradient (the backward kernel on dense calls without a
-state, else the plain-JAX forward's VJP; a shared slot's gradient follows the kernels' last writer), dense and
+so 20 channels leave a partial tile), forward and every gradient (the backward kernel on calls without a state,
+dense or packed, else the plain-JAX forward's VJP; a shared slot's gradient follows the kernels' last writer), dense and
 packed over a state pool of width W - 1 or W; the pool's rules (empty sequences, padding tokens, a shared slot, a
 slot outside the pool, donation); each forward design (the sliding window, at two step sizes and prefetching, and
 the shifted tiles) on runs inside one sequence and runs that cross bounds; lowering for CUDA on this host; and the
