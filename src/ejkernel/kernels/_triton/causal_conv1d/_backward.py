@@ -148,10 +148,11 @@ def _backward_kernel(*refs, st: TritonCausalConvStatic, block_t: int, block_c: i
         lax.cond(t0 + block_t <= end, inside_one_sequence, row_by_row)
 
 
-def window_backward(st: TritonCausalConvStatic, t: TritonCausalConvTiling, interpret: bool, cu, x, weight, bias, dout):
+def window_backward(
+    st: TritonCausalConvStatic, t: TritonCausalConvTiling, block_t: int, interpret: bool, cu, x, weight, bias, dout
+):
     """`(dx [T, C] in x's dtype, dw [C, W], db [C] or None in their dtypes)` of a call without a state, its
-    sequences' bounds `cu` (`backward_run(st, t.block_t)` is its run: not None)."""
-    block_t = backward_run(st, t.block_t)
+    sequences' bounds `cu`, in runs of `block_t` tokens (`backward_run(st, t.block_t)`); `t` gives the rest."""
     runs = pl.cdiv(st.tokens, block_t)
     args = [cu, x, weight] + ([bias] if bias is not None else []) + [dout]
     kernel = functools.partial(

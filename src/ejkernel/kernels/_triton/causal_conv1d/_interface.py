@@ -143,13 +143,10 @@ def _conv_bwd(st, tilings, interpret, residuals, cotangents):
     forward on the inputs; either recomputes what it needs."""
     cu, slots, x, weight, bias, state = residuals
     no_grad = lambda a: np.zeros(a.shape, jax.dtypes.float0)
-    if backward_run(st, tilings[1].block_t) is not None:
-        return (
-            no_grad(cu),
-            no_grad(slots),
-            *window_backward(st, tilings[1], interpret, cu, x, weight, bias, cotangents),
-            None,
-        )
+    run = backward_run(st, tilings[1].block_t)
+    if run is not None:
+        grads = window_backward(st, tilings[1], run, interpret, cu, x, weight, bias, cotangents)
+        return no_grad(cu), no_grad(slots), *grads, None
     _, pullback = jax.vjp(functools.partial(_plain, st, cu, slots), x, weight, bias, state)
     return no_grad(cu), no_grad(slots), *pullback(cotangents)
 

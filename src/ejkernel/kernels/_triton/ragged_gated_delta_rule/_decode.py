@@ -55,14 +55,14 @@ def _step(refs, r, head, cols, s):
     token, slot = token_ref[r], slot_ref[r]
     q = _normalised(q_ref[token, head, :], s["l2norm"]) * s["scale"]
     k = _normalised(k_ref[token, head, :], s["l2norm"])
-    h = pool_ref[slot, head, :, cols].astype(F32)
+    h = plgpu.load(pool_ref.at[slot, head, :, cols]).astype(F32)
     if decay_ref is not None:
         h = h * jnp.exp(decay_ref[token, head].astype(F32))
     u = beta_ref[token, head].astype(F32) * (v_ref[token, head, cols].astype(F32) - jnp.sum(h * k[:, None], 0))
     h = h + k[:, None] * u[None, :]
     out_ref[r, head, cols] = jnp.sum(q[:, None] * h, axis=0).astype(out_ref.dtype)
     if new_pool_ref is not None:
-        new_pool_ref[slot, head, :, cols] = h.astype(new_pool_ref.dtype)
+        plgpu.store(new_pool_ref.at[slot, head, :, cols], h.astype(new_pool_ref.dtype))
 
 
 def _mode_of(slot_ref, r, num_requests: int, num_slots: int):

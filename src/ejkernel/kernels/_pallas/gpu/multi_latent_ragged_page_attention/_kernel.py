@@ -130,7 +130,8 @@ def partial_sums(st: MosaicGpuLatentPagedStatic, t: MosaicGpuLatentPagedTiling, 
         head_block, tile, split = (lax.axis_index(a) for a in ("heads", "tiles", "splits"))
         wg = lax.axis_index("wg")
         seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
-        first_pos = meta_ref[tile, CONTEXT] + meta_ref[tile, FIRST]  # the position of the tile's first query
+        if st.queries > 1:  # the position of the tile's first query, for the rows' own masks
+            first_pos = meta_ref[tile, CONTEXT] + meta_ref[tile, FIRST]
         q_row = tile * st.tile_rows + head_block * ROWS
 
         # This split's blocks: the span's blocks cut in `splits` near-equal runs.
