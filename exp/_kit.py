@@ -1,5 +1,6 @@
 """What the GPU experiment scripts share: a timestamped log a watchdog reads, exception summaries, errors,
-Mosaic GPU interpret mode for their `--quick` runs on a CPU, and the GLA kernels one by one (`gla_stages`)."""
+Mosaic GPU interpret mode for their `--quick` runs on a CPU, the GLA kernels one by one (`gla_stages`), and
+Pallas-Triton loads and stores with an eviction policy patched into a kernel module (`evicting`, `patched`)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,31 @@ def gla_stages(base, chunk: int, scale: float, q, k, v, gate, do, init) -> dict:
         "state_grads": lambda t: bound(lambda *xs: bwd.state_grads(t, False, scale, *xs), q, g, do, e, final, *seqs),
         "grads": lambda t: bound(lambda *xs: bwd.chunk_grads(t, chunk, scale, *xs), q, k, v, g, do, a, e, dh, rs),
     }
+
+
+def evicting(where: str):
+    """A stand-in for a kernel module's `plgpu` whose loads (`L` in `where`) and stores (`S`) take `evict_first`."""
+    import types
+
+    from jax.experimental.pallas import triton as plgpu
+
+    policy = lambda flag: "evict_first" if flag in where else None
+    return types.SimpleNamespace(
+        load=lambda ref, **kw: plgpu.load(ref, eviction_policy=policy("L"), **kw),
+        store=lambda ref, value, **kw: plgpu.store(ref, value, eviction_policy=policy("S"), **kw),
+        approx_tanh=plgpu.approx_tanh,
+        CompilerParams=plgpu.CompilerParams,
+    )
+
+
+@contextlib.contextmanager
+def patched(module, **attributes):
+    """`module`'s attributes replaced while the block runs (a kernel traced inside it keeps them)."""
+    saved = {name: getattr(module, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)

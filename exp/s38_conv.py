@@ -4,9 +4,10 @@ slots).
 
 Variants: `bt x bc / warps / rows` is the window's run (`block_k`), channels (`block_d`), warps and rows a step;
 `evict L/S` patches `eviction_policy="evict_first"` into the window kernel's loads (L) and/or stores (S) at trace
-time; `T` patches in SiLU through the hardware's approximate tanh (`y/2 · (1 + tanh(y/2))`); `P` (plain) runs the
-convolution alone (no bias, no SiLU). The session 37 default is 64 x 1024 / 8 / 8. `--round 2` (call 2) times
-`ROUND_2` instead of `TILES` (call 1). Bandwidth = x read + out written (+ the pool's slots), beside
+time; `T` takes SiLU through the hardware's approximate tanh (`_parts.silu`'s fast form), its absence the exact form
+(what calls 1 and 2 ran; the kernel's default on a GPU is now the fast form, so every variant names its SiLU); `P`
+(plain) runs the convolution alone (no bias, no SiLU). The session 37 default is 64 x 1024 / 8 / 8. `--round 2`
+(call 2) times `ROUND_2` instead of `TILES` (call 1). Bandwidth = x read + out written (+ the pool's slots), beside
 the copy of x's bytes (`_harness.copy_builder`).
 
     python3 exp/s38_conv.py --out $OUT
@@ -16,16 +17,19 @@ import argparse
 import functools
 import json
 import pathlib
-import types
+import sys
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.benchmarks._harness import copy_builder, time_variants
 from ejkernel.kernels._triton.causal_conv1d import _window
+from ejkernel.kernels._triton.causal_conv1d._parts import silu
 from ejkernel.modules import CausalConv1dConfig, CausalConv1dTritonTiling, causal_conv1d
 from ejkernel.ops import FwdParams
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _kit import evicting, patched
 
 T, C, W, N = 16384, 8192, 4, 64
 TILES = [  # block_t, block_c, warps, step_rows, evict
@@ -63,22 +67,6 @@ ROUND_2 = [
 ]
 
 
-def fast_silu(y):
-    """SiLU through the approximate tanh: `σ(y) = (1 + tanh(y/2)) / 2`, one MUFU operation."""
-    half = 0.5 * y
-    return half + half * plgpu.approx_tanh(half)
-
-
-def evicting(where: str):
-    """A stand-in for `_window.plgpu` whose loads (`L` in `where`) and stores (`S`) take `evict_first`."""
-    policy = lambda flag: "evict_first" if flag in where else None
-    return types.SimpleNamespace(
-        load=lambda ref, **kw: plgpu.load(ref, eviction_policy=policy("L"), **kw),
-        store=lambda ref, value, **kw: plgpu.store(ref, value, eviction_policy=policy("S"), **kw),
-        CompilerParams=plgpu.CompilerParams,
-    )
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="out")
@@ -108,14 +96,9 @@ def main():
         else:
             packed = lambda x, pool: causal_conv1d(x, weight, b, cu_seqlens=cu, conv_state=pool, **options)
             call = functools.partial(jax.jit(packed), x, pool)
-        if evict:  # traced (and compiled) now, with the patches in place
-            saved = _window.plgpu, _window.silu
-            _window.plgpu = evicting(evict)
-            _window.silu = fast_silu if "T" in evict else _window.silu
-            try:
-                jax.block_until_ready(call())
-            finally:
-                _window.plgpu, _window.silu = saved
+        exact_or_fast = lambda y, fast: silu(y, "T" in evict)  # (traced, and compiled, now: with the patches in place)
+        with patched(_window, plgpu=evicting(evict), silu=exact_or_fast):
+            jax.block_until_ready(call())
         return call
 
     builders = {"copy": copy_builder(x.nbytes)}

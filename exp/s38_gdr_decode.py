@@ -4,7 +4,8 @@ slots donated), beside the device copy, in one run:
 - `op`: `ragged_gated_delta_rule(query_start_loc=None, platform="triton")`, the bench's decode batch;
 - `one kernel bv W [evict]` (`--one`, call 1): `exp/s38_gdr_one_kernel.py`'s `decode_step` alone, the fused kernel
   at `block_v` bv and W warps;
-- `two kernels [evict L/S]`: session 37's `decode_step` (`exp/s38_gdr_two_kernels.py`, a copy of it);
+- `two kernels [evict L/S]`: session 37's `decode_step` alone (`_triton/ragged_gated_delta_rule/_decode.py`,
+  unchanged since; in calls 1-8 a copy of it in `exp/`);
 - `looped per<P> st<S> w<W>` (`--looped`, call 8): its writers looping over P heads a program, `num_stages` S
   (`exp/s38_gdr_looped.py`);
 - `narrow bv<columns> w<warps>` (`--narrow`, call 11): the op with narrow tiles and one or two warps a program (so
@@ -26,7 +27,6 @@ import functools
 import json
 import pathlib
 import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -34,25 +34,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
+from ejkernel.kernels._triton.ragged_gated_delta_rule import _decode
 from ejkernel.modules import RaggedGatedDeltaRuleConfig, ragged_gated_delta_rule
 from ejkernel.ops import FwdParams
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import s38_gdr_looped as looped_writers
 import s38_gdr_one_kernel as one
-import s38_gdr_two_kernels as two
+from _kit import evicting, patched
 
 N, H, D = 256, 32, 128
-
-
-def evicting(where: str):
-    """A stand-in for a kernel module's `plgpu` whose loads (`L` in `where`) and stores (`S`) take `evict_first`."""
-    policy = lambda flag: "evict_first" if flag in where else None
-    return types.SimpleNamespace(
-        load=lambda ref, **kw: plgpu.load(ref, eviction_policy=policy("L"), **kw),
-        store=lambda ref, value, **kw: plgpu.store(ref, value, eviction_policy=policy("S"), **kw),
-        CompilerParams=plgpu.CompilerParams,
-    )
 
 
 def tile_copy(pool, slots):
@@ -99,20 +90,17 @@ def main():
             return out
 
         if patch is not None:  # traced (and compiled) now, with the patch in place
-            saved, module.plgpu = module.plgpu, patch
-            try:
+            with patched(module, plgpu=patch):
                 jax.block_until_ready(call())
-            finally:
-                module.plgpu = saved
         return call
 
     op = lambda pool, *a: ragged_gated_delta_rule(*a[:5], pool, None, a[5], platform="triton")
     builders = {"op": functools.partial(looped, op, q, k, v, beta, decay, slots)}
-    old = lambda pool, *a: two.decode_step(two.TritonRaggedDecodeTiling(), True, *a[:5], pool, token, a[5])
+    old = lambda pool, *a: _decode.decode_step(_decode.TritonRaggedDecodeTiling(), True, *a[:5], pool, token, a[5])
     for evict in ("", "L", "S", "LS"):
         patch = evicting(evict) if evict else None
         name = "two kernels" + (f" evict {evict}" if evict else "")
-        builders[name] = functools.partial(looped, old, q, k, v, beta, decay, slots, module=two, patch=patch)
+        builders[name] = functools.partial(looped, old, q, k, v, beta, decay, slots, module=_decode, patch=patch)
     one_kernel = ((64, 4, ""), (64, 4, "LS"), (128, 4, ""), (128, 8, ""), (32, 2, "")) if args.one else ()
     for bv, warps, evict in one_kernel:
         tiling = one.TritonRaggedDecodeTiling(block_v=bv, num_warps=warps)

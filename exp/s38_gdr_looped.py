@@ -1,6 +1,6 @@
 """Session 38's trial: the GDR decode's writers looping over `per` heads of a request in one program, so that
-Triton's software pipeline (`num_stages`) may load the next head's tile while one computes (session 37's kernels
-otherwise, `exp/s38_gdr_two_kernels.py`; the readers' kernel unchanged). Timed by `exp/s38_gdr_decode.py --looped`.
+Triton's software pipeline (`num_stages`) may load the next head's tile while one computes (the readers' kernel and
+the step are `_triton/ragged_gated_delta_rule/_decode.py`'s). Timed by `exp/s38_gdr_decode.py --looped`.
 """
 
 import functools
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from s38_gdr_two_kernels import IDLE, WRITES, _readers_kernel, _step
 
 from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import IDLE, WRITES, _readers_kernel, _step
 
 
 def _looped_writers(token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref, *refs, per, **s):

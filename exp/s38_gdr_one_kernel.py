@@ -17,7 +17,6 @@ outputs. A reader's own programs do nothing. One kernel, no ordering between pro
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -25,28 +24,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.vma import out_struct
+from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
+    F32,
+    IDLE,
+    READS,
+    WRITES,
+    TritonRaggedDecodeTiling,
+    _normalised,
+)
 
-IDLE, READS, WRITES = 0, 1, 2
-F32 = jnp.float32
 SCAN = 1024
 """Slots compared per step of a scan over the requests."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonRaggedDecodeTiling:
-    """Value columns per program (a power of two, at most Dv), warps per program, interpret mode. 64 x 4 warps was
-    the fastest on an H200 (256 requests, H 32, D 128: 0.388 ms against 0.446 at 32 columns, 0.711 at 16)."""
-
-    block_v: int = 64
-    num_warps: int = 4
-    interpret: bool = False
-
-
-def _normalised(x, l2norm: bool):
-    x = x.astype(F32)
-    return x * lax.rsqrt(jnp.sum(x * x) + L2_EPS) if l2norm else x
 
 
 def _step(refs, r, head, cols, h, s):

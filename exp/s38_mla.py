@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,9 @@ from ejkernel.benchmarks.mla import PAGED_DECODE, PAGED_MIXED, paged_inputs
 from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._interface import mosaic_latent_paged
 from ejkernel.kernels._pallas.gpu.multi_latent_ragged_page_attention._kernel import MosaicGpuLatentPagedTiling
 from ejkernel.registry import kernel_registry
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from s31_mla import serving_step
 
 OP = "multi_latent_ragged_page_attention"
 ROWS = 64
@@ -39,17 +44,6 @@ def padded(fn):
         pad = lambda q: jnp.pad(q, ((0, 0), (0, extra), (0, 0)))
         out, cache = fn(pad(q_nope), pad(q_pe), *rest, **options)
         return out[:, :heads], cache
-
-    return call
-
-
-def serving_step(fn, args):
-    step = jax.jit(lambda cache, *rest: fn(*rest[:4], cache, *rest[4:]), donate_argnums=0)
-    state = {"cache": jnp.copy(args[4])}
-
-    def call():
-        out, state["cache"] = step(state["cache"], *args[:4], *args[5:])
-        return out
 
     return call
 
