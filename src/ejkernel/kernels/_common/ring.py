@@ -101,16 +101,15 @@ class RingSpec:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     def q_offsets(self, device, size: int, n: int) -> list:
-        """Absolute position of the first query of each piece (of `size`) that `device` holds (traced int32)."""
-        device = jnp.asarray(device, jnp.int32)
+        """Absolute position of the first query of each piece (of `size`) that `device` holds (traced int32, or an
+        int for an int `device`)."""
         if self.layout == "contiguous":
             return [device * size]
         return [2 * device * size, (2 * n - 1 - 2 * device) * size]
 
     def kv_offsets(self, device, size: int, n: int, mirrored_keys: bool = False) -> list:
-        """Absolute position of the first key of each piece (of `size`) that `device` holds (traced int32): the
+        """Absolute position of the first key of each piece (of `size`) that `device` holds (as `q_offsets`): the
         forward's mirrored layout keeps the two halves of the contiguous shard, its backward mirrors them too."""
-        device = jnp.asarray(device, jnp.int32)
         if self.layout == "contiguous" or mirrored_keys:
             return self.q_offsets(device, size, n)
         return [2 * device * size, (2 * device + 1) * size]
@@ -130,7 +129,8 @@ class RingSpec:
         return jnp.mod(2 * jnp.asarray(device, jnp.int32) + 1 - n - step, n) == 0
 
     def visible(self, q_offset, q_len: int, kv_offset, kv_len: int):
-        """Traced bool: may any query of the piece see any key of the other by position (None: always)."""
+        """May any query of the piece see any key of the other by position: a traced bool, a bool for int offsets,
+        None where nothing masks by position."""
         last_q, last_k = q_offset + q_len - 1, kv_offset + kv_len - 1
         conditions = []
         if self.causal:
@@ -138,7 +138,11 @@ class RingSpec:
         if self.window is not None:
             left, right = self.window
             conditions += [last_k >= q_offset - left, kv_offset <= last_q + right]
-        return functools.reduce(jnp.logical_and, conditions) if conditions else None
+        if not conditions:
+            return None
+        if all(isinstance(c, bool) for c in conditions):
+            return all(conditions)
+        return functools.reduce(jnp.logical_and, conditions)
 
 
 # ---- layouts ---------------------------------------------------------------------------------------
@@ -177,12 +181,15 @@ def _pairs(pieces: int) -> list[tuple[int, int]]:
 
 def _fold(acc, pred, update, fill, axes):
     """The accumulator after one block: `update(acc)` (the block computed and combined in) where `pred` holds
-    (None: always) and `acc` unchanged where it does not, so that a hidden block costs neither its kernel nor
-    the combine. A None in `acc` is nothing accumulated yet: `update` takes the block's part there, and where
-    `pred` does not hold, `fill(acc)` puts the empty result in its place. Typed varying over `axes`."""
+    and `acc` unchanged where it does not, so that a hidden block costs neither its kernel nor the combine. `pred`
+    is a bool where tracing decides it (no `lax.cond`), else traced. A None in `acc` is nothing accumulated yet:
+    `update` takes the block's part there, and where `pred` does not hold, `fill(acc)` puts the empty result in
+    its place. Typed varying over `axes`."""
     typed = lambda tree: jax.tree_util.tree_map(lambda x: vary(x, axes), tree)
     update_typed = lambda acc: typed(update(acc))
-    return update_typed(acc) if pred is None else lax.cond(pred, update_typed, lambda acc: typed(fill(acc)), acc)
+    if isinstance(pred, bool):
+        return update_typed(acc) if pred else typed(fill(acc))
+    return lax.cond(pred, update_typed, lambda acc: typed(fill(acc)), acc)
 
 
 def _block(compute, diagonal, axes):
@@ -263,9 +270,31 @@ def _bias_block(bias, piece: int, kv_offset, kv_len: int):
     return None if bias is None else lax.dynamic_slice_in_dim(bias[piece], kv_offset, kv_len, axis=3)
 
 
-def _visibility(spec: RingSpec, diag, q_offset, q_len: int, kv_offset, kv_len: int):
-    """None where the block is visible for certain (the diagonal), else `spec.visible`'s traced bool or None."""
-    return None if diag is True else spec.visible(q_offset, q_len, kv_offset, kv_len)
+def _visibility(
+    spec: RingSpec,
+    diag,
+    step: int,
+    pieces: tuple[int, int],
+    sizes: tuple[int, int],
+    n: int,
+    offsets,
+    mirrored_keys: bool = False,
+):
+    """Whether query piece a may see key piece b at `step` (`pieces` (a, b) of `sizes` (Lq', Lk')): a bool where it is
+    the same on every device of the ring (decided when tracing: no `lax.cond`, and a block hidden everywhere is not
+    traced at all), else `spec.visible`'s traced bool at this device's `offsets`."""
+    if diag is True:
+        return True
+    (a, b), (q_len, kv_len) = pieces, sizes
+
+    def on(device):
+        q_offset = spec.q_offsets(device, q_len, n)[a]
+        kv_offset = spec.kv_offsets((device - step) % n, kv_len, n, mirrored_keys)[b]
+        seen = spec.visible(q_offset, q_len, kv_offset, kv_len)
+        return True if seen is None else seen
+
+    everywhere = {on(device) for device in range(n)}
+    return everywhere.pop() if len(everywhere) == 1 else spec.visible(offsets[0], q_len, offsets[1], kv_len)
 
 
 def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, bias=None):
@@ -308,7 +337,7 @@ def _forward(kernel: BlockKernel, spec: RingSpec, q, k, v, aux, q_seg, kv_seg, b
                 update = lambda acc, args=args, bias_block=bias_block, diag=diag: _block(
                     functools.partial(onto, acc, *args, bias=bias_block), diag, axes
                 )()
-            visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
+            visible = _visibility(spec, diag, s, (a, b), (size, k_cur[b].shape[1]), n, offsets)
             fill = lambda acc: empty() if acc is None else acc
             results[a] = _fold(results[a], visible, update, fill, axes)
         block = following
@@ -383,7 +412,7 @@ def _backward(kernel: BlockKernel, spec: RingSpec, residuals, d_out):
                 *(q[a], k_cur[b], v_cur[b], q_seg[a], seg_cur[b], out[a], lse[a], d_out[a], *offsets),
                 bias=_bias_block(bias, a, offsets[1], k_cur[b].shape[1]),
             )
-            visible = _visibility(spec, diag, offsets[0], size, offsets[1], k_cur[b].shape[1])
+            visible = _visibility(spec, diag, s, (a, b), (size, k_cur[b].shape[1]), n, offsets, mirrored)
             shapes = (q[a], k_cur[b], v_cur[b])
             fill = lambda acc, shapes=shapes: (
                 *(zeros(x) if g is None else g for g, x in zip(acc, shapes, strict=False)),
