@@ -15,6 +15,12 @@ v3's `rhs_scale`, scale blocks of a multiple of 128 rows) run the FP8 x FP8 forw
 blocks wider than 512), then multiplied on FP8 tensor cores. Their weights are frozen: the lhs gradient (and the
 scales' gradient) are the 16-bit kernels' products with the weights dequantised in memory. Other FP8
 calls are declined (weights `[L, K, N]` among them: FP8 wgmma reads both operands K-major).
+
+`QuantizedArray` weights in MXFP4 as gpt-oss ships them (`quantize_array(w, mode="mxfp4", axis="row")` of
+`w [L, K, N]`: packed rows N, codes along K) with bfloat16 lhs run the MXFP4 forward (`_mxfp4.mxfp4_gmm`: the codes
+decoded into each step's wgmma tile in shared memory), tiles `(128, 256, 3)` cut to 128 columns where N asks;
+the weights are frozen, and the lhs gradient is the 16-bit `gmm` on the weights decoded in memory. Other
+quantized weights are declined (the Triton kernel decodes them).
 """
 
 from __future__ import annotations
@@ -25,9 +31,15 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.attention import decline
+from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import is_hopper, num_sms
 from ejkernel.kernels._common.grouped_matmul import compute_dtype, dequantize, implementation, tile_params
-from ejkernel.kernels._common.grouped_matmul_quantized import fp8_row_blocks, is_quantized
+from ejkernel.kernels._common.grouped_matmul_quantized import (
+    dense_weights,
+    fp8_row_blocks,
+    is_quantized,
+    rows_are_n,
+)
 
 WHO = "mosaic gpu grouped_matmul"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -42,12 +54,17 @@ PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
 ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
 FP8 = jnp.dtype(jnp.float8_e4m3fn)
 FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
+MXFP4_STEP = 64  # the MXFP4 forward's K step
 # (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
 # 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`). Measured on an H200 at
 # M 32768, K 4096, N 1536, 64 groups, on spans (the default; `exp/s32_fp8spans.py`, lhs rounded in 0.106 ms):
 # 128 x 128, 5 stages 0.625 ms; 128 x 256, 4 stages 0.636, 3 stages 0.691; fixed row tiles 128 x 256, 3 stages
 # 0.738 (`exp/s31_fp8gmm.py`, session 31, fixed tiles: 128 x 256, 3 stages 0.832; 128 x 128, 5 stages 0.854).
 DEFAULT_FP8 = (128, 128, 5, False)
+# (block_m, block_n, stages) of the MXFP4 forward; 128 columns where N is no multiple of 256. Measured on an H200 at
+# the MoE shape above (`exp/s39_mxfp4.py`, bf16 `auto` 0.69-0.72 ms): 128 x 256, 3 stages 1.30-1.33 ms; 128 x 128,
+# 4 or 5 stages 1.46-1.50; ping-pong tiles (each warpgroup decoding its whole tile) 1.32 at 128 x 128.
+DEFAULT_MXFP4 = (128, 256, 3)
 
 
 def _given(params, *names):
@@ -307,6 +324,71 @@ _fp8_core = implementation(
 )
 
 
+def check_served_mxfp4(lhs, rhs, group_offset, existing_out, options: dict) -> None:
+    """NotImplementedError for `QuantizedArray` calls the MXFP4 forward does not serve (before anything is traced)."""
+    decline(
+        WHO,
+        {
+            "group_offset": group_offset is not None,
+            "existing_out": existing_out is not None,
+            "rhs_bias": options.get("rhs_bias") is not None,
+            "interpret mode": bool(options.get("interpret")),
+            "fp8_lhs": bool(options.get("fp8_lhs")),
+        },
+    )
+    if rhs.mode != "mxfp4":
+        raise NotImplementedError(f"{WHO}: of quantized weights it decodes MXFP4 only, got mode {rhs.mode!r}")
+    if not rows_are_n(rhs, options.get("transpose_rhs", False)):
+        raise NotImplementedError(
+            f"{WHO}: MXFP4 weights must pack their codes along K (quantize_array(w, axis='row') of w [G, K, N])"
+        )
+    if jnp.dtype(lhs.dtype) != jnp.bfloat16:
+        raise NotImplementedError(f"{WHO}: MXFP4 weights take bfloat16 lhs, got {lhs.dtype}")
+    if lhs.ndim == 2 and getattr(rhs.data, "ndim", 0) == 3:  # (other shapes: the shared checks' errors)
+        k, n = lhs.shape[1], rhs.data.shape[1]
+        if k % MXFP4_STEP or n % 128:
+            raise NotImplementedError(
+                f"{WHO}: MXFP4 weights need K in steps of {MXFP4_STEP} and N of 128, got {k}, {n}"
+            )
+    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
+    if out_dtype not in OUT_DTYPES:
+        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+
+
+def _mxfp4_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
+    """The MXFP4 forward's tiling; the 16-bit kernels' for the backward products (on the decoded weights)."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling
+
+    del lhs, interpret, precision, quantized
+    bm, bn, stages = DEFAULT_MXFP4
+    fwd = MosaicGpuMxfp4GroupedMatmulTiling(bm, bn if dims.n % bn == 0 else 128, stages, num_sms())
+    planned = plan(dims, transpose_rhs, cfg)
+    return fwd, planned.dlhs, planned.drhs
+
+
+def _mxfp4_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
+    """The MXFP4 forward (`tiling` from `_mxfp4_tilings`) or, in the backward, the lhs gradient: the 16-bit `gmm`
+    on the weights decoded in memory."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+
+    if not isinstance(tiling, MosaicGpuMxfp4GroupedMatmulTiling):
+        dense = dense_weights(rhs, lhs.dtype)
+        return _gmm(
+            lhs, dense, group_sizes, group_offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling
+        )
+    codes = as_bytes(rhs.data)[..., : lhs.shape[1] // 2]  # (words hold whole groups: nothing is cut)
+    return mxfp4_gmm(lhs, codes, rhs.scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling)
+
+
+_mxfp4_core = implementation(
+    _mxfp4_forward_gmm,
+    _tgmm,
+    _mxfp4_tilings,
+    """The MXFP4 forward for `QuantizedArray` weights; backward on the 16-bit kernels.""",
+    decodes=lambda weights: True,  # (check_served_mxfp4 lets only MXFP4 weights through)
+)
+
+
 def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
     """NotImplementedError for calls the kernels do not serve (before anything is traced); `options` are
     the call's keyword arguments."""
@@ -333,9 +415,12 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
 
 def _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options: dict):
     """The core serving the call (the FP8 forward's for `fp8_lhs`), after declining what it does not serve."""
-    if options.get("fp8_lhs"):
+    if options.get("fp8_lhs") and not is_quantized(rhs):
         check_served_fp8(lhs, rhs, group_offset, existing_out, options)
         return _fp8_core
+    if is_quantized(rhs):
+        check_served_mxfp4(lhs, rhs, group_offset, existing_out, options)
+        return _mxfp4_core
     check_served(lhs, rhs, group_offset, existing_out, options)
     return _core
 

@@ -1,0 +1,79 @@
+"""Issue 45, session 39: the Mosaic GPU MXFP4 grouped matmul forward (`_mxfp4.mxfp4_gmm`, E2M1 codes decoded into
+wgmma's B tile in shared memory) at the bench's MoE shape (M 32768, K 4096, N 1536, 64 groups, bf16 lhs), against
+XLA's dequantize-then-multiply (accuracy) and timed in one run beside our bf16 grouped matmul (`auto`) and the
+MXFP4 call as `auto` serves it (Triton's kernel decoding in registers until call 6; from call 7 this kernel). Tiles
+`bm x bn x stages`, with `j` the kernel's `in_ptx=False` (calls 3-4: a jnp decoding through the words' view; since
+then the interpret-mode decoding, which does not lower for a GPU). Calls 2-3 ran the kernel in ping-pong tiles
+(`block_m` rows a warpgroup), calls 4-6 the shared tiles with the bits placed by shifts, call 7 the table lookup.
+
+    python exp/s39_mxfp4.py --out $OUT [--tiles 128x256x3,128x128x4]
+"""
+
+import argparse
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.benchmarks.grouped_matmul import random_group_sizes
+from ejkernel.kernels._common.code_bits import as_bytes
+from ejkernel.kernels._common.device import num_sms
+from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+from ejkernel.modules import grouped_matmul
+from ejkernel.ops.autotune import time_fns
+from ejkernel.quantization import quantize_array
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="32768,4096,1536,64")
+    p.add_argument("--tiles", default="128x256x3", help="bm x bn x stages, comma-separated (j: in_ptx=False)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", default="out")
+    args = p.parse_args()
+    m, k, n, groups = map(int, args.shape.split(","))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    sizes = random_group_sizes(m, groups)
+    q = quantize_array(w, mode="mxfp4", axis="row")
+    codes = as_bytes(q.data)
+    dense = q.dequantize().astype(jnp.bfloat16)  # [G, N, K]
+    out = dict(preferred_element_type=jnp.bfloat16)
+    ref = jax.jit(lambda a: grouped_matmul(a, dense, sizes, transpose_rhs=True, platform="xla", **out))(lhs)
+    calls = {
+        "bf16 auto": jax.jit(lambda a: grouped_matmul(a, w, sizes, **out)),
+        "mxfp4 auto (today)": jax.jit(lambda a: grouped_matmul(a, q, sizes, **out)),
+    }
+    for spec in args.tiles.split(","):
+        bm, bn, stages = map(int, spec.rstrip("j").split("x"))
+        tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, bn, stages, num_sms())
+        in_ptx = not spec.endswith("j")
+        fn = jax.jit(
+            lambda a, tiling=tiling, ptx=in_ptx: mxfp4_gmm(
+                a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling, in_ptx=ptx
+            )
+        )
+        try:
+            got = fn(lhs).block_until_ready()
+        except Exception as err:  # a tiling that does not compile: reported, the others timed
+            print(f"mosaic {spec}: {type(err).__name__}: {str(err)[:600]}", flush=True)
+            continue
+        diff = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))
+        rel = float(jnp.max(diff) / jnp.max(jnp.abs(ref.astype(jnp.float32))))
+        print(f"mosaic {spec}: max |out - xla| / max |xla| = {rel:.3e}", flush=True)
+        calls[f"mosaic {spec}"] = fn
+    times = time_fns({name: (lambda fn=fn: fn(lhs)) for name, fn in calls.items()}, repeats=args.repeats, warmup=3)
+    bf16 = times["bf16 auto"]
+    results = {}
+    for name, t in times.items():
+        results[name] = {"ms": t * 1e3, "x_bf16": bf16 / t}
+        print(f"  {name:22s} {t * 1e3:8.3f} ms  {bf16 / t:5.2f}x bf16", flush=True)
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "s39_mxfp4.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

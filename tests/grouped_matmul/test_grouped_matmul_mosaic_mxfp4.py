@@ -1,0 +1,106 @@
+"""The Mosaic GPU MXFP4 grouped matmul forward (`QuantizedArray` weights in MXFP4, codes along K) on this CPU host:
+the kernel matches the reference in Mosaic GPU's interpret mode (its jnp decoding: interpret mode runs no PTX), the
+public path lowers for CUDA (the forward with its codes decoded in PTX; the lhs gradient to the 16-bit kernels) and
+declines what it does not serve; (GPU suite) it matches the XLA path forward and in the lhs gradient on a Hopper GPU.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from ejkernel.kernels._common.code_bits import as_bytes
+from ejkernel.kernels._pallas.gpu.grouped_matmul._interface import grouped_matmul_mosaic_gpu, mosaic_grouped_matmul
+from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
+from ejkernel.quantization import quantize_array
+from ejkernel.reference.grouped_matmul import grouped_matmul_reference
+from harness import assert_close, check_forward_and_grads, randn
+from mosaic_gpu_interpret import interpret_mode
+
+
+def _weights(groups, k, n):
+    """MXFP4 weights of `w [G, K, N]` as gpt-oss ships them (codes along K) and the bf16 values they stand for,
+    `[G, N, K]`: magnitudes varying by group, column and K group (scales over a range of powers of two)."""
+    values = randn((groups, k // 32, 32, n))
+    magnitudes = jnp.exp2(jnp.round(randn((groups, k // 32, 1, n), scale=3.0)))
+    q = quantize_array((values * magnitudes).reshape(groups, k, n), mode="mxfp4", axis="row")
+    return q, q.dequantize().astype(jnp.bfloat16)
+
+
+def test_interpret_forward_matches_reference(capfd):
+    """Groups starting off multiples of 8, an empty group, rows past the last group (spans of zeros), two CTAs
+    walking several 128 x 128 units of two column tiles, three K steps, a float32 output."""
+    m, k, n, sizes = 150, 192, 256, jnp.asarray([37, 0, 70, 20], jnp.int32)
+    q, dense = _weights(len(sizes), k, n)
+    lhs = randn((m, k), jnp.bfloat16)
+    tiling = MosaicGpuMxfp4GroupedMatmulTiling(128, 128, 3, 2)
+    with interpret_mode():
+        out = mxfp4_gmm(
+            lhs, as_bytes(q.data), q.scales, sizes, None, out_dtype=jnp.float32, tiling=tiling, in_ptx=False
+        )
+    ref = grouped_matmul_reference(lhs.astype(jnp.float32), dense.astype(jnp.float32), sizes, transpose_rhs=True)
+    assert_close(out, ref, jnp.float32)
+    assert float(jnp.max(jnp.abs(out[int(sizes.sum()) :]))) == 0.0
+    assert "RACE DETECTED" not in capfd.readouterr().out
+
+
+def _lower(grad: bool, m=300, k=256, n=256, sizes=(100, 0, 120, 30)):
+    sizes = jnp.asarray(sizes, jnp.int32)
+    q, _ = _weights(len(sizes), k, n)
+
+    def forward(lhs):
+        return mosaic_grouped_matmul(lhs, q, sizes, preferred_element_type=jnp.bfloat16)
+
+    fn = jax.value_and_grad(lambda lhs: jnp.sum(forward(lhs).astype(jnp.float32))) if grad else forward
+    return export.export(jax.jit(fn), platforms=["cuda"])(jax.ShapeDtypeStruct((m, k), jnp.bfloat16)).mlir_module()
+
+
+def test_forward_decodes_in_ptx_and_the_gradient_runs_the_16_bit_kernels():
+    forward = _lower(grad=False)
+    assert forward.count("@mosaic_gpu") == 1 and "mul.rn.bf16x2" in forward
+    assert _lower(grad=True).count("@mosaic_gpu") == 2  # the MXFP4 forward, dlhs on the decoded weights
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (dict(lhs=jnp.float16), "bfloat16 lhs"),
+        (dict(mode="nvfp4"), "MXFP4 only"),
+        (dict(axis="col"), "along K"),
+        (dict(k=96), "steps of 64"),
+        (dict(interpret=True), "interpret mode"),
+        (dict(group_offset=True), "group_offset"),
+    ],
+)
+def test_declines_what_it_does_not_serve(call, words):
+    k, n, groups = call.get("k", 128), 256, 2
+    w = randn((groups, k, n), jnp.float32)
+    q = quantize_array(w, mode=call.get("mode", "mxfp4"), axis=call.get("axis", "row"))
+    lhs = randn((64, k), call.get("lhs", jnp.bfloat16))
+    sizes = jnp.asarray([30, 34], jnp.int32)
+    offset = jnp.zeros((1,), jnp.int32) if call.get("group_offset") else None
+    with pytest.raises(NotImplementedError, match=words):
+        mosaic_grouped_matmul(lhs, q, sizes, offset, interpret=call.get("interpret"))
+
+
+# ---- on a Hopper GPU ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "k", "n", "groups"), [(32768, 4096, 1536, 64), (3001, 512, 384, 7)])
+def test_gpu_matches_xla(m, k, n, groups):
+    """The forward bit for bit with XLA's product of the decoded weights (both sum float32 products of the same bf16
+    values; bf16 out), the lhs gradient within bf16's rounding; the MoE shape and one of 128-column tiles."""
+    q, dense = _weights(groups, k, n)
+    lhs = randn((m, k), jnp.bfloat16)
+    cuts = np.sort(np.random.default_rng(m).integers(0, m - 50, groups - 1))
+    sizes = jnp.asarray(np.diff(np.concatenate([[0], cuts, [m - 50]])), jnp.int32)  # 50 rows past the groups
+    mosaic = functools.partial(grouped_matmul_mosaic_gpu, rhs=q, group_sizes=sizes)
+    xla = functools.partial(grouped_matmul_xla, rhs=dense, group_sizes=sizes, transpose_rhs=True)
+    check_forward_and_grads(jax.jit(mosaic), jax.jit(xla), [lhs], (0,), jnp.bfloat16)
+    out = jax.jit(functools.partial(mosaic, preferred_element_type=jnp.bfloat16))(lhs)
+    assert float(jnp.max(jnp.abs(out[m - 50 :].astype(jnp.float32)))) == 0.0
