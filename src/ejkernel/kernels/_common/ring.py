@@ -9,9 +9,10 @@ flash attention, told the absolute positions of its queries and keys), and folds
     lse = log(exp(lse_a) + exp(lse_b)),   out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse).
 
 The transfer of the next block is issued before the current block is computed, so that XLA can run
-both at once. Blocks that causal or window masking hide entirely are skipped, merge included
-(`lax.cond`). With equal query and key lengths each result starts as its diagonal block's (same
-positions: always visible) rather than empty. Sinks (`softmax_aux`) join once, in the final merge.
+both at once. Blocks that causal or window masking hide entirely are skipped, merge included: when
+tracing where a block is hidden (or visible) on every device of the ring, else on the device (`lax.cond`).
+With equal query and key lengths each result starts as its diagonal block's (same positions: always
+visible) rather than empty. Sinks (`softmax_aux`) join once, in the final merge.
 
 The backward rings too. With the global output O and log-sum-exp L of the forward, the gradient of
 one block is the flash-attention backward of that block with P = exp(S - L) and
