@@ -317,7 +317,8 @@ def grouped_matmul(
 
     Quantized weights: `rhs` may be a `QuantizedArray` (`ejkernel.quantization.quantize_array(w, ...)` of
     `w [L, K, N]`, or `[L, N, K]` with `transpose_rhs`; any mode and `axis`): the result is that of the
-    dequantized `w` (decoded in the Triton kernel's registers on a GPU, per row span on XLA). Its weights
+    dequantized `w` (decoded in the Triton kernel's registers on a GPU; MXFP4 with codes along K on Hopper in a
+    Mosaic GPU kernel, into the tile its tensor cores read; per row span on XLA). Its weights
     are frozen: only lhs (and existing_out, rhs_bias) get gradients, its arrays zero cotangents. With
     `use_v3`, an int8 or float8_e4m3fn `rhs` with `rhs_scale` is DeepSeek-V3's block-scaled form (128 x 128
     scale blocks broadcast along N), scaled in the Triton kernel.
