@@ -4,9 +4,9 @@ The forward is `_kernel.gmm` (wgmma, TMA-pipelined K loop, persistent CTAs over 
 the backward is `gmm` again with the other transpose (dlhs) and `_kernel.tgmm` (drhs), wired by
 `_common.grouped_matmul.grouped_vjp`. Serves 16-bit lhs/rhs with any M and group layout; declines
 (`NotImplementedError`, before anything is traced) other dtypes, `group_offset`, `existing_out`, v3
-scales and biases, `QuantizedArray` weights, interpret mode, contraction and output sizes no tile divides,
-and devices other than Hopper GPUs, so that automatic selection falls through to the Triton kernels that
-serve them.
+scales and biases, `QuantizedArray` weights but MXFP4 (below), interpret mode, contraction and output sizes no
+tile divides, and devices other than Hopper GPUs, so that automatic selection falls through to the Triton kernels
+that serve them.
 
 `fp8_lhs=True` calls with FP8 block-scaled weights (float8_e4m3fn `[L, N, K]` with `transpose_rhs=True` and
 v3's `rhs_scale`, scale blocks of a multiple of 128 rows) run the FP8 x FP8 forward (`_fp8.fp8_gmm`, tiles
@@ -62,8 +62,8 @@ MXFP4_STEP = 64  # the MXFP4 forward's K step
 # 0.738 (`exp/s31_fp8gmm.py`, session 31, fixed tiles: 128 x 256, 3 stages 0.832; 128 x 128, 5 stages 0.854).
 DEFAULT_FP8 = (128, 128, 5, False)
 # (block_m, block_n, stages) of the MXFP4 forward; 128 columns where N is no multiple of 256. Measured on an H200 at
-# the MoE shape above (`exp/s39_mxfp4.py`, bf16 `auto` 0.69-0.72 ms): 128 x 256, 3 stages 1.30-1.33 ms; 128 x 128,
-# 4 or 5 stages 1.46-1.50; ping-pong tiles (each warpgroup decoding its whole tile) 1.32 at 128 x 128.
+# the MoE shape above (`exp/s39_mxfp4.py`, bf16 `auto` 0.69-0.74 ms): 128 x 256, 3 stages 1.28-1.44 ms; 2 stages 1.58;
+# 128 x 128, 4 or 5 stages 1.46-1.50; ping-pong tiles (each warpgroup decoding its whole tile) 1.32 at 128 x 128.
 DEFAULT_MXFP4 = (128, 256, 3)
 
 
@@ -251,7 +251,6 @@ def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> Non
             "group_offset": group_offset is not None,
             "existing_out": existing_out is not None,
             "interpret mode": bool(options.get("interpret")),
-            "a QuantizedArray rhs with fp8_lhs": is_quantized(rhs),
         },
     )
     if jnp.dtype(rhs.dtype) != FP8 or rhs_scale is None:
@@ -400,7 +399,6 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
             "rhs_scale": options.get("rhs_scale") is not None,
             "rhs_bias": options.get("rhs_bias") is not None,
             "interpret mode": bool(options.get("interpret")),
-            "a QuantizedArray rhs": is_quantized(rhs),
         },
     )
     for name, x in (("lhs", lhs), ("rhs", rhs)):
@@ -414,7 +412,8 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
 
 
 def _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options: dict):
-    """The core serving the call (the FP8 forward's for `fp8_lhs`), after declining what it does not serve."""
+    """The core serving the call (the FP8 forward's for `fp8_lhs` with FP8 weights, the MXFP4 forward's for a
+    `QuantizedArray`), after declining what it does not serve."""
     if options.get("fp8_lhs") and not is_quantized(rhs):
         check_served_fp8(lhs, rhs, group_offset, existing_out, options)
         return _fp8_core
