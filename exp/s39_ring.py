@@ -4,7 +4,8 @@ Loads each `ring.py`-shaped file as its own module (`exp/s35_ring_bisect.load`),
 per-step kernels (Mosaic GPU forward onto the running result, cuDNN backward) at S=65536 causal, H=16, D=128 bf16,
 sequence split, mirrored layout, and times every version and cuDNN flash attention on one GPU at S interleaved in one
 run per mode. A version may name which directions annotate their steps as XLA scheduling groups
-(`name=path:fwd+bwd`, read by `exp/s39_ring_groups.py`). A version that fails to compile is reported and skipped.
+(`name=path:fwd+bwd`, read by the copy `exp/s39_ring_groups.patch` makes of `ring.py`). A version that fails to
+compile is reported and skipped.
 
     python exp/s39_ring.py --versions head=/tmp/head_ring.py,new=src/ejkernel/kernels/_common/ring.py --out $OUT
 """
