@@ -37,6 +37,18 @@ def load(name: str, path: str):
     return module
 
 
+def ring_inputs(seq: int, kv_heads: int):
+    """(devices, a mesh of them over axis "sp", the sequence-split spec, q / k / v [1, seq, 16 | kv_heads, 128] bf16,
+    the same split over the mesh): issue 46's ring call."""
+    devices = jax.devices()
+    mesh = jax.make_mesh((len(devices),), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    spec = P(None, "sp")
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    shapes = [(1, seq, 16, 128)] + [(1, seq, kv_heads, 128)] * 2
+    qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
+    return devices, mesh, spec, qkv, [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--versions", required=True, help="name=path,... of ring.py files")
@@ -48,14 +60,8 @@ def main():
     p.add_argument("--hlo", default="", help="versions whose compiled HLO is written too (gzipped)")
     p.add_argument("--out", default="out")
     args = p.parse_args()
-    devices = jax.devices()
+    devices, mesh, spec, _, sharded = ring_inputs(args.seq, args.kv_heads)
     n = len(devices)
-    mesh = jax.make_mesh((n,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-    spec = P(None, "sp")
-    keys = jax.random.split(jax.random.PRNGKey(1), 3)
-    shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
-    qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
-    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
     block = MosaicGpuBlock(128 ** (-0.5), True, None) if args.block == "mosaic" else CudnnBlock(128 ** (-0.5), True)
 
     def ring(module):

@@ -10,6 +10,7 @@ then the interpret-mode decoding, which does not lower for a GPU). Calls 2-3 ran
 """
 
 import argparse
+import functools
 import json
 import pathlib
 
@@ -25,6 +26,26 @@ from ejkernel.ops.autotune import time_fns
 from ejkernel.quantization import quantize_array
 
 
+def moe_case(shape: str):
+    """The bench's MoE call: bf16 `lhs [M, K]`, bf16 weights `w [G, K, N]`, random group sizes, `w` in MXFP4."""
+    m, k, n, groups = map(int, shape.split(","))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    return lhs, w, random_group_sizes(m, groups), quantize_array(w, mode="mxfp4", axis="row")
+
+
+def report(calls: dict, repeats: int, out: str, name: str):
+    """Times `calls` (zero-argument, one "bf16 auto") interleaved; prints and writes ms and the ratio to bf16."""
+    times = time_fns(calls, repeats=repeats, warmup=3)
+    results = {key: {"ms": t * 1e3, "x_bf16": times["bf16 auto"] / t} for key, t in times.items()}
+    for key, row in results.items():
+        print(f"  {key:22s} {row['ms']:8.3f} ms  {row['x_bf16']:5.2f}x bf16", flush=True)
+    out_dir = pathlib.Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="32768,4096,1536,64")
@@ -32,12 +53,7 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="out")
     args = p.parse_args()
-    m, k, n, groups = map(int, args.shape.split(","))
-    keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
-    w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
-    sizes = random_group_sizes(m, groups)
-    q = quantize_array(w, mode="mxfp4", axis="row")
+    lhs, w, sizes, q = moe_case(args.shape)
     codes = as_bytes(q.data)
     dense = q.dequantize().astype(jnp.bfloat16)  # [G, N, K]
     out = dict(preferred_element_type=jnp.bfloat16)
@@ -64,15 +80,7 @@ def main():
         rel = float(jnp.max(diff) / jnp.max(jnp.abs(ref.astype(jnp.float32))))
         print(f"mosaic {spec}: max |out - xla| / max |xla| = {rel:.3e}", flush=True)
         calls[f"mosaic {spec}"] = fn
-    times = time_fns({name: (lambda fn=fn: fn(lhs)) for name, fn in calls.items()}, repeats=args.repeats, warmup=3)
-    bf16 = times["bf16 auto"]
-    results = {}
-    for name, t in times.items():
-        results[name] = {"ms": t * 1e3, "x_bf16": bf16 / t}
-        print(f"  {name:22s} {t * 1e3:8.3f} ms  {bf16 / t:5.2f}x bf16", flush=True)
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "s39_mxfp4.json").write_text(json.dumps(results, indent=1))
+    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, "s39_mxfp4")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ kernel module patched (`exp/_kit.patched`), all timed in one run beside our bf16
 
 import argparse
 import functools
-import json
 import pathlib
 import sys
 
@@ -22,16 +21,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ejkernel.benchmarks.grouped_matmul import random_group_sizes
 from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
 from ejkernel.modules import grouped_matmul
-from ejkernel.ops.autotune import time_fns
-from ejkernel.quantization import quantize_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _kit import patched
+from s39_mxfp4 import moe_case, report
 from s39_mxfp4_shifts import decoded_words as shifted_words
 
 
@@ -66,12 +63,7 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="out")
     args = p.parse_args()
-    m, k, n, groups = 32768, 4096, 1536, 64
-    keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
-    w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
-    sizes = random_group_sizes(m, groups)
-    q = quantize_array(w, mode="mxfp4", axis="row")
+    lhs, w, sizes, q = moe_case("32768,4096,1536,64")
     codes = as_bytes(q.data)
     bf16 = jax.jit(lambda a: grouped_matmul(a, w, sizes, preferred_element_type=jnp.bfloat16))
     calls = {"bf16 auto": functools.partial(bf16, lhs)}
@@ -83,13 +75,7 @@ def main():
             compiled = jax.jit(lambda a: run(a, codes, q.scales, sizes, None)).lower(lhs).compile()
         calls[name] = functools.partial(compiled, lhs)
         jax.block_until_ready(calls[name]())
-    times = time_fns(calls, repeats=args.repeats, warmup=3)
-    results = {name: t * 1e3 for name, t in times.items()}
-    for name, ms in results.items():
-        print(f"  {name:10s} {ms:8.3f} ms", flush=True)
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "s39_mxfp4_parts.json").write_text(json.dumps(results, indent=1))
+    report(calls, args.repeats, args.out, "s39_mxfp4_parts")
 
 
 if __name__ == "__main__":

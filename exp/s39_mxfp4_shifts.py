@@ -2,12 +2,9 @@
 table lookup: each word's bf16 bits placed by shifts and masks as `value · 2^-126`, then multiplied by 2^127 and
 by the group's `2^(e - 1)`. `decoded_words` stands in for `_mxfp4._decoded_words` (`exp/_kit.patched`)."""
 
-import jax.numpy as jnp
-import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
-from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, llvm, vector
+from jaxlib.mlir.dialects import llvm
 
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
 
@@ -37,36 +34,15 @@ mul.rn.bf16x2 $0, w, f;
 }}"""
 
 
-def _assembled_words(codes, half_factor):
-    """uint32 words (WGMMA layout) of `codes` (uint8, WGMMA layout: two bytes a register) as two bf16 values each,
-    `half_factor` (float32, the same layout) the group's `2^(e - 1)` per word: `_WORD_PTX` per word, on a GPU."""
-    rows, words = codes.shape
-
-    @plgpu.inline_mgpu(
-        arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
-        return_type=plgpu.ShapeDtypeStruct((rows, words), jnp.uint32, layout=plgpu.Layout.WGMMA),
-    )
-    def assemble(_, codes, half_factor):
-        i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
-        pair = ir.VectorType.get((2,), i32)
-        registers = np.empty(codes.registers.shape, dtype=object)
-        for index, register in np.ndenumerate(codes.registers):
-            both = arith.extui(i32, mgpu.utils.bitcast(register, i16))  # this register's two code bytes
-            factor = vector.extract(  # (both words of a register share a group)
-                half_factor.registers[index], dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0])
-            )
-            halves = [llvm.inline_asm(i32, [both, factor], _WORD_PTX.format(shift=8 * j), "=r,r,f") for j in range(2)]
-            registers[index] = mgpu.utils.vector_concat(
-                [mgpu.utils.bitcast(h, ir.VectorType.get((1,), i32)) for h in halves]
-            )
-            assert registers[index].type == pair
-        return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=False)
-
-    return assemble(codes, half_factor)
+def _shifted_words(both, half_factor):
+    """The register's two decoded words (`_WORD_PTX` once per byte), as `_mxfp4._assembled_words` takes them."""
+    i32 = ir.IntegerType.get_signless(32)
+    halves = [llvm.inline_asm(i32, [both, half_factor], _WORD_PTX.format(shift=8 * j), "=r,r,f") for j in range(2)]
+    return mgpu.utils.vector_concat([mgpu.utils.bitcast(h, ir.VectorType.get((1,), i32)) for h in halves])
 
 
 def decoded_words(codes_smem, scales_smem):
-    """uint32 `[rows, STEP / 2]`: each code byte as the two bf16 values of its codes (low code in the low half),
-    times their group's `2^e`, in the WGMMA layout (`_assembled_words`)."""
+    """Stands in for `_mxfp4._decoded_words`: the same words, the bits placed by shifts (the factor halved for the
+    2^127 the word's first product takes)."""
     codes, factor = _mxfp4._codes_and_factors(codes_smem, scales_smem)
-    return _assembled_words(codes, factor * 0.5)
+    return _mxfp4._assembled_words(codes, factor * 0.5, _shifted_words)

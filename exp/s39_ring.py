@@ -18,8 +18,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from ejkernel.kernels._pallas.gpu.ring_attention._interface import MosaicGpuBlock
 from ejkernel.modules import flash_attention
@@ -27,7 +25,7 @@ from ejkernel.ops.autotune import time_fns
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from ring_schedule import schedule
-from s35_ring_bisect import load
+from s35_ring_bisect import load, ring_inputs
 
 
 def main():
@@ -39,14 +37,8 @@ def main():
     p.add_argument("--modes", default="fwd,fwd+bwd")
     p.add_argument("--out", default="out")
     args = p.parse_args()
-    devices = jax.devices()
+    devices, mesh, spec, qkv, sharded = ring_inputs(args.seq, args.kv_heads)
     n = len(devices)
-    mesh = jax.make_mesh((n,), ("sp",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-    spec = P(None, "sp")
-    keys = jax.random.split(jax.random.PRNGKey(1), 3)
-    shapes = [(1, args.seq, 16, 128)] + [(1, args.seq, args.kv_heads, 128)] * 2
-    qkv = [jax.random.normal(k, s, jnp.bfloat16) for k, s in zip(keys, shapes, strict=True)]
-    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in qkv]
     single = [jax.device_put(x, devices[0]) for x in qkv]
     block = MosaicGpuBlock(128 ** (-0.5), True, None)
 

@@ -194,8 +194,7 @@ class GroupedMatmul(Kernel):
         (0.71 against 0.55). `fp8_lhs` calls and MXFP4 weights keep `auto`'s order: the Mosaic GPU FP8 x FP8 forward
         and MXFP4 forward (1.30 ms against Triton's 1.81 on an H200 at that shape), else Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        rhs = inv.args[1] if len(inv.args) > 1 else None
-        mxfp4 = isinstance(rhs, QuantizedArray) and rhs.mode == "mxfp4"
+        mxfp4 = isinstance(inv.args[1], QuantizedArray) and inv.args[1].mode == "mxfp4"
         if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not mxfp4:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)

@@ -242,6 +242,13 @@ def plan_fp8(cfg, n: int):
     )
 
 
+def check_out_dtype(options: dict) -> None:
+    """NotImplementedError for an output dtype (`preferred_element_type`) the kernels do not write."""
+    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
+    if out_dtype not in OUT_DTYPES:
+        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+
+
 def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> None:
     """NotImplementedError for `fp8_lhs` calls the FP8 forward does not serve (before anything is traced)."""
     rhs_scale = options.get("rhs_scale")
@@ -268,9 +275,7 @@ def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> Non
             raise NotImplementedError(
                 f"{WHO}: fp8_lhs needs scale blocks of a multiple of {FP8_STEP} K rows, got K {k} in {blocks} blocks"
             )
-    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
-    if out_dtype not in OUT_DTYPES:
-        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+    check_out_dtype(options)
 
 
 def _fp8_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
@@ -349,9 +354,7 @@ def check_served_mxfp4(lhs, rhs, group_offset, existing_out, options: dict) -> N
             raise NotImplementedError(
                 f"{WHO}: MXFP4 weights need K in steps of {MXFP4_STEP} and N of 128, got {k}, {n}"
             )
-    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
-    if out_dtype not in OUT_DTYPES:
-        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+    check_out_dtype(options)
 
 
 def _mxfp4_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
@@ -375,8 +378,7 @@ def _mxfp4_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, ou
         return _gmm(
             lhs, dense, group_sizes, group_offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling
         )
-    codes = as_bytes(rhs.data)[..., : lhs.shape[1] // 2]  # (words hold whole groups: nothing is cut)
-    return mxfp4_gmm(lhs, codes, rhs.scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling)
+    return mxfp4_gmm(lhs, as_bytes(rhs.data), rhs.scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling)
 
 
 _mxfp4_core = implementation(
@@ -406,9 +408,7 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
             raise NotImplementedError(f"{WHO} takes bfloat16/float16 {name}, got {x.dtype}")
     if compute_dtype(lhs, rhs) not in DTYPES:  # (bfloat16 with float16 is multiplied in float32)
         raise NotImplementedError(f"{WHO} takes one 16-bit dtype for lhs and rhs, got {lhs.dtype} and {rhs.dtype}")
-    out_dtype = jnp.dtype(options.get("preferred_element_type", jnp.float32))
-    if out_dtype not in OUT_DTYPES:
-        raise NotImplementedError(f"{WHO} writes float32/bfloat16/float16, got {out_dtype}")
+    check_out_dtype(options)
 
 
 def _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options: dict):

@@ -142,9 +142,19 @@ mul.rn.bf16x2 $1, w1, f;
 }"""
 
 
-def _assembled_words(codes, factor):
+def _table_words(both, scale):
+    """`vector<2 x i32>`: the two decoded words of one register's two code bytes (`both`, i32) and their group's
+    `2^e` (`scale`, f32), by `_WORDS_PTX`."""
+    i32 = ir.IntegerType.get_signless(32)
+    words = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [both, scale], _WORDS_PTX, "=r,=r,r,f")
+    one = ir.VectorType.get((1,), i32)
+    return mgpu.utils.vector_concat([mgpu.utils.bitcast(llvm.extractvalue(i32, words, [i]), one) for i in range(2)])
+
+
+def _assembled_words(codes, factor, register_words=_table_words):
     """uint32 words (WGMMA layout) of `codes` (uint8, WGMMA layout: two bytes a register) as two bf16 values each,
-    `factor` (float32, the same layout) each word's group's `2^e`: `_WORDS_PTX` per register, on a GPU."""
+    `factor` (float32, the same layout) each word's group's `2^e`: `register_words(both, scale)` per register (the
+    register's two code bytes as an i32, the group's factor as an f32), in PTX on a GPU."""
     rows, words = codes.shape
 
     @plgpu.inline_mgpu(
@@ -153,17 +163,13 @@ def _assembled_words(codes, factor):
     )
     def assemble(_, codes, factor):
         i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
-        pair = ir.Type.parse("!llvm.struct<(i32, i32)>")
         registers = np.empty(codes.registers.shape, dtype=object)
         for index, register in np.ndenumerate(codes.registers):
             both = arith.extui(i32, mgpu.utils.bitcast(register, i16))  # this register's two code bytes
             scale = vector.extract(  # (both words of a register share a group)
                 factor.registers[index], dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0])
             )
-            words = llvm.inline_asm(pair, [both, scale], _WORDS_PTX, "=r,=r,r,f")
-            registers[index] = mgpu.utils.vector_concat(
-                [mgpu.utils.bitcast(llvm.extractvalue(i32, words, [i]), ir.VectorType.get((1,), i32)) for i in range(2)]
-            )
+            registers[index] = register_words(both, scale)
         return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=False)
 
     return assemble(codes, factor)
