@@ -73,14 +73,12 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuMxfp4GroupedMatmulTiling:
     """The MXFP4 forward's tiles (hashable). `block_m` output rows (two compute warpgroups of `block_m / 2`), `block_n`
-    output columns, `stages` ring slots, `num_ctas` persistent CTAs, `store_cols` the widest column piece an output
-    tile is stored in (narrower pieces leave room for another ring slot). The contraction step is `STEP`."""
+    output columns, `stages` ring slots, `num_ctas` persistent CTAs. The contraction step is `STEP`."""
 
     block_m: int
     block_n: int
     stages: int
     num_ctas: int
-    store_cols: int = SPAN_STORE_COLS
 
     pingpong = False
     spans = True
@@ -89,18 +87,13 @@ class MosaicGpuMxfp4GroupedMatmulTiling:
     def wg_rows(self) -> int:
         return self.block_m // COMPUTE_WGS
 
-    @property
-    def out_cols(self) -> int:
-        """Columns of the shared-memory output tile (`store_span_rows` stores a wider tile in pieces)."""
-        return math.gcd(self.block_n, self.store_cols)
-
     def smem_bytes(self, x_dtype, out_dtype) -> int:
         """Per slot the lhs tiles, the code tile and the scale bytes; `DECODED` weight tiles; per warpgroup an output
         tile of at most `SPAN_STORE_COLS` columns."""
         itemsize = jnp.dtype(x_dtype).itemsize
         slot = self.block_m * STEP * itemsize + self.block_n * STEP // 2 + STEP // GROUP * self.block_n
         decoded = DECODED * self.block_n * STEP * itemsize
-        out_tile = self.block_m * self.out_cols * jnp.dtype(out_dtype).itemsize
+        out_tile = self.block_m * math.gcd(self.block_n, SPAN_STORE_COLS) * jnp.dtype(out_dtype).itemsize
         return self.stages * slot + decoded + out_tile
 
 
@@ -336,7 +329,7 @@ def mxfp4_gmm(
             swizzled((stages, bn, STEP // 2), jnp.uint8),
             plgpu.SMEM((stages, STEP // GROUP, bn), jnp.uint8),
             plgpu.RefUnion(swizzled((DECODED, bn, STEP // 2), jnp.uint32), swizzled((DECODED, bn, STEP), lhs.dtype)),
-            plgpu.SMEM((COMPUTE_WGS, rows, t.out_cols), out_dtype),
+            plgpu.SMEM((COMPUTE_WGS, rows, math.gcd(bn, SPAN_STORE_COLS)), out_dtype),
         ),
         (
             *Ring.barriers(t, COMPUTE_WGS + 2),  # per step: each warpgroup's lhs rows, the codes, the scales
