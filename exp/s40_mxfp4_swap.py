@@ -14,7 +14,7 @@ Codes reach wgmma's register layout without a table: a warpgroup's `[64, 32]` co
 4-bit relayout (two shuffles) gives each thread the code byte of each of its bf16 pairs, and two such bytes become two
 words by `_mxfp4._WORDS_PTX`.
 
-    python exp/s40_mxfp4_swap.py --out $OUT [--tiles 256x128x4]
+    python exp/s40_mxfp4_swap.py --out $OUT [--tiles 256x128x4,256x128x4l]   (l: `lag`)
 """
 
 import argparse
@@ -62,7 +62,7 @@ WG_COLS = 64  # weight rows (output columns) a compute warpgroup owns: its wgmma
 
 
 def _factors(scales_smem, rows):
-    """float32 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e`, from `scales_smem [STEP / GROUP, rows]`."""
+    """float32 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
     groups = [pow2(plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT).astype(jnp.int32)) for j in range(STEP // GROUP)]
     return jnp.concatenate([lax.broadcast_in_dim(f, (rows, GROUP), [0]) for f in groups], axis=1)
 
@@ -108,8 +108,12 @@ def register_operand(codes_smem, scales_smem):
     return assemble(codes, factor)
 
 
-def mxfp4_gmm_swapped(lhs, codes, scales, group_sizes, group_offset, *, out_dtype, tiling, in_ptx: bool = True):
-    """`_mxfp4.mxfp4_gmm` with the decoded weights as wgmma's A operand in registers (block_n = 128, block_m <= 256)."""
+def mxfp4_gmm_swapped(
+    lhs, codes, scales, group_sizes, group_offset, *, out_dtype, tiling, in_ptx: bool = True, lag: bool = False
+):
+    """`_mxfp4.mxfp4_gmm` with the decoded weights as wgmma's A operand in registers (block_n = 128, block_m <= 256).
+    `lag`: each step's wgmma is issued behind the previous one's, which is then awaited (`wgmma_wait(1)`), in place of
+    awaiting each step's wgmma before the next is issued."""
     m, k = lhs.shape
     num_local, n = codes.shape[:2]
     t = tiling
@@ -156,6 +160,7 @@ def mxfp4_gmm_swapped(lhs, codes, scales, group_sizes, group_offset, *, out_dtyp
             def product(step0):
                 def scope(acc_ref):
                     def step(s, operand, decode_next: bool):
+                        """Step s's wgmma issued; after its wait, step s + 1 decoded while it runs."""
                         slot = ring.slot(step0 + s)
                         plgpu.wgmma(acc_ref, operand, a_smem.at[slot].transpose((1, 0)))
                         following = decode(step0 + s + 1) if decode_next else None
@@ -165,8 +170,28 @@ def mxfp4_gmm_swapped(lhs, codes, scales, group_sizes, group_offset, *, out_dtyp
                         plgpu.barrier_arrive(ring.consumed.at[slot])
                         return following
 
-                    last = lax.fori_loop(0, k_steps - 1, lambda s, op: step(s, op, True), decode(step0))
-                    step(k_steps - 1, last, False)
+                    def lagged(s, operands):
+                        """Step s's wgmma issued behind step s - 1's; once step s - 1's is done (its registers
+                        kept live until then), its slot is freed and step s + 1 decoded while step s's runs."""
+                        previous, operand = operands
+                        plgpu.wgmma(acc_ref, operand, a_smem.at[ring.slot(step0 + s)].transpose((1, 0)))
+                        plgpu.wgmma_wait(1)
+                        previous, operand = lax.optimization_barrier((previous, operand))
+                        plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s - 1)])
+                        return operand, decode(step0 + s + 1)
+
+                    if lag and k_steps > 1:
+                        first = decode(step0)
+                        plgpu.wgmma(acc_ref, first, a_smem.at[ring.slot(step0)].transpose((1, 0)))
+                        operands = (first, decode(step0 + 1))
+                        _, last = lax.fori_loop(1, k_steps - 1, lagged, operands)
+                        plgpu.wgmma(acc_ref, last, a_smem.at[ring.slot(step0 + k_steps - 1)].transpose((1, 0)))
+                        plgpu.wgmma_wait(0)
+                        for s in (k_steps - 2, k_steps - 1):
+                            plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s)])
+                    else:
+                        last = lax.fori_loop(0, k_steps - 1, lambda s, op: step(s, op, True), decode(step0))
+                        step(k_steps - 1, last, False)
                     return acc_ref[...]
 
                 return pl.run_scoped(scope, plgpu.ACC((WG_COLS, bm), jnp.float32))
@@ -221,7 +246,7 @@ def main():
         ),
     }
     for spec in args.tiles.split(","):
-        bm, bn, stages = map(int, spec.split("x"))
+        bm, bn, stages = map(int, spec.rstrip("l").split("x"))
         tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, bn, stages, num_sms())
         fn = jax.jit(
             functools.partial(
@@ -232,6 +257,7 @@ def main():
                 group_offset=None,
                 out_dtype=jnp.bfloat16,
                 tiling=tiling,
+                lag=spec.endswith("l"),
             )
         )
         try:
