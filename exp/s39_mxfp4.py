@@ -5,8 +5,10 @@ MXFP4 call as `auto` serves it (Triton's kernel decoding in registers until call
 `bm x bn x stages`, with `j` the kernel's `in_ptx=False` (calls 3-4: a jnp decoding through the words' view; since
 then the interpret-mode decoding, which does not lower for a GPU). Calls 2-3 ran the kernel in ping-pong tiles
 (`block_m` rows a warpgroup), calls 4-6 the shared tiles with the bits placed by shifts, call 7 the table lookup.
+Session 40's calls 1-2 ran it at commit 900269c; since then the kernel decodes into wgmma's A registers (swap AB) in
+128-column tiles, and tiles are `bm x stages`.
 
-    python exp/s39_mxfp4.py --out $OUT [--tiles 128x256x3,128x128x4]
+    python exp/s39_mxfp4.py --out $OUT [--tiles 256x4,256x3]
 """
 
 import argparse
@@ -49,7 +51,7 @@ def report(calls: dict, repeats: int, out: str, name: str):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="32768,4096,1536,64")
-    p.add_argument("--tiles", default="128x256x3", help="bm x bn x stages, comma-separated (j: in_ptx=False)")
+    p.add_argument("--tiles", default="256x4", help="bm x stages, comma-separated (j: in_ptx=False)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="out")
     args = p.parse_args()
@@ -63,8 +65,8 @@ def main():
         "mxfp4 auto (today)": jax.jit(lambda a: grouped_matmul(a, q, sizes, **out)),
     }
     for spec in args.tiles.split(","):
-        bm, bn, stages = map(int, spec.rstrip("j").split("x"))
-        tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, bn, stages, num_sms())
+        bm, stages = map(int, spec.rstrip("j").split("x"))
+        tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, stages, num_sms())
         in_ptx = not spec.endswith("j")
         fn = jax.jit(
             lambda a, tiling=tiling, ptx=in_ptx: mxfp4_gmm(

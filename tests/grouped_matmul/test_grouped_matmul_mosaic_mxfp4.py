@@ -37,7 +37,7 @@ def test_interpret_forward_matches_reference(capfd):
     m, k, n, sizes = 150, 192, 256, jnp.asarray([37, 0, 70, 20], jnp.int32)
     q, dense = _weights(len(sizes), k, n)
     lhs = randn((m, k), jnp.bfloat16)
-    tiling = MosaicGpuMxfp4GroupedMatmulTiling(128, 128, 3, 2)
+    tiling = MosaicGpuMxfp4GroupedMatmulTiling(128, 3, 2)
     with interpret_mode():
         out = mxfp4_gmm(
             lhs, as_bytes(q.data), q.scales, sizes, None, out_dtype=jnp.float32, tiling=tiling, in_ptx=False

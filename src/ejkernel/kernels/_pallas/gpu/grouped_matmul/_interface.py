@@ -18,7 +18,7 @@ calls are declined (weights `[L, K, N]` among them: FP8 wgmma reads both operand
 
 `QuantizedArray` weights in MXFP4 as gpt-oss ships them (`quantize_array(w, mode="mxfp4", axis="row")` of
 `w [L, K, N]`: packed rows N, codes along K) with bfloat16 lhs run the MXFP4 forward (`_mxfp4.mxfp4_gmm`: the codes
-decoded into each step's wgmma tile in shared memory), tiles `(128, 256, 3)` cut to 128 columns where N asks;
+decoded in registers as each step's wgmma A operand, the product computed transposed), tiles `DEFAULT_MXFP4`;
 the weights are frozen, and the lhs gradient is the 16-bit `gmm` on the weights decoded in memory. Other
 quantized weights are declined (the Triton kernel decodes them).
 """
@@ -61,10 +61,11 @@ MXFP4_STEP = 64  # the MXFP4 forward's K step
 # 128 x 128, 5 stages 0.625 ms; 128 x 256, 4 stages 0.636, 3 stages 0.691; fixed row tiles 128 x 256, 3 stages
 # 0.738 (`exp/s31_fp8gmm.py`, session 31, fixed tiles: 128 x 256, 3 stages 0.832; 128 x 128, 5 stages 0.854).
 DEFAULT_FP8 = (128, 128, 5, False)
-# (block_m, block_n, stages) of the MXFP4 forward; 128 columns where N is no multiple of 256. Measured on an H200 at
-# the MoE shape above (`exp/s39_mxfp4.py`, bf16 `auto` 0.69-0.74 ms): 128 x 256, 3 stages 1.28-1.44 ms; 2 stages 1.58;
-# 128 x 128, 4 or 5 stages 1.46-1.50; ping-pong tiles (each warpgroup decoding its whole tile) 1.32 at 128 x 128.
-DEFAULT_MXFP4 = (128, 256, 3)
+# (block_m, stages) of the MXFP4 forward (128 columns a tile). Measured on an H200 at the MoE shape above (session
+# 40's calls 3-4, BENCHMARKS.md; bf16 `auto` 0.70-0.72 ms): 256 rows, 4 stages 0.94 ms, 3 stages 0.955; 128 rows
+# 1.43. Session 39's kernel (decoded tiles in shared memory as wgmma's B): 256 x 128, 3 stages 0.97-1.07 ms;
+# 128 x 256 1.28-1.44.
+DEFAULT_MXFP4 = (256, 4)
 
 
 def _given(params, *names):
@@ -362,8 +363,7 @@ def _mxfp4_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quant
     from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling
 
     del lhs, interpret, precision, quantized
-    bm, bn, stages = DEFAULT_MXFP4
-    fwd = MosaicGpuMxfp4GroupedMatmulTiling(bm, bn if dims.n % bn == 0 else 128, stages, num_sms())
+    fwd = MosaicGpuMxfp4GroupedMatmulTiling(*DEFAULT_MXFP4, num_sms())
     planned = plan(dims, transpose_rhs, cfg)
     return fwd, planned.dlhs, planned.drhs
 

@@ -338,15 +338,12 @@ def compute_units(my_units, unit_of, unit_steps, output_tile, pingpong: bool):
     plgpu.wait_smem_to_gmem(0)
 
 
-def store_group_rows(
-    ring: Ring, refs: TileRefs, tile, row0, shape, step, k_steps: int, product, out_tile, out_dst, idle=skip_steps
-):
+def store_group_rows(ring: Ring, refs: TileRefs, tile, row0, shape, step, k_steps: int, product, out_tile, out_dst):
     """Compute warpgroup: its `shape[0]` rows from `row0` of row tile `tile`, group by group, stored to `out_dst`.
 
     For each group of the tile that owns some of these rows, `product(step)` (the float32 tile of the group's
     `k_steps` ring steps from `step`) is merged into `out_tile` (shared memory) keeping only the group's own
-    rows; groups owning none of them pass over their steps (`idle(ring, step, k_steps)`). Rows no group owns are
-    zeros.
+    rows; groups owning none of them pass over their steps. Rows no group owns are zeros.
     """
     rows = shape[0]
     items = refs.first[tile]
@@ -372,7 +369,7 @@ def store_group_rows(
             def _():
                 out_tile[...] = jnp.where(keep, value, plgpu.load(out_tile, layout=plgpu.Layout.WGMMA))
 
-        pl.when(~mine)(lambda: idle(ring, step, k_steps))
+        pl.when(~mine)(lambda: skip_steps(ring, step, k_steps))
         return step + k_steps, written | mine
 
     _, written = lax.fori_loop(0, refs.count[tile], item, (step, jnp.bool_(False)))
@@ -417,14 +414,12 @@ def feed_spans(ring: Ring, spans: SpanRefs, my_units, unit_of, k_steps: int, cop
     drain(ring, lax.fori_loop(0, my_units, unit, jnp.int32(0)))
 
 
-def store_span_rows(
-    ring: Ring, spans: SpanRefs, span, row0, shape, step, k_steps: int, product, out_tile, out_dst, idle=skip_steps
-):
+def store_span_rows(ring: Ring, spans: SpanRefs, span, row0, shape, step, k_steps: int, product, out_tile, out_dst):
     """Compute warpgroup: its `shape[0]` rows from `row0` of span `span`, stored (only those the span writes) to
     `out_dst(row, rows)` (`shape[1]` columns): `product(step)` (the float32 tile of the span's `k_steps` ring steps
     from `step`), or zeros for a span without a group. A warpgroup holding none of the span's rows passes over its
-    steps (`idle(ring, step, k_steps)`). An `out_tile` narrower than `shape[1]` (an untiled shared-memory tile; room
-    for another ring slot) takes the tile in column pieces of its width, each stored before the next is written."""
+    steps. An `out_tile` narrower than `shape[1]` (an untiled shared-memory tile; room for another ring slot) takes
+    the tile in column pieces of its width, each stored before the next is written."""
     g, lo, hi = spans.group[span], spans.lo[span], spans.hi[span]
     mine = (lo < row0 + shape[0]) & (hi > row0)
     width = out_tile.shape[1]
@@ -447,7 +442,7 @@ def store_span_rows(
     def _():
         put(lambda col0: plgpu.layout_cast(jnp.zeros(out_tile.shape, out_tile.dtype), plgpu.Layout.WGMMA))
 
-    pl.when(~mine & (g >= 0))(lambda: idle(ring, step, k_steps))
+    pl.when(~mine & (g >= 0))(lambda: skip_steps(ring, step, k_steps))
 
 
 def forward_schedule(group_sizes, group_offset, num_local: int, m: int, block_m: int, spans: bool):
@@ -490,11 +485,10 @@ class ForwardWalk:
             tile_copies = lambda tile, col, g, kk: copies(tile * t.block_m, col, g, kk)
             on_memory_warpgroup(lambda: feed_units(*args, tile_copies, t.pingpong))
 
-    def compute(self, product, out_tile, out_ref, idle=skip_steps):
+    def compute(self, product, out_tile, out_ref):
         """A compute warpgroup: its rows of each of its units, `product(ring, step)` the float32 `[wg_rows, block_n]`
         tile of one K loop from ring step `step` (`ring`: this warpgroup's view of it), stored to `out_ref` through
-        its shared-memory `out_tile`; `idle(ring, step, k_steps)` where a unit's (group's) K loop holds none of its
-        rows."""
+        its shared-memory `out_tile`."""
         t, k_steps = self.t, self.k_steps
         wg = lax.axis_index("wg")
         ring = self.ring.for_wg(wg) if t.pingpong else self.ring
@@ -508,7 +502,7 @@ class ForwardWalk:
             def output_span(span, col, step):
                 out_dst = lambda row, count: out_ref.at[pl.ds(row, count), pl.ds(col * bn, bn)]
                 row0 = spans.start[span] + half
-                store_span_rows(ring, spans, span, row0, shape, step, k_steps, unit_product, out_tile, out_dst, idle)
+                store_span_rows(ring, spans, span, row0, shape, step, k_steps, unit_product, out_tile, out_dst)
 
             compute_units(self.my_units, self.unit_of, lambda span: spans.steps(span, k_steps), output_span, t.pingpong)
         else:
@@ -517,7 +511,7 @@ class ForwardWalk:
             def output_tile(tile, col, step):
                 row0 = tile * t.block_m + half
                 out_dst = out_ref.at[pl.ds(row0, rows), pl.ds(col * bn, bn)]
-                store_group_rows(ring, refs, tile, row0, shape, step, k_steps, unit_product, out_tile, out_dst, idle)
+                store_group_rows(ring, refs, tile, row0, shape, step, k_steps, unit_product, out_tile, out_dst)
 
             unit_steps = lambda tile: refs.count[tile] * k_steps
             compute_units(self.my_units, self.unit_of, unit_steps, output_tile, t.pingpong)
