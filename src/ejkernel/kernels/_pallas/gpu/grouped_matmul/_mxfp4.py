@@ -198,12 +198,14 @@ def _register_operand(codes_smem, scales_smem):
 
 
 def _store_transposed(value, ref):
-    """`ref[...] = value.T` for a WGMMA-layout `value`, element by element into the untiled `ref`. (Written in Mosaic
+    """`ref[...] = value.T` for a WGMMA-layout `value` into the untiled `ref`: relaid out so that each thread's vector
+    of two runs down `value`'s columns (`WGMMA_TRANSPOSED`, one shuffle), which are `ref`'s rows. (Written in Mosaic
     GPU: JAX 0.12's layout inference finds no layout for the same store through `ref.transpose((1, 0))`.)"""
 
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
     def store(_, value, ref):
-        value.store_untiled(mgpu.utils.memref_transpose(ref, (1, 0)), optimized=False)
+        transposed = value.to_layout(fa.WGMMA_TRANSPOSED_LAYOUT)
+        transposed.store_untiled(mgpu.utils.memref_transpose(ref, (1, 0)), optimized=False)
 
     store(value, ref)
 
