@@ -105,11 +105,13 @@ def step_scales(scales):
 
 # Two decoded words from the two code bytes of a register (`$2`, codes n0..n3 in its nibbles, low first), in PTX:
 # each code's bf16 magnitude from two 8-entry byte tables (`prmt` on the codes' three low bits: the high bytes
-# 00 3F 3F 3F 40 40 40 40, the low bytes 00 00 80 C0 00 40 80 C0 of 0, 0.5, 1, 1.5, 2, 3, 4, 6), the bytes interleaved
-# into words (n0, n1) and (n2, n3), each code's sign bit moved to its value's, then both words times the group's `2^e`
-# (`$3`, as a bf16 pair: an exact product, rounded once as the reference rounds its float32 value to bf16).
+# 00 3F 3F 3F 40 40 40 40, the low bytes 00 00 80 C0 00 40 80 C0 of 0, 0.5, 1, 1.5, 2, 3, 4, 6); each code's sign bit
+# (bit 3 of its nibble) set in its high byte: the code bytes spread to (b0, b0, b1, b1) hold the signs of n1 and n3
+# at bits 15 and 31 already, those of n0 and n2 four bits below bits 7 and 23; then the bytes interleaved into words
+# (n0, n1) and (n2, n3), both times the group's `2^e` (`$3`, as a bf16 pair: an exact product, rounded once as the
+# reference rounds its float32 value to bf16).
 _WORDS_PTX = """{
-.reg .b32 sel, lo, hi, lb, hb, w0, w1, t, f;
+.reg .b32 sel, lo, hi, lb, hb, x, t, f;
 and.b32 sel, $2, 0x7777;
 mov.b32 lo, 0xC0800000;
 mov.b32 hi, 0xC0804000;
@@ -117,19 +119,15 @@ prmt.b32 lb, lo, hi, sel;
 mov.b32 lo, 0x3F3F3F00;
 mov.b32 hi, 0x40404040;
 prmt.b32 hb, lo, hi, sel;
-prmt.b32 w0, lb, hb, 0x5140;
-prmt.b32 w1, lb, hb, 0x7362;
-shl.b32 t, $2, 12;
-lop3.b32 w0, w0, t, 0x8000, 0xf8;
-shl.b32 t, $2, 24;
-lop3.b32 w0, w0, t, 0x80000000, 0xf8;
-shl.b32 t, $2, 4;
-lop3.b32 w1, w1, t, 0x8000, 0xf8;
-shl.b32 t, $2, 16;
-lop3.b32 w1, w1, t, 0x80000000, 0xf8;
+prmt.b32 x, $2, $2, 0x1100;
+shl.b32 t, x, 4;
+lop3.b32 t, t, x, 0x00800080, 0xe4;
+lop3.b32 hb, hb, t, 0x80808080, 0xf8;
+prmt.b32 lo, lb, hb, 0x5140;
+prmt.b32 hi, lb, hb, 0x7362;
 cvt.rn.bf16x2.f32 f, $3, $3;
-mul.rn.bf16x2 $0, w0, f;
-mul.rn.bf16x2 $1, w1, f;
+mul.rn.bf16x2 $0, lo, f;
+mul.rn.bf16x2 $1, hi, f;
 }"""
 
 
