@@ -27,10 +27,12 @@ The schedule is `_kernel.gmm`'s spans (`_kernel.ForwardWalk`): persistent CTAs, 
 step's lhs tile, code tile and scale bytes (transposed to `[L, K / 32, N]` beforehand, so that a step's scales are
 one TMA box) into a ring of `stages` slots.
 
-Measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups; bf16 grouped matmul 0.71-0.72 ms): 0.94-0.96
-ms in 256 x 128 tiles, bit for bit XLA's dequantize-then-multiply. Decoding into shared memory as wgmma's B instead
-(both warpgroups sharing each decoded tile, session 39) took 1.05-1.07 ms in the same runs; 128 x 128 tiles 1.43;
-issuing each step's wgmma behind the previous one's (`wgmma_wait(1)`) 1.15 (session 40, BENCHMARKS.md).
+Measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups), in the same runs as our bf16 grouped matmul
+(0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
+dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgmma's B instead (both warpgroups sharing
+each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
+(`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
+the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
 """
 
 from __future__ import annotations
