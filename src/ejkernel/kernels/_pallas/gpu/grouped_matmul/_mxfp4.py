@@ -142,15 +142,6 @@ def _table_words(both, scale):
     return mgpu.utils.vector_concat([mgpu.utils.bitcast(llvm.extractvalue(i32, words, [i]), one) for i in range(2)])
 
 
-def _table_words(both, scale):
-    """`vector<2 x i32>`: the two decoded words of one register's two code bytes (`both`, i32) and their group's
-    `2^e` (`scale`, f32), by `_WORDS_PTX`."""
-    i32 = ir.IntegerType.get_signless(32)
-    words = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [both, scale], _WORDS_PTX, "=r,=r,r,f")
-    one = ir.VectorType.get((1,), i32)
-    return mgpu.utils.vector_concat([mgpu.utils.bitcast(llvm.extractvalue(i32, words, [i]), one) for i in range(2)])
-
-
 def _factors(scales_smem, rows):
     """float32 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
     groups = [pow2(plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT).astype(jnp.int32)) for j in range(STEP // GROUP)]
