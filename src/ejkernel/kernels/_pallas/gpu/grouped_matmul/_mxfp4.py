@@ -105,21 +105,29 @@ def step_scales(scales):
     return jnp.swapaxes(scales, 1, 2)
 
 
+def _magnitude_tables() -> dict[str, str]:
+    """`prmt`'s byte tables of the bf16 magnitudes of E2M1 codes 0-7 (0, 0.5, 1, 1.5, 2, 3, 4, 6, from JAX's
+    `float4_e2m1fn`): their low bytes in `low0` (codes 0-3) and `low4` (4-7), their high bytes in `high0`, `high4`."""
+    bits = np.arange(8, dtype=np.uint8).view(jnp.float4_e2m1fn).astype(jnp.bfloat16).view(np.uint16)
+    word = lambda table: f"0x{int.from_bytes(table.astype(np.uint8).tobytes(), 'little'):08X}"
+    low, high = bits & 0xFF, bits >> 8
+    return {"low0": word(low[:4]), "low4": word(low[4:]), "high0": word(high[:4]), "high4": word(high[4:])}
+
+
 # Two decoded words from the two code bytes of a register (`$2`, codes n0..n3 in its nibbles, low first), in PTX:
-# each code's bf16 magnitude from two 8-entry byte tables (`prmt` on the codes' three low bits: the high bytes
-# 00 3F 3F 3F 40 40 40 40, the low bytes 00 00 80 C0 00 40 80 C0 of 0, 0.5, 1, 1.5, 2, 3, 4, 6); each code's sign bit
+# each code's bf16 magnitude from the two byte tables (`prmt` on the codes' three low bits); each code's sign bit
 # (bit 3 of its nibble) set in its high byte: the code bytes spread to (b0, b0, b1, b1) hold the signs of n1 and n3
 # at bits 15 and 31 already, those of n0 and n2 four bits below bits 7 and 23; then the bytes interleaved into words
 # (n0, n1) and (n2, n3), both times the group's `2^e` (`$3`, as a bf16 pair: an exact product, rounded once as the
 # reference rounds its float32 value to bf16).
-_WORDS_PTX = """{
+_WORDS_PTX = """{{
 .reg .b32 sel, lo, hi, lb, hb, x, t, f;
 and.b32 sel, $2, 0x7777;
-mov.b32 lo, 0xC0800000;
-mov.b32 hi, 0xC0804000;
+mov.b32 lo, {low0};
+mov.b32 hi, {low4};
 prmt.b32 lb, lo, hi, sel;
-mov.b32 lo, 0x3F3F3F00;
-mov.b32 hi, 0x40404040;
+mov.b32 lo, {high0};
+mov.b32 hi, {high4};
 prmt.b32 hb, lo, hi, sel;
 prmt.b32 x, $2, $2, 0x1100;
 shl.b32 t, x, 4;
@@ -130,7 +138,7 @@ prmt.b32 hi, lb, hb, 0x7362;
 cvt.rn.bf16x2.f32 f, $3, $3;
 mul.rn.bf16x2 $0, lo, f;
 mul.rn.bf16x2 $1, hi, f;
-}"""
+}}""".format(**_magnitude_tables())
 
 
 def _table_words(both, scale):
