@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from ejkernel.benchmarks.grouped_matmul import random_group_sizes
 from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import num_sms
+from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
 from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
 from ejkernel.modules import grouped_matmul
 from ejkernel.ops.autotune import time_fns
@@ -48,22 +49,47 @@ def report(calls: dict, repeats: int, out: str, name: str):
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
 
 
-def main():
-    p = argparse.ArgumentParser()
+def moe_run(p: argparse.ArgumentParser):
+    """`p` parsed with `--shape`, `--repeats` and `--out` added, the MoE case, the codes, XLA's result on the decoded
+    weights, a check against it, and the calls to time, bf16 `auto` first."""
     p.add_argument("--shape", default="32768,4096,1536,64")
-    p.add_argument("--tiles", default="256x4", help="bm x stages, comma-separated (j: in_ptx=False)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="out")
     args = p.parse_args()
     lhs, w, sizes, q = moe_case(args.shape)
-    codes = as_bytes(q.data)
     dense = q.dequantize().astype(jnp.bfloat16)  # [G, N, K]
     out = dict(preferred_element_type=jnp.bfloat16)
     ref = jax.jit(lambda a: grouped_matmul(a, dense, sizes, transpose_rhs=True, platform="xla", **out))(lhs)
-    calls = {
-        "bf16 auto": jax.jit(lambda a: grouped_matmul(a, w, sizes, **out)),
-        "mxfp4 auto (today)": jax.jit(lambda a: grouped_matmul(a, q, sizes, **out)),
-    }
+
+    def check(label, got):
+        diff = jnp.max(jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32)))
+        print(f"{label}: max |out - xla| / max |xla| = {float(diff / jnp.max(jnp.abs(ref))):.3e}", flush=True)
+
+    calls = {"bf16 auto": jax.jit(lambda a: grouped_matmul(a, w, sizes, **out))}
+    return args, lhs, sizes, q, as_bytes(q.data), check, calls
+
+
+def patched_variants(attribute: str, variants: dict, name: str):
+    """A/B of `_mxfp4.<attribute>` (a PTX string, a decoding function): the kernel in 256-row tiles, 4 stages, traced
+    with each of `variants` ({label: value}) in turn, checked against XLA and timed beside bf16 `auto` at the MoE
+    shape (`moe_run`'s command line); the results go to `<out>/<name>.json`."""
+    args, lhs, sizes, q, codes, check, calls = moe_run(argparse.ArgumentParser())
+    tiling = MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
+    for label, value in variants.items():
+        fn = jax.jit(lambda a: mxfp4_gmm(a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling))
+        today = getattr(_mxfp4, attribute)
+        setattr(_mxfp4, attribute, value)
+        check(label, fn(lhs))  # (traced and compiled with this variant)
+        setattr(_mxfp4, attribute, today)
+        calls[label] = fn
+    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, name)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tiles", default="256x4", help="bm x stages, comma-separated (j: in_ptx=False)")
+    args, lhs, sizes, q, codes, check, calls = moe_run(p)
+    calls["mxfp4 auto (today)"] = jax.jit(lambda a: grouped_matmul(a, q, sizes, preferred_element_type=jnp.bfloat16))
     for spec in args.tiles.split(","):
         bm, stages = map(int, spec.rstrip("j").split("x"))
         tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, stages, num_sms())
@@ -78,9 +104,7 @@ def main():
         except Exception as err:  # a tiling that does not compile: reported, the others timed
             print(f"mosaic {spec}: {type(err).__name__}: {str(err)[:600]}", flush=True)
             continue
-        diff = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))
-        rel = float(jnp.max(diff) / jnp.max(jnp.abs(ref.astype(jnp.float32))))
-        print(f"mosaic {spec}: max |out - xla| / max |xla| = {rel:.3e}", flush=True)
+        check(f"mosaic {spec}", got)
         calls[f"mosaic {spec}"] = fn
     report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, "s39_mxfp4")
 

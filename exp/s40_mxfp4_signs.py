@@ -6,17 +6,9 @@ code bytes (checked in Python); the run checks them against XLA.
     python exp/s40_mxfp4_signs.py --out $OUT
 """
 
-import argparse
-import functools
+from s39_mxfp4 import patched_variants
 
-import jax
-import jax.numpy as jnp
-from s39_mxfp4 import moe_case, report
-
-from ejkernel.kernels._common.code_bits import as_bytes
-from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
-from ejkernel.modules import grouped_matmul
 
 SESSION_39_WORDS_PTX = """{
 .reg .b32 sel, lo, hi, lb, hb, w0, w1, t, f;
@@ -44,28 +36,11 @@ mul.rn.bf16x2 $1, w1, f;
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="32768,4096,1536,64")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default="out")
-    args = p.parse_args()
-    lhs, w, sizes, q = moe_case(args.shape)
-    codes = as_bytes(q.data)
-    dense = q.dequantize().astype(jnp.bfloat16)
-    out = dict(preferred_element_type=jnp.bfloat16)
-    ref = jax.jit(lambda a: grouped_matmul(a, dense, sizes, transpose_rhs=True, platform="xla", **out))(lhs)
-    tiling = _mxfp4.MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
-    kernel = lambda a: _mxfp4.mxfp4_gmm(a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling)
-    calls = {"bf16 auto": jax.jit(lambda a: grouped_matmul(a, w, sizes, **out))}
-    for name, ptx in (("signs in high bytes", _mxfp4._WORDS_PTX), ("signs in words (s39)", SESSION_39_WORDS_PTX)):
-        fn = jax.jit(lambda a: kernel(a))
-        _mxfp4._WORDS_PTX, today = ptx, _mxfp4._WORDS_PTX
-        got = fn(lhs).block_until_ready()  # (traced and compiled with this PTX)
-        _mxfp4._WORDS_PTX = today
-        rel = float(jnp.max(jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))))
-        print(f"{name}: max |out - xla| = {rel:.3e}", flush=True)
-        calls[name] = fn
-    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, "s40_mxfp4_signs")
+    patched_variants(
+        "_WORDS_PTX",
+        {"signs in high bytes": _mxfp4._WORDS_PTX, "signs in words (s39)": SESSION_39_WORDS_PTX},
+        "s40_mxfp4_signs",
+    )
 
 
 if __name__ == "__main__":

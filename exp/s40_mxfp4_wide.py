@@ -11,23 +11,15 @@ the checks were not kept). Not yet run on a GPU.
     python exp/s40_mxfp4_wide.py --out $OUT       (beside the kernel as it is, and bf16; checked against XLA)
 """
 
-import argparse
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
-from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm, vector
-from s39_mxfp4 import moe_case, report
+from s39_mxfp4 import patched_variants
 
-from ejkernel.kernels._common.code_bits import as_bytes
-from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
-from ejkernel.modules import grouped_matmul
 
 _HALF = """and.b32 sel, {codes}, 0x7777;
 prmt.b32 lb, l0, l4, sel;
@@ -62,17 +54,8 @@ def register_operand_wide(codes_smem, scales_smem):
         return_type=plgpu.ShapeDtypeStruct((rows, _mxfp4.STEP), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
     )
     def assemble(_, codes, factor):
-        i4, i32 = ir.IntegerType.get_signless(4), ir.IntegerType.get_signless(32)
-        as_nibbles = lambda register: mgpu.utils.bitcast(register, ir.VectorType.get((8,), i4))
-        pairs = (
-            mgpu.FragmentedArray(
-                _registers=np.vectorize(as_nibbles, otypes=[object])(codes.registers),
-                _layout=fa.WGMMA_LAYOUT_UPCAST_4X,
-                _is_signed=False,
-            )
-            .to_layout(mgpu.WGMMA_LAYOUT)
-            .registers
-        )
+        i32 = ir.IntegerType.get_signless(32)
+        pairs = _mxfp4.code_pairs(codes)
         first = lambda v: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
         bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
         out_type = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
@@ -91,28 +74,11 @@ def register_operand_wide(codes_smem, scales_smem):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="32768,4096,1536,64")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default="out")
-    args = p.parse_args()
-    lhs, w, sizes, q = moe_case(args.shape)
-    codes = as_bytes(q.data)
-    dense = q.dequantize().astype(jnp.bfloat16)
-    out = dict(preferred_element_type=jnp.bfloat16)
-    ref = jax.jit(lambda a: grouped_matmul(a, dense, sizes, transpose_rhs=True, platform="xla", **out))(lhs)
-    tiling = _mxfp4.MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
-    kernel = lambda a: _mxfp4.mxfp4_gmm(a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling)
-    calls = {"bf16 auto": jax.jit(lambda a: grouped_matmul(a, w, sizes, **out))}
-    for name, operand in (("two bytes a PTX call", _mxfp4._register_operand), ("four bytes", register_operand_wide)):
-        fn = jax.jit(lambda a: kernel(a))
-        _mxfp4._register_operand, today = operand, _mxfp4._register_operand
-        got = fn(lhs).block_until_ready()  # (traced and compiled with this decoding)
-        _mxfp4._register_operand = today
-        diff = float(jnp.max(jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))))
-        print(f"{name}: max |out - xla| = {diff:.3e}", flush=True)
-        calls[name] = fn
-    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, "s40_mxfp4_wide")
+    patched_variants(
+        "_register_operand",
+        {"two bytes a PTX call": _mxfp4._register_operand, "four bytes": register_operand_wide},
+        "s40_mxfp4_wide",
+    )
 
 
 if __name__ == "__main__":

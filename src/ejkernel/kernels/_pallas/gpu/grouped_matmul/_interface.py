@@ -54,7 +54,6 @@ PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
 ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
 FP8 = jnp.dtype(jnp.float8_e4m3fn)
 FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
-MXFP4_STEP = 64  # the MXFP4 forward's K step
 # (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
 # 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`). Measured on an H200 at
 # M 32768, K 4096, N 1536, 64 groups, on spans (the default; `exp/s32_fp8spans.py`, lhs rounded in 0.106 ms):
@@ -350,10 +349,12 @@ def check_served_mxfp4(lhs, rhs, group_offset, existing_out, options: dict) -> N
     if jnp.dtype(lhs.dtype) != jnp.bfloat16:
         raise NotImplementedError(f"{WHO}: MXFP4 weights take bfloat16 lhs, got {lhs.dtype}")
     if lhs.ndim == 2 and getattr(rhs.data, "ndim", 0) == 3:  # (other shapes: the shared checks' errors)
+        from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import BLOCK_N, STEP
+
         k, n = lhs.shape[1], rhs.data.shape[1]
-        if k % MXFP4_STEP or n % 128:
+        if k % STEP or n % BLOCK_N:
             raise NotImplementedError(
-                f"{WHO}: MXFP4 weights need K in steps of {MXFP4_STEP} and N of 128, got {k}, {n}"
+                f"{WHO}: MXFP4 weights need K in steps of {STEP} and N of {BLOCK_N}, got {k}, {n}"
             )
     check_out_dtype(options)
 

@@ -156,9 +156,24 @@ def _factors(scales_smem, rows):
     return jnp.concatenate([lax.broadcast_in_dim(f, (rows, GROUP), [0]) for f in groups], axis=1)
 
 
+def code_pairs(codes):
+    """Inside `inline_mgpu`: `codes` (uint8 `[rows, STEP / 2]`, `WGMMA_8BIT` layout: four bytes a thread) relaid
+    out as the registers of a bf16 `[rows, STEP]` WGMMA-layout tile, each holding the code byte (two 4-bit codes) of
+    that register's bf16 pair. (Four bytes a thread are, nibble for nibble, the 4-bit `WGMMA_UPCAST_4X` layout, so
+    Mosaic GPU's 4-bit relayout does it: two shuffles.)"""
+    i4 = ir.IntegerType.get_signless(4)
+    as_nibbles = lambda register: mgpu.utils.bitcast(register, ir.VectorType.get((8,), i4))
+    nibbles = mgpu.FragmentedArray(
+        _registers=np.vectorize(as_nibbles, otypes=[object])(codes.registers),
+        _layout=fa.WGMMA_LAYOUT_UPCAST_4X,
+        _is_signed=False,
+    )
+    return nibbles.to_layout(mgpu.WGMMA_LAYOUT).registers
+
+
 def _register_operand(codes_smem, scales_smem):
     """bf16 `[rows, STEP]` in the WGMMA layout (wgmma's A in registers): the step's codes `codes_smem [rows, STEP / 2]`
-    decoded and scaled in PTX (`_table_words`), from code bytes relaid out as 4-bit codes (see the module)."""
+    decoded and scaled in PTX (`_table_words`) from the bytes of `code_pairs`."""
     codes = plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_8BIT)
     rows = codes.shape[0]
 
@@ -167,17 +182,8 @@ def _register_operand(codes_smem, scales_smem):
         return_type=plgpu.ShapeDtypeStruct((rows, STEP), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
     )
     def assemble(_, codes, factor):
-        i4, i8, i32 = (ir.IntegerType.get_signless(b) for b in (4, 8, 32))
-        as_nibbles = lambda register: mgpu.utils.bitcast(register, ir.VectorType.get((8,), i4))
-        pairs = (
-            mgpu.FragmentedArray(
-                _registers=np.vectorize(as_nibbles, otypes=[object])(codes.registers),
-                _layout=fa.WGMMA_LAYOUT_UPCAST_4X,
-                _is_signed=False,
-            )
-            .to_layout(mgpu.WGMMA_LAYOUT)
-            .registers
-        )  # a code byte each: the two codes of one bf16 pair of the A tile
+        i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
+        pairs = code_pairs(codes)
         first = lambda v, i=0: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
         bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
         registers = np.empty(pairs.shape, dtype=object)
