@@ -10,9 +10,10 @@ multiplies them by the span's `block_m` lhs rows (wgmma's N, up to 256) read fro
 - Codes reach wgmma's register layout without a table: a warpgroup's `[64, STEP / 2]` code bytes are loaded four
   bytes a thread (`WGMMA_8BIT`), which is, nibble for nibble, the 4-bit `WGMMA_UPCAST_4X` layout of `[64, STEP]`
   codes; Mosaic GPU's 4-bit relayout (two shuffles) then gives each thread the code byte of each of its bf16 pairs.
-- Two such bytes become two 32-bit words (four bf16 values) in PTX (`_WORDS_PTX`): the codes' bf16 magnitudes looked
-  up in two byte tables by `prmt`, interleaved, signed, and multiplied by the group's `2^e`, an exact product
-  rounded once: the reference's float32 value rounded to bf16, as the reference rounds its dequantized weights.
+- Each register of four such bytes (eight codes of one scale group) becomes four 32-bit words (eight bf16 values) in
+  PTX (`_WORDS_PTX`): the codes' bf16 magnitudes looked up in two byte tables by `prmt`, interleaved, signed, and
+  multiplied by the group's `2^e`, an exact product rounded once: the reference's float32 value rounded to bf16, as
+  the reference rounds its dequantized weights.
 - Step s + 1 is decoded while step s's wgmma runs; step s's registers are kept live until its wgmma is done (an
   optimization barrier), so that the decode never reuses the registers wgmma still reads.
 - The warpgroups share nothing but the ring slot: no decoded tile in shared memory, no barrier between them. Per
@@ -33,6 +34,8 @@ dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgm
 each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
 (`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
 the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
+Decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before, took 0.963
+ms against 0.978 (session 41).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, llvm, vector
+from jaxlib.mlir.dialects import llvm, vector
 
 from ejkernel.kernels._common.code_bits import e2m1, pow2
 from ejkernel.kernels._pallas.gpu._stores import store_rows
@@ -114,40 +117,45 @@ def _magnitude_tables() -> dict[str, str]:
     return {"low0": word(low[:4]), "low4": word(low[4:]), "high0": word(high[:4]), "high4": word(high[4:])}
 
 
-# Two decoded words from the two code bytes of a register (`$2`, codes n0..n3 in its nibbles, low first), in PTX:
-# each code's bf16 magnitude from the two byte tables (`prmt` on the codes' three low bits); each code's sign bit
-# (bit 3 of its nibble) set in its high byte: the code bytes spread to (b0, b0, b1, b1) hold the signs of n1 and n3
-# at bits 15 and 31 already, those of n0 and n2 four bits below bits 7 and 23; then the bytes interleaved into words
-# (n0, n1) and (n2, n3), both times the group's `2^e` (`$3`, as a bf16 pair: an exact product, rounded once as the
-# reference rounds its float32 value to bf16).
-_WORDS_PTX = """{{
-.reg .b32 sel, lo, hi, lb, hb, x, t, f;
-and.b32 sel, $2, 0x7777;
-mov.b32 lo, {low0};
-mov.b32 hi, {low4};
-prmt.b32 lb, lo, hi, sel;
-mov.b32 lo, {high0};
-mov.b32 hi, {high4};
-prmt.b32 hb, lo, hi, sel;
-prmt.b32 x, $2, $2, 0x1100;
+# Four decoded words from one relaid-out register's four code bytes (`$4`: codes n0..n7 in its nibbles, low first;
+# the bytes of four consecutive 8-column blocks, one scale group), in PTX, one half (two bytes, `{codes}`'s low half)
+# at a time: each code's bf16 magnitude from the two byte tables (`prmt` on the codes' three low bits); each code's
+# sign bit (bit 3 of its nibble) set in its high byte: the two bytes spread to (b0, b0, b1, b1) hold the signs of
+# the odd codes at bits 15 and 31 already, those of the even codes four bits below bits 7 and 23; then the bytes
+# interleaved into words of two codes, each times the group's `2^e` (`$5`, made a bf16 pair once: an exact product,
+# rounded once as the reference rounds its float32 value to bf16). 24 instructions for eight codes, besides the
+# tables' moves.
+_HALF_PTX = """and.b32 sel, {codes}, 0x7777;
+prmt.b32 lb, l0, l4, sel;
+prmt.b32 hb, h0, h4, sel;
+prmt.b32 x, $4, $4, {spread};
 shl.b32 t, x, 4;
 lop3.b32 t, t, x, 0x00800080, 0xe4;
 lop3.b32 hb, hb, t, 0x80808080, 0xf8;
-prmt.b32 lo, lb, hb, 0x5140;
-prmt.b32 hi, lb, hb, 0x7362;
-cvt.rn.bf16x2.f32 f, $3, $3;
-mul.rn.bf16x2 $0, lo, f;
-mul.rn.bf16x2 $1, hi, f;
-}}""".format(**_magnitude_tables())
+prmt.b32 t, lb, hb, 0x5140;
+mul.rn.bf16x2 ${first}, t, f;
+prmt.b32 t, lb, hb, 0x7362;
+mul.rn.bf16x2 ${second}, t, f;
+"""
+_WORDS_PTX = (
+    "{{\n.reg .b32 sel, l0, l4, h0, h4, lb, hb, x, t, f, c;\n"
+    "mov.b32 l0, {low0};\nmov.b32 l4, {low4};\nmov.b32 h0, {high0};\nmov.b32 h4, {high4};\n"
+    "cvt.rn.bf16x2.f32 f, $5, $5;\n".format(**_magnitude_tables())
+    + _HALF_PTX.format(codes="$4", spread="0x1100", first=0, second=1)
+    + "shr.b32 c, $4, 16;\n"
+    + _HALF_PTX.format(codes="c", spread="0x3322", first=2, second=3)
+    + "}"
+)
 
 
-def _table_words(both, scale):
-    """`vector<2 x i32>`: the two decoded words of one register's two code bytes (`both`, i32) and their group's
-    `2^e` (`scale`, f32), by `_WORDS_PTX`."""
+def _table_words(codes, scale):
+    """The four decoded words (i32 each) of one register's four code bytes (`codes`, i32) and their group's `2^e`
+    (`scale`, f32), by `_WORDS_PTX`."""
     i32 = ir.IntegerType.get_signless(32)
-    words = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), [both, scale], _WORDS_PTX, "=r,=r,r,f")
-    one = ir.VectorType.get((1,), i32)
-    return mgpu.utils.vector_concat([mgpu.utils.bitcast(llvm.extractvalue(i32, words, [i]), one) for i in range(2)])
+    words = llvm.inline_asm(
+        ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [codes, scale], _WORDS_PTX, "=r,=r,=r,=r,r,f"
+    )
+    return [llvm.extractvalue(i32, words, [i]) for i in range(4)]
 
 
 def _factors(scales_smem, rows):
@@ -182,21 +190,18 @@ def _register_operand(codes_smem, scales_smem):
         return_type=plgpu.ShapeDtypeStruct((rows, STEP), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
     )
     def assemble(_, codes, factor):
-        i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
+        i32 = ir.IntegerType.get_signless(32)
         pairs = code_pairs(codes)
-        first = lambda v, i=0: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
+        first = lambda v: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
         bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
         registers = np.empty(pairs.shape, dtype=object)
         for index in np.ndindex(pairs.shape):
-            if index[1] % 2:  # (axis 1: the 8-column blocks; blocks 2t and 2t + 1 share a scale group)
+            if index[1] % 4:  # (axis 1: the 8-column blocks; blocks 4t .. 4t + 3 share a scale group)
                 continue
-            both = (index, (index[0], index[1] + 1, *index[2:]))
-            low, high = (arith.extui(i32, mgpu.utils.bitcast(pairs[i], i8)) for i in both)
-            words = _table_words(
-                arith.ori(low, arith.shli(high, arith.constant(i32, 8))), first(factor.registers[index])
-            )
-            for w, i in enumerate(both):
-                registers[i] = mgpu.utils.bitcast(first(words, w), bf16_pair)
+            four = [(index[0], index[1] + i, *index[2:]) for i in range(4)]
+            codes = mgpu.utils.bitcast(mgpu.utils.vector_concat([pairs[i] for i in four]), i32)
+            for word, i in zip(_table_words(codes, first(factor.registers[index])), four, strict=True):
+                registers[i] = mgpu.utils.bitcast(word, bf16_pair)
         return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
     return assemble(codes, _factors(scales_smem, rows))
