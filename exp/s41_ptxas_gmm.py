@@ -37,7 +37,7 @@ DUMP = pathlib.Path(os.environ["MOSAIC_GPU_DUMP_TO"])
 def compiled(label: str, call, out: pathlib.Path | None = None):
     """Runs `call` once (compiling it) and reports what ptxas said of the kernels it compiled; with `out`, their dumps
     are copied there gzipped."""
-    before = set(DUMP.iterdir()) if DUMP.exists() else set()
+    before = set(DUMP.iterdir())
     try:
         jax.block_until_ready(call())
     except Exception as err:  # (the others still run)
@@ -60,6 +60,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="out")
     args = p.parse_args()
+    DUMP.mkdir(parents=True, exist_ok=True)  # (Mosaic GPU prints to stdout where the folder is missing)
     lhs, w, sizes, q = moe_case("32768,4096,1536,64")
     tiling = MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
     mx = jax.jit(lambda a: mxfp4_gmm(a, as_bytes(q.data), q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling))
