@@ -1,0 +1,349 @@
+"""(Session 41: `_mxfp4.py` as it stood before its scales came in bf16, for `exp/s41_mxfp4_scales.py`'s A/B.)
+
+The MXFP4-weights grouped matmul forward in Pallas Mosaic GPU (Hopper): the codes decoded into wgmma's A registers.
+
+The weights come as gpt-oss ships them, `[L, N, K]` E2M1 codes two a byte (`quantize_array(w, mode="mxfp4",
+axis="row")`: each row of N holds its K codes, low nibble first) with a power-of-two scale per 32 codes along K
+(`2^e`, e the byte as two's complement). Hopper has no conversion from E2M1, but wgmma takes a 16-bit A operand from
+registers. So the product is computed transposed ("swap AB"), `outᵀ = W · lhsᵀ`: each compute warpgroup owns 64
+weight rows (output columns) of a 128-column tile, decodes its `[64, STEP]` codes of each step in registers and
+multiplies them by the span's `block_m` lhs rows (wgmma's N, up to 256) read from the ring slot as they landed.
+
+- Codes reach wgmma's register layout without a table: a warpgroup's `[64, STEP / 2]` code bytes are loaded four
+  bytes a thread (`WGMMA_8BIT`), which is, nibble for nibble, the 4-bit `WGMMA_UPCAST_4X` layout of `[64, STEP]`
+  codes; Mosaic GPU's 4-bit relayout (two shuffles) then gives each thread the code byte of each of its bf16 pairs.
+- Each register of four such bytes (eight codes of one scale group) becomes four 32-bit words (eight bf16 values) in
+  PTX (`_WORDS_PTX`): the codes' bf16 magnitudes looked up in two byte tables by `prmt`, interleaved, signed, and
+  multiplied by the group's `2^e`, an exact product rounded once: the reference's float32 value rounded to bf16, as
+  the reference rounds its dequantized weights.
+- Step s + 1 is decoded while step s's wgmma runs; step s's registers are kept live until its wgmma is done (an
+  optimization barrier), so that the decode never reuses the registers wgmma still reads.
+- The warpgroups share nothing but the ring slot: no decoded tile in shared memory, no barrier between them. Per
+  step a CTA's products read 64 KB of shared memory (both warpgroups read the same lhs tile).
+- The `[64, block_m]` float32 tile is stored transposed into the warpgroup's untiled `[block_m, 64]` output tile,
+  whose rows of the span go out by TMA (`store_rows`).
+
+Interpret mode runs no PTX: there the codes are decoded in jnp ops (`_decoded_values`), so that CPU tests check the
+schedule, the barriers and the arithmetic.
+
+The schedule is `_kernel.gmm`'s spans (`_kernel.ForwardWalk`): persistent CTAs, a memory warpgroup streaming each
+step's lhs tile, code tile and scale bytes (transposed to `[L, K / 32, N]` beforehand, so that a step's scales are
+one TMA box) into a ring of `stages` slots.
+
+Measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups), in the same runs as our bf16 grouped matmul
+(0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
+dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgmma's B instead (both warpgroups sharing
+each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
+(`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
+the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
+Decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before, took 0.963
+ms against 0.978 (session 41).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import llvm, vector
+
+from ejkernel.kernels._common.code_bits import e2m1, pow2
+from ejkernel.kernels._pallas.gpu._stores import store_rows
+from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
+    COMPUTE_WGS,
+    SMEM_BUDGET,
+    ForwardWalk,
+    Ring,
+    compute_units,
+    forward_schedule,
+    launch,
+    on_compute_warpgroups,
+    pad_rows,
+    swizzled,
+)
+
+STEP = 64  # K per step: two scale groups; a row of 128 bytes of lhs (the 128-byte swizzle)
+GROUP = 32  # codes per scale (MX formats)
+WG_COLS = 64  # weight rows (output columns) a compute warpgroup owns: its wgmma's M
+BLOCK_N = COMPUTE_WGS * WG_COLS  # output columns of a tile
+ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuMxfp4GroupedMatmulTiling:
+    """The MXFP4 forward's tiles (hashable): `block_m` output rows (wgmma's N: a multiple of 8 up to 256), `stages`
+    ring slots, `num_ctas` persistent CTAs. A tile has `BLOCK_N` columns; the contraction step is `STEP`."""
+
+    block_m: int
+    stages: int
+    num_ctas: int
+
+    pingpong = False
+    spans = True
+
+    def smem_bytes(self, x_dtype, out_dtype) -> int:
+        """Per slot the lhs tile, the code tile and the scale bytes; per warpgroup its `[block_m, WG_COLS]` output."""
+        slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + STEP // GROUP * BLOCK_N
+        return self.stages * slot + COMPUTE_WGS * self.block_m * WG_COLS * jnp.dtype(out_dtype).itemsize
+
+
+def fit_smem(t: MosaicGpuMxfp4GroupedMatmulTiling, x_dtype, out_dtype) -> MosaicGpuMxfp4GroupedMatmulTiling:
+    """`t` with as many of its stages (down to 2) as shared memory holds."""
+    for stages in range(t.stages, 1, -1):
+        fitted = dataclasses.replace(t, stages=stages)
+        if fitted.smem_bytes(x_dtype, out_dtype) <= SMEM_BUDGET:
+            return fitted
+    raise NotImplementedError(f"mosaic gpu grouped_matmul: MXFP4 tiles {t} do not fit shared memory")
+
+
+def step_scales(scales):
+    """The weights' scale bytes `[L, N, K / 32]` as the kernel streams them: `[L, K / 32, N]` (a step's scales of a
+    column tile are one TMA box)."""
+    return jnp.swapaxes(scales, 1, 2)
+
+
+def _magnitude_tables() -> dict[str, str]:
+    """`prmt`'s byte tables of the bf16 magnitudes of E2M1 codes 0-7 (0, 0.5, 1, 1.5, 2, 3, 4, 6, from JAX's
+    `float4_e2m1fn`): their low bytes in `low0` (codes 0-3) and `low4` (4-7), their high bytes in `high0`, `high4`."""
+    bits = np.arange(8, dtype=np.uint8).view(jnp.float4_e2m1fn).astype(jnp.bfloat16).view(np.uint16)
+    word = lambda table: f"0x{int.from_bytes(table.astype(np.uint8).tobytes(), 'little'):08X}"
+    low, high = bits & 0xFF, bits >> 8
+    return {"low0": word(low[:4]), "low4": word(low[4:]), "high0": word(high[:4]), "high4": word(high[4:])}
+
+
+# Four decoded words from one relaid-out register's four code bytes (`$4`: codes n0..n7 in its nibbles, low first;
+# the bytes of four consecutive 8-column blocks, one scale group), in PTX, one half (two bytes, `{codes}`'s low half)
+# at a time: each code's bf16 magnitude from the two byte tables (`prmt` on the codes' three low bits); each code's
+# sign bit (bit 3 of its nibble) set in its high byte: the two bytes spread to (b0, b0, b1, b1) hold the signs of
+# the odd codes at bits 15 and 31 already, those of the even codes four bits below bits 7 and 23; then the bytes
+# interleaved into words of two codes, each times the group's `2^e` (`$5`, made a bf16 pair once: an exact product,
+# rounded once as the reference rounds its float32 value to bf16). 24 instructions for eight codes, besides the
+# tables' moves.
+_HALF_PTX = """and.b32 sel, {codes}, 0x7777;
+prmt.b32 lb, l0, l4, sel;
+prmt.b32 hb, h0, h4, sel;
+prmt.b32 x, $4, $4, {spread};
+shl.b32 t, x, 4;
+lop3.b32 t, t, x, 0x00800080, 0xe4;
+lop3.b32 hb, hb, t, 0x80808080, 0xf8;
+prmt.b32 t, lb, hb, 0x5140;
+mul.rn.bf16x2 ${first}, t, f;
+prmt.b32 t, lb, hb, 0x7362;
+mul.rn.bf16x2 ${second}, t, f;
+"""
+_WORDS_PTX = (
+    "{{\n.reg .b32 sel, l0, l4, h0, h4, lb, hb, x, t, f, c;\n"
+    "mov.b32 l0, {low0};\nmov.b32 l4, {low4};\nmov.b32 h0, {high0};\nmov.b32 h4, {high4};\n"
+    "cvt.rn.bf16x2.f32 f, $5, $5;\n".format(**_magnitude_tables())
+    + _HALF_PTX.format(codes="$4", spread="0x1100", first=0, second=1)
+    + "shr.b32 c, $4, 16;\n"
+    + _HALF_PTX.format(codes="c", spread="0x3322", first=2, second=3)
+    + "}"
+)
+
+
+def _table_words(codes, scale):
+    """The four decoded words (i32 each) of one register's four code bytes (`codes`, i32) and their group's `2^e`
+    (`scale`, f32), by `_WORDS_PTX`."""
+    i32 = ir.IntegerType.get_signless(32)
+    words = llvm.inline_asm(
+        ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [codes, scale], _WORDS_PTX, "=r,=r,=r,=r,r,f"
+    )
+    return [llvm.extractvalue(i32, words, [i]) for i in range(4)]
+
+
+def _factors(scales_smem, rows):
+    """float32 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
+    groups = [pow2(plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT).astype(jnp.int32)) for j in range(STEP // GROUP)]
+    return jnp.concatenate([lax.broadcast_in_dim(f, (rows, GROUP), [0]) for f in groups], axis=1)
+
+
+def code_pairs(codes):
+    """Inside `inline_mgpu`: `codes` (uint8 `[rows, STEP / 2]`, `WGMMA_8BIT` layout: four bytes a thread) relaid
+    out as the registers of a bf16 `[rows, STEP]` WGMMA-layout tile, each holding the code byte (two 4-bit codes) of
+    that register's bf16 pair. (Four bytes a thread are, nibble for nibble, the 4-bit `WGMMA_UPCAST_4X` layout, so
+    Mosaic GPU's 4-bit relayout does it: two shuffles.)"""
+    i4 = ir.IntegerType.get_signless(4)
+    as_nibbles = lambda register: mgpu.utils.bitcast(register, ir.VectorType.get((8,), i4))
+    nibbles = mgpu.FragmentedArray(
+        _registers=np.vectorize(as_nibbles, otypes=[object])(codes.registers),
+        _layout=fa.WGMMA_LAYOUT_UPCAST_4X,
+        _is_signed=False,
+    )
+    return nibbles.to_layout(mgpu.WGMMA_LAYOUT).registers
+
+
+def _register_operand(codes_smem, scales_smem):
+    """bf16 `[rows, STEP]` in the WGMMA layout (wgmma's A in registers): the step's codes `codes_smem [rows, STEP / 2]`
+    decoded and scaled in PTX (`_table_words`) from the bytes of `code_pairs`."""
+    codes = plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_8BIT)
+    rows = codes.shape[0]
+
+    @plgpu.inline_mgpu(
+        arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.Layout.WGMMA),
+        return_type=plgpu.ShapeDtypeStruct((rows, STEP), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
+    )
+    def assemble(_, codes, factor):
+        i32 = ir.IntegerType.get_signless(32)
+        pairs = code_pairs(codes)
+        first = lambda v: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
+        bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
+        registers = np.empty(pairs.shape, dtype=object)
+        for index in np.ndindex(pairs.shape):
+            if index[1] % 4:  # (axis 1: the 8-column blocks; blocks 4t .. 4t + 3 share a scale group)
+                continue
+            four = [(index[0], index[1] + i, *index[2:]) for i in range(4)]
+            codes = mgpu.utils.bitcast(mgpu.utils.vector_concat([pairs[i] for i in four]), i32)
+            for word, i in zip(_table_words(codes, first(factor.registers[index])), four, strict=True):
+                registers[i] = mgpu.utils.bitcast(word, bf16_pair)
+        return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+    return assemble(codes, _factors(scales_smem, rows))
+
+
+def _store_transposed(value, ref):
+    """`ref[...] = value.T` for a WGMMA-layout `value` into the untiled `ref`: relaid out so that each thread's vector
+    of two runs down `value`'s columns (`WGMMA_TRANSPOSED`, one shuffle), which are `ref`'s rows. (Written in Mosaic
+    GPU: JAX 0.12's layout inference finds no layout for the same store through `ref.transpose((1, 0))`.)"""
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
+    def store(_, value, ref):
+        transposed = value.to_layout(fa.WGMMA_TRANSPOSED_LAYOUT)
+        transposed.store_untiled(mgpu.utils.memref_transpose(ref, (1, 0)), optimized=False)
+
+    store(value, ref)
+
+
+def _decoded_values(codes_smem, scales_smem, dtype):
+    """`_register_operand` in jnp ops (`code_bits.e2m1`), as `dtype`, for interpret mode (which runs no PTX)."""
+    b = codes_smem[...].astype(jnp.int32)
+    rows = b.shape[0]
+    values = jnp.stack([e2m1(b & 0xF), e2m1(b >> 4)], axis=-1).reshape(rows, STEP)
+    return (values * _factors(scales_smem, rows)).astype(dtype)
+
+
+def mxfp4_gmm(
+    lhs,
+    codes,
+    scales,
+    group_sizes,
+    group_offset,
+    *,
+    out_dtype,
+    tiling: MosaicGpuMxfp4GroupedMatmulTiling,
+    in_ptx: bool = True,
+):
+    """`out [M, N]`: each owned row of `lhs [M, K]` (16-bit) times its group's MXFP4 weights (`codes [L, N, K / 2]`
+    uint8, two codes a byte, low first; `scales [L, N, K / 32]` uint8 exponents), transposed; zeros on every other
+    row. K must be a multiple of `STEP`, N of `BLOCK_N`. `in_ptx`: the codes are decoded in PTX (bf16 lhs); False
+    for interpret mode (`_decoded_values`)."""
+    m, k = lhs.shape
+    num_local, n = codes.shape[:2]
+    t = fit_smem(tiling, lhs.dtype, out_dtype)
+    bm, stages = t.block_m, t.stages
+    shapes_ok = codes.shape[2] * 2 == k and scales.shape == (num_local, n, k // GROUP)
+    if k % STEP or n % BLOCK_N or bm % 8 or not 0 < bm <= 256 or not shapes_ok:
+        raise ValueError(
+            f"mxfp4 gmm: K={k} and N={n} must be multiples of {STEP} and {BLOCK_N}, block_m={bm} a multiple of 8 up "
+            f"to 256, codes [L, N, K/2] and scales [L, N, K/32], got {codes.shape} and {scales.shape}"
+        )
+    x = pad_rows(lhs, bm)
+    col_tiles, k_steps = n // BLOCK_N, k // STEP
+    schedule, row_units = forward_schedule(group_sizes, group_offset, num_local, m, bm, spans=True)
+    num_units = row_units * col_tiles
+    num_ctas = min(t.num_ctas, num_units)
+
+    def body(*refs):
+        schedule_refs, (lhs_ref, codes_ref, scales_ref, out_ref, smem, barriers) = (
+            refs[: len(schedule)],
+            refs[len(schedule) :],
+        )
+        a_smem, c_smem, s_smem, o_smem = smem
+        walk = ForwardWalk.start(
+            t, schedule_refs, barriers, num_units=num_units, num_ctas=num_ctas, col_tiles=col_tiles, k_steps=k_steps
+        )
+
+        def copies(row0, col, g, kk):
+            """Step kk's copies: the lhs rows from `row0` (a multiple of 8); group g's codes and scales of tile col."""
+            cols, ks = pl.ds(col * BLOCK_N, BLOCK_N), pl.ds(kk * STEP, STEP)
+            return [
+                (lhs_ref.at[pl.ds(row0, bm), ks], lambda slot: a_smem.at[slot]),
+                (codes_ref.at[g, cols, pl.ds(kk * (STEP // 2), STEP // 2)], lambda slot: c_smem.at[slot]),
+                (scales_ref.at[g, pl.ds(kk * (STEP // GROUP), STEP // GROUP), cols], lambda slot: s_smem.at[slot]),
+            ]
+
+        walk.feed(copies)
+
+        @on_compute_warpgroups
+        def _():
+            wg = lax.axis_index("wg")
+            ring, spans = walk.ring, walk.schedule
+            mine = pl.ds(wg * WG_COLS, WG_COLS)
+
+            def decode(step):
+                """Step `step`'s weight rows of this warpgroup, decoded to wgmma's A operand once its slot landed."""
+                slot = ring.slot(step)
+                plgpu.barrier_wait(ring.ready_at(slot))
+                codes, scales = c_smem.at[slot, mine], s_smem.at[slot, :, mine]
+                return _register_operand(codes, scales) if in_ptx else _decoded_values(codes, scales, lhs.dtype)
+
+            def product(step0):
+                """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`."""
+
+                def scope(acc_ref):
+                    def step(s, operand, decode_next: bool):
+                        slot = ring.slot(step0 + s)
+                        plgpu.wgmma(acc_ref, operand, a_smem.at[slot].transpose((1, 0)))
+                        following = decode(step0 + s + 1) if decode_next else None
+                        plgpu.wgmma_wait(0)
+                        if decode_next:  # step s's registers stay live (unreused by the decode) until its wgmma is done
+                            _, following = lax.optimization_barrier((operand, following))
+                        plgpu.barrier_arrive(ring.consumed.at[slot])
+                        return following
+
+                    last = lax.fori_loop(0, k_steps - 1, lambda s, operand: step(s, operand, True), decode(step0))
+                    step(k_steps - 1, last, False)
+                    return acc_ref[...]
+
+                return pl.run_scoped(scope, plgpu.ACC((WG_COLS, bm), jnp.float32))
+
+            def output_span(span, col, step):
+                """The span's rows of this warpgroup's columns: its product, or zeros for a span without a group."""
+                g, lo, hi, row0 = spans.group[span], spans.lo[span], spans.hi[span], spans.start[span]
+                out_tile = o_smem.at[wg]
+                dst = lambda row, rows: out_ref.at[pl.ds(row, rows), pl.ds(col * BLOCK_N + wg * WG_COLS, WG_COLS)]
+
+                def put(value_t):
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous stores have read out_tile
+                    if in_ptx:
+                        _store_transposed(value_t, out_tile)
+                    else:
+                        out_tile.transpose((1, 0))[...] = value_t
+                    plgpu.commit_smem()
+                    store_rows(out_tile, dst, row0, lo, hi)
+
+                pl.when(g >= 0)(lambda: put(product(step).astype(out_dtype)))
+                zeros = lambda: plgpu.layout_cast(jnp.zeros((WG_COLS, bm), out_dtype), plgpu.Layout.WGMMA)
+                pl.when(g < 0)(lambda: put(zeros()))
+
+            compute_units(walk.my_units, walk.unit_of, lambda span: spans.steps(span, k_steps), output_span, False)
+
+    scratch = (
+        (
+            swizzled((stages, bm, STEP), lhs.dtype),
+            swizzled((stages, BLOCK_N, STEP // 2), jnp.uint8),
+            plgpu.SMEM((stages, STEP // GROUP, BLOCK_N), jnp.uint8),
+            plgpu.SMEM((COMPUTE_WGS, bm, WG_COLS), out_dtype),
+        ),
+        Ring.barriers(t, 3),  # per step: the lhs rows, the codes, the scales
+    )
+    out_type = jax.ShapeDtypeStruct((m, n), out_dtype)  # (spans write rows [0, M) only)
+    return launch(body, out_type, scratch, num_ctas, *schedule, x, codes, step_scales(scales))
