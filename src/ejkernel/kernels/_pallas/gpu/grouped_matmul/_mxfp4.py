@@ -25,8 +25,8 @@ Interpret mode runs no PTX: there the codes are decoded in jnp ops (`_decoded_va
 schedule, the barriers and the arithmetic.
 
 The schedule is `_kernel.gmm`'s spans (`_kernel.ForwardWalk`): persistent CTAs, a memory warpgroup streaming each
-step's lhs tile, code tile and scale bytes (transposed to `[L, K / 32, N]` beforehand, so that a step's scales are
-one TMA box) into a ring of `stages` slots.
+step's lhs tile, code tile and scales (as bf16 `2^e`, transposed to `[L, K / 32, N]` beforehand, so that a step's
+scales are one TMA box) into a ring of `stages` slots.
 
 Measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups), in the same runs as our bf16 grouped matmul
 (0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
@@ -34,8 +34,9 @@ dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgm
 each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
 (`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
 the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
-Decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before, took 0.963
-ms against 0.978 (session 41).
+Session 41: decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before,
+took 0.963 ms against 0.978; streaming the scales as bf16 `2^e` (`step_scales`), where each exponent byte took about
+a dozen instructions in the kernel, 0.915 ms against 0.978 (0.80x bf16), bit for bit the same.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import llvm, vector
+from jaxlib.mlir.dialects import llvm
 
 from ejkernel.kernels._common.code_bits import e2m1, pow2
 from ejkernel.kernels._pallas.gpu._stores import store_rows
@@ -88,8 +89,8 @@ class MosaicGpuMxfp4GroupedMatmulTiling:
     spans = True
 
     def smem_bytes(self, x_dtype, out_dtype) -> int:
-        """Per slot the lhs tile, the code tile and the scale bytes; per warpgroup its `[block_m, WG_COLS]` output."""
-        slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + STEP // GROUP * BLOCK_N
+        """Per slot the lhs tile, the code tile and the scales; per warpgroup its `[block_m, WG_COLS]` output."""
+        slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + STEP // GROUP * BLOCK_N * 2
         return self.stages * slot + COMPUTE_WGS * self.block_m * WG_COLS * jnp.dtype(out_dtype).itemsize
 
 
@@ -103,9 +104,11 @@ def fit_smem(t: MosaicGpuMxfp4GroupedMatmulTiling, x_dtype, out_dtype) -> Mosaic
 
 
 def step_scales(scales):
-    """The weights' scale bytes `[L, N, K / 32]` as the kernel streams them: `[L, K / 32, N]` (a step's scales of a
-    column tile are one TMA box)."""
-    return jnp.swapaxes(scales, 1, 2)
+    """The weights' scale bytes `[L, N, K / 32]` as the kernel streams them: each `2^e` as bfloat16 (exact: every
+    power of two of an int8 exponent is a bf16 value, 2^-127 and 2^-128 subnormal), `[L, K / 32, N]` (a step's
+    scales of a column tile are one TMA box). In registers a bf16 pair of one row is then the PTX's factor as
+    loaded, where an exponent byte took a dozen instructions to become one."""
+    return jnp.swapaxes(pow2(scales.astype(jnp.int32)).astype(jnp.bfloat16), 1, 2)
 
 
 def _magnitude_tables() -> dict[str, str]:
@@ -122,9 +125,8 @@ def _magnitude_tables() -> dict[str, str]:
 # at a time: each code's bf16 magnitude from the two byte tables (`prmt` on the codes' three low bits); each code's
 # sign bit (bit 3 of its nibble) set in its high byte: the two bytes spread to (b0, b0, b1, b1) hold the signs of
 # the odd codes at bits 15 and 31 already, those of the even codes four bits below bits 7 and 23; then the bytes
-# interleaved into words of two codes, each times the group's `2^e` (`$5`, made a bf16 pair once: an exact product,
-# rounded once as the reference rounds its float32 value to bf16). 24 instructions for eight codes, besides the
-# tables' moves.
+# interleaved into words of two codes, each times the group's `2^e` (`$5`, a bf16 pair: an exact product, rounded
+# once as the reference rounds its float32 value to bf16). 23 instructions for eight codes, besides the tables' moves.
 _HALF_PTX = """and.b32 sel, {codes}, 0x7777;
 prmt.b32 lb, l0, l4, sel;
 prmt.b32 hb, h0, h4, sel;
@@ -133,14 +135,15 @@ shl.b32 t, x, 4;
 lop3.b32 t, t, x, 0x00800080, 0xe4;
 lop3.b32 hb, hb, t, 0x80808080, 0xf8;
 prmt.b32 t, lb, hb, 0x5140;
-mul.rn.bf16x2 ${first}, t, f;
+mul.rn.bf16x2 ${first}, t, $5;
 prmt.b32 t, lb, hb, 0x7362;
-mul.rn.bf16x2 ${second}, t, f;
+mul.rn.bf16x2 ${second}, t, $5;
 """
 _WORDS_PTX = (
-    "{{\n.reg .b32 sel, l0, l4, h0, h4, lb, hb, x, t, f, c;\n"
-    "mov.b32 l0, {low0};\nmov.b32 l4, {low4};\nmov.b32 h0, {high0};\nmov.b32 h4, {high4};\n"
-    "cvt.rn.bf16x2.f32 f, $5, $5;\n".format(**_magnitude_tables())
+    "{{\n.reg .b32 sel, l0, l4, h0, h4, lb, hb, x, t, c;\n"
+    "mov.b32 l0, {low0};\nmov.b32 l4, {low4};\nmov.b32 h0, {high0};\nmov.b32 h4, {high4};\n".format(
+        **_magnitude_tables()
+    )
     + _HALF_PTX.format(codes="$4", spread="0x1100", first=0, second=1)
     + "shr.b32 c, $4, 16;\n"
     + _HALF_PTX.format(codes="c", spread="0x3322", first=2, second=3)
@@ -150,17 +153,17 @@ _WORDS_PTX = (
 
 def _table_words(codes, scale):
     """The four decoded words (i32 each) of one register's four code bytes (`codes`, i32) and their group's `2^e`
-    (`scale`, f32), by `_WORDS_PTX`."""
+    (`scale`, i32: a bf16 pair), by `_WORDS_PTX`."""
     i32 = ir.IntegerType.get_signless(32)
     words = llvm.inline_asm(
-        ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [codes, scale], _WORDS_PTX, "=r,=r,=r,=r,r,f"
+        ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [codes, scale], _WORDS_PTX, "=r,=r,=r,=r,r,r"
     )
     return [llvm.extractvalue(i32, words, [i]) for i in range(4)]
 
 
 def _factors(scales_smem, rows):
-    """float32 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
-    groups = [pow2(plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT).astype(jnp.int32)) for j in range(STEP // GROUP)]
+    """bfloat16 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
+    groups = [plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT) for j in range(STEP // GROUP)]
     return jnp.concatenate([lax.broadcast_in_dim(f, (rows, GROUP), [0]) for f in groups], axis=1)
 
 
@@ -192,7 +195,6 @@ def _register_operand(codes_smem, scales_smem):
     def assemble(_, codes, factor):
         i32 = ir.IntegerType.get_signless(32)
         pairs = code_pairs(codes)
-        first = lambda v: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
         bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
         registers = np.empty(pairs.shape, dtype=object)
         for index in np.ndindex(pairs.shape):
@@ -200,7 +202,8 @@ def _register_operand(codes_smem, scales_smem):
                 continue
             four = [(index[0], index[1] + i, *index[2:]) for i in range(4)]
             codes = mgpu.utils.bitcast(mgpu.utils.vector_concat([pairs[i] for i in four]), i32)
-            for word, i in zip(_table_words(codes, first(factor.registers[index])), four, strict=True):
+            scale = mgpu.utils.bitcast(factor.registers[index], i32)  # (a row's two values: one group's 2^e twice)
+            for word, i in zip(_table_words(codes, scale), four, strict=True):
                 registers[i] = mgpu.utils.bitcast(word, bf16_pair)
         return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
@@ -225,7 +228,7 @@ def _decoded_values(codes_smem, scales_smem, dtype):
     b = codes_smem[...].astype(jnp.int32)
     rows = b.shape[0]
     values = jnp.stack([e2m1(b & 0xF), e2m1(b >> 4)], axis=-1).reshape(rows, STEP)
-    return (values * _factors(scales_smem, rows)).astype(dtype)
+    return (values * _factors(scales_smem, rows).astype(jnp.float32)).astype(dtype)
 
 
 def mxfp4_gmm(
@@ -338,7 +341,7 @@ def mxfp4_gmm(
         (
             swizzled((stages, bm, STEP), lhs.dtype),
             swizzled((stages, BLOCK_N, STEP // 2), jnp.uint8),
-            plgpu.SMEM((stages, STEP // GROUP, BLOCK_N), jnp.uint8),
+            plgpu.SMEM((stages, STEP // GROUP, BLOCK_N), jnp.bfloat16),
             plgpu.SMEM((COMPUTE_WGS, bm, WG_COLS), out_dtype),
         ),
         Ring.barriers(t, 3),  # per step: the lhs rows, the codes, the scales
