@@ -13,6 +13,7 @@ from ejkernel.kernels._common.grouped_matmul import max_row_spans, max_work_item
 from ejkernel.kernels._xla.grouped_matmul._interface import grouped_matmul_xla
 from ejkernel.modules import GroupedMatmul, GroupedMatmulConfig, grouped_matmul
 from ejkernel.ops import FwdParams, Invocation
+from ejkernel.quantization import quantize_array
 from ejkernel.reference.grouped_matmul import grouped_matmul_reference
 from harness import assert_close, check_forward_and_grads, randn
 
@@ -134,6 +135,20 @@ def test_heuristic_prefers_triton_for_gpu_inference(monkeypatch, backend, mode, 
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
     args = (jnp.zeros((64, 16), dtype), jnp.zeros((4, 16, 8), dtype), jnp.full((4,), 16, jnp.int32))
     cfg = GroupedMatmul().heuristic_cfg(Invocation("grouped_matmul", args, options, "auto", mode))
+    assert cfg.platform == platform
+
+
+@pytest.mark.parametrize(
+    ("fmt", "platform"),
+    [(dict(mode="mxfp4"), "auto"), (dict(mode="affine", bits=4), "auto"), (dict(mode="affine", bits=8), "triton")],
+)
+def test_heuristic_keeps_auto_for_4_bit_weights(monkeypatch, fmt, platform):
+    """Forward calls on 4-bit weights keep auto's order (the Mosaic GPU 4-bit forward first); 8-bit ones Triton."""
+    module = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
+    monkeypatch.setattr(module, "current_backend", lambda: module.Backend("gpu"))
+    rhs = quantize_array(jnp.ones((4, 64, 8)), axis="row", **fmt)
+    args = (jnp.zeros((64, 64), jnp.bfloat16), rhs, jnp.full((4,), 16, jnp.int32))
+    cfg = GroupedMatmul().heuristic_cfg(Invocation("grouped_matmul", args, {}, "auto", "forward"))
     assert cfg.platform == platform
 
 

@@ -7,7 +7,8 @@ Every variant is timed in the same run and reported with its ratio to the dense 
 
 `--part quantized` times the forward with quantized expert weights on the same shape instead, beside our bf16
 grouped matmul: FP8 with DeepSeek's 128 x 128 block scales (v3 `rhs_scale`; weight-only, and FP8 x FP8 with
-`fp8_lhs`), MXFP4 and int4 affine (groups of 128) `QuantizedArray`s packed along K, and XLA's alternative
+`fp8_lhs`), MXFP4 and int4 affine (groups of 128) `QuantizedArray`s packed along K (int4 also on the Triton kernel,
+which `auto` served before the Mosaic GPU 4-bit forward took int4), and XLA's alternative
 (dequantize the MXFP4 weights, then the XLA grouped matmul); each with its ratio to bf16 (> 1: faster). The FP8 x
 FP8 rows are timed twice: `[G, K, N]` weights (the Triton kernel) and `[G, N, K]` weights with `transpose_rhs`
 (laid out once, outside the timing: the Mosaic GPU FP8 forward on Hopper, which reads both operands K-major),
@@ -102,6 +103,7 @@ def _quantized_rows(m: int, k: int, n: int, groups: int, repeats: int) -> list[d
         "bf16 (mosaic gpu)": (lambda a, b: grouped_matmul(a, b, sizes, platform="pallas", **out), w),
         "mxfp4": (lambda a, b: grouped_matmul(a, b, sizes, **out), mxfp4),
         f"int4 affine g{block}": (lambda a, b: grouped_matmul(a, b, sizes, **out), int4),
+        f"int4 affine g{block} (triton)": (lambda a, b: grouped_matmul(a, b, sizes, platform="triton", **out), int4),
         "xla dequantize+gmm (mxfp4)": (
             lambda a, b: grouped_matmul(
                 a, b.dequantize().astype(jnp.bfloat16), sizes, transpose_rhs=True, platform="xla", **out

@@ -191,11 +191,13 @@ class GroupedMatmul(Kernel):
         """Undifferentiated calls on a GPU prefer the Triton kernel (where it declines, `auto`'s order serves
         the call): its forward beat the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed,
         M=32768 K=4096 N=1536, 64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster
-        (0.71 against 0.55). `fp8_lhs` calls and MXFP4 weights keep `auto`'s order: the Mosaic GPU FP8 x FP8 forward
-        and MXFP4 forward (0.98 ms on an H200 at that shape, against 1.81 for Triton's in session 39), else Triton's."""
+        (0.71 against 0.55). `fp8_lhs` calls and 4-bit weights (MXFP4, affine int4) keep `auto`'s order: the Mosaic
+        GPU FP8 x FP8 forward and 4-bit forward (MXFP4 0.92 ms on an H200 at that shape, session 41, against 1.81 for
+        Triton's in session 39), else Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        mxfp4 = isinstance(inv.args[1], QuantizedArray) and inv.args[1].mode == "mxfp4"
-        if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not mxfp4:
+        rhs = inv.args[1]
+        four_bit = isinstance(rhs, QuantizedArray) and (rhs.mode == "mxfp4" or (rhs.mode == "affine" and rhs.bits == 4))
+        if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not four_bit:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 
@@ -316,8 +318,8 @@ def grouped_matmul(
 
     Quantized weights: `rhs` may be a `QuantizedArray` (`ejkernel.quantization.quantize_array(w, ...)` of
     `w [L, K, N]`, or `[L, N, K]` with `transpose_rhs`; any mode and `axis`): the result is that of the
-    dequantized `w` (decoded in the Triton kernel's registers on a GPU; MXFP4 with codes along K on Hopper in a
-    Mosaic GPU kernel, into the registers its tensor cores read; per row span on XLA). Its weights
+    dequantized `w` (decoded in the Triton kernel's registers on a GPU; MXFP4 and affine int4 with codes along K on
+    Hopper in a Mosaic GPU kernel, into the registers its tensor cores read; per row span on XLA). Its weights
     are frozen: only lhs (and existing_out, rhs_bias) get gradients, its arrays zero cotangents. With
     `use_v3`, an int8 or float8_e4m3fn `rhs` with `rhs_scale` is DeepSeek-V3's block-scaled form (128 x 128
     scale blocks broadcast along N), scaled in the Triton kernel.

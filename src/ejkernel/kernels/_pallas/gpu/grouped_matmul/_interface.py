@@ -16,11 +16,11 @@ blocks wider than 512), then multiplied on FP8 tensor cores. Their weights are f
 scales' gradient) are the 16-bit kernels' products with the weights dequantised in memory. Other FP8
 calls are declined (weights `[L, K, N]` among them: FP8 wgmma reads both operands K-major).
 
-`QuantizedArray` weights in MXFP4 as gpt-oss ships them (`quantize_array(w, mode="mxfp4", axis="row")` of
-`w [L, K, N]`: packed rows N, codes along K) with bfloat16 lhs run the MXFP4 forward (`_mxfp4.mxfp4_gmm`: the codes
-decoded in registers as each step's wgmma A operand, the product computed transposed), tiles `DEFAULT_MXFP4`;
-the weights are frozen, and the lhs gradient is the 16-bit `gmm` on the weights decoded in memory. Other
-quantized weights are declined (the Triton kernel decodes them).
+`QuantizedArray` weights of 4-bit codes along K (`quantize_array(w, mode=..., axis="row")` of `w [L, K, N]`: packed
+rows N) in MXFP4 as gpt-oss ships it or in affine int4 (groups of a multiple of 64), with bfloat16 lhs, run the 4-bit
+forward (`_four_bit.four_bit_gmm`: the codes decoded in registers as each step's wgmma A operand, the product computed
+transposed), tiles `DEFAULT_FOUR_BIT`; the weights are frozen, and the lhs gradient is the 16-bit `gmm` on the weights
+decoded in memory. Other quantized weights are declined (the Triton kernel decodes them).
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
 # 128 x 128, 5 stages 0.625 ms; 128 x 256, 4 stages 0.636, 3 stages 0.691; fixed row tiles 128 x 256, 3 stages
 # 0.738 (`exp/s31_fp8gmm.py`, session 31, fixed tiles: 128 x 256, 3 stages 0.832; 128 x 128, 5 stages 0.854).
 DEFAULT_FP8 = (128, 128, 5, False)
-# (block_m, stages) of the MXFP4 forward (128 columns a tile). Measured on an H200 at the MoE shape above (session
-# 40's calls 3-4, BENCHMARKS.md; bf16 `auto` 0.70-0.72 ms): 256 rows, 4 stages 0.94 ms, 3 stages 0.955; 128 rows
-# 1.43. Session 39's kernel (decoded tiles in shared memory as wgmma's B): 256 x 128, 3 stages 0.97-1.07 ms;
-# 128 x 256 1.28-1.44.
-DEFAULT_MXFP4 = (256, 4)
+# (block_m, stages) of the 4-bit forward (128 columns a tile). MXFP4, measured on an H200 at the MoE shape above
+# (session 40's calls 3-4, BENCHMARKS.md; bf16 `auto` 0.70-0.72 ms): 256 rows, 4 stages 0.94 ms, 3 stages 0.955;
+# 128 rows 1.43. Session 39's kernel (decoded tiles in shared memory as wgmma's B): 256 x 128, 3 stages 0.97-1.07
+# ms; 128 x 256 1.28-1.44.
+DEFAULT_FOUR_BIT = (256, 4)
 
 
 def _given(params, *names):
@@ -328,8 +328,8 @@ _fp8_core = implementation(
 )
 
 
-def check_served_mxfp4(lhs, rhs, group_offset, existing_out, options: dict) -> None:
-    """NotImplementedError for `QuantizedArray` calls the MXFP4 forward does not serve (before anything is traced)."""
+def check_served_four_bit(lhs, rhs, group_offset, existing_out, options: dict) -> None:
+    """NotImplementedError for `QuantizedArray` calls the 4-bit forward does not serve (before anything is traced)."""
     decline(
         WHO,
         {
@@ -340,54 +340,66 @@ def check_served_mxfp4(lhs, rhs, group_offset, existing_out, options: dict) -> N
             "fp8_lhs": bool(options.get("fp8_lhs")),
         },
     )
-    if rhs.mode != "mxfp4":
-        raise NotImplementedError(f"{WHO}: of quantized weights it decodes MXFP4 only, got mode {rhs.mode!r}")
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import BLOCK_N, STEP
+
+    affine_int4 = rhs.mode == "affine" and rhs.bits == 4 and rhs.group_size % STEP == 0
+    if rhs.mode != "mxfp4" and not affine_int4:
+        raise NotImplementedError(
+            f"{WHO}: of quantized weights it decodes MXFP4 and affine int4 in groups of a multiple of {STEP} only, got "
+            f"mode {rhs.mode!r}, {rhs.bits} bits, groups of {rhs.group_size}"
+        )
     if not rows_are_n(rhs, options.get("transpose_rhs", False)):
         raise NotImplementedError(
-            f"{WHO}: MXFP4 weights must pack their codes along K (quantize_array(w, axis='row') of w [G, K, N])"
+            f"{WHO}: 4-bit weights must pack their codes along K (quantize_array(w, axis='row') of w [G, K, N])"
         )
     if jnp.dtype(lhs.dtype) != jnp.bfloat16:
-        raise NotImplementedError(f"{WHO}: MXFP4 weights take bfloat16 lhs, got {lhs.dtype}")
+        raise NotImplementedError(f"{WHO}: 4-bit weights take bfloat16 lhs, got {lhs.dtype}")
     if lhs.ndim == 2 and getattr(rhs.data, "ndim", 0) == 3:  # (other shapes: the shared checks' errors)
-        from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import BLOCK_N, STEP
-
         k, n = lhs.shape[1], rhs.data.shape[1]
         if k % STEP or n % BLOCK_N:
             raise NotImplementedError(
-                f"{WHO}: MXFP4 weights need K in steps of {STEP} and N of {BLOCK_N}, got {k}, {n}"
+                f"{WHO}: 4-bit weights need K in steps of {STEP} and N of {BLOCK_N}, got {k}, {n}"
             )
     check_out_dtype(options)
 
 
-def _mxfp4_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
-    """The MXFP4 forward's tiling; the 16-bit kernels' for the backward products (on the decoded weights)."""
-    from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling
+def _four_bit_tilings(dims, lhs, *, cfg, interpret, precision, transpose_rhs, quantized):
+    """The 4-bit forward's tiling; the 16-bit kernels' for the backward products (on the decoded weights)."""
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import MosaicGpuFourBitGroupedMatmulTiling
 
     del lhs, interpret, precision, quantized
-    fwd = MosaicGpuMxfp4GroupedMatmulTiling(*DEFAULT_MXFP4, num_sms())
+    fwd = MosaicGpuFourBitGroupedMatmulTiling(*DEFAULT_FOUR_BIT, num_sms())
     planned = plan(dims, transpose_rhs, cfg)
     return fwd, planned.dlhs, planned.drhs
 
 
-def _mxfp4_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
-    """The MXFP4 forward (`tiling` from `_mxfp4_tilings`) or, in the backward, the lhs gradient: the 16-bit `gmm`
+def _four_bit_forward_gmm(lhs, rhs, group_sizes, group_offset, *, transpose_rhs, out_dtype, tiling):
+    """The 4-bit forward (`tiling` from `_four_bit_tilings`) or, in the backward, the lhs gradient: the 16-bit `gmm`
     on the weights decoded in memory."""
-    from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import (
+        CodeFormat,
+        MosaicGpuFourBitGroupedMatmulTiling,
+        four_bit_gmm,
+    )
 
-    if not isinstance(tiling, MosaicGpuMxfp4GroupedMatmulTiling):
+    if not isinstance(tiling, MosaicGpuFourBitGroupedMatmulTiling):
         dense = dense_weights(rhs, lhs.dtype)
         return _gmm(
             lhs, dense, group_sizes, group_offset, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling
         )
-    return mxfp4_gmm(lhs, as_bytes(rhs.data), rhs.scales, group_sizes, group_offset, out_dtype=out_dtype, tiling=tiling)
+    fmt = CodeFormat(rhs.params.mode, rhs.params.group_size)
+    codes = as_bytes(rhs.data)
+    return four_bit_gmm(
+        lhs, codes, rhs.scales, rhs.zeros, group_sizes, group_offset, fmt=fmt, out_dtype=out_dtype, tiling=tiling
+    )
 
 
-_mxfp4_core = implementation(
-    _mxfp4_forward_gmm,
+_four_bit_core = implementation(
+    _four_bit_forward_gmm,
     _tgmm,
-    _mxfp4_tilings,
-    """The MXFP4 forward for `QuantizedArray` weights; backward on the 16-bit kernels.""",
-    decodes=lambda weights: True,  # (check_served_mxfp4 lets only MXFP4 weights through)
+    _four_bit_tilings,
+    """The 4-bit forward for `QuantizedArray` weights (MXFP4, affine int4); backward on the 16-bit kernels.""",
+    decodes=lambda weights: True,  # (check_served_four_bit lets only 4-bit weights through)
 )
 
 
@@ -413,14 +425,14 @@ def check_served(lhs, rhs, group_offset, existing_out, options: dict) -> None:
 
 
 def _served_core(lhs, rhs, group_sizes, group_offset, existing_out, options: dict):
-    """The core serving the call (the FP8 forward's for `fp8_lhs` with FP8 weights, the MXFP4 forward's for a
+    """The core serving the call (the FP8 forward's for `fp8_lhs` with FP8 weights, the 4-bit forward's for a
     `QuantizedArray`), after declining what it does not serve."""
     if options.get("fp8_lhs") and not is_quantized(rhs):
         check_served_fp8(lhs, rhs, group_offset, existing_out, options)
         return _fp8_core
     if is_quantized(rhs):
-        check_served_mxfp4(lhs, rhs, group_offset, existing_out, options)
-        return _mxfp4_core
+        check_served_four_bit(lhs, rhs, group_offset, existing_out, options)
+        return _four_bit_core
     check_served(lhs, rhs, group_offset, existing_out, options)
     return _core
 

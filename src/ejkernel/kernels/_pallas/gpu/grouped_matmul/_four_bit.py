@@ -1,19 +1,22 @@
-"""The MXFP4-weights grouped matmul forward in Pallas Mosaic GPU (Hopper): the codes decoded into wgmma's A registers.
+"""The 4-bit-weights grouped matmul forward in Pallas Mosaic GPU (Hopper): the codes decoded into wgmma's A registers.
 
-The weights come as gpt-oss ships them, `[L, N, K]` E2M1 codes two a byte (`quantize_array(w, mode="mxfp4",
-axis="row")`: each row of N holds its K codes, low nibble first) with a power-of-two scale per 32 codes along K
-(`2^e`, e the byte as two's complement). Hopper has no conversion from E2M1, but wgmma takes a 16-bit A operand from
-registers. So the product is computed transposed ("swap AB"), `outᵀ = W · lhsᵀ`: each compute warpgroup owns 64
-weight rows (output columns) of a 128-column tile, decodes its `[64, STEP]` codes of each step in registers and
-multiplies them by the span's `block_m` lhs rows (wgmma's N, up to 256) read from the ring slot as they landed.
+The weights come `[L, N, K]`, 4-bit codes two a byte (`quantize_array(w, mode=..., axis="row")`: each row of N holds
+its K codes, low nibble first), in one of two formats (`CodeFormat`): MXFP4 as gpt-oss ships it (E2M1 codes, a
+power-of-two scale per 32 codes along K, `2^e` with e the byte as two's complement), or affine int4 (`(q - z) s`, a
+float32 scale and zero per group of 64, 128, ... codes). Hopper has no conversion from E2M1 or int4, but wgmma takes a
+16-bit A operand from registers. So the product is computed transposed ("swap AB"), `outᵀ = W · lhsᵀ`: each compute
+warpgroup owns 64 weight rows (output columns) of a 128-column tile, decodes its `[64, STEP]` codes of each step in
+registers and multiplies them by the span's `block_m` lhs rows (wgmma's N, up to 256) read from the ring slot as they
+landed.
 
 - Codes reach wgmma's register layout without a table: a warpgroup's `[64, STEP / 2]` code bytes are loaded four
   bytes a thread (`WGMMA_8BIT`), which is, nibble for nibble, the 4-bit `WGMMA_UPCAST_4X` layout of `[64, STEP]`
   codes; Mosaic GPU's 4-bit relayout (two shuffles) then gives each thread the code byte of each of its bf16 pairs.
-- Each register of four such bytes (eight codes of one scale group) becomes four 32-bit words (eight bf16 values) in
-  PTX (`_WORDS_PTX`): the codes' bf16 magnitudes looked up in two byte tables by `prmt`, interleaved, signed, and
-  multiplied by the group's `2^e`, an exact product rounded once: the reference's float32 value rounded to bf16, as
-  the reference rounds its dequantized weights.
+- Each register of four such bytes (eight codes of one group) becomes four 32-bit words (eight bf16 values) in PTX.
+  MXFP4 (`_WORDS_PTX`): the codes' bf16 magnitudes looked up in two byte tables by `prmt`, interleaved, signed, and
+  multiplied by the group's `2^e`, an exact product rounded once. Affine (`_AFFINE_PTX`): each code made a float32,
+  less the zero, times the scale, rounded as float32 and then to bf16. Either way the reference's float32 value
+  rounded to bf16, as the reference rounds its dequantized weights: the products are bit for bit XLA's.
 - Step s + 1 is decoded while step s's wgmma runs; step s's registers are kept live until its wgmma is done (an
   optimization barrier), so that the decode never reuses the registers wgmma still reads.
 - The warpgroups share nothing but the ring slot: no decoded tile in shared memory, no barrier between them. Per
@@ -25,17 +28,17 @@ Interpret mode runs no PTX: there the codes are decoded in jnp ops (`_decoded_va
 schedule, the barriers and the arithmetic.
 
 The schedule is `_kernel.gmm`'s spans (`_kernel.ForwardWalk`): persistent CTAs, a memory warpgroup streaming each
-step's lhs tile, code tile and scales (as bf16 `2^e`, transposed to `[L, K / 32, N]` beforehand, so that a step's
-scales are one TMA box) into a ring of `stages` slots.
+step's lhs tile, code tile and factors (`stream_factors`: laid out beforehand so that a step's factors of a column
+tile are one TMA box) into a ring of `stages` slots.
 
-Measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups), in the same runs as our bf16 grouped matmul
-(0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
+MXFP4, measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups), in the same runs as our bf16
+grouped matmul (0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
 dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgmma's B instead (both warpgroups sharing
 each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
 (`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
 the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
 Session 41: decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before,
-took 0.963 ms against 0.978; streaming the scales as bf16 `2^e` (`step_scales`), where each exponent byte took about
+took 0.963 ms against 0.978; streaming the scales as bf16 `2^e` (`stream_factors`), where each exponent byte took about
 a dozen instructions in the kernel, 0.915 ms against 0.978 (0.80x bf16), bit for bit the same.
 """
 
@@ -52,7 +55,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import llvm
+from jaxlib.mlir.dialects import llvm, vector
 
 from ejkernel.kernels._common.code_bits import e2m1, pow2
 from ejkernel.kernels._pallas.gpu._stores import store_rows
@@ -69,16 +72,41 @@ from ejkernel.kernels._pallas.gpu.grouped_matmul._kernel import (
     swizzled,
 )
 
-STEP = 64  # K per step: two scale groups; a row of 128 bytes of lhs (the 128-byte swizzle)
-GROUP = 32  # codes per scale (MX formats)
+STEP = 64  # K per step: a row of 128 bytes of lhs (the 128-byte swizzle)
+MX_GROUP = 32  # codes per scale in MXFP4: two groups a step
 WG_COLS = 64  # weight rows (output columns) a compute warpgroup owns: its wgmma's M
 BLOCK_N = COMPUTE_WGS * WG_COLS  # output columns of a tile
 ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 
 
 @dataclasses.dataclass(frozen=True)
-class MosaicGpuMxfp4GroupedMatmulTiling:
-    """The MXFP4 forward's tiles (hashable): `block_m` output rows (wgmma's N: a multiple of 8 up to 256), `stages`
+class CodeFormat:
+    """What the weights' 4-bit codes stand for (hashable): `"mxfp4"`, E2M1 times `2^e` a group of 32 (`group` 32), or
+    `"affine"`, `(q - z) s` a group of `group` codes, a multiple of `STEP` (one group a step or more)."""
+
+    mode: str
+    group: int
+
+    def __post_init__(self) -> None:
+        if not (self.mode == "mxfp4" and self.group == MX_GROUP) and not (
+            self.mode == "affine" and self.group % STEP == 0
+        ):
+            raise ValueError(f"4-bit gmm: mxfp4 in groups of {MX_GROUP} or affine in multiples of {STEP}, got {self}")
+
+    @property
+    def factor_dtype(self):
+        """The streamed factors' dtype: bf16 `2^e` (MXFP4), float32 scale and zero (affine)."""
+        return jnp.bfloat16 if self.mode == "mxfp4" else jnp.float32
+
+    @property
+    def steps_a_box(self) -> int:
+        """K steps that share one `[2, N]` box of streamed factors (`stream_factors`)."""
+        return 1 if self.mode == "mxfp4" else self.group // STEP
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuFourBitGroupedMatmulTiling:
+    """The 4-bit forward's tiles (hashable): `block_m` output rows (wgmma's N: a multiple of 8 up to 256), `stages`
     ring slots, `num_ctas` persistent CTAs. A tile has `BLOCK_N` columns; the contraction step is `STEP`."""
 
     block_m: int
@@ -89,26 +117,33 @@ class MosaicGpuMxfp4GroupedMatmulTiling:
     spans = True
 
     def smem_bytes(self, x_dtype, out_dtype) -> int:
-        """Per slot the lhs tile, the code tile and the scales; per warpgroup its `[block_m, WG_COLS]` output."""
-        slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + STEP // GROUP * BLOCK_N * 2
+        """Per slot the lhs tile, the code tile and the factors (at most 4 bytes each); per warpgroup its
+        `[block_m, WG_COLS]` output."""
+        slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + 2 * BLOCK_N * 4
         return self.stages * slot + COMPUTE_WGS * self.block_m * WG_COLS * jnp.dtype(out_dtype).itemsize
 
 
-def fit_smem(t: MosaicGpuMxfp4GroupedMatmulTiling, x_dtype, out_dtype) -> MosaicGpuMxfp4GroupedMatmulTiling:
+def fit_smem(t: MosaicGpuFourBitGroupedMatmulTiling, x_dtype, out_dtype) -> MosaicGpuFourBitGroupedMatmulTiling:
     """`t` with as many of its stages (down to 2) as shared memory holds."""
     for stages in range(t.stages, 1, -1):
         fitted = dataclasses.replace(t, stages=stages)
         if fitted.smem_bytes(x_dtype, out_dtype) <= SMEM_BUDGET:
             return fitted
-    raise NotImplementedError(f"mosaic gpu grouped_matmul: MXFP4 tiles {t} do not fit shared memory")
+    raise NotImplementedError(f"mosaic gpu grouped_matmul: 4-bit tiles {t} do not fit shared memory")
 
 
-def step_scales(scales):
-    """The weights' scale bytes `[L, N, K / 32]` as the kernel streams them: each `2^e` as bfloat16 (exact: every
-    power of two of an int8 exponent is a bf16 value, 2^-127 and 2^-128 subnormal), `[L, K / 32, N]` (a step's
-    scales of a column tile are one TMA box). In registers a bf16 pair of one row is then the PTX's factor as
-    loaded, where an exponent byte took a dozen instructions to become one."""
-    return jnp.swapaxes(pow2(scales.astype(jnp.int32)).astype(jnp.bfloat16), 1, 2)
+def stream_factors(fmt: CodeFormat, scales, zeros=None):
+    """The weights' factors as the kernel streams them, `[L, K / STEP / steps_a_box, 2, N]` (a step's factors of a
+    column tile are one `[2, BLOCK_N]` TMA box), from `scales [L, N, K / group]` (and affine `zeros`):
+
+    - MXFP4: the two groups' `2^e` of each step as bfloat16 (exact: every power of two of an int8 exponent is a bf16
+      value, 2^-127 and 2^-128 subnormal). In registers a bf16 pair of one row is then the PTX's factor as loaded,
+      where an exponent byte took about a dozen instructions to become one (0.915 ms against 0.978, session 41).
+    - affine: each group's float32 scale and zero."""
+    if fmt.mode == "mxfp4":
+        powers = pow2(scales.astype(jnp.int32)).astype(jnp.bfloat16)  # [L, N, K / 32]
+        return jnp.moveaxis(powers.reshape(*powers.shape[:2], -1, STEP // MX_GROUP), 1, 3)
+    return jnp.moveaxis(jnp.stack([scales, zeros], axis=-1).astype(jnp.float32), 1, 3)
 
 
 def _magnitude_tables() -> dict[str, str]:
@@ -151,20 +186,38 @@ _WORDS_PTX = (
 )
 
 
-def _table_words(codes, scale):
-    """The four decoded words (i32 each) of one register's four code bytes (`codes`, i32) and their group's `2^e`
-    (`scale`, i32: a bf16 pair), by `_WORDS_PTX`."""
-    i32 = ir.IntegerType.get_signless(32)
-    words = llvm.inline_asm(
-        ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [codes, scale], _WORDS_PTX, "=r,=r,=r,=r,r,r"
+# Four decoded words from one relaid-out register's affine codes (`$4`: codes n0..n7 in its nibbles, low first), the
+# group's scale `$5` and zero `$6`, in PTX: each code made a float32 `2^23 + q` (its nibble under the exponent bits of
+# 2^23), less 2^23 (exact), less the zero, times the scale, each rounded as the reference rounds its float32 `(q - z)
+# s` (`.rn`: never fused), then two values at a time rounded to a bf16 pair. 43 instructions for eight codes.
+_AFFINE_PTX = (
+    "{\n.reg .b32 x, q;\n.reg .f32 v<8>;\n"
+    + "".join(
+        (f"shr.u32 x, $4, {4 * i};\n" if i else "mov.b32 x, $4;\n")
+        + "lop3.b32 q, x, 0xF, 0x4B000000, 0xEA;\n"  # (x & 0xF) | 0x4B000000
+        + f"sub.rn.f32 v{i}, q, 0f4B000000;\nsub.rn.f32 v{i}, v{i}, $6;\nmul.rn.f32 v{i}, v{i}, $5;\n"
+        for i in range(8)
     )
+    + "".join(f"cvt.rn.bf16x2.f32 ${w}, v{2 * w + 1}, v{2 * w};\n" for w in range(4))
+    + "}"
+)
+
+
+def _asm_words(ptx: str, *operands, constraints: str):
+    """The four i32 words `ptx` computes from `operands` (inline PTX, outputs first in `constraints`)."""
+    i32 = ir.IntegerType.get_signless(32)
+    words = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), list(operands), ptx, constraints)
     return [llvm.extractvalue(i32, words, [i]) for i in range(4)]
 
 
-def _factors(scales_smem, rows):
-    """bfloat16 `[rows, STEP]` (WGMMA layout): each value's group factor `2^e` (`scales_smem [STEP / GROUP, rows]`)."""
-    groups = [plgpu.load(scales_smem.at[j], layout=ROWS_LAYOUT) for j in range(STEP // GROUP)]
-    return jnp.concatenate([lax.broadcast_in_dim(f, (rows, GROUP), [0]) for f in groups], axis=1)
+def _factors(fmt: CodeFormat, factors_smem, rows):
+    """The step's factors in the WGMMA layout of a `[rows, STEP]` tile, each value's own, from `factors_smem [2,
+    rows]`: MXFP4, one bf16 `2^e` array (its two rows the step's two groups); affine, float32 scale and zero."""
+    row = lambda j: plgpu.load(factors_smem.at[j], layout=ROWS_LAYOUT)
+    spread = lambda f, width: lax.broadcast_in_dim(f, (rows, width), [0])
+    if fmt.mode == "mxfp4":
+        return (jnp.concatenate([spread(row(j), MX_GROUP) for j in range(STEP // MX_GROUP)], axis=1),)
+    return spread(row(0), STEP), spread(row(1), STEP)
 
 
 def code_pairs(codes):
@@ -182,32 +235,40 @@ def code_pairs(codes):
     return nibbles.to_layout(mgpu.WGMMA_LAYOUT).registers
 
 
-def _register_operand(codes_smem, scales_smem):
-    """bf16 `[rows, STEP]` in the WGMMA layout (wgmma's A in registers): the step's codes `codes_smem [rows, STEP / 2]`
-    decoded and scaled in PTX (`_table_words`) from the bytes of `code_pairs`."""
+def _register_operand(fmt: CodeFormat, codes_smem, factors_smem):
+    """bf16 `[rows, STEP]` in the WGMMA layout (wgmma's A in registers): the step's codes `codes_smem [rows, STEP /
+    2]` decoded in PTX (`_WORDS_PTX` or `_AFFINE_PTX`), a relaid-out register (four code bytes of four consecutive
+    8-column blocks, within one group) at a time, from `code_pairs`."""
     codes = plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_8BIT)
     rows = codes.shape[0]
+    factors = _factors(fmt, factors_smem, rows)
 
     @plgpu.inline_mgpu(
-        arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.Layout.WGMMA),
+        arg_types=(plgpu.Layout.WGMMA_8BIT, *(plgpu.Layout.WGMMA for _ in factors)),
         return_type=plgpu.ShapeDtypeStruct((rows, STEP), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
     )
-    def assemble(_, codes, factor):
+    def assemble(_, codes, *factors):
         i32 = ir.IntegerType.get_signless(32)
+        first = lambda v: vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0]))
         pairs = code_pairs(codes)
         bf16_pair = ir.VectorType.get((2,), ir.BF16Type.get())
         registers = np.empty(pairs.shape, dtype=object)
         for index in np.ndindex(pairs.shape):
-            if index[1] % 4:  # (axis 1: the 8-column blocks; blocks 4t .. 4t + 3 share a scale group)
+            if index[1] % 4:  # (axis 1: the 8-column blocks; blocks 4t .. 4t + 3 share a group)
                 continue
             four = [(index[0], index[1] + i, *index[2:]) for i in range(4)]
-            codes = mgpu.utils.bitcast(mgpu.utils.vector_concat([pairs[i] for i in four]), i32)
-            scale = mgpu.utils.bitcast(factor.registers[index], i32)  # (a row's two values: one group's 2^e twice)
-            for word, i in zip(_table_words(codes, scale), four, strict=True):
+            packed = mgpu.utils.bitcast(mgpu.utils.vector_concat([pairs[i] for i in four]), i32)
+            if fmt.mode == "mxfp4":  # (a bf16 pair of one row: its group's 2^e twice)
+                scale = mgpu.utils.bitcast(factors[0].registers[index], i32)
+                words = _asm_words(_WORDS_PTX, packed, scale, constraints="=r,=r,=r,=r,r,r")
+            else:
+                scale, zero = (first(f.registers[index]) for f in factors)
+                words = _asm_words(_AFFINE_PTX, packed, scale, zero, constraints="=r,=r,=r,=r,r,f,f")
+            for word, i in zip(words, four, strict=True):
                 registers[i] = mgpu.utils.bitcast(word, bf16_pair)
         return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
-    return assemble(codes, _factors(scales_smem, rows))
+    return assemble(codes, *factors)
 
 
 def _store_transposed(value, ref):
@@ -223,38 +284,48 @@ def _store_transposed(value, ref):
     store(value, ref)
 
 
-def _decoded_values(codes_smem, scales_smem, dtype):
-    """`_register_operand` in jnp ops (`code_bits.e2m1`), as `dtype`, for interpret mode (which runs no PTX)."""
+def _decoded_values(fmt: CodeFormat, codes_smem, factors_smem, dtype):
+    """`_register_operand` in jnp ops (float32, then `dtype`), for interpret mode (which runs no PTX)."""
     b = codes_smem[...].astype(jnp.int32)
     rows = b.shape[0]
-    values = jnp.stack([e2m1(b & 0xF), e2m1(b >> 4)], axis=-1).reshape(rows, STEP)
-    return (values * _factors(scales_smem, rows).astype(jnp.float32)).astype(dtype)
+    codes = jnp.stack([b & 0xF, b >> 4], axis=-1).reshape(rows, STEP)
+    factors = [f.astype(jnp.float32) for f in _factors(fmt, factors_smem, rows)]
+    if fmt.mode == "mxfp4":
+        return (e2m1(codes) * factors[0]).astype(dtype)
+    scale, zero = factors
+    return ((codes.astype(jnp.float32) - zero) * scale).astype(dtype)
 
 
-def mxfp4_gmm(
+def four_bit_gmm(
     lhs,
     codes,
     scales,
+    zeros,
     group_sizes,
     group_offset,
     *,
+    fmt: CodeFormat,
     out_dtype,
-    tiling: MosaicGpuMxfp4GroupedMatmulTiling,
+    tiling: MosaicGpuFourBitGroupedMatmulTiling,
     in_ptx: bool = True,
 ):
-    """`out [M, N]`: each owned row of `lhs [M, K]` (16-bit) times its group's MXFP4 weights (`codes [L, N, K / 2]`
-    uint8, two codes a byte, low first; `scales [L, N, K / 32]` uint8 exponents), transposed; zeros on every other
-    row. K must be a multiple of `STEP`, N of `BLOCK_N`. `in_ptx`: the codes are decoded in PTX (bf16 lhs); False
-    for interpret mode (`_decoded_values`)."""
+    """`out [M, N]`: each owned row of `lhs [M, K]` (16-bit) times its group's 4-bit weights, transposed; zeros on
+    every other row. The weights: `codes [L, N, K / 2]` uint8, two codes a byte, low first, in `fmt`, with `scales
+    [L, N, K / fmt.group]` (uint8 exponents for MXFP4, float for affine) and affine's `zeros` (like `scales`; None for
+    MXFP4). K must be a multiple of `STEP` and of the group, N of `BLOCK_N`. `in_ptx`: the codes are decoded in PTX
+    (bf16 lhs); False for interpret mode (`_decoded_values`)."""
     m, k = lhs.shape
     num_local, n = codes.shape[:2]
     t = fit_smem(tiling, lhs.dtype, out_dtype)
     bm, stages = t.block_m, t.stages
-    shapes_ok = codes.shape[2] * 2 == k and scales.shape == (num_local, n, k // GROUP)
-    if k % STEP or n % BLOCK_N or bm % 8 or not 0 < bm <= 256 or not shapes_ok:
+    groups = (num_local, n, k // fmt.group)
+    zeros_ok = zeros is None if fmt.mode == "mxfp4" else getattr(zeros, "shape", None) == groups
+    shapes_ok = codes.shape[2] * 2 == k and scales.shape == groups and zeros_ok
+    if k % STEP or k % fmt.group or n % BLOCK_N or bm % 8 or not 0 < bm <= 256 or not shapes_ok:
         raise ValueError(
-            f"mxfp4 gmm: K={k} and N={n} must be multiples of {STEP} and {BLOCK_N}, block_m={bm} a multiple of 8 up "
-            f"to 256, codes [L, N, K/2] and scales [L, N, K/32], got {codes.shape} and {scales.shape}"
+            f"4-bit gmm: K={k} and N={n} must be multiples of {STEP} and {fmt.group} and of {BLOCK_N}, block_m={bm} a "
+            f"multiple of 8 up to 256, codes [L, N, K/2] and scales (and affine's zeros) {groups}, got {codes.shape} "
+            f"and {scales.shape} ({None if zeros is None else zeros.shape})"
         )
     x = pad_rows(lhs, bm)
     col_tiles, k_steps = n // BLOCK_N, k // STEP
@@ -263,22 +334,22 @@ def mxfp4_gmm(
     num_ctas = min(t.num_ctas, num_units)
 
     def body(*refs):
-        schedule_refs, (lhs_ref, codes_ref, scales_ref, out_ref, smem, barriers) = (
+        schedule_refs, (lhs_ref, codes_ref, factors_ref, out_ref, smem, barriers) = (
             refs[: len(schedule)],
             refs[len(schedule) :],
         )
-        a_smem, c_smem, s_smem, o_smem = smem
+        a_smem, c_smem, f_smem, o_smem = smem
         walk = ForwardWalk.start(
             t, schedule_refs, barriers, num_units=num_units, num_ctas=num_ctas, col_tiles=col_tiles, k_steps=k_steps
         )
 
         def copies(row0, col, g, kk):
-            """Step kk's copies: the lhs rows from `row0` (a multiple of 8); group g's codes and scales of tile col."""
+            """Step kk's copies: the lhs rows from `row0` (a multiple of 8); group g's codes and factors of tile col."""
             cols, ks = pl.ds(col * BLOCK_N, BLOCK_N), pl.ds(kk * STEP, STEP)
             return [
                 (lhs_ref.at[pl.ds(row0, bm), ks], lambda slot: a_smem.at[slot]),
                 (codes_ref.at[g, cols, pl.ds(kk * (STEP // 2), STEP // 2)], lambda slot: c_smem.at[slot]),
-                (scales_ref.at[g, pl.ds(kk * (STEP // GROUP), STEP // GROUP), cols], lambda slot: s_smem.at[slot]),
+                (factors_ref.at[g, kk // fmt.steps_a_box, :, cols], lambda slot: f_smem.at[slot]),
             ]
 
         walk.feed(copies)
@@ -293,8 +364,10 @@ def mxfp4_gmm(
                 """Step `step`'s weight rows of this warpgroup, decoded to wgmma's A operand once its slot landed."""
                 slot = ring.slot(step)
                 plgpu.barrier_wait(ring.ready_at(slot))
-                codes, scales = c_smem.at[slot, mine], s_smem.at[slot, :, mine]
-                return _register_operand(codes, scales) if in_ptx else _decoded_values(codes, scales, lhs.dtype)
+                codes, factors = c_smem.at[slot, mine], f_smem.at[slot, :, mine]
+                if in_ptx:
+                    return _register_operand(fmt, codes, factors)
+                return _decoded_values(fmt, codes, factors, lhs.dtype)
 
             def product(step0):
                 """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`."""
@@ -341,10 +414,10 @@ def mxfp4_gmm(
         (
             swizzled((stages, bm, STEP), lhs.dtype),
             swizzled((stages, BLOCK_N, STEP // 2), jnp.uint8),
-            plgpu.SMEM((stages, STEP // GROUP, BLOCK_N), jnp.bfloat16),
+            plgpu.SMEM((stages, 2, BLOCK_N), fmt.factor_dtype),
             plgpu.SMEM((COMPUTE_WGS, bm, WG_COLS), out_dtype),
         ),
-        Ring.barriers(t, 3),  # per step: the lhs rows, the codes, the scales
+        Ring.barriers(t, 3),  # per step: the lhs rows, the codes, the factors
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)  # (spans write rows [0, M) only)
-    return launch(body, out_type, scratch, num_ctas, *schedule, x, codes, step_scales(scales))
+    return launch(body, out_type, scratch, num_ctas, *schedule, x, codes, stream_factors(fmt, scales, zeros))
