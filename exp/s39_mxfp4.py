@@ -6,9 +6,10 @@ MXFP4 call as `auto` serves it (Triton's kernel decoding in registers until call
 then the interpret-mode decoding, which does not lower for a GPU). Calls 2-3 ran the kernel in ping-pong tiles
 (`block_m` rows a warpgroup), calls 4-6 the shared tiles with the bits placed by shifts, call 7 the table lookup.
 Session 40's calls 1-2 ran it at commit 900269c; since then the kernel decodes into wgmma's A registers (swap AB) in
-128-column tiles, and tiles are `bm x stages`.
+128-column tiles, and tiles are `bm x stages`. Session 41 renamed the kernel (`_four_bit.four_bit_gmm`, MXFP4 and affine
+int4); `--format affine` sweeps int4 weights in groups of 128 instead.
 
-    python exp/s39_mxfp4.py --out $OUT [--tiles 256x4,256x3]
+    python exp/s39_mxfp4.py --out $OUT [--tiles 256x4,256x3] [--format affine]
 """
 
 import argparse
@@ -22,20 +23,26 @@ import jax.numpy as jnp
 from ejkernel.benchmarks.grouped_matmul import random_group_sizes
 from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import num_sms
-from ejkernel.kernels._pallas.gpu.grouped_matmul import _mxfp4
-from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+from ejkernel.kernels._pallas.gpu.grouped_matmul import _four_bit
+from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import (
+    CodeFormat,
+    MosaicGpuFourBitGroupedMatmulTiling,
+    four_bit_gmm,
+)
 from ejkernel.modules import grouped_matmul
 from ejkernel.ops.autotune import time_fns
 from ejkernel.quantization import quantize_array
 
+FORMATS = {"mxfp4": dict(mode="mxfp4"), "affine": dict(mode="affine", bits=4, group_size=128)}
 
-def moe_case(shape: str):
-    """The bench's MoE call: bf16 `lhs [M, K]`, bf16 weights `w [G, K, N]`, random group sizes, `w` in MXFP4."""
+
+def moe_case(shape: str, fmt: str = "mxfp4"):
+    """The bench's MoE call: bf16 `lhs [M, K]`, bf16 weights `w [G, K, N]`, random group sizes, `w` in `fmt`."""
     m, k, n, groups = map(int, shape.split(","))
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
     w = (jax.random.normal(keys[1], (groups, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
-    return lhs, w, random_group_sizes(m, groups), quantize_array(w, mode="mxfp4", axis="row")
+    return lhs, w, random_group_sizes(m, groups), quantize_array(w, axis="row", **FORMATS[fmt])
 
 
 def report(calls: dict, repeats: int, out: str, name: str):
@@ -50,13 +57,14 @@ def report(calls: dict, repeats: int, out: str, name: str):
 
 
 def moe_run(p: argparse.ArgumentParser):
-    """`p` parsed with `--shape`, `--repeats` and `--out` added, the MoE case, the codes, XLA's result on the decoded
-    weights, a check against it, and the calls to time, bf16 `auto` first."""
+    """`p` parsed with `--shape`, `--format`, `--repeats` and `--out` added, the MoE case, the codes, XLA's result on
+    the decoded weights, a check against it, and the calls to time, bf16 `auto` first."""
     p.add_argument("--shape", default="32768,4096,1536,64")
+    p.add_argument("--format", default="mxfp4", choices=tuple(FORMATS))
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="out")
     args = p.parse_args()
-    lhs, w, sizes, q = moe_case(args.shape)
+    lhs, w, sizes, q = moe_case(args.shape, args.format)
     dense = q.dequantize().astype(jnp.bfloat16)  # [G, N, K]
     out = dict(preferred_element_type=jnp.bfloat16)
     ref = jax.jit(lambda a: grouped_matmul(a, dense, sizes, transpose_rhs=True, platform="xla", **out))(lhs)
@@ -69,18 +77,28 @@ def moe_run(p: argparse.ArgumentParser):
     return args, lhs, sizes, q, as_bytes(q.data), check, calls
 
 
+def kernel_call(q, codes, sizes, tiling, in_ptx=True):
+    """`_four_bit.four_bit_gmm` on `q`'s codes at `tiling`, jitted (bf16 out)."""
+    fmt = CodeFormat(q.mode, q.group_size)
+    return jax.jit(
+        lambda a: four_bit_gmm(
+            a, codes, q.scales, q.zeros, sizes, None, fmt=fmt, out_dtype=jnp.bfloat16, tiling=tiling, in_ptx=in_ptx
+        )
+    )
+
+
 def patched_variants(attribute: str, variants: dict, name: str):
-    """A/B of `_mxfp4.<attribute>` (a PTX string, a decoding function): the kernel in 256-row tiles, 4 stages, traced
-    with each of `variants` ({label: value}) in turn, checked against XLA and timed beside bf16 `auto` at the MoE
-    shape (`moe_run`'s command line); the results go to `<out>/<name>.json`."""
+    """A/B of `_four_bit.<attribute>` (a PTX string, a decoding function): the kernel in 256-row tiles, 4 stages,
+    traced with each of `variants` ({label: value}) in turn, checked against XLA and timed beside bf16 `auto` at the
+    MoE shape (`moe_run`'s command line); the results go to `<out>/<name>.json`."""
     args, lhs, sizes, q, codes, check, calls = moe_run(argparse.ArgumentParser())
-    tiling = MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
+    tiling = MosaicGpuFourBitGroupedMatmulTiling(256, 4, num_sms())
     for label, value in variants.items():
-        fn = jax.jit(lambda a: mxfp4_gmm(a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling))
-        today = getattr(_mxfp4, attribute)
-        setattr(_mxfp4, attribute, value)
+        fn = kernel_call(q, codes, sizes, tiling)
+        today = getattr(_four_bit, attribute)
+        setattr(_four_bit, attribute, value)
         check(label, fn(lhs))  # (traced and compiled with this variant)
-        setattr(_mxfp4, attribute, today)
+        setattr(_four_bit, attribute, today)
         calls[label] = fn
     report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, name)
 
@@ -89,16 +107,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tiles", default="256x4", help="bm x stages, comma-separated (j: in_ptx=False)")
     args, lhs, sizes, q, codes, check, calls = moe_run(p)
-    calls["mxfp4 auto (today)"] = jax.jit(lambda a: grouped_matmul(a, q, sizes, preferred_element_type=jnp.bfloat16))
+    calls[f"{args.format} auto"] = jax.jit(lambda a: grouped_matmul(a, q, sizes, preferred_element_type=jnp.bfloat16))
     for spec in args.tiles.split(","):
         bm, stages = map(int, spec.rstrip("j").split("x"))
-        tiling = MosaicGpuMxfp4GroupedMatmulTiling(bm, stages, num_sms())
-        in_ptx = not spec.endswith("j")
-        fn = jax.jit(
-            lambda a, tiling=tiling, ptx=in_ptx: mxfp4_gmm(
-                a, codes, q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling, in_ptx=ptx
-            )
-        )
+        tiling = MosaicGpuFourBitGroupedMatmulTiling(bm, stages, num_sms())
+        fn = kernel_call(q, codes, sizes, tiling, in_ptx=not spec.endswith("j"))
         try:
             got = fn(lhs).block_until_ready()
         except Exception as err:  # a tiling that does not compile: reported, the others timed
@@ -106,7 +119,8 @@ def main():
             continue
         check(f"mosaic {spec}", got)
         calls[f"mosaic {spec}"] = fn
-    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, "s39_mxfp4")
+    name = "s39_mxfp4" if args.format == "mxfp4" else f"s39_mxfp4_{args.format}"
+    report({key: functools.partial(fn, lhs) for key, fn in calls.items()}, args.repeats, args.out, name)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ instruction cost 2.5% of the kernel's time in session 40, as if the decoding nev
 serialises wgmma where non-wgmma instructions define a wgmma's input registers inside its pipeline stage (its info
 C7513; it cost block-sparse attention 1.4x a step in session 23, BENCHMARKS.md), and register spills would cost the
 same way. Compiled here, each in turn with Mosaic GPU's dumps on: the MXFP4 forward, the FP8 x FP8 forward
-(`fp8_lhs`, DeepSeek's 128 x 128 blocks) and the bf16 forward (`auto`). Prints, per kernel, C7513 and the spill and
+(`fp8_lhs`, DeepSeek's 128 x 128 blocks) and the bf16 forward (`auto`); since the 4-bit kernel took affine int4 too
+(`_four_bit.py`), its int4 forward (groups of 128) after the MXFP4 one. Prints, per kernel, C7513 and the spill and
 register lines; copies the MXFP4 kernel's dumps (PTX, SASS, ptxas log) to `--out` gzipped. Run in a fresh process
 without a warm compilation cache (it compiles once per kernel):
 
@@ -24,11 +25,11 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from s39_mxfp4 import moe_case
+from s39_mxfp4 import kernel_call, moe_case
 
 from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import num_sms
-from ejkernel.kernels._pallas.gpu.grouped_matmul._mxfp4 import MosaicGpuMxfp4GroupedMatmulTiling, mxfp4_gmm
+from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import MosaicGpuFourBitGroupedMatmulTiling
 from ejkernel.modules import grouped_matmul
 
 DUMP = pathlib.Path(os.environ["MOSAIC_GPU_DUMP_TO"])
@@ -62,9 +63,12 @@ def main():
     args = p.parse_args()
     DUMP.mkdir(parents=True, exist_ok=True)  # (Mosaic GPU prints to stdout where the folder is missing)
     lhs, w, sizes, q = moe_case("32768,4096,1536,64")
-    tiling = MosaicGpuMxfp4GroupedMatmulTiling(256, 4, num_sms())
-    mx = jax.jit(lambda a: mxfp4_gmm(a, as_bytes(q.data), q.scales, sizes, None, out_dtype=jnp.bfloat16, tiling=tiling))
+    tiling = MosaicGpuFourBitGroupedMatmulTiling(256, 4, num_sms())
+    mx = kernel_call(q, as_bytes(q.data), sizes, tiling)
     compiled("mxfp4", lambda: mx(lhs), pathlib.Path(args.out) / "mxfp4_dump")
+    int4 = moe_case("32768,4096,1536,64", "affine")[3]
+    affine = kernel_call(int4, as_bytes(int4.data), sizes, tiling)
+    compiled("affine int4 g128", lambda: affine(lhs))
 
     groups, k, n = w.shape
     w8 = jnp.swapaxes(w, 1, 2).astype(jnp.float8_e4m3fn)  # [G, N, K]
