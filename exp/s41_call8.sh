@@ -6,6 +6,6 @@ for run in "mxfp4 256x3" "mxfp4 192x4" "affine 256x3" "affine 192x4"; do
     echo "== $1 $2"
     timeout 80 python3 exp/s39_mxfp4.py --format $1 --tiles $2 --repeats 10 --out "$OUT" > "$OUT/run.log" 2>&1
     echo "rc $?"
-    grep -m3 -E "ILLEGAL|Error|error:|x bf16|max \|out" "$OUT/run.log" | cut -c1-300
+    grep -m6 -E "ILLEGAL|Error|error:|x bf16|max \|out" "$OUT/run.log" | cut -c1-300
 done
 rm -f "$OUT/run.log"
