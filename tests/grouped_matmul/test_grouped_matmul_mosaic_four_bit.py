@@ -81,6 +81,14 @@ def test_forward_decodes_in_ptx_and_the_gradient_runs_the_16_bit_kernels():
     assert affine.count("@mosaic_gpu") == 1 and "0f4B000000" in affine
 
 
+def test_rejects_row_tiles_that_failed_on_a_gpu():
+    """192-row tiles lower but read or wrote out of bounds on an H200: a one-line error before any tracing."""
+    q, _ = _weights(2, 128, 128)
+    tiling = MosaicGpuFourBitGroupedMatmulTiling(192, 4, 1)
+    with pytest.raises(ValueError, match=r"block_m=192 one of \(128, 256\)"):
+        _gmm(randn((64, 128), jnp.bfloat16), q, jnp.asarray([30, 34], jnp.int32), out_dtype=jnp.float32, tiling=tiling)
+
+
 @pytest.mark.parametrize(
     ("call", "words"),
     [
@@ -121,8 +129,8 @@ def test_declines_what_it_does_not_serve(call, words):
     ids=["mxfp4-moe", "mxfp4-small", "affine-g128-moe", "affine-g64-small"],
 )
 def test_gpu_matches_xla(m, k, n, groups, fmt):
-    """The forward bit for bit with XLA's product of the decoded weights (both sum float32 products of the same bf16
-    values; bf16 out), the lhs gradient within bf16's rounding; the MoE shape and one of 128-column tiles."""
+    """Forward and lhs gradient within bf16's rounding of XLA's product of the decoded weights (the same bf16 values,
+    summed in float32), zeros past the groups; the MoE shape and one of 128-column tiles, in both formats."""
     q, dense = _weights(groups, k, n, fmt)
     lhs = randn((m, k), jnp.bfloat16)
     cuts = np.sort(np.random.default_rng(m).integers(0, m - 50, groups - 1))

@@ -16,7 +16,9 @@ landed.
   MXFP4 (`_WORDS_PTX`): the codes' bf16 magnitudes looked up in two byte tables by `prmt`, interleaved, signed, and
   multiplied by the group's `2^e`, an exact product rounded once. Affine (`_AFFINE_PTX`): each code made a float32,
   less the zero, times the scale, rounded as float32 and then to bf16. Either way the reference's float32 value
-  rounded to bf16, as the reference rounds its dequantized weights: the products are bit for bit XLA's.
+  rounded to bf16, as the reference rounds its dequantized weights, so the kernel multiplies XLA's bf16 weights.
+  (MXFP4's outputs came out bit for bit XLA's too, float32 sums of products with few bits; affine int4's within the
+  output's rounding, 5.7e-3 of the largest at the MoE shape: float32 sums in another order.)
 - Step s + 1 is decoded while step s's wgmma runs; step s's registers are kept live until its wgmma is done (an
   optimization barrier), so that the decode never reuses the registers wgmma still reads.
 - The warpgroups share nothing but the ring slot: no decoded tile in shared memory, no barrier between them. Per
@@ -77,6 +79,9 @@ MX_GROUP = 32  # codes per scale in MXFP4: two groups a step
 WG_COLS = 64  # weight rows (output columns) a compute warpgroup owns: its wgmma's M
 BLOCK_N = COMPUTE_WGS * WG_COLS  # output columns of a tile
 ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
+# Output rows a tile may have: those run on an H200. 192 rows (wgmma takes any multiple of 8 up to 256) lowered, but
+# the kernel read or wrote out of bounds on the GPU (an illegal address, session 41 call 8); not investigated.
+BLOCK_MS = (128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +111,7 @@ class CodeFormat:
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuFourBitGroupedMatmulTiling:
-    """The 4-bit forward's tiles (hashable): `block_m` output rows (wgmma's N: a multiple of 8 up to 256), `stages`
+    """The 4-bit forward's tiles (hashable): `block_m` output rows (wgmma's N: `BLOCK_MS`), `stages`
     ring slots, `num_ctas` persistent CTAs. A tile has `BLOCK_N` columns; the contraction step is `STEP`."""
 
     block_m: int
@@ -321,11 +326,11 @@ def four_bit_gmm(
     groups = (num_local, n, k // fmt.group)
     zeros_ok = zeros is None if fmt.mode == "mxfp4" else getattr(zeros, "shape", None) == groups
     shapes_ok = codes.shape[2] * 2 == k and scales.shape == groups and zeros_ok
-    if k % STEP or k % fmt.group or n % BLOCK_N or bm % 8 or not 0 < bm <= 256 or not shapes_ok:
+    if k % STEP or k % fmt.group or n % BLOCK_N or bm not in BLOCK_MS or not shapes_ok:
         raise ValueError(
-            f"4-bit gmm: K={k} and N={n} must be multiples of {STEP} and {fmt.group} and of {BLOCK_N}, block_m={bm} a "
-            f"multiple of 8 up to 256, codes [L, N, K/2] and scales (and affine's zeros) {groups}, got {codes.shape} "
-            f"and {scales.shape} ({None if zeros is None else zeros.shape})"
+            f"4-bit gmm: K={k} must be a multiple of {STEP} and {fmt.group}, N={n} of {BLOCK_N}, block_m={bm} one of "
+            f"{BLOCK_MS}, codes [L, N, K/2] and scales (and affine's zeros) {groups}, got {codes.shape} and "
+            f"{scales.shape} ({None if zeros is None else zeros.shape})"
         )
     x = pad_rows(lhs, bm)
     col_tiles, k_steps = n // BLOCK_N, k // STEP
