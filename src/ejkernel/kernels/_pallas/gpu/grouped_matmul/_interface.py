@@ -53,7 +53,6 @@ ROW_BLOCKS = (128, 256)  # two compute warpgroups of 64 or 128 rows share a tile
 PINGPONG_ROW_BLOCKS = (64, 128)  # one compute warpgroup per tile
 ACC_ELEMENTS = 64 * 256  # a warpgroup's float32 accumulator: 128 registers per thread
 FP8 = jnp.dtype(jnp.float8_e4m3fn)
-FP8_STEP = 128  # the FP8 forward's K step: scale blocks must hold whole steps
 # (block_m, block_n, stages, overlap) of the FP8 forward. Stages are cut to fit shared memory; wider tiles than
 # 64 x 128 per warpgroup split each step's wgmma into column chunks (`_fp8.in_registers`). Measured on an H200 at
 # M 32768, K 4096, N 1536, 64 groups, on spans (the default; `exp/s32_fp8spans.py`, lhs rounded in 0.106 ms):
@@ -270,10 +269,12 @@ def check_served_fp8(lhs, rhs, group_offset, existing_out, options: dict) -> Non
     if jnp.dtype(lhs.dtype) not in DTYPES:
         raise NotImplementedError(f"{WHO}: fp8_lhs takes bfloat16/float16 lhs, got {lhs.dtype}")
     if lhs.ndim == 2 and rhs_scale.ndim == 4:  # (other shapes: the shared checks' errors)
+        from ejkernel.kernels._pallas.gpu.grouped_matmul._fp8 import STEP  # (scale blocks hold whole steps)
+
         k, blocks = lhs.shape[1], rhs_scale.shape[1]
-        if blocks == 0 or k % blocks or (k // blocks) % FP8_STEP:
+        if blocks == 0 or k % blocks or (k // blocks) % STEP:
             raise NotImplementedError(
-                f"{WHO}: fp8_lhs needs scale blocks of a multiple of {FP8_STEP} K rows, got K {k} in {blocks} blocks"
+                f"{WHO}: fp8_lhs needs scale blocks of a multiple of {STEP} K rows, got K {k} in {blocks} blocks"
             )
     check_out_dtype(options)
 
