@@ -1,7 +1,7 @@
 """Session 41: which kernel a forward-only bf16 grouped matmul should take on an H200. `auto` sends forward-only GPU
 calls to Triton (`GroupedMatmul.heuristic_cfg`, measured on an H100); in call 6's bench the Mosaic GPU forward was
 faster at the MoE shape (0.674 against 0.714 ms). Here both, beside `auto`, at three MoE shapes (M, K, N, groups),
-bf16 out.
+bf16 out. Prepared for the next device call: the session's device time ran out before it ran.
 
     python exp/s41_gmm_forward_route.py --out $OUT
 """
