@@ -143,7 +143,7 @@ def stream_factors(fmt: CodeFormat, scales, zeros=None):
 
     - MXFP4: the two groups' `2^e` of each step as bfloat16 (exact: every power of two of an int8 exponent is a bf16
       value, 2^-127 and 2^-128 subnormal). In registers a bf16 pair of one row is then the PTX's factor as loaded,
-      where an exponent byte took about a dozen instructions to become one (0.915 ms against 0.978, session 41).
+      where an exponent byte took about a dozen instructions to become one (timed in the module docstring).
     - affine: each group's float32 scale and zero."""
     if fmt.mode == "mxfp4":
         powers = pow2(scales.astype(jnp.int32)).astype(jnp.bfloat16)  # [L, N, K / 32]
