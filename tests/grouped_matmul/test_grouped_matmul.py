@@ -140,10 +140,11 @@ def test_heuristic_prefers_triton_for_gpu_inference(monkeypatch, backend, mode, 
 
 @pytest.mark.parametrize(
     ("fmt", "platform"),
-    [(dict(mode="mxfp4"), "auto"), (dict(mode="affine", bits=4), "auto"), (dict(mode="affine", bits=8), "triton")],
+    [(dict(mode="mxfp4"), "auto"), (dict(mode="affine", bits=4), "auto"), (dict(mode="affine", bits=8), "auto")],
 )
-def test_heuristic_keeps_auto_for_4_bit_weights(monkeypatch, fmt, platform):
-    """Forward calls on 4-bit weights keep auto's order (the Mosaic GPU 4-bit forward first); 8-bit ones Triton."""
+def test_heuristic_keeps_auto_for_quantized_weights(monkeypatch, fmt, platform):
+    """Forward calls on quantized weights keep auto's order: the Mosaic GPU 4-bit forward first, which declines the
+    formats it does not decode (8-bit ones: `test_grouped_matmul_mosaic_four_bit`), so Triton serves those."""
     module = importlib.import_module("ejkernel.modules.operations.grouped_matmul")
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend("gpu"))
     rhs = quantize_array(jnp.ones((4, 64, 8)), axis="row", **fmt)

@@ -191,13 +191,12 @@ class GroupedMatmul(Kernel):
         """Undifferentiated calls on a GPU prefer the Triton kernel (where it declines, `auto`'s order serves
         the call): its forward beat the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed,
         M=32768 K=4096 N=1536, 64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster
-        (0.71 against 0.55). `fp8_lhs` calls and 4-bit weights (MXFP4, affine int4) keep `auto`'s order: the Mosaic
-        GPU FP8 x FP8 forward and 4-bit forward (MXFP4 0.92 ms on an H200 at that shape, session 41, against 1.81 for
-        Triton's in session 39), else Triton's."""
+        (0.71 against 0.55). `fp8_lhs` calls and `QuantizedArray` weights keep `auto`'s order: the Mosaic GPU FP8 x FP8
+        forward and 4-bit forward (MXFP4 0.92 ms on an H200 at that shape, session 41, against 1.81 for Triton's in
+        session 39) where they serve the call; where they decline (other formats), Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
-        rhs = inv.args[1]
-        four_bit = isinstance(rhs, QuantizedArray) and (rhs.mode == "mxfp4" or (rhs.mode == "affine" and rhs.bits == 4))
-        if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not four_bit:
+        quantized = isinstance(inv.args[1], QuantizedArray)
+        if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not quantized:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 

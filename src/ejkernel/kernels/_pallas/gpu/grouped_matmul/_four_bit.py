@@ -84,6 +84,17 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 BLOCK_MS = (128, 256)
 
 
+def unserved(mode: str, bits: int, group: int) -> str | None:
+    """Why the kernel does not decode `bits`-bit codes of `mode` in groups of `group` (None: it does): it decodes
+    MXFP4 (groups of 32) and affine int4 in groups of a multiple of `STEP`."""
+    if (mode == "mxfp4" and group == MX_GROUP) or (mode == "affine" and bits == 4 and group % STEP == 0):
+        return None
+    return (
+        f"it decodes MXFP4 and affine int4 in groups of a multiple of {STEP} only, got mode {mode!r}, {bits} bits, "
+        f"groups of {group}"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class CodeFormat:
     """What the weights' 4-bit codes stand for (hashable): `"mxfp4"`, E2M1 times `2^e` a group of 32 (`group` 32), or
@@ -93,10 +104,9 @@ class CodeFormat:
     group: int
 
     def __post_init__(self) -> None:
-        if not (self.mode == "mxfp4" and self.group == MX_GROUP) and not (
-            self.mode == "affine" and self.group % STEP == 0
-        ):
-            raise ValueError(f"4-bit gmm: mxfp4 in groups of {MX_GROUP} or affine in multiples of {STEP}, got {self}")
+        reason = unserved(self.mode, 4, self.group)
+        if reason:
+            raise ValueError(f"4-bit gmm: {reason}")
 
     @property
     def factor_dtype(self):

@@ -341,14 +341,11 @@ def check_served_four_bit(lhs, rhs, group_offset, existing_out, options: dict) -
             "fp8_lhs": bool(options.get("fp8_lhs")),
         },
     )
-    from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import BLOCK_N, STEP
+    from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import BLOCK_N, STEP, unserved
 
-    affine_int4 = rhs.mode == "affine" and rhs.bits == 4 and rhs.group_size % STEP == 0
-    if rhs.mode != "mxfp4" and not affine_int4:
-        raise NotImplementedError(
-            f"{WHO}: of quantized weights it decodes MXFP4 and affine int4 in groups of a multiple of {STEP} only, got "
-            f"mode {rhs.mode!r}, {rhs.bits} bits, groups of {rhs.group_size}"
-        )
+    reason = unserved(rhs.mode, rhs.bits, rhs.group_size)
+    if reason:
+        raise NotImplementedError(f"{WHO}: of quantized weights {reason}")
     if not rows_are_n(rhs, options.get("transpose_rhs", False)):
         raise NotImplementedError(
             f"{WHO}: 4-bit weights must pack their codes along K (quantize_array(w, axis='row') of w [G, K, N])"
