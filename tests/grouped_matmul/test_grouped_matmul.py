@@ -121,19 +121,21 @@ def test_row_spans_write_every_row_once_from_its_own_group(align):
 
 
 @pytest.mark.parametrize(
-    ("backend", "mode", "dtype", "platform", "options"),
+    ("backend", "kind", "mode", "platform", "options"),
     [
-        ("gpu", "forward", jnp.bfloat16, "triton", {}),  # inference: the Triton forward is the faster one (a
+        ("gpu", "NVIDIA H100 80GB HBM3", "forward", "triton", {}),  # inference on an H100: Triton's forward (a
         # preference: where it declines, auto's order; `test_dispatch`'s preferred-platform tests)
-        ("gpu", "train", jnp.bfloat16, "auto", {}),  # training: auto's order (Mosaic GPU first)
-        ("cpu", "forward", jnp.bfloat16, "auto", {}),
-        ("gpu", "forward", jnp.bfloat16, "auto", {"fp8_lhs": True}),  # the Mosaic GPU FP8 forward first
+        ("gpu", "NVIDIA H200", "forward", "auto", {}),  # elsewhere auto's order (the Mosaic GPU forward first)
+        ("gpu", "NVIDIA H100 80GB HBM3", "train", "auto", {}),  # training: auto's order (Mosaic GPU first)
+        ("cpu", "cpu", "forward", "auto", {}),
+        ("gpu", "NVIDIA H100 80GB HBM3", "forward", "auto", {"fp8_lhs": True}),  # the Mosaic GPU FP8 forward first
     ],
 )
-def test_heuristic_prefers_triton_for_gpu_inference(monkeypatch, backend, mode, dtype, platform, options):
+def test_heuristic_prefers_triton_for_h100_inference(monkeypatch, backend, kind, mode, platform, options):
     module = importlib.import_module("ejkernel.modules.operations.grouped_matmul")  # not the function
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    args = (jnp.zeros((64, 16), dtype), jnp.zeros((4, 16, 8), dtype), jnp.full((4,), 16, jnp.int32))
+    monkeypatch.setattr(module, "device_kind", lambda: kind)
+    args = (jnp.zeros((64, 16), jnp.bfloat16), jnp.zeros((4, 16, 8), jnp.bfloat16), jnp.full((4,), 16, jnp.int32))
     cfg = GroupedMatmul().heuristic_cfg(Invocation("grouped_matmul", args, options, "auto", mode))
     assert cfg.platform == platform
 

@@ -157,6 +157,16 @@ class GroupedMatmulConfig(KernelConfig):
         tile_params(self)  # a flat field that contradicts fwd_params or bwd_params is an error now, not at the call
 
 
+TRITON_FORWARD_GPU = "H100"
+"""The GPU (a part of its device kind) whose undifferentiated calls prefer the Triton kernel
+(`GroupedMatmul.heuristic_cfg`)."""
+
+
+def device_kind() -> str:
+    """The default device's kind, e.g. "NVIDIA H200"."""
+    return jax.devices()[0].device_kind
+
+
 class GroupedMatmul(Kernel):
     """The executor's `Kernel` for `grouped_matmul`: op id `"grouped_matmul"`, config `GroupedMatmulConfig`.
 
@@ -188,15 +198,18 @@ class GroupedMatmul(Kernel):
         return {2: (rows // groups + (jnp.arange(groups) < rows % groups)).astype(sizes.dtype)}
 
     def heuristic_cfg(self, inv: Invocation) -> GroupedMatmulConfig:
-        """Undifferentiated calls on a GPU prefer the Triton kernel (where it declines, `auto`'s order serves
-        the call): its forward beat the Mosaic GPU one on an H100 (0.69 against 0.52 of a dense matmul's speed,
-        M=32768 K=4096 N=1536, 64 groups), while the Mosaic GPU kernels, first in `auto`'s order, train faster
-        (0.71 against 0.55). `fp8_lhs` calls and `QuantizedArray` weights keep `auto`'s order: the Mosaic GPU FP8 x FP8
-        forward and 4-bit forward (MXFP4 0.92 ms on an H200 at that shape, session 41, against 1.81 for Triton's in
-        session 39) where they serve the call; where they decline (other formats), Triton's."""
+        """Undifferentiated calls on an H100 prefer the Triton kernel (where it declines, `auto`'s order serves the
+        call): its forward beat the Mosaic GPU one there before the spans schedule (0.69 against 0.52 of a dense
+        matmul's speed, M=32768 K=4096 N=1536, 64 groups), while the Mosaic GPU kernels, first in `auto`'s order,
+        train faster (0.71 against 0.55). Elsewhere every call keeps `auto`'s order: on an H200 the Mosaic GPU forward
+        on spans took 0.758 / 0.834 / 0.070 ms against Triton's 0.889 / 0.994 / 0.072 (M x K x N / groups 32768 x
+        4096 x 1536 / 64, 16384 x 7168 x 2048 / 32, 8192 x 2048 x 768 / 8; session 42, `exp/s41_gmm_forward_route.py`).
+        `fp8_lhs` calls and `QuantizedArray` weights keep `auto`'s order on every GPU: the Mosaic GPU FP8 x FP8
+        forward and 4-bit forward (MXFP4 0.92 ms on an H200 at the first shape, session 41, against 1.81 for
+        Triton's in session 39) where they serve the call; where they decline (other formats), Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
         quantized = isinstance(inv.args[1], QuantizedArray)
-        if forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not quantized:
+        if forward_on_gpu and TRITON_FORWARD_GPU in device_kind() and not inv.kwargs.get("fp8_lhs") and not quantized:
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 
