@@ -70,6 +70,7 @@ def summary(trace: dict, wgs: int = 3) -> dict:
     counts = {role: collections.Counter() for role in ROLES.values()}
     spans = collections.Counter()
     timeline = []
+    evs0 = min(e["ts"] for e in by_tid[1])
     for tid, evs in sorted(by_tid.items()):
         role = ROLES[(tid - 1) % wgs]
         stack, last = [], None
@@ -85,8 +86,8 @@ def summary(trace: dict, wgs: int = 3) -> dict:
                 counts[role][e["name"]] += 1
             else:
                 stack.pop()
-            if (tid - 1) // wgs == 0 and len(timeline) < 400:
-                timeline.append((role, e["name"], e["ph"], round(t)))
+            if (tid - 1) // wgs == 0:  # CTA 0, every warpgroup, on one clock (its own start subtracted)
+                timeline.append((role, e["name"], e["ph"], round((e["ts"] - evs0) * 1e3)))
         spans[role] += last or 0
     out = {}
     for role in ROLES.values():
@@ -126,18 +127,26 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="out")
     p.add_argument("--events", type=int, default=400)
+    p.add_argument("--formats", default="mxfp4,affine")
+    p.add_argument("--bf16", default="yes")
     args = p.parse_args()
     for name in SCOPED:
         setattr(plgpu, name, scoped(name, getattr(plgpu, name)))
     _four_bit._register_operand = scoped("decode", _four_bit._register_operand)
     results = {}
-    for fmt in ("mxfp4", "affine"):
+    for fmt in args.formats.split(","):
         lhs, w, sizes, q = moe_case("32768,4096,1536,64", fmt)
         fn = kernel_call(q, as_bytes(q.data), sizes, MosaicGpuFourBitGroupedMatmulTiling(256, 3, num_sms()))
         results[fmt] = run(f"{fmt} 256x3", lambda fn=fn, lhs=lhs: fn(lhs), args, _four_bit)
+    if args.bf16 != "yes":
+        return dump(args.out, results)
     bf16 = jax.jit(lambda a: grouped_matmul(a, w, sizes, platform="pallas", preferred_element_type=jnp.bfloat16))
     results["bf16 mosaic"] = run("bf16 mosaic (pallas)", lambda: bf16(lhs), args, _kernel)
-    out = pathlib.Path(args.out)
+    dump(args.out, results)
+
+
+def dump(folder: str, results: dict):
+    out = pathlib.Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gmm_profile_s42.json").write_text(json.dumps(results, indent=1))
 
