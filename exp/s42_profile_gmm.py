@@ -13,6 +13,7 @@ inside it, and outside any scope ("other"), and the first steps of one CTA as a 
 
 import argparse
 import collections
+import functools
 import json
 import pathlib
 import sys
@@ -30,6 +31,7 @@ from ejkernel.kernels._common.device import num_sms
 from ejkernel.kernels._pallas.gpu.grouped_matmul import _four_bit, _kernel
 from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import MosaicGpuFourBitGroupedMatmulTiling
 from ejkernel.modules import grouped_matmul
+from ejkernel.ops.autotune import time_fns
 
 SCOPED = ("barrier_wait", "wgmma", "wgmma_wait")
 ROLES = {0: "compute 0", 1: "compute 1", 2: "memory"}
@@ -129,15 +131,25 @@ def main():
     p.add_argument("--events", type=int, default=400)
     p.add_argument("--formats", default="mxfp4,affine")
     p.add_argument("--bf16", default="yes")
+    p.add_argument("--repeats", type=int, default=0, help="also time each tiling unprofiled (0: not)")
+    p.add_argument("--tilings", default="256x3", help="block_m x stages [x CTAs], comma-separated")
     args = p.parse_args()
     for name in SCOPED:
         setattr(plgpu, name, scoped(name, getattr(plgpu, name)))
     _four_bit._register_operand = scoped("decode", _four_bit._register_operand)
-    results = {}
+    results, timed = {}, {}
     for fmt in args.formats.split(","):
         lhs, w, sizes, q = moe_case("32768,4096,1536,64", fmt)
-        fn = kernel_call(q, as_bytes(q.data), sizes, MosaicGpuFourBitGroupedMatmulTiling(256, 3, num_sms()))
-        results[fmt] = run(f"{fmt} 256x3", lambda fn=fn, lhs=lhs: fn(lhs), args, _four_bit)
+        for spec in args.tilings.split(","):
+            bm, stages, ctas = [*map(int, spec.split("x")), num_sms()][:3]
+            tiling = MosaicGpuFourBitGroupedMatmulTiling(bm, stages, ctas)
+            fn = kernel_call(q, as_bytes(q.data), sizes, tiling)
+            results[f"{fmt} {spec}"] = run(f"{fmt} {spec}", lambda fn=fn, lhs=lhs: fn(lhs), args, _four_bit)
+            timed[f"{fmt} {spec}"] = functools.partial(kernel_call(q, as_bytes(q.data), sizes, tiling), lhs)
+    if args.repeats:  # unprofiled (each kernel traced again with `launch` restored)
+        times = time_fns(timed, repeats=args.repeats, warmup=2)
+        results["ms"] = {key: 1e3 * t for key, t in times.items()}
+        print("  ".join(f"{key} {1e3 * t:.3f} ms" for key, t in times.items()), flush=True)
     if args.bf16 != "yes":
         return dump(args.out, results)
     bf16 = jax.jit(lambda a: grouped_matmul(a, w, sizes, platform="pallas", preferred_element_type=jnp.bfloat16))
