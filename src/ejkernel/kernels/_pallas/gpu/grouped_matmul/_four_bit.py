@@ -82,7 +82,6 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 # Output rows a tile may have: those run on an H200. 192 rows (wgmma takes any multiple of 8 up to 256) lowered, but
 # the kernel read or wrote out of bounds on the GPU (an illegal address, session 41 call 8); not investigated.
 BLOCK_MS = (128, 256)
-ISSUE_AHEAD = True  # (session 42's A/B: step s + 1's wgmma queued behind step s's, or issued after s is waited for)
 
 
 def unserved(mode: str, bits: int, group: int) -> str | None:
@@ -389,32 +388,9 @@ def four_bit_gmm(
                 """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`."""
 
                 def scope(acc_ref):
-                    def issue(s, operand):
-                        plgpu.wgmma(acc_ref, operand, a_smem.at[ring.slot(step0 + s)].transpose((1, 0)))
-
-                    if ISSUE_AHEAD:
-
-                        def step(s, operand):
-                            """Step s's wgmma runs; step s + 1 is decoded and queued behind it, then s is waited."""
-                            following = decode(step0 + s + 1)
-                            issue(s + 1, following)
-                            plgpu.wgmma_wait(1)
-                            # step s's registers stay live (unreused by the decode) until its wgmma is done
-                            _, following = lax.optimization_barrier((operand, following))
-                            plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s)])
-                            return following
-
-                        first = decode(step0)
-                        issue(0, first)
-                        last = lax.fori_loop(0, k_steps - 1, step, first)
-                        plgpu.wgmma_wait(0)
-                        lax.optimization_barrier(last)
-                        plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + k_steps - 1)])
-                        return acc_ref[...]
-
                     def step(s, operand, decode_next: bool):
                         slot = ring.slot(step0 + s)
-                        issue(s, operand)
+                        plgpu.wgmma(acc_ref, operand, a_smem.at[slot].transpose((1, 0)))
                         following = decode(step0 + s + 1) if decode_next else None
                         plgpu.wgmma_wait(0)
                         if decode_next:  # step s's registers stay live (unreused by the decode) until its wgmma is done
