@@ -49,8 +49,9 @@ def _gmm(lhs, q, sizes, **kwargs):
 @pytest.mark.parametrize("fmt", [MXFP4, AFFINE], ids=["mxfp4", "affine"])
 def test_interpret_forward_matches_reference(fmt, capfd):
     """Groups starting off multiples of 8, an empty group, rows past the last group (spans of zeros), two CTAs
-    walking several 128 x 128 units of two column tiles, three K steps, a float32 output."""
-    m, k, n, sizes = 150, 192, 256, jnp.asarray([37, 0, 70, 20], jnp.int32)
+    walking several 128 x 128 units of two column tiles, three K steps (MXFP4) or four (affine: the kernel takes steps
+    in pairs), a float32 output."""
+    m, k, n, sizes = 150, 192 if fmt is MXFP4 else 256, 256, jnp.asarray([37, 0, 70, 20], jnp.int32)
     q, dense = _weights(len(sizes), k, n, fmt)
     lhs = randn((m, k), jnp.bfloat16)
     tiling = MosaicGpuFourBitGroupedMatmulTiling(128, 3, 2)

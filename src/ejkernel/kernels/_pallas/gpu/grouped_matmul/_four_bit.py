@@ -82,6 +82,8 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 # Output rows a tile may have: those run on an H200. 192 rows (wgmma takes any multiple of 8 up to 256) lowered, but
 # the kernel read or wrote out of bounds on the GPU (an illegal address, session 41 call 8); not investigated.
 BLOCK_MS = (128, 256)
+ISSUE_AHEAD = True  # (session 42's A/B: step pairs, each step's wgmma queued behind the previous one's)
+OUT_PIECES = 2  # (session 42's A/B: the output staged in row pieces, freeing shared memory for a fifth stage)
 
 
 def unserved(mode: str, bits: int, group: int) -> str | None:
@@ -133,9 +135,10 @@ class MosaicGpuFourBitGroupedMatmulTiling:
 
     def smem_bytes(self, x_dtype, out_dtype) -> int:
         """Per slot the lhs tile, the code tile and the factors (at most 4 bytes each); per warpgroup its
-        `[block_m, WG_COLS]` output."""
+        `[block_m / OUT_PIECES, WG_COLS]` output piece."""
         slot = self.block_m * STEP * jnp.dtype(x_dtype).itemsize + BLOCK_N * STEP // 2 + 2 * BLOCK_N * 4
-        return self.stages * slot + COMPUTE_WGS * self.block_m * WG_COLS * jnp.dtype(out_dtype).itemsize
+        out = COMPUTE_WGS * self.block_m // OUT_PIECES * WG_COLS * jnp.dtype(out_dtype).itemsize
+        return self.stages * slot + out
 
 
 def fit_smem(t: MosaicGpuFourBitGroupedMatmulTiling, x_dtype, out_dtype) -> MosaicGpuFourBitGroupedMatmulTiling:
@@ -286,15 +289,20 @@ def _register_operand(fmt: CodeFormat, codes_smem, factors_smem):
     return assemble(codes, *factors)
 
 
-def _store_transposed(value, ref):
-    """`ref[...] = value.T` for a WGMMA-layout `value` into the untiled `ref`: relaid out so that each thread's vector
-    of two runs down `value`'s columns (`WGMMA_TRANSPOSED`, one shuffle), which are `ref`'s rows. (Written in Mosaic
-    GPU: JAX 0.12's layout inference finds no layout for the same store through `ref.transpose((1, 0))`.)"""
+def _store_transposed(value, ref, first: int):
+    """`ref[...] = value[:, first : first + rows].T` for a WGMMA-layout `value` into the untiled `ref` (`rows` of
+    them): relaid out so that each thread's vector of two runs down `value`'s columns (`WGMMA_TRANSPOSED`, one
+    shuffle), which are `ref`'s rows. (Written in Mosaic GPU: JAX 0.12's layout inference finds no layout for the same
+    store through `ref.transpose((1, 0))`.)"""
+
+    rows = ref.shape[0]
 
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
     def store(_, value, ref):
-        transposed = value.to_layout(fa.WGMMA_TRANSPOSED_LAYOUT)
-        transposed.store_untiled(mgpu.utils.memref_transpose(ref, (1, 0)), optimized=False)
+        piece = value[:, first : first + rows]
+        piece.to_layout(fa.WGMMA_TRANSPOSED_LAYOUT).store_untiled(
+            mgpu.utils.memref_transpose(ref, (1, 0)), optimized=False
+        )
 
     store(value, ref)
 
@@ -388,18 +396,73 @@ def four_bit_gmm(
                 """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`."""
 
                 def scope(acc_ref):
+                    def issue(s, operand):
+                        plgpu.wgmma(acc_ref, operand, a_smem.at[ring.slot(step0 + s)].transpose((1, 0)))
+
+                    def retire(s):
+                        plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s)])
+
+                    if ISSUE_AHEAD:
+                        return ahead(issue, retire, acc_ref)
+
                     def step(s, operand, decode_next: bool):
-                        slot = ring.slot(step0 + s)
-                        plgpu.wgmma(acc_ref, operand, a_smem.at[slot].transpose((1, 0)))
+                        issue(s, operand)
                         following = decode(step0 + s + 1) if decode_next else None
                         plgpu.wgmma_wait(0)
                         if decode_next:  # step s's registers stay live (unreused by the decode) until its wgmma is done
                             _, following = lax.optimization_barrier((operand, following))
-                        plgpu.barrier_arrive(ring.consumed.at[slot])
+                        retire(s)
                         return following
 
                     last = lax.fori_loop(0, k_steps - 1, lambda s, operand: step(s, operand, True), decode(step0))
                     step(k_steps - 1, last, False)
+                    return acc_ref[...]
+
+                def ahead(issue, retire, acc_ref):
+                    """Steps in pairs (2j, 2j + 1), each step's wgmma queued behind the previous one's, so that the
+                    tensor cores never wait for a warpgroup's turn: decode 2j + 1 while 2j - 1 and 2j run, queue it,
+                    retire 2j - 1, decode 2j + 2 while 2j and 2j + 1 run, queue nothing, retire 2j. Each operand is
+                    issued from registers that nothing writes before its wgmma is waited for: the even step's from
+                    the loop's carry (rewritten at the loop's end, after its wait), the odd step's from its decode's
+                    own registers (rewritten by the next pair's odd decode, after its wait); a pair's registers
+                    would not hold that across a loop of single steps (session 42, call 4: NaN outputs)."""
+                    start = step0
+
+                    def after_first(j, fn):
+                        """`fn()` unless pair j is the first (j traced in the loop, an int after it)."""
+                        if isinstance(j, int):
+                            return fn() if j > 0 else None
+                        pl.when(j > 0)(fn)
+
+                    def first_half(j, x):
+                        issue(2 * j, x)
+                        plgpu.wgmma_wait(1)  # step 2j - 1's wgmma is done
+                        after_first(j, lambda: retire(2 * j - 1))
+                        y = decode(start + 2 * j + 1)
+                        issue(2 * j + 1, y)
+                        plgpu.wgmma_wait(1)  # step 2j's
+                        retire(2 * j)
+                        return y
+
+                    def pair(j, x):
+                        first_half(j, x)
+                        following = decode(start + 2 * j + 2)
+                        following, _ = lax.optimization_barrier((following, x))  # x kept until its wgmma was waited
+                        return following
+
+                    x = lax.fori_loop(0, (k_steps - 1) // 2, pair, decode(start))
+                    j = (k_steps - 1) // 2  # the last pair, or the last single step of an odd count
+                    if k_steps % 2 == 0:
+                        y = first_half(j, x)
+                        plgpu.wgmma_wait(0)
+                        lax.optimization_barrier((x, y))
+                        retire(2 * j + 1)
+                    else:
+                        issue(2 * j, x)
+                        plgpu.wgmma_wait(0)
+                        lax.optimization_barrier(x)
+                        after_first(j, lambda: retire(2 * j - 1))
+                        retire(2 * j)
                     return acc_ref[...]
 
                 return pl.run_scoped(scope, plgpu.ACC((WG_COLS, bm), jnp.float32))
@@ -411,13 +474,15 @@ def four_bit_gmm(
                 dst = lambda row, rows: out_ref.at[pl.ds(row, rows), pl.ds(col * BLOCK_N + wg * WG_COLS, WG_COLS)]
 
                 def put(value_t):
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous stores have read out_tile
-                    if in_ptx:
-                        _store_transposed(value_t, out_tile)
-                    else:
-                        out_tile.transpose((1, 0))[...] = value_t
-                    plgpu.commit_smem()
-                    store_rows(out_tile, dst, row0, lo, hi)
+                    for piece in range(OUT_PIECES):  # (each from the same staging tile, once the last has read it)
+                        first = piece * out_tile.shape[0]
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        if in_ptx:
+                            _store_transposed(value_t, out_tile, first)
+                        else:
+                            out_tile.transpose((1, 0))[...] = value_t[:, first : first + out_tile.shape[0]]
+                        plgpu.commit_smem()
+                        store_rows(out_tile, dst, row0 + first, lo, hi)
 
                 pl.when(g >= 0)(lambda: put(product(step).astype(out_dtype)))
                 zeros = lambda: plgpu.layout_cast(jnp.zeros((WG_COLS, bm), out_dtype), plgpu.Layout.WGMMA)
@@ -430,7 +495,7 @@ def four_bit_gmm(
             swizzled((stages, bm, STEP), lhs.dtype),
             swizzled((stages, BLOCK_N, STEP // 2), jnp.uint8),
             plgpu.SMEM((stages, 2, BLOCK_N), fmt.factor_dtype),
-            plgpu.SMEM((COMPUTE_WGS, bm, WG_COLS), out_dtype),
+            plgpu.SMEM((COMPUTE_WGS, bm // OUT_PIECES, WG_COLS), out_dtype),
         ),
         Ring.barriers(t, 3),  # per step: the lhs rows, the codes, the factors
     )
