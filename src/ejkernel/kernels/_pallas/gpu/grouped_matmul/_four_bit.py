@@ -19,8 +19,9 @@ landed.
   rounded to bf16, as the reference rounds its dequantized weights, so the kernel multiplies XLA's bf16 weights.
   (MXFP4's outputs came out bit for bit XLA's too, float32 sums of products with few bits; affine int4's within the
   output's rounding, 5.7e-3 of the largest at the MoE shape: float32 sums in another order.)
-- Step s + 1 is decoded while step s's wgmma runs; step s's registers are kept live until its wgmma is done (an
-  optimization barrier), so that the decode never reuses the registers wgmma still reads.
+- Steps go in pairs, each step's wgmma queued behind the previous one's, so that the tensor cores never wait for a
+  warpgroup to hand back a slot and issue again: step 2j + 1 is decoded while 2j - 1 and 2j run, and 2j + 2 while 2j
+  and 2j + 1 do. No register an in-flight wgmma reads is written before that wgmma is waited for (see `product`).
 - The warpgroups share nothing but the ring slot: no decoded tile in shared memory, no barrier between them. Per
   step a CTA's products read 64 KB of shared memory (both warpgroups read the same lhs tile).
 - The `[64, block_m]` float32 tile is stored transposed into the warpgroup's untiled `[block_m, 64]` output tile,
@@ -37,11 +38,16 @@ MXFP4, measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups)
 grouped matmul (0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
 dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgmma's B instead (both warpgroups sharing
 each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
-(`wgmma_wait(1)`) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
+(`wgmma_wait(1)`, a loop of single steps) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
 the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
 Session 41: decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before,
 took 0.963 ms against 0.978; streaming the scales as bf16 `2^e` (`stream_factors`), where each exponent byte took about
 a dozen instructions in the kernel, 0.915 ms against 0.978 (0.80x bf16), bit for bit the same.
+Session 42 (BENCHMARKS.md): Mosaic GPU's on-device profile put a step at about 1350 cycles, the tensor cores' share
+of it (both warpgroups' wgmmas) about 1024, the decode about 780 while they ran beside it; yet with no decoding at all
+(the loaded code registers taken as the operand, wrong values) the kernel took 0.802 ms against 0.885, and without
+the relayout's shuffles alone 0.822: the decode is a tenth of the time, the rest is this kernel's schedule. Step pairs
+(each wgmma queued behind the previous one's) took MXFP4 0.866 ms against 0.877 and int4 1.003 against 1.053.
 """
 
 from __future__ import annotations
@@ -82,8 +88,10 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 # Output rows a tile may have: those run on an H200. 192 rows (wgmma takes any multiple of 8 up to 256) lowered, but
 # the kernel read or wrote out of bounds on the GPU (an illegal address, session 41 call 8); not investigated.
 BLOCK_MS = (128, 256)
-ISSUE_AHEAD = True  # (session 42's A/B: step pairs, each step's wgmma queued behind the previous one's)
-OUT_PIECES = 2  # (session 42's A/B: the output staged in row pieces, freeing shared memory for a fifth stage)
+OUT_PIECES = 2
+"""A warpgroup's output goes out in this many row pieces through one staging tile, which leaves shared memory for a
+fifth ring stage in 256-row tiles (session 42: with pairs, 5 stages 0.866 / 1.003 ms, 4 stages 0.875 / 1.008, MXFP4 /
+int4)."""
 
 
 def unserved(mode: str, bits: int, group: int) -> str | None:
@@ -393,7 +401,14 @@ def four_bit_gmm(
                 return _decoded_values(fmt, codes, factors, lhs.dtype)
 
             def product(step0):
-                """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`."""
+                """The float32 `[WG_COLS, block_m]` tile `outᵀ` of the `k_steps` ring steps from `step0`, the steps in
+                pairs (2j, 2j + 1), each step's wgmma queued behind the previous one's: queue 2j, retire 2j - 1,
+                decode 2j + 1 (while 2j runs), queue it, retire 2j, decode 2j + 2 (while 2j + 1 runs). Each operand
+                is issued from registers that nothing writes before its wgmma is waited for: the even step's from the
+                loop's carry (rewritten at the loop's end, after its wait), the odd step's from its decode's own
+                registers (rewritten by the next pair's odd decode, after its wait). A loop of single steps cannot
+                queue ahead so: its decode rewrites the registers of the wgmma still running (session 42, call 4:
+                NaN outputs)."""
 
                 def scope(acc_ref):
                     def issue(s, operand):
@@ -402,43 +417,18 @@ def four_bit_gmm(
                     def retire(s):
                         plgpu.barrier_arrive(ring.consumed.at[ring.slot(step0 + s)])
 
-                    if ISSUE_AHEAD:
-                        return ahead(issue, retire, acc_ref)
-
-                    def step(s, operand, decode_next: bool):
-                        issue(s, operand)
-                        following = decode(step0 + s + 1) if decode_next else None
-                        plgpu.wgmma_wait(0)
-                        if decode_next:  # step s's registers stay live (unreused by the decode) until its wgmma is done
-                            _, following = lax.optimization_barrier((operand, following))
-                        retire(s)
-                        return following
-
-                    last = lax.fori_loop(0, k_steps - 1, lambda s, operand: step(s, operand, True), decode(step0))
-                    step(k_steps - 1, last, False)
-                    return acc_ref[...]
-
-                def ahead(issue, retire, acc_ref):
-                    """Steps in pairs (2j, 2j + 1), each step's wgmma queued behind the previous one's, so that the
-                    tensor cores never wait for a warpgroup's turn: decode 2j + 1 while 2j - 1 and 2j run, queue it,
-                    retire 2j - 1, decode 2j + 2 while 2j and 2j + 1 run, queue nothing, retire 2j. Each operand is
-                    issued from registers that nothing writes before its wgmma is waited for: the even step's from
-                    the loop's carry (rewritten at the loop's end, after its wait), the odd step's from its decode's
-                    own registers (rewritten by the next pair's odd decode, after its wait); a pair's registers
-                    would not hold that across a loop of single steps (session 42, call 4: NaN outputs)."""
-                    start = step0
-
-                    def after_first(j, fn):
-                        """`fn()` unless pair j is the first (j traced in the loop, an int after it)."""
-                        if isinstance(j, int):
-                            return fn() if j > 0 else None
-                        pl.when(j > 0)(fn)
+                    def retire_previous(j):
+                        """Retire step 2j - 1 unless pair j is the first (j traced in the loop, an int after it)."""
+                        if not isinstance(j, int):
+                            pl.when(j > 0)(lambda: retire(2 * j - 1))
+                        elif j > 0:
+                            retire(2 * j - 1)
 
                     def first_half(j, x):
                         issue(2 * j, x)
                         plgpu.wgmma_wait(1)  # step 2j - 1's wgmma is done
-                        after_first(j, lambda: retire(2 * j - 1))
-                        y = decode(start + 2 * j + 1)
+                        retire_previous(j)
+                        y = decode(step0 + 2 * j + 1)
                         issue(2 * j + 1, y)
                         plgpu.wgmma_wait(1)  # step 2j's
                         retire(2 * j)
@@ -446,11 +436,11 @@ def four_bit_gmm(
 
                     def pair(j, x):
                         first_half(j, x)
-                        following = decode(start + 2 * j + 2)
+                        following = decode(step0 + 2 * j + 2)
                         following, _ = lax.optimization_barrier((following, x))  # x kept until its wgmma was waited
                         return following
 
-                    x = lax.fori_loop(0, (k_steps - 1) // 2, pair, decode(start))
+                    x = lax.fori_loop(0, (k_steps - 1) // 2, pair, decode(step0))
                     j = (k_steps - 1) // 2  # the last pair, or the last single step of an odd count
                     if k_steps % 2 == 0:
                         y = first_half(j, x)
@@ -461,7 +451,7 @@ def four_bit_gmm(
                         issue(2 * j, x)
                         plgpu.wgmma_wait(0)
                         lax.optimization_barrier(x)
-                        after_first(j, lambda: retire(2 * j - 1))
+                        retire_previous(j)
                         retire(2 * j)
                     return acc_ref[...]
 
@@ -474,7 +464,7 @@ def four_bit_gmm(
                 dst = lambda row, rows: out_ref.at[pl.ds(row, rows), pl.ds(col * BLOCK_N + wg * WG_COLS, WG_COLS)]
 
                 def put(value_t):
-                    for piece in range(OUT_PIECES):  # (each from the same staging tile, once the last has read it)
+                    for piece in range(OUT_PIECES):  # (each through the staging tile once the last has read it)
                         first = piece * out_tile.shape[0]
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         if in_ptx:
