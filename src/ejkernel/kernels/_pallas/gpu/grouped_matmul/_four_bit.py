@@ -38,8 +38,8 @@ MXFP4, measured on an H200 at the MoE shape (M 32768, K 4096, N 1536, 64 groups)
 grouped matmul (0.71-0.76 ms), session 40 (BENCHMARKS.md): 0.94-1.04 ms in 256-row tiles (0.71-0.77x), bit for bit XLA's
 dequantize-then-multiply; 128-row tiles 1.43. Decoding into shared memory as wgmma's B instead (both warpgroups sharing
 each decoded tile, session 39's kernel) took 1.05-1.07 ms; issuing each step's wgmma behind the previous one's
-(`wgmma_wait(1)`, a loop of single steps) 1.15. Setting the signs in the table's high bytes (12 instructions a register, in place of 16 with
-the signs set in each word) took 0.977 ms against 1.079: the decoding's instruction count is what the products wait on.
+(`wgmma_wait(1)`, a loop of single steps) 1.15. Setting the signs in the table's high bytes (12 instructions a
+register, in place of 16 with the signs set in each word) took 0.977 ms against 1.079.
 Session 41: decoding a whole register of four code bytes a PTX call, where two bytes were assembled into one before,
 took 0.963 ms against 0.978; streaming the scales as bf16 `2^e` (`stream_factors`), where each exponent byte took about
 a dozen instructions in the kernel, 0.915 ms against 0.978 (0.80x bf16), bit for bit the same.
