@@ -1,4 +1,5 @@
-# Session 42, call 4 (nvidia-h200): the 4-bit kernel with the next step's wgmma queued ahead (exp/s42_issue_ahead.py),
+# Session 42, call 4 (nvidia-h200), run at 7abee01: the 4-bit kernel with the next step's wgmma queued ahead
+# (exp/s42_issue_ahead.py, removed with its flag after call 6: `git show 7abee01:exp/s42_issue_ahead.py`),
 # A/B in MXFP4 and affine int4; ptxas on it (serialised wgmma?); its profile in MXFP4 (256 x 3); the GPU tests.
 . exp/s28_env.sh
 for fmt in mxfp4 affine; do

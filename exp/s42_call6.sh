@@ -1,5 +1,6 @@
-# Session 42, call 6 (nvidia-h200): the 4-bit kernel's step pairs (each wgmma queued behind the previous one) and
-# output staged in row halves (a fifth stage), A/B in MXFP4 and affine int4 (exp/s42_pairs.py), each format in a
+# Session 42, call 6 (nvidia-h200), run at 0706e31: the 4-bit kernel's step pairs (each wgmma queued behind the
+# previous one) and output staged in row halves (a fifth stage), A/B in MXFP4 and affine int4 (exp/s42_pairs.py, removed
+# with its flags after this call: `git show 0706e31:exp/s42_pairs.py`), each format in a
 # process of its own; then the GPU tests of the kernel as committed (pairs, halves).
 . exp/s28_env.sh
 for fmt in mxfp4 affine; do
