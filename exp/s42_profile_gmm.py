@@ -3,10 +3,10 @@
 Mosaic GPU's on-device profiler (`CompilerParams(profile_space=...)`) records, per warpgroup, the SM clock at entering
 and leaving each `jax.named_scope` of the kernel body. Here the scopes are added from outside (no source change):
 `plgpu.barrier_wait`, `plgpu.wgmma`, `plgpu.wgmma_wait` and the 4-bit kernel's `_register_operand` (the decode) are
-wrapped in scopes of their names, and the kernels' `launch` passes the profiler's parameters. Each kernel runs once at
-the MoE shape (M 32768, K 4096, N 1536, 64 groups, bf16 lhs and out); its trace (the first `--events` scopes of each
-warpgroup, bounds-checked) is summarised per warpgroup role: cycles a step in each scope, exclusive of the scopes
-inside it, and outside any scope ("other"), and the first steps of one CTA as a timeline.
+wrapped in scopes of their names, and `plgpu.kernel` passes the profiler's parameters while a kernel is traced.
+Each kernel runs once at the MoE shape (M 32768, K 4096, N 1536, 64 groups, bf16 lhs and out); its trace (the first
+`--events` scopes of each warpgroup, bounds-checked) is summarised per warpgroup role: cycles a step in each scope,
+exclusive of the scopes inside it, and outside any scope ("other"), and the first steps of one CTA as a timeline.
 
     python exp/s42_profile_gmm.py --out $OUT
 """
@@ -28,7 +28,7 @@ from s39_mxfp4 import kernel_call, moe_case
 
 from ejkernel.kernels._common.code_bits import as_bytes
 from ejkernel.kernels._common.device import num_sms
-from ejkernel.kernels._pallas.gpu.grouped_matmul import _four_bit, _kernel
+from ejkernel.kernels._pallas.gpu.grouped_matmul import _four_bit
 from ejkernel.kernels._pallas.gpu.grouped_matmul._four_bit import MosaicGpuFourBitGroupedMatmulTiling
 from ejkernel.modules import grouped_matmul
 from ejkernel.ops.autotune import time_fns
@@ -45,22 +45,10 @@ def scoped(name, fn):
     return wrapped
 
 
-def profiled_launch(events: int, folder: str):
+def profiled_kernel(kernel, events: int, folder: str):
+    """`plgpu.kernel` with the profiler's parameters added: every Mosaic GPU launch traced while it stands in."""
     params = plgpu.CompilerParams(profile_space=events, profile_dir=folder, profile_bounds_check=True)
-
-    def launch(body, out_type, scratch, num_ctas, *args):
-        return plgpu.kernel(
-            body,
-            out_type=out_type,
-            scratch_types=scratch,
-            grid=(num_ctas,),
-            grid_names=("cta",),
-            num_threads=_kernel.COMPUTE_WGS + 1,
-            thread_name="wg",
-            compiler_params=params,
-        )(*args)
-
-    return launch
+    return lambda body, **kwargs: kernel(body, compiler_params=params, **kwargs)
 
 
 def summary(trace: dict, wgs: int = 3) -> dict:
@@ -102,10 +90,10 @@ def summary(trace: dict, wgs: int = 3) -> dict:
     return {"roles": out, "timeline_cta0": timeline}
 
 
-def run(label: str, call, args, launch_owner):
+def run(label: str, call, args):
     folder = tempfile.mkdtemp()
-    today = launch_owner.launch
-    launch_owner.launch = profiled_launch(args.events, folder)
+    today = plgpu.kernel
+    plgpu.kernel = profiled_kernel(today, args.events, folder)
     try:
         jax.block_until_ready(call())
         jax.effects_barrier()
@@ -113,7 +101,7 @@ def run(label: str, call, args, launch_owner):
         print(f"== {label}: failed: {str(err).splitlines()[0][:400]}", flush=True)
         return None
     finally:
-        launch_owner.launch = today
+        plgpu.kernel = today
     files = sorted(pathlib.Path(folder).glob("*trace.json"))
     if not files:
         print(f"== {label}: no trace written", flush=True)
@@ -144,16 +132,16 @@ def main():
             bm, stages, ctas = [*map(int, spec.split("x")), num_sms()][:3]
             tiling = MosaicGpuFourBitGroupedMatmulTiling(bm, stages, ctas)
             fn = kernel_call(q, as_bytes(q.data), sizes, tiling)
-            results[f"{fmt} {spec}"] = run(f"{fmt} {spec}", lambda fn=fn, lhs=lhs: fn(lhs), args, _four_bit)
+            results[f"{fmt} {spec}"] = run(f"{fmt} {spec}", lambda fn=fn, lhs=lhs: fn(lhs), args)
             timed[f"{fmt} {spec}"] = functools.partial(kernel_call(q, as_bytes(q.data), sizes, tiling), lhs)
-    if args.repeats:  # unprofiled (each kernel traced again with `launch` restored)
+    if args.repeats:  # unprofiled (each kernel traced again with `plgpu.kernel` restored)
         times = time_fns(timed, repeats=args.repeats, warmup=2)
         results["ms"] = {key: 1e3 * t for key, t in times.items()}
         print("  ".join(f"{key} {1e3 * t:.3f} ms" for key, t in times.items()), flush=True)
     if args.bf16 != "yes":
         return dump(args.out, results)
     bf16 = jax.jit(lambda a: grouped_matmul(a, w, sizes, platform="pallas", preferred_element_type=jnp.bfloat16))
-    results["bf16 mosaic"] = run("bf16 mosaic (pallas)", lambda: bf16(lhs), args, _kernel)
+    results["bf16 mosaic"] = run("bf16 mosaic (pallas)", lambda: bf16(lhs), args)
     dump(args.out, results)
 
 
