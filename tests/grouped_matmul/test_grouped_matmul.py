@@ -134,7 +134,7 @@ def test_row_spans_write_every_row_once_from_its_own_group(align):
 def test_heuristic_prefers_triton_for_h100_inference(monkeypatch, backend, kind, mode, platform, options):
     module = importlib.import_module("ejkernel.modules.operations.grouped_matmul")  # not the function
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    monkeypatch.setattr(module, "device_kind", lambda: kind)
+    monkeypatch.setattr(module, "describe_device", lambda: {"device_kind": kind})
     args = (jnp.zeros((64, 16), jnp.bfloat16), jnp.zeros((4, 16, 8), jnp.bfloat16), jnp.full((4,), 16, jnp.int32))
     cfg = GroupedMatmul().heuristic_cfg(Invocation("grouped_matmul", args, options, "auto", mode))
     assert cfg.platform == platform

@@ -14,6 +14,7 @@ from ejkernel.kernels._common.grouped_matmul import check_args, check_versions, 
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.config import BOOL, POSITIVE_INT, KernelTiling, Rule
+from ejkernel.ops.fingerprint import describe_device
 from ejkernel.ops.kernel import FORWARD
 from ejkernel.quantization import QuantizedArray
 from ejkernel.registry import Backend, Platform, current_backend, implementations
@@ -162,11 +163,6 @@ TRITON_FORWARD_GPU = "H100"
 (`GroupedMatmul.heuristic_cfg`)."""
 
 
-def device_kind() -> str:
-    """The default device's kind, e.g. "NVIDIA H200"."""
-    return jax.devices()[0].device_kind
-
-
 class GroupedMatmul(Kernel):
     """The executor's `Kernel` for `grouped_matmul`: op id `"grouped_matmul"`, config `GroupedMatmulConfig`.
 
@@ -209,7 +205,8 @@ class GroupedMatmul(Kernel):
         Triton's in session 39) where they serve the call; where they decline (other formats), Triton's."""
         forward_on_gpu = inv.platform == "auto" and inv.mode == FORWARD and current_backend() == Backend.GPU
         quantized = isinstance(inv.args[1], QuantizedArray)
-        if forward_on_gpu and TRITON_FORWARD_GPU in device_kind() and not inv.kwargs.get("fp8_lhs") and not quantized:
+        plain_forward = forward_on_gpu and not inv.kwargs.get("fp8_lhs") and not quantized
+        if plain_forward and TRITON_FORWARD_GPU in describe_device()["device_kind"]:  # (the device asked last)
             return GroupedMatmulConfig(platform="triton")
         return super().heuristic_cfg(inv)
 
