@@ -49,12 +49,16 @@ def _gmm(lhs, q, sizes, **kwargs):
 @pytest.mark.parametrize("fmt", [MXFP4, AFFINE], ids=["mxfp4", "affine"])
 def test_interpret_forward_matches_reference(fmt, capfd):
     """Groups starting off multiples of 8, an empty group, rows past the last group (spans of zeros), two CTAs
-    walking several 128 x 128 units of two column tiles, three K steps (MXFP4) or four (affine: the kernel takes steps
-    in pairs), a float32 output."""
-    m, k, n, sizes = 150, 192 if fmt is MXFP4 else 256, 256, jnp.asarray([37, 0, 70, 20], jnp.int32)
+    walking several units of two column tiles, a float32 output. MXFP4: 128-row tiles, three K steps; affine: 256-row
+    tiles, spans both wider and narrower than `NARROW_ROWS`, four K steps (the kernel takes steps in pairs)."""
+    if fmt is MXFP4:
+        m, k, bm, sizes = 150, 192, 128, [37, 0, 70, 20]
+    else:
+        m, k, bm, sizes = 300, 256, 256, [37, 0, 170, 20]
+    n, sizes = 256, jnp.asarray(sizes, jnp.int32)
     q, dense = _weights(len(sizes), k, n, fmt)
     lhs = randn((m, k), jnp.bfloat16)
-    tiling = MosaicGpuFourBitGroupedMatmulTiling(128, 3, 2)
+    tiling = MosaicGpuFourBitGroupedMatmulTiling(bm, 3, 2)
     with interpret_mode():
         out = _gmm(lhs, q, sizes, out_dtype=jnp.float32, tiling=tiling, in_ptx=False)
     ref = grouped_matmul_reference(lhs.astype(jnp.float32), dense.astype(jnp.float32), sizes, transpose_rhs=True)
