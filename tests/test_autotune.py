@@ -9,6 +9,8 @@ import pytest
 from ejkernel.ops import AutotunePolicy, Tuner, autotune, policy_override
 from ejkernel.ops.autotune import active_policy, time_fns
 
+pytestmark = pytest.mark.lowest
+
 LOGGER = "ejkernel.autotune"
 CLOCK = [0.0]  # seconds on the fake clock the tuner reads: timings here do not depend on the machine's load
 

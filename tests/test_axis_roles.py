@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 from ejkernel import modules
 from harness import assert_close, randn
 
+pytestmark = pytest.mark.lowest
+
 R, ROWS, HEADS = P(), P("x"), P(None, None, "x")
 q, k, v = randn((4, 16, 8, 16)), randn((4, 16, 4, 16)), randn((4, 16, 4, 16))
 sinks = randn((8,))

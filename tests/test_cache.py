@@ -15,6 +15,8 @@ import ejkernel.ops.cache
 from ejkernel.modules import MeanPoolingConfig
 from ejkernel.ops import BwdParams, ConfigCache, FwdParams, PersistentCache
 
+pytestmark = pytest.mark.lowest
+
 CFG_A = MeanPoolingConfig(platform="xla", fwd_params=FwdParams(block_k=16))
 CFG_B = MeanPoolingConfig(platform="triton", fwd_params=FwdParams(block_k=32, block_d=256, num_warps=4))
 

@@ -118,6 +118,7 @@ def test_traced_out_of_range_slot_reads_zeros_and_writes_nothing():
     assert bool(jnp.all(new[0] == pool[0])) and bool(jnp.all(new[2] == pool[2]))
 
 
+@pytest.mark.lowest
 def test_easydel_call_form():
     """EasyDeL 0.3.0's `ragged_causal_conv1d(x, conv_state, kernel, query_start_loc, state_indices, distribution,
     d_conv=, apply_silu=)`: full-width state, SiLU by default, sequences past `distribution[2]` inactive."""
@@ -142,6 +143,7 @@ def test_empty_inputs():
     assert causal_conv1d(randn((0, C)), weight, cu_seqlens=jnp.array([0, 0], jnp.int32)).shape == (0, C)
 
 
+@pytest.mark.lowest
 def test_sharded_over_channels_and_batch():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     x, weight, b, state = randn((4, 10, 8)), randn((8, 4)), randn((8,)), randn((4, 8, 3))
@@ -184,6 +186,7 @@ def _bad(**changes):
 PACKED = dict(x=jnp.ones((5, C)), cu_seqlens=jnp.array([0, 2, 2, 5], jnp.int32))
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [

@@ -24,6 +24,7 @@ def test_demo_checks_every_op_against_its_reference(capsys, monkeypatch):
     assert "mean_pooling" in out and "rel_error" in out and "NO" not in out
 
 
+@pytest.mark.lowest
 def test_cache_list_and_clear(capsys):
     PersistentCache().put("mean_pooling|fp|sig", MeanPoolingConfig(platform="xla"))
     assert main(["cache", "list"]) == 0
@@ -74,6 +75,7 @@ def test_bench_lists_benchmarks_and_takes_op_names(monkeypatch, capsys):
     assert ran == [["--quick"]] and "timed by the mla benchmark" in capsys.readouterr().out
 
 
+@pytest.mark.lowest
 def test_version_and_python_dash_m():
     import subprocess
     import sys
@@ -101,6 +103,7 @@ def test_bad_command_lines_exit_with_usage(argv):
         main(argv)
 
 
+@pytest.mark.lowest
 def test_autotune_caches_and_exports_the_winners(tmp_path, capsys):
     exported = tmp_path / "tuned.json"
     args = ["autotune", "--export", str(exported), "mean_pooling", "--quick", "--repeats", "2", "--out", str(tmp_path)]

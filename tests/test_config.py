@@ -8,6 +8,8 @@ import pytest
 from ejkernel.modules import MeanPoolingConfig
 from ejkernel.ops import BwdParams, ConfigBase, FwdParams, KernelConfig
 
+pytestmark = pytest.mark.lowest
+
 POW2_FIELDS = ("block_q", "block_k", "block_d", "num_warps")
 
 

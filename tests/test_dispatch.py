@@ -37,6 +37,8 @@ from selection_toys import (
     toy_key,
 )
 
+pytestmark = pytest.mark.lowest
+
 # --- platform "auto": falling through implementations ------------------------------------------------
 
 FALL_OP = "toy_fallthrough_op"

@@ -8,6 +8,8 @@ import pytest
 from ejkernel import modules
 from harness import randn
 
+pytestmark = pytest.mark.lowest
+
 
 def i32(values):
     return jnp.asarray(values, jnp.int32)

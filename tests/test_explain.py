@@ -9,6 +9,8 @@ from ejkernel.modules import FlashAttentionConfig
 from ejkernel.ops import overlay_cache
 from reliability.test_configs_change_nothing import CASES
 
+pytestmark = pytest.mark.lowest
+
 
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_explain_names_config_tier_and_implementation(op):

@@ -11,6 +11,8 @@ import ejkernel.version
 from ejkernel.ops import device_fingerprint
 from ejkernel.ops.fingerprint import describe_device
 
+pytestmark = pytest.mark.lowest
+
 
 @dataclasses.dataclass
 class FakeClient:

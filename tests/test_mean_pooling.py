@@ -45,6 +45,7 @@ def test_empty_sequence_gives_zeros():
     assert empty.shape == (2, 8) and bool(jnp.all(empty == 0))
 
 
+@pytest.mark.lowest
 def test_public_function_under_jit_vmap_and_checkpoint():
     x = randn((2, 3, 17, 8))
     expected = jax.vmap(mean_pooling_reference)(x)
@@ -54,6 +55,7 @@ def test_public_function_under_jit_vmap_and_checkpoint():
     assert_close(grad, ref_grad)
 
 
+@pytest.mark.lowest
 def test_sharded_over_batch_equals_unsharded():
     mesh = jax.make_mesh((8,), ("data",))
     x = randn((16, 33, 12))

@@ -10,6 +10,8 @@ from ejkernel.modules import merge_attention_states
 from ejkernel.reference.merge_attention_states import merge_attention_states_reference
 from harness import assert_close, check_forward_and_grads, randn
 
+pytestmark = pytest.mark.lowest
+
 ROWS, HEADS, DIM = 37, 4, 16
 
 

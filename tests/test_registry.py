@@ -11,6 +11,8 @@ from ejkernel import Backend, KernelRegistry, Platform, kernel_registry
 from ejkernel.ops import Kernel
 from ejkernel.registry import current_backend, declared_implementations, implementations
 
+pytestmark = pytest.mark.lowest
+
 
 def _tagged(tag):
     """A distinct implementation function that says which registration it is."""

@@ -166,6 +166,7 @@ def test_mesh_causal_mirrored_on_an_odd_ring_with_window():
     check(fn, lambda q, k, v: reference(q, k, v, **kw), [q, k, v])
 
 
+@pytest.mark.lowest
 def test_mesh_non_causal_contiguous_mqa_int_window_chunk_size():
     """Specs that leave the sequence unsharded: ring_attention shards it over "sp" itself."""
     mesh = ring_mesh(AxisType.Explicit)
@@ -196,6 +197,7 @@ def test_set_mesh_keeps_the_batch_sharding_of_explicit_inputs():
     assert_close(out, reference(q, k, v, causal=True))
 
 
+@pytest.mark.lowest
 def test_legacy_mesh_context():
     """`with mesh:` (deprecated by JAX, named by API.md) works like `jax.set_mesh`."""
     q, k, v = qkv(2)
@@ -417,6 +419,7 @@ ERRORS = [
 ]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("case", "call", "error", "words"), ERRORS, ids=[e[0] for e in ERRORS])
 def test_errors_name_the_argument(case, call, error, words):
     q, k, v = qkv(2)

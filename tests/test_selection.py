@@ -53,6 +53,8 @@ from selection_toys import (
     toy_xla,
 )
 
+pytestmark = pytest.mark.lowest
+
 # --- tier 1: cfg= override ---------------------------------------------------------------------------
 
 

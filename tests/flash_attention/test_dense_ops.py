@@ -45,6 +45,7 @@ def test_attention_mask_info_and_dropout():
         attention(q, k, v, dropout_prob=0.5, deterministic=False)
 
 
+@pytest.mark.lowest
 def test_sdpa_matches_reference_with_lengths_window_and_mask_info():
     q, k, v = qkv()
     lengths = jnp.array([S, 17], jnp.int32)
@@ -82,6 +83,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("call", "words"), BAD_INPUTS)
 def test_bad_inputs_name_the_argument(call, words):
     with pytest.raises((ValueError, TypeError)) as info:

@@ -26,6 +26,7 @@ def reference(q, k, v, **kw):
     return flash_attention_reference(q, k, v, softmax_scale=D**-0.5, **kw)
 
 
+@pytest.mark.lowest
 def test_defaults_match_reference_forward_and_grads():
     q, k, v = qkv()
     fn = lambda q, k, v: flash_attention(q, k, v, causal=True, cfg=SMALL)
@@ -120,6 +121,7 @@ def test_jit_vmap_checkpoint():
     assert_close(g, jax.grad(lambda q: jnp.sum(reference(q, k, v, causal=True) ** 2))(q), tol=1e-4)
 
 
+@pytest.mark.lowest
 def test_sharded_over_batch_and_heads_equals_unsharded():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     q, k, v = randn((2, 24, 8, D)), randn((2, 24, 4, D)), randn((2, 24, 4, D))
@@ -159,6 +161,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("case", "call", "words"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_inputs_name_the_argument(case, call, words):
     q, k, v = qkv()

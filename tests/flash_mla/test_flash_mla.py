@@ -86,6 +86,7 @@ def test_padding_rows_are_zero_with_finite_gradients():
     assert bool(jnp.all(grads[0][:, 30:] == 0))
 
 
+@pytest.mark.lowest
 def test_public_function_defaults_jit_vmap_checkpoint():
     q, kv, wk, wv, bq, bk = mla_inputs()
     ref = jax.jit(functools.partial(flash_mla_reference, sliding_window=(5, 5)))(q, kv, wk, wv, bq, bk)
@@ -108,6 +109,7 @@ def test_dropout_is_deterministic_per_key_and_off_when_deterministic():
     assert_close(drop(jax.random.PRNGKey(1), True), flash_mla_reference(q, kv, wk, wv, bq, bk))
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("change", "error", "words"),
     [
@@ -124,6 +126,7 @@ def test_bad_tensors_name_the_argument(change, error, words):
         flash_mla(*change(mla_inputs()))
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("options", "error", "words"),
     [

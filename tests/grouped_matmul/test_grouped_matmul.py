@@ -30,6 +30,7 @@ def _check(lhs, rhs, *rest, argnums=(0, 1), sizes=SIZES, offset=None, **options)
     check_forward_and_grads(fn, ref, [lhs, rhs, *rest], argnums, lhs.dtype)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("dtype", "transpose_rhs"), [(jnp.float32, False), (jnp.bfloat16, True)])
 def test_matches_reference(dtype, transpose_rhs):
     rhs_shape = (8, N, K) if transpose_rhs else (8, K, N)
@@ -182,6 +183,7 @@ def test_autotuning_stand_in_for_traced_group_sizes_shares_the_rows():
     assert sizes.dtype == jnp.int32 and int(sizes.sum()) == 100 and int(sizes.min()) == 12
 
 
+@pytest.mark.lowest
 def test_expert_parallel_shards_with_offsets_and_callback():
     """Each of 8 devices holds 2 experts (group_offset 0, 2, ...); a psum joins the shards' rows."""
     mesh = jax.make_mesh((8,), ("ep",))
@@ -204,6 +206,7 @@ def test_expert_parallel_shards_with_offsets_and_callback():
         assert_close(grad, ref)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [

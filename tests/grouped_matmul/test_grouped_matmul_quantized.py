@@ -64,6 +64,7 @@ def test_xla_every_mode_matches_reference(mode, axis, transpose_rhs, group_size,
     _check(impl, randn((M, K)), rhs, transpose_rhs=transpose_rhs)
 
 
+@pytest.mark.lowest
 def test_public_function_bf16_offset_bias_and_frozen_weights():
     """Through the executor: a shard of groups 2..5, v3 bias, bf16; the packed arrays get zero cotangents."""
     rhs = _quantized("affine", "row", False, groups=4, group_size=32)
@@ -132,6 +133,7 @@ def test_xla_fp8_block_scales():
     check_forward_and_grads(fn, ref, [randn((M, K), jnp.bfloat16), scale], (0,), jnp.bfloat16)
 
 
+@pytest.mark.lowest
 def test_bad_inputs_one_line():
     lhs, rhs = randn((M, K)), _quantized("affine", "col", False, group_size=32)
     flat = quantize_array(randn((K, N)), group_size=32, axis="col")

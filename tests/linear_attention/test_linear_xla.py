@@ -159,6 +159,7 @@ def test_packed_decode_continues_each_sequence():
     assert_close(out(q, k, v, g, h0), ref(q, k, v, g, h0))
 
 
+@pytest.mark.lowest
 def test_padding_only_and_empty_inputs_are_zeros_with_finite_gradients():
     q, k, v = qkv(seq=9, kv_heads=H)
     beta, seg = write_strength(B, 9, H), -jnp.ones((B, 9), jnp.int32)
@@ -187,6 +188,7 @@ def test_vmap_and_checkpoint():
     assert_close(grad, ref_grad, tol=1e-4)
 
 
+@pytest.mark.lowest
 def test_gated_delta_rule_sharded_over_batch_and_heads():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     q, k, v = qkv(batch=4, seq=20, heads=8, kv_heads=8)
@@ -201,6 +203,7 @@ def test_gated_delta_rule_sharded_over_batch_and_heads():
         gated_delta_rule(q, k, v, beta, mesh=mesh, in_specs=(P(None, "data"),) * 4, out_specs=P(None, "data"))
 
 
+@pytest.mark.lowest
 def test_registry_names_and_direct_calls():
     q, k, v = qkv(batch=1, seq=5, kv_heads=H)
     beta = write_strength(1, 5, H)
@@ -277,6 +280,7 @@ _beta = jnp.full((1, 6, 2), 0.5)
 _xla = functools.partial(kernel_registry.get, platform="xla")
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [

@@ -101,6 +101,7 @@ def test_decode_batch_without_query_start_loc():
     check(out, new_state, inputs, np.arange(7, dtype=np.int32), slots)
 
 
+@pytest.mark.lowest
 def test_easydel_call_form():
     """EasyDeL's keyword call (decay zeros where the model has none), eagerly: the values are checked too."""
     query, key, value, beta, _, state = make_inputs()
@@ -153,6 +154,7 @@ def test_grad_through_a_surrounding_function():
     assert_close(grad, expected, tol=1e-4)
 
 
+@pytest.mark.lowest
 def test_heads_split_over_a_mesh():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     inputs = make_inputs(heads=4)
@@ -244,6 +246,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input_raises_one_line_error(case):
     build, error, words = BAD_INPUTS[case]

@@ -62,6 +62,7 @@ def test_exports():
     )
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("mode", "bits"), MODES)
 def test_round_trip(mode, bits):
     """Every mode: dequantize equals the reference's independent decoding, and the error is bounded (per value
@@ -223,6 +224,7 @@ def test_runtime_config():
     assert Q.runtime_autotune_cache_sizes() == (0, 0)
 
 
+@pytest.mark.lowest
 def test_quantized_array_and_dense_matmul():
     kernel, x = randn((64, 32)), randn((3, 64))
     qa = prepack_quantized_array(kernel, mode="nf4", group_size=16, transpose=False)

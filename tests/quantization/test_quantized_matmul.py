@@ -88,6 +88,7 @@ def test_axis_overrides_transpose():
     np.testing.assert_array_equal(quantized_matmul(x, *weights, transpose=True, axis="row", mode="nf4"), expected)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("dtype", "transpose"), [(jnp.float32, False), (jnp.bfloat16, True)])
 def test_gradient_wrt_x(dtype, transpose):
     """∂x against the reference's autodiff, in x's dtype; w, scales and zeros get zero cotangents."""
@@ -100,6 +101,7 @@ def test_gradient_wrt_x(dtype, transpose):
     assert not bool(jnp.any(grads[1])) and not bool(jnp.any(grads[2]))
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("mode", "bits", "extra"),
     [("affine", 8, {}), ("nf4", 4, {"allow_dense_fallback": False, "strict_fuse": False, "tpu_path": "predecode"})],

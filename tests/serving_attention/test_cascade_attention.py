@@ -37,6 +37,7 @@ def test_matches_reference_forward_and_grads():
     check_forward_and_grads(cascade_attention, reference, args, (0, 1, 2, 3, 4), jnp.bfloat16)
 
 
+@pytest.mark.lowest
 def test_sinks_soft_cap_and_empty_sides():
     args, sinks = case(), randn((H,))
     out = cascade_attention(*args, sinks, logits_soft_cap=5.0)
@@ -56,6 +57,7 @@ def test_sharded_over_heads_and_sequences():
         assert_close(call(*args), reference(*args))
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("change", "error", "words"),
     [

@@ -188,6 +188,7 @@ def test_grad_with_respect_to_the_queries():
         assert_close(g, rg, tol=1e-4)
 
 
+@pytest.mark.lowest
 def test_easydel_call_form():
     """EasyDeL's call (`operations/kernels/multi_latent_ragged_page_attention.py:613`): a 2-D page table
     reshaped by the caller, every option by keyword, its config; `[T, 1, L]` keys squeezed."""
@@ -212,6 +213,7 @@ def test_easydel_call_form():
     assert bool(jnp.array_equal(out_2d, out)) and bool(jnp.array_equal(cache_2d, cache))
 
 
+@pytest.mark.lowest
 def test_heads_split_over_a_mesh():
     """`mesh=`: the query heads split over 2 devices, the latents, cache and tables whole on each; a split
     cache is refused by name."""
@@ -260,6 +262,7 @@ BAD = {
 }
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("name", BAD)
 def test_bad_inputs(name):
     index, value, options = BAD[name]

@@ -96,6 +96,7 @@ def test_xla_gradients_of_queries_and_scales():
     )
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("platform", ["xla", "triton"])
 def test_int8_cache(platform):
     args, options = quantized_case("page_attention", INT8, rng_seed=3)
@@ -177,6 +178,7 @@ def test_v3_sharded_heads_split_the_scales_as_the_cache():
     assert_same_writes(*out[1:], *ref[1:])
 
 
+@pytest.mark.lowest
 def test_bad_inputs():
     args, options = quantized_case("page_attention", INT8)
     with pytest.raises(TypeError, match="key_cache is int8: pass key_cache_scales"):

@@ -54,6 +54,7 @@ FULL = {
 }
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("op", OPS)
 def test_matches_reference(op):
     case, options = FULL[op]
@@ -113,6 +114,7 @@ def test_empty_sequences_give_zeros_and_zero_gradients():
     assert float(out) == 0.0 and bool(jnp.all(grad == 0))
 
 
+@pytest.mark.lowest
 def test_vmap_and_sharded_heads():
     """vmap over two independent batches; unified_attention with its heads split over 2 devices."""
     cases = [CASES["ragged_decode_attention"](np.random.default_rng(s), batch=2)[0] for s in (1, 2)]
@@ -204,6 +206,7 @@ def _bad_calls():
 BAD = _bad_calls()
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_names_the_argument(case):
     call, words = BAD[case]

@@ -193,6 +193,7 @@ def test_jit_vmap_checkpoint():
     assert_close(grad, ref, tol=1e-4)
 
 
+@pytest.mark.lowest
 def test_sharded_over_batch_and_heads_equals_unsharded():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     q, k, v = qkv(2, 8, 4, 24, 24, 16)
@@ -238,6 +239,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("case", "call", "words"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_inputs_name_the_argument(case, call, words):
     q, k, v = qkv(2, 4, 2, S, S, 16)

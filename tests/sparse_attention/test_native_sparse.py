@@ -81,6 +81,7 @@ def test_clean_selection_drops_what_is_not_visited():
 # ---- the public function ----
 
 
+@pytest.mark.lowest
 def test_public_default_block_size_jit_and_sharding():
     q, k, v = inputs(batch=2, seq=100, heads=8, kv_heads=4)
     g = randn((2, 100, 8))
@@ -189,6 +190,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(("case", "call", "words"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_inputs_name_the_argument(case, call, words):
     q, k, v = inputs()

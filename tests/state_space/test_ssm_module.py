@@ -19,6 +19,7 @@ V1_CFG = StateSpaceV1Config(platform="xla", chunk_size=8)
 V2_CFG = StateSpaceV2Config(platform="xla", chunk_size=8)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("op", ["v1", "v2"])
 def test_public_function_under_jit_vmap_and_checkpoint(op):
     """An extra leading axis through vmap, each slice a full call; forward and the VJP of x, A and dt."""
@@ -115,6 +116,7 @@ def _mesh():  # made when a case runs: on a one-GPU host the GPU suite only coll
 SEQ_SHARDED = (P(None, "model"), P(), P(None, "model"), P(None, "model"), P(), P(None, "model"), None, None)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
