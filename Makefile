@@ -30,7 +30,7 @@ test: unit unit-lowest integration docs
 
 unit: $(STAMP)
 	$(VENV)/bin/ruff check src tests
-	$(PY) -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_docs.py
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not lowest" --ignore=tests/test_docs.py
 
 $(LOWEST_STAMP): pyproject.toml
 	@test -x $(LOWEST)/bin/python || "$$(tools/find-python)" -m venv $(LOWEST)
@@ -38,11 +38,12 @@ $(LOWEST_STAMP): pyproject.toml
 	$(LOWEST)/bin/python -m pip install -q -e '.[test,bench]' "jax==$(JAX_LOWEST)"
 	@touch $@
 
-# `unit-lowest` runs the tests marked `lowest` at the lowest JAX the package allows (the one the GPU machines run, where
-# the GPU suite compiles every GPU kernel for real): the framework (dispatch, selection, caches, autotuning, configs,
-# the registry), and per op family its public call against the reference (forward and gradients), a sharded call and
-# its bad-input errors. Everything runs at the newest JAX in `unit`; what a version changes (jit, custom VJPs,
-# shard_map, dtypes) every marked call goes through.
+# Each test runs once, at one of the two ends of the JAX versions the package allows. `unit-lowest` runs the tests
+# marked `lowest` at the lowest (the one the GPU machines run, where the GPU suite compiles every GPU kernel for real):
+# the framework (dispatch, selection, caches, autotuning, configs, the registry), and per op family its public call
+# against the reference (forward and gradients), a sharded call and its bad-input errors, so that what a version
+# changes (jit, custom VJPs, shard_map, dtypes) is met on every family's path. `unit` runs the rest at the newest:
+# the variants of those calls, the kernels, the reliability suite, the harness.
 unit-lowest: $(LOWEST_STAMP)
 	$(LOWEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m lowest --ignore=tests/test_docs.py
 

@@ -2,8 +2,12 @@
 
 import json
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+import ejkernel.modules as modules
+from ejkernel import demo
 from ejkernel.cli import main
 from ejkernel.modules import MeanPoolingConfig
 from ejkernel.ops import PersistentCache
@@ -16,12 +20,24 @@ def test_info_lists_ops_and_platforms(capsys):
     assert "mean_pooling" in out and "flash_attention" in out
 
 
-@pytest.mark.long
-def test_demo_checks_every_op_against_its_reference(capsys, monkeypatch):
+def test_demo_checks_its_ops_against_their_references(capsys, monkeypatch):
+    """The demo end to end on three of its cases (each op against its reference is its own tests' job: the whole
+    demo takes over a minute of CI)."""
+    cases = [case for case in demo._cases() if case.op in ("mean_pooling", "gla_attention", "page_attention")]
+    monkeypatch.setattr("ejkernel.demo._cases", lambda: cases)
     monkeypatch.setattr("ejkernel.demo.time_fn", lambda fn, **_: 1e-3)  # its timings are for people, not this test
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "mean_pooling" in out and "rel_error" in out and "NO" not in out
+    assert "mean_pooling" in out and "page_attention" in out and "rel_error" in out and "NO" not in out
+
+
+def test_every_demo_case_fits_its_op():
+    """Each demo case's inputs and options are ones its op takes (traced, not compiled)."""
+    for index, case in enumerate(demo._cases()):
+        args, options = case.make_inputs(jax.random.PRNGKey(index))
+        op = getattr(modules, case.op)
+        out = jax.eval_shape(lambda *a, op=op, o=options, pick=case.output: pick(op(*a, **o)), *args)
+        assert out.shape and jnp.issubdtype(out.dtype, jnp.floating), case.op
 
 
 @pytest.mark.lowest

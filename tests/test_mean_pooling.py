@@ -20,15 +20,22 @@ IMPLEMENTATIONS = {"xla": mean_pooling_xla, "triton": functools.partial(mean_poo
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("shape", [(3, 37, 70), (2, 1, 16), (2, 19, 3, 24), (2, 101, 16)])  # last: split rows
+@pytest.mark.parametrize(  # last: split rows
+    ("shape", "dtype"),
+    [
+        ((3, 37, 70), jnp.float32),
+        ((2, 1, 16), jnp.bfloat16),
+        ((2, 19, 3, 24), jnp.float32),
+        ((2, 101, 16), jnp.bfloat16),
+    ],
+)
 def test_dense_matches_reference(impl, dtype, shape):
     fn = lambda x: IMPLEMENTATIONS[impl](x, cfg=SMALL_TILES)
     check_forward_and_grads(fn, mean_pooling_reference, [randn(shape, dtype)], argnums=(0,), dtype=dtype)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("lengths", [[5, 0, 35, 71], [1], [8, 8, 8], [3, 150, 40]])
+@pytest.mark.parametrize("lengths", [[5, 0, 35, 71], [1], [3, 150, 40]])
 def test_packed_matches_reference(impl, lengths):
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
     x = randn((int(cu[-1]), 2, 21))

@@ -70,7 +70,6 @@ def check(fn, ref, args, dtype=jnp.float32):
 
 SHARD_MAP_CASES = {
     "mha": dict(kv_heads=4, kw={}),
-    "gqa-causal-window": dict(kv_heads=2, kw={"causal": True, "sliding_window": (13, 0)}),
     "mqa-causal-softcap-sinks": dict(kv_heads=1, kw={"causal": True, "logits_soft_cap": 2.0}, sinks=H),
     "gqa-segments-window-shared-sinks": dict(kv_heads=2, kw={"sliding_window": (6, 17)}, sinks=3, segments=True),
 }

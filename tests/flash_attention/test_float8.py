@@ -123,11 +123,9 @@ KERNEL_CASES = {
     "pingpong-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"overlap": False}),
     "d64": (1, 130, 200, 2, 2, 64, False, {}),
     "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {}),
-    "d128": (1, 130, 300, 2, 2, 128, False, {}),
     "pingpong-bk64-stages3-causal-d64": (
         (1, 130, 200, 2, 2, 64, True, {"overlap": False, "fwd_params": FwdParams(block_k=64, num_stages=3)})
     ),
-    "bk64-causal-d64": (1, 200, 200, 2, 2, 64, True, {"fwd_params": FwdParams(block_k=64)}),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
 }
 

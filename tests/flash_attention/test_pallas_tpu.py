@@ -33,7 +33,6 @@ run_case = functools.partial(run_attention_case, tpu, heads=2, kv_heads=1)
 @pytest.mark.parametrize(
     "q_len, kv_len, heads, kv_heads, causal",
     [
-        (64, 64, 2, 2, False),  # block multiples, MHA
         (100, 63, 2, 1, False),  # ragged lengths, MQA
         (1, 100, 2, 1, False),  # a single query row
         (63, 100, 4, 2, True),  # causal GQA, more keys than queries (top-left aligned)
@@ -44,21 +43,12 @@ def test_shapes(q_len, kv_len, heads, kv_heads, causal):
     run_case(q_len=q_len, kv_len=kv_len, heads=heads, kv_heads=kv_heads, causal=causal)
 
 
-@pytest.mark.parametrize("window, causal", [((16, 8), False), ((40, 0), True)])
-def test_sliding_window(window, causal):
-    run_case(q_len=100, kv_len=100, sliding_window=window, causal=causal)
+def test_sliding_window_both_sides():  # (causal windows: `test_all_features_together`)
+    run_case(q_len=100, kv_len=100, sliding_window=(16, 8))
 
 
 def test_soft_cap_with_fewer_keys_than_a_block():
     run_case(logits_soft_cap=2.0, causal=True, batch=2, q_len=63, kv_len=17)
-
-
-def test_sinks_per_head():
-    run_case(num_sinks=2, q_len=63, kv_len=100)
-
-
-def test_sinks_shared_with_broadcast_bias():
-    run_case(num_sinks=3, bias_shape=(1, 1, 63, 63), q_len=63, causal=True)
 
 
 def test_bias_per_batch_and_head():

@@ -2,8 +2,8 @@
 
 For every op function in `ejkernel.modules.operations.__all__`: one small float32 call on the xla platform,
 then the same call under configs (given as an overlay, which reaches ops without a `cfg` argument too) that
-set each field but platform/backend to a few legal values, and under every candidate the op's Kernel
-offers the autotuner for this call. Outputs must agree to float32 rounding (tilings and chunk sizes change
+set each field but platform/backend to another legal value (a few for tilings), and under every candidate the
+op's Kernel offers the autotuner for this call. Outputs must agree to float32 rounding (tilings and chunk sizes change
 the order of sums); for the ops whose configs tile the backward too (`Kernel.tune_argnums`), so must the
 gradients under the backward tilings and the candidates. NSA's `block_size`, a field kept for upstream's
 configs, must equal the call's or be refused.
@@ -151,7 +151,7 @@ NAMED_VALUES = {
         CausalConv1dTritonTiling(step_rows=1),
     ),
 }
-INTS = (1, 2, 8, 32)  # an int field takes the smallest and the largest of these that it accepts
+INTS = (1, 2, 8, 32)  # an int field takes the smallest of these that it accepts
 
 
 def _op_functions() -> dict[str, typing.Callable]:
@@ -180,7 +180,7 @@ def _legal_values(field, default_cfg) -> list:
             legal.append(dataclasses.replace(default_cfg, **{field.name: value}))
         except (ValueError, TypeError):
             continue
-    return legal if field.name in NAMED_VALUES else legal[:1] + legal[1:][-1:]
+    return legal if field.name in NAMED_VALUES else legal[:1]
 
 
 def _float_leaves(result) -> list:

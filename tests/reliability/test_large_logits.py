@@ -106,11 +106,11 @@ def test_flash_attention_backward_at_large_logits(inputs, kw):
 
 @pytest.mark.long
 def test_ring_backward_at_large_logits():
-    """Causal, mirrored, on 4 devices: the ring merges the (offset, rest) pairs of its steps."""
+    """Causal, mirrored, on 2 devices: the ring merges the (offset, rest) pairs of its steps."""
     rng = np.random.default_rng(1)
     q, k = tied_inputs(rng, 4.3e4)
     v, do = rng.standard_normal((B, S, HKV, D)), rng.standard_normal((B, S, H, D))
-    mesh = jax.make_mesh((4,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
+    mesh = jax.make_mesh((2,), ("sp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
     body = functools.partial(
         ring_attention_triton, softmax_scale=SCALE, causal=True, axis_name="sp", layout="mirrored", interpret=True
     )

@@ -77,11 +77,12 @@ def test_linear_attention_packed_bounds_end_at_the_last_token():
 
 @pytest.mark.long
 def test_native_sparse_packed_bounds_end_at_the_last_token():
-    """NSA's bounds must end at T exactly, as the linear-attention family's: the last one is set to T."""
+    """NSA's bounds must end at T exactly, as the linear-attention family's: the last one is set to T. (Two of the
+    cases: the eager reference takes some 9 s a case.)"""
     q, k, v = randn((1, T, 4, 16)), randn((1, T, 2, 16)), randn((1, T, 2, 16))
     g_cmp, g_slc = jax.nn.sigmoid(randn((2, 1, T, 4)))
     jitted = jax.jit(lambda cu: native_sparse_attention(q, k, v, g_cmp, g_slc, None, 2, cu, block_size=4))
-    for bad, clamped in PACKED:
+    for bad, clamped in PACKED[:2]:
         reference = native_sparse_attention_reference(
             q, k, v, g_cmp, g_slc, None, 2, _array([*clamped[:-1], T]), block_size=4
         )

@@ -57,11 +57,6 @@ INTERPRET_CASES = {
         dict(sliding_window=70, logits_soft_cap=3.0),
         MosaicGpuLatentPagedTiling(num_splits=3, stages=3),
     ),
-    "shared scores, P in the r tiles, 2 splits": (
-        dict(q_lens=(1, 0, 1), kv_lens=(250, 3, 100), pages_per_seq=4, heads=64, page=64, latent=128, rope=64),
-        dict(sliding_window=170),
-        MosaicGpuLatentPagedTiling(num_splits=2, stages=2, shared_scores=True),
-    ),
     "16 heads (4 queries a tile), prefill chunks, window inside a block, 2 splits": (
         dict(q_lens=(1, 6, 0, 3), kv_lens=(100, 150, 3, 70), pages_per_seq=3, heads=16, page=64, latent=128, rope=64),
         dict(sliding_window=90),
