@@ -16,10 +16,12 @@ LOWEST_STAMP := $(LOWEST)/.installed
 
 .PHONY: demo test unit unit-lowest integration docs lint gpu-test clean
 
+# pip installs without byte-compiling every module (those imported compile as they are first imported): 19 s in
+# place of 48 s for .venv on a 2-core machine, more for the EasyDeL environment.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || "$$(tools/find-python)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,docs]'
+	$(PY) -m pip install -q --no-compile -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -35,7 +37,7 @@ unit: $(STAMP)
 $(LOWEST_STAMP): pyproject.toml
 	@test -x $(LOWEST)/bin/python || "$$(tools/find-python)" -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
-	$(LOWEST)/bin/python -m pip install -q -e '.[test,bench]' "jax==$(JAX_LOWEST)"
+	$(LOWEST)/bin/python -m pip install -q --no-compile -e '.[test,bench]' "jax==$(JAX_LOWEST)"
 	@touch $@
 
 # Each test runs once, at one of the two ends of the JAX versions the package allows. `unit-lowest` runs the tests
@@ -52,8 +54,8 @@ unit-lowest: $(LOWEST_STAMP)
 $(INTEGRATION_STAMP): pyproject.toml tests/integration/requirements.txt
 	@test -x $(INTEGRATION)/bin/python || "$$(tools/find-python)" -m venv $(INTEGRATION)
 	$(INTEGRATION)/bin/python -m pip install -q --upgrade pip
-	$(INTEGRATION)/bin/python -m pip install -q -e '.[test]' -r tests/integration/requirements.txt
-	$(INTEGRATION)/bin/python -m pip install -q --no-deps easydel==0.3.0
+	$(INTEGRATION)/bin/python -m pip install -q --no-compile -e '.[test]' -r tests/integration/requirements.txt
+	$(INTEGRATION)/bin/python -m pip install -q --no-compile --no-deps easydel==0.3.0
 	@touch $@
 
 integration: $(INTEGRATION_STAMP)

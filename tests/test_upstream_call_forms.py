@@ -244,10 +244,10 @@ def test_ring_attention_with_a_dense_mask_as_mistral_runs_it():
     dense = (valid[:, None, :, None] & valid[:, None, None, :]) & (j <= i) & (j > i - 5)
     mask_info = MaskInfo.from_attention_mask(dense)
     spec = P(None, "sp")
-    ring = lambda q, k, v: modules.ring_attention(
+    ring = jax.jit(lambda q, k, v: modules.ring_attention(
         q, k, v, None, None, mask_info=mask_info, causal=True, axis_name="sp",
         mesh=mesh((4,), ("sp",)), in_specs=(spec, spec, spec, None, None), out_specs=spec,
-    )  # fmt: skip
+    ))  # fmt: skip
     reference = lambda q, k, v: flash_attention_reference(q, k, v, softmax_scale=dim**-0.5, attention_mask=dense)
     assert_close(ring(q, k, v), reference(q, k, v))
     cotangent = randn((batch, seq, heads, dim))
