@@ -91,9 +91,9 @@ ROWS_LAYOUT = plgpu.Layout.WGMMA.reduce(1)  # a value per row of a wgmma tile
 # the kernel read or wrote out of bounds on the GPU (an illegal address, session 41 call 8); not investigated.
 BLOCK_MS = (128, 256)
 OUT_PIECES = 2
-"""A warpgroup's output goes out in this many row pieces through one staging tile, which leaves shared memory for a
-fifth ring stage in 256-row tiles (session 42: with pairs, 5 stages 0.866 / 1.003 ms, 4 stages 0.875 / 1.008, MXFP4 /
-int4)."""
+"""A warpgroup's output of a whole tile goes out in this many row pieces through one staging tile (a narrow span's in
+fewer), which leaves shared memory for a fifth ring stage in 256-row tiles (session 42: with pairs, 5 stages 0.866 /
+1.003 ms, 4 stages 0.875 / 1.008, MXFP4 / int4)."""
 NARROW_ROWS = 128
 """A span whose rows fit in this many of its tile's (a group's last rows) takes products this wide (wgmma's N) where
 its tile is wider: at the MoE shape's random groups, 256-row tiles compute 1.27 rows a row, 1.13 with narrow tails."""
@@ -407,13 +407,12 @@ def four_bit_gmm(
 
             def product(step0, rows):
                 """The float32 `[WG_COLS, rows]` tile `outᵀ` (the slot's first `rows` lhs rows) of the `k_steps` ring
-                steps from `step0`, the steps in
-                pairs (2j, 2j + 1), each step's wgmma queued behind the previous one's: queue 2j, retire 2j - 1,
-                decode 2j + 1 (while 2j runs), queue it, retire 2j, decode 2j + 2 (while 2j + 1 runs). Each operand
-                is issued from registers that nothing writes before its wgmma is waited for: the even step's from the
-                loop's carry (rewritten at the loop's end, after its wait), the odd step's from its decode's own
-                registers (rewritten by the next pair's odd decode, after its wait). A loop of single steps cannot
-                queue ahead so: its decode rewrites the registers of the wgmma still running (session 42, call 4:
+                steps from `step0`, the steps in pairs (2j, 2j + 1), each step's wgmma queued behind the previous one's:
+                queue 2j, retire 2j - 1, decode 2j + 1 (while 2j runs), queue it, retire 2j, decode 2j + 2 (while 2j + 1
+                runs). Each operand is issued from registers that nothing writes before its wgmma is waited for: the
+                even step's from the loop's carry (rewritten at the loop's end, after its wait), the odd step's from its
+                decode's own registers (rewritten by the next pair's odd decode, after its wait). A loop of single steps
+                cannot queue ahead so: its decode rewrites the registers of the wgmma still running (session 42, call 4:
                 NaN outputs)."""
 
                 def scope(acc_ref):
@@ -472,18 +471,17 @@ def four_bit_gmm(
                 dst = lambda row, rows: out_ref.at[pl.ds(row, rows), pl.ds(col * BLOCK_N + wg * WG_COLS, WG_COLS)]
 
                 def put(value_t):
-                    """`value_t`'s rows (its columns, from the span's first) stored in pieces of at most the staging
-                    tile's rows, each once the last has been read."""
-                    rows = min(value_t.shape[1], out_tile.shape[0])
-                    staged = out_tile if rows == out_tile.shape[0] else out_tile.at[pl.ds(0, rows)]
-                    for first in range(0, value_t.shape[1], rows):
+                    """`value_t`'s rows (its columns, from the span's first) in pieces of the staging tile's rows,
+                    each written once the last has been read."""
+                    piece = out_tile.shape[0]
+                    for first in range(0, value_t.shape[1], piece):
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         if in_ptx:
-                            _store_transposed(value_t, staged, first)
+                            _store_transposed(value_t, out_tile, first)
                         else:
-                            staged.transpose((1, 0))[...] = value_t[:, first : first + rows]
+                            out_tile.transpose((1, 0))[...] = value_t[:, first : first + piece]
                         plgpu.commit_smem()
-                        store_rows(staged, dst, row0 + first, lo, hi)
+                        store_rows(out_tile, dst, row0 + first, lo, hi)
 
                 narrow = min(bm, NARROW_ROWS)
                 fits = hi - row0 <= narrow
