@@ -59,13 +59,6 @@ def test_attention_mask_with_right_window():
     run_case(mask=mask, sliding_window=(0, 33))
 
 
-def test_segments_with_padding_rows():
-    """Padding rows (segment -1) have no key to attend: their output is exactly 0, never NaN."""
-    seg = segments(2, 63, pad=7, key=1)
-    fn, args = run_case(batch=2, q_len=63, kv_len=63, segments=(seg, seg))
-    assert bool(jnp.all(fn(*args)[:, 56:] == 0.0))
-
-
 def test_dropout_matches_reference():
     """Same seed, same kept entries as the reference, forward and backward."""
     run_case(q_len=63, kv_len=100, dropout_prob=0.3, dropout_seed=jnp.asarray(1234, jnp.uint32), causal=True)
@@ -73,7 +66,7 @@ def test_dropout_matches_reference():
 
 def test_fully_masked_rows_with_sinks_are_zero():
     """Rows with no allowed key (negative q segment, or no matching key) give 0 and finite grads,
-    sinks or not (without sinks: `test_segments_with_padding_rows`)."""
+    sinks or not."""
     q_seg = segments(1, 64, key=2).at[:, 20].set(-1).at[:, 40:48].set(7)  # segment 7 has no keys
     kv_seg = jnp.where(jnp.arange(64) < 33, q_seg, 0)
     fn, args = run_case(q_len=64, kv_len=64, segments=(q_seg, kv_seg), num_sinks=2, sliding_window=(32, 32))
