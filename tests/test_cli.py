@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import ejkernel.modules as modules
 from ejkernel import demo
 from ejkernel.cli import main
 from ejkernel.modules import MeanPoolingConfig
@@ -35,8 +34,7 @@ def test_every_demo_case_fits_its_op():
     """Each demo case's inputs and options are ones its op takes (traced, not compiled)."""
     for index, case in enumerate(demo._cases()):
         args, options = case.make_inputs(jax.random.PRNGKey(index))
-        op = getattr(modules, case.op)
-        out = jax.eval_shape(lambda *a, op=op, o=options, pick=case.output: pick(op(*a, **o)), *args)
+        out = jax.eval_shape(case.call(options), *args)
         assert out.shape and jnp.issubdtype(out.dtype, jnp.floating), case.op
 
 

@@ -23,6 +23,13 @@ class DemoCase:
     takes_platform: bool = True  # `attention` has no platform argument (API.md)
     algorithm: str | None = None  # the registry's name, where it is not the function's (`gla`)
 
+    def call(self, options: dict) -> Callable[..., jax.Array]:
+        """The op under `options`, returning the array compared with the reference."""
+        import ejkernel.modules as modules
+
+        op = getattr(modules, self.op)
+        return lambda *args: self.output(op(*args, **options))
+
 
 def _attention_inputs(key, **options):
     kq, kk, kv = jax.random.split(key, 3)
@@ -309,7 +316,6 @@ COLUMNS = (("op", 36), ("platform", 9), ("ran", 8), ("rel_error", 10), ("ms", 9)
 def run_demo() -> int:
     """Every op on this device against its reference: one row printed as each finishes, naming the
     implementation that served it (`auto`'s choice, from the dispatch log)."""
-    import ejkernel.modules as modules
     from ejkernel import kernel_registry
     from ejkernel.explain import dispatch_lines
 
@@ -321,11 +327,10 @@ def run_demo() -> int:
         expected = np.asarray(case.reference(*args), np.float64)
         here = [i.platform.value for i in kernel_registry.candidates(case.algorithm or case.op)]
         platforms = ["auto"] + (here if len(here) > 1 else [])  # with one implementation here, auto is it
-        op = getattr(modules, case.op)
         for platform in platforms if case.takes_platform else ["auto"]:
             if case.takes_platform:
                 options = {**options, "platform": platform}
-            fn = jax.jit(lambda *a, op=op, o=options, pick=case.output: pick(op(*a, **o)))
+            fn = jax.jit(case.call(options))
             with dispatch_lines() as lines:
                 out = np.asarray(jnp.asarray(fn(*args), jnp.float32), np.float64)
             served = [line.split(": ")[1].split(" serves")[0] for line in lines if " serves the call" in line]
