@@ -21,6 +21,7 @@ from ejkernel.kernels._common.paged_attention.implementations import implementat
 from ejkernel.kernels._common.paged_attention.kv_cache import v3_cache_shape
 from ejkernel.kernels._triton.multi_latent_ragged_page_attention import multi_latent_ragged_page_attention_triton
 from ejkernel.kernels._triton.paged_attention._interface import paged_attention_triton_core
+from ejkernel.kernels._triton.paged_attention._kernel import widen
 from ejkernel.modules.operations.page_attention import PagedAttentionConfig
 from ejkernel.ops import FwdParams
 from ejkernel.reference import paged_attention as reference
@@ -99,10 +100,17 @@ def test_xla_gradients_of_queries_and_scales():
 @pytest.mark.lowest
 @pytest.mark.parametrize("platform", ["xla", "triton"])
 def test_int8_cache(platform):
-    args, options = quantized_case("page_attention", INT8, rng_seed=3)
+    """bfloat16 queries: the Triton core's dots take float16 (`widen`)."""
+    args, options = quantized_case("page_attention", INT8, rng_seed=3, dtype=jnp.bfloat16)
     fn = triton("page_attention") if platform == "triton" else kernel_registry.get("page_attention", "xla")
     cfg = SMALL if platform == "triton" else None
-    assert_close(fn(*args, cfg=cfg, **options), expected("page_attention", args, options), jnp.float32)
+    assert_close(fn(*args, cfg=cfg, **options), expected("page_attention", args, options), jnp.bfloat16)
+
+
+def test_int8_codes_widen_to_float16_exactly():
+    """The Triton core's int8 -> float16 through float16's bits gives every code's value."""
+    codes = jnp.arange(-128, 128, dtype=jnp.int32)
+    np.testing.assert_array_equal(widen(codes.astype(INT8), jnp.float16), codes.astype(jnp.float16))
 
 
 @pytest.mark.parametrize(("op", "dtype"), [("ragged_page_attention_v3", E4M3), ("unified_attention", E5M2)])

@@ -1,0 +1,41 @@
+"""Session 44: `ragged_page_attention_v3` decode on int8 and e4m3 caches with per-token-head scales against the bf16
+cache (issue 45's shape: batch 64, context 8192, Hq 32, Hkv 8, D 128, page 16), each as a serving loop runs it
+(`exp/s29_kvscales.serving_loop`), with the relative error against the bf16 result. `--old-widen` times the Triton
+core as it was (int8 codes widened by the hardware's conversion, `astype`) in place of `_kernel.widen`'s float16
+bits: run once each way, each in its own process.
+
+    python3 exp/s44_kv8.py [--old-widen]
+"""
+
+import functools
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.benchmarks._harness import time_variants
+from ejkernel.kernels._triton.paged_attention import _kernel
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from s29_kvscales import args, quantized, serving_loop, step
+
+
+def main():
+    if "--old-widen" in sys.argv:
+        _kernel.widen = lambda codes, dtype: codes.astype(dtype)
+    variants = {"bf16 cache": (args[3], None)}
+    variants |= {name: quantized(args[3], d) for name, d in (("int8", jnp.int8), ("e4m3", jnp.float8_e4m3fn))}
+    run = jax.jit(functools.partial(step, platform="triton"))
+    outputs = {name: run(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()}
+    builders = {name: functools.partial(serving_loop, *v, platform="triton") for name, v in variants.items()}
+    timings = time_variants(builders, repeats=20, where="v3 8-bit decode")
+    base = outputs["bf16 cache"].astype(jnp.float32)
+    label = "old widen" if "--old-widen" in sys.argv else "widen"
+    for name, seconds in timings.items():
+        error = float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base))
+        print(f"{label:9s} {name:10s} {1e3 * seconds:.4f} ms  {timings['bf16 cache'] / seconds:.2f}x bf16  error {error:.2e}")
+
+
+if __name__ == "__main__":
+    main()
