@@ -34,7 +34,8 @@ def main():
     label = "old widen" if "--old-widen" in sys.argv else "widen"
     for name, seconds in timings.items():
         error = float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base))
-        print(f"{label:9s} {name:10s} {1e3 * seconds:.4f} ms  {timings['bf16 cache'] / seconds:.2f}x bf16  error {error:.2e}")
+        ratio = timings["bf16 cache"] / seconds
+        print(f"{label:9s} {name:10s} {1e3 * seconds:.4f} ms  {ratio:.2f}x bf16  error {error:.2e}")
 
 
 if __name__ == "__main__":
