@@ -2,9 +2,9 @@
 cache (issue 45's shape: batch 64, context 8192, Hq 32, Hkv 8, D 128, page 16), each as a serving loop runs it
 (`exp/s29_kvscales.serving_loop`), with the relative error against the bf16 result. `--old-widen` times the Triton
 core as it was (int8 codes widened by the hardware's conversion, `astype`) in place of `_kernel.widen`'s float16
-bits: run once each way, each in its own process.
+bits: run once each way, each in its own process. `--tilings` adds int8 under other tilings (`TILINGS`).
 
-    python3 exp/s44_kv8.py [--old-widen]
+    python3 exp/s44_kv8.py [--old-widen] [--tilings]
 """
 
 import functools
@@ -16,9 +16,14 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import time_variants
 from ejkernel.kernels._triton.paged_attention import _kernel
+from ejkernel.modules import RaggedPageAttentionV3Config
+from ejkernel.ops import FwdParams
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from s29_kvscales import args, quantized, serving_loop, step
+
+# `--tilings`: int8 variants `bk<keys a step> st<stages> w<warps> s<splits>` (the default is 128, 3, 4, 2)
+TILINGS = [(256, 3, 4, 2), (128, 4, 4, 2), (128, 3, 8, 2), (128, 3, 4, 4), (64, 4, 4, 4), (256, 2, 4, 1)]
 
 
 def main():
@@ -29,13 +34,23 @@ def main():
     run = jax.jit(functools.partial(step, platform="triton"))
     outputs = {name: run(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()}
     builders = {name: functools.partial(serving_loop, *v, platform="triton") for name, v in variants.items()}
+    if "--tilings" in sys.argv:
+        for bk, stages, warps, splits in TILINGS:
+            cfg = RaggedPageAttentionV3Config(
+                fwd_params=FwdParams(block_k=bk, num_stages=stages, num_warps=warps), num_splits=splits
+            )
+            builders[f"int8 bk{bk} st{stages} w{warps} s{splits}"] = functools.partial(
+                serving_loop, *variants["int8"], platform="triton", cfg=cfg
+            )
     timings = time_variants(builders, repeats=20, where="v3 8-bit decode")
     base = outputs["bf16 cache"].astype(jnp.float32)
     label = "old widen" if "--old-widen" in sys.argv else "widen"
     for name, seconds in timings.items():
-        error = float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base))
         ratio = timings["bf16 cache"] / seconds
-        print(f"{label:9s} {name:10s} {1e3 * seconds:.4f} ms  {ratio:.2f}x bf16  error {error:.2e}")
+        line = f"{label:9s} {name:22s} {1e3 * seconds:.4f} ms  {ratio:.2f}x bf16"
+        if name in outputs:
+            line += f"  error {float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base)):.2e}"
+        print(line)
 
 
 if __name__ == "__main__":
