@@ -49,7 +49,8 @@ def main():
         ratio = timings["bf16 cache"] / seconds
         line = f"{label:9s} {name:22s} {1e3 * seconds:.4f} ms  {ratio:.2f}x bf16"
         if name in outputs:
-            line += f"  error {float(jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base)):.2e}"
+            error = jnp.linalg.norm(outputs[name].astype(jnp.float32) - base) / jnp.linalg.norm(base)
+            line += f"  error {float(error):.2e}"
         print(line)
 
 
