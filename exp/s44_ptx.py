@@ -54,8 +54,10 @@ def main():
         else quantized(args[3], getattr(jnp, {"int8": "int8", "e4m3": "float8_e4m3fn"}[dtype]))
     )
     jax.block_until_ready(jax.jit(lambda c, s: step(c, s, *args[:3], *args[4:], platform="triton"))(cache, scales))
-    for ptx_file in sorted(dump.rglob("*.ptx")):
-        ptx = ptx_file.read_text()
+    files = sorted(p for p in dump.rglob("*") if p.is_file())
+    print(f"{dtype}: {len(files)} files dumped, suffixes {sorted({p.suffix for p in files})}")
+    for ptx_file in files:
+        ptx = ptx_file.read_text(errors="replace")
         if ".entry ejkernel_paged_attention" not in ptx:
             continue
         text = kernel_text(ptx)
