@@ -3,9 +3,9 @@
 `ejkernel bench quantized_matmul` takes its bandwidth against the device copy of a bf16 [8192, 8192] matrix (128 MiB
 read and written). A weight-only matmul reads 64 MiB (int8) a layer, once. Timed here in one run, four distinct
 layers a call as the bench runs them (per layer): the copy; XLA's column sums of the int8 codes (`w.sum(0)` in
-int32: reads the codes once, writes 32 KiB) and row sums; the column sums of a bf16 matrix (128 MiB); and `quantized_matmul` int8, both
-layouts, M 16 and 64, `auto`. The read rows' bandwidth over the copy's is the most a weight-only kernel of one read
-could show.
+int32: reads the codes once, writes 32 KiB) and row sums; the column sums of a bf16 matrix (128 MiB); and
+`quantized_matmul` int8, both layouts, M 16 and 64, `auto`. The read rows' bandwidth over the copy's is the most a
+weight-only kernel of one read could show.
 
     python3 exp/s44_read_ceiling.py
 """
