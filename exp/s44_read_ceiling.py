@@ -31,13 +31,12 @@ def main():
     dense = [jax.random.normal(k, (SIZE, SIZE), jnp.bfloat16) for k in jax.random.split(key, LAYERS)]
     column_sums = lambda w: jnp.sum(w, axis=0, dtype=jnp.int32 if w.dtype == jnp.int8 else jnp.float32)
     many = lambda ws: functools.partial(jax.jit(lambda ws: [column_sums(w) for w in ws]), ws)
+    row_sums = jax.jit(lambda ws: [w.sum(1, dtype=jnp.int32) for w in ws])
     builders = {
         "copy (bf16 matrix, read + written)": copy_builder(dense[0].nbytes),
         "read int8 codes (XLA column sums)": functools.partial(many, codes),
         "read bf16 matrix (XLA column sums)": functools.partial(many, dense),
-        "read int8 codes (XLA row sums)": functools.partial(
-            jax.jit(lambda ws: [w.sum(1, dtype=jnp.int32) for w in ws]), codes
-        ),
+        "read int8 codes (XLA row sums)": lambda: functools.partial(row_sums, codes),
     }
     nbytes = {name: (2 * dense[0].nbytes if "copy" in name else LAYERS * w[0].nbytes) for name, w in (
         ("copy (bf16 matrix, read + written)", dense), ("read int8 codes (XLA column sums)", codes),
