@@ -4,7 +4,7 @@ cache (issue 45's shape: batch 64, context 8192, Hq 32, Hkv 8, D 128, page 16), 
 core as it was (int8 codes widened by the hardware's conversion, `astype`) in place of `_kernel.widen`'s float16
 bits: run once each way, each in its own process. `--tilings` adds int8 under other tilings (`TILINGS`).
 
-    python3 exp/s44_kv8.py [--old-widen] [--tilings]
+    python3 exp/s44_kv8.py [--old-widen] [--tilings] [--stages]
 """
 
 import functools
@@ -22,8 +22,12 @@ from ejkernel.ops import FwdParams
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from s29_kvscales import args, quantized, serving_loop, step
 
-# `--tilings`: int8 variants `bk<keys a step> st<stages> w<warps> s<splits>` (the default is 128, 3, 4, 2)
-TILINGS = [(256, 3, 4, 2), (128, 4, 4, 2), (128, 3, 8, 2), (128, 3, 4, 4), (64, 4, 4, 4), (256, 2, 4, 1)]
+# `--tilings`: int8 variants `bk<keys a step> st<stages> w<warps> s<splits>` (the 8-bit default is 128, 3, 4, 2)
+TILINGS = [("int8", 256, 3, 4, 2), ("int8", 128, 4, 4, 2), ("int8", 128, 3, 8, 2), ("int8", 128, 3, 4, 4),
+           ("int8", 64, 4, 4, 4), ("int8", 256, 2, 4, 1)]  # fmt: skip
+# `--stages`: each cache at 128 keys a step, 4 warps, 2 splits, with 1, 2 and 3 stages: where the loads of a step are
+# issued ahead (software-pipelined), fewer stages cost time; where they are not, the stages change nothing.
+STAGES = [(cache, 128, stages, 4, 2) for cache in ("bf16 cache", "int8", "e4m3") for stages in (1, 2, 3)]
 
 
 def main():
@@ -34,14 +38,14 @@ def main():
     run = jax.jit(functools.partial(step, platform="triton"))
     outputs = {name: run(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()}
     builders = {name: functools.partial(serving_loop, *v, platform="triton") for name, v in variants.items()}
-    if "--tilings" in sys.argv:
-        for bk, stages, warps, splits in TILINGS:
-            cfg = RaggedPageAttentionV3Config(
-                fwd_params=FwdParams(block_k=bk, num_stages=stages, num_warps=warps), num_splits=splits
-            )
-            builders[f"int8 bk{bk} st{stages} w{warps} s{splits}"] = functools.partial(
-                serving_loop, *variants["int8"], platform="triton", cfg=cfg
-            )
+    tilings = (TILINGS if "--tilings" in sys.argv else []) + (STAGES if "--stages" in sys.argv else [])
+    for cache, bk, stages, warps, splits in tilings:
+        cfg = RaggedPageAttentionV3Config(
+            fwd_params=FwdParams(block_k=bk, num_stages=stages, num_warps=warps), num_splits=splits
+        )
+        builders[f"{cache} bk{bk} st{stages} w{warps} s{splits}"] = functools.partial(
+            serving_loop, *variants[cache], platform="triton", cfg=cfg
+        )
     timings = time_variants(builders, repeats=20, where="v3 8-bit decode")
     base = outputs["bf16 cache"].astype(jnp.float32)
     label = "old widen" if "--old-widen" in sys.argv else "widen"
