@@ -4,7 +4,7 @@ cache (issue 45's shape: batch 64, context 8192, Hq 32, Hkv 8, D 128, page 16), 
 core as it was (int8 codes widened by the hardware's conversion, `astype`) in place of `_kernel.widen`'s float16
 bits: run once each way, each in its own process. `--tilings` adds int8 under other tilings (`TILINGS`).
 
-    python3 exp/s44_kv8.py [--old-widen] [--tilings] [--stages]
+    python3 exp/s44_kv8.py [--old-widen] [--tilings] [--stages] [--narrow]
 """
 
 import functools
@@ -28,6 +28,10 @@ TILINGS = [("int8", 256, 3, 4, 2), ("int8", 128, 4, 4, 2), ("int8", 128, 3, 8, 2
 # `--stages`: each cache at 128 keys a step, 4 warps, 2 splits, with 1, 2 and 3 stages: where the loads of a step are
 # issued ahead (software-pipelined), fewer stages cost time; where they are not, the stages change nothing.
 STAGES = [(cache, 128, stages, 4, 2) for cache in ("bf16 cache", "int8", "e4m3") for stages in (1, 2, 3)]
+# `--narrow`: the 8-bit caches at 64 keys a step (half the registers their converted tiles hold) and at 2 stages
+NARROW = [
+    (cache, bk, stages, 4, 2) for cache in ("int8", "e4m3") for bk, stages in ((64, 2), (64, 3), (64, 4), (128, 2))
+]
 
 
 def main():
@@ -38,7 +42,12 @@ def main():
     run = jax.jit(functools.partial(step, platform="triton"))
     outputs = {name: run(cache, scales, *args[:3], *args[4:])[0] for name, (cache, scales) in variants.items()}
     builders = {name: functools.partial(serving_loop, *v, platform="triton") for name, v in variants.items()}
-    tilings = (TILINGS if "--tilings" in sys.argv else []) + (STAGES if "--stages" in sys.argv else [])
+    tilings = [
+        t
+        for flag, ts in (("--tilings", TILINGS), ("--stages", STAGES), ("--narrow", NARROW))
+        for t in ts
+        if flag in sys.argv
+    ]
     for cache, bk, stages, warps, splits in tilings:
         cfg = RaggedPageAttentionV3Config(
             fwd_params=FwdParams(block_k=bk, num_stages=stages, num_warps=warps), num_splits=splits
