@@ -1,7 +1,5 @@
 """Shared pieces of the linear-attention tests: fresh inputs, and the check of (out, state) against the reference."""
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,29 +7,21 @@ import numpy as np
 from harness import check_forward_and_grads, randn
 
 B, S, H, HKV, DK, DV = 2, 70, 4, 2, 8, 16  # S spans 3 chunks of 32 (the last partial), sub-chunks of 16
-_POOL = 1 << 15
-
-
-def rand(shape, dtype=jnp.float32):
-    """Fresh standard normals, cut from `randn` draws of one size (one compile of the generator per run)."""
-    n = math.prod(shape)
-    draws = [np.asarray(randn((_POOL,))) for _ in range(-(-n // _POOL))]
-    return jnp.asarray(np.concatenate(draws)[:n].reshape(shape), dtype)
 
 
 def log_decay(*shape, strength=1.0):
     """Random log decays in (-inf, 0)."""
-    return jnp.asarray(-strength * np.logaddexp(0.0, np.asarray(rand(shape))), jnp.float32)
+    return jnp.asarray(-strength * np.logaddexp(0.0, np.asarray(randn(shape))), jnp.float32)
 
 
 def write_strength(*shape):
     """Random beta in (0, 1)."""
-    return jnp.asarray(1.0 / (1.0 + np.exp(-np.asarray(rand(shape)))), jnp.float32)
+    return jnp.asarray(1.0 / (1.0 + np.exp(-np.asarray(randn(shape)))), jnp.float32)
 
 
 def qkv(batch=B, seq=S, heads=H, kv_heads=HKV, dtype=jnp.float32):
     shapes = ((batch, seq, heads, DK), (batch, seq, kv_heads, DK), (batch, seq, kv_heads, DV))
-    return tuple(rand(shape, dtype) for shape in shapes)
+    return tuple(randn(shape, dtype) for shape in shapes)
 
 
 def joined(fn):

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from linear_cases import SEGMENTS, check, joined, log_decay, rand, write_strength
+from linear_cases import SEGMENTS, check, joined, log_decay, write_strength
 
 from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
@@ -36,21 +36,21 @@ from ejkernel.modules import (
 )
 from ejkernel.ops import FwdParams
 from ejkernel.reference.linear_attention import delta_rule_reference, gla_reference, linear_recurrence_reference
-from harness import assert_close, check_forward_and_grads
+from harness import assert_close, check_forward_and_grads, randn
 
 D = 16
 SMALL = FwdParams(block_d=16)  # two column blocks per state
 
 
 def inputs(batch=2, seq=40, heads=2, kv_heads=2):
-    q, k, v = (rand((batch, seq, h, D)) for h in (heads, kv_heads, kv_heads))
+    q, k, v = (randn((batch, seq, h, D)) for h in (heads, kv_heads, kv_heads))
     return q, k, v
 
 
 def test_gla_packed_reversed_grouped():
     cu = jnp.array([0, 7, 7, 40], jnp.int32)
     q, k, v = inputs(batch=1, heads=4)
-    args = [q, k, v, log_decay(1, 40, 4, D), log_decay(4, strength=0.1), rand((3, 4, D, D))]
+    args = [q, k, v, log_decay(1, 40, 4, D), log_decay(4, strength=0.1), randn((3, 4, D, D))]
     cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)  # two sub-chunks per chunk
     fn = lambda q, k, v, g, gamma, h0: gla_attention_triton(
         q, k, v, g, gamma, h0, cu, reverse=True, return_state=True, cfg=cfg, interpret=True
@@ -64,7 +64,7 @@ def test_gla_gates_of_any_span():
     the second half: ~5 per token) the exact loop: both against the reference, in one call."""
     q, k, v = inputs(seq=64)
     strength = jnp.where(jnp.arange(64) < 32, 0.5, 7.0)[None, :, None, None]
-    args = [q, k, v, strength * log_decay(2, 64, 2, D), rand((2, 2, D, D))]
+    args = [q, k, v, strength * log_decay(2, 64, 2, D), randn((2, 2, D, D))]
     cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)
     fn = lambda q, k, v, g, h0: gla_attention_triton(q, k, v, g, None, h0, return_state=True, cfg=cfg, interpret=True)
     check(fn, lambda q, k, v, g, h0: gla_reference(q, k, v, g, None, h0), args)
@@ -76,8 +76,8 @@ def test_gla_tiles_and_row_blocks():
     per-head one added, then a gate per head alone (its own `[B, T, H, 1]` path) with k and v shared by
     the two query heads."""
     d = 32
-    q, k, v = (rand((2, 100, 2, d)) for _ in range(3))
-    h0 = rand((2, 2, d, d))
+    q, k, v = (randn((2, 100, 2, d)) for _ in range(3))
+    h0 = randn((2, 2, d, d))
     tiling = TritonGlaTiling(state_k=16, state_v=16, block_v=16, block_k=16, head_block_k=16)
     engine = lambda cfg: TritonEngine(TritonStatePassTiling(32, 4, 2, interpret=True), tiling)
     cfg = GLAttentionConfig(chunk_size=64)
@@ -106,14 +106,14 @@ def test_gla_config_tiling_reaches_the_kernels(monkeypatch):
 
     monkeypatch.setattr(_interface, "gla_chunked", spy)
     d = 32
-    q, k, v = (rand((2, 40, 2, d)) for _ in range(3))
+    q, k, v = (randn((2, 40, 2, d)) for _ in range(3))
     tiling = GLAttentionTritonTiling(state_k=16, state_v=16, block_v=16, block_k=16, grads_warps=8, num_stages=1)
     cfg = GLAttentionConfig(chunk_size=32, triton_tiling=tiling)
     fn = lambda q, k, v, g, h0: gla_attention_triton(q, k, v, g, None, h0, return_state=True, cfg=cfg, interpret=True)
     check(
         fn,
         lambda q, k, v, g, h0: gla_reference(q, k, v, g, None, h0),
-        [q, k, v, log_decay(2, 40, 2, d), rand((2, 2, d, d))],
+        [q, k, v, log_decay(2, 40, 2, d), randn((2, 2, d, d))],
     )
     expected = TritonGlaTiling(**tiling.overrides(), interpret=True)
     assert seen and all(dataclasses.replace(t, precise=True) == expected for t in seen)
@@ -135,8 +135,8 @@ def test_gla_value_heads_share_query_and_key():
     XLA) and two tiles of key channels (the state tests take spans of two heads, summed in the kernel);
     the plain forward with the scores made in the output kernel (`fuse_head_scores`)."""
     cu = jnp.array([0, 30, 30, 70], jnp.int32)
-    q, k = (rand((1, 70, 2, 2 * D)) for _ in range(2))
-    args = [q, k, rand((1, 70, 4, D)), log_decay(1, 70, 4), rand((3, 4, 2 * D, D))]
+    q, k = (randn((1, 70, 2, 2 * D)) for _ in range(2))
+    args = [q, k, randn((1, 70, 4, D)), log_decay(1, 70, 4), randn((3, 4, 2 * D, D))]
     tiling = TritonGlaTiling(state_k=16, head_block_k=16, head_span=1)
     engine = TritonEngine(TritonStatePassTiling(32, 4, 2, interpret=True), tiling)
     fn = lambda q, k, v, g, h0: linear_attention(
@@ -154,7 +154,7 @@ def test_gated_delta_rule_segments():
     seq = SEGMENTS.shape[1]
     q, k, v = inputs(seq=seq)
     seg = jnp.asarray(SEGMENTS, jnp.int32)
-    args = [q, k, v, write_strength(2, seq, 2), log_decay(2, seq, 2), rand((2, 2, D, D))]
+    args = [q, k, v, write_strength(2, seq, 2), log_decay(2, seq, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
     fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
         q, k, v, b, d, seg, h0, return_state=True, cfg=cfg, interpret=True
@@ -168,7 +168,7 @@ def test_delta_rule_on_the_gated_kernels():
     a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay;
     undifferentiated too (the WY transform's kernel, `_wy_triton`)."""
     q, k, v = inputs(seq=70)
-    args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), rand((2, 2, D, D))]
+    args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
     fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
         q, k, v, b, d, None, h0, return_state=True, cfg=cfg, interpret=True
@@ -191,10 +191,10 @@ def test_wy_kernels_match_xla_and_its_autodiff():
     from ejkernel.kernels._triton.linear_attention import _delta
 
     batch, seq, heads, chunk = 1, 64, 2, 32
-    k, v = rand((batch, seq, heads, D)), rand((batch, seq, heads, D))
+    k, v = randn((batch, seq, heads, D)), randn((batch, seq, heads, D))
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     beta, a = write_strength(batch, seq, heads), log_decay(batch, seq, heads)
-    du, e = rand((batch, seq, heads, D)), rand((batch, seq // chunk, heads, D, D))
+    du, e = randn((batch, seq, heads, D)), randn((batch, seq // chunk, heads, D, D))
     layout = ChunkLayout.dense(batch, seq, chunk)
 
     def xla(k, v, beta, a):
@@ -215,7 +215,7 @@ def test_wy_kernels_match_xla_and_its_autodiff():
 def test_decode_step_kernel():
     """One token with a state (per-key and per-value gates; the delta rule): the fused step kernel."""
     q, k, v = inputs(seq=1)
-    gk, gv, h0 = log_decay(2, 1, 2, D), log_decay(2, 1, 2, D), rand((2, 2, D, D))
+    gk, gv, h0 = log_decay(2, 1, 2, D), log_decay(2, 1, 2, D), randn((2, 2, D, D))
     fn = lambda q, k, v, gk, gv, h0: recurrent_attention_triton(
         q, k, v, None, None, gk, gv, h0, return_state=True, interpret=True
     )
@@ -321,7 +321,7 @@ def versus_xla(call, args):
 
 
 def big(*shape):
-    return rand(shape, jnp.bfloat16)
+    return randn(shape, jnp.bfloat16)
 
 
 @pytest.mark.gpu
@@ -331,7 +331,7 @@ def test_gpu_gla_matches_xla(packed):
     cu = jnp.array([0, 1000, 1000, 5000, 8192], jnp.int32) if packed else None
     states = 4 if packed else batch
     args = [big(batch, seq, 8, 128), big(batch, seq, 4, 128), big(batch, seq, 4, 128)]
-    args += [log_decay(batch, seq, 8, 128, strength=0.05), rand((states, 8, 128, 128))]
+    args += [log_decay(batch, seq, 8, 128, strength=0.05), randn((states, 8, 128, 128))]
     call = lambda q, k, v, g, h0, platform: gla_attention(
         q, k, v, g, None, h0, cu, reverse=packed, return_state=True, platform=platform
     )
@@ -343,7 +343,7 @@ def test_gpu_gla_matches_xla(packed):
 def test_gpu_gated_delta_rule_matches_xla(segments):
     seg = jnp.asarray(jnp.arange(4096) // 1500, jnp.int32)[None].repeat(2, 0) if segments else None
     args = [big(2, 4096, 8, 128) for _ in range(3)]
-    args += [write_strength(2, 4096, 8), log_decay(2, 4096, 8, strength=0.05), rand((2, 8, 128, 128))]
+    args += [write_strength(2, 4096, 8), log_decay(2, 4096, 8, strength=0.05), randn((2, 8, 128, 128))]
     call = lambda q, k, v, b, d, h0, platform: gated_delta_rule(
         q, k, v, b, d, seg, h0, return_state=True, platform=platform
     )
@@ -353,7 +353,7 @@ def test_gpu_gated_delta_rule_matches_xla(segments):
 @pytest.mark.gpu
 def test_gpu_decode_steps_match_xla():
     q, k, v = (big(32, 1, 16, 128) for _ in range(3))
-    h0 = rand((32, 16, 128, 128))
+    h0 = randn((32, 16, 128, 128))
     call = lambda q, k, v, h0, platform: lightning_attention(
         q, k, v, h0, layer_idx=3, num_layers=8, return_state=True, platform=platform
     )

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, rand, write_strength
+from linear_cases import DK, DV, SEGMENTS, B, H, S, check, joined, log_decay, qkv, write_strength
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._common.linear_attention.driver import chunked_linear_attention
@@ -41,7 +41,7 @@ from ejkernel.reference.linear_attention import (
     lightning_reference,
     linear_recurrence_reference,
 )
-from harness import assert_close, check_forward_and_grads
+from harness import assert_close, check_forward_and_grads, randn
 
 
 def test_chunked_core_packed_reversed_with_both_gates():
@@ -49,7 +49,7 @@ def test_chunked_core_packed_reversed_with_both_gates():
     grouped key/value heads, sub-chunked chunks (the last partial)."""
     cu = jnp.array([0, 5, 5, 40, 70], jnp.int32)
     q, k, v = qkv(batch=1)
-    args = [q, k, v, log_decay(1, S, H), log_decay(1, S, H, DK), rand((4, H, DK, DV))]
+    args = [q, k, v, log_decay(1, S, H), log_decay(1, S, H, DK), randn((4, H, DK, DV))]
     options = dict(scale=0.3, reverse=True, cu_seqlens=cu)
 
     def fn(q, k, v, g, gk, h0):
@@ -81,7 +81,7 @@ def test_lightning_layer_decay():
 
 def test_kernel_delta_attention_chunked():
     q, k, v = qkv(kv_heads=H)
-    args = [q, k, v, write_strength(B, S, H), log_decay(B, S, H), rand((B, H, DK, DV))]
+    args = [q, k, v, write_strength(B, S, H), log_decay(B, S, H), randn((B, H, DK, DV))]
     fn = lambda *a: kernel_delta_attention(*a, chunk_size=16, return_state=True)
     check(fn, delta_rule_reference, args)
 
@@ -91,7 +91,7 @@ def test_gated_delta_rule_segments(use_chunked):
     """Restarts where the id changes, padding tokens invisible; chunked and recurrent forms; no q/k norm."""
     seg = jnp.asarray(SEGMENTS, jnp.int32)
     q, k, v = qkv(kv_heads=H)
-    args = [q, k, v, write_strength(B, S, H), log_decay(B, S, H), rand((B, H, DK, DV))]
+    args = [q, k, v, write_strength(B, S, H), log_decay(B, S, H), randn((B, H, DK, DV))]
     cfg = GatedDeltaRuleConfig(chunk_size=16)
     opts = dict(use_chunked=use_chunked, use_qk_l2norm=use_chunked)  # (l2 norm on and off, one case each)
     fn = lambda q, k, v, b, d, h0: gated_delta_rule(q, k, v, b, d, seg, h0, return_state=True, cfg=cfg, **opts)
@@ -102,7 +102,7 @@ def test_gated_delta_rule_segments(use_chunked):
 def test_long_sequence_strong_gates_stay_finite_and_exact():
     """S = 4093 with gates whose running sum reaches about -4000: exp of it (or its negation) overflows."""
     seq = 4093
-    q, k, v = (rand((1, seq, 1, 4)) for _ in range(3))
+    q, k, v = (randn((1, seq, 1, 4)) for _ in range(3))
     gk = log_decay(1, seq, 1, 4, strength=1.5)
     assert float(jnp.min(jnp.sum(gk, axis=1))) < -1000
     fn = lambda q, k, v, gk: gla_attention(q, k, v, gk, return_state=True)
@@ -119,7 +119,7 @@ def test_unit_lower_inverse_matches_the_triangular_solve(chunk):
     L as the delta rule makes it from unnormalised keys of dim 128 (entries up to about 10); the decays
     are strong enough that the inverse stays within float32 (weak ones make it overflow for any method).
     """
-    k = rand((2, chunk, 128))
+    k = randn((2, chunk, 128))
     b = jnp.cumsum(log_decay(2, chunk, strength=2.0), axis=-1)
     lower = write_strength(2, chunk)[..., None] * (k @ jnp.swapaxes(k, -1, -2)) * decay_matrix(b, strict=True)
     eye = jnp.eye(chunk)
@@ -135,7 +135,7 @@ def test_decode_steps_chain_to_the_chunked_result():
     """Token-by-token calls threading the state equal one chunked call (GLA and the delta rule)."""
     seq = 12
     q, k, v = qkv(seq=seq, kv_heads=H)
-    g, h0 = log_decay(B, seq, H, DK), rand((B, H, DK, DV))
+    g, h0 = log_decay(B, seq, H, DK), randn((B, H, DK, DV))
     beta, decay = write_strength(B, seq, H), log_decay(B, seq, H)
     gla_step = jax.jit(lambda q, k, v, g, h: gla_attention(q, k, v, g, None, h, return_state=True))
     gdr_step = jax.jit(lambda q, k, v, b, d, h: gated_delta_rule(q, k, v, b, d, None, h, return_state=True))
@@ -152,7 +152,7 @@ def test_decode_steps_chain_to_the_chunked_result():
 def test_packed_decode_continues_each_sequence():
     """One token for each of three packed sequences continues each from its own state."""
     q, k, v = qkv(batch=1, seq=3)
-    g, h0 = log_decay(1, 3, H, DK), rand((3, H, DK, DV))
+    g, h0 = log_decay(1, 3, H, DK), randn((3, H, DK, DV))
     cu = jnp.array([0, 1, 2, 3], jnp.int32)
     out = jax.jit(joined(lambda q, k, v, g, h0: gla_attention(q, k, v, g, None, h0, cu, return_state=True)))
     ref = jax.jit(joined(lambda q, k, v, g, h0: gla_reference(q, k, v, g, None, h0, cu)))
@@ -169,7 +169,7 @@ def test_padding_only_and_empty_inputs_are_zeros_with_finite_gradients():
         )(q, k, v)
     )(q, k, v)
     assert float(out) == 0.0 and all(bool(jnp.all(g == 0)) for g in grads)
-    h0 = rand((B, H, DK, DV))
+    h0 = randn((B, H, DK, DV))
     out, state = jax.jit(lambda q, k, v: gla_attention(q, k, v, None, None, h0, return_state=True))(
         q[:, :0], k[:, :0], v[:, :0]
     )

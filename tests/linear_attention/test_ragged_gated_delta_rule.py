@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from linear_cases import log_decay, rand, write_strength
+from linear_cases import log_decay, write_strength
 
 from ejkernel import kernel_registry
 from ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface import _decode_path
@@ -36,12 +36,12 @@ DECODE_SLOTS = np.array([1, 3, 8, 0, 6], np.int32)
 def make_inputs(num_tokens=T, heads=H, dtype=jnp.float32, decay=True):
     """query, key, value, beta, decay (or None), recurrent_state: fresh draws, in `dtype`."""
     return (
-        rand((num_tokens, heads, DK), dtype),
-        rand((num_tokens, heads, DK), dtype),
-        rand((num_tokens, heads, DV), dtype),
+        randn((num_tokens, heads, DK), dtype),
+        randn((num_tokens, heads, DK), dtype),
+        randn((num_tokens, heads, DV), dtype),
         write_strength(num_tokens, heads).astype(dtype),
         log_decay(num_tokens, heads).astype(dtype) if decay else None,
-        rand((SLOTS, heads, DK, DV), dtype),
+        randn((SLOTS, heads, DK, DV), dtype),
     )
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from linear_cases import log_decay, rand, write_strength
+from linear_cases import log_decay, write_strength
 
 from ejkernel.kernels._triton.ragged_gated_delta_rule import ragged_gated_delta_rule_triton
 from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rule_xla
@@ -36,12 +36,12 @@ SHORT_SLOTS = np.array([2, 3, 0, 6], np.int32)
 
 def make_inputs(num_tokens=T, dtype=jnp.float32, decay=True):
     return (
-        rand((num_tokens, H, DK), dtype),
-        rand((num_tokens, H, DK), dtype),
-        rand((num_tokens, H, DV), dtype),
+        randn((num_tokens, H, DK), dtype),
+        randn((num_tokens, H, DK), dtype),
+        randn((num_tokens, H, DV), dtype),
         write_strength(num_tokens, H).astype(dtype),
         log_decay(num_tokens, H).astype(dtype) if decay else None,
-        rand((SLOTS, H, DK, DV)),
+        randn((SLOTS, H, DK, DV)),
     )
 
 
@@ -181,12 +181,12 @@ def test_kernels_lower_for_cuda(cuda_lowering):
 
 def _serving_inputs(num_tokens, heads, slots, dtype=jnp.bfloat16):
     return (
-        rand((num_tokens, heads, 128), dtype),
-        rand((num_tokens, heads, 128), dtype),
-        rand((num_tokens, heads, 128), dtype),
+        randn((num_tokens, heads, 128), dtype),
+        randn((num_tokens, heads, 128), dtype),
+        randn((num_tokens, heads, 128), dtype),
         write_strength(num_tokens, heads),
         log_decay(num_tokens, heads, strength=0.05),
-        rand((slots, heads, 128, 128)),
+        randn((slots, heads, 128, 128)),
     )
 
 

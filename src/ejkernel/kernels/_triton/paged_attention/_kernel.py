@@ -140,7 +140,6 @@ def _kernel(
         else:
             v_scales = None
         k = read(k_ref, row + layout.key_offset)
-        v = read(v_ref, row + layout.value_offset)
         s = dot(q, k, trans_b=True) * logit_scale
         if scaled:
             s = s * k_scales
@@ -153,8 +152,14 @@ def _kernel(
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
         s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
-        matmul = lambda p, v: dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
-        return online_softmax_step(carry, s, v, matmul, detach=lambda x: x)
+
+        def matmul(p, _):
+            """`p @ v`, the value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
+            and read with the keys they kept a second widened tile live across the first dot and the softmax."""
+            v = read(v_ref, row + layout.value_offset)
+            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
+
+        return online_softmax_step(carry, s, None, matmul, detach=lambda x: x)
 
     carry = (
         jnp.zeros((t.rows, t.width), jnp.float32),
