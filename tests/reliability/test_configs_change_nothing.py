@@ -187,17 +187,35 @@ def _float_leaves(result) -> list:
     return [x for x in jax.tree_util.tree_leaves(result) if jnp.issubdtype(x.dtype, jnp.floating)]
 
 
+def _compiled(fn, args):
+    """`fn(*args)` under a fresh `jax.jit` (the config is chosen while tracing), the non-array arguments held static:
+    one program a config, where the eager call compiled a program for each op of the op's glue."""
+    traced = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]
+
+    def with_arrays(*arrays):
+        full = list(args)
+        for i, a in zip(traced, arrays, strict=True):
+            full[i] = a
+        return fn(*full)
+
+    return jax.jit(with_arrays)(*(args[i] for i in traced))
+
+
 def _results(call, args, argnums, with_grads: bool) -> list:
     """The float outputs of `call(*args)`, then (`with_grads`) its gradients in `argnums` for a fixed random
     cotangent (the same for every config: drawn from the shapes alone)."""
     if not with_grads:
-        return _float_leaves(call(*args))
-    diff = lambda *d: call(*[d[argnums.index(i)] if i in argnums else a for i, a in enumerate(args)])
-    out, vjp = jax.vjp(diff, *(args[i] for i in argnums))
-    keys = jax.random.split(jax.random.PRNGKey(0), len(jax.tree_util.tree_leaves(out)))
-    leaves, tree = jax.tree_util.tree_flatten(out)
-    cotangent = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)]
-    return _float_leaves(out) + _float_leaves(vjp(jax.tree_util.tree_unflatten(tree, cotangent)))
+        return _float_leaves(_compiled(call, args))
+
+    def outputs_and_grads(*args):
+        diff = lambda *d: call(*[d[argnums.index(i)] if i in argnums else a for i, a in enumerate(args)])
+        out, vjp = jax.vjp(diff, *(args[i] for i in argnums))
+        keys = jax.random.split(jax.random.PRNGKey(0), len(jax.tree_util.tree_leaves(out)))
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        cotangent = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)]
+        return _float_leaves(out) + _float_leaves(vjp(jax.tree_util.tree_unflatten(tree, cotangent)))
+
+    return _compiled(outputs_and_grads, args)
 
 
 def test_every_op_function_has_a_case():
@@ -220,7 +238,7 @@ def test_no_config_field_changes_the_output(op, monkeypatch):
 
     select = ConfigSelectorChain.select
     monkeypatch.setattr(ConfigSelectorChain, "select", record)
-    expected = _float_leaves(call(*args))
+    expected = _results(call, args, (), False)
     assert seen, f"{op} chose no config"
     kernel, inv, chosen = seen[0]
     argnums = kernel.tune_argnums
