@@ -22,8 +22,8 @@ def test_info_lists_ops_and_platforms(capsys):
 def test_demo_checks_its_ops_against_their_references(capsys, monkeypatch):
     """The demo end to end on three of its cases (each op against its reference is its own tests' job: the whole
     demo takes over a minute of CI)."""
-    cases = [case for case in demo._cases() if case.op in ("mean_pooling", "gla_attention", "page_attention")]
-    monkeypatch.setattr("ejkernel.demo._cases", lambda: cases)
+    cases = [case for case in demo.demo_cases() if case.op in ("mean_pooling", "gla_attention", "page_attention")]
+    monkeypatch.setattr("ejkernel.demo.demo_cases", lambda: cases)
     monkeypatch.setattr("ejkernel.demo.time_fn", lambda fn, **_: 1e-3)  # its timings are for people, not this test
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
@@ -32,7 +32,7 @@ def test_demo_checks_its_ops_against_their_references(capsys, monkeypatch):
 
 def test_every_demo_case_fits_its_op():
     """Each demo case's inputs and options are ones its op takes (traced, not compiled)."""
-    for index, case in enumerate(demo._cases()):
+    for index, case in enumerate(demo.demo_cases()):
         args, options = case.make_inputs(jax.random.PRNGKey(index))
         out = jax.eval_shape(case.call(options), *args)
         assert out.shape and jnp.issubdtype(out.dtype, jnp.floating), case.op

@@ -191,7 +191,8 @@ def _quantized_matmul_inputs(key):
     return (jax.random.normal(kx, (64, 512), jnp.bfloat16), *weights), {"bits": 4}
 
 
-def _cases() -> list[DemoCase]:
+def demo_cases() -> list[DemoCase]:
+    """Every op the demo runs: its inputs, its reference and how to read its output."""
     from ejkernel.reference import paged_attention as paged
     from ejkernel.reference.blocksparse_attention import blocksparse_attention_reference
     from ejkernel.reference.flash_attention import flash_attention_reference
@@ -322,7 +323,7 @@ def run_demo() -> int:
     print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})")
     print("  ".join(name.ljust(width) for name, width in COLUMNS), flush=True)
     failures = 0
-    for index, case in enumerate(_cases()):
+    for index, case in enumerate(demo_cases()):
         args, options = case.make_inputs(jax.random.PRNGKey(index))
         expected = np.asarray(case.reference(*args), np.float64)
         here = [i.platform.value for i in kernel_registry.candidates(case.algorithm or case.op)]
