@@ -17,9 +17,9 @@ LOWEST_STAMP := $(LOWEST)/.installed
 .PHONY: demo test unit unit-lowest integration docs lint gpu-test clean
 
 # Every Python process of the test command imports JAX and this package (the pytest workers, the fresh processes
-# some tests start, the EasyDeL suite's): with PYTHONDONTWRITEBYTECODE set (as it is on these machines), each one compiled
-# all of that source again (measured here: 1.6 s a process for JAX and ejkernel, 5 s for a pytest worker's collection).
-# The first process writes the bytecode; the others read it.
+# some tests start, the EasyDeL suite's): with PYTHONDONTWRITEBYTECODE set (as it is on these machines), each one
+# compiled all of that source again (measured here: 1.6 s a process for JAX and ejkernel, 5 s for a pytest worker's
+# collection). The first process writes the bytecode; the others read it.
 unexport PYTHONDONTWRITEBYTECODE
 
 # pip installs without byte-compiling every module (those imported compile as they are first imported): 19 s in

@@ -231,12 +231,12 @@ def test_no_config_field_changes_the_output(op, monkeypatch):
     call = lambda *a: fn(*a, **options)
 
     seen = []  # (kernel, invocation, config) of each config selection the call makes
+    select = ConfigSelectorChain.select
 
     def record(self, kernel, inv, *rest):
         seen.append((kernel, inv, select(self, kernel, inv, *rest)))
         return seen[-1][2]
 
-    select = ConfigSelectorChain.select
     monkeypatch.setattr(ConfigSelectorChain, "select", record)
     expected = _results(call, args, (), False)
     assert seen, f"{op} chose no config"

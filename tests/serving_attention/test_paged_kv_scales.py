@@ -98,13 +98,15 @@ def test_xla_gradients_of_queries_and_scales():
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("platform", ["xla", "triton"])
-def test_int8_cache(platform):
-    """bfloat16 queries: the Triton core's dots take float16 (`widen`)."""
-    args, options = quantized_case("page_attention", INT8, rng_seed=3, dtype=jnp.bfloat16)
+@pytest.mark.parametrize(
+    ("platform", "dtype"), [("xla", jnp.float32), ("triton", jnp.float32), ("triton", jnp.bfloat16)]
+)
+def test_int8_cache(platform, dtype):
+    """With bfloat16 queries the Triton core's dots take float16 (`widen`)."""
+    args, options = quantized_case("page_attention", INT8, rng_seed=3, dtype=dtype)
     fn = triton("page_attention") if platform == "triton" else kernel_registry.get("page_attention", "xla")
     cfg = SMALL if platform == "triton" else None
-    assert_close(fn(*args, cfg=cfg, **options), expected("page_attention", args, options), jnp.bfloat16)
+    assert_close(fn(*args, cfg=cfg, **options), expected("page_attention", args, options), dtype)
 
 
 def test_int8_codes_widen_to_float16_exactly():

@@ -117,8 +117,9 @@ def adjust_logits(s, q_pos, k_pos, lo, hi, st: PagedStatic, bias=None, key_ok=No
     return jnp.where(allowed, s, -jnp.inf)
 
 
-def online_softmax_step(carry, s, v, matmul, exp=jnp.exp, detach=jax.lax.stop_gradient):
-    """One key tile into running `(acc, m, l)`: `s [..., q, k]` logits (-inf = masked), `v` its values.
+def online_softmax_step(carry, s, weigh_values, exp=jnp.exp, detach=jax.lax.stop_gradient):
+    """One key tile into running `(acc, m, l)`: `s [..., q, k]` logits (-inf = masked); `weigh_values(p)` is the
+    probabilities times the tile's values, `p @ v` (a kernel may read the values there, after the softmax).
 
     The running max is a shift the result does not depend on, so its gradient is stopped (`detach`;
     kernels, which are never differentiated, pass the identity); rows with nothing allowed yet keep
@@ -129,7 +130,7 @@ def online_softmax_step(carry, s, v, matmul, exp=jnp.exp, detach=jax.lax.stop_gr
     shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     alpha = exp(m - shift)
     p = exp(s - shift[..., None])
-    return acc * alpha[..., None] + matmul(p, v), m_new, denom * alpha + jnp.sum(p, axis=-1)
+    return acc * alpha[..., None] + weigh_values(p), m_new, denom * alpha + jnp.sum(p, axis=-1)
 
 
 def finalize(

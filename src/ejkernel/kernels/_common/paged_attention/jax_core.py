@@ -148,11 +148,11 @@ def paged_attention_core(batch: PagedBatch, cfg=None, with_lse: bool = False):
         edge = lambda x: x[:, None, None, None, None]
         s = adjust_logits(s, q_pos, k_pos, edge(lo), edge(hi), st, bias, key_ok[:, None, None, None, :])
 
-        def matmul(p, v):
+        def weigh_values(p):
             p = p if v_scales is None else p * v_scales
             return jnp.einsum("rhgqk,rkhd->rhgqd", p.astype(compute), v, preferred_element_type=jnp.float32)
 
-        return online_softmax_step(carry, s, v, matmul)
+        return online_softmax_step(carry, s, weigh_values)
 
     shape = (num_tiles, num_kv_heads, group, block_q)
     carry = (

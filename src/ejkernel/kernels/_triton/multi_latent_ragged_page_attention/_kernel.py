@@ -133,8 +133,7 @@ def _kernel(meta_ref, tables_ref, q_ref, cache_ref, *refs, st, dims, t, scaled: 
         return online_softmax_step(
             carry,
             s,
-            latent,
-            lambda p, v: dot((p if row_scales is None else p * row_scales).astype(v.dtype), v),
+            lambda p: dot((p if row_scales is None else p * row_scales).astype(latent.dtype), latent),
             exp=functools.partial(exp2, interpret=t.interpret),
             detach=lambda x: x,
         )

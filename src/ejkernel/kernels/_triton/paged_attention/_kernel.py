@@ -153,14 +153,14 @@ def _kernel(
             bias = tile_qq if bias is None else bias + tile_qq
         s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
 
-        def matmul(p, _):
+        def weigh_values(p):
             """`p @ v`, its value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
             int8 decode: 1.10x -> 1.16x a bf16 cache)."""
             v = read(v_ref, row + layout.value_offset)
             return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
-        return online_softmax_step(carry, s, None, matmul, detach=lambda x: x)
+        return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
 
     carry = (
         jnp.zeros((t.rows, t.width), jnp.float32),

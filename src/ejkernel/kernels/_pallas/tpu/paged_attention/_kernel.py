@@ -92,8 +92,8 @@ def _kernel(meta_ref, tables_ref, q_ref, k_ref, *refs, batch_static, plan: Plan,
             v = head_rows(v_ref, h, layout.value_offset).astype(q.dtype)
             s = lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32) * st.softmax_scale
             s = adjust_logits(s, q_pos, k_pos, lo, hi, st)
-            matmul = lambda p, v: jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-            acc, m, denom = online_softmax_step((acc_s[h], m_s[h], l_s[h]), s, v, matmul, detach=lambda x: x)
+            weigh_values = lambda p, v=v: jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+            acc, m, denom = online_softmax_step((acc_s[h], m_s[h], l_s[h]), s, weigh_values, detach=lambda x: x)
             acc_s[h], m_s[h], l_s[h] = acc, m, denom
 
     @pl.when(step == plan.steps - 1)
