@@ -32,13 +32,14 @@ def resolve_interpret(interpret: bool | None, who: str) -> bool:
 
 
 def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
-    """2-D matmul `op(a) @ op(b)` accumulated in float32 (op = transpose when asked).
+    """2-D matmul `op(a) @ op(b)` accumulated in float32, or int32 for integer operands (op = transpose when asked).
 
     float32 operands multiply in full float32 (Triton's default for them would be TF32).
     """
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+    accumulate = jnp.int32 if jnp.issubdtype(a.dtype, jnp.integer) else jnp.float32
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=accumulate)
 
 
 def exp2(x: jax.Array, *, interpret: bool) -> jax.Array:

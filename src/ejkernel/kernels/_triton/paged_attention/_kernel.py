@@ -76,6 +76,17 @@ def widen(codes, dtype):
     return codes.astype(dtype)
 
 
+INTEGER_DOTS = 0  # prototype (session 45): 1 = int8 logits dot, 2 = int8 logits and values dots
+
+
+def _int8_rows(x):
+    """`x [rows, n]` float32 -> (int8 codes, float32 step `[rows, 1]`): each row rounded to 127 steps of its
+    largest magnitude."""
+    largest = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
+    return jnp.floor(x * (1.0 / step) + 0.5).astype(jnp.int8), step
+
+
 def _kernel(
     meta_ref,
     tables_ref,
@@ -112,7 +123,14 @@ def _kernel(
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, last_block)
 
-    q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
+    integer = INTEGER_DOTS if (k_ref.dtype == jnp.int8 and scaled) else 0
+    if integer:
+        q, q_step = _int8_rows(q_ref[...].astype(jnp.float32))
+        logit_scale = q_step * st.softmax_scale
+        value_dtype = jnp.int8 if integer == 2 else jnp.float16
+    else:
+        q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
+        value_dtype = q.dtype
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
@@ -125,11 +143,11 @@ def _kernel(
         row = page * layout.page_stride + lax.rem(pos, jnp.int32(layout.page_size)) * layout.slot_stride
         return row + head_row, page_in_cache(entry, layout.num_pages)
 
-    def read(rows_ref, row):
-        """Rows `row [block_k]` of a cache -> `[block_k, width]`."""
+    def read(rows_ref, row, dtype):
+        """Rows `row [block_k]` of a cache -> `[block_k, width]` of `dtype`."""
         zero = 0 if jnp.issubdtype(rows_ref.dtype, jnp.integer) else 0.0  # the fill in the cache's kind
         at = rows_ref.at[row[:, None], cols[None, :]]
-        return widen(plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero), q.dtype)
+        return widen(plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero), dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
@@ -139,8 +157,8 @@ def _kernel(
             v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :]
         else:
             v_scales = None
-        k = read(k_ref, row + layout.key_offset)
-        s = dot(q, k, trans_b=True) * logit_scale
+        k = read(k_ref, row + layout.key_offset, q.dtype)
+        s = dot(q, k, trans_b=True).astype(jnp.float32) * logit_scale
         if scaled:
             s = s * k_scales
         rel = (pos - context)[None, :]
@@ -157,8 +175,12 @@ def _kernel(
             """`p @ v`, its value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
             int8 decode: 1.10x -> 1.16x a bf16 cache)."""
-            v = read(v_ref, row + layout.value_offset)
-            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
+            v = read(v_ref, row + layout.value_offset, value_dtype)
+            weights = p if v_scales is None else p * v_scales
+            if integer == 2:
+                codes, step = _int8_rows(weights)
+                return dot(codes, v).astype(jnp.float32) * step
+            return dot(weights.astype(v.dtype), v)
 
         return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
 
