@@ -3,7 +3,7 @@ widened codes, 1 = the logits as an int8 x int8 dot of the row-quantised queries
 dot, the scaled probabilities rounded to int8 per row), on issue 45's decode shape (`exp/s44_kv8.py`, which this runs
 under the mode), or one decode step for Nsight Compute (`exp/s44_ncu_step.py`'s arguments after `step`):
 
-    python3 exp/s45_kv8_int.py <mode>
+    python3 exp/s45_kv8_int.py <mode> [s44_kv8.py's flags]
     python3 exp/s45_kv8_int.py <mode> step <dtype> [<keys a step> <stages> <warps> <splits>]
 """
 
@@ -22,5 +22,5 @@ if __name__ == "__main__":
         runpy.run_path(str(here / "s44_ncu_step.py"), run_name="__main__")
     else:
         print(f"=== integer dots mode {_kernel.INTEGER_DOTS}")
-        sys.argv = ["s44_kv8.py"]
+        sys.argv = ["s44_kv8.py", *sys.argv[2:]]
         runpy.run_path(str(here / "s44_kv8.py"), run_name="__main__")
