@@ -77,6 +77,7 @@ def widen(codes, dtype):
 
 
 INTEGER_DOTS = 0  # prototype (session 45): 1 = int8 logits dot, 2 = int8 logits and values dots
+HEADS_FIRST = False  # prototype (session 45): the grid's fastest axis is the kv head
 
 
 def _int8_rows(x):
@@ -106,7 +107,10 @@ def _kernel(
     qq_ref = refs.pop(0) if qq else None
     ks_ref, vs_ref = (refs.pop(0), refs.pop(0)) if scaled else (None, None)
     acc_ref, m_ref, l_ref = refs
-    tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    if HEADS_FIRST:
+        head, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    else:
+        tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     layout = st.rows
     seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
     context, first = meta_ref[tile, CONTEXT], meta_ref[tile, FIRST]
@@ -205,37 +209,40 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
     st = batch.static
     num_tiles, num_kv_heads = q_tiles.shape[:2]
     group = batch.num_heads // num_kv_heads
+    order = (lambda h, r, s: (r, h, s)) if HEADS_FIRST else (lambda r, h, s: (r, h, s))
     args = [meta, batch.page_tables, q_tiles, batch.key_rows, batch.value_rows]
     in_specs = [
-        pl.BlockSpec(meta.shape, lambda r, h, s: (0, 0)),
-        pl.BlockSpec(batch.page_tables.shape, lambda r, h, s: (0, 0)),
-        pl.BlockSpec((None, None, t.rows, t.width), lambda r, h, s: (r, h, 0, 0)),
-        pl.BlockSpec(batch.key_rows.shape, lambda r, h, s: (0, 0)),
-        pl.BlockSpec(batch.value_rows.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec(meta.shape, lambda *i: (0, 0)),
+        pl.BlockSpec(batch.page_tables.shape, lambda *i: (0, 0)),
+        pl.BlockSpec((None, None, t.rows, t.width), lambda *i: (*order(*i)[:2], 0, 0)),
+        pl.BlockSpec(batch.key_rows.shape, lambda *i: (0, 0)),
+        pl.BlockSpec(batch.value_rows.shape, lambda *i: (0, 0)),
     ]
     if alibi_rows is not None:
         args.append(alibi_rows)
-        in_specs.append(pl.BlockSpec((None, t.rows), lambda r, h, s: (h, 0)))
+        in_specs.append(pl.BlockSpec((None, t.rows), lambda *i: (order(*i)[1], 0)))
     if batch.qq_bias is not None:
         args.append(batch.qq_bias)
-        in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda r, h, s: (0, 0)))
+        in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda *i: (0, 0)))
     scaled = batch.key_scales is not None
     if scaled:
         args += [batch.key_scales, batch.value_scales]
-        in_specs += [pl.BlockSpec(x.shape, lambda r, h, s: (0,)) for x in (batch.key_scales, batch.value_scales)]
-    grid = (num_tiles, num_kv_heads, t.num_splits)
+        in_specs += [pl.BlockSpec(x.shape, lambda *i: (0,)) for x in (batch.key_scales, batch.value_scales)]
+    grid = (num_kv_heads, num_tiles, t.num_splits) if HEADS_FIRST else (num_tiles, num_kv_heads, t.num_splits)
     stats = (t.num_splits, num_tiles, num_kv_heads, t.rows)
     kernel = functools.partial(
         _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None, scaled=scaled
     )
+    sums_index = lambda *i: (order(*i)[2], *order(*i)[:2], 0, 0)
+    stats_index = lambda *i: (order(*i)[2], *order(*i)[:2], 0)
     return pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
         out_specs=[
-            pl.BlockSpec((None, None, None, t.rows, t.width), lambda r, h, s: (s, r, h, 0, 0)),
-            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
-            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
+            pl.BlockSpec((None, None, None, t.rows, t.width), sums_index),
+            pl.BlockSpec((None, None, None, t.rows), stats_index),
+            pl.BlockSpec((None, None, None, t.rows), stats_index),
         ],
         out_shape=[
             out_struct((*stats, t.width), jnp.float32, *args),
