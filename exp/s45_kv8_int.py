@@ -5,6 +5,9 @@ under the mode; a mode ending in `h`, as `1h`, also launches the grid with its k
 `_kernel.HEADS_FIRST`), or one decode step for Nsight Compute (`exp/s44_ncu_step.py`'s arguments after `step`):
 
     python3 exp/s45_kv8_int.py <mode> [s44_kv8.py's flags]
+
+The switches were the prototype's (calls 1-3): mode 1 is now the kernel's only int8 path for 16-bit queries, and the
+switches are gone, so this script records those calls and no longer changes what it times.
     python3 exp/s45_kv8_int.py <mode> step <dtype> [<keys a step> <stages> <warps> <splits>]
 """
 

@@ -11,7 +11,8 @@ get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an onlin
 float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
 `finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
 
-A quantised cache (float8, int8) is loaded as stored and converted in registers; with per-row scales,
+A quantised cache (float8, int8) is loaded as stored and converted in registers (int8 keys read by 16-bit
+queries are not: they meet int8-rounded queries in an integer dot, `_queries`); with per-row scales,
 each step also loads its `block_k` key and value scales and multiplies the logits' columns by the key
 scales and the probabilities by the value scales before `p @ v`.
 
@@ -50,19 +51,31 @@ class TritonPagedTiling:
 
 
 def _queries(q, cache_dtype, softmax_scale: float):
-    """The query tile in the dtype the dots take, and the logits' scale (per row `[rows, 1]`, or a float).
+    """The query tile as the logits' dot takes it, the logits' scale (per row `[rows, 1]`, or a float), and the
+    dtype the value rows widen to.
 
-    An 8-bit cache read by bfloat16 queries computes in float16, which holds every float8 and int8 code
-    exactly and which float8 codes widen to in one hardware conversion per pair (widened to bfloat16, an
-    H200's float8 decode took 0.68 ms against 0.60 in float16). The queries enter float16 divided by a power
-    of two that brings their row's largest magnitude under 2**14 (exact; the logits are multiplied back), so
-    no query overflows float16's range.
+    An 8-bit cache read by 16-bit queries computes in narrower types (float32 queries keep float32 dots):
+    - int8 codes meet int8 queries, each row rounded to 127 steps of its largest magnitude, in an integer dot
+      (exact in int32): the key rows are never widened. On an H200 the int8 decode went from 1.15x to 1.29x the
+      speed of a bf16 cache, its error against the bf16 result from 9.7e-3 to 1.17e-2 (BENCHMARKS.md, session 45).
+    - float8 codes widen to float16, which holds every float8 and int8 code exactly, in one hardware conversion
+      per pair (widened to bfloat16, an H200's float8 decode took 0.68 ms against 0.60 in float16). bfloat16
+      queries enter float16 divided by a power of two that brings their row's largest magnitude under 2**14
+      (exact; the logits are multiplied back), so no query overflows float16's range.
+    The value rows of both widen to float16.
     """
-    if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype != jnp.bfloat16:
-        return q, softmax_scale
+    if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
+        return q, softmax_scale, q.dtype
+    if cache_dtype == jnp.int8:
+        largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
+        step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
+        codes = jnp.floor(q.astype(jnp.float32) * (1.0 / step) + 0.5).astype(jnp.int8)
+        return codes, step * softmax_scale, jnp.float16
+    if q.dtype == jnp.float16:
+        return q, softmax_scale, q.dtype
     largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
     shift = jnp.where(largest > 2.0**14, jnp.exp2(jnp.ceil(jnp.log2(largest * 2.0**-14))), 1.0)
-    return (q.astype(jnp.float32) / shift).astype(jnp.float16), shift * softmax_scale
+    return (q.astype(jnp.float32) / shift).astype(jnp.float16), shift * softmax_scale, jnp.float16
 
 
 def widen(codes, dtype):
@@ -74,18 +87,6 @@ def widen(codes, dtype):
         shifted = codes.astype(jnp.int16) + jnp.int16(0x6480)
         return lax.bitcast_convert_type(shifted, jnp.float16) - jnp.float16(1152)
     return codes.astype(dtype)
-
-
-INTEGER_DOTS = 0  # prototype (session 45): 1 = int8 logits dot, 2 = int8 logits and values dots
-HEADS_FIRST = False  # prototype (session 45): the grid's fastest axis is the kv head
-
-
-def _int8_rows(x):
-    """`x [rows, n]` float32 -> (int8 codes, float32 step `[rows, 1]`): each row rounded to 127 steps of its
-    largest magnitude."""
-    largest = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
-    return jnp.floor(x * (1.0 / step) + 0.5).astype(jnp.int8), step
 
 
 def _kernel(
@@ -107,10 +108,7 @@ def _kernel(
     qq_ref = refs.pop(0) if qq else None
     ks_ref, vs_ref = (refs.pop(0), refs.pop(0)) if scaled else (None, None)
     acc_ref, m_ref, l_ref = refs
-    if HEADS_FIRST:
-        head, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    else:
-        tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    tile, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     layout = st.rows
     seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
     context, first = meta_ref[tile, CONTEXT], meta_ref[tile, FIRST]
@@ -127,14 +125,7 @@ def _kernel(
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, last_block)
 
-    integer = INTEGER_DOTS if (k_ref.dtype == jnp.int8 and scaled) else 0
-    if integer:
-        q, q_step = _int8_rows(q_ref[...].astype(jnp.float32))
-        logit_scale = q_step * st.softmax_scale
-        value_dtype = jnp.int8 if integer == 2 else jnp.float16
-    else:
-        q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
-        value_dtype = q.dtype
+    q, logit_scale, value_dtype = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
@@ -180,11 +171,7 @@ def _kernel(
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
             int8 decode: 1.10x -> 1.16x a bf16 cache)."""
             v = read(v_ref, row + layout.value_offset, value_dtype)
-            weights = p if v_scales is None else p * v_scales
-            if integer == 2:
-                codes, step = _int8_rows(weights)
-                return dot(codes, v).astype(jnp.float32) * step
-            return dot(weights.astype(v.dtype), v)
+            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
         return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
 
@@ -209,40 +196,37 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
     st = batch.static
     num_tiles, num_kv_heads = q_tiles.shape[:2]
     group = batch.num_heads // num_kv_heads
-    order = (lambda h, r, s: (r, h, s)) if HEADS_FIRST else (lambda r, h, s: (r, h, s))
     args = [meta, batch.page_tables, q_tiles, batch.key_rows, batch.value_rows]
     in_specs = [
-        pl.BlockSpec(meta.shape, lambda *i: (0, 0)),
-        pl.BlockSpec(batch.page_tables.shape, lambda *i: (0, 0)),
-        pl.BlockSpec((None, None, t.rows, t.width), lambda *i: (*order(*i)[:2], 0, 0)),
-        pl.BlockSpec(batch.key_rows.shape, lambda *i: (0, 0)),
-        pl.BlockSpec(batch.value_rows.shape, lambda *i: (0, 0)),
+        pl.BlockSpec(meta.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec(batch.page_tables.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec((None, None, t.rows, t.width), lambda r, h, s: (r, h, 0, 0)),
+        pl.BlockSpec(batch.key_rows.shape, lambda r, h, s: (0, 0)),
+        pl.BlockSpec(batch.value_rows.shape, lambda r, h, s: (0, 0)),
     ]
     if alibi_rows is not None:
         args.append(alibi_rows)
-        in_specs.append(pl.BlockSpec((None, t.rows), lambda *i: (order(*i)[1], 0)))
+        in_specs.append(pl.BlockSpec((None, t.rows), lambda r, h, s: (h, 0)))
     if batch.qq_bias is not None:
         args.append(batch.qq_bias)
-        in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda *i: (0, 0)))
+        in_specs.append(pl.BlockSpec(batch.qq_bias.shape, lambda r, h, s: (0, 0)))
     scaled = batch.key_scales is not None
     if scaled:
         args += [batch.key_scales, batch.value_scales]
-        in_specs += [pl.BlockSpec(x.shape, lambda *i: (0,)) for x in (batch.key_scales, batch.value_scales)]
-    grid = (num_kv_heads, num_tiles, t.num_splits) if HEADS_FIRST else (num_tiles, num_kv_heads, t.num_splits)
+        in_specs += [pl.BlockSpec(x.shape, lambda r, h, s: (0,)) for x in (batch.key_scales, batch.value_scales)]
+    grid = (num_tiles, num_kv_heads, t.num_splits)
     stats = (t.num_splits, num_tiles, num_kv_heads, t.rows)
     kernel = functools.partial(
         _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None, scaled=scaled
     )
-    sums_index = lambda *i: (order(*i)[2], *order(*i)[:2], 0, 0)
-    stats_index = lambda *i: (order(*i)[2], *order(*i)[:2], 0)
     return pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
         out_specs=[
-            pl.BlockSpec((None, None, None, t.rows, t.width), sums_index),
-            pl.BlockSpec((None, None, None, t.rows), stats_index),
-            pl.BlockSpec((None, None, None, t.rows), stats_index),
+            pl.BlockSpec((None, None, None, t.rows, t.width), lambda r, h, s: (s, r, h, 0, 0)),
+            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
+            pl.BlockSpec((None, None, None, t.rows), lambda r, h, s: (s, r, h, 0)),
         ],
         out_shape=[
             out_struct((*stats, t.width), jnp.float32, *args),
