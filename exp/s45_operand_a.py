@@ -5,6 +5,8 @@ shape (`exp/s44_kv8.py`, run under the switches), or one decode step for Nsight 
 arguments after `step`):
 
     python3 exp/s45_operand_a.py <keys as A: 0/1> <values as A: 0/1> [step <dtype> ...]
+
+Both were slower (call 5, BENCHMARKS.md) and the switches are gone: this script records that call.
 """
 
 import pathlib

@@ -89,10 +89,6 @@ def widen(codes, dtype):
     return codes.astype(dtype)
 
 
-KEYS_AS_A = False  # prototype (session 45): the logits' dot as (k @ q^T)^T, the key tile its first operand
-VALUES_AS_A = False  # prototype (session 45): p @ v as (v^T @ p^T)^T, the value tile its first operand
-
-
 def _kernel(
     meta_ref,
     tables_ref,
@@ -157,7 +153,7 @@ def _kernel(
         else:
             v_scales = None
         k = read(k_ref, row + layout.key_offset, q.dtype)
-        s = (dot(k, q, trans_b=True).T if KEYS_AS_A else dot(q, k, trans_b=True)).astype(jnp.float32) * logit_scale
+        s = dot(q, k, trans_b=True).astype(jnp.float32) * logit_scale
         if scaled:
             s = s * k_scales
         rel = (pos - context)[None, :]
@@ -175,8 +171,7 @@ def _kernel(
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
             int8 decode: 1.10x -> 1.16x a bf16 cache)."""
             v = read(v_ref, row + layout.value_offset, value_dtype)
-            w = (p if v_scales is None else p * v_scales).astype(v.dtype)
-            return dot(v, w, trans_a=True, trans_b=True).T if VALUES_AS_A else dot(w, v)
+            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
         return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
 
