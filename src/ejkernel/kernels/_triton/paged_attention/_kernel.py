@@ -50,33 +50,27 @@ class TritonPagedTiling:
     interpret: bool
 
 
-def _int8_rows(x):
-    """`x [rows, n]` float32 -> (int8 codes, float32 step `[rows, 1]`): each row rounded to 127 steps of its
-    largest magnitude (a row of zeros gets step 1)."""
-    largest = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
-    return jnp.floor(x * (1.0 / step) + 0.5).astype(jnp.int8), step
-
-
 def _queries(q, cache_dtype, softmax_scale: float):
     """The query tile as the logits' dot takes it, the logits' scale (per row `[rows, 1]`, or a float), and the
-    dtype the value rows are read in.
+    dtype the value rows widen to.
 
     An 8-bit cache read by 16-bit queries computes in narrower types (float32 queries keep float32 dots):
-    - int8 codes are never widened: the logits are an integer dot of the codes with int8 queries (each row rounded
-      by `_int8_rows`), and `p @ v` two integer dots (`integer_weigh`). On an H200 the int8 decode went from
-      1.15x to 1.29x the speed of a bf16 cache with the logits' dot alone, its error against the bf16 result from
-      9.7e-3 to 1.17e-2 (BENCHMARKS.md, session 45).
-    - float8 codes widen to float16, which holds every float8 code exactly, in one hardware conversion per pair
-      (widened to bfloat16, an H200's float8 decode took 0.68 ms against 0.60 in float16). bfloat16 queries enter
-      float16 divided by a power of two that brings their row's largest magnitude under 2**14 (exact; the logits
-      are multiplied back), so no query overflows float16's range.
+    - int8 codes meet int8 queries, each row rounded to 127 steps of its largest magnitude, in an integer dot
+      (exact in int32): the key rows are never widened. On an H200 the int8 decode went from 1.15x to 1.29x the
+      speed of a bf16 cache, its error against the bf16 result from 9.7e-3 to 1.17e-2 (BENCHMARKS.md, session 45).
+    - float8 codes widen to float16, which holds every float8 and int8 code exactly, in one hardware conversion
+      per pair (widened to bfloat16, an H200's float8 decode took 0.68 ms against 0.60 in float16). bfloat16
+      queries enter float16 divided by a power of two that brings their row's largest magnitude under 2**14
+      (exact; the logits are multiplied back), so no query overflows float16's range.
+    The value rows of both widen to float16.
     """
     if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
         return q, softmax_scale, q.dtype
     if cache_dtype == jnp.int8:
-        codes, step = _int8_rows(q.astype(jnp.float32))
-        return codes, step * softmax_scale, jnp.int8
+        largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
+        step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
+        codes = jnp.floor(q.astype(jnp.float32) * (1.0 / step) + 0.5).astype(jnp.int8)
+        return codes, step * softmax_scale, jnp.float16
     if q.dtype == jnp.float16:
         return q, softmax_scale, q.dtype
     largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
@@ -84,18 +78,15 @@ def _queries(q, cache_dtype, softmax_scale: float):
     return (q.astype(jnp.float32) / shift).astype(jnp.float16), shift * softmax_scale, jnp.float16
 
 
-def integer_weigh(weights, v_codes):
-    """`weights [rows, n] @ v_codes [n, width]` (float32 weights >= 0, int8 codes) as two int8 dots: the weights
-    rounded per row to 127 steps (`_int8_rows`), then what that rounding left, to 127 steps of a step. About 14
-    bits of each row's largest weight, finer there than float16's 11, and the value codes are never widened (the
-    widened tile and its trip through shared memory held the int8 kernel at 198 registers a thread)."""
-    high, step = _int8_rows(weights)
-    low = jnp.floor((weights - high.astype(jnp.float32) * step) * (127.0 / step) + 0.5).astype(jnp.int8)
-    coarse = dot(high, v_codes).astype(jnp.float32)
-    return (coarse * 127.0 + dot(low, v_codes).astype(jnp.float32)) * (step * (1.0 / 127.0))
-
-
-SPLIT_VALUES = True  # prototype (session 45, call 6): `integer_weigh` against float16 values
+def widen(codes, dtype):
+    """Cache rows as loaded -> `dtype`. int8 codes widen to float16 through float16's bits: `code + 0x6480` is
+    the float16 `1152 + code` (exact: 1024 <= it < 2048, where float16's step is 1), minus 1152. Integer adds run
+    at four times the rate of the hardware's integer-to-float conversion (on an H200 the int8 decode went from
+    1.00x to 1.08x the speed of a bf16 cache; BENCHMARKS.md, session 44)."""
+    if codes.dtype == jnp.int8 and dtype == jnp.float16:
+        shifted = codes.astype(jnp.int16) + jnp.int16(0x6480)
+        return lax.bitcast_convert_type(shifted, jnp.float16) - jnp.float16(1152)
+    return codes.astype(dtype)
 
 
 def _kernel(
@@ -135,8 +126,6 @@ def _kernel(
     stop = jnp.minimum(start + per_split, last_block)
 
     q, logit_scale, value_dtype = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
-    if value_dtype == jnp.int8 and not SPLIT_VALUES:
-        value_dtype = jnp.float16
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
@@ -153,7 +142,7 @@ def _kernel(
         """Rows `row [block_k]` of a cache -> `[block_k, width]` of `dtype`."""
         zero = 0 if jnp.issubdtype(rows_ref.dtype, jnp.integer) else 0.0  # the fill in the cache's kind
         at = rows_ref.at[row[:, None], cols[None, :]]
-        return (plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero)).astype(dtype)
+        return widen(plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero), dtype)
 
     def step(b, carry):
         pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
@@ -178,12 +167,11 @@ def _kernel(
         s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
 
         def weigh_values(p):
-            """`p @ v`, its value rows read here, after the softmax: a float8 cache's rows are widened in registers,
+            """`p @ v`, its value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
-            int8 decode, widened then: 1.10x -> 1.16x a bf16 cache)."""
+            int8 decode: 1.10x -> 1.16x a bf16 cache)."""
             v = read(v_ref, row + layout.value_offset, value_dtype)
-            weights = p if v_scales is None else p * v_scales
-            return integer_weigh(weights, v) if v.dtype == jnp.int8 else dot(weights.astype(v.dtype), v)
+            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
         return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
 
