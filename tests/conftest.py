@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+def pytest_runtest_logreport(report):
+    """With `TEST_FAILURE_LOG` set, each failure's traceback is appended to that file as it happens: a GPU session cut
+    short by its time limit loses pytest's summary at the end (twice, a GPU test's failure was known by name only).
+    Written by the controller alone under xdist (workers forward their reports to it)."""
+    path = os.environ.get("TEST_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as log:
+            log.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_caches(tmp_path, monkeypatch):
     """Every test gets its own persistent config cache and the default autotune policy."""

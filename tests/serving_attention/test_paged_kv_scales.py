@@ -102,7 +102,8 @@ def test_xla_gradients_of_queries_and_scales():
     ("platform", "dtype"), [("xla", jnp.float32), ("triton", jnp.float32), ("triton", jnp.bfloat16)]
 )
 def test_int8_cache(platform, dtype):
-    """With bfloat16 queries the Triton core's logits are an int8 dot (`_queries`), its values' dot float16 (`widen`)."""
+    """With bfloat16 queries the Triton core's logits are an int8 dot (`_queries`), its values' dot float16
+    (`widen`)."""
     args, options = quantized_case("page_attention", INT8, rng_seed=3, dtype=dtype)
     fn = triton("page_attention") if platform == "triton" else kernel_registry.get("page_attention", "xla")
     cfg = SMALL if platform == "triton" else None
