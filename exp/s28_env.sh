@@ -9,7 +9,7 @@ quiet() { grep -v -e Warning -e "warnings.warn" -e "^\s*$" -e "return rule" ; }
 gpu_tests() {
     local limit=$1
     shift
-    TEST_FAILURE_LOG=$OUT/failures.log XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "$limit" python3 -m pytest -v -rfE -m gpu -n 4 -p no:cacheprovider \
-        "$@" >"$OUT/gpu_tests.log" 2>&1
+    TEST_FAILURE_LOG=$OUT/failures.log XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "$limit" \
+        python3 -m pytest -v -rfE -m gpu -n 4 -p no:cacheprovider "$@" >"$OUT/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -12
 }

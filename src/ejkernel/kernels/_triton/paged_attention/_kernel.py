@@ -66,16 +66,15 @@ def _queries(q, cache_dtype, softmax_scale: float):
     """
     if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
         return q, softmax_scale, q.dtype
+    wide = q.astype(jnp.float32)
+    largest = jnp.max(jnp.abs(wide), axis=1, keepdims=True)
     if cache_dtype == jnp.int8:
-        largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
         step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
-        codes = jnp.floor(q.astype(jnp.float32) * (1.0 / step) + 0.5).astype(jnp.int8)
-        return codes, step * softmax_scale, jnp.float16
+        return jnp.floor(wide * (1.0 / step) + 0.5).astype(jnp.int8), step * softmax_scale, jnp.float16
     if q.dtype == jnp.float16:
         return q, softmax_scale, q.dtype
-    largest = jnp.max(jnp.abs(q.astype(jnp.float32)), axis=1, keepdims=True)
     shift = jnp.where(largest > 2.0**14, jnp.exp2(jnp.ceil(jnp.log2(largest * 2.0**-14))), 1.0)
-    return (q.astype(jnp.float32) / shift).astype(jnp.float16), shift * softmax_scale, jnp.float16
+    return (wide / shift).astype(jnp.float16), shift * softmax_scale, jnp.float16
 
 
 def widen(codes, dtype):
