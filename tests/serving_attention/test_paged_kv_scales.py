@@ -99,10 +99,11 @@ def test_xla_gradients_of_queries_and_scales():
 
 @pytest.mark.lowest
 @pytest.mark.parametrize(
-    ("platform", "dtype"), [("xla", jnp.float32), ("triton", jnp.float32), ("triton", jnp.bfloat16)]
+    ("platform", "dtype"),
+    [("xla", jnp.float32), ("triton", jnp.float32), ("triton", jnp.bfloat16), ("triton", jnp.float16)],
 )
 def test_int8_cache(platform, dtype):
-    """With bfloat16 queries the Triton core's logits are an int8 dot (`_queries`), its values' dot float16
+    """With 16-bit queries the Triton core's logits are an int8 dot (`_queries`), its values' dot float16
     (`widen`)."""
     args, options = quantized_case("page_attention", INT8, rng_seed=3, dtype=dtype)
     fn = triton("page_attention") if platform == "triton" else kernel_registry.get("page_attention", "xla")
