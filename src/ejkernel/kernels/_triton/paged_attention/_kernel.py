@@ -51,30 +51,31 @@ class TritonPagedTiling:
 
 
 def _queries(q, cache_dtype, softmax_scale: float):
-    """The query tile as the logits' dot takes it, the logits' scale (per row `[rows, 1]`, or a float), and the
-    dtype the value rows widen to.
+    """The query tile as the logits' dot takes it, and the logits' scale (per row `[rows, 1]`, or a float).
 
-    An 8-bit cache read by 16-bit queries computes in narrower types (float32 queries keep float32 dots):
+    An 8-bit cache read by 16-bit queries computes in narrower types (float32 queries keep float32 dots), its value
+    rows widened to float16 (`widen`):
     - int8 codes meet int8 queries, each row rounded to 127 steps of its largest magnitude, in an integer dot
       (exact in int32): the key rows are never widened. On an H200 the int8 decode went from 1.15x to 1.29x the
       speed of a bf16 cache, its error against the bf16 result from 9.7e-3 to 1.17e-2 (BENCHMARKS.md, session 45).
-    - float8 codes widen to float16, which holds every float8 and int8 code exactly, in one hardware conversion
-      per pair (widened to bfloat16, an H200's float8 decode took 0.68 ms against 0.60 in float16). bfloat16
-      queries enter float16 divided by a power of two that brings their row's largest magnitude under 2**14
-      (exact; the logits are multiplied back), so no query overflows float16's range.
-    The value rows of both widen to float16.
+      (`scaled_codes.quantize_rows` rounds the same way, but by `jnp.round`, which Pallas-Triton does not lower.)
+    - float8 codes widen to float16, which holds every float8 code exactly, in one hardware conversion per pair
+      (widened to bfloat16, an H200's float8 decode took 0.68 ms against 0.60 in float16). bfloat16 queries enter
+      float16 divided by a power of two that brings their row's largest magnitude under 2**14 (exact; the logits
+      are multiplied back), so no query overflows float16's range.
     """
+    integer = cache_dtype == jnp.int8
     if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
-        return q, softmax_scale, q.dtype
+        return q, softmax_scale
+    if q.dtype == jnp.float16 and not integer:
+        return q, softmax_scale
     wide = q.astype(jnp.float32)
     largest = jnp.max(jnp.abs(wide), axis=1, keepdims=True)
-    if cache_dtype == jnp.int8:
+    if integer:
         step = jnp.where(largest > 0, largest * (1.0 / 127.0), 1.0)
-        return jnp.floor(wide * (1.0 / step) + 0.5).astype(jnp.int8), step * softmax_scale, jnp.float16
-    if q.dtype == jnp.float16:
-        return q, softmax_scale, q.dtype
+        return jnp.floor(wide * (1.0 / step) + 0.5).astype(jnp.int8), step * softmax_scale
     shift = jnp.where(largest > 2.0**14, jnp.exp2(jnp.ceil(jnp.log2(largest * 2.0**-14))), 1.0)
-    return (wide / shift).astype(jnp.float16), shift * softmax_scale, jnp.float16
+    return (wide / shift).astype(jnp.float16), shift * softmax_scale
 
 
 def widen(codes, dtype):
@@ -124,7 +125,8 @@ def _kernel(
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, last_block)
 
-    q, logit_scale, value_dtype = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
+    q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
+    value_dtype = jnp.float16 if q.dtype == jnp.int8 else q.dtype  # int8 keys in integer dots, values in float16
     slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
