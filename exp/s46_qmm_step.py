@@ -1,6 +1,6 @@
 """Session 46: one weight-only `quantized_matmul` call (K = N = 8192, affine int8, bf16 x), for Nsight Compute.
 
-    python3 exp/s46_qmm_step.py row|col M [platform]
+python3 exp/s46_qmm_step.py row|col M [platform]
 """
 
 import sys

@@ -56,42 +56,6 @@ class WeightTile:
     col_count: int
 
 
-def _row_mask(tile: WeightTile, row0):
-    """`[rows, 1]` True where a row of the tile lies in the matrix; None when every row does."""
-    if tile.row_count % tile.rows == 0:
-        return None
-    return (row0 + jnp.arange(tile.rows) < tile.row_count)[:, None]
-
-
-def _and(row_ok, cols_ok):
-    if cols_ok is None:
-        return row_ok
-    return cols_ok[None, :] if row_ok is None else row_ok & cols_ok[None, :]
-
-
-def load_codes(w_ref, tile: WeightTile, bits: int, prefix: tuple = (), nibble: int | None = None):
-    """The codes of one tile of the packed matrix `w_ref[*prefix]`, `[rows, cols]`: bytes as stored (uint8 codes,
-    or float8 values: `byte_codes`), else int32 codes split from words (`cols` a multiple of `32 / bits`) or, with
-    `nibble` (0 or 1; `w_ref` holds the bytes of 4-bit codes), every byte's low or high code. Masked rows and
-    columns read as code 0."""
-    per_word = 1 if jnp.dtype(w_ref.dtype).itemsize == 1 else 32 // bits  # `byte_codes`' view: a byte a code
-    if bits == 8 and per_word != 1:
-        raise ValueError(f"8-bit codes come as bytes (byte_codes), got words of {w_ref.dtype}")
-    words = tile.cols // per_word
-    row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
-    word0 = pl.multiple_of(tile.col_block * words, words)
-    word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if tile.col_count % tile.cols else None
-    index = (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words))
-    packed = masked_load(w_ref, index, _and(_row_mask(tile, row0), word_ok))
-    if nibble is not None:
-        return ((packed >> (4 * nibble)) & 0xF).astype(jnp.int32)
-    if per_word == 1:
-        return packed
-    shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
-    codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
-    return codes.reshape(tile.rows, tile.cols).astype(jnp.int32)  # code i of a row is column i
-
-
 def decode_tile(
     w_ref, s_ref, z_ref, table_ref, tile: WeightTile, params: QuantParams, prefix: tuple = (), nibble: int | None = None
 ):
@@ -102,15 +66,39 @@ def decode_tile(
     `nibble` (0 or 1): `w_ref` holds the bytes of 4-bit codes (`as_bytes`) and the tile is the matrix of every
     byte's low (0) or high (1) code: the even or the odd columns of the packed matrix, whose groups are half as
     wide (`params.group_size` must say so)."""
-    g = params.group_size
-    codes = load_codes(w_ref, tile, params.bits, prefix, nibble)
+    bits, g = params.bits, params.group_size
+    per_word = 1 if jnp.dtype(w_ref.dtype).itemsize == 1 else 32 // bits  # `byte_codes`' view: a byte a code
+    if bits == 8 and per_word != 1:
+        raise ValueError(f"8-bit codes come as bytes (byte_codes), got words of {w_ref.dtype}")
+    words = tile.cols // per_word
     row0 = pl.multiple_of(tile.row_block * tile.rows, tile.rows)
-    row_ok = _row_mask(tile, row0)
+    row_ok = None
+    if tile.row_count % tile.rows:
+        row_ok = (row0 + jnp.arange(tile.rows) < tile.row_count)[:, None]
+    ragged_cols = tile.col_count % tile.cols != 0
+
+    def mask(cols_ok):
+        if cols_ok is None:
+            return row_ok
+        return cols_ok[None, :] if row_ok is None else row_ok & cols_ok[None, :]
+
+    word0 = pl.multiple_of(tile.col_block * words, words)
+    word_ok = word0 + jnp.arange(words) < tile.col_count // per_word if ragged_cols else None
+    packed = masked_load(w_ref, (*prefix, pl.ds(row0, tile.rows), pl.ds(word0, words)), mask(word_ok))
+    if nibble is not None:
+        codes = ((packed >> (4 * nibble)) & 0xF).astype(jnp.int32)
+    elif per_word == 1:
+        codes = packed  # uint8 codes, or float8 values
+    else:
+        shifts = jnp.arange(per_word, dtype=jnp.uint32) * bits
+        codes = (packed[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)
+        codes = codes.reshape(tile.rows, tile.cols).astype(jnp.int32)  # code i of a row is column i
+
     if tile.cols >= g:  # whole groups in the tile: metadata [rows, groups], broadcast over each group below
         groups = tile.cols // g
         group0 = pl.multiple_of(tile.col_block * groups, groups)
-        group_ok = group0 + jnp.arange(groups) < tile.col_count // g if tile.col_count % tile.cols else None
-        meta_index, meta_mask = (*prefix, pl.ds(row0, tile.rows), pl.ds(group0, groups)), _and(row_ok, group_ok)
+        group_ok = group0 + jnp.arange(groups) < tile.col_count // g if ragged_cols else None
+        meta_index, meta_mask = (*prefix, pl.ds(row0, tile.rows), pl.ds(group0, groups)), mask(group_ok)
     else:  # the tile lies inside one group: metadata [rows, 1]
         groups = 1
         group = lax.div(tile.col_block * tile.cols, jnp.int32(g))
@@ -129,7 +117,7 @@ def decode_tile(
         return codes.astype(jnp.float32) * spread(scales) + spread(offsets)
     if params.mode == "nf4":
         return table_ref[codes] * spread(scales.astype(jnp.float32))
-    values = codes.astype(jnp.float32) if params.bits == 8 else e2m1(codes)  # 8-bit: float8 (`byte_codes`)
+    values = codes.astype(jnp.float32) if bits == 8 else e2m1(codes)  # 8-bit: float8 (`byte_codes`)
     scales = scales.astype(jnp.int32)
     factors = pow2(scales) if params.mode.startswith("mx") else e4m3(scales)
     return values * spread(factors)

@@ -9,7 +9,9 @@ value rows of its kv head straight from the cache, whatever the op's layout (`Ca
 whose table entry is not a page of the cache is read clamped and masked (`page_in_cache`). Logits
 get the soft cap, ALiBi, query-query bias and masks of `adjust_logits`; an online softmax keeps
 float32 running sums. Each split writes its unnormalised sums, running max and denominator, and
-`finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks.
+`finalize` merges the splits by log-sum-exp (flash-decoding) and joins the sinks. Exponentials are base 2
+(`exp2`: one `ex2.approx` where `jnp.exp` is libdevice's several instructions); the running max is written in
+natural units.
 
 A quantised cache (float8, int8) is loaded as stored and converted in registers (int8 keys read by 16-bit
 queries are not: they meet int8-rounded queries in an integer dot, `_queries`); with per-row scales,
@@ -29,11 +31,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ejkernel.kernels._common.attention import LOG2E
 from ejkernel.kernels._common.paged_attention.core_math import adjust_logits, online_softmax_step
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch, PagedStatic, page_in_cache
 from ejkernel.kernels._common.paged_attention.tiles import CONTEXT, FIRST, HI, LO, SEQ
 from ejkernel.kernels._common.vma import out_struct
-from ejkernel.kernels._triton._helpers import dot
+from ejkernel.kernels._triton._helpers import dot, exp2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +168,7 @@ def _kernel(
             index = (jnp.clip(q_index, 0, size - 1)[:, None], jnp.clip(rel, 0, size - 1))
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
-        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :])
+        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :]) * LOG2E
 
         def weigh_values(p):
             """`p @ v`, its value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
@@ -174,7 +177,9 @@ def _kernel(
             v = read(v_ref, row + layout.value_offset, value_dtype)
             return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
-        return online_softmax_step(carry, s, weigh_values, detach=lambda x: x)
+        return online_softmax_step(
+            carry, s, weigh_values, exp=functools.partial(exp2, interpret=t.interpret), detach=lambda x: x
+        )
 
     carry = (
         jnp.zeros((t.rows, t.width), jnp.float32),
@@ -183,7 +188,7 @@ def _kernel(
     )
     acc, m, denom = lax.fori_loop(start, stop, step, carry)
     acc_ref[...] = acc
-    m_ref[...] = m
+    m_ref[...] = m / LOG2E  # natural units (-inf stays -inf)
     l_ref[...] = denom
 
 

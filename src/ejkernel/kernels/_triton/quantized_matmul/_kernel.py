@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._triton._decode import WeightTile, as_bytes, byte_codes, decode_tile, load_codes, masked_load
+from ejkernel.kernels._triton._decode import WeightTile, as_bytes, byte_codes, decode_tile, masked_load
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.quantization.codes import NF4
 from ejkernel.quantization.modes import QuantParams
@@ -53,21 +53,6 @@ def nibble_phases(params: QuantParams, transpose: bool, k: int) -> int:
     E2M1 codes. Measured on an H200 at M 16, K = N = 8192: int4 0.079 -> 0.039 ms, mxfp4 0.086 -> 0.064; without
     transpose (two accumulators of every other output column) int4 0.058 -> 0.087 and NF4 both ways slower."""
     return 2 if params.bits == 4 and transpose and k % 2 == 0 and params.codebook in ("int", "e2m1") else 1
-
-
-FOLD = True  # session 46 prototype switch (A/B): affine codes multiplied raw, scales and zeros outside the tile
-
-
-def folds(params: QuantParams, transpose: bool, tiling: TritonQuantizedMatmulTiling, phases: int) -> bool:
-    """Whether the kernel multiplies affine codes as they are and applies scales and zero points outside the weight
-    tile: without `transpose` a program's columns lie in one group (the scales fold into x's columns), with it each
-    step's contraction holds whole groups or lies in one (the scales multiply each group's product)."""
-    if not FOLD or params.mode != "affine":
-        return False
-    g, bk = params.group_size // phases, tiling.block_k // phases
-    if transpose:
-        return bk % g == 0 or g % bk == 0
-    return params.group_size % tiling.block_n == 0
 
 
 def _matmul_kernel(
@@ -105,55 +90,7 @@ def _matmul_kernel(
             acc = acc + dot(x, w.astype(x.dtype), trans_b=True)
         return acc
 
-    def folded_rows(i, carry):
-        """Without transpose: x's columns times their scales (the program's columns share a group), times the raw
-        codes; `x'·z` summed apart, subtracted once at the end."""
-        acc, xz = carry
-        k0 = pl.multiple_of(i * bk, bk)
-        k_ok = k0 + jnp.arange(bk) < k if k % bk else None
-        group = lax.div(col_block * bn, jnp.int32(params.group_size))
-        s = masked_load(s_ref, (pl.ds(k0, bk), group), k_ok).astype(jnp.float32)
-        z = masked_load(z_ref, (pl.ds(k0, bk), group), k_ok).astype(jnp.float32)
-        x = load_x(k0, bk, k)
-        xs = (x.astype(jnp.float32) * s[None, :]).astype(x.dtype)
-        codes = load_codes(w_ref, WeightTile(i, bk, k, col_block, bn, n), params.bits)
-        return acc + dot(xs, codes.astype(x.dtype)), xz + xs.astype(jnp.float32) * z[None, :]
-
-    g_phase = params.group_size // phases
-    sub = min(bk // phases, g_phase)  # contraction of one group's product
-
-    def folded_cols(i, acc):
-        """With transpose: each group's product of x and the raw codes, times the group's scales, less the group's
-        sum of x times `s·z`."""
-        kh, subs = k // phases, bk // phases // sub
-        blocks = kh // sub  # the phase's half holds whole groups, so whole sub-steps
-        n0 = pl.multiple_of(col_block * bn, bn)
-        n_ok = n0 + jnp.arange(bn) < n if n % bn else None
-        for p, nibble in enumerate([None] if phases == 1 else [0, 1]):
-            for j in range(subs):
-                c = i * subs + j  # the sub-step's block of `sub` columns of the phase's half
-                inside = c < blocks  # a sub-step past K reads the last block and adds nothing
-                c = jnp.minimum(c, blocks - 1)
-                k0 = pl.multiple_of(c * sub, sub)
-                group = lax.div(k0, jnp.int32(g_phase))
-                s = masked_load(s_ref, (pl.ds(n0, bn), group), n_ok).astype(jnp.float32)
-                s = jnp.where(inside, s, 0.0)
-                z = masked_load(z_ref, (pl.ds(n0, bn), group), n_ok).astype(jnp.float32)
-                codes = load_codes(w_ref, WeightTile(col_block, bn, n, c, sub, kh), params.bits, nibble=nibble)
-                x = load_x(k0, sub, kh, p * kh)
-                xsum = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
-                product = dot(x, codes.astype(x.dtype), trans_b=True)
-                acc = acc + product * s[None, :] - xsum * (s * z)[None, :]
-        return acc
-
-    zero = jnp.zeros((bm, bn), jnp.float32)
-    if not folds(params, transpose, tiling, phases):
-        acc = lax.fori_loop(first, last, step, zero)
-    elif transpose:
-        acc = lax.fori_loop(first, last, folded_cols, zero)
-    else:
-        acc, xz = lax.fori_loop(first, last, folded_rows, (zero, jnp.zeros((bm, bk), jnp.float32)))
-        acc = acc - jnp.sum(xz, axis=1, keepdims=True)
+    acc = lax.fori_loop(first, last, step, jnp.zeros((bm, bn), jnp.float32))
     n0 = pl.multiple_of(col_block * bn, bn)
     n_ok = (n0 + jnp.arange(bn) < n)[None, :] if n % bn else None
     plgpu.store(o_ref.at[split, rows_x, pl.ds(n0, bn)], acc, mask=n_ok)
