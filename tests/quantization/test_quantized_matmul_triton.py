@@ -90,7 +90,7 @@ def test_registered_before_xla_with_its_own_tiles():
     x, (w, scales, zeros), options = _case("affine", 4, True, 16, 256, 64, 64, jnp.bfloat16)
     inv = Invocation("quantized_matmul", (x, w, scales, zeros), options | {"fuse": True}, "triton")
     cfg = QuantizedMatmul().heuristic_cfg(inv)
-    assert (cfg.platform, cfg.block_n, cfg.block_k, cfg.num_warps) == ("triton", 64, 256, 8)
+    assert (cfg.platform, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.split_k) == ("triton", 64, 256, 4, 2)
     assert all(c.platform == "triton" for c in QuantizedMatmul().platform_cfgs("triton", inv))
 
 

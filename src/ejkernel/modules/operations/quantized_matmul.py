@@ -37,13 +37,18 @@ GEMV_MODES = ("auto", "on", "off")
 REVSPLIT_MODES = ("auto", "on", "off")
 REVSPLIT_PARTS = (1, 2, 4, 8, 16)
 STRICT_FUSE_ENV = "EJKERNEL_QMM_STRICT_FUSED"
-TRITON_TILES = {(False, 4): (64, 256, 4, 4), (False, 8): (256, 64, 4, 8)}
-"""The Triton kernel's heuristic `(block_n, block_k, num_warps, split_k)` by `(transpose, bits)`: the fastest of a
-sweep on an H200 at M = 16, K = N = 8192 (`exp/s28_qmm_sweep.py`: 4-bit 0.0576 ms a layer against 0.0792 for the
-earlier (64, 256, 8 warps, unsplit); 8-bit 0.0681 against 0.0906). Unmeasured layouts (`transpose=True`) take
-`TRITON_DEFAULT_TILES`: 128 programs at N = 8192 without splitting the contraction."""
+TRITON_TILES = {
+    (False, 4): (64, 256, 4, 4),
+    (False, 8): (256, 64, 4, 8),
+    (True, 4): (64, 256, 4, 2),
+    (True, 8): (64, 256, 4, 2),
+}
+"""The Triton kernel's heuristic `(block_n, block_k, num_warps, split_k)` by `(transpose, bits)` (the kernel serves 4
+and 8 bits only): the fastest of sweeps on an H200 at M = 16, K = N = 8192. Without transpose `exp/s28_qmm_sweep.py`
+(4-bit 0.0576 ms a layer against 0.0792 for the earlier (64, 256, 8 warps, unsplit); 8-bit 0.0681 against 0.0906);
+with it `exp/s46_qmm_tiles.py`, two contraction splits of 4 warps where one of 8 warps had a program an SM (4-bit
+0.0388 -> 0.0341 ms; 8-bit 0.0334 -> 0.0333 at M 16, 0.0645 -> 0.0616 at M 64)."""
 
-TRITON_DEFAULT_TILES = (64, 256, 8, None)
 MOSAIC_CANDIDATES = ((64, 8), (128, 4), (128, 8), (256, 4))
 """`(block_k, num_stages)` autotuning tries on the Mosaic GPU kernel, beside its defaults (in session 32's first
 round none beat 256-wide steps with 4 stages, now the default, at K = N = 8192)."""
@@ -196,8 +201,8 @@ class QuantizedMatmul(Kernel):
         """The Triton kernel's tiles where it serves the call; else row tiles of about `TILE_VALUES` dequantized
         values (a power of two of rows, at least 8): a large matrix is walked in a few tiles, a small one in one."""
         if _triton_serves(inv):
-            key = (inv.kwargs["transpose"], inv.kwargs["bits"])
-            block_n, block_k, warps, split_k = TRITON_TILES.get(key, TRITON_DEFAULT_TILES)
+            key = (inv.kwargs["transpose"], 4 if inv.kwargs["bits"] <= 4 else 8)  # other widths: the kernel declines
+            block_n, block_k, warps, split_k = TRITON_TILES[key]
             return _triton_cfg(block_n, block_k, warps, inv.platform, split_k)
         w, scales = inv.args[1], inv.args[2]
         columns = max(1, scales.shape[1] * inv.kwargs["group_size"])
