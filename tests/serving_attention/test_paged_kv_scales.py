@@ -111,14 +111,6 @@ def test_int8_cache(platform, dtype):
     assert_close(fn(*args, cfg=cfg, **options), expected("page_attention", args, options), dtype)
 
 
-def test_int8_cache_in_lanes():
-    """The int8 dot and the scales in decode tiles whose rows are shared among lanes (2 real rows of 4 per lane)."""
-    args, options = quantized_case("page_attention", INT8, rng_seed=5, dtype=jnp.bfloat16, kv_lens=(150, 0, 64, 9))
-    lanes = PagedAttentionConfig(fwd_params=FwdParams(block_q=1, block_k=64), num_splits=2)
-    out = triton("page_attention")(*args, cfg=lanes, **options)
-    assert_close(out, expected("page_attention", args, options), jnp.bfloat16)
-
-
 def test_int8_codes_widen_to_float16_exactly():
     """The Triton core's int8 -> float16 through float16's bits gives every code's value."""
     codes = jnp.arange(-128, 128, dtype=jnp.int32)

@@ -55,18 +55,6 @@ def test_unified_forward_and_gradients():
     check_forward_and_grads(fn, ref, args, (0, 1, 2, 6, 7, 8), jnp.float32)
 
 
-LANES = PagedAttentionConfig(fwd_params=FwdParams(block_q=1, block_k=64), num_splits=2)
-
-
-def test_decode_tiles_share_their_rows_among_lanes():
-    """One query a sequence and 4 grouped heads: 16 tile rows for 4 real ones, so each step's 64 keys go to 4 lanes
-    of 16 (`lanes_of`), their sums merged as splits; with ALiBi, query-query bias, sinks and a soft cap."""
-    args, _ = unified_case(np.random.default_rng(8), q_lens=(1, 1, 0, 1), kv_lens=(150, 37, 0, 1), heads=8)
-    assert plan(unified_batch(*args, logits_soft_cap=2.0), LANES, True).lanes == 4
-    out = triton("unified_attention")(*args, cfg=LANES, logits_soft_cap=2.0)
-    assert_close(out, jitted_reference("unified_attention", {"logits_soft_cap": 2.0})(*args))
-
-
 def test_mixed_batch_runs_short_sequences_apart():
     """Decode sequences beside prefill chunks: a pass of one small tile per short sequence and a pass of prefill
     tiles, each token written by one; the output and its log-sum-exp as the plain-JAX core's."""

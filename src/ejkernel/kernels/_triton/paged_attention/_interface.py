@@ -21,7 +21,7 @@ from ejkernel.kernels._common.paged_attention.jax_core import default_block_q, p
 from ejkernel.kernels._common.paged_attention.problem import PagedBatch
 from ejkernel.kernels._common.paged_attention.tiles import finish_tiles, prepare_tiles
 from ejkernel.kernels._triton._helpers import resolve_interpret
-from ejkernel.kernels._triton.paged_attention._kernel import TritonPagedTiling, lanes_of, partial_sums
+from ejkernel.kernels._triton.paged_attention._kernel import TritonPagedTiling, partial_sums
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 FP8_CACHES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
@@ -75,13 +75,11 @@ def plan(batch: PagedBatch, cfg, interpret: bool | None) -> TritonPagedTiling:
     narrow = _narrow(batch)
     block_k = max(16, params.block_k or (32 if width > 128 else 128 if narrow else 64))  # tl.dot takes >= 16 rows
     splits = params.num_splits or st.num_splits or _splits(batch, block_q, block_k, batch.num_tokens // block_q)
-    rows = _pow2(block_q * group)
     return TritonPagedTiling(
         block_q=block_q,
         block_k=block_k,
-        rows=rows,
+        rows=_pow2(block_q * group),
         width=width,
-        lanes=lanes_of(block_q, group, rows, block_k),
         num_splits=int(splits),
         num_warps=params.num_warps or 4,
         num_stages=params.num_stages or (3 if narrow else 2),
@@ -119,9 +117,7 @@ def _one_tile_each(batch: PagedBatch, cfg, t: TritonPagedTiling, block_q: int) -
     st, group = batch.static, batch.num_heads // batch.static.num_kv_heads
     splits = config_tiling(cfg, st.rows.page_size).num_splits or st.num_splits
     splits = splits or _splits(batch, block_q, t.block_k, batch.num_seqs)
-    rows = _pow2(block_q * group)
-    lanes = lanes_of(block_q, group, rows, t.block_k)
-    return dataclasses.replace(t, block_q=block_q, rows=rows, lanes=lanes, num_splits=int(splits))
+    return dataclasses.replace(t, block_q=block_q, rows=_pow2(block_q * group), num_splits=int(splits))
 
 
 def short_sequences_triton(batch: PagedBatch, cfg=None, interpret: bool | None = None):

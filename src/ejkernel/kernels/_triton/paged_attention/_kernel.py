@@ -47,26 +47,10 @@ class TritonPagedTiling:
     block_k: int  # key positions per step
     rows: int  # block_q * G, rounded up to a power of two >= 16
     width: int  # head dim rounded up to a power of two >= 16
-    lanes: int  # key sub-blocks of a step sharing the tile's rows (`lanes_of`)
     num_splits: int
     num_warps: int
     num_stages: int
     interpret: bool
-
-
-def lanes_of(block_q: int, group: int, rows: int, block_k: int) -> int:
-    """How many key sub-blocks of a step share one tile of logits rows: a tile's `block_q * G` real rows are padded
-    to a dot's 16 or more, so a decode tile of 4 grouped heads computes 16 rows of logits for 4 real ones. With
-    `lanes` L > 1 the rows hold L copies of the real ones, copy i scoring the step's i-th sub-block of
-    `block_k / L` keys (its own sums, merged with the splits'), so the softmax's elementwise work is spent on real
-    rows. A power of two, each sub-block at least a dot's 16 keys."""
-    lanes = 1
-    while 2 * lanes * block_q * group <= rows and block_k % (2 * lanes) == 0 and block_k // (2 * lanes) >= 16:
-        lanes *= 2
-    return lanes if PACK_LANES else 1
-
-
-PACK_LANES = True  # session 46 prototype switch (A/B)
 
 
 def _queries(q, cache_dtype, softmax_scale: float):
@@ -131,11 +115,7 @@ def _kernel(
     layout = st.rows
     seq, lo, hi = meta_ref[tile, SEQ], meta_ref[tile, LO], meta_ref[tile, HI]
     context, first = meta_ref[tile, CONTEXT], meta_ref[tile, FIRST]
-    real = t.rows // t.lanes  # rows of one lane: at least block_q * G, the rest zero queries' (padding)
-    row_ids = jnp.arange(t.rows, dtype=jnp.int32)
-    lane = lax.div(row_ids, jnp.int32(real))[:, None]  # [rows, 1]: the key sub-block a row scores
-    copy = lax.rem(row_ids, jnp.int32(real))  # the tile row a row copies
-    q_index = first + lax.div(copy, jnp.int32(group))  # query within its sequence
+    q_index = first + lax.div(jnp.arange(t.rows, dtype=jnp.int32), jnp.int32(group))  # query within its sequence
     q_pos = (context + q_index)[:, None]
     cols = jnp.arange(t.width, dtype=jnp.int32)
     col_ok = None if st.head_dim == t.width else (cols < st.head_dim)[None, :]  # (no mask: plain row loads)
@@ -148,11 +128,9 @@ def _kernel(
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, last_block)
 
-    q_rows = q_ref[...] if t.lanes == 1 else plgpu.load(q_ref.at[copy[:, None], cols[None, :]])
-    q, logit_scale = _queries(q_rows, k_ref.dtype, st.softmax_scale)
+    q, logit_scale = _queries(q_ref[...], k_ref.dtype, st.softmax_scale)
     value_dtype = jnp.float16 if q.dtype == jnp.int8 else q.dtype  # int8 keys in integer dots, values in float16
-    lane_queries = [q] if t.lanes == 1 else [jnp.where(lane == i, q, jnp.zeros_like(q)) for i in range(t.lanes)]
-    slopes = None if not alibi else alibi_ref[...] if t.lanes == 1 else plgpu.load(alibi_ref.at[copy])
+    slopes = alibi_ref[...] if alibi else None
     head_row = head * layout.head_stride
 
     def lookup(pos):
@@ -170,33 +148,19 @@ def _kernel(
         at = rows_ref.at[row[:, None], cols[None, :]]
         return widen(plgpu.load(at) if col_ok is None else plgpu.load(at, mask=col_ok, other=zero), dtype)
 
-    sub = t.block_k // t.lanes  # keys of one lane's sub-block
-
-    def by_lane(parts):
-        """`[rows, sub]` of per-lane `[sub]` vectors: lane i's rows take part i."""
-        tile = parts[0][None, :]
-        for i in range(1, t.lanes):
-            tile = jnp.where(lane == i, parts[i][None, :], tile)
-        return tile
-
     def step(b, carry):
-        blocks = [b * t.block_k + i * sub + jnp.arange(sub, dtype=jnp.int32) for i in range(t.lanes)]
-        rows_ok = [lookup(pos) for pos in blocks]
+        pos = b * t.block_k + jnp.arange(t.block_k, dtype=jnp.int32)
+        row, key_ok = lookup(pos)
         if scaled:  # loaded with the rows, before the first dot (not queued behind it)
-            k_scales = by_lane([plgpu.load(ks_ref.at[row + layout.key_offset]) for row, _ in rows_ok])
-            v_scales = by_lane([plgpu.load(vs_ref.at[row + layout.value_offset]) for row, _ in rows_ok])
+            k_scales = plgpu.load(ks_ref.at[row + layout.key_offset])[None, :]
+            v_scales = plgpu.load(vs_ref.at[row + layout.value_offset])[None, :]
         else:
             v_scales = None
-        s = None
-        for lane_q, (row, _) in zip(lane_queries, rows_ok, strict=True):
-            part = dot(lane_q, read(k_ref, row + layout.key_offset, q.dtype), trans_b=True)
-            s = part if s is None else s + part
-        s = s.astype(jnp.float32) * logit_scale
+        k = read(k_ref, row + layout.key_offset, q.dtype)
+        s = dot(q, k, trans_b=True).astype(jnp.float32) * logit_scale
         if scaled:
             s = s * k_scales
-        pos = by_lane(blocks)
-        key_ok = by_lane([ok for _, ok in rows_ok])
-        rel = pos - context
+        rel = (pos - context)[None, :]
         bias = None if slopes is None else slopes[:, None] * rel.astype(jnp.float32)
         if qq:
             size = qq_ref.shape[0]
@@ -204,19 +168,14 @@ def _kernel(
             index = (jnp.clip(q_index, 0, size - 1)[:, None], jnp.clip(rel, 0, size - 1))
             tile_qq = plgpu.load(qq_ref.at[index], mask=inside, other=0.0).astype(jnp.float32)
             bias = tile_qq if bias is None else bias + tile_qq
-        s = adjust_logits(s, q_pos, pos, lo, hi, st, bias, key_ok) * LOG2E
+        s = adjust_logits(s, q_pos, pos[None, :], lo, hi, st, bias, key_ok[None, :]) * LOG2E
 
         def weigh_values(p):
             """`p @ v`, its value rows read here, after the softmax: an 8-bit cache's rows are widened in registers,
             and read beside the keys their widened tile stayed live across the first dot and the softmax (an H200's
-            int8 decode: 1.10x -> 1.16x a bf16 cache). Each lane's rows weigh their own sub-block's values."""
-            p = (p if v_scales is None else p * v_scales).astype(value_dtype)
-            out = None
-            for i, (row, _) in enumerate(rows_ok):
-                weights = p if t.lanes == 1 else jnp.where(lane == i, p, jnp.zeros_like(p))
-                part = dot(weights, read(v_ref, row + layout.value_offset, value_dtype))
-                out = part if out is None else out + part
-            return out
+            int8 decode: 1.10x -> 1.16x a bf16 cache)."""
+            v = read(v_ref, row + layout.value_offset, value_dtype)
+            return dot((p if v_scales is None else p * v_scales).astype(v.dtype), v)
 
         return online_softmax_step(
             carry, s, weigh_values, exp=functools.partial(exp2, interpret=t.interpret), detach=lambda x: x
@@ -266,7 +225,7 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
     kernel = functools.partial(
         _kernel, st=st, t=t, group=group, alibi=alibi_rows is not None, qq=batch.qq_bias is not None, scaled=scaled
     )
-    acc, m, denom = pl.pallas_call(
+    return pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
@@ -284,15 +243,3 @@ def partial_sums(batch: PagedBatch, meta, q_tiles, alibi_rows, t: TritonPagedTil
         interpret=t.interpret,
         name="ejkernel_paged_attention",
     )(*args)
-    if t.lanes > 1:
-        acc = _lanes_as_splits(acc, t)
-        m, denom = (_lanes_as_splits(x[..., None], t)[..., 0] for x in (m, denom))
-    return acc, m, denom
-
-
-def _lanes_as_splits(x, t: TritonPagedTiling):
-    """`[S, R, Hkv, rows, X]` with lanes in the rows -> `[S * lanes, R, Hkv, rows / lanes, X]`: each lane's sums are
-    those of one more split (of its own keys), which `finalize` merges like the others."""
-    num_splits, num_tiles, num_kv_heads, rows, tail = x.shape
-    x = x.reshape(num_splits, num_tiles, num_kv_heads, t.lanes, rows // t.lanes, tail)
-    return jnp.moveaxis(x, 3, 1).reshape(num_splits * t.lanes, num_tiles, num_kv_heads, rows // t.lanes, tail)
