@@ -4,9 +4,11 @@ import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ejkernel import demo
+from ejkernel.benchmarks.flash_attention import attended_pairs
 from ejkernel.cli import main
 from ejkernel.modules import MeanPoolingConfig
 from ejkernel.ops import PersistentCache
@@ -70,6 +72,17 @@ def test_flash_attention_bench_fp8_part_times_float8_beside_bf16(tmp_path):
     assert main(argv) == 0
     rows = json.loads((tmp_path / "flash_attention_fp8.json").read_text())["rows"]
     assert len(rows) == 2 and all(r["fp8 ran"] == "xla" and r["ejkernel-fp8"] > 0 for r in rows)
+
+
+def test_flash_attention_bench_window_counts_the_pairs_it_allows(tmp_path):
+    argv = ["bench", "flash_attention", "--quick", "--window", "64,8", "--only", "ejkernel-xla", "--repeats", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "flash_attention_window_64_8.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["window"] == "64,8" and r["ejkernel-xla"] > 0 for r in rows)
+    q, k = np.arange(256)[:, None], np.arange(256)[None, :]
+    inside = (k >= q - 64) & (k <= q + 8)
+    assert attended_pairs(256, False, (64, 8)) == inside.sum()
+    assert attended_pairs(256, True, (64, 8)) == (inside & (k <= q)).sum()
 
 
 def test_bench_unknown_op_lists_available(capsys):

@@ -4,13 +4,16 @@ FLOPs count 4·B·H·Sq·Sk·D for the forward (halved when causal) and 3.5× th
 With --features, rows also time each of our kernels with soft cap, sinks and segment ids, which cuDNN cannot do.
 Each row names the kernels `platform="auto"` ran ("auto ran").
 `--part fp8` times the float8 (e4m3) forward at the anchor shapes of head dim 128 instead, beside our bf16
-forward and cuDNN's bf16 forward, with its TFLOP/s ratio to cuDNN's.
+forward and cuDNN's bf16 forward, with its TFLOP/s ratio to cuDNN's. `--window L,R` gives every call of the bf16
+rows a sliding window (keys `q - L <= k <= q + R`; cuDNN's `local_window_size`), its FLOPs counted over the pairs it
+allows.
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ejkernel.benchmarks._harness import grouped_bars, parser, print_table, time_variants, write_results
 from ejkernel.modules import flash_attention
@@ -27,26 +30,38 @@ FP8_QUICK_SHAPES = [(1, 256, 2, 128)]
 FP8_DESCALES = dict(q_descale=0.25, k_descale=0.25, v_descale=0.25)  # the float8 rows hold codes of 4x the inputs
 
 
-def _reference_fns():
+def _reference_fns(window=None):
     """The alternatives a JAX user already has."""
     return {
-        "jax-cudnn": lambda q, k, v, causal: jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="cudnn"
-        ),
-        "jax-xla": lambda q, k, v, causal: jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="xla"
-        ),
+        f"jax-{impl}": functools.partial(_jax_attention, implementation=impl, window=window)
+        for impl in ("cudnn", "xla")
     }
 
 
-def _ours(platform, **features):
+def _jax_attention(q, k, v, causal, *, implementation, window):
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, local_window_size=window, implementation=implementation
+    )
+
+
+def _ours(platform, window=None, **features):
     def fn(q, k, v, causal):
         aux = features.get("sinks")
-        return flash_attention(
-            q, k, v, None, None, None, aux, platform=platform, causal=causal, **features.get("kw", {})
-        )
+        kw = features.get("kw", {}) | ({} if window is None else {"sliding_window": window})
+        return flash_attention(q, k, v, None, None, None, aux, platform=platform, causal=causal, **kw)
 
     return fn
+
+
+def attended_pairs(seq: int, causal: bool, window: tuple[int, int] | None) -> int:
+    """(query, key) pairs a call of `seq` tokens attends, as FLOPs count them: all, half (causal, as the anchors
+    count it), or those a window allows (counted exactly)."""
+    if window is None:
+        return seq * seq // 2 if causal else seq * seq
+    positions = np.arange(seq)
+    first = np.maximum(positions - window[0], 0)
+    last = np.minimum(positions + (0 if causal else window[1]), seq - 1)
+    return int(np.maximum(last - first + 1, 0).sum())
 
 
 def _jitted(fn, causal, backward):
@@ -88,7 +103,7 @@ def _fp8_rows(shapes, repeats: int) -> list[dict]:
         if on_gpu:
             variants["jax-cudnn-bf16"] = (_reference_fns()["jax-cudnn"], (q, k, v))
         for causal in (False, True):
-            flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+            flops = 4 * batch * heads * dim * attended_pairs(seq, causal, None)
             steps = {name: (_jitted(fn, causal, False), inputs) for name, (fn, inputs) in variants.items()}
             builders = {name: _builder(step, *inputs) for name, (step, inputs) in steps.items()}
             timings = time_variants(builders, repeats=repeats, where=f"B={batch} S={seq} causal={causal} fp8 fwd")
@@ -113,7 +128,9 @@ def main(argv=None) -> None:
     p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
     p.add_argument("--shape", action="append", help="B,S,H,D to run instead of the anchor shapes (repeatable)")
     p.add_argument("--only", help="comma-separated variant names to run (e.g. ejkernel-triton,jax-cudnn)")
+    p.add_argument("--window", help="L,R: a sliding window on every call of the bf16 rows")
     args = p.parse_args(argv)
+    window = tuple(map(int, args.window.split(","))) if args.window else None
     if args.part == "fp8":
         shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
         anchors = [shape for shape in SHAPES if shape[3] == 128]
@@ -130,9 +147,9 @@ def main(argv=None) -> None:
         return
     on_gpu = jax.default_backend() == "gpu"
     ours = ["auto"] + [i.platform.value for i in kernel_registry.candidates("flash_attention")]
-    impls = {f"ejkernel-{p}": _ours(p) for p in ours}
+    impls = {f"ejkernel-{p}": _ours(p, window) for p in ours}
     if on_gpu:
-        impls.update(_reference_fns())
+        impls.update(_reference_fns(window))
     rows = []
     shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
     for batch, seq, heads, dim in shapes or (QUICK_SHAPES if args.quick else SHAPES):
@@ -145,16 +162,22 @@ def main(argv=None) -> None:
             # the ratio to the same kernel without it. The Mosaic GPU kernels decline segment ids.
             kernels = ("pallas", "triton") if on_gpu else ("xla",)
             for kernel in kernels:
-                variants[f"ejkernel-{kernel}+softcap"] = _ours(kernel, kw={"logits_soft_cap": 30.0})
-                variants[f"ejkernel-{kernel}+sinks"] = _ours(kernel, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5)
+                variants[f"ejkernel-{kernel}+softcap"] = _ours(kernel, window, kw={"logits_soft_cap": 30.0})
+                variants[f"ejkernel-{kernel}+sinks"] = _ours(
+                    kernel, window, sinks=jnp.zeros((heads,), jnp.bfloat16) + 0.5
+                )
             masked = "triton" if on_gpu else "xla"
-            variants[f"ejkernel-{masked}+segments"] = _ours(masked, kw={"mask_info": MaskInfo.from_segments(segments)})
+            variants[f"ejkernel-{masked}+segments"] = _ours(
+                masked, window, kw={"mask_info": MaskInfo.from_segments(segments)}
+            )
         if args.only:
             variants = {name: fn for name, fn in variants.items() if name in args.only.split(",")}
         for causal in (False, True):
-            flops = 4 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+            flops = 4 * batch * heads * dim * attended_pairs(seq, causal, window)
             for backward in (False, True):
                 row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd+bwd" if backward else "fwd")
+                if window is not None:
+                    row["window"] = f"{window[0]},{window[1]}"
                 steps = {name: _jitted(fn, causal, backward) for name, fn in variants.items()}
                 builders = {name: _builder(step, q, k, v) for name, step in steps.items()}
                 where = f"B={batch} S={seq} causal={causal} bwd={backward}"
@@ -169,16 +192,17 @@ def main(argv=None) -> None:
                             row[f"{name}/cudnn"] = row[name] / row["jax-cudnn"]
                 rows.append(row)
                 print_table([row], [c for c in row if row[c] is not None])
-    columns = ["B", "S", "H", "D", "causal", "mode", *variants, "auto ran"]
-    print_table(rows, columns)
+    lead = ["B", "S", "H", "D", "causal", *(["window"] if window else []), "mode"]
+    print_table(rows, [*lead, *variants, "auto ran"])
     ratios = [c for c in rows[0] if c.endswith("/cudnn")]
-    print_table(rows, ["B", "S", "H", "D", "causal", "mode", *ratios, "auto ran"])
+    print_table(rows, [*lead, *ratios, "auto ran"])
 
     def plot(ax, rows):
         labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' causal' if r['causal'] else ''} {r['mode']}" for r in rows]
         grouped_bars(ax, labels, {name: [r.get(name) for r in rows] for name in variants}, "TFLOP/s (bf16)")
 
-    path = write_results(args.out, "flash_attention", rows, {"dtype": "bfloat16"}, plot)
+    name = "flash_attention" if window is None else f"flash_attention_window_{window[0]}_{window[1]}"
+    path = write_results(args.out, name, rows, {"dtype": "bfloat16", "sliding_window": window}, plot)
     print(f"wrote {path}")
 
 
