@@ -131,6 +131,8 @@ def main(argv=None) -> None:
     p.add_argument("--window", help="L,R: a sliding window on every call of the bf16 rows")
     args = p.parse_args(argv)
     window = tuple(map(int, args.window.split(","))) if args.window else None
+    if window is not None and args.part == "fp8":
+        p.error("--window applies to the bf16 rows (--part bf16), not to --part fp8")
     if args.part == "fp8":
         shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
         anchors = [shape for shape in SHAPES if shape[3] == 128]
