@@ -16,10 +16,15 @@ SIZE = 8192
 if __name__ == "__main__":
     layout, m = sys.argv[1], int(sys.argv[2])
     platform = sys.argv[3] if len(sys.argv) > 3 else "triton"
+    best = sys.argv[4:5] == ["best"]
     transpose = layout == "col"
     ((w, scales, zeros),) = _packed("affine", 8, transpose, SIZE, 1, jax.random.PRNGKey(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (m, SIZE), jnp.bfloat16)
-    call = jax.jit(lambda x, w, s, z: quantized_matmul(x, w, s, z, transpose=transpose, bits=8, platform=platform))
+    call = jax.jit(
+        lambda x, w, s, z: quantized_matmul(
+            x, w, s, z, transpose=transpose, bits=8, platform=platform, use_best_config=best
+        )
+    )
     for _ in range(3):
         call(x, w, scales, zeros).block_until_ready()
     print(w.shape, w.dtype, scales.shape, None if zeros is None else zeros.shape)
