@@ -15,12 +15,16 @@ def number(text):
         return 0.0
 
 
+def read_source_page(path):
+    """`(header, rows)` of the page's table: its column names, and one row per SASS instruction."""
+    with open(path) as f:
+        table = list(csv.reader(line for line in f if line.startswith('"')))
+    at = next(i for i, row in enumerate(table) if row and row[0] == "Address")
+    return table[at], table[at + 1 :]
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        lines = [line for line in f if line.startswith('"')]
-    table = list(csv.reader(lines))
-    header_at = next(i for i, row in enumerate(table) if row and row[0] == "Address")
-    header, rows = table[header_at], table[header_at + 1 :]
+    header, rows = read_source_page(sys.argv[1])
     print("columns:", " | ".join(header))
     stall = header.index("Warp Stall Sampling (All Samples)")
     live = next((i for i, name in enumerate(header) if "Live Registers" in name), None)

@@ -5,22 +5,12 @@ warp instructions executed and stall samples per opcode, the most first.
 """
 
 import collections
-import csv
 import sys
 
-
-def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
-
+from s45_sass_top import number, read_source_page
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        table = list(csv.reader(line for line in f if line.startswith('"')))
-    at = next(i for i, row in enumerate(table) if row and row[0] == "Address")
-    header, rows = table[at], table[at + 1 :]
+    header, rows = read_source_page(sys.argv[1])
     executed = next(i for i, name in enumerate(header) if name.startswith("Instructions Executed"))
     stall = header.index("Warp Stall Sampling (All Samples)")
     count, stalls = collections.Counter(), collections.Counter()

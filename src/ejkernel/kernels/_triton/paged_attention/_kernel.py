@@ -68,9 +68,8 @@ def _queries(q, cache_dtype, softmax_scale: float):
       are multiplied back), so no query overflows float16's range.
     """
     integer = cache_dtype == jnp.int8
-    if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in (jnp.bfloat16, jnp.float16):
-        return q, softmax_scale
-    if q.dtype == jnp.float16 and not integer:
+    narrowed = (jnp.bfloat16, jnp.float16) if integer else (jnp.bfloat16,)  # float16 queries meet float8 as they are
+    if jnp.dtype(cache_dtype).itemsize != 1 or q.dtype not in narrowed:
         return q, softmax_scale
     wide = q.astype(jnp.float32)
     largest = jnp.max(jnp.abs(wide), axis=1, keepdims=True)
