@@ -254,3 +254,27 @@ def test_return_lse_matches_reference_and_merges():
     sharded = flash_attention(q, k, v, return_lse=True, mesh=mesh, in_specs=(heads,) * 3, out_specs=(heads, heads))
     for got, expected in zip(sharded, reference(q, k, v, return_lse=True), strict=True):
         assert_close(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode", "window", "platform"),
+    [
+        ("gpu", "forward", (16, 0), "pallas"),  # windowed inference on a GPU: the Mosaic GPU kernel first
+        ("gpu", "train", (16, 0), "auto"),  # training keeps auto's order (cuDNN first)
+        ("gpu", "forward", None, "auto"),
+        ("cpu", "forward", (16, 0), "auto"),
+    ],
+)
+def test_heuristic_prefers_mosaic_gpu_for_windowed_inference(monkeypatch, backend, mode, window, platform):
+    import importlib
+
+    from ejkernel.kernels._common.attention_call import AttentionCall
+    from ejkernel.modules import FlashAttention
+    from ejkernel.ops import Invocation
+
+    module = importlib.import_module("ejkernel.modules.operations.flash_attention")  # not the function
+    monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
+    q, k, v = qkv()
+    call = AttentionCall.of(q, causal=True, sliding_window=window)
+    inv = Invocation("flash_attention", (q, k, v, None, None), {"call": call}, "auto", mode)
+    assert FlashAttention().heuristic_cfg(inv).platform == platform
