@@ -259,13 +259,13 @@ def test_return_lse_matches_reference_and_merges():
 @pytest.mark.parametrize(
     ("backend", "mode", "window", "platform"),
     [
-        ("gpu", "forward", (16, 0), "pallas"),  # windowed inference on a GPU: the Mosaic GPU kernel first
-        ("gpu", "train", (16, 0), "auto"),  # training keeps auto's order (cuDNN first)
+        ("gpu", "forward", (16, 0), "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
+        ("gpu", "train", (16, 0), "pallas"),
         ("gpu", "forward", None, "auto"),
         ("cpu", "forward", (16, 0), "auto"),
     ],
 )
-def test_heuristic_prefers_mosaic_gpu_for_windowed_inference(monkeypatch, backend, mode, window, platform):
+def test_heuristic_prefers_mosaic_gpu_for_windowed_calls(monkeypatch, backend, mode, window, platform):
     import importlib
 
     from ejkernel.kernels._common.attention_call import AttentionCall

@@ -30,7 +30,6 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
-from ejkernel.ops.kernel import FORWARD
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import clamp_window, intersect_windows
@@ -119,14 +118,18 @@ class FlashAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
 
     def heuristic_cfg(self, inv: Invocation) -> FlashAttentionConfig:
-        """Undifferentiated windowed calls on a GPU prefer the Mosaic GPU kernel (where it declines, `auto`'s order
-        serves the call): on an H200 its forward took 536 / 525 TFLOP/s against cuDNN's 503 / 489 (causal, window
-        `(4096, 0)`, B x S 1 x 16384 and 2 x 8192, H 16, D 128; session 47). Forward + backward keep `auto`'s order
-        (485 / 474 against 481 / 465: a tie)."""
+        """Windowed calls on a GPU prefer the Mosaic GPU kernels (where they decline, `auto`'s order serves the
+        call). Measured on an H200 against cuDNN, causal, H 16, D 128, TFLOP/s (session 47, calls 2 and 5):
+
+        | B x S, window | forward | forward + backward |
+        |---|---|---|
+        | 1 x 16384, (4096, 0) | 536 / 503 | 485 / 481 |
+        | 2 x 8192, (4096, 0) | 525 / 489 | 474 / 465 |
+        | 4 x 4096, (2048, 0) | 468 / 431 | 424 / 402 |
+        """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
-        windowed_forward = inv.platform == "auto" and inv.mode == FORWARD and window is not None
-        if windowed_forward and current_backend() == Backend.GPU:
+        if inv.platform == "auto" and window is not None and current_backend() == Backend.GPU:
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
