@@ -74,15 +74,22 @@ def test_flash_attention_bench_fp8_part_times_float8_beside_bf16(tmp_path):
     assert len(rows) == 2 and all(r["fp8 ran"] == "xla" and r["ejkernel-fp8"] > 0 for r in rows)
 
 
-def test_flash_attention_bench_window_counts_the_pairs_it_allows(tmp_path):
-    argv = ["bench", "flash_attention", "--quick", "--window", "64,8", "--only", "ejkernel-xla", "--repeats", "1"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
+def test_flash_attention_bench_window_counts_the_pairs_it_allows_with_grouped_queries(tmp_path):
+    argv = ["bench", "flash_attention", "--shape", "1,256,4,16,2", "--window", "64,8", "--only", "ejkernel-xla"]
+    assert main([*argv, "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "flash_attention_window_64_8.json").read_text())["rows"]
     assert len(rows) == 4 and all(r["window"] == "64,8" and r["ejkernel-xla"] > 0 for r in rows)
+    assert all(r["H"] == 4 and r["Hkv"] == 2 for r in rows)  # `B,S,H,D,Hkv`: grouped-query attention
     q, k = np.arange(256)[:, None], np.arange(256)[None, :]
     inside = (k >= q - 64) & (k <= q + 8)
     assert attended_pairs(256, False, (64, 8)) == inside.sum()
     assert attended_pairs(256, True, (64, 8)) == (inside & (k <= q)).sum()
+
+
+def test_flash_attention_bench_refuses_a_bad_shape(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "flash_attention", "--shape", "1,64,4,16,3"])
+    assert "Hkv dividing H), got 1,64,4,16,3" in capsys.readouterr().err
 
 
 def test_bench_unknown_op_lists_available(capsys):

@@ -6,7 +6,8 @@ Each row names the kernels `platform="auto"` ran ("auto ran").
 `--part fp8` times the float8 (e4m3) forward at the anchor shapes of head dim 128 instead, beside our bf16
 forward and cuDNN's bf16 forward, with its TFLOP/s ratio to cuDNN's. `--window L,R` gives every call of the bf16
 rows a sliding window (keys `q - L <= k <= q + R`; cuDNN's `local_window_size`), its FLOPs counted over the pairs it
-allows.
+allows. `--shape B,S,H,D[,Hkv]` runs given shapes instead of the anchors; `Hkv` key/value heads (dividing H) make
+it grouped-query attention.
 """
 
 import functools
@@ -28,6 +29,34 @@ SHAPES = [(1, 16384, 16, 128), (2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048,
 QUICK_SHAPES = [(1, 256, 2, 64)]
 FP8_QUICK_SHAPES = [(1, 256, 2, 128)]
 FP8_DESCALES = dict(q_descale=0.25, k_descale=0.25, v_descale=0.25)  # the float8 rows hold codes of 4x the inputs
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    """`(B, S, H, D[, Hkv])` of a `--shape`; a ValueError unless 4 or 5 positive integers with Hkv dividing H."""
+    fields = text.split(",")
+    shape = tuple(int(f) for f in fields if f.strip().isdigit() and int(f) > 0)
+    if len(shape) != len(fields) or len(shape) not in (4, 5) or shape[2] % shape[-1]:
+        raise ValueError(f"--shape must be B,S,H,D or B,S,H,D,Hkv (positive integers, Hkv dividing H), got {text}")
+    return shape
+
+
+def _dims(shape: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """`(B, S, H, D, Hkv)` of a shape with or without its key/value heads (H unless given)."""
+    return (*shape[:4], shape[4] if len(shape) == 5 else shape[2])
+
+
+def _inputs(shape: tuple[int, ...]):
+    """Random normal query `[B, S, H, D]`, key and value `[B, S, Hkv, D]`."""
+    batch, seq, heads, dim, kv_heads = _dims(shape)
+    keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
+    shapes = [(batch, seq, h, dim) for h in (heads, kv_heads, kv_heads)]
+    return tuple(jax.random.normal(key, shape, jnp.bfloat16) for key, shape in zip(keys, shapes, strict=True))
+
+
+def _row(shape: tuple[int, ...], **fields) -> dict:
+    """A result row's leading fields (`Hkv` only where it differs from H)."""
+    batch, seq, heads, dim, kv_heads = _dims(shape)
+    return dict(B=batch, S=seq, H=heads, **({} if kv_heads == heads else {"Hkv": kv_heads}), D=dim, **fields)
 
 
 def _reference_fns(window=None):
@@ -84,6 +113,12 @@ def kernels_called(lowered_text: str) -> str:
     return "+".join(name for name, call in KERNEL_CALLS.items() if call in lowered_text) or "xla"
 
 
+def _label(row: dict) -> str:
+    """`BxSxHxD`, with `/Hkv` after H for grouped-query rows."""
+    kv = f"/{row['Hkv']}" if "Hkv" in row else ""
+    return f"{row['B']}x{row['S']}x{row['H']}{kv}x{row['D']}"
+
+
 def _builder(step, *args):
     """A `time_variants` builder of the zero-argument call `step(*args)` (`step` is jitted already)."""
     return lambda: functools.partial(step, *args)
@@ -93,9 +128,9 @@ def _fp8_rows(shapes, repeats: int) -> list[dict]:
     """Forward TFLOP/s of float8_e4m3fn inputs (per-tensor descales, `auto`) beside bf16 (`--part fp8`)."""
     on_gpu = jax.default_backend() == "gpu"
     rows = []
-    for batch, seq, heads, dim in shapes:
-        keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
-        q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
+    for shape in shapes:
+        batch, seq, heads, dim, _ = _dims(shape)
+        q, k, v = _inputs(shape)
         # codes of 4x the inputs, descaled by 1/4: the float8 call attends what the bf16 calls do, to e4m3's error
         q8, k8, v8 = ((4 * x).astype(jnp.float8_e4m3fn) for x in (q, k, v))
         fp8 = lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, **FP8_DESCALES)
@@ -107,7 +142,7 @@ def _fp8_rows(shapes, repeats: int) -> list[dict]:
             steps = {name: (_jitted(fn, causal, False), inputs) for name, (fn, inputs) in variants.items()}
             builders = {name: _builder(step, *inputs) for name, (step, inputs) in steps.items()}
             timings = time_variants(builders, repeats=repeats, where=f"B={batch} S={seq} causal={causal} fp8 fwd")
-            row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd")
+            row = _row(shape, causal=causal, mode="fwd")
             for name in variants:
                 row[name] = flops / timings[name] / 1e12 if name in timings else None
             if row.get("jax-cudnn-bf16"):
@@ -126,21 +161,24 @@ def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--part", choices=("bf16", "fp8"), default="bf16", help="which rows to time")
     p.add_argument("--features", action="store_true", help="also time soft cap / sinks / segment ids")
-    p.add_argument("--shape", action="append", help="B,S,H,D to run instead of the anchor shapes (repeatable)")
+    p.add_argument("--shape", action="append", help="B,S,H,D[,Hkv] to run instead of the anchor shapes (repeatable)")
     p.add_argument("--only", help="comma-separated variant names to run (e.g. ejkernel-triton,jax-cudnn)")
     p.add_argument("--window", help="L,R: a sliding window on every call of the bf16 rows")
     args = p.parse_args(argv)
     window = tuple(map(int, args.window.split(","))) if args.window else None
     if window is not None and args.part == "fp8":
         p.error("--window applies to the bf16 rows (--part bf16), not to --part fp8")
+    try:
+        given = [_parse_shape(text) for text in args.shape or ()]
+    except ValueError as err:
+        p.error(str(err))
     if args.part == "fp8":
-        shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
         anchors = [shape for shape in SHAPES if shape[3] == 128]
-        rows = _fp8_rows(shapes or (FP8_QUICK_SHAPES if args.quick else anchors), args.repeats)
+        rows = _fp8_rows(given or (FP8_QUICK_SHAPES if args.quick else anchors), args.repeats)
         print_table(rows, list(dict.fromkeys(c for r in rows for c in r)))
 
         def plot_fp8(ax, rows):
-            labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' causal' if r['causal'] else ''}" for r in rows]
+            labels = [f"{_label(r)}{' causal' if r['causal'] else ''}" for r in rows]
             names = [n for n in ("ejkernel-fp8", "ejkernel-bf16", "jax-cudnn-bf16") if n in rows[0]]
             grouped_bars(ax, labels, {n: [r.get(n) for r in rows] for n in names}, "TFLOP/s (forward)")
 
@@ -153,10 +191,9 @@ def main(argv=None) -> None:
     if on_gpu:
         impls.update(_reference_fns(window))
     rows = []
-    shapes = [tuple(map(int, s.split(","))) for s in args.shape] if args.shape else None
-    for batch, seq, heads, dim in shapes or (QUICK_SHAPES if args.quick else SHAPES):
-        keys = jax.random.split(jax.random.PRNGKey(seq + heads), 3)
-        q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
+    for shape in given or (QUICK_SHAPES if args.quick else SHAPES):
+        batch, seq, heads, dim, _ = _dims(shape)
+        q, k, v = _inputs(shape)
         variants = dict(impls)
         if args.features:
             segments = jnp.repeat(jnp.arange(4, dtype=jnp.int32), seq // 4)[None].repeat(batch, 0)
@@ -177,7 +214,7 @@ def main(argv=None) -> None:
         for causal in (False, True):
             flops = 4 * batch * heads * dim * attended_pairs(seq, causal, window)
             for backward in (False, True):
-                row = dict(B=batch, S=seq, H=heads, D=dim, causal=causal, mode="fwd+bwd" if backward else "fwd")
+                row = _row(shape, causal=causal, mode="fwd+bwd" if backward else "fwd")
                 if window is not None:
                     row["window"] = f"{window[0]},{window[1]}"
                 steps = {name: _jitted(fn, causal, backward) for name, fn in variants.items()}
@@ -194,13 +231,14 @@ def main(argv=None) -> None:
                             row[f"{name}/cudnn"] = row[name] / row["jax-cudnn"]
                 rows.append(row)
                 print_table([row], [c for c in row if row[c] is not None])
-    lead = ["B", "S", "H", "D", "causal", *(["window"] if window else []), "mode"]
+    grouped = ["Hkv"] if any("Hkv" in row for row in rows) else []
+    lead = ["B", "S", "H", *grouped, "D", "causal", *(["window"] if window else []), "mode"]
     print_table(rows, [*lead, *variants, "auto ran"])
     ratios = [c for c in rows[0] if c.endswith("/cudnn")]
     print_table(rows, [*lead, *ratios, "auto ran"])
 
     def plot(ax, rows):
-        labels = [f"{r['B']}x{r['S']}x{r['H']}x{r['D']}{' causal' if r['causal'] else ''} {r['mode']}" for r in rows]
+        labels = [f"{_label(r)}{' causal' if r['causal'] else ''} {r['mode']}" for r in rows]
         grouped_bars(ax, labels, {name: [r.get(name) for r in rows] for name in variants}, "TFLOP/s (bf16)")
 
     name = "flash_attention" if window is None else f"flash_attention_window_{window[0]}_{window[1]}"
