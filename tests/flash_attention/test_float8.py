@@ -6,6 +6,8 @@ mixed dtypes refused in one line. GPU suite: the kernel at real shapes against t
 choosing it.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -127,7 +129,21 @@ KERNEL_CASES = {
         (1, 130, 200, 2, 2, 64, True, {"overlap": False, "fwd_params": FwdParams(block_k=64, num_stages=3)})
     ),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
+    "registers-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"p_in_registers": True}),
 }
+
+
+@contextlib.contextmanager
+def register_operand_in_jnp():
+    """`_fwd_fp8.register_operand` (inline Mosaic GPU, which interpret mode cannot run) as the permutation of P's
+    columns it amounts to, so that interpret mode checks that P's columns and Vᵀ's keys are permuted alike."""
+    from ejkernel.kernels._pallas.gpu.flash_attention import _fwd_fp8
+
+    saved, _fwd_fp8.register_operand = _fwd_fp8.register_operand, _fwd_fp8.keys_in_register_order
+    try:
+        yield
+    finally:
+        _fwd_fp8.register_operand = saved
 
 
 @pytest.mark.parametrize("case", KERNEL_CASES)
@@ -146,7 +162,7 @@ def interpret_check(case: str) -> None:
     batch, q_len, kv_len, heads, kv_heads, dim, causal, variant = KERNEL_CASES[case]
     q, k, v = float8_inputs(batch, q_len, kv_len, heads, kv_heads, dim)
     scales = mosaic_descales(heads, kv_heads)
-    with interpret_mode():
+    with interpret_mode(), register_operand_in_jnp():
         out = jax.block_until_ready(
             float8_attention(q, k, v, scales, softmax_scale=dim**-0.5, causal=causal, **variant)
         )
@@ -228,6 +244,9 @@ VARIANTS = {
     "bk64-stages4": {"fwd_params": FwdParams(block_k=64, num_stages=4)},
     "exp2-fma-32": {"exp2_fma_cols": 32},
     "ping-pong-exp2-fma-32": {"overlap": False, "exp2_fma_cols": 32},
+    "registers": {"p_in_registers": True},
+    "registers-ping-pong": {"p_in_registers": True, "overlap": False},
+    "registers-bk64": {"p_in_registers": True, "fwd_params": FwdParams(block_k=64)},
 }
 
 

@@ -3,8 +3,12 @@
 Q·Kᵀ is an e4m3 wgmma with float32 accumulation, the scores scaled per row by `softmax_scale · q_descale ·
 k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does; times `P_SHIFT`) and the output
 multiplied by `v_descale / row sum`. 8-bit wgmma operands must be K-major, so V comes transposed (`[B, Hkv, D,
-S]`, done by XLA outside) and streams as `[D, block_k]` tiles; and an 8-bit A operand in registers needs a layout
-that the score tile's is not, so each warpgroup stages its P tile in shared memory, where P·V reads it.
+S]`, done by XLA outside) and streams as `[D, block_k]` tiles. P reaches P·V in one of two ways
+(`MosaicGpuFlashStatic.p_in_registers`): staged in shared memory, where the wgmma reads it; or as the wgmma's
+register operand. An 8-bit register operand holds four consecutive columns a thread where the score tile's layout
+holds two pairs eight columns apart; rather than move bytes between threads, each thread's four values are declared
+to be those four columns (`register_operand`), which permutes the keys within each group of 16, and Vᵀ comes with
+its keys permuted the same way (`P_KEY_ORDER`, applied by XLA with the transpose).
 
 Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
 ping-pong (causal calls' default: the two compute warpgroups take turns, one's softmax beside the other's matmuls,
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ._parts import (
@@ -47,6 +53,37 @@ P_SHIFT = 256.0
 and the largest, 256, is inside e4m3's range (448)."""
 
 
+P_KEY_ORDER = tuple(8 * (c % 4 // 2) + 2 * (c // 4) + c % 2 for c in range(16))
+"""With P in registers: the key (within each 16) that column c of the register operand holds. Column 4·l + i of the
+8-bit operand is thread l's byte i; in the float32 score layout thread l holds keys 2·l, 2·l + 1, 8 + 2·l, 9 + 2·l."""
+
+
+def register_operand(p8):
+    """e4m3 `[ROWS, block_k]` in the WGMMA layout -> the same values as wgmma's 8-bit register operand (layout
+    `WGMMA_8BIT`), each thread's two byte pairs of a 16-column group joined into one word: column `16·j + c` of the
+    result is column `16·j + P_KEY_ORDER[c]` of `p8`. No data moves between threads."""
+
+    @plgpu.inline_mgpu(
+        arg_types=(plgpu.Layout.WGMMA,),
+        return_type=plgpu.ShapeDtypeStruct(p8.shape, p8.dtype, layout=plgpu.Layout.WGMMA_8BIT),
+    )
+    def join(_, p):
+        words = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape(p.shape), dtype=object)
+        for index in np.ndindex(words.shape):  # (axis 1: 16-column groups here, 8-column blocks in `p`)
+            pairs = [p.registers[(index[0], 2 * index[1] + i, *index[2:])] for i in range(2)]
+            words[index] = mgpu.utils.vector_concat(pairs)
+        return mgpu.FragmentedArray(_registers=words, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
+
+    return join(p8)
+
+
+def keys_in_register_order(vt):
+    """`vt [..., Sk]` with the keys of each group of 16 in `P_KEY_ORDER` (Sk a multiple of 16): key `16·j + 8·a +
+    2·l + i` moves to `16·j + 4·l + 2·a + i`, one transpose."""
+    *lead, keys = vt.shape
+    return vt.reshape(*lead, keys // 16, 2, 4, 2).swapaxes(-3, -2).reshape(vt.shape)
+
+
 def byte_smem(shape, row_bytes: int):
     """Shared memory of 8-bit tiles whose rows are `row_bytes` (64 or 128) long, in the swizzled layout that
     wgmma and TMA use."""
@@ -67,10 +104,10 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     walk = KeyTiles(st, bk, num_blocks, num_q_tiles)
     row_bytes = min(128, head_dim)  # the swizzle of Q/K tiles: one row, or a fraction of one
     pv_bytes = min(row_bytes, bk)  # the swizzle of P/Vᵀ tiles (rows of block_k bytes), one for both operands
-    p_buffers = 2 if st.overlap else 1
+    p_buffers = 0 if st.p_in_registers else 2 if st.overlap else 1
 
     def body(q_ref, k_ref, vt_ref, scale_ref, out_ref, smem, barriers):
-        q_smem, k_smem, vt_smem, p_smem, o_smem, scale_smem = smem
+        q_smem, k_smem, vt_smem, o_smem, scale_smem, *p_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
         kv_h = lax.div(h, jnp.int32(st.group))
@@ -98,8 +135,8 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 return lax.rem(t - lo, jnp.int32(stages))
 
             def p_of(t):
-                """Overlapped: the P buffer of tile t (by parity; one traced index, as run_state needs)."""
-                return p_smem.at[wg * p_buffers + lax.rem(t, jnp.int32(p_buffers))]
+                """The P buffer of tile t (overlapped: by parity; one traced index, as run_state needs)."""
+                return p_smem[0].at[wg * p_buffers + lax.rem(t, jnp.int32(p_buffers))]
 
             def scores(slot, before=lambda: None, after=turns.sync):
                 """S = Q·K_slotᵀ; ping-pong (the default `after`): the other warpgroup's softmax runs meanwhile."""
@@ -121,13 +158,19 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 alpha = jnp.exp2(m - m_new)
                 return p, m_new, denom * alpha + p.sum(axis=1), alpha
 
-            def store_p(p_tile, p):
-                p_tile[...] = (p * P_SHIFT).astype(jnp.float8_e4m3fn)
+            def p_operand(p, t):
+                """P of key tile t as P·V's A operand: wgmma's register operand, or its shared-memory tile."""
+                p8 = (p * P_SHIFT).astype(jnp.float8_e4m3fn)
+                if st.p_in_registers:
+                    return register_operand(p8)
+                p_tile = p_of(t)
+                p_tile[...] = p8
                 plgpu.commit_smem()  # P's stores before the wgmma that reads them
+                return p_tile
 
-            def add_pv(acc, p_tile, slot):
+            def add_pv(acc, p_op, slot):
                 """acc + P·V_slot, waited for (the caller has waited for V_slot); the slot handed back."""
-                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], p_tile, vt_smem.at[slot].transpose((1, 0))))(
+                (acc,) = pl.run_state(lambda refs: plgpu.wgmma(refs[0], p_op, vt_smem.at[slot].transpose((1, 0))))(
                     (plgpu.ACC.init(acc),)
                 )
                 plgpu.barrier_arrive(v_consumed.at[slot])
@@ -147,38 +190,50 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 p, m_new, denom, alpha = softmax(mode, t, s, m, denom)
                 acc = acc * along_rows(alpha, acc.shape)
-                store_p(p_smem.at[wg], p)
-                acc, denom, m_new = lax.optimization_barrier((acc, denom, m_new))
+                p_op = p_operand(p, t)
+                if st.p_in_registers:
+                    acc, denom, m_new, p_op = lax.optimization_barrier((acc, denom, m_new, p_op))
+                else:
+                    acc, denom, m_new = lax.optimization_barrier((acc, denom, m_new))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
-                return add_pv(acc, p_smem.at[wg], slot), m_new, denom
+                return add_pv(acc, p_op, slot), m_new, denom
 
             def overlapped_step(mode, t, carry):
-                """Tile t's S and tile t-1's P·V issued together; S's softmax and P store run while P·V does."""
-                acc, m, denom = carry
+                """Tile t's S and tile t-1's P·V issued together; S's softmax and P's operand made while P·V runs.
+                `carry` holds tile t-1's P operand where it lives in registers (else None: its buffer by parity)."""
+                acc, m, denom, p_prev = carry
                 slot, prev = slot_of(t), slot_of(t - 1)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[prev])
 
                 def matmuls(refs):
-                    s_ref, acc_ref, m_ref, denom_ref, alpha_ref = refs
+                    s_ref, acc_ref, m_ref, denom_ref, alpha_ref, *p_ref = refs
                     turns.take()
                     plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.wgmma(acc_ref, p_of(t - 1), vt_smem.at[prev].transpose((1, 0)))
+                    plgpu.wgmma(acc_ref, p_of(t - 1) if p_prev is None else p_prev, vt_smem.at[prev].transpose((1, 0)))
                     turns.give()
                     # S is done; P·V may still run, except beside a mask (whose index tiles need registers)
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     p, m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
-                    # tile t-2's P·V, the last reader of this buffer, was waited for in the step before
-                    store_p(p_of(t), p)
+                    # (shared memory: tile t-2's P·V, the last reader of this buffer, was waited for a step before)
+                    p_op = p_operand(p, t)
+                    if p_ref:
+                        p_ref[0][...] = p_op
 
                 # (the alpha slot starts as a copy of m, which has its shape and layout)
                 state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), m, denom, m)
-                _, acc, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                _, acc, m_new, denom, alpha, *p_new = pl.run_state(matmuls)(
+                    state + (() if p_prev is None else (p_prev,))
+                )
+                if p_prev is not None:
+                    # The old P stays live until P·V has completed (after the wait for acc), as in `_fwd`: else
+                    # its registers may take the new P while P·V still reads them, and ptxas serialises the wgmmas.
+                    acc, _ = lax.optimization_barrier((acc, p_prev))
                 plgpu.barrier_arrive(v_consumed.at[prev])
-                return acc * along_rows(alpha, acc.shape), m_new, denom
+                return acc * along_rows(alpha, acc.shape), m_new, denom, p_new[0] if p_new else None
 
             def write(acc, m, denom):
                 """Normalised rows into shared memory, for the TMA store."""
@@ -206,20 +261,20 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                     s = scores(first, turns.take, turns.give)
                     plgpu.barrier_arrive(k_consumed.at[first])
                     p, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
-                    store_p(p_of(own_lo), p)
+                    p_op = p_operand(p, own_lo)
                     t1 = own_lo + 1
                     full_lo1, full_hi1 = jnp.clip(full_lo, t1, own_hi), jnp.clip(full_hi, t1, own_hi)
-                    carry = (acc, m1, denom1)
+                    carry = (acc, m1, denom1, p_op if st.p_in_registers else None)
                     for start, end, mode in (
                         (t1, full_lo1, "masked"),
                         (full_lo1, full_hi1, "full"),
                         (full_hi1, own_hi, "masked"),
                     ):
                         carry = lax.fori_loop(start, end, lambda t, c, mode=mode: overlapped_step(mode, t, c), carry)
-                    acc1, m1, denom1 = carry
+                    acc1, m1, denom1, p_last = carry
                     last = slot_of(own_hi - 1)
                     plgpu.barrier_wait(v_ready.at[last])
-                    write(add_pv(acc1, p_of(own_hi - 1), last), m1, denom1)
+                    write(add_pv(acc1, p_of(own_hi - 1) if p_last is None else p_last, last), m1, denom1)
 
                 pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
                 lax.fori_loop(own_hi, hi, skip, None)
@@ -245,9 +300,9 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             byte_smem((COMPUTE_WGS, ROWS, head_dim), row_bytes),
             byte_smem((stages, bk, head_dim), row_bytes),
             byte_smem((stages, head_dim, bk), pv_bytes),
-            byte_smem((COMPUTE_WGS * p_buffers, ROWS, bk), pv_bytes),
             swizzled_smem((COMPUTE_WGS, ROWS, head_dim), OUT_DTYPE),
             plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32),
+            *([byte_smem((COMPUTE_WGS * p_buffers, ROWS, bk), pv_bytes)] if p_buffers else []),
         ),
         (
             plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),  # a warpgroup's q tile and scales

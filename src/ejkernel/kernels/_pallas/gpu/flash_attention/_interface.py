@@ -239,6 +239,7 @@ def float8_attention(
     overlap=None,
     overlap_schedule=None,
     exp2_fma_cols=0,
+    p_in_registers=False,
 ):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
@@ -248,7 +249,8 @@ def float8_attention(
     8 x 2048); `overlap_schedule`: whether its warpgroups take turns at issuing (None: where causal, as the
     bfloat16 forward measured best). `exp2_fma_cols`: columns of each score tile whose exp2 runs on the
     FMA units (`MosaicGpuFlashStatic.exp2_fma_cols`; at e4m3's matmul rate the special-function unit's exp2s
-    take as long as the matmuls). `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
+    take as long as the matmuls). `p_in_registers`: P is P·V's register operand instead of a shared-memory tile
+    (`MosaicGpuFlashStatic.p_in_registers`). `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
     shared memory allows).
     """
     _, q_len, kv_len, num_heads, num_kv_heads, head_dim, _ = _served_shapes(
@@ -261,7 +263,7 @@ def float8_attention(
         raise NotImplementedError(f"{WHO}: float8 takes block_k 64 or 128 and num_stages >= 2, got {block_k}, {stages}")
     if not 0 <= exp2_fma_cols <= block_k or exp2_fma_cols % 16:
         raise ValueError(f"exp2_fma_cols must be a multiple of 16 in [0, block_k={block_k}], got {exp2_fma_cols}")
-    smem = float8_smem_bytes(head_dim, block_k, stages, overlap)
+    smem = float8_smem_bytes(head_dim, block_k, stages, overlap, bool(p_in_registers))
     if smem > SMEM_BYTES:
         raise NotImplementedError(
             f"{WHO}: float8 at block_k={block_k}, num_stages={stages}, overlap={overlap} needs {smem // 1024} KiB "
@@ -284,6 +286,7 @@ def float8_attention(
         exp2_fma_cols=int(exp2_fma_cols),
         overlap=bool(overlap),
         overlap_schedule=bool(causal) if overlap_schedule is None else bool(overlap_schedule),
+        p_in_registers=bool(p_in_registers),
     )
     q_descale, k_descale, v_descale = descales
     group = num_heads // num_kv_heads
@@ -292,12 +295,13 @@ def float8_attention(
     scales = jnp.broadcast_to(rows[:, :, None], (num_heads, 2, ROWS)).astype(jnp.float32)
 
     def run(q, k, v, scales):
-        from ejkernel.kernels._pallas.gpu.flash_attention._fwd_fp8 import forward_fp8  # loads Mosaic GPU
+        from ejkernel.kernels._pallas.gpu.flash_attention import _fwd_fp8  # loads Mosaic GPU
 
         q = pad_axes(q, {1: round_up(q_len, CTA_ROWS) - q_len})
         k, v = (pad_axes(x, {1: st.kv_len_padded - kv_len}) for x in (k, v))
         vt = jnp.transpose(v, (0, 2, 3, 1))  # [B, Hkv, D, Sk]: P·V's B operand must be K-major in 8 bits
-        return forward_fp8(st, q, k, vt, scales)[:, :q_len]
+        vt = _fwd_fp8.keys_in_register_order(vt) if st.p_in_registers else vt
+        return _fwd_fp8.forward_fp8(st, q, k, vt, scales)[:, :q_len]
 
     return inference_only(run)(query, key, value, scales)
 

@@ -46,6 +46,7 @@ class MosaicGpuFlashStatic:
     # softmax beside P·V
     overlap: bool = False
     overlap_schedule: bool = True  # with `overlap`: the two warpgroups still take turns issuing matmuls
+    p_in_registers: bool = False  # float8 forward: P is P·V's register operand, not staged in shared memory
     q_tiles_per_cta: int = 1  # forward: 1, or 2 (a long and a short causal tile; an even tile count)
     heads_major: bool = False  # arrays [B, H, S, D] (block-sparse attention's layout), not [B, S, H, D]
     # streamed tiles fetched into L2 this many steps before their copy (0: none): block-sparse walks
@@ -79,15 +80,16 @@ class MosaicGpuFlashStatic:
 SMEM_BYTES = 227 * 1024  # shared memory one Hopper CTA may use
 
 
-def float8_smem_bytes(head_dim: int, block_k: int, stages: int, overlap: bool) -> int:
+def float8_smem_bytes(head_dim: int, block_k: int, stages: int, overlap: bool, p_in_registers: bool) -> int:
     """Shared memory of the float8 forward (`_fwd_fp8`): per compute warpgroup its e4m3 Q tile, one P tile
-    (two with `overlap`, so that tile t's P store does not race tile t-1's P·V) and its bfloat16 output tile;
-    a ring of `stages` e4m3 K and Vᵀ tiles; the per-row scales. Barriers (a few dozen bytes) left out.
+    (two with `overlap`, so that tile t's P store does not race tile t-1's P·V; none with `p_in_registers`) and
+    its bfloat16 output tile; a ring of `stages` e4m3 K and Vᵀ tiles; the per-row scales. Barriers (a few dozen
+    bytes) left out.
 
     At head dim 128 and block_k 128: 16 KiB of Q, 16 (32) KiB of P, 32 KiB of output, 32 KiB per stage, 1 KiB of
     scales: 129 KiB ping-pong at 2 stages, 145 KiB overlapped, 209 KiB overlapped at 4 stages.
     """
-    p_tiles = 2 if overlap else 1
+    p_tiles = 0 if p_in_registers else 2 if overlap else 1
     per_warpgroup = ROWS * head_dim + p_tiles * ROWS * block_k + ROWS * head_dim * 2 + 2 * ROWS * 4
     return COMPUTE_WGS * per_warpgroup + stages * 2 * block_k * head_dim
 
