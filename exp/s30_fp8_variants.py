@@ -6,17 +6,17 @@ forward at >= 1.6x cuDNN bf16), beside our bf16 forward and cuDNN's bf16 forward
     PYTHONPATH=src python exp/s30_fp8_variants.py --only "pp bk128 s2,ov bk128 s2" --shape 1,16384,16,128
     PYTHONPATH=src python exp/s30_fp8_variants.py --quick     # a tiny shape in Mosaic GPU interpret mode, on a CPU
 
-Variants (`float8_attention`'s keywords; ` r`: P as P·V's register operand, `p_in_registers`): `pp` the ping-pong
-schedule (the default until session 31; now causal only), `ov` the overlapped one (tile t's Q·Kᵀ issued beside tile
-t-1's P·V; `turns`: the warpgroups take turns at issuing, `free`: they do not, neither: turns where causal), `bk` the
-key tile, `s` the shared-memory stages of the K/Vᵀ ring, `e` the columns of each score tile whose exp2 runs on the FMA
-units (`exp2_fma_cols`; interpreted on a CPU these compute wrong exponentials, see `_parts.exp2_fma`). Each variant is
-compiled and run once alone, its output checked against the default's (`rel` = ‖x − ref‖ / ‖ref‖: 0 at the same key
-tile, about 1e-2 at another, whose row maxima round P differently) and against cuDNN's bf16 output on the unrounded
-inputs (e4m3's rounding of the inputs: about 5%, the same for every variant); then all that ran are timed together
-(interleaved). A variant whose barriers deadlock hangs the GPU: the watchdog names it after `--stall` seconds without
-progress and exits (rerun with `--skip` it). One line per variant: TFLOP/s (4·B·H·S²·D, halved when causal) and the
-ratio to cuDNN bf16."""
+Variants (`float8_attention`'s keywords; ` r`: P as P·V's register operand, `p_in_registers`; ` t`: row sums on the
+tensor cores, `row_sums_on_tc`): `pp` the ping-pong schedule (the default until session 31; now causal only), `ov` the
+overlapped one (tile t's Q·Kᵀ issued beside tile t-1's P·V; `turns`: the warpgroups take turns at issuing, `free`: they
+do not, neither: turns where causal), `bk` the key tile, `s` the shared-memory stages of the K/Vᵀ ring, `e` the columns
+of each score tile whose exp2 runs on the FMA units (`exp2_fma_cols`; interpreted on a CPU these compute wrong
+exponentials, see `_parts.exp2_fma`). Each variant is compiled and run once alone, its output checked against the
+default's (`rel` = ‖x − ref‖ / ‖ref‖: 0 at the same key tile, about 1e-2 at another, whose row maxima round P
+differently) and against cuDNN's bf16 output on the unrounded inputs (e4m3's rounding of the inputs: about 5%, the same
+for every variant); then all that ran are timed together (interleaved). A variant whose barriers deadlock hangs the GPU:
+the watchdog names it after `--stall` seconds without progress and exits (rerun with `--skip` it). One line per variant:
+TFLOP/s (4·B·H·S²·D, halved when causal) and the ratio to cuDNN bf16."""
 
 from __future__ import annotations
 
@@ -33,11 +33,14 @@ from ejkernel.modules import flash_attention
 from ejkernel.ops import FwdParams
 
 
-def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0, registers: bool = False) -> dict:
+def variant(
+    schedule: str, block_k: int, stages: int, fma_cols: int = 0, registers: bool = False, sums: bool = False
+) -> dict:
     """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth, number
     of exp2 columns on the FMA units, and P in registers or shared memory."""
     options = {"fwd_params": FwdParams(block_k=block_k, num_stages=stages), "exp2_fma_cols": fma_cols}
     options["p_in_registers"] = registers
+    options["row_sums_on_tc"] = sums
     options["overlap"] = schedule != "pp"
     if schedule in ("ov-turns", "ov-free"):
         options["overlap_schedule"] = schedule == "ov-turns"
@@ -45,11 +48,12 @@ def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0, registe
 
 
 VARIANTS = {
-    f"{schedule} bk{block_k} s{stages}" + (f" e{fma_cols}" if fma_cols else "") + (" r" if registers else ""): variant(
-        schedule, block_k, stages, fma_cols, registers
-    )
-    for schedule, block_k, stages, fma_cols, registers in [
-        (*row, False)
+    f"{schedule} bk{block_k} s{stages}"
+    + (f" e{fma_cols}" if fma_cols else "")
+    + (" r" if registers else "")
+    + (" t" if sums else ""): variant(schedule, block_k, stages, fma_cols, registers, sums)
+    for schedule, block_k, stages, fma_cols, registers, sums in [
+        (*row, False, False)
         for row in [
             ("pp", 128, 2, 0),  # the ping-pong (session 30's default): first, the reference of the others
             ("pp", 128, 3, 0),
@@ -67,15 +71,19 @@ VARIANTS = {
             ("ov", 128, 2, 64),
         ]
     ]
-    + [  # session 48: P as P·V's register operand (`p_in_registers`)
-        ("ov", 128, 2, 0, True),
-        ("ov-turns", 128, 2, 0, True),
-        ("ov-free", 128, 2, 0, True),
-        ("ov", 128, 3, 0, True),
-        ("ov", 128, 4, 0, True),
-        ("ov", 64, 4, 0, True),
-        ("ov", 128, 2, 32, True),
-        ("pp", 128, 2, 0, True),
+    + [  # session 48: P as P·V's register operand (`p_in_registers`), row sums on the tensor cores (`row_sums_on_tc`)
+        ("ov", 128, 2, 0, True, False),
+        ("ov-turns", 128, 2, 0, True, False),
+        ("ov-free", 128, 2, 0, True, False),
+        ("ov", 128, 3, 0, True, False),
+        ("ov", 128, 4, 0, True, False),
+        ("ov", 64, 4, 0, True, False),
+        ("ov", 128, 2, 32, True, False),
+        ("pp", 128, 2, 0, True, False),
+        ("ov", 128, 2, 0, True, True),
+        ("ov-turns", 128, 2, 0, True, True),
+        ("pp", 128, 2, 0, True, True),
+        ("ov", 128, 2, 0, False, True),
     ]
 }
 DEFAULT = "ov bk128 s2"

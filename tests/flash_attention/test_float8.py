@@ -130,6 +130,8 @@ KERNEL_CASES = {
     ),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
     "registers-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"p_in_registers": True}),
+    "row-sums-pingpong-causal-d64": (1, 130, 200, 2, 2, 64, True, {"row_sums_on_tc": True, "overlap": False}),
+    "row-sums-registers-d128": (1, 130, 300, 2, 2, 128, False, {"row_sums_on_tc": True, "p_in_registers": True}),
 }
 
 
@@ -247,6 +249,8 @@ VARIANTS = {
     "registers": {"p_in_registers": True},
     "registers-ping-pong": {"p_in_registers": True, "overlap": False},
     "registers-bk64": {"p_in_registers": True, "fwd_params": FwdParams(block_k=64)},
+    "row-sums-registers": {"row_sums_on_tc": True, "p_in_registers": True},
+    "row-sums-ping-pong": {"row_sums_on_tc": True, "overlap": False},
 }
 
 

@@ -240,6 +240,7 @@ def float8_attention(
     overlap_schedule=None,
     exp2_fma_cols=0,
     p_in_registers=False,
+    row_sums_on_tc=False,
 ):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
@@ -250,7 +251,8 @@ def float8_attention(
     bfloat16 forward measured best). `exp2_fma_cols`: columns of each score tile whose exp2 runs on the
     FMA units (`MosaicGpuFlashStatic.exp2_fma_cols`; at e4m3's matmul rate the special-function unit's exp2s
     take as long as the matmuls). `p_in_registers`: P is P·V's register operand instead of a shared-memory tile
-    (`MosaicGpuFlashStatic.p_in_registers`). `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
+    (`MosaicGpuFlashStatic.p_in_registers`); `row_sums_on_tc`: P's row sums as P·e₀ on the tensor cores.
+    `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
     shared memory allows).
     """
     _, q_len, kv_len, num_heads, num_kv_heads, head_dim, _ = _served_shapes(
@@ -263,7 +265,7 @@ def float8_attention(
         raise NotImplementedError(f"{WHO}: float8 takes block_k 64 or 128 and num_stages >= 2, got {block_k}, {stages}")
     if not 0 <= exp2_fma_cols <= block_k or exp2_fma_cols % 16:
         raise ValueError(f"exp2_fma_cols must be a multiple of 16 in [0, block_k={block_k}], got {exp2_fma_cols}")
-    smem = float8_smem_bytes(head_dim, block_k, stages, overlap, bool(p_in_registers))
+    smem = float8_smem_bytes(head_dim, block_k, stages, overlap, bool(p_in_registers), bool(row_sums_on_tc))
     if smem > SMEM_BYTES:
         raise NotImplementedError(
             f"{WHO}: float8 at block_k={block_k}, num_stages={stages}, overlap={overlap} needs {smem // 1024} KiB "
@@ -287,6 +289,7 @@ def float8_attention(
         overlap=bool(overlap),
         overlap_schedule=bool(causal) if overlap_schedule is None else bool(overlap_schedule),
         p_in_registers=bool(p_in_registers),
+        row_sums_on_tc=bool(row_sums_on_tc),
     )
     q_descale, k_descale, v_descale = descales
     group = num_heads // num_kv_heads
