@@ -6,8 +6,8 @@ forward at >= 1.6x cuDNN bf16), beside our bf16 forward and cuDNN's bf16 forward
     PYTHONPATH=src python exp/s30_fp8_variants.py --only "pp bk128 s2,ov bk128 s2" --shape 1,16384,16,128
     PYTHONPATH=src python exp/s30_fp8_variants.py --quick     # a tiny shape in Mosaic GPU interpret mode, on a CPU
 
-Variants (`float8_attention`'s keywords; ` r`: P as P·V's register operand, `p_in_registers`; ` t`: row sums on the
-tensor cores, `row_sums_on_tc`): `pp` the ping-pong schedule (the default until session 31; now causal only), `ov` the
+Variants (`float8_attention`'s keywords; since session 49 P is always P·V's register operand, the fastest in session
+48's calls): `pp` the ping-pong schedule (the default until session 31; now causal only), `ov` the
 overlapped one (tile t's Q·Kᵀ issued beside tile t-1's P·V; `turns`: the warpgroups take turns at issuing, `free`: they
 do not, neither: turns where causal), `bk` the key tile, `s` the shared-memory stages of the K/Vᵀ ring, `e` the columns
 of each score tile whose exp2 runs on the FMA units (`exp2_fma_cols`; interpreted on a CPU these compute wrong
@@ -33,14 +33,10 @@ from ejkernel.modules import flash_attention
 from ejkernel.ops import FwdParams
 
 
-def variant(
-    schedule: str, block_k: int, stages: int, fma_cols: int = 0, registers: bool = False, sums: bool = False
-) -> dict:
-    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth, number
-    of exp2 columns on the FMA units, and P in registers or shared memory."""
+def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0) -> dict:
+    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth and number
+    of exp2 columns on the FMA units."""
     options = {"fwd_params": FwdParams(block_k=block_k, num_stages=stages), "exp2_fma_cols": fma_cols}
-    options["p_in_registers"] = registers
-    options["row_sums_on_tc"] = sums
     options["overlap"] = schedule != "pp"
     if schedule in ("ov-turns", "ov-free"):
         options["overlap_schedule"] = schedule == "ov-turns"
@@ -48,42 +44,24 @@ def variant(
 
 
 VARIANTS = {
-    f"{schedule} bk{block_k} s{stages}"
-    + (f" e{fma_cols}" if fma_cols else "")
-    + (" r" if registers else "")
-    + (" t" if sums else ""): variant(schedule, block_k, stages, fma_cols, registers, sums)
-    for schedule, block_k, stages, fma_cols, registers, sums in [
-        (*row, False, False)
-        for row in [
-            ("pp", 128, 2, 0),  # the ping-pong (session 30's default): first, the reference of the others
-            ("pp", 128, 3, 0),
-            ("pp", 128, 4, 0),
-            ("pp", 64, 2, 0),
-            ("pp", 64, 4, 0),
-            ("pp", 128, 2, 32),
-            ("ov", 128, 2, 0),
-            ("ov-turns", 128, 2, 0),
-            ("ov-free", 128, 2, 0),
-            ("ov", 128, 3, 0),
-            ("ov", 128, 4, 0),
-            ("ov", 64, 4, 0),
-            ("ov", 128, 2, 32),
-            ("ov", 128, 2, 64),
-        ]
-    ]
-    + [  # session 48: P as P·V's register operand (`p_in_registers`), row sums on the tensor cores (`row_sums_on_tc`)
-        ("ov", 128, 2, 0, True, False),
-        ("ov-turns", 128, 2, 0, True, False),
-        ("ov-free", 128, 2, 0, True, False),
-        ("ov", 128, 3, 0, True, False),
-        ("ov", 128, 4, 0, True, False),
-        ("ov", 64, 4, 0, True, False),
-        ("ov", 128, 2, 32, True, False),
-        ("pp", 128, 2, 0, True, False),
-        ("ov", 128, 2, 0, True, True),
-        ("ov-turns", 128, 2, 0, True, True),
-        ("pp", 128, 2, 0, True, True),
-        ("ov", 128, 2, 0, False, True),
+    f"{schedule} bk{block_k} s{stages}" + (f" e{fma_cols}" if fma_cols else ""): variant(
+        schedule, block_k, stages, fma_cols
+    )
+    for schedule, block_k, stages, fma_cols in [
+        ("pp", 128, 2, 0),
+        ("pp", 128, 3, 0),
+        ("pp", 128, 4, 0),
+        ("pp", 64, 2, 0),
+        ("pp", 64, 4, 0),
+        ("pp", 128, 2, 32),
+        ("ov", 128, 2, 0),
+        ("ov-turns", 128, 2, 0),
+        ("ov-free", 128, 2, 0),
+        ("ov", 128, 3, 0),
+        ("ov", 128, 4, 0),
+        ("ov", 64, 4, 0),
+        ("ov", 128, 2, 32),
+        ("ov", 128, 2, 64),
     ]
 }
 DEFAULT = "ov bk128 s2"

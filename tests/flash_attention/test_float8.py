@@ -119,19 +119,15 @@ def mosaic_descales(heads: int, kv_heads: int):
 
 
 # (batch, q_len, kv_len, heads, kv_heads, dim, causal, float8_attention's schedule and tiles): partial query and
-# key tiles, grouped heads. The overlapped schedule (the default) takes turns where causal and runs free otherwise;
-# with 64-key tiles a causal CTA's first warpgroup skips the last tile (the turns and slots of skipped steps).
+# key tiles, grouped heads. The default schedule is the overlapped one without a mask (its warpgroups running free)
+# and the ping-pong where causal; with 64-key tiles a causal CTA's first warpgroup skips the last tile (the turns and
+# slots of skipped steps).
 KERNEL_CASES = {
-    "pingpong-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"overlap": False}),
+    "overlap-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"overlap": True}),
     "d64": (1, 130, 200, 2, 2, 64, False, {}),
     "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {}),
-    "pingpong-bk64-stages3-causal-d64": (
-        (1, 130, 200, 2, 2, 64, True, {"overlap": False, "fwd_params": FwdParams(block_k=64, num_stages=3)})
-    ),
+    "bk64-stages3-causal-d64": (1, 130, 200, 2, 2, 64, True, {"fwd_params": FwdParams(block_k=64, num_stages=3)}),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
-    "registers-causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {"p_in_registers": True}),
-    "row-sums-pingpong-causal-d64": (1, 130, 200, 2, 2, 64, True, {"row_sums_on_tc": True, "overlap": False}),
-    "row-sums-registers-d128": (1, 130, 300, 2, 2, 128, False, {"row_sums_on_tc": True, "p_in_registers": True}),
 }
 
 
@@ -208,9 +204,9 @@ def test_mosaic_gpu_declines_what_its_float8_forward_cannot_serve():
         flash_attention_mosaic_gpu(q, k, v, None, None, AttentionCall.of(q))
     with pytest.raises(NotImplementedError, match="block_k 64 or 128 and num_stages >= 2, got 256, 2"):
         float8_attention(q, k, v, scales, softmax_scale=0.1, causal=False, fwd_params=FwdParams(block_k=256))
-    five = FwdParams(num_stages=5)
-    with pytest.raises(NotImplementedError, match="overlap=True needs 241 KiB of shared memory, more than 227"):
-        float8_attention(q, k, v, scales, softmax_scale=0.1, causal=False, fwd_params=five, overlap=True)
+    six = FwdParams(num_stages=6)
+    with pytest.raises(NotImplementedError, match="num_stages=6 needs 241 KiB of shared memory, more than 227"):
+        float8_attention(q, k, v, scales, softmax_scale=0.1, causal=False, fwd_params=six)
     with pytest.raises(ValueError, match=r"^exp2_fma_cols must be a multiple of 16 in \[0, block_k=128\], got 20$"):
         float8_attention(q, k, v, scales, softmax_scale=0.1, causal=False, exp2_fma_cols=20)
 
@@ -235,22 +231,17 @@ def test_float8_kernel_matches_reference_at_real_shapes(causal):
     assert err <= FLOAT8_TOLERANCE, f"relative error {err:.3g}"
 
 
-# float8_attention's schedules and tiles other than the default (the overlapped schedule at block_k 128, 2 stages,
-# the warpgroups taking turns at issuing where causal)
+# float8_attention's schedules and tiles other than the default (block_k 128, 2 stages; overlapped without a mask,
+# ping-pong where causal)
 VARIANTS = {
     "ping-pong": {"overlap": False},
-    "overlap-turns": {"overlap_schedule": True},
-    "overlap-free": {"overlap_schedule": False},
+    "overlap-turns": {"overlap": True, "overlap_schedule": True},
+    "overlap-free": {"overlap": True, "overlap_schedule": False},
     "bk64": {"fwd_params": FwdParams(block_k=64)},
     "stages4": {"fwd_params": FwdParams(num_stages=4)},
     "bk64-stages4": {"fwd_params": FwdParams(block_k=64, num_stages=4)},
     "exp2-fma-32": {"exp2_fma_cols": 32},
     "ping-pong-exp2-fma-32": {"overlap": False, "exp2_fma_cols": 32},
-    "registers": {"p_in_registers": True},
-    "registers-ping-pong": {"p_in_registers": True, "overlap": False},
-    "registers-bk64": {"p_in_registers": True, "fwd_params": FwdParams(block_k=64)},
-    "row-sums-registers": {"row_sums_on_tc": True, "p_in_registers": True},
-    "row-sums-ping-pong": {"row_sums_on_tc": True, "overlap": False},
 }
 
 

@@ -3,19 +3,18 @@
 Q·Kᵀ is an e4m3 wgmma with float32 accumulation, the scores scaled per row by `softmax_scale · q_descale ·
 k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does; times 2^`P_SHIFT`) and the output
 multiplied by `v_descale / row sum`. 8-bit wgmma operands must be K-major, so V comes transposed (`[B, Hkv, D,
-S]`, done by XLA outside) and streams as `[D, block_k]` tiles. P reaches P·V in one of two ways
-(`MosaicGpuFlashStatic.p_in_registers`): staged in shared memory, where the wgmma reads it; or as the wgmma's
-register operand. An 8-bit register operand holds four consecutive columns a thread where the score tile's layout
-holds two pairs eight columns apart; rather than move bytes between threads, each thread's four values are declared
-to be those four columns (`register_operand`), which permutes the keys within each group of 16, and Vᵀ comes with
-its keys permuted the same way (`P_KEY_ORDER`, applied by XLA with the transpose).
+S]`, done by XLA outside) and streams as `[D, block_k]` tiles. P is P·V's register operand. An 8-bit register
+operand holds four consecutive columns a thread where the score tile's layout holds two pairs eight columns apart;
+rather than move bytes between threads, each thread's four values are declared to be those four columns
+(`register_operand`), which permutes the keys within each group of 16, and Vᵀ comes with its keys permuted the same
+way (`P_KEY_ORDER`, applied by XLA with the transpose). (Staged through shared memory instead, P cost 15-20% of the
+time without a mask: session 48, BENCHMARKS.md.)
 
 Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
 ping-pong (causal calls' default: the two compute warpgroups take turns, one's softmax beside the other's matmuls,
 each P·V waited for at once), or (the others' default) the overlapped schedule of `_fwd`: tile t's Q·Kᵀ issued
 together with tile t-1's P·V and tile t's softmax run while that P·V does, optionally still taking turns at issuing
-(`MosaicGpuFlashStatic.overlap_schedule`). There each warpgroup has two P buffers: tile t's P is stored into one
-while tile t-1's P·V still reads the other.
+(`MosaicGpuFlashStatic.overlap_schedule`); tile t-1's P rides in the loop's carry.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ._parts import (
     COMPUTE_REGISTERS,
     MASKED,
-    SUM_COLS,
     KeyTiles,
     Stream,
     Turns,
@@ -56,7 +54,7 @@ range (448)."""
 
 
 P_KEY_ORDER = tuple(8 * (c % 4 // 2) + 2 * (c // 4) + c % 2 for c in range(16))
-"""With P in registers: the key (within each 16) that column c of the register operand holds. Column 4·l + i of the
+"""The key (within each 16) that column c of P's register operand holds. Column 4·l + i of the
 8-bit operand is thread l's byte i; in the float32 score layout thread l holds keys 2·l, 2·l + 1, 8 + 2·l, 9 + 2·l."""
 
 
@@ -105,16 +103,10 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     num_q_tiles, num_blocks = q_pad_len // CTA_ROWS, k.shape[1] // bk
     walk = KeyTiles(st, bk, num_blocks, num_q_tiles)
     row_bytes = min(128, head_dim)  # the swizzle of Q/K tiles: one row, or a fraction of one
-    pv_bytes = min(row_bytes, bk)  # the swizzle of P/Vᵀ tiles (rows of block_k bytes), one for both operands
-    p_buffers = 0 if st.p_in_registers else 2 if st.overlap else 1
-    row_sums = st.row_sums_on_tc
+    pv_bytes = min(row_bytes, bk)  # the swizzle of Vᵀ tiles (rows of block_k bytes), P·V's instruction swizzle
 
-    def body(q_ref, k_ref, vt_ref, scale_ref, *refs):
-        unit_ref = refs[0] if row_sums else None
-        out_ref, smem, barriers = refs[row_sums:]
-        q_smem, k_smem, vt_smem, o_smem, scale_smem, *more = smem
-        unit_smem = more.pop(0) if row_sums else None
-        p_smem = more
+    def body(q_ref, k_ref, vt_ref, scale_ref, out_ref, smem, barriers):
+        q_smem, k_smem, vt_smem, o_smem, scale_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
         kv_h = lax.div(h, jnp.int32(st.group))
@@ -134,19 +126,12 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.copy_gmem_to_smem(scale_ref.at[h], scale_smem.at[wg], q_ready.at[wg])
-            if row_sums:
-                plgpu.copy_gmem_to_smem(unit_ref, unit_smem.at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
-            unit = unit_smem.at[wg].transpose((1, 0)) if row_sums else None
             logit_scale = plgpu.load(scale_smem.at[wg, 0], layout=plgpu.Layout.WGMMA.reduce(1))
             v_scale = plgpu.load(scale_smem.at[wg, 1], layout=plgpu.Layout.WGMMA.reduce(1))
 
             def slot_of(t):
                 return lax.rem(t - lo, jnp.int32(stages))
-
-            def p_of(t):
-                """The P buffer of tile t (overlapped: by parity; one traced index, as run_state needs)."""
-                return p_smem[0].at[wg * p_buffers + lax.rem(t, jnp.int32(p_buffers))]
 
             def scores(slot, before=lambda: None, after=turns.sync):
                 """S = Q·K_slotᵀ; ping-pong (the default `after`): the other warpgroup's softmax runs meanwhile."""
@@ -160,42 +145,23 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 return pl.run_scoped(qk, plgpu.ACC((ROWS, bk), jnp.float32))
 
             def softmax(mode, t, s, m, denom):
-                """Raw scores of key tile t -> (P in [0, 2^P_SHIFT], new row max, new denominator, rescale of the old
-                rows). With `row_sums` the denominator is a tile the caller rescales and P·V's twin adds to."""
+                """Raw scores of key tile t -> (P in [0, 2^P_SHIFT] as P·V's operand, new row max, new denominator,
+                rescale of the old rows)."""
                 s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
                 s = walk.mask(s, row0, t) if mode == "masked" else s
                 m_new = jnp.maximum(m, s.max(axis=1))
                 p = exp2_tile(s - along_rows(m_new - P_SHIFT, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
-                return p, m_new, denom if row_sums else denom * alpha + p.sum(axis=1), alpha
+                return register_operand(p.astype(jnp.float8_e4m3fn)), m_new, denom * alpha + p.sum(axis=1), alpha
 
-            def p_operand(p, t):
-                """P of key tile t as P·V's A operand: wgmma's register operand, or its shared-memory tile."""
-                p8 = p.astype(jnp.float8_e4m3fn)
-                if st.p_in_registers:
-                    return register_operand(p8)
-                p_tile = p_of(t)
-                p_tile[...] = p8
-                plgpu.commit_smem()  # P's stores before the wgmma that reads them
-                return p_tile
+            def pv(acc_ref, p8, slot):
+                plgpu.wgmma(acc_ref, p8, vt_smem.at[slot].transpose((1, 0)))
 
-            def pv(acc_ref, sums_ref, p_op, slot):
-                """Issues P·V_slot into acc_ref, and with `row_sums` P·e₀ into sums_ref."""
-                plgpu.wgmma(acc_ref, p_op, vt_smem.at[slot].transpose((1, 0)))
-                if row_sums:
-                    plgpu.wgmma(sums_ref, p_op, unit)
-
-            def add_pv(acc, denom, p_op, slot):
-                """(acc + P·V_slot, denom), waited for (the caller has waited for V_slot); the slot handed back."""
-                state = (plgpu.ACC.init(acc), plgpu.ACC.init(denom)) if row_sums else (plgpu.ACC.init(acc),)
-                acc, *sums = pl.run_state(lambda refs: pv(*refs, *([None] * (not row_sums)), p_op, slot))(state)
+            def add_pv(acc, p8, slot):
+                """acc + P·V_slot, waited for (the caller has waited for V_slot); the slot handed back."""
+                (acc,) = pl.run_state(lambda refs: pv(refs[0], p8, slot))((plgpu.ACC.init(acc),))
                 plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, sums[0] if row_sums else denom
-
-            def rescale(acc, denom, alpha):
-                """The rows of acc (and of the row sums tile) times alpha."""
-                acc = acc * along_rows(alpha, acc.shape)
-                return acc, denom * along_rows(alpha, denom.shape) if row_sums else denom
+                return acc
 
             def step(mode, t, carry):
                 """Ping-pong: tile t's S, softmax (while the other warpgroup's matmuls run), then P·V."""
@@ -209,60 +175,43 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 plgpu.barrier_wait(k_ready.at[slot])
                 s = scores(slot)
                 plgpu.barrier_arrive(k_consumed.at[slot])
-                p, m_new, denom, alpha = softmax(mode, t, s, m, denom)
-                acc, denom = rescale(acc, denom, alpha)
-                p_op = p_operand(p, t)
-                if st.p_in_registers:
-                    acc, denom, m_new, p_op = lax.optimization_barrier((acc, denom, m_new, p_op))
-                else:
-                    acc, denom, m_new = lax.optimization_barrier((acc, denom, m_new))
+                p8, m_new, denom, alpha = softmax(mode, t, s, m, denom)
+                acc = acc * along_rows(alpha, acc.shape)
+                acc, denom, m_new, p8 = lax.optimization_barrier((acc, denom, m_new, p8))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
-                acc, denom = add_pv(acc, denom, p_op, slot)
-                return acc, m_new, denom
+                return add_pv(acc, p8, slot), m_new, denom
 
             def overlapped_step(mode, t, carry):
-                """Tile t's S and tile t-1's P·V issued together; S's softmax and P's operand made while P·V runs.
-                `carry` holds tile t-1's P operand where it lives in registers (else None: its buffer by parity)."""
-                acc, denom, m, p_prev = carry
+                """Tile t's S and tile t-1's P·V (its P carried) issued together; S's softmax runs while P·V does."""
+                acc, m, denom, p_prev = carry
                 slot, prev = slot_of(t), slot_of(t - 1)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[prev])
 
                 def matmuls(refs):
-                    s_ref, acc_ref, m_ref, denom_ref, alpha_ref, *p_ref = refs
+                    s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
                     turns.take()
                     plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    pv(acc_ref, denom_ref, p_of(t - 1) if p_prev is None else p_prev, prev)
+                    pv(acc_ref, p_prev, prev)
                     turns.give()
                     # S is done; P·V may still run, except beside a mask (whose index tiles need registers)
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
                     plgpu.barrier_arrive(k_consumed.at[slot])
-                    p, m_ref[...], new_denom, alpha_ref[...] = softmax(mode, t, s, m, denom)
-                    if not row_sums:  # (else denom_ref accumulates P·e₀)
-                        denom_ref[...] = new_denom
-                    # (shared memory: tile t-2's P·V, the last reader of this buffer, was waited for a step before)
-                    p_op = p_operand(p, t)
-                    if p_ref:
-                        p_ref[0][...] = p_op
+                    p_ref[...], m_ref[...], denom_ref[...], alpha_ref[...] = softmax(mode, t, s, m, denom)
 
                 # (the alpha slot starts as a copy of m, which has its shape and layout)
-                sums = plgpu.ACC.init(denom) if row_sums else denom
-                state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), m, sums, m)
-                _, acc, m_new, denom, alpha, *p_new = pl.run_state(matmuls)(
-                    state + (() if p_prev is None else (p_prev,))
-                )
-                if p_prev is not None:
-                    # The old P stays live until P·V has completed (after the wait for acc), as in `_fwd`: else
-                    # its registers may take the new P while P·V still reads them, and ptxas serialises the wgmmas.
-                    acc, _ = lax.optimization_barrier((acc, p_prev))
+                state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), p_prev, m, denom, m)
+                _, acc, p8, m_new, denom, alpha = pl.run_state(matmuls)(state)
+                # The old P stays live until P·V has completed (after the wait for acc), as in `_fwd`: else its
+                # registers may take the new P while P·V still reads them, and ptxas serialises the wgmmas.
+                acc, _ = lax.optimization_barrier((acc, p_prev))
                 plgpu.barrier_arrive(v_consumed.at[prev])
-                return *rescale(acc, denom, alpha), m_new, p_new[0] if p_new else None
+                return acc * along_rows(alpha, acc.shape), m_new, denom, p8
 
             def write(acc, m, denom):
                 """Normalised rows into shared memory, for the TMA store."""
-                denom = denom.sum(axis=1) if row_sums else denom  # (column 0 plus zeros: exact)
                 empty = m < MASKED / 2  # no allowed key: output 0
                 inv = jnp.where(empty, 0.0, v_scale / jnp.where(empty, 1.0, denom))
                 o_smem.at[wg][...] = (acc * along_rows(inv, acc.shape)).astype(OUT_DTYPE)
@@ -286,31 +235,26 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                     plgpu.barrier_wait(k_ready.at[first])
                     s = scores(first, turns.take, turns.give)
                     plgpu.barrier_arrive(k_consumed.at[first])
-                    p, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
-                    p_op = p_operand(p, own_lo)
+                    p8, m1, denom1, _ = softmax("masked", own_lo, s, m, denom)  # (acc is 0: no rescale)
                     t1 = own_lo + 1
                     full_lo1, full_hi1 = jnp.clip(full_lo, t1, own_hi), jnp.clip(full_hi, t1, own_hi)
-                    carry = (acc, denom1, m1, p_op if st.p_in_registers else None)
+                    carry = (acc, m1, denom1, p8)
                     for start, end, mode in (
                         (t1, full_lo1, "masked"),
                         (full_lo1, full_hi1, "full"),
                         (full_hi1, own_hi, "masked"),
                     ):
                         carry = lax.fori_loop(start, end, lambda t, c, mode=mode: overlapped_step(mode, t, c), carry)
-                    acc1, denom1, m1, p_last = carry
+                    acc1, m1, denom1, p_last = carry
                     last = slot_of(own_hi - 1)
                     plgpu.barrier_wait(v_ready.at[last])
-                    acc1, denom1 = add_pv(acc1, denom1, p_of(own_hi - 1) if p_last is None else p_last, last)
-                    write(acc1, m1, denom1)
+                    write(add_pv(acc1, p_last, last), m1, denom1)
 
                 pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
                 lax.fori_loop(own_hi, hi, skip, None)
 
             m = plgpu.layout_cast(jnp.full((ROWS,), MASKED, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            if row_sums:  # column 0 of the P·e₀ tile holds the row sums, the others 0
-                denom = zero_acc((ROWS, SUM_COLS))
-            else:
-                denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            denom = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             acc = zero_acc((ROWS, head_dim))
             if st.overlap:
                 if st.overlap_schedule:  # warpgroup 0 issues first
@@ -332,11 +276,9 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             byte_smem((stages, head_dim, bk), pv_bytes),
             swizzled_smem((COMPUTE_WGS, ROWS, head_dim), OUT_DTYPE),
             plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32),
-            *([byte_smem((COMPUTE_WGS, SUM_COLS, bk), pv_bytes)] if row_sums else []),
-            *([byte_smem((COMPUTE_WGS * p_buffers, ROWS, bk), pv_bytes)] if p_buffers else []),
         ),
         (
-            plgpu.Barrier(num_arrivals=2 + row_sums, num_barriers=COMPUTE_WGS),  # a warpgroup's q, scales (and e₀)
+            plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),  # a warpgroup's q tile and scales
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
@@ -345,5 +287,4 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     )
     out_type = jax.ShapeDtypeStruct(q.shape, OUT_DTYPE)
     grid = (heads, num_q_tiles, batch)
-    args = (q, k, vt, scales) + ((jnp.zeros((SUM_COLS, bk), q.dtype).at[0].set(1),) if row_sums else ())
-    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
+    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), q, k, vt, scales)

@@ -239,36 +239,33 @@ def float8_attention(
     overlap=None,
     overlap_schedule=None,
     exp2_fma_cols=0,
-    p_in_registers=False,
-    row_sums_on_tc=False,
 ):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
 
-    `overlap`: the overlapped schedule instead of the ping-pong (`MosaicGpuFlashStatic.overlap`; None: on, measured
-    on an H200 at H 16, D 128 3-5% faster than the ping-pong without a mask and 6-13% faster causal, at 2 x 8192 and
-    8 x 2048); `overlap_schedule`: whether its warpgroups take turns at issuing (None: where causal, as the
-    bfloat16 forward measured best). `exp2_fma_cols`: columns of each score tile whose exp2 runs on the
-    FMA units (`MosaicGpuFlashStatic.exp2_fma_cols`; at e4m3's matmul rate the special-function unit's exp2s
-    take as long as the matmuls). `p_in_registers`: P is P·V's register operand instead of a shared-memory tile
-    (`MosaicGpuFlashStatic.p_in_registers`); `row_sums_on_tc`: P's row sums as P·e₀ on the tensor cores.
+    `overlap`: the overlapped schedule instead of the ping-pong (`MosaicGpuFlashStatic.overlap`; None: on without
+    a mask, off causal, as measured on an H200 at H 16, D 128 in session 48: non-causal 766-785 TFLOP/s overlapped
+    at 2 x 8192 and 1 x 16384, causal 652-695 with the ping-pong); `overlap_schedule`: whether its warpgroups take
+    turns at issuing (None: where causal). `exp2_fma_cols`: columns of each score tile whose exp2 runs on the FMA
+    units (`MosaicGpuFlashStatic.exp2_fma_cols`; at e4m3's matmul rate the special-function unit's exp2s take as
+    long as the matmuls).
     `fwd_params` may set `block_k` (64 or 128) and `num_stages` (2 or more, as
     shared memory allows).
     """
     _, q_len, kv_len, num_heads, num_kv_heads, head_dim, _ = _served_shapes(
         query, key, value, FLOAT8_DTYPES, fwd_params
     )
-    overlap = True if overlap is None else bool(overlap)
+    overlap = not causal if overlap is None else bool(overlap)
     block_k = _param(fwd_params, "block_k", 128)
     stages = _param(fwd_params, "num_stages", 2)
     if block_k not in (64, 128) or stages < 2:  # (P·V's K is block_k: at most 128 bytes of e4m3, one swizzled row)
         raise NotImplementedError(f"{WHO}: float8 takes block_k 64 or 128 and num_stages >= 2, got {block_k}, {stages}")
     if not 0 <= exp2_fma_cols <= block_k or exp2_fma_cols % 16:
         raise ValueError(f"exp2_fma_cols must be a multiple of 16 in [0, block_k={block_k}], got {exp2_fma_cols}")
-    smem = float8_smem_bytes(head_dim, block_k, stages, overlap, bool(p_in_registers), bool(row_sums_on_tc))
+    smem = float8_smem_bytes(head_dim, block_k, stages)
     if smem > SMEM_BYTES:
         raise NotImplementedError(
-            f"{WHO}: float8 at block_k={block_k}, num_stages={stages}, overlap={overlap} needs {smem // 1024} KiB "
+            f"{WHO}: float8 at block_k={block_k}, num_stages={stages} needs {smem // 1024} KiB "
             f"of shared memory, more than {SMEM_BYTES // 1024}"
         )
     st = MosaicGpuFlashStatic(
@@ -288,8 +285,6 @@ def float8_attention(
         exp2_fma_cols=int(exp2_fma_cols),
         overlap=bool(overlap),
         overlap_schedule=bool(causal) if overlap_schedule is None else bool(overlap_schedule),
-        p_in_registers=bool(p_in_registers),
-        row_sums_on_tc=bool(row_sums_on_tc),
     )
     q_descale, k_descale, v_descale = descales
     group = num_heads // num_kv_heads
@@ -303,7 +298,7 @@ def float8_attention(
         q = pad_axes(q, {1: round_up(q_len, CTA_ROWS) - q_len})
         k, v = (pad_axes(x, {1: st.kv_len_padded - kv_len}) for x in (k, v))
         vt = jnp.transpose(v, (0, 2, 3, 1))  # [B, Hkv, D, Sk]: P·V's B operand must be K-major in 8 bits
-        vt = _fwd_fp8.keys_in_register_order(vt) if st.p_in_registers else vt
+        vt = _fwd_fp8.keys_in_register_order(vt)
         return _fwd_fp8.forward_fp8(st, q, k, vt, scales)[:, :q_len]
 
     return inference_only(run)(query, key, value, scales)
