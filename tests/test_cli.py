@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ejkernel import demo
-from ejkernel.benchmarks.flash_attention import attended_pairs
+from ejkernel.benchmarks.flash_attention import attended_pairs, parse_shape
 from ejkernel.cli import main
 from ejkernel.modules import MeanPoolingConfig
 from ejkernel.ops import PersistentCache
@@ -87,6 +87,7 @@ def test_flash_attention_bench_window_counts_the_pairs_it_allows_with_grouped_qu
 
 
 def test_flash_attention_bench_refuses_a_bad_shape(capsys):
+    assert parse_shape("2,4096,16,128") == (2, 4096, 16, 128)  # four fields: Hkv = H, whatever D is
     with pytest.raises(SystemExit):
         main(["bench", "flash_attention", "--shape", "1,64,4,16,3"])
     assert "Hkv dividing H), got 1,64,4,16,3" in capsys.readouterr().err

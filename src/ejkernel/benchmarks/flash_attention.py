@@ -31,11 +31,11 @@ FP8_QUICK_SHAPES = [(1, 256, 2, 128)]
 FP8_DESCALES = dict(q_descale=0.25, k_descale=0.25, v_descale=0.25)  # the float8 rows hold codes of 4x the inputs
 
 
-def _parse_shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str) -> tuple[int, ...]:
     """`(B, S, H, D[, Hkv])` of a `--shape`; a ValueError unless 4 or 5 positive integers with Hkv dividing H."""
     fields = text.split(",")
     shape = tuple(int(f) for f in fields if f.strip().isdigit() and int(f) > 0)
-    if len(shape) != len(fields) or len(shape) not in (4, 5) or shape[2] % shape[-1]:
+    if len(shape) != len(fields) or len(shape) not in (4, 5) or shape[2] % _dims(shape)[4]:
         raise ValueError(f"--shape must be B,S,H,D or B,S,H,D,Hkv (positive integers, Hkv dividing H), got {text}")
     return shape
 
@@ -169,7 +169,7 @@ def main(argv=None) -> None:
     if window is not None and args.part == "fp8":
         p.error("--window applies to the bf16 rows (--part bf16), not to --part fp8")
     try:
-        given = [_parse_shape(text) for text in args.shape or ()]
+        given = [parse_shape(text) for text in args.shape or ()]
     except ValueError as err:
         p.error(str(err))
     if args.part == "fp8":
