@@ -257,15 +257,17 @@ def test_return_lse_matches_reference_and_merges():
 
 
 @pytest.mark.parametrize(
-    ("backend", "mode", "window", "platform"),
+    ("backend", "mode", "window", "head_dim", "platform"),
     [
-        ("gpu", "forward", (16, 0), "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
-        ("gpu", "train", (16, 0), "pallas"),
-        ("gpu", "forward", None, "auto"),
-        ("cpu", "forward", (16, 0), "auto"),
+        ("gpu", "forward", (16, 0), D, "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
+        ("gpu", "train", (16, 0), D, "pallas"),
+        ("gpu", "forward", None, 128, "pallas"),  # and head-dim-128 forwards
+        ("gpu", "train", None, 128, "auto"),
+        ("gpu", "forward", None, D, "auto"),
+        ("cpu", "forward", (16, 0), 128, "auto"),
     ],
 )
-def test_heuristic_prefers_mosaic_gpu_for_windowed_calls(monkeypatch, backend, mode, window, platform):
+def test_heuristic_prefers_mosaic_gpu_for_windows_and_forwards(monkeypatch, backend, mode, window, head_dim, platform):
     import importlib
 
     from ejkernel.kernels._common.attention_call import AttentionCall
@@ -274,7 +276,7 @@ def test_heuristic_prefers_mosaic_gpu_for_windowed_calls(monkeypatch, backend, m
 
     module = importlib.import_module("ejkernel.modules.operations.flash_attention")  # not the function
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    q, k, v = qkv()
+    q, k, v = (randn((B, S, h, head_dim)) for h in (H, HKV, HKV))
     call = AttentionCall.of(q, causal=True, sliding_window=window)
     inv = Invocation("flash_attention", (q, k, v, None, None), {"call": call}, "auto", mode)
     assert FlashAttention().heuristic_cfg(inv).platform == platform

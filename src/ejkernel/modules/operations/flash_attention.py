@@ -30,6 +30,7 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
+from ejkernel.ops.kernel import FORWARD
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import clamp_window, intersect_windows
@@ -118,18 +119,32 @@ class FlashAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
 
     def heuristic_cfg(self, inv: Invocation) -> FlashAttentionConfig:
-        """Windowed calls on a GPU prefer the Mosaic GPU kernels (where they decline, `auto`'s order serves the
-        call). Measured on an H200 against cuDNN, causal, H 16, D 128, TFLOP/s (session 47, calls 2 and 5):
+        """On a GPU, windowed calls and head-dim-128 forwards off the tuned tables prefer the Mosaic GPU kernels
+        (where they decline, `auto`'s order serves the call). Measured on an H200 against cuDNN, TFLOP/s.
+
+        Windowed, causal, H 16, D 128 (session 47, calls 2 and 5):
 
         | B x S, window | forward | forward + backward |
         |---|---|---|
         | 1 x 16384, (4096, 0) | 536 / 503 | 485 / 481 |
         | 2 x 8192, (4096, 0) | 525 / 489 | 474 / 465 |
         | 4 x 4096, (2048, 0) | 468 / 431 | 424 / 402 |
+
+        Unwindowed, D 128, grouped queries as Llama 3 runs them (session 50, call 1), non-causal / causal; the
+        forward led on 7 of 8 rows; training calls keep `auto`'s order, since the Mosaic GPU pair led at 16 x 1024
+        and lost at 1 x 8192 x 64 heads:
+
+        | B x S, H / Hkv | forward | forward + backward |
+        |---|---|---|
+        | 4 x 4096, 32 / 8 | 623 / 604, 543 / 521 | 518 / 527, 476 / 456 |
+        | 1 x 8192, 64 / 8 | 631 / 622, 565 / 555 | 522 / 554, 462 / 528 |
+        | 16 x 1024, 32 / 8 | 538 / 531, 383 / 392 | 464 / 407, 355 / 277 |
+        | 2 x 4096, 16 / 16 | 621 / 578, 493 / 461 | 514 / 530, 442 / 426 |
         """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
-        if inv.platform == "auto" and window is not None and current_backend() == Backend.GPU:
+        plain_forward = inv.mode == FORWARD and inv.args[0].shape[-1] == 128
+        if inv.platform == "auto" and (window is not None or plain_forward) and current_backend() == Backend.GPU:
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
