@@ -373,11 +373,11 @@ def _frames_to_kernel_vjp(monkeypatch, public, *args, **options) -> list[str]:
 
 
 @pytest.mark.parametrize("platform", ["xla", "triton"])
-def test_gla_reaches_its_kernel_in_eight_frames(platform, monkeypatch):
-    """From `gla_attention` to its kernel's custom VJP: 8 frames, flash attention's count (issue 41): the public
-    function, the executor's four (`__call__`, `_run`, its per-mode `run`, `Kernel.run`), the entry, the family's
-    driver and the engine's form that calls the kernel. The Triton path is traced as on a GPU and stopped at
-    the custom VJP, before any kernel."""
+def test_gla_reaches_its_kernel_in_seven_frames(platform, monkeypatch):
+    """From `gla_attention` to its kernel's custom VJP: 7 frames, flash attention's count (issue 41): the public
+    function, the executor's three (`__call__`, `_run`, `Kernel.run`), the entry, the family's driver and the
+    engine's form that calls the kernel. The Triton path is traced as on a GPU and stopped at the custom VJP,
+    before any kernel."""
     from ejkernel.modules import flash_attention, gla_attention
 
     if platform == "triton":
@@ -385,8 +385,35 @@ def test_gla_reaches_its_kernel_in_eight_frames(platform, monkeypatch):
     q, k, v, g = (_rand(i, 1, 32, 2, 16) for i in range(4))  # head dims the Triton kernels take
     gla = _frames_to_kernel_vjp(monkeypatch, gla_attention, q, k, v, -jax.nn.softplus(g), platform=platform)
     engine_form = {"xla": "chunked", "triton": "gated"}[platform]
-    assert gla == ["gla_attention", "__call__", "_run", "run", "run", "gla_attention", "linear_attention", engine_form]
+    assert gla == ["gla_attention", "__call__", "_run", "run", "gla_attention", "linear_attention", engine_form]
     assert len(_frames_to_kernel_vjp(monkeypatch, flash_attention, *_QKV, platform="xla")) == len(gla)
+
+
+@pytest.mark.parametrize("op", ["flash_attention", "blocksparse_attention", "grouped_matmul", "gla_attention"])
+def test_a_trainable_call_traces_one_custom_vjp_its_implementations(op, monkeypatch):
+    """Issue 41: one custom VJP per trainable call. Where a call's forward and training modes select one config
+    (no tuning), its gradient traces the implementation's custom VJP alone, none of the executor's per-mode one
+    (the demo's call of each op whose configs tile a backward; `test_selection` covers the modes that differ)."""
+    from ejkernel.demo import demo_cases
+
+    case = next(c for c in demo_cases() if c.op == op)
+    args, options = case.make_inputs(jax.random.PRNGKey(0))
+    floats = [i for i, a in enumerate(args) if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)]
+    call, traced, vjp_call = case.call({**options, "platform": "xla"}), [], custom_derivatives.custom_vjp.__call__
+
+    def loss(diff):
+        return jnp.sum(call(*(diff.get(i, a) for i, a in enumerate(args))).astype(jnp.float32))
+
+    def tracing(self, *a, **k):
+        fun = self.fun
+        while isinstance(fun, functools.partial):
+            fun = fun.func
+        traced.append(fun.__module__)
+        return vjp_call(self, *a, **k)
+
+    monkeypatch.setattr(custom_derivatives.custom_vjp, "__call__", tracing)
+    jax.make_jaxpr(jax.grad(loss))({i: args[i] for i in floats})
+    assert traced and traced[0].startswith("ejkernel.kernels.") and "ejkernel.ops.executor" not in traced
 
 
 MARK_OP = "toy_checked_mark_op"

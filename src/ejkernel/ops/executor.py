@@ -317,11 +317,16 @@ class Executor:
         of the fastest forward + backward (e.g. one kernel's forward beside another's backward).
         `jax.custom_vjp` tells the two cases apart at trace time: its primal runs only where no derivative is
         taken (also under jit, vmap and checkpoint), its forward rule where one is; the rule keeps the TRAIN
-        implementation's own pullback as residual.
+        implementation's own pullback as residual. Where both modes select one config without tuning, the call
+        runs it directly: its implementation's custom VJP is then the call's only one.
         """
         if cfg is not None or not kernel.tune_argnums:
             inv = Invocation(kernel.op_id, tuple(args), dict(kwargs), platform)
             return _launcher(kernel, kwargs, self.chain.select(kernel, inv, cfg), inv)(*args)
+        invocations = [Invocation(kernel.op_id, tuple(args), dict(kwargs), platform, mode) for mode in (FORWARD, TRAIN)]
+        shared = self._shared_config(kernel, invocations)
+        if shared is not None:
+            return _launcher(kernel, kwargs, shared, invocations[0])(*args)
         leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
         is_input = lambda leaf: isinstance(leaf, jax.Array | np.ndarray) and not _read_while_tracing(leaf)
         dynamic = [i for i, leaf in enumerate(leaves) if is_input(leaf)]
@@ -338,6 +343,22 @@ class Executor:
         call = jax.custom_vjp(functools.partial(run, FORWARD))
         call.defvjp(functools.partial(jax.vjp, functools.partial(run, TRAIN)), _apply_pullback)
         return call([leaves[i] for i in dynamic])
+
+    def _shared_config(self, kernel: Kernel, invocations: list[Invocation]) -> KernelConfig | None:
+        """The config that every mode's invocation selects, if one does without autotuning (None otherwise, and
+        where a mode's selection fails: the per-mode VJP then selects, and reports, only in the mode that runs)."""
+        if active_policy(self.chain.policy) is AutotunePolicy.AUTOTUNE:
+            return None
+        try:
+            selected = [self.chain._select(kernel, inv, None) for inv in invocations]
+            (forward, forward_tier), (train, train_tier) = selected
+        except Exception:
+            return None
+        if forward != train:
+            return None
+        tier = forward_tier if forward_tier == train_tier else f"{forward_tier} (forward), {train_tier} (train)"
+        log_dispatch("%s: config %r from the %s, forward and train calls alike", kernel.op_id, forward, tier)
+        return forward
 
     def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
         roles = kernel.axis_roles(args, kwargs)
