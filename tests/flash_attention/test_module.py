@@ -257,17 +257,21 @@ def test_return_lse_matches_reference_and_merges():
 
 
 @pytest.mark.parametrize(
-    ("backend", "mode", "window", "head_dim", "platform"),
+    ("backend", "mode", "window", "seq", "head_dim", "platform"),
     [
-        ("gpu", "forward", (16, 0), D, "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
-        ("gpu", "train", (16, 0), D, "pallas"),
-        ("gpu", "forward", None, 128, "pallas"),  # and head-dim-128 forwards
-        ("gpu", "train", None, 128, "auto"),
-        ("gpu", "forward", None, D, "auto"),
-        ("cpu", "forward", (16, 0), 128, "auto"),
+        ("gpu", "forward", (16, 0), S, D, "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
+        ("gpu", "train", (16, 0), S, D, "pallas"),
+        ("gpu", "forward", None, 1024, 128, "pallas"),  # head-dim-128 forwards over 1024 keys or more
+        ("gpu", "forward", None, 512, 128, "auto"),
+        ("gpu", "train", None, 2048, 128, "pallas"),  # head-dim-128 training over 2048 keys or fewer
+        ("gpu", "train", None, 4096, 128, "auto"),
+        ("gpu", "forward", None, 1024, D, "auto"),
+        ("cpu", "forward", (16, 0), 1024, 128, "auto"),
     ],
 )
-def test_heuristic_prefers_mosaic_gpu_for_windows_and_forwards(monkeypatch, backend, mode, window, head_dim, platform):
+def test_heuristic_prefers_mosaic_gpu_where_it_was_measured_ahead(
+    monkeypatch, backend, mode, window, seq, head_dim, platform
+):
     import importlib
 
     from ejkernel.kernels._common.attention_call import AttentionCall
@@ -276,7 +280,7 @@ def test_heuristic_prefers_mosaic_gpu_for_windows_and_forwards(monkeypatch, back
 
     module = importlib.import_module("ejkernel.modules.operations.flash_attention")  # not the function
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    q, k, v = (randn((B, S, h, head_dim)) for h in (H, HKV, HKV))
+    q, k, v = (jax.ShapeDtypeStruct((1, seq, h, head_dim), jnp.float32) for h in (H, HKV, HKV))
     call = AttentionCall.of(q, causal=True, sliding_window=window)
     inv = Invocation("flash_attention", (q, k, v, None, None), {"call": call}, "auto", mode)
     assert FlashAttention().heuristic_cfg(inv).platform == platform

@@ -30,7 +30,7 @@ from ejkernel.modules.operations._attention_args import (
 from ejkernel.modules.operations._common import executor, typechecked
 from ejkernel.ops import BwdParams, FwdParams, Invocation, Kernel, KernelConfig
 from ejkernel.ops.executor import specs_by_slot
-from ejkernel.ops.kernel import FORWARD
+from ejkernel.ops.kernel import FORWARD, TRAIN
 from ejkernel.registry import Backend, Platform, current_backend, implementations
 from ejkernel.types import MaskInfo
 from ejkernel.types.windows import clamp_window, intersect_windows
@@ -119,32 +119,39 @@ class FlashAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
 
     def heuristic_cfg(self, inv: Invocation) -> FlashAttentionConfig:
-        """On a GPU, windowed calls and head-dim-128 forwards off the tuned tables prefer the Mosaic GPU kernels
-        (where they decline, `auto`'s order serves the call). Measured on an H200 against cuDNN, TFLOP/s.
+        """On a GPU, calls off the tuned tables prefer the Mosaic GPU kernels (where they decline, `auto`'s order
+        serves the call) where they were measured ahead of cuDNN on an H200: windowed calls; at head dim 128,
+        forwards over 1024 keys or more and training calls over 2048 or fewer (the Mosaic GPU backward leads
+        cuDNN's at short sequences and trails it past 4096). TFLOP/s against cuDNN, non-causal / causal.
 
-        Windowed, causal, H 16, D 128 (session 47, calls 2 and 5):
+        Windowed (4096, 0) or (2048, 0), causal, H 16 (session 47, calls 2 and 5):
 
-        | B x S, window | forward | forward + backward |
+        | B x S | forward | forward + backward |
         |---|---|---|
-        | 1 x 16384, (4096, 0) | 536 / 503 | 485 / 481 |
-        | 2 x 8192, (4096, 0) | 525 / 489 | 474 / 465 |
-        | 4 x 4096, (2048, 0) | 468 / 431 | 424 / 402 |
+        | 1 x 16384 | 536 / 503 | 485 / 481 |
+        | 2 x 8192 | 525 / 489 | 474 / 465 |
+        | 4 x 4096 | 468 / 431 | 424 / 402 |
 
-        Unwindowed, D 128, grouped queries as Llama 3 runs them (session 50, call 1), non-causal / causal; the
-        forward led on 7 of 8 rows; training calls keep `auto`'s order, since the Mosaic GPU pair led at 16 x 1024
-        and lost at 1 x 8192 x 64 heads:
+        Unwindowed, D 128, H / Hkv 32 / 8 unless said (session 50, calls 1 and 2):
 
-        | B x S, H / Hkv | forward | forward + backward |
+        | B x S | forward | forward + backward |
         |---|---|---|
-        | 4 x 4096, 32 / 8 | 623 / 604, 543 / 521 | 518 / 527, 476 / 456 |
-        | 1 x 8192, 64 / 8 | 631 / 622, 565 / 555 | 522 / 554, 462 / 528 |
-        | 16 x 1024, 32 / 8 | 538 / 531, 383 / 392 | 464 / 407, 355 / 277 |
-        | 2 x 4096, 16 / 16 | 621 / 578, 493 / 461 | 514 / 530, 442 / 426 |
+        | 32 x 512 | 442 / 464, 257 / 283 | 399 / 295, 253 / 174 |
+        | 8 x 1024, H 16 | 497 / 486, 353 / 330 | 432 / 388, 312 / 254 |
+        | 16 x 1024 | 524 / 514, 371 / 389 | 459 / 406, 353 / 274 |
+        | 4 x 2048 | 570 / 551, 448 / 440 | 492 / 469, 395 / 362 |
+        | 2 x 4096, H 16 | 621 / 578, 493 / 461 | 514 / 530, 442 / 426 |
+        | 4 x 4096 | 623 / 604, 543 / 521 | 518 / 527, 476 / 456 |
+        | 1 x 8192, H 64 | 631 / 622, 565 / 555 | 522 / 554, 462 / 528 |
         """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
-        plain_forward = inv.mode == FORWARD and inv.args[0].shape[-1] == 128
-        if inv.platform == "auto" and (window is not None or plain_forward) and current_backend() == Backend.GPU:
+        q, k = inv.args[0], inv.args[1]
+        keys, head_dim = max(q.shape[1], k.shape[1]), q.shape[-1]
+        long_forward = inv.mode == FORWARD and keys >= 1024
+        short_training = inv.mode == TRAIN and keys <= 2048
+        mosaic_ahead = window is not None or (head_dim == 128 and (long_forward or short_training))
+        if inv.platform == "auto" and mosaic_ahead and current_backend() == Backend.GPU:
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
