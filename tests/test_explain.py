@@ -28,3 +28,15 @@ def test_explain_reports_the_tier_and_takes_shapes_only():
         assert "from the overlay" in str(ejkernel.explain(ejkernel.modules.flash_attention, q, q, q))
     with pytest.raises(ValueError, match="explain: op must be"):
         ejkernel.explain("FlashAttention", q, q, q)
+
+
+def test_explain_says_one_config_serves_forward_and_train_calls():
+    """A trainable call whose two modes select one config logs it once, for both, whether differentiated or not
+    (`test_selection` checks the line of a call whose modes differ)."""
+    from ejkernel.modules import flash_attention
+
+    q = jax.ShapeDtypeStruct((1, 64, 2, 16), jnp.float32)
+    loss = lambda q: flash_attention(q, q, q).sum()
+    for explained in (ejkernel.explain("flash_attention", q, q, q), ejkernel.explain(jax.grad(loss), q)):
+        configs = [line for line in explained.lines if ": config " in line]
+        assert len(configs) == 1 and configs[0].endswith("from the heuristics, forward and train calls alike")

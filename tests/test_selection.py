@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ejkernel import Backend, Platform, kernel_registry
+from ejkernel.explain import dispatch_lines
 from ejkernel.modules import MeanPooling, MeanPoolingConfig, mean_pooling
 from ejkernel.ops import (
     AutotunePolicy,
@@ -452,7 +453,10 @@ def test_differentiated_calls_run_the_train_config_the_others_the_forward_config
     executor.chain.memory.put(mode_key(x, "train"), toy_cfg(PERSISTENT))
     call = lambda v: executor(kernel, v)
     slope = lambda f: float(jax.grad(lambda v: jnp.sum(f(v)))(x)[0])
-    assert factor(call(x), x) == MEMORY
+    with dispatch_lines() as lines:
+        assert factor(call(x), x) == MEMORY
+    configs = [line.rsplit(", ", 1)[-1] for line in lines if ": config " in line]
+    assert configs == ["forward call"]  # the mode that runs, and only it
     assert factor(jax.jit(call)(x), x) == MEMORY
     assert factor(jax.vmap(call)(x[None]), x[None]) == MEMORY
     assert slope(call) == PERSISTENT

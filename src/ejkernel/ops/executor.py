@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -30,10 +31,11 @@ from ejkernel.ops.config import (
     config_with_platform,
 )
 from ejkernel.ops.fingerprint import describe_device, device_fingerprint
-from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel, log_dispatch
+from ejkernel.ops.kernel import FORWARD, TRAIN, Invocation, Kernel, log_dispatch, muted_dispatch
 from ejkernel.registry import current_backend
 
 log = logging.getLogger("ejkernel.ops")
+_modes_alike = contextvars.ContextVar("ejkernel_modes_alike", default=False)  # set: one config serves both modes
 
 
 def shipped_config_name(device_kind: str) -> str:
@@ -117,7 +119,7 @@ class ConfigSelectorChain:
     def select(self, kernel: Kernel, inv: Invocation, override: KernelConfig | None = None) -> KernelConfig:
         """The config of a call, from the first tier that answers (logged to `ejkernel.dispatch` at DEBUG)."""
         chosen, tier = self._select(kernel, inv, override)
-        mode = f", {inv.mode} call" if inv.mode else ""
+        mode = ", forward and train calls alike" if _modes_alike.get() else f", {inv.mode} call" if inv.mode else ""
         log_dispatch("%s: config %r from the %s%s", inv.op_id, chosen, tier, mode)
         return chosen
 
@@ -346,19 +348,22 @@ class Executor:
 
     def _shared_config(self, kernel: Kernel, invocations: list[Invocation]) -> KernelConfig | None:
         """The config that every mode's invocation selects, if one does without autotuning (None otherwise, and
-        where a mode's selection fails: the per-mode VJP then selects, and reports, only in the mode that runs)."""
+        where a mode's selection fails: the per-mode VJP then selects, and reports, only in the mode that runs).
+        The lookups are silent; the config returned is selected once more, to log one line for both modes."""
         if active_policy(self.chain.policy) is AutotunePolicy.AUTOTUNE:
             return None
-        try:
-            selected = [self.chain._select(kernel, inv, None) for inv in invocations]
-            (forward, forward_tier), (train, train_tier) = selected
-        except Exception:
-            return None
+        with muted_dispatch():
+            try:
+                forward, train = (self.chain.select(kernel, inv) for inv in invocations)
+            except Exception:
+                return None
         if forward != train:
             return None
-        tier = forward_tier if forward_tier == train_tier else f"{forward_tier} (forward), {train_tier} (train)"
-        log_dispatch("%s: config %r from the %s, forward and train calls alike", kernel.op_id, forward, tier)
-        return forward
+        token = _modes_alike.set(True)
+        try:
+            return self.chain.select(kernel, invocations[0])
+        finally:
+            _modes_alike.reset(token)
 
     def _sharded(self, kernel, args, kwargs, cfg, platform, mesh, in_specs, out_specs):
         roles = kernel.axis_roles(args, kwargs)

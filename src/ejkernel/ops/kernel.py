@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, get_args, get_origin
 
 import jax
@@ -53,10 +55,25 @@ def _dispatch_to_stderr() -> None:
         dispatch_log.setLevel(logging.DEBUG)
 
 
+_dispatch_muted = contextvars.ContextVar("ejkernel_dispatch_muted", default=False)
+
+
 def log_dispatch(message: str, *args: Any) -> None:
-    """One `ejkernel.dispatch` line at DEBUG (to standard error with `EJKERNEL_LOG_DISPATCH=1`)."""
+    """One `ejkernel.dispatch` line at DEBUG (to standard error with `EJKERNEL_LOG_DISPATCH=1`), unless muted."""
+    if _dispatch_muted.get():
+        return
     _dispatch_to_stderr()
     dispatch_log.debug(message, *args)
+
+
+@contextlib.contextmanager
+def muted_dispatch() -> Iterator[None]:
+    """No dispatch lines inside the block: for configs looked up but not (yet) used."""
+    token = _dispatch_muted.set(True)
+    try:
+        yield
+    finally:
+        _dispatch_muted.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
