@@ -261,8 +261,9 @@ def test_return_lse_matches_reference_and_merges():
     [
         ("gpu", "forward", (16, 0), S, D, "pallas"),  # windowed calls on a GPU: the Mosaic GPU kernels first
         ("gpu", "train", (16, 0), S, D, "pallas"),
-        ("gpu", "forward", None, 1024, 128, "pallas"),  # head-dim-128 forwards over 1024 keys or more
+        ("gpu", "forward", None, 1024, 128, "pallas"),  # head-dim-128 forwards of 1024 queries and keys or more
         ("gpu", "forward", None, 512, 128, "auto"),
+        ("gpu", "forward", None, (1, 8192), 128, "auto"),  # a decode step over a long cache: not measured
         ("gpu", "train", None, 2048, 128, "pallas"),  # head-dim-128 training over 2048 keys or fewer
         ("gpu", "train", None, 4096, 128, "auto"),
         ("gpu", "forward", None, 1024, D, "auto"),
@@ -280,7 +281,9 @@ def test_heuristic_prefers_mosaic_gpu_where_it_was_measured_ahead(
 
     module = importlib.import_module("ejkernel.modules.operations.flash_attention")  # not the function
     monkeypatch.setattr(module, "current_backend", lambda: module.Backend(backend))
-    q, k, v = (jax.ShapeDtypeStruct((1, seq, h, head_dim), jnp.float32) for h in (H, HKV, HKV))
+    q_len, kv_len = seq if isinstance(seq, tuple) else (seq, seq)
+    shapes = [(1, q_len, H, head_dim), (1, kv_len, HKV, head_dim), (1, kv_len, HKV, head_dim)]
+    q, k, v = (jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes)
     call = AttentionCall.of(q, causal=True, sliding_window=window)
     inv = Invocation("flash_attention", (q, k, v, None, None), {"call": call}, "auto", mode)
     assert FlashAttention().heuristic_cfg(inv).platform == platform

@@ -121,8 +121,8 @@ class FlashAttention(Kernel):
     def heuristic_cfg(self, inv: Invocation) -> FlashAttentionConfig:
         """On a GPU, calls off the tuned tables prefer the Mosaic GPU kernels (where they decline, `auto`'s order
         serves the call) where they were measured ahead of cuDNN on an H200: windowed calls; at head dim 128,
-        forwards over 1024 keys or more and training calls over 2048 or fewer (the Mosaic GPU backward leads
-        cuDNN's at short sequences and trails it past 4096). TFLOP/s against cuDNN, non-causal / causal.
+        forwards of 1024 queries and keys or more and training calls of 2048 or fewer (the Mosaic GPU backward
+        leads cuDNN's at short sequences and trails it past 4096). TFLOP/s against cuDNN, non-causal / causal.
 
         Windowed (4096, 0) or (2048, 0), causal, H 16 (session 47, calls 2 and 5):
 
@@ -146,10 +146,9 @@ class FlashAttention(Kernel):
         """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
-        q, k = inv.args[0], inv.args[1]
-        keys, head_dim = max(q.shape[1], k.shape[1]), q.shape[-1]
-        long_forward = inv.mode == FORWARD and keys >= 1024
-        short_training = inv.mode == TRAIN and keys <= 2048
+        lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
+        long_forward = inv.mode == FORWARD and min(lengths) >= 1024  # measured with as many queries as keys: not
+        short_training = inv.mode == TRAIN and max(lengths) <= 2048  # for a few queries over a long cache
         mosaic_ahead = window is not None or (head_dim == 128 and (long_forward or short_training))
         if inv.platform == "auto" and mosaic_ahead and current_backend() == Backend.GPU:
             return FlashAttentionConfig(platform="pallas")
