@@ -146,9 +146,10 @@ class FlashAttention(Kernel):
         """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
+        # Measured with as many queries as keys, so both lengths must fit (a decode step over a long cache does not).
         lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
-        long_forward = inv.mode == FORWARD and min(lengths) >= 1024  # measured with as many queries as keys: not
-        short_training = inv.mode == TRAIN and max(lengths) <= 2048  # for a few queries over a long cache
+        long_forward = inv.mode == FORWARD and min(lengths) >= 1024
+        short_training = inv.mode == TRAIN and max(lengths) <= 2048
         mosaic_ahead = window is not None or (head_dim == 128 and (long_forward or short_training))
         if inv.platform == "auto" and mosaic_ahead and current_backend() == Backend.GPU:
             return FlashAttentionConfig(platform="pallas")
