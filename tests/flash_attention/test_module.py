@@ -266,11 +266,14 @@ def test_return_lse_matches_reference_and_merges():
         ("gpu", "forward", None, (1, 8192), 128, "auto"),  # a decode step over a long cache: not measured
         ("gpu", "train", None, 2048, 128, "pallas"),  # head-dim-128 training over 2048 keys or fewer
         ("gpu", "train", None, 4096, 128, "auto"),
+        ("gpu", "forward", None, 1024, 64, "triton"),  # head dim 64: Triton's forward, the Mosaic GPU training pair
+        ("gpu", "train", None, 4096, 64, "pallas"),  # causal, as every row here
+        ("gpu", "train", None, 8192, 64, "auto"),
         ("gpu", "forward", None, 1024, D, "auto"),
         ("cpu", "forward", (16, 0), 1024, 128, "auto"),
     ],
 )
-def test_heuristic_prefers_mosaic_gpu_where_it_was_measured_ahead(
+def test_heuristic_prefers_the_kernel_measured_ahead_of_cudnn(
     monkeypatch, backend, mode, window, seq, head_dim, platform
 ):
     import importlib

@@ -119,10 +119,12 @@ class FlashAttention(Kernel):
     tune_argnums = (0, 1, 2)  # configs tile the backward too: autotuning times forward + backward
 
     def heuristic_cfg(self, inv: Invocation) -> FlashAttentionConfig:
-        """On a GPU, calls off the tuned tables prefer the Mosaic GPU kernels (where they decline, `auto`'s order
-        serves the call) where they were measured ahead of cuDNN on an H200: windowed calls; at head dim 128,
-        forwards of 1024 queries and keys or more and training calls of 2048 or fewer (the Mosaic GPU backward
-        leads cuDNN's at short sequences and trails it past 4096). TFLOP/s against cuDNN, non-causal / causal.
+        """On a GPU, calls off the tuned tables go first (where it declines, `auto`'s order serves the call) to the
+        kernel measured ahead of cuDNN on an H200 at their kind of shape: the Mosaic GPU kernels for windowed calls;
+        at head dim 128, for forwards of 1024 queries and keys or more and training calls of 2048 or fewer (the
+        Mosaic GPU backward leads cuDNN's at short sequences and trails it past 4096); at head dim 64, the Triton
+        forward from 1024 queries and keys, and the Mosaic GPU pair for causal training to 4096 and non-causal to
+        1024. TFLOP/s against cuDNN, non-causal / causal.
 
         Windowed (4096, 0) or (2048, 0), causal, H 16 (session 47, calls 2 and 5):
 
@@ -143,15 +145,28 @@ class FlashAttention(Kernel):
         | 2 x 4096, H 16 | 621 / 578, 493 / 461 | 514 / 530, 442 / 426 |
         | 4 x 4096 | 623 / 604, 543 / 521 | 518 / 527, 476 / 456 |
         | 1 x 8192, H 64 | 631 / 622, 565 / 555 | 522 / 554, 462 / 528 |
+
+        D 64, H / Hkv 32 / 8 (session 51, call 1): Triton's forward, the Mosaic GPU forward + backward, cuDNN's both.
+
+        | B x S | forward | forward + backward |
+        |---|---|---|
+        | 16 x 1024 | 417 / 384, 319 / 293 | 336 / 315, 268 / 209 |
+        | 4 x 4096 | 450 / 431, 411 / 392 | 398 / 423, 384 / 349 |
         """
         call = inv.kwargs.get("call")
         window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
         # Measured with as many queries as keys, so both lengths must fit (a decode step over a long cache does not).
         lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
+        if inv.platform != "auto" or current_backend() != Backend.GPU:
+            return super().heuristic_cfg(inv)
+        causal = call.causal if call is not None else inv.kwargs.get("causal", False)
         long_forward = inv.mode == FORWARD and min(lengths) >= 1024
-        short_training = inv.mode == TRAIN and max(lengths) <= 2048
-        mosaic_ahead = window is not None or (head_dim == 128 and (long_forward or short_training))
-        if inv.platform == "auto" and mosaic_ahead and current_backend() == Backend.GPU:
+        training_to = max(lengths) if inv.mode == TRAIN else None
+        if window is not None or (head_dim == 128 and (long_forward or (training_to or 4096) <= 2048)):
+            return FlashAttentionConfig(platform="pallas")
+        if head_dim == 64 and long_forward:
+            return FlashAttentionConfig(platform="triton")
+        if head_dim == 64 and training_to is not None and training_to <= (4096 if causal else 1024):
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
