@@ -275,3 +275,57 @@ def head_scores(t: TritonGlaTiling, chunk: int, q, k, g):
         chunk=chunk,
         mm=t.mm(q.dtype),
     )(q, k, g, g_rows)
+
+
+def _head_pass_kernel(q_ref, k_ref, v_ref, a_ref, a_row_ref, vs_ref, vs_row_ref, skip_ref, init_ref, *refs, **s):
+    """One program walks its sequence's chunks in order, the state tile `[Dk, bv]` in registers: each chunk's
+    outputs from its scores and the entry state, then the exit state. The cumulative gates are summed here, the
+    values are `vs ⊙ v` (taken into the scores' columns and the keys' rows) and `skip ⊙ v` is added."""
+    o_ref, final_ref = refs
+    chunk, bv, mm = s["chunk"], s["bv"], s["mm"]
+    b, head, vt = (pl.program_id(i) for i in range(3))
+    q_head, k_head = group_of(head, s["q_ratio"]), group_of(head, s["k_ratio"])
+    cols, one = tile_slice(vt, bv), pl.ds(0, 1)
+    skip = skip_ref[pl.ds(head, 1)][None, :]  # [1, 1]
+
+    def step(c, h):
+        first = pl.multiple_of(c * chunk, chunk)
+        rows = pl.ds(first, chunk)
+        q, k = q_ref[b, rows, q_head, :], k_ref[b, rows, k_head, :]
+        v = v_ref[b, rows, head, cols]
+        g = jnp.cumsum(a_ref[b, rows, head, one], axis=0)  # [C, 1]
+        g_row = jnp.cumsum(a_row_ref[b, head, rows][None, :], axis=1)  # [1, C]
+        g_last = jnp.sum(a_ref[b, rows, head, one], axis=0, keepdims=True)  # [1, 1]
+        scores = dot(q.astype(mm), k.astype(mm), trans_b=True) * pair_decays(g, g_row)
+        scores = scores * vs_row_ref[b, head, rows][None, :]
+        q_in = (q.astype(F32) * jnp.exp(g)).astype(mm)
+        out = dot(q_in, h.astype(mm)) + dot(scores.astype(mm), v.astype(mm)) + skip * v.astype(F32)
+        o_ref[b, rows, head, cols] = out.astype(o_ref.dtype)
+        k_in = k.astype(F32) * (jnp.exp(g_last - g) * vs_ref[b, rows, head, one])
+        return jnp.exp(g_last) * h + dot(k_in.astype(mm), v.astype(mm), trans_a=True)
+
+    final_ref[b, head, :, cols] = lax.fori_loop(0, v_ref.shape[1] // chunk, step, init_ref[b, head, :, cols])
+
+
+def head_pass_forward(t: TritonGlaTiling, chunk: int, q, k, v, a, init, v_scale, skip):
+    """`head_gate_forward` in one kernel, sequential over each sequence's chunks (one program per batch row,
+    head and `head_pass_v` value columns): neither the cumulative gates nor any chunk's entry state is written
+    to memory. `a`, `v_scale [B, S, H, 1]` float32, `skip [H]` float32, `init [B, H, Dk, Dv]` float32."""
+    batch, seq, heads, dv = v.shape
+    rows = lambda x: jnp.swapaxes(x[..., 0], 1, 2)  # [B, H, S]
+    args = (q, k, v, a, rows(a), v_scale, rows(v_scale), skip, init)
+    return call_pallas(
+        _head_pass_kernel,
+        t,
+        t.head_pass_warps,
+        (batch, heads, dv // t.head_pass_v),
+        None,
+        None,
+        [out_struct(v.shape, v.dtype, *args), out_struct(init.shape, F32, *args)],
+        "ejkernel_gla_head_pass",
+        chunk=chunk,
+        bv=t.head_pass_v,
+        mm=t.mm(q.dtype),
+        q_ratio=group_ratio(heads, q),
+        k_ratio=group_ratio(heads, k),
+    )(*args)
