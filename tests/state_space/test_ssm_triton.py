@@ -1,7 +1,6 @@
 """Pallas-Triton state-space kernels: interpret mode against the references (few grid steps), lowering
 for CUDA on this host, and the GPU suite against the XLA implementations at realistic shapes."""
 
-import dataclasses
 import functools
 
 import jax
@@ -59,17 +58,6 @@ def test_v2_interpret_matches_reference(seq, heads, head_dim, groups, state, chu
     assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
 
 
-def test_v2_one_pass_forward_interpret(monkeypatch):
-    """A plain call on the one-pass forward (`head_pass_forward`; the defaults take it only from 128 programs):
-    two groups of two heads, two value tiles of 8 a program, two 64-token chunks, y and the final state."""
-    tiling = dataclasses.replace(v2_triton.GLA_TILING, head_pass_programs=1, head_pass_v=8)
-    monkeypatch.setattr(v2_triton, "GLA_TILING", tiling)
-    args = v2_inputs(batch=1, seq=128, heads=4, head_dim=16, groups=2, state=32, gate=False)
-    fn = functools.partial(state_space_v2_triton, n_groups=2, interpret=True)
-    reference = functools.partial(state_space_v2_reference, n_groups=2)
-    assert_close(jax.jit(packed(fn))(*args), packed(reference)(*args), jnp.float32)
-
-
 def test_v2_chunks():
     """Plain calls take 64-token chunks and differentiated ones 32, each capped by `chunk_size`."""
     expected = {None: (64, 32), 256: (64, 32), 64: (64, 32), 32: (32, 32), 16: (16, 16)}
@@ -113,9 +101,6 @@ def test_kernels_lower_for_cuda(cuda_lowering, monkeypatch, op):
     text = lowered(train(v2()), *args)
     assert all(name in text for name in forward + backward)
     assert chunks == [64, 32]  # the differentiated call traced only the chunk-32 kernels
-    args = v2_inputs(batch=2, seq=256, heads=32, head_dim=64, groups=2, state=128, dtype=jnp.bfloat16, gate=False)
-    text = lowered(v2(), *args)  # 2 x 32 x 2 programs of 32 value columns: the one-pass forward
-    assert "ejkernel_gla_head_pass" in text and not any(name in text for name in plain)
 
 
 @pytest.mark.gpu
@@ -144,15 +129,6 @@ def test_gpu_v1_decode_step_and_auto_platform():
     check = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
     assert check(jnp.concatenate([y1, y2], axis=1), ref_y) < 1e-4 and check(state2, ref_state) < 1e-4
     assert check(y, ref_y) < 1e-4 and check(state, ref_state) < 1e-4
-
-
-@pytest.mark.gpu
-def test_gpu_v2_one_pass_forward_matches_xla():
-    """A plain call of 2 x 64 heads (256 programs: the one-pass forward), y and the final state against XLA."""
-    args = v2_inputs(batch=2, seq=2048, heads=64, head_dim=64, groups=1, state=128, dtype=jnp.bfloat16, gate=False)
-    triton = functools.partial(state_space_v2, platform="triton")
-    f32 = [None if a is None else a.astype(jnp.float32) for a in args]
-    assert_close(jax.jit(packed(triton))(*args), jax.jit(packed(highest(state_space_v2_xla)))(*f32), jnp.bfloat16)
 
 
 @pytest.mark.gpu

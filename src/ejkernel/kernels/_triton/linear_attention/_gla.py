@@ -46,7 +46,6 @@ from ejkernel.kernels._triton.linear_attention._gla_forward import (
     chunk_scores,
     chunk_states,
     cumulative_gates,
-    head_pass_forward,
 )
 
 # ---- the differentiable whole ----
@@ -83,9 +82,7 @@ def head_gate_forward(tiling: TritonGlaTiling, chunk: int, q, k, v, a, init, v_s
     gates, `v_scale [B, S, H, 1]` and `skip [H]` float32 (Mamba-2: dt and D, so that neither dt ⊙ x nor the
     skip takes a pass over memory of its own)."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
-    batch, seq, heads = a.shape[:3]
-    if batch * heads * (v.shape[-1] // t.head_pass_v) >= t.head_pass_programs:
-        return head_pass_forward(t, chunk, q, k, v, a, init, v_scale, skip)
+    batch, seq = a.shape[:2]
     starts = jnp.full((seq // chunk, batch), -1, jnp.int32).at[0].set(jnp.arange(batch, dtype=jnp.int32))
     g = cumulative_gates(t, chunk, a)
     e, final = chunk_states(t, False, k, v, g, init, starts, starts, starts, v_scale)  # (unpacked: no ends, owners)

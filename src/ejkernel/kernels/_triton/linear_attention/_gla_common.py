@@ -30,8 +30,6 @@ class TritonGlaTiling:
     a power of two). The `head_` fields stand for `block_k` and the warps in the kernels of a gate per head.
     H100, GLA forward+backward at B=2 S=16384 H=16 D=128 bf16, the gradient kernel: 3.04 ms at
     `block_k` 64 and 4 warps, 3.86 at 128 and 8; the scores kernel: 0.40 ms at 2 warps, 0.55 at 4.
-    `head_pass_v` value columns and `head_pass_warps` a program of the one-pass forward of a gate per head
-    (`head_pass_forward`), taken by `head_gate_forward` where it has at least `head_pass_programs` programs.
     `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
@@ -50,9 +48,6 @@ class TritonGlaTiling:
     head_block_k: int = 128
     head_scores_warps: int = 4
     head_grads_warps: int = 8
-    head_pass_v: int = 32
-    head_pass_warps: int = 4
-    head_pass_programs: int = 128
     num_stages: int = 2
     interpret: bool = False
     precise: bool = True
@@ -66,7 +61,6 @@ class TritonGlaTiling:
             block_v=min(self.block_v, dv),
             block_k=min(self.block_k, dk),
             head_block_k=min(self.head_block_k, dk),
-            head_pass_v=min(self.head_pass_v, dv),
         )
 
     def mm(self, dtype):
