@@ -151,9 +151,7 @@ def plan(query, key, value, softmax_aux=None, bias=None, *, fwd_params=None, bwd
             f"{WHO}: two query tiles per CTA need an even number of them ({q_tiles}) and a key/value ring "
             f"of at most {512 * 64 // head_dim} rows (got {stages} x {block_k})"
         )
-    from ejkernel.kernels._pallas.gpu.flash_attention import _interface as flash  # (prototype switch)
-
-    if fused and (block_q_dkv != 64 or (head_dim == 128 and stages_bwd != 2 and not flash.SHARED_DQ)):
+    if fused and (block_q_dkv != 64 or (head_dim == 128 and stages_bwd != 2)):
         raise NotImplementedError(
             f"{WHO}: the fused backward streams 64-row query tiles (and 2 stages at head dim 128), got "
             f"bwd_params.block_q={block_q_dkv}, num_stages={stages_bwd}"

@@ -135,8 +135,8 @@ class KeyCta:
     streams: tuple[Stream, Stream]  # query; output gradient with log-sum-exp and delta
 
 
-def _key_cta_scratch(st: MosaicGpuFlashStatic, bq: int, head_dim: int, dtype, *extra_smem, extra_barriers=()):
-    """Shared memory and barriers of a `KeyCta` kernel; `extra_smem` and `extra_barriers` follow the common ones."""
+def _key_cta_scratch(st: MosaicGpuFlashStatic, bq: int, head_dim: int, dtype, *extra_smem):
+    """Shared memory and barriers of a `KeyCta` kernel; `extra_smem` follows the common buffers."""
     stages = st.stages_bwd
     smem = (
         swizzled_smem((COMPUTE_WGS, ROWS, head_dim), dtype),
@@ -151,7 +151,6 @@ def _key_cta_scratch(st: MosaicGpuFlashStatic, bq: int, head_dim: int, dtype, *e
         plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),
         *Stream.barriers(1, stages),
         *Stream.barriers(3, stages),
-        *extra_barriers,
     )
     return smem, barriers
 
@@ -165,7 +164,7 @@ def stream_query_tiles(
     after another, so their gradients are summed in registers, never through a per-head copy.
     """
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem = smem[:6]
-    _, q_ready, q_consumed, do_ready, do_consumed = barriers[:5]
+    _, q_ready, q_consumed, do_ready, do_consumed = barriers
     bq = st.block_q_dkv
     b, kv_h, wg = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("wg")
     walk = walk.bind(walk_refs, b, kv_h)
@@ -198,26 +197,11 @@ def stream_query_tiles(
     return KeyCta(b, kv_h, cta_col + wg * ROWS, k_smem.at[wg], v_smem.at[wg], walk, span, streams)
 
 
-def key_gradients(
-    st: MosaicGpuFlashStatic,
-    cta: KeyCta,
-    k_ref,
-    v_ref,
-    dk_ref,
-    dv_ref,
-    kv_ready,
-    step,
-    skip=None,
-    start=None,
-    finish=None,
-):
+def key_gradients(st: MosaicGpuFlashStatic, cta: KeyCta, k_ref, v_ref, dk_ref, dv_ref, kv_ready, step):
     """The compute warpgroups of a `KeyCta`: dK and dV of their 64 keys, summed over the group's heads.
 
     `step(g, mode, t, slot, (dk, dv))` handles query tile `t` of query head `g` of the group, whose
-    tiles wait in `slot`; it hands the slot back (`consumed`) and returns the new `(dk, dv)`. `skip(g, t)`
-    (optional) runs in the steps outside the warpgroup's keys, after the slot is handed back; `start()`
-    (optional) once the keys and values are in shared memory; `finish()` (optional) after the last step, before
-    dK and dV overwrite the keys and values in shared memory.
+    tiles wait in `slot`; it hands the slot back (`consumed`) and returns the new `(dk, dv)`.
     """
     plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
     wg = lax.axis_index("wg")
@@ -225,8 +209,6 @@ def key_gradients(
     plgpu.copy_gmem_to_smem(rows_at(st, k_ref, cta.batch, rows, cta.kv_head), cta.keys, kv_ready.at[wg])
     plgpu.copy_gmem_to_smem(rows_at(st, v_ref, cta.batch, rows, cta.kv_head), cta.values, kv_ready.at[wg])
     plgpu.barrier_wait(kv_ready.at[wg])
-    if start is not None:
-        start()
     own = cta.walk.prepare(cta.span, cta.col0)
 
     def head(g, carry):
@@ -236,8 +218,6 @@ def key_gradients(
             slot = slot_of(t)
             if mode == "skip":
                 skip_step(list(cta.streams), slot)
-                if skip is not None:
-                    skip(g, t)
                 return carry
             for s in cta.streams:
                 plgpu.barrier_wait(s.ready.at[slot])
@@ -247,8 +227,6 @@ def key_gradients(
 
     zeros = zero_acc((ROWS, k_ref.shape[-1]))
     dk, dv = lax.fori_loop(0, st.group, head, (zeros, zeros))
-    if finish is not None:
-        finish()
     cta.keys[...] = (dk * st.softmax_scale).astype(k_ref.dtype)
     cta.values[...] = dv.astype(v_ref.dtype)
     plgpu.commit_smem()
@@ -341,60 +319,15 @@ def backward_fused(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: Quer
     bq, head_dim, dtype = st.block_q_dkv, q.shape[-1], q.dtype
     walk = _default_query_tiles(st, q, walk)
     dq_acc = jax.new_ref(jnp.zeros(q.shape, jnp.float32))
-    cols = head_dim // COMPUTE_WGS if st.shared_dq else head_dim  # dQ columns a warpgroup adds
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
         walk_refs = refs[: len(walk.arrays)]
         dq_ref, dk_ref, dv_ref, smem, barriers = refs[len(walk.arrays) :]
         cta = stream_query_tiles(st, walk, walk_refs, q_ref, do_ref, lse_ref, delta_ref, smem, barriers)
-        k_smem, q_smem, do_smem, ds_smem, dq_smem = smem[0], smem[2], smem[3], smem[6], smem[7]
+        q_smem, do_smem, ds_smem, dq_smem = smem[2], smem[3], smem[6], smem[7]
         (q_stream, do_stream), ks, vs = cta.streams, cta.keys, cta.values
         wg = lax.axis_index("wg")
         dss, dqs = ds_smem.at[wg], dq_smem.at[wg]
-
-        def add_dq(g, t, dq, col0):
-            """This warpgroup's dQ share `[bq, cols]` (from column col0) into HBM by a TMA reduction."""
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last share has left `dqs`
-            dqs[...] = dq
-            plgpu.commit_smem()
-            head = cta.kv_head * st.group + g
-            dst = rows_at(st, dq_ref, cta.batch, pl.ds(cta.walk.query_row(cta.span, t), bq), head)
-            plgpu.copy_smem_to_gmem(dqs, dst.at[:, pl.ds(col0, cols)] if st.shared_dq else dst, reduction_op="add")
-
-        if st.shared_dq:
-            written, read = barriers[-2:]  # both warpgroups' dS tiles written; both read by the dQ products
-
-            def write_ds(ds_t):
-                plgpu.barrier_wait(read)
-                dss[...] = ds_t
-                plgpu.commit_smem()
-
-            def shared_dq(g, t):
-                """dQ columns [w·cols, (w+1)·cols) of this step over both warpgroups' keys, for warpgroup w."""
-                plgpu.barrier_arrive(written)
-                plgpu.barrier_wait(written)
-                for w in range(COMPUTE_WGS):
-
-                    @pl.when(wg == w)
-                    def _(w=w):
-                        def share(acc_ref):
-                            for u in range(COMPUTE_WGS):
-                                keys = k_smem.at[u].at[:, pl.ds(w * cols, cols)]
-                                plgpu.wgmma(acc_ref, ds_smem.at[u].transpose((1, 0)), keys)
-
-                        dq = pl.run_state(share)(plgpu.ACC.init(zero_acc((bq, cols))))
-                        plgpu.barrier_arrive(read)
-                        add_dq(g, t, dq, w * cols)
-
-            def skip(g, t):  # no key of this warpgroup sees the tile: its dS is 0, its dQ columns still due
-                write_ds(zero_acc((ROWS, bq)).astype(dtype))
-                shared_dq(g, t)
-
-            def start():
-                plgpu.barrier_arrive(read)  # (no dS tile to wait for at the first step)
-
-            def finish():
-                plgpu.barrier_wait(read)  # the other warpgroup's last dQ products have read this one's keys
 
         def step(g, mode, t, slot, carry):
             dk, dv = carry
@@ -406,11 +339,8 @@ def backward_fused(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: Quer
             if mode == "masked":
                 p_t = cta.walk.mask(p_t, cta.col0, cta.span, t)
             ds_t = score_grad(st, p_t * (dp_t - along_cols(delta_t, dp_t.shape)), tanh_t).astype(dtype)
-            if st.shared_dq:
-                write_ds(ds_t)
-            else:
-                dss[...] = ds_t
-                plgpu.commit_smem()
+            dss[...] = ds_t
+            plgpu.commit_smem()
 
             def dv_dk(refs):
                 dv_ref, dk_ref = refs
@@ -420,30 +350,22 @@ def backward_fused(st: MosaicGpuFlashStatic, q, k, v, do, lse, delta, walk: Quer
             dv, dk = pl.run_state(dv_dk)((plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
             plgpu.barrier_arrive(do_stream.consumed.at[slot])
             plgpu.barrier_arrive(q_stream.consumed.at[slot])
-            if st.shared_dq:
-                shared_dq(g, t)
-                return dk, dv
 
             def dq_share(acc_ref):  # dS [query, key] of this warpgroup's keys · K
                 plgpu.wgmma(acc_ref, dss.transpose((1, 0)), ks)
 
-            add_dq(g, t, pl.run_state(dq_share)(plgpu.ACC.init(zero_acc((bq, head_dim)))), 0)
+            dq = pl.run_state(dq_share)(plgpu.ACC.init(zero_acc((bq, head_dim))))
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last share has left `dqs`
+            dqs[...] = dq
+            plgpu.commit_smem()
+            dst = rows_at(st, dq_ref, cta.batch, pl.ds(cta.walk.query_row(cta.span, t), bq), cta.kv_head * st.group + g)
+            plgpu.copy_smem_to_gmem(dqs, dst, reduction_op="add")
             return dk, dv
 
-        rest = dict(skip=skip, start=start, finish=finish) if st.shared_dq else {}
-        pl.when(wg < COMPUTE_WGS)(
-            lambda: key_gradients(st, cta, k_ref, v_ref, dk_ref, dv_ref, barriers[0], step, **rest)
-        )
+        pl.when(wg < COMPUTE_WGS)(lambda: key_gradients(st, cta, k_ref, v_ref, dk_ref, dv_ref, barriers[0], step))
 
-    shared_barriers = (plgpu.Barrier(num_arrivals=COMPUTE_WGS),) * 2 if st.shared_dq else ()
     scratch = _key_cta_scratch(
-        st,
-        bq,
-        head_dim,
-        dtype,
-        swizzled_smem((COMPUTE_WGS, ROWS, bq), dtype),
-        _smem_f32((COMPUTE_WGS, bq, cols)),
-        extra_barriers=shared_barriers,
+        st, bq, head_dim, dtype, swizzled_smem((COMPUTE_WGS, ROWS, bq), dtype), _smem_f32((COMPUTE_WGS, bq, head_dim))
     )
     dk, dv = _launch_key_ctas(st, body, scratch, q, k, v, do, lse, delta, *walk.arrays, dq_acc)
     return dq_acc[...], dk, dv

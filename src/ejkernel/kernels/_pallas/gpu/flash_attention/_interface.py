@@ -40,10 +40,6 @@ from ejkernel.ops.config import BwdParams, FwdParams
 WHO = "mosaic gpu flash_attention"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_DIMS = (64, 128)
-# Prototype switches (session 51 A/B, not a surface): the fused backward at head dim 128 without soft cap, and at
-# head dim 128 its dQ shared between the warpgroups (`MosaicGpuFlashStatic.shared_dq`).
-FUSED_D128 = False
-SHARED_DQ = False
 FLOAT8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)  # P is rounded to e4m3 too: one 8-bit type for both matmuls
 
 
@@ -140,9 +136,7 @@ def kernel_choices(
     # The fused backward computes each score tile once, not twice: it wins where the softmax work
     # (the soft cap's tanh) or the small head dim makes that recomputation dear. It streams 64-row
     # query tiles; at head dim 128 its float32 dQ staging leaves shared memory for two stages only.
-    fused_bwd = block_q_dkv == 64 and (
-        head_dim == 64 or (soft_cap is not None and stages_bwd == 2) or (FUSED_D128 and head_dim == 128)
-    )
+    fused_bwd = block_q_dkv == 64 and (head_dim == 64 or (soft_cap is not None and stages_bwd == 2))
     # Issuing tile t's Q·Kᵀ beside tile t-1's P·V hides the softmax behind the tensor cores at head
     # dim 128 (measured on an H100: non-causal forward 0.93-0.96 -> 1.04-1.06x cuDNN). Where diagonal
     # tiles are masked the warpgroups had better still take turns at the tensor cores (causal: 1-3%
@@ -155,7 +149,6 @@ def kernel_choices(
         row_sums_on_tc=row_sums_on_tc,
         q_prescaled=q_prescaled,
         fused_bwd=fused_bwd,
-        shared_dq=SHARED_DQ and head_dim == 128,
         overlap=overlap,
         overlap_schedule=overlap_schedule,
     )

@@ -42,9 +42,6 @@ class MosaicGpuFlashStatic:
     row_sums_on_tc: bool = False  # bf16 ping-pong forward: row sums as P·e₀ on the tensor cores, not an add per score
     q_prescaled: bool = False  # forward with `bounded`: q times the tanh's input scale once, in shared memory
     fused_bwd: bool = False  # one backward kernel; dQ added into float32 HBM by TMA reductions
-    # with `fused_bwd`: each warpgroup adds half of dQ's columns over both warpgroups' keys (one reduction of the
-    # CTA's 128 keys, not one of each warpgroup's 64)
-    shared_dq: bool = False
     # forward without soft cap (and the float8 forward where asked): tile t's Q·Kᵀ issued with tile t-1's P·V,
     # softmax beside P·V
     overlap: bool = False
