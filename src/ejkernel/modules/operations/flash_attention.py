@@ -122,9 +122,9 @@ class FlashAttention(Kernel):
         """On a GPU, calls off the tuned tables go first (where it declines, `auto`'s order serves the call) to the
         kernel measured ahead of cuDNN on an H200 at their kind of shape: the Mosaic GPU kernels for windowed calls;
         at head dim 128, for forwards of 1024 queries and keys or more and training calls of 2048 or fewer (the
-        Mosaic GPU backward leads cuDNN's at short sequences and trails it past 4096); at head dim 64, the Triton
-        forward from 1024 queries and keys, and the Mosaic GPU pair for causal training to 4096 and non-causal to
-        1024. TFLOP/s against cuDNN, non-causal / causal.
+        Mosaic GPU backward leads cuDNN's at short sequences and trails it past 4096); at head dim 64, for calls without
+        bias, mask, segment ids, dropout or soft cap, the Triton forward from 1024 queries and keys, and the Mosaic
+        GPU pair for causal training to 4096 and non-causal to 1024. TFLOP/s against cuDNN, non-causal / causal.
 
         Windowed (4096, 0) or (2048, 0), causal, H 16 (session 47, calls 2 and 5):
 
@@ -153,20 +153,25 @@ class FlashAttention(Kernel):
         | 16 x 1024 | 417 / 384, 319 / 293 | 336 / 315, 268 / 209 |
         | 4 x 4096 | 450 / 431, 411 / 392 | 398 / 423, 384 / 349 |
         """
-        call = inv.kwargs.get("call")
-        window = call.sliding_window if call is not None else inv.kwargs.get("sliding_window")
-        # Measured with as many queries as keys, so both lengths must fit (a decode step over a long cache does not).
-        lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
         if inv.platform != "auto" or current_backend() != Backend.GPU:
             return super().heuristic_cfg(inv)
-        causal = call.causal if call is not None else inv.kwargs.get("causal", False)
+        call = inv.kwargs.get("call")  # (None: upstream's raw keyword options)
+        option = (lambda name: getattr(call, name)) if call is not None else inv.kwargs.get
+        # Measured with as many queries as keys, so both lengths must fit (a decode step over a long cache does not).
+        lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
         long_forward = inv.mode == FORWARD and min(lengths) >= 1024
         training_to = max(lengths) if inv.mode == TRAIN else None
-        if window is not None or (head_dim == 128 and (long_forward or (training_to or 4096) <= 2048)):
+        short_training = training_to is not None and training_to <= 2048
+        if option("sliding_window") is not None or (head_dim == 128 and (long_forward or short_training)):
             return FlashAttentionConfig(platform="pallas")
-        if head_dim == 64 and long_forward:
+        # At head dim 64 only the kind of call timed: no bias, mask, segment ids, dropout or soft cap (which
+        # Triton serves and cuDNN may serve too, unmeasured beside each other).
+        bias = inv.args[3] if len(inv.args) > 3 else inv.kwargs.get("bias")
+        masks = (option(name) for name in ("q_segment_ids", "attention_mask", "logits_soft_cap"))
+        plain = bias is None and all(m is None for m in masks) and not option("dropout_prob")
+        if head_dim == 64 and plain and long_forward:
             return FlashAttentionConfig(platform="triton")
-        if head_dim == 64 and training_to is not None and training_to <= (4096 if causal else 1024):
+        if head_dim == 64 and plain and training_to is not None and training_to <= (4096 if option("causal") else 1024):
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
