@@ -89,6 +89,20 @@ class FlashAttentionConfig(KernelConfig):
     """
 
 
+TIMED_WITHOUT = ("segment ids", "attention_mask", "logits_soft_cap", "dropout")
+"""The options (`AttentionCall.used` names) no head-dim-64 route of `FlashAttention.heuristic_cfg` was timed with."""
+
+
+def _canonical_call(kwargs) -> AttentionCall:
+    """The call's `AttentionCall`, or one of upstream's raw keyword options passed to the executor directly (its
+    scale a placeholder: the options here decide masks and routes, not values)."""
+    call = kwargs.get("call")
+    if call is not None:
+        return call
+    raw = {name: kwargs[name] for name in OPTION_NAMES if name in kwargs and name != "softmax_scale"}
+    return AttentionCall(softmax_scale=1.0, **raw)
+
+
 class FlashAttention(Kernel):
     """The `Kernel` the executor runs for `flash_attention` (op id `"flash_attention"`).
 
@@ -155,23 +169,20 @@ class FlashAttention(Kernel):
         """
         if inv.platform != "auto" or current_backend() != Backend.GPU:
             return super().heuristic_cfg(inv)
-        call = inv.kwargs.get("call")  # (None: upstream's raw keyword options)
-        option = (lambda name: getattr(call, name)) if call is not None else inv.kwargs.get
+        call = _canonical_call(inv.kwargs)
+        used = call.used()
         # Measured with as many queries as keys, so both lengths must fit (a decode step over a long cache does not).
         lengths, head_dim = (inv.args[0].shape[1], inv.args[1].shape[1]), inv.args[0].shape[-1]
         long_forward = inv.mode == FORWARD and min(lengths) >= 1024
-        training_to = max(lengths) if inv.mode == TRAIN else None
-        short_training = training_to is not None and training_to <= 2048
-        if option("sliding_window") is not None or (head_dim == 128 and (long_forward or short_training)):
+        training_up_to = lambda keys: inv.mode == TRAIN and max(lengths) <= keys
+        if used["sliding_window"] or (head_dim == 128 and (long_forward or training_up_to(2048))):
             return FlashAttentionConfig(platform="pallas")
         # At head dim 64 only the kind of call timed: no bias, mask, segment ids, dropout or soft cap (which
         # Triton serves and cuDNN may serve too, unmeasured beside each other).
-        bias = inv.args[3] if len(inv.args) > 3 else inv.kwargs.get("bias")
-        masks = (option(name) for name in ("q_segment_ids", "attention_mask", "logits_soft_cap"))
-        plain = bias is None and all(m is None for m in masks) and not option("dropout_prob")
-        if head_dim == 64 and plain and long_forward:
+        timed_kind = inv.args[3] is None and not any(used[n] for n in TIMED_WITHOUT)
+        if head_dim == 64 and timed_kind and long_forward:
             return FlashAttentionConfig(platform="triton")
-        if head_dim == 64 and plain and training_to is not None and training_to <= (4096 if option("causal") else 1024):
+        if head_dim == 64 and timed_kind and training_up_to(4096 if call.causal else 1024):
             return FlashAttentionConfig(platform="pallas")
         return super().heuristic_cfg(inv)
 
@@ -212,10 +223,7 @@ class FlashAttention(Kernel):
                     "would attend only to its local keys; use ring_attention (sequence parallelism over a mesh "
                     "axis) instead, or leave the key/value sequence unsharded"
                 )
-        call = kwargs.get("call")
-        if call is None:  # upstream's raw keyword options, passed to the executor directly
-            raw = {name: kwargs[name] for name in OPTION_NAMES if name in kwargs and name != "softmax_scale"}
-            call = AttentionCall(softmax_scale=1.0, **raw)
+        call = _canonical_call(kwargs)
         if q_spec[1] is not None and (call.causal or call.sliding_window is not None):
             raise ValueError(
                 f"flash_attention: in_specs shard the query sequence axis over {q_spec[1]!r} together with a causal "
