@@ -10,7 +10,8 @@ for kind in fp8 bf16; do
     timeout 150 ncu --clock-control none -k regex:mosaic -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section InstructionStats --section Occupancy --section LaunchStats --section SourceCounters \
         --section WarpStateStats --section SchedulerStats --import-source no -o "/tmp/fa_$kind" \
-        python3 exp/s52_ncu_step.py $kind > /dev/null 2>&1
+        python3 exp/s52_ncu_step.py $kind > "$OUT/ncu_$kind.log" 2>&1
+    grep -E "PROF|ERROR" "$OUT/ncu_$kind.log" | head -5
     ncu -i "/tmp/fa_$kind.ncu-rep" --page details > "$OUT/details_$kind.txt" 2>&1
     grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Registers Per|Achieved Occ|Block Limit|Grid Size|Block Size|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Eligible Warps|Executed Ipc|Dynamic Shared" "$OUT/details_$kind.txt"
     ncu -i "/tmp/fa_$kind.ncu-rep" --page raw --csv > "$OUT/raw_$kind.csv" 2>&1
