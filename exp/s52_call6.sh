@@ -1,4 +1,4 @@
-# Session 52, call 3 (nvidia-h200): the Mosaic GPU forwards with lazy rescaling, A/B against eager and cuDNN bf16
+# Session 52, call 6 (nvidia-h200): the Mosaic GPU forwards with lazy rescaling, A/B against eager and cuDNN bf16
 # (exp/s52_lazy_rescale.py), then the float8 GPU tests with the lazy float8 forward (the prototype's default).
 . exp/s28_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -1,6 +1,6 @@
-# Session 52, call 2 (nvidia-h200): Nsight Compute on the Mosaic GPU flash-attention forwards at 2 x 8192 x 16 x 128,
+# Session 52, calls 3-5 (nvidia-h200): Nsight Compute on the Mosaic GPU flash-attention forwards at 2 x 8192 x 16 x 128,
 # non-causal (exp/s52_ncu_step.py): the float8 forward (1.19x cuDNN bf16; target 1.6x) beside our bf16 forward.
-# Call 2 listed every kernel unfiltered and failed on the first (XLA had preallocated the memory ncu backs up).
+# Call 3 listed every kernel unfiltered and failed on the first (XLA had preallocated the memory ncu backs up).
 # Per kernel: throughput, pipes, issue slots, warp stalls, and executed instructions and stall samples by opcode.
 . exp/s28_env.sh
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # (ncu backs up device memory around each replay)
