@@ -30,6 +30,7 @@ def compiled(fn, args, **switches):
     saved = {m: m.LAZY_RESCALE for m in (_fwd, _fwd_fp8)}
     for module, value in switches.items():
         {"bf16": _fwd, "fp8": _fwd_fp8}[module].LAZY_RESCALE = value
+    jax.clear_caches()  # (inner jits would otherwise reuse the kernels traced under the other setting)
     try:
         return functools.partial(jax.jit(fn).lower(*args).compile(), *args)
     finally:
