@@ -5,9 +5,10 @@ Nsight Compute put the bf16 forward's instructions at 13% each FMNMX, FADD, FMUL
 accumulator's rescale by alpha, one per output value a step, as many as the scores' exponentials. Lazy: a row's
 offset is raised only where the tile's maximum passes it by more than a slack (`_parts.raised_max`; P up to 2^slack:
 0.8 past e4m3's 2^8 shift, 8 in bf16), and each warp whose 16 rows all keep theirs skips the rescale
-(`_parts.rescale_rows`, a vote). Switches `_fwd_fp8.LAZY_RESCALE`, `_fwd.LAZY_RESCALE` (read when traced).
+(`_parts.rescale_rows`, a vote). Switches `_fwd_fp8.LAZY_RESCALE`, `_fwd.LAZY_RESCALE` (read when traced) live in
+the prototype, `exp/s52_lazy_rescale.patch` (from `a707e01`; slower on every shape, reverted: BENCHMARKS.md).
 
-    PYTHONPATH=src python exp/s52_lazy_rescale.py     # H100/H200, about 3 minutes
+    git apply exp/s52_lazy_rescale.patch && PYTHONPATH=src python exp/s52_lazy_rescale.py   # H100/H200, ~2 minutes
 """
 
 from __future__ import annotations

@@ -132,19 +132,16 @@ KERNEL_CASES = {
 
 
 @contextlib.contextmanager
-def inline_parts_in_jnp():
-    """The float8 forward's inline Mosaic GPU (which interpret mode cannot run) in jnp: `register_operand` as the
-    permutation of P's columns it amounts to (so that interpret mode checks that P's columns and Vᵀ's keys are
-    permuted alike), `rescale_rows` as the product it skips where alpha is 1."""
+def register_operand_in_jnp():
+    """`_fwd_fp8.register_operand` (inline Mosaic GPU, which interpret mode cannot run) as the permutation of P's
+    columns it amounts to, so that interpret mode checks that P's columns and Vᵀ's keys are permuted alike."""
     from ejkernel.kernels._pallas.gpu.flash_attention import _fwd_fp8
 
-    saved = _fwd_fp8.register_operand, _fwd_fp8.rescale_rows
-    _fwd_fp8.register_operand = _fwd_fp8.keys_in_register_order
-    _fwd_fp8.rescale_rows = lambda acc, alpha: acc * alpha[:, None]
+    saved, _fwd_fp8.register_operand = _fwd_fp8.register_operand, _fwd_fp8.keys_in_register_order
     try:
         yield
     finally:
-        _fwd_fp8.register_operand, _fwd_fp8.rescale_rows = saved
+        _fwd_fp8.register_operand = saved
 
 
 @pytest.mark.parametrize("case", KERNEL_CASES)
@@ -163,7 +160,7 @@ def interpret_check(case: str) -> None:
     batch, q_len, kv_len, heads, kv_heads, dim, causal, variant = KERNEL_CASES[case]
     q, k, v = float8_inputs(batch, q_len, kv_len, heads, kv_heads, dim)
     scales = mosaic_descales(heads, kv_heads)
-    with interpret_mode(), inline_parts_in_jnp():
+    with interpret_mode(), register_operand_in_jnp():
         out = jax.block_until_ready(
             float8_attention(q, k, v, scales, softmax_scale=dim**-0.5, causal=causal, **variant)
         )

@@ -27,8 +27,6 @@ from ._parts import (
     launch_kernel,
     logits2,
     memory_warpgroup,
-    raised_max,
-    rescale_rows,
     rows_at,
     run_segments,
     skip_step,
@@ -37,9 +35,6 @@ from ._parts import (
     zero_acc,
 )
 from ._tiling import COMPUTE_WGS, CTA_ROWS, ROWS, MosaicGpuFlashStatic
-
-LAZY_RESCALE = False  # (prototype switch, session 52 A/B)
-P_SLACK = 8.0  # P up to 2^8 in bf16 (`raised_max`)
 
 
 def forward(
@@ -173,12 +168,11 @@ def forward(
                     if not st.fused_scale:
                         s = logits2(st, s)[0]
                         s = tiles_of.mask(s, row0, t) if mode == "masked" else s
-                        m_new = raised_max(m, s.max(axis=1), P_SLACK) if LAZY_RESCALE else jnp.maximum(m, s.max(axis=1))
+                        m_new = jnp.maximum(m, s.max(axis=1))
                         p = exp2_tile(s - along_rows(m_new, s.shape), st.exp2_fma_cols)
                     else:  # scale inside the exponent (a max commutes with a positive scale): one FMA per score
                         s = tiles_of.mask(s, row0, t, fill=MASKED / st.scale2) if mode == "masked" else s
-                        tile_max = s.max(axis=1) * st.scale2
-                        m_new = raised_max(m, tile_max, P_SLACK) if LAZY_RESCALE else jnp.maximum(m, tile_max)
+                        m_new = jnp.maximum(m, s.max(axis=1) * st.scale2)
                         p = exp2_tile(s * st.scale2 - along_rows(m_new, s.shape), st.exp2_fma_cols)
                     alpha = jnp.exp2(m - m_new)
                     if row_sums:  # the caller rescales the row sums tile with the accumulator
@@ -186,9 +180,7 @@ def forward(
                     return p.astype(dtype), m_new, denom * alpha + p.sum(axis=1), alpha
 
                 def rescale(acc, alpha):
-                    if alpha is None:
-                        return acc
-                    return rescale_rows(acc, alpha) if LAZY_RESCALE else acc * along_rows(alpha, acc.shape)
+                    return acc if alpha is None else acc * along_rows(alpha, acc.shape)
 
                 def slot_of(t):
                     """The shared-memory slot that holds key/value tile t."""

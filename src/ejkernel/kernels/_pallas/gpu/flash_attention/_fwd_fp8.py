@@ -38,8 +38,6 @@ from ._parts import (
     feed,
     launch_kernel,
     memory_warpgroup,
-    raised_max,
-    rescale_rows,
     run_segments,
     skip_step,
     swizzled_smem,
@@ -53,12 +51,6 @@ P_SHIFT = 8.0
 row sums carrying it: weights in [0, 1] would fall under e4m3's smallest normal (2**-6) from 0.016 down, and to zero
 under 0.001, a long context's tail; times 2**8 they stay normal down to 6e-5 and the largest, 256, is inside e4m3's
 range (448)."""
-
-
-P_SLACK = 0.8
-"""How far a row's scores may pass its offset before the offset is raised (`raised_max`): P up to 2^(P_SHIFT +
-P_SLACK) = 446, inside e4m3's 448."""
-LAZY_RESCALE = True  # (prototype switch, session 52 A/B)
 
 
 P_KEY_ORDER = tuple(8 * (c % 4 // 2) + 2 * (c // 4) + c % 2 for c in range(16))
@@ -157,7 +149,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 rescale of the old rows)."""
                 s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
                 s = walk.mask(s, row0, t) if mode == "masked" else s
-                m_new = raised_max(m, s.max(axis=1), P_SLACK) if LAZY_RESCALE else jnp.maximum(m, s.max(axis=1))
+                m_new = jnp.maximum(m, s.max(axis=1))
                 p = exp2_tile(s - along_rows(m_new - P_SHIFT, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
                 return register_operand(p.astype(jnp.float8_e4m3fn)), m_new, denom * alpha + p.sum(axis=1), alpha
@@ -184,7 +176,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 s = scores(slot)
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 p8, m_new, denom, alpha = softmax(mode, t, s, m, denom)
-                acc = rescale_rows(acc, alpha) if LAZY_RESCALE else acc * along_rows(alpha, acc.shape)
+                acc = acc * along_rows(alpha, acc.shape)
                 acc, denom, m_new, p8 = lax.optimization_barrier((acc, denom, m_new, p8))
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -216,8 +208,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 # registers may take the new P while P·V still reads them, and ptxas serialises the wgmmas.
                 acc, _ = lax.optimization_barrier((acc, p_prev))
                 plgpu.barrier_arrive(v_consumed.at[prev])
-                acc = rescale_rows(acc, alpha) if LAZY_RESCALE else acc * along_rows(alpha, acc.shape)
-                return acc, m_new, denom, p8
+                return acc * along_rows(alpha, acc.shape), m_new, denom, p8
 
             def write(acc, m, denom):
                 """Normalised rows into shared memory, for the TMA store."""

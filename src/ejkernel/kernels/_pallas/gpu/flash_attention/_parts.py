@@ -34,13 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, nvvm, scf, vector
 
 from ejkernel.kernels._common.attention import LOG2E
 from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
@@ -107,42 +103,6 @@ def logits2(st: MosaicGpuFlashStatic, qk, q_prescaled: bool = False):
 def score_grad(st: MosaicGpuFlashStatic, ds, t):
     """dS with respect to the scaled logits -> with respect to `scale · q·k` (through the soft cap)."""
     return ds if t is None else ds * (1.0 - t * t)
-
-
-def raised_max(m, tile_max, slack: float):
-    """The row offsets of the exponentials: the running `m`, raised to the tile's maximum only where that exceeds it
-    by more than `slack` (base-2 units). P then reaches up to 2^slack; once the maxima settle, most steps keep every
-    row's offset, and `rescale_rows` skips the accumulator's rescale."""
-    return jnp.where(tile_max > m + slack, tile_max, m)
-
-
-def rescale_rows(acc, alpha):
-    """`acc` (WGMMA layout) times `alpha` by rows, skipped by each warp whose 16 rows all have alpha = 1 (a vote, where
-    the product costs a multiply a value). Inline Mosaic GPU: interpret mode cannot run it (tests substitute the
-    product)."""
-
-    @plgpu.inline_mgpu(
-        arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(1)),
-        return_type=plgpu.ShapeDtypeStruct(acc.shape, acc.dtype, layout=plgpu.Layout.WGMMA),
-    )
-    def scaled(_, acc, alpha):
-        i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
-        mine = None  # whether any of this thread's rows changes
-        for flags in (alpha < 1.0).registers.flat:
-            flag = vector.reduction(i1, vector.CombiningKind.OR, flags)
-            mine = flag if mine is None else arith.ori(mine, flag)
-        warp = nvvm.vote_sync(mgpu.utils.c(0xFFFFFFFF, i32), mine, "any")
-        registers = list(acc.registers.flat)
-        branch = scf.IfOp(warp, [r.type for r in registers], has_else=True)
-        with ir.InsertionPoint(branch.then_block):
-            product = acc * alpha.broadcast_in_dim(acc.shape, (0,), acc.layout)
-            scf.yield_(list(product.registers.flat))
-        with ir.InsertionPoint(branch.else_block):
-            scf.yield_(registers)
-        out = np.asarray(list(branch.results), dtype=object).reshape(acc.registers.shape)
-        return mgpu.FragmentedArray(_registers=out, _layout=acc.layout, _is_signed=None)
-
-    return scaled(acc, alpha)
 
 
 def wgmma_iota(shape, dim):
