@@ -13,11 +13,12 @@ the prototype, `exp/s52_lazy_rescale.patch` (from `a707e01`; slower on every sha
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
-from _kit import log, rel, start_watchdog
+from _kit import log, patched, rel, start_watchdog
 
 from ejkernel.kernels._pallas.gpu.flash_attention import _fwd, _fwd_fp8
 from ejkernel.kernels._pallas.gpu.flash_attention._interface import float8_attention, mosaic_attention
@@ -27,16 +28,12 @@ SHAPES = [(2, 8192, 16, 128), (1, 16384, 16, 128), (8, 2048, 16, 128)]
 
 
 def compiled(fn, args, **switches):
-    """`fn(*args)` compiled with the module switches set while it is traced."""
-    saved = {m: m.LAZY_RESCALE for m in (_fwd, _fwd_fp8)}
-    for module, value in switches.items():
-        {"bf16": _fwd, "fp8": _fwd_fp8}[module].LAZY_RESCALE = value
-    jax.clear_caches()  # (inner jits would otherwise reuse the kernels traced under the other setting)
-    try:
+    """`fn(*args)` compiled with the module switches (`bf16`, `fp8`: `LAZY_RESCALE`) set while it is traced."""
+    modules = {"bf16": _fwd, "fp8": _fwd_fp8}
+    with contextlib.ExitStack() as stack:
+        for name, value in switches.items():
+            stack.enter_context(patched(modules[name], LAZY_RESCALE=value))
         return functools.partial(jax.jit(fn).lower(*args).compile(), *args)
-    finally:
-        for m, value in saved.items():
-            m.LAZY_RESCALE = value
 
 
 def main() -> None:
