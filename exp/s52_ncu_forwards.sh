@@ -7,7 +7,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false  # (ncu backs up device memory around
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for kind in ${KINDS:-fp8 bf16}; do
     echo "=== $kind"
-    timeout 150 ncu --clock-control none $NCU_EXTRA -k regex:mosaic -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none $NCU_EXTRA -k regex:mosaic -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section InstructionStats --section Occupancy --section LaunchStats --section SourceCounters \
         --section WarpStateStats --section SchedulerStats --import-source no -o "/tmp/fa_$kind" \
         python3 exp/s52_ncu_step.py $kind > "$OUT/ncu_$kind.log" 2>&1
