@@ -294,3 +294,6 @@ def test_heuristic_prefers_the_kernel_measured_ahead_of_cudnn(
         capped = AttentionCall.of(q, causal=True, sliding_window=window, logits_soft_cap=30.0)
         inv = Invocation("flash_attention", (q, k, v, None, None), {"call": capped}, "auto", mode)
         assert FlashAttention().heuristic_cfg(inv).platform == "auto"
+        # upstream's raw keyword options passed to the executor with q, k, v alone route alike
+        raw = Invocation("flash_attention", (q, k, v), {"causal": True, "sliding_window": window}, "auto", mode)
+        assert FlashAttention().heuristic_cfg(raw).platform == platform

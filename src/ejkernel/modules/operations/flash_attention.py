@@ -179,7 +179,8 @@ class FlashAttention(Kernel):
             return FlashAttentionConfig(platform="pallas")
         # At head dim 64 only the kind of call timed: no bias, mask, segment ids, dropout or soft cap (which
         # Triton serves and cuDNN may serve too, unmeasured beside each other).
-        timed_kind = inv.args[3] is None and not any(used[n] for n in TIMED_WITHOUT)
+        bias = inv.args[3] if len(inv.args) > 3 else inv.kwargs.get("bias")  # (raw calls may pass q, k, v alone)
+        timed_kind = bias is None and not any(used[n] for n in TIMED_WITHOUT)
         if head_dim == 64 and timed_kind and long_forward:
             return FlashAttentionConfig(platform="triton")
         if head_dim == 64 and timed_kind and training_up_to(4096 if call.causal else 1024):
