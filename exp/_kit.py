@@ -144,8 +144,6 @@ def patched(module, **attributes):
     """`module`'s attributes replaced while the block runs (a kernel traced inside it keeps them). JAX's caches are
     cleared on entry: inner jits would otherwise reuse what was traced under the old attributes (session 52's first
     lazy-rescale A/B timed one program twice)."""
-    import jax
-
     jax.clear_caches()
     saved = {name: getattr(module, name) for name in attributes}
     for name, value in attributes.items():
