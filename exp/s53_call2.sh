@@ -4,7 +4,7 @@
 # at 8192 keys 15-32% wrong). First the float8 GPU tests (the row-sums variants among them), then the A/B timing.
 . exp/s28_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/flash_attention/test_float8.py 2>&1 | quiet \
+PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/flash_attention/test_float8.py 2>&1 | quiet \
     | tee "$OUT/fp8_tests.txt" | tail -5
 (cd exp && timeout 300 python3 s30_fp8_variants.py --shape 2,8192,16,128 --shape 1,16384,16,128 --repeats 10 \
     --only "ov-free bk128 s2,ov-free bk128 s2 tc,ov-free bk128 s2 e16 tc,ov-free bk128 s2 e32 tc,pp bk128 s2,pp bk128 s2 e16,pp bk128 s2 tc,pp bk128 s2 e16 tc,pp bk128 s2 e32 tc" 2>&1 | quiet \
