@@ -128,8 +128,6 @@ KERNEL_CASES = {
     "causal-gqa-d128": (1, 200, 300, 2, 1, 128, True, {}),
     "bk64-stages3-causal-d64": (1, 130, 200, 2, 2, 64, True, {"fwd_params": FwdParams(block_k=64, num_stages=3)}),
     "exp2-fma-d128": (1, 130, 300, 2, 2, 128, False, {"exp2_fma_cols": 32}),
-    "row-sums-overlap-d128": (1, 130, 300, 2, 2, 128, False, {"row_sums_on_tc": True}),
-    "row-sums-pingpong-causal-d64": (1, 130, 200, 2, 2, 64, True, {"row_sums_on_tc": True}),
 }
 
 
@@ -244,8 +242,6 @@ VARIANTS = {
     "bk64-stages4": {"fwd_params": FwdParams(block_k=64, num_stages=4)},
     "exp2-fma-32": {"exp2_fma_cols": 32},
     "ping-pong-exp2-fma-32": {"overlap": False, "exp2_fma_cols": 32},
-    "row-sums": {"row_sums_on_tc": True},
-    "row-sums-ping-pong": {"overlap": False, "row_sums_on_tc": True},
 }
 
 

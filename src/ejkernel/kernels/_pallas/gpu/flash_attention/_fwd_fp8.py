@@ -30,7 +30,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ._parts import (
     COMPUTE_REGISTERS,
     MASKED,
-    SUM_COLS,
     KeyTiles,
     Stream,
     Turns,
@@ -105,12 +104,9 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     walk = KeyTiles(st, bk, num_blocks, num_q_tiles)
     row_bytes = min(128, head_dim)  # the swizzle of Q/K tiles: one row, or a fraction of one
     pv_bytes = min(row_bytes, bk)  # the swizzle of Vᵀ tiles (rows of block_k bytes), P·V's instruction swizzle
-    row_sums = st.row_sums_on_tc
 
-    def body(q_ref, k_ref, vt_ref, scale_ref, *refs):
-        unit_ref = refs[0] if row_sums else None
-        out_ref, smem, barriers = refs[row_sums:]
-        q_smem, k_smem, vt_smem, o_smem, scale_smem, *unit_smem = smem
+    def body(q_ref, k_ref, vt_ref, scale_ref, out_ref, smem, barriers):
+        q_smem, k_smem, vt_smem, o_smem, scale_smem = smem
         q_ready, k_ready, k_consumed, v_ready, v_consumed, schedule = barriers
         b, h, wg, cta = (lax.axis_index(a) for a in ("batch", "heads", "wg", "q_tiles"))
         kv_h = lax.div(h, jnp.int32(st.group))
@@ -130,10 +126,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             qo = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, ROWS), h], qo, q_ready.at[wg])
             plgpu.copy_gmem_to_smem(scale_ref.at[h], scale_smem.at[wg], q_ready.at[wg])
-            if row_sums:
-                plgpu.copy_gmem_to_smem(unit_ref, unit_smem[0].at[wg], q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
-            unit = unit_smem[0].at[wg].transpose((1, 0)) if row_sums else None
             logit_scale = plgpu.load(scale_smem.at[wg, 0], layout=plgpu.Layout.WGMMA.reduce(1))
             v_scale = plgpu.load(scale_smem.at[wg, 1], layout=plgpu.Layout.WGMMA.reduce(1))
 
@@ -159,35 +152,16 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 m_new = jnp.maximum(m, s.max(axis=1))
                 p = exp2_tile(s - along_rows(m_new - P_SHIFT, s.shape), st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
-                denom = denom * alpha if row_sums else denom * alpha + p.sum(axis=1)  # (row_sums: P·e₀ adds later)
-                return register_operand(p.astype(jnp.float8_e4m3fn)), m_new, denom, alpha
+                return register_operand(p.astype(jnp.float8_e4m3fn)), m_new, denom * alpha + p.sum(axis=1), alpha
 
-            def pv(acc_ref, sums_ref, p8, slot):
-                """Issues P·e₀ into the zeroed sums_ref (with `row_sums`; first, so that waiting for all but the
-                last wgmma leaves P·V running), then P·V_slot into acc_ref."""
-                if row_sums:
-                    plgpu.wgmma(sums_ref, p8, unit)
+            def pv(acc_ref, p8, slot):
                 plgpu.wgmma(acc_ref, p8, vt_smem.at[slot].transpose((1, 0)))
 
-            def sums_state():
-                return (plgpu.ACC.init(zero_acc((ROWS, SUM_COLS))),) if row_sums else ()
-
-            def with_sums(denom, sums, alpha=None):
-                """denom plus one tile's row sums taken on the tensor cores (column 0 of P·e₀, the rest zeros),
-                times alpha where the row max moved on since."""
-                if not row_sums:
-                    return denom
-                tile_sums = sums[0].sum(axis=1)
-                return denom + (tile_sums if alpha is None else tile_sums * alpha)
-
-            def add_pv(acc, denom, p8, slot):
-                """(acc + P·V_slot, denom with its row sums), waited for (the caller has waited for V_slot); the slot
-                handed back."""
-                acc, *sums = pl.run_state(lambda refs: pv(refs[0], refs[1] if row_sums else None, p8, slot))(
-                    (plgpu.ACC.init(acc), *sums_state())
-                )
+            def add_pv(acc, p8, slot):
+                """acc + P·V_slot, waited for (the caller has waited for V_slot); the slot handed back."""
+                (acc,) = pl.run_state(lambda refs: pv(refs[0], p8, slot))((plgpu.ACC.init(acc),))
                 plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, with_sums(denom, sums)
+                return acc
 
             def step(mode, t, carry):
                 """Ping-pong: tile t's S, softmax (while the other warpgroup's matmuls run), then P·V."""
@@ -207,8 +181,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 plgpu.barrier_arrive(schedule)  # softmax done: the other warpgroup's Q·Kᵀ may start
                 plgpu.barrier_wait(v_ready.at[slot])
                 plgpu.barrier_wait(schedule)
-                acc, denom = add_pv(acc, denom, p8, slot)
-                return acc, m_new, denom
+                return add_pv(acc, p8, slot), m_new, denom
 
             def overlapped_step(mode, t, carry):
                 """Tile t's S and tile t-1's P·V (its P carried) issued together; S's softmax runs while P·V does."""
@@ -218,10 +191,10 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                 plgpu.barrier_wait(v_ready.at[prev])
 
                 def matmuls(refs):
-                    s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref, *sums_ref = refs
+                    s_ref, acc_ref, p_ref, m_ref, denom_ref, alpha_ref = refs
                     turns.take()
                     plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    pv(acc_ref, sums_ref[0] if row_sums else None, p_prev, prev)
+                    pv(acc_ref, p_prev, prev)
                     turns.give()
                     # S is done; P·V may still run, except beside a mask (whose index tiles need registers)
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if mode == "masked" else 1)
@@ -230,12 +203,12 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
 
                 # (the alpha slot starts as a copy of m, which has its shape and layout)
                 state = (plgpu.ACC.init(zero_acc((ROWS, bk))), plgpu.ACC.init(acc), p_prev, m, denom, m)
-                _, acc, p8, m_new, denom, alpha, *sums = pl.run_state(matmuls)(state + sums_state())
+                _, acc, p8, m_new, denom, alpha = pl.run_state(matmuls)(state)
                 # The old P stays live until P·V has completed (after the wait for acc), as in `_fwd`: else its
                 # registers may take the new P while P·V still reads them, and ptxas serialises the wgmmas.
                 acc, _ = lax.optimization_barrier((acc, p_prev))
                 plgpu.barrier_arrive(v_consumed.at[prev])
-                return acc * along_rows(alpha, acc.shape), m_new, with_sums(denom, sums, alpha), p8
+                return acc * along_rows(alpha, acc.shape), m_new, denom, p8
 
             def write(acc, m, denom):
                 """Normalised rows into shared memory, for the TMA store."""
@@ -275,8 +248,7 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
                     acc1, m1, denom1, p_last = carry
                     last = slot_of(own_hi - 1)
                     plgpu.barrier_wait(v_ready.at[last])
-                    acc1, denom1 = add_pv(acc1, denom1, p_last, last)
-                    write(acc1, m1, denom1)
+                    write(add_pv(acc1, p_last, last), m1, denom1)
 
                 pl.when(own_lo >= own_hi)(lambda: write(acc, m, denom))
                 lax.fori_loop(own_hi, hi, skip, None)
@@ -304,10 +276,9 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             byte_smem((stages, head_dim, bk), pv_bytes),
             swizzled_smem((COMPUTE_WGS, ROWS, head_dim), OUT_DTYPE),
             plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32),
-            *([byte_smem((COMPUTE_WGS, SUM_COLS, bk), pv_bytes)] if row_sums else []),
         ),
         (
-            plgpu.Barrier(num_arrivals=2 + row_sums, num_barriers=COMPUTE_WGS),  # a warpgroup's q, scales (and e₀)
+            plgpu.Barrier(num_arrivals=2, num_barriers=COMPUTE_WGS),  # a warpgroup's q tile and scales
             *Stream.barriers(1, stages),
             *Stream.barriers(1, stages),
             # ping-pong: a rendezvous of both warpgroups; overlapped: one "your turn" barrier per warpgroup
@@ -316,5 +287,4 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
     )
     out_type = jax.ShapeDtypeStruct(q.shape, OUT_DTYPE)
     grid = (heads, num_q_tiles, batch)
-    args = (q, k, vt, scales) + ((jnp.zeros((SUM_COLS, bk), q.dtype).at[0].set(1),) if row_sums else ())
-    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), *args)
+    return launch_kernel(body, out_type, scratch, grid, ("heads", "q_tiles", "batch"), q, k, vt, scales)

@@ -239,7 +239,6 @@ def float8_attention(
     overlap=None,
     overlap_schedule=None,
     exp2_fma_cols=0,
-    row_sums_on_tc=False,
 ):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
@@ -263,7 +262,7 @@ def float8_attention(
         raise NotImplementedError(f"{WHO}: float8 takes block_k 64 or 128 and num_stages >= 2, got {block_k}, {stages}")
     if not 0 <= exp2_fma_cols <= block_k or exp2_fma_cols % 16:
         raise ValueError(f"exp2_fma_cols must be a multiple of 16 in [0, block_k={block_k}], got {exp2_fma_cols}")
-    smem = float8_smem_bytes(head_dim, block_k, stages, bool(row_sums_on_tc))
+    smem = float8_smem_bytes(head_dim, block_k, stages)
     if smem > SMEM_BYTES:
         raise NotImplementedError(
             f"{WHO}: float8 at block_k={block_k}, num_stages={stages} needs {smem // 1024} KiB "
@@ -286,7 +285,6 @@ def float8_attention(
         exp2_fma_cols=int(exp2_fma_cols),
         overlap=bool(overlap),
         overlap_schedule=bool(causal) if overlap_schedule is None else bool(overlap_schedule),
-        row_sums_on_tc=bool(row_sums_on_tc),
     )
     q_descale, k_descale, v_descale = descales
     group = num_heads // num_kv_heads

@@ -43,13 +43,13 @@ from ejkernel.kernels._pallas.gpu.flash_attention._tiling import (
     COMPUTE_WGS,
     CTA_ROWS,
     ROWS,
-    SUM_COLS,
     MosaicGpuFlashStatic,
     allowed,
     key_ranges,
     query_ranges,
 )
 
+SUM_COLS = 16  # width of the unit-column tile whose P·e₀ gives row sums on the tensor cores (32-byte rows)
 MASKED = -1e30  # finite, so a row whose tiles are all masked never computes inf - inf
 COMPUTE_REGISTERS = 232  # 2 x 128 x 232 + 128 x 40 registers fill the 64K register file
 MEMORY_REGISTERS = 40

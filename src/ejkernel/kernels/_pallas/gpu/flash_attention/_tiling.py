@@ -77,10 +77,9 @@ class MosaicGpuFlashStatic:
 
 
 SMEM_BYTES = 227 * 1024  # shared memory one Hopper CTA may use
-SUM_COLS = 16  # width of the unit-column tile whose P·e₀ gives row sums on the tensor cores (32-byte rows)
 
 
-def float8_smem_bytes(head_dim: int, block_k: int, stages: int, row_sums: bool = False) -> int:
+def float8_smem_bytes(head_dim: int, block_k: int, stages: int) -> int:
     """Shared memory of the float8 forward (`_fwd_fp8`): per compute warpgroup its e4m3 Q tile and its bfloat16
     output tile (P lives in registers); a ring of `stages` e4m3 K and Vᵀ tiles; the per-row scales. Barriers (a few
     dozen bytes) left out.
@@ -88,7 +87,7 @@ def float8_smem_bytes(head_dim: int, block_k: int, stages: int, row_sums: bool =
     At head dim 128 and block_k 128: 16 KiB of Q, 32 KiB of output, 32 KiB per stage, 1 KiB of scales: 113 KiB at
     2 stages, 209 KiB at 5.
     """
-    per_warpgroup = ROWS * head_dim + ROWS * head_dim * 2 + 2 * ROWS * 4 + (SUM_COLS * block_k if row_sums else 0)
+    per_warpgroup = ROWS * head_dim + ROWS * head_dim * 2 + 2 * ROWS * 4
     return COMPUTE_WGS * per_warpgroup + stages * 2 * block_k * head_dim
 
 
