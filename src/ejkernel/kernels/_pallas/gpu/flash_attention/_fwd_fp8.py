@@ -94,7 +94,7 @@ def byte_smem(shape, row_bytes: int):
     )
 
 
-def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
+def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales, scale_in_exponent=False):
     """`q [B, Sq, H, D]`, `k [B, Sk, Hkv, D]` e4m3, `vt [B, Hkv, D, Sk]` e4m3 (padded), `scales [H, 2, ROWS]`
     float32 (per head: the base-2 logit scale and v_descale, repeated over the rows) -> `out [B, Sq, H, D]`
     bfloat16. Shared memory: `_tiling.float8_smem_bytes`."""
@@ -147,10 +147,15 @@ def forward_fp8(st: MosaicGpuFlashStatic, q, k, vt, scales):
             def softmax(mode, t, s, m, denom):
                 """Raw scores of key tile t -> (P in [0, 2^P_SHIFT] as P·V's operand, new row max, new denominator,
                 rescale of the old rows)."""
-                s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
-                s = walk.mask(s, row0, t) if mode == "masked" else s
-                m_new = jnp.maximum(m, s.max(axis=1))
-                p = exp2_tile(s - along_rows(m_new - P_SHIFT, s.shape), st.exp2_fma_cols)
+                if scale_in_exponent and mode != "masked":
+                    m_new = jnp.maximum(m, s.max(axis=1) * logit_scale)
+                    shifted = s * along_rows(logit_scale, s.shape) - along_rows(m_new - P_SHIFT, s.shape)
+                else:
+                    s = s * along_rows(logit_scale, s.shape)  # base-2 logits (any sign of the descales)
+                    s = walk.mask(s, row0, t) if mode == "masked" else s
+                    m_new = jnp.maximum(m, s.max(axis=1))
+                    shifted = s - along_rows(m_new - P_SHIFT, s.shape)
+                p = exp2_tile(shifted, st.exp2_fma_cols)
                 alpha = jnp.exp2(m - m_new)
                 return register_operand(p.astype(jnp.float8_e4m3fn)), m_new, denom * alpha + p.sum(axis=1), alpha
 
