@@ -15,11 +15,6 @@ timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum -c 60 --cs
 python3 - "$OUT/ncu_sparse_all.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 12 and r[0].isdigit()]
-half = rows[len(rows) // 2:]  # the second of the two steps
-total = 0.0
-for r in half:
-    us = float(r[-1].replace(",", ""))
-    total += us
-    print(f"{us:9.1f} us  {r[4][:110]}")
-print(f"{total:9.1f} us  total of {len(half)} kernels (second step)")
+for r in rows:  # (the inputs' kernels, then the step twice)
+    print(f"{r[0]:>3} {float(r[-1].replace(',', '')):9.1f} us  {r[4][:110]}")
 PY
