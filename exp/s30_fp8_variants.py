@@ -33,11 +33,10 @@ from ejkernel.modules import flash_attention
 from ejkernel.ops import FwdParams
 
 
-def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0, fused: bool = False) -> dict:
-    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth, number
-    of exp2 columns on the FMA units, and whether unmasked tiles scale inside the exponent."""
+def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0) -> dict:
+    """`float8_attention` keywords of `pp`, `ov`, `ov-turns` or `ov-free` at a key tile, ring depth and number
+    of exp2 columns on the FMA units."""
     options = {"fwd_params": FwdParams(block_k=block_k, num_stages=stages), "exp2_fma_cols": fma_cols}
-    options["scale_in_exponent"] = fused
     options["overlap"] = schedule != "pp"
     if schedule in ("ov-turns", "ov-free"):
         options["overlap_schedule"] = schedule == "ov-turns"
@@ -45,32 +44,27 @@ def variant(schedule: str, block_k: int, stages: int, fma_cols: int = 0, fused: 
 
 
 VARIANTS = {
-    f"{schedule} bk{block_k} s{stages}" + (f" e{fma_cols}" if fma_cols else "") + (" fs" if fused else ""): variant(
-        schedule, block_k, stages, fma_cols, fused
+    f"{schedule} bk{block_k} s{stages}" + (f" e{fma_cols}" if fma_cols else ""): variant(
+        schedule, block_k, stages, fma_cols
     )
-    for schedule, block_k, stages, fma_cols, fused in [
-        ("pp", 128, 2, 0, False),
-        ("pp", 128, 3, 0, False),
-        ("pp", 128, 4, 0, False),
-        ("pp", 64, 2, 0, False),
-        ("pp", 64, 4, 0, False),
-        ("pp", 128, 2, 32, False),
-        ("ov", 128, 2, 0, False),
-        ("ov-turns", 128, 2, 0, False),
-        ("ov-free", 128, 2, 0, False),
-        ("ov", 128, 3, 0, False),
-        ("ov", 128, 4, 0, False),
-        ("ov", 64, 4, 0, False),
-        ("ov", 128, 2, 32, False),
-        ("ov", 128, 2, 64, False),
-        ("ov-free", 128, 2, 16, False),
-        ("ov-free", 128, 2, 32, False),
-        ("pp", 128, 2, 16, False),
-        ("ov-free", 128, 2, 0, True),
-        ("ov-free", 128, 2, 16, True),
-        ("ov-turns", 128, 2, 0, True),
-        ("pp", 128, 2, 0, True),
-        ("pp", 128, 2, 16, True),
+    for schedule, block_k, stages, fma_cols in [
+        ("pp", 128, 2, 0),
+        ("pp", 128, 3, 0),
+        ("pp", 128, 4, 0),
+        ("pp", 64, 2, 0),
+        ("pp", 64, 4, 0),
+        ("pp", 128, 2, 32),
+        ("ov", 128, 2, 0),
+        ("ov-turns", 128, 2, 0),
+        ("ov-free", 128, 2, 0),
+        ("ov", 128, 3, 0),
+        ("ov", 128, 4, 0),
+        ("ov", 64, 4, 0),
+        ("ov", 128, 2, 32),
+        ("ov", 128, 2, 64),
+        ("ov-free", 128, 2, 16),
+        ("ov-free", 128, 2, 32),
+        ("pp", 128, 2, 16),
     ]
 }
 DEFAULT = "ov bk128 s2"

@@ -110,9 +110,11 @@ def test_other_platforms_decline_float8(platform, backend):
 
 
 def mosaic_descales(heads: int, kv_heads: int):
-    """Per-head descales as the public function hands them to the kernel."""
+    """Per-head descales as the public function hands them to the kernel; every second query head's negative (the
+    kernel takes its scores' max before the scale, negating that head's Q tile)."""
+    signs = jnp.where(jnp.arange(heads) % 2 == 1, -1.0, 1.0)
     return (
-        0.05 + jnp.arange(heads, dtype=jnp.float32) / (20 * heads),
+        signs * (0.05 + jnp.arange(heads, dtype=jnp.float32) / (20 * heads)),
         0.2 + jnp.arange(kv_heads, dtype=jnp.float32) / 10,
         0.5 + jnp.arange(kv_heads, dtype=jnp.float32),
     )

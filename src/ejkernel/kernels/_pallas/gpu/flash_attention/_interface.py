@@ -239,7 +239,6 @@ def float8_attention(
     overlap=None,
     overlap_schedule=None,
     exp2_fma_cols=0,
-    scale_in_exponent=False,
 ):
     """e4m3 attention through the float8 forward (`_fwd_fp8`): `descales` as `check_descales` returns them;
     bfloat16 out, inference only. Without the device check (CPU tests lower it for CUDA and interpret it).
@@ -300,7 +299,7 @@ def float8_attention(
         k, v = (pad_axes(x, {1: st.kv_len_padded - kv_len}) for x in (k, v))
         vt = jnp.transpose(v, (0, 2, 3, 1))  # [B, Hkv, D, Sk]: P·V's B operand must be K-major in 8 bits
         vt = _fwd_fp8.keys_in_register_order(vt)
-        return _fwd_fp8.forward_fp8(st, q, k, vt, scales, scale_in_exponent)[:, :q_len]
+        return _fwd_fp8.forward_fp8(st, q, k, vt, scales)[:, :q_len]
 
     return inference_only(run)(query, key, value, scales)
 
