@@ -6,12 +6,11 @@ multiplied by `v_descale / row sum`. Unmasked tiles take the row max of the raw 
 (`exp2(s·c - m)`, one FMA a score: 8-9% faster than scaling first, session 53), which needs c > 0: a head whose
 logit scale is negative has its Q tile negated in shared memory instead. 8-bit wgmma operands must be K-major, so V
 comes transposed (`[B, Hkv, D, S]`, done by XLA outside) and streams as `[D, block_k]` tiles. P is P·V's register
-operand. An 8-bit register
-operand holds four consecutive columns a thread where the score tile's layout holds two pairs eight columns apart;
-rather than move bytes between threads, each thread's four values are declared to be those four columns
-(`register_operand`), which permutes the keys within each group of 16, and Vᵀ comes with its keys permuted the same
-way (`P_KEY_ORDER`, applied by XLA with the transpose). (Staged through shared memory instead, P cost 15-20% of the
-time without a mask: session 48, BENCHMARKS.md.)
+operand. An 8-bit register operand holds four consecutive columns a thread where the score tile's layout holds two
+pairs eight columns apart; rather than move bytes between threads, each thread's four values are declared to be
+those four columns (`register_operand`), which permutes the keys within each group of 16, and Vᵀ comes with its
+keys permuted the same way (`P_KEY_ORDER`, applied by XLA with the transpose). (Staged through shared memory instead,
+P cost 15-20% of the time without a mask: session 48, BENCHMARKS.md.)
 
 Two schedules keep the tensor cores busy during the softmax (`MosaicGpuFlashStatic.overlap`, see `_parts`): the
 ping-pong (causal calls' default: the two compute warpgroups take turns, one's softmax beside the other's matmuls,
