@@ -3,7 +3,7 @@
 Q·Kᵀ is an e4m3 wgmma with float32 accumulation, the scores scaled per row by `softmax_scale · q_descale ·
 k_descale` of the head; P is rounded to e4m3 for P·V (as FlashAttention-3 does; times 2^`P_SHIFT`) and the output
 multiplied by `v_descale / row sum`. Unmasked tiles take the row max of the raw scores and scale inside the exponent
-(`exp2(s·c - m)`, one FMA a score: 8-9% faster than scaling first, session 53), which needs c > 0: a head whose
+(`exp2(s·c - m)`, one FMA a score: 7-10% faster than scaling first, session 53), which needs c > 0: a head whose
 logit scale is negative has its Q tile negated in shared memory instead. 8-bit wgmma operands must be K-major, so V
 comes transposed (`[B, Hkv, D, S]`, done by XLA outside) and streams as `[D, block_k]` tiles. P is P·V's register
 operand. An 8-bit register operand holds four consecutive columns a thread where the score tile's layout holds two
