@@ -9,6 +9,8 @@ per-row ratio (out / out with FADD sums) summarised by warp (rows 16w..16w+15 of
 warp's 16 (lane groups): a layout fault shows as a pattern over rows, a missed or doubled tile as a ratio of
 (n - 1) / n or (n + 1) / n at n key tiles.
 
+At `fd6ce64` (the patch predates session 53's scale inside the exponent; its answer is in BENCHMARKS.md):
+
     git apply exp/s52_fp8_rowsums.patch && PYTHONPATH=src python exp/s52_rowsums_diag.py           # H100/H200
     git apply exp/s52_fp8_rowsums.patch && PYTHONPATH=src:tests python exp/s52_rowsums_diag.py --quick   # CPU
 """
