@@ -17,15 +17,13 @@ ncu_sparse() {  # $1: label
     python3 - "$OUT/ncu_sparse_$1.csv" <<'PY' | tee "$OUT/ncu_sparse_$1.txt"
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 12 and r[0].isdigit()]
-half = rows[len(rows) // 2 :]  # the second of the two steps
-for r in half:
+for r in rows:  # (the inputs' kernels, then the two steps')
     print(f"{r[0]:>3} {float(r[-1].replace(',', '')):9.1f} us  {r[4][:100]}")
-print("sum", sum(float(r[-1].replace(",", "")) for r in half))
 PY
 }
 ab main
 git apply exp/s54_delta_in_dq.patch && ab delta
 OUT=$OUT TESTS="tests/sparse_attention/test_blocksparse_mosaic_gpu.py tests/flash_attention/test_gpu.py" \
-    TEST_TIMEOUT=170 WORKERS=6 SKIP_BENCH=1 bash tools/gpu-suite 2>&1 | tail -8
+    TEST_TIMEOUT=170 WORKERS=6 bash tools/gpu-suite 2>&1 | tail -8
 ncu_sparse delta
 git apply -R exp/s54_delta_in_dq.patch && ncu_sparse main
