@@ -237,7 +237,8 @@ def bench(repeats: int) -> None:
     pools = {name: pool + 0 for name in steps}
     results = {}
     for name, step in steps.items():
-        results[name], pools[name] = step(q, k, v, beta, decay, pools[name], slots)
+        results[name] = step(q, k, v, beta, decay, pools[name], slots)
+        pools[name] = results[name][1]
     for name in steps:
         errors = [
             float(jnp.max(jnp.abs(x.astype(F32) - ref.astype(F32))) / jnp.max(jnp.abs(ref.astype(F32))))
