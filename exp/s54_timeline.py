@@ -7,8 +7,12 @@ event of the last step in order, with the gap before it.
 
 from __future__ import annotations
 
+import gzip
+import json
+import pathlib
+import tempfile
+
 import jax
-from jax._src.profiler import ProfileSession  # (in-memory profile data; not in jax.profiler's namespace)
 from s52_ncu_step import sparse_step
 
 
@@ -16,24 +20,33 @@ def main() -> None:
     run, args = sparse_step(16384, 16, 128)
     for _ in range(3):
         jax.block_until_ready(run(*args))
-    session = ProfileSession().start()
-    for _ in range(3):
-        jax.block_until_ready(run(*args))
-    data = session.stop()
-    for plane in data.planes:
-        if "GPU" not in plane.name:
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            for _ in range(3):
+                jax.block_until_ready(run(*args))
+        with gzip.open(next(pathlib.Path(log_dir).rglob("*perfetto_trace.json.gz"))) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {
+        (e.get("pid"), e.get("tid")): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
+    }
+    by_line = {}
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e:
+            by_line.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for key, line in by_line.items():
+        if "GPU" not in str(names.get((key[0], None), "")):
             continue
-        for line in plane.lines:
-            events = sorted(line.events, key=lambda e: e.start_ns)
-            if not events:
-                continue
-            print(f"== {plane.name} / {line.name}: {len(events)} events")
-            tail = events[-14:]
-            previous_end = None
-            for e in tail:
-                gap = "" if previous_end is None else f"gap {(e.start_ns - previous_end) / 1e3:8.1f} us"
-                print(f"{e.start_ns / 1e3:14.1f} {e.duration_ns / 1e3:9.1f} us {gap:>16}  {e.name[:80]}")
-                previous_end = e.end_ns
+        line.sort(key=lambda e: e["ts"])
+        label = f"{names.get((key[0], None), key[0])} / {names.get(key, key[1])}"
+        print(f"== {label}: {len(line)} events")
+        previous_end = None
+        for e in line[-14:]:
+            gap = "" if previous_end is None else f"gap {e['ts'] - previous_end:8.1f} us"
+            print(f"{e['ts']:16.1f} {e['dur']:9.1f} us {gap:>16}  {e['name'][:80]}")
+            previous_end = e["ts"] + e["dur"]
 
 
 if __name__ == "__main__":
