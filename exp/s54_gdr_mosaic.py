@@ -5,10 +5,12 @@ reached 0.91: each program's load, two column sums and store run in turn, their 
 The readers' kernel is the landed Triton one (it decides each request's mode in a decode batch); the writers' kernel is
 persistent: a CTA walks items `(request, head, tile of 64 value columns)` strided by the grid, its memory warpgroup
 copying each item's `[Dk, 64]` float32 state tile and its q, k, v rows by TMA into a ring of shared-memory slots ahead
-of one compute warpgroup, which steps the tile in registers and stores it back in place (and the output row) by TMA.
-One: the column sums reduce across warps through Mosaic GPU's one reduction scratch buffer, which two compute
-warpgroups would share (session 54's first GPU run, with two, had outputs off by 5x their size). The pool and the
-output are updated in place (`jax.new_ref`).
+of `compute_wgs` compute warpgroups (item j to warpgroup j mod compute_wgs), which step the tile in registers and store
+it back in place (and the output row) by TMA. The column sums reduce across warps through shared memory: `jnp.sum`
+lowers to Mosaic GPU's one reduction scratch buffer, which two warpgroups would share (session 54's call 1 with two
+had outputs off by 5x their size; call 2 with one was right at 0.687 of copy), so with two each reduces through a
+buffer of its own (`_sums`, Mosaic GPU's own reduction given that buffer). The pool and the output are updated in
+place (`jax.new_ref`).
 
     PYTHONPATH=src:tests python exp/s54_gdr_mosaic.py --check     # interpret mode on a CPU, against the Triton step
     PYTHONPATH=src python exp/s54_gdr_mosaic.py                   # on an H200: both steps timed, and a copy
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
@@ -33,10 +36,53 @@ from ejkernel.kernels._triton.ragged_gated_delta_rule import _decode as triton_d
 F32 = jnp.float32
 BV = 64  # value columns an item
 COPIES = 4  # TMA loads an item: its state tile, q, k and v rows
+SCRATCH = 512  # float32 words of a warpgroup's reduction buffer (Mosaic GPU's default: 2 KiB)
+
+
+def _sums(x, scratch):
+    """`x [Dk, BV]` (WGMMA layout) summed over its rows -> `[BV]`; or `x [Dk]` (row layout) summed -> its total in
+    every row. Across warps through `scratch` (`[SCRATCH]` float32 of this warpgroup's own); None: `jnp.sum` (the
+    interpreter's path: it runs neither layouts nor inline Mosaic GPU)."""
+    if scratch is None:
+        total = jnp.sum(x, axis=0)
+        return total if x.ndim == 2 else jnp.broadcast_to(total, x.shape)
+    if x.ndim == 2:
+        ret, layout = plgpu.ShapeDtypeStruct((x.shape[1],), x.dtype, layout=COL), WGMMA
+
+        def body(_, a, buffer):
+            return a.reduce("add", 0, scratch=buffer)
+
+    else:
+        ret, layout = plgpu.ShapeDtypeStruct(x.shape, x.dtype, layout=ROW), ROW
+
+        def body(_, a, buffer):
+            total = a.reduce("add", 0, scratch=buffer)
+            return mgpu.FragmentedArray.splat(total.registers.flat[0], a.shape, a.layout, is_signed=None)
+
+    return plgpu.inline_mgpu(arg_types=(layout, plgpu.RefType()), return_type=ret)(body)(x, scratch)
+
+
 WGMMA, ROW, COL = plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
 
 
-def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool, stages: int, ctas: int):
+def writers(
+    q,
+    k,
+    v,
+    beta,
+    decay,
+    pool,
+    out,
+    token,
+    slot,
+    mode,
+    *,
+    l2norm: bool,
+    stages: int,
+    ctas: int,
+    compute_wgs: int = 2,
+    interpret: bool = False,
+):
     """The writers' step on `pool` and `out` in place: `(out, pool)`."""
     num_requests, heads, _ = out.shape
     dk, num_slots, tiles = q.shape[-1], pool.shape[0], v.shape[-1] // BV
@@ -47,7 +93,7 @@ def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool,
     def body(*refs):
         token_ref, slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref, *refs = refs
         decay_ref = refs.pop(0) if has_decay else None
-        pool_ref, out_ref, (h_smem, q_smem, k_smem, v_smem, o_smem), (ready, consumed) = refs
+        pool_ref, out_ref, (h_smem, q_smem, k_smem, v_smem, o_smem, scratch), (ready, consumed) = refs
         cta, wg = lax.axis_index("ctas"), lax.axis_index("wg")
         count = lax.div(jnp.int32(items) - cta + (ctas - 1), jnp.int32(ctas))
 
@@ -77,17 +123,19 @@ def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool,
                     for _ in range(COPIES):
                         plgpu.barrier_arrive(ready.at[s])
 
-        @pl.when(wg == 1)
+        @pl.when(wg == compute_wgs)
         def _():
             plgpu.set_max_registers(40, action="decrease")
             feed()
 
-        @pl.when(wg == 0)
+        @pl.when(wg < compute_wgs)
         def _():
             plgpu.set_max_registers(232, action="increase")
+            own = None if interpret else scratch.at[wg]
 
-            @pl.loop(0, count)
-            def _(j):
+            @pl.loop(0, lax.div(count - wg + (compute_wgs - 1), jnp.int32(compute_wgs)))
+            def _(n):
+                j = compute_wgs * n + wg
                 s = lax.rem(j, jnp.int32(stages))
                 r, h, cols, pool_slot = item(j)
                 tok, m = token_ref[r], mode_ref[r]
@@ -99,16 +147,16 @@ def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool,
                     qv = plgpu.load(q_smem.at[s], layout=ROW).astype(F32)
                     kv = plgpu.load(k_smem.at[s], layout=ROW).astype(F32)
                     if l2norm:
-                        qv = qv * lax.rsqrt(jnp.sum(qv * qv) + L2_EPS)
-                        kv = kv * lax.rsqrt(jnp.sum(kv * kv) + L2_EPS)
+                        qv = qv * lax.rsqrt(_sums(qv * qv, own) + L2_EPS)
+                        kv = kv * lax.rsqrt(_sums(kv * kv, own) + L2_EPS)
                     state = plgpu.load(h_smem.at[s], layout=WGMMA)
                     if has_decay:
                         state = state * jnp.exp(decay_ref[tok, h].astype(F32))
                     k_rows = along_rows(kv, state.shape)
                     vv = plgpu.load(v_smem.at[s], layout=COL).astype(F32)
-                    u = gate * (vv - jnp.sum(state * k_rows, axis=0))
+                    u = gate * (vv - _sums(state * k_rows, own))
                     state = state + k_rows * along_cols(u, state.shape)
-                    o = jnp.sum(along_rows(qv * scale, state.shape) * state, axis=0)
+                    o = _sums(along_rows(qv * scale, state.shape) * state, own)
                     h_smem.at[s][...] = state
                     o_smem.at[s][...] = o.astype(o_smem.dtype)
                     plgpu.commit_smem()
@@ -134,6 +182,7 @@ def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool,
             plgpu.SMEM((stages, dk), k.dtype),
             plgpu.SMEM((stages, BV), v.dtype),
             plgpu.SMEM((stages, BV), out.dtype),
+            plgpu.SMEM((compute_wgs, SCRATCH), F32),
         ),
         (plgpu.Barrier(num_arrivals=COPIES, num_barriers=stages), plgpu.Barrier(num_arrivals=1, num_barriers=stages)),
     )
@@ -145,7 +194,7 @@ def writers(q, k, v, beta, decay, pool, out, token, slot, mode, *, l2norm: bool,
         scratch_types=scratch,
         grid=(ctas,),
         grid_names=("ctas",),
-        num_threads=2,
+        num_threads=compute_wgs + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
     )(*args)
@@ -174,11 +223,12 @@ def readers(query, key, value, beta, decay, pool, state_indices, *, interpret=Fa
     return out, token, slot, mode
 
 
-def decode_batch(query, key, value, beta, decay, pool, state_indices, *, stages=4, ctas=132):
+def decode_batch(query, key, value, beta, decay, pool, state_indices, *, stages=4, ctas=132, compute_wgs=2):
     """A decode batch as `ragged_gated_delta_rule` without `query_start_loc`: the Triton readers' kernel, then the
     Mosaic GPU writers'. `(out, new pool)`."""
     out, token, slot, mode = readers(query, key, value, beta, decay, pool, state_indices)
-    return writers(query, key, value, beta, decay, pool, out, token, slot, mode, l2norm=True, stages=stages, ctas=ctas)
+    options = dict(l2norm=True, stages=stages, ctas=ctas, compute_wgs=compute_wgs)
+    return writers(query, key, value, beta, decay, pool, out, token, slot, mode, **options)
 
 
 def plgpu_triton_params():
@@ -215,7 +265,8 @@ def check() -> None:
     want_out, want_pool = triton_step(q, k, v, beta, decay, pool, slots, interpret=True)
     out, token, slot, mode = readers(q, k, v, beta, decay, pool, slots, interpret=True)
     with interpret_mode():
-        out, new_pool = writers(q, k, v, beta, decay, pool, out, token, slot, mode, l2norm=True, stages=2, ctas=3)
+        options = dict(l2norm=True, stages=2, ctas=3, interpret=True)
+        out, new_pool = writers(q, k, v, beta, decay, pool, out, token, slot, mode, **options)
     for name, a, b in (("out", out, want_out), ("pool", new_pool, want_pool)):
         err = float(jnp.max(jnp.abs(a.astype(F32) - b.astype(F32))) / jnp.max(jnp.abs(b.astype(F32))))
         print(f"{name}: max error {err:.2e} of max")
@@ -231,9 +282,9 @@ def bench(repeats: int) -> None:
     moved = num_requests * heads * d * d * 4 * 2 + 4 * num_requests * heads * d * 2
     steps = {"triton": jax.jit(triton_step, donate_argnums=5)}
     ctas = getattr(jax.devices()[0], "core_count", 132)  # one CTA an SM (its compute warpgroups hold the registers)
-    for stages in (4, 6):
-        step = functools.partial(decode_batch, stages=stages, ctas=ctas)
-        steps[f"mosaic s{stages}"] = jax.jit(step, donate_argnums=5)
+    for stages, compute_wgs in ((4, 2), (6, 2), (4, 1)):
+        step = functools.partial(decode_batch, stages=stages, ctas=ctas, compute_wgs=compute_wgs)
+        steps[f"mosaic s{stages} wg{compute_wgs}"] = jax.jit(step, donate_argnums=5)
     pools = {name: pool + 0 for name in steps}
     results = {}
     for name, step in steps.items():
