@@ -153,3 +153,14 @@ def patched(module, **attributes):
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+def check_or_bench(doc: str, check, bench) -> None:
+    """The main of a script with a CPU `check()` (`--check`) and a GPU `bench(repeats)` (`--repeats`, default 20)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="interpret mode on a CPU")
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+    check() if args.check else bench(args.repeats)

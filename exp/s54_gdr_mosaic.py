@@ -18,15 +18,16 @@ place (`jax.new_ref`).
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import jax
 import jax.numpy as jnp
+from _kit import check_or_bench
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.experimental.pallas import triton as pltriton
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.vma import out_struct
@@ -215,7 +216,7 @@ def readers(query, key, value, beta, decay, pool, state_indices, *, interpret=Fa
             out_struct((num_requests, heads, dv), query.dtype, token, slot, *tokens, pool),
             out_struct((num_requests,), jnp.int32, token, slot, *tokens, pool),
         ],
-        compiler_params=plgpu_triton_params(),
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="ejkernel_ragged_delta_decode_readers",
     )
@@ -229,12 +230,6 @@ def decode_batch(query, key, value, beta, decay, pool, state_indices, *, stages=
     out, token, slot, mode = readers(query, key, value, beta, decay, pool, state_indices)
     options = dict(l2norm=True, stages=stages, ctas=ctas, compute_wgs=compute_wgs)
     return writers(query, key, value, beta, decay, pool, out, token, slot, mode, **options)
-
-
-def plgpu_triton_params():
-    from jax.experimental.pallas import triton as pltriton
-
-    return pltriton.CompilerParams(num_warps=4, num_stages=1)
 
 
 def inputs(num_requests: int, heads: int, dk: int, dv: int, num_slots: int, seed: int = 0):
@@ -310,8 +305,4 @@ def bench(repeats: int) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--repeats", type=int, default=20)
-    args = p.parse_args()
-    check() if args.check else bench(args.repeats)
+    check_or_bench(__doc__, check, bench)

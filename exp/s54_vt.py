@@ -9,11 +9,11 @@ bytes as uint8, and a Pallas-Triton kernel (a `[block, D]` tile of keys, reshape
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import jax
 import jax.numpy as jnp
+from _kit import check_or_bench
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
@@ -94,8 +94,4 @@ def bench(repeats: int) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--repeats", type=int, default=20)
-    args = p.parse_args()
-    check() if args.check else bench(args.repeats)
+    check_or_bench(__doc__, check, bench)
