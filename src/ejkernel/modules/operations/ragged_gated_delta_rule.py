@@ -21,6 +21,11 @@ from ejkernel.registry import Backend, Platform, implementations
 IMPLEMENTATIONS = implementations(
     "ragged_gated_delta_rule",
     (
+        Platform.PALLAS,
+        Backend.GPU,
+        "ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule:ragged_gated_delta_rule_mosaic_gpu",
+    ),
+    (
         Platform.TRITON,
         Backend.GPU,
         "ejkernel.kernels._triton.ragged_gated_delta_rule:ragged_gated_delta_rule_triton",
@@ -42,7 +47,8 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
         chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64; Triton rounds
             it up to a power of two in [16, 128]). A config given to the call always wins over the call's
             `chunk_size`.
-        platform: `"auto"` (default), `"triton"` (GPU) or `"xla"`.
+        platform: `"auto"` (default), `"pallas"` (Hopper, decode batches: `query_start_loc` None), `"triton"`
+            (GPU) or `"xla"`.
         fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 64), and
             `num_warps` (default 4); other fields are not read.
         bwd_params: Not read by this op.

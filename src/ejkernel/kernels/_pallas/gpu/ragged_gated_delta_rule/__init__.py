@@ -1,0 +1,5 @@
+"""The Mosaic GPU (Hopper) ragged gated delta rule: decode batches stepped on the state pool in place."""
+
+from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._interface import ragged_gated_delta_rule_mosaic_gpu
+
+__all__ = ["ragged_gated_delta_rule_mosaic_gpu"]

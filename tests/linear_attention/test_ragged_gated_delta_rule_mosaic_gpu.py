@@ -1,0 +1,85 @@
+"""`ragged_gated_delta_rule` on Mosaic GPU (decode batches): interpret mode on CPU against the XLA implementation
+(a reader of a shared slot, an out-of-range slot, both value tiles), declines, CUDA lowering, GPU suite."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from linear_cases import log_decay, write_strength
+
+from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule import ragged_gated_delta_rule_mosaic_gpu
+from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import MosaicGpuRaggedDecodeTiling, decode_batch
+from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rule_xla
+from ejkernel.modules import ragged_gated_delta_rule
+from harness import assert_close, randn
+from mosaic_gpu_interpret import interpret_mode
+
+H, DK, DV, SLOTS = 2, 64, 128, 9
+SLOT_OF = np.array([1, 3, 8, 3, 12, 0], np.int32)  # request 3 reads request 1's slot; request 4's is outside
+
+
+def make_inputs(num_tokens, heads=H, slots=SLOTS, dk=DK, dv=DV, dtype=jnp.bfloat16, decay=True):
+    return (
+        randn((num_tokens, heads, dk), dtype),
+        randn((num_tokens, heads, dk), dtype),
+        randn((num_tokens, heads, dv), dtype),
+        write_strength(num_tokens, heads).astype(dtype),
+        log_decay(num_tokens, heads).astype(dtype) if decay else None,
+        randn((slots, heads, dk, dv)),
+    )
+
+
+@pytest.mark.parametrize("use_qk_l2norm, decay", [(True, True), (False, False)])
+def test_interpret_decode_batch_matches_xla(use_qk_l2norm, decay):
+    inputs = make_inputs(len(SLOT_OF), decay=decay)
+    slots = jnp.asarray(SLOT_OF)
+    mosaic = functools.partial(ragged_gated_delta_rule_mosaic_gpu, use_qk_l2norm=use_qk_l2norm, interpret=True)
+    with interpret_mode():
+        out, new_state = jax.block_until_ready(mosaic(*inputs, None, slots))
+    xla_out, xla_state = ragged_gated_delta_rule_xla(*inputs, None, slots, use_qk_l2norm=use_qk_l2norm)
+    assert out.dtype == inputs[0].dtype and new_state.dtype == jnp.float32
+    assert_close(out, xla_out, jnp.bfloat16, name="out")
+    assert_close(new_state, xla_state, name="new_state")
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"query_start_loc": jnp.arange(7, dtype=jnp.int32)}, "decode batches"),
+        ({"pool": jnp.bfloat16}, "float32 state pool"),
+        ({"dk": 32}, r"dim_k in \(64, 128\)"),
+    ],
+)
+def test_declines_what_it_cannot_serve(change, words):
+    inputs = list(make_inputs(6, dk=change.get("dk", DK)))
+    if "pool" in change:
+        inputs[5] = inputs[5].astype(change["pool"])
+    with pytest.raises(NotImplementedError, match=words):
+        ragged_gated_delta_rule_mosaic_gpu(*inputs, change.get("query_start_loc"), jnp.asarray(SLOT_OF), interpret=True)
+
+
+def test_kernels_lower_for_cuda():
+    """Both passes at the bench's head dims (the kernels without the device check)."""
+    inputs = make_inputs(256, heads=4, slots=300, dk=128)
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
+    step = functools.partial(decode_batch, MosaicGpuRaggedDecodeTiling(ctas=132), True)
+    traced = jax.jit(step).trace(*shapes, jax.ShapeDtypeStruct((256,), jnp.int32))
+    assert traced.lower(lowering_platforms=("cuda",)).as_text().count("mosaic_gpu") >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_decode_batch_matches_xla():
+    """256 requests, 32 heads, D 128; a few share slots, one slot is out of range; the pool donated."""
+    slots = np.random.default_rng(2).permutation(320)[:256].astype(np.int32)
+    slots[10], slots[20], slots[30] = slots[3], slots[3], 400
+    inputs = make_inputs(256, heads=32, slots=320, dk=128, dtype=jnp.float32)
+    on = lambda platform: jax.jit(functools.partial(ragged_gated_delta_rule, platform=platform))
+    xla_out, xla_state = on("xla")(*inputs, None, jnp.asarray(slots))
+    step = jax.jit(
+        lambda pool, *rest: ragged_gated_delta_rule(*rest[:5], pool, *rest[5:], platform="pallas"), donate_argnums=0
+    )
+    out, new_state = step(jnp.copy(inputs[5]), *inputs[:5], None, jnp.asarray(slots))
+    assert_close(out, xla_out, jnp.float32, name="out")
+    assert_close(new_state, xla_state, jnp.float32, name="new_state")
