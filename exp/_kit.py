@@ -9,6 +9,7 @@ import functools
 import os
 import pathlib
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -164,3 +165,40 @@ def check_or_bench(doc: str, check, bench) -> None:
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args()
     check() if args.check else bench(args.repeats)
+
+
+def print_gpu_timeline(call, steps: int = 3, last: int = 14) -> None:
+    """Every GPU line of a JAX profile of `steps` calls of the zero-argument `call` (after as many warm-up calls):
+    its last `last` events in order, each with its duration and the gap before it (the device has no nsys)."""
+    import gzip
+    import json
+
+    for _ in range(steps):
+        jax.block_until_ready(call())
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            for _ in range(steps):
+                jax.block_until_ready(call())
+        with gzip.open(next(pathlib.Path(log_dir).rglob("*perfetto_trace.json.gz"))) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {
+        (e.get("pid"), e.get("tid")): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
+    }
+    by_line = {}
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e:
+            by_line.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for key, line in by_line.items():
+        if "GPU" not in str(names.get((key[0], None), "")):
+            continue
+        line.sort(key=lambda e: e["ts"])
+        label = f"{names.get((key[0], None), key[0])} / {names.get(key, key[1])}"
+        print(f"== {label}: {len(line)} events")
+        previous_end = None
+        for e in line[-last:]:
+            gap = "" if previous_end is None else f"gap {e['ts'] - previous_end:8.1f} us"
+            print(f"{e['ts']:16.1f} {e['dur']:9.1f} us {gap:>16}  {e['name'][:80]}")
+            previous_end = e["ts"] + e["dur"]
