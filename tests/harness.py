@@ -53,6 +53,13 @@ def assert_close(actual, expected, dtype=None, tol=None, name="output"):
     assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
 
 
+def copies_in(compiled_text: str, array_type: str) -> list[str]:
+    """The copy instructions producing an array of `array_type` (e.g. "f32[128,8,128,128]") in a compiled module's
+    text: a donated buffer updated in place has none."""
+    results = (line.split("=", 1) for line in compiled_text.splitlines() if "=" in line)
+    return [r for name, r in results if "copy" in name + r.split("(")[0] and r.strip().startswith(array_type)]
+
+
 def check_forward_and_grads(fn, reference, args, argnums, dtype, fwd_tol=None, grad_tol=None):
     """`fn(*args)` matches `reference(*args)` (run in float32) forward and in the VJP of each argnum.
 

@@ -18,7 +18,7 @@ from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rul
 from ejkernel.modules import RaggedGatedDeltaRuleConfig, ragged_gated_delta_rule
 from ejkernel.ops import FwdParams
 from ejkernel.reference.ragged_gated_delta_rule import ragged_gated_delta_rule_reference
-from harness import assert_close, randn
+from harness import assert_close, copies_in, randn
 
 T, H, DK, DV, SLOTS = 48, 2, 16, 32, 9
 CFG = RaggedGatedDeltaRuleConfig(chunk_size=16, fwd_params=FwdParams(block_d=16))
@@ -231,9 +231,5 @@ def test_gpu_decode_updates_a_donated_pool_in_place():
     inputs = _serving_inputs(64, 8, 128, jnp.float32)
     qsl, slots = i32(np.arange(65)), i32(np.arange(64) * 2)
     step = jax.jit(lambda pool, *rest: ragged_gated_delta_rule(*rest[:5], pool, *rest[5:]), donate_argnums=0)
-    text = step.lower(inputs[5], *inputs[:5], qsl, slots).compile().as_text()
-    results = (line.split("=", 1) for line in text.splitlines() if "=" in line)
-    copies = [
-        r for name, r in results if "copy" in name + r.split("(")[0] and r.strip().startswith("f32[128,8,128,128]")
-    ]
+    copies = copies_in(step.lower(inputs[5], *inputs[:5], qsl, slots).compile().as_text(), "f32[128,8,128,128]")
     assert not copies, copies[:2]

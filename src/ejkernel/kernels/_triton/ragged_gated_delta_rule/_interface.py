@@ -138,10 +138,6 @@ def ragged_gated_delta_rule_triton(
     gla = gla.fit(query.shape[-1], value.shape[-1])
     tilings = (decode_tiling, gla)
     forward = functools.partial(_forward, tilings, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
-    twin = functools.partial(_twin, chunk_size, bool(use_qk_l2norm))
+    # a differentiated call runs the plain-JAX computation
+    twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=bool(use_qk_l2norm))
     return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
-
-
-def _twin(chunk_size: int, use_qk_l2norm: bool, *args):
-    """The plain-JAX computation a differentiated call runs."""
-    return ragged_delta_rule(*args, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm)
