@@ -18,11 +18,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ejkernel.kernels._pallas.gpu.flash_attention._fwd_fp8 import keys_in_register_order
+from ejkernel.kernels._pallas.gpu.flash_attention._fwd_fp8 import keys_in_register_order, v_transposed
 
-
-def xla_vt(v):
-    return keys_in_register_order(jnp.transpose(v, (0, 2, 3, 1)))
+xla_vt = v_transposed
 
 
 def xla_vt_bytes(v):

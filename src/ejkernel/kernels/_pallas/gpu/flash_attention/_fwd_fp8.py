@@ -79,6 +79,12 @@ def register_operand(p8):
     return join(p8)
 
 
+def v_transposed(v):
+    """`v [B, Sk, Hkv, D]` as P·V's B operand: `[B, Hkv, D, Sk]` (K-major, as 8-bit wgmma operands must be; Hopper
+    has no transposed 8-bit shared-memory loads), its keys in `P_KEY_ORDER` (`keys_in_register_order`)."""
+    return keys_in_register_order(jnp.transpose(v, (0, 2, 3, 1)))
+
+
 def keys_in_register_order(vt):
     """`vt [..., Sk]` with the keys of each group of 16 in `P_KEY_ORDER` (Sk a multiple of 16): key `16·j + 8·a +
     2·l + i` moves to `16·j + 4·l + 2·a + i`, one transpose."""

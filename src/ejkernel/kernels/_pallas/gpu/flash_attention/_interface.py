@@ -297,9 +297,7 @@ def float8_attention(
 
         q = pad_axes(q, {1: round_up(q_len, CTA_ROWS) - q_len})
         k, v = (pad_axes(x, {1: st.kv_len_padded - kv_len}) for x in (k, v))
-        vt = jnp.transpose(v, (0, 2, 3, 1))  # [B, Hkv, D, Sk]: P·V's B operand must be K-major in 8 bits
-        vt = _fwd_fp8.keys_in_register_order(vt)
-        return _fwd_fp8.forward_fp8(st, q, k, vt, scales)[:, :q_len]
+        return _fwd_fp8.forward_fp8(st, q, k, _fwd_fp8.v_transposed(v), scales)[:, :q_len]
 
     return inference_only(run)(query, key, value, scales)
 
