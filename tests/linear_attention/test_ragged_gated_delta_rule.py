@@ -122,11 +122,21 @@ def test_easydel_call_form():
 
 
 def test_decode_path_first_occurrence_wins():
-    """Upstream's decode entry: output first; every token reads the given state of its slot, and of tokens
-    sharing a slot the first writes it (slot 0 aliased by zero-padded indices keeps request 0's update)."""
+    """Upstream's decode entry, called inside `shard_map` as EasyDeL calls it: output first; every token reads the
+    given state of its slot, and of tokens sharing a slot the first writes it (slot 0 aliased by zero-padded indices
+    keeps request 0's update)."""
     inputs = make_inputs(num_tokens=6)
     slots = np.array([0, 3, 0, 3, 0, 5], np.int32)
-    out, new_state = jax.jit(_decode_path, static_argnums=7)(*inputs[:4], inputs[4], inputs[5], i32(slots), True)
+    mesh = jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
+    tokens, rows, pool = P(None, "tp", None), P(None, "tp"), P(None, "tp", None, None)
+    entry = jax.shard_map(
+        lambda *args: _decode_path(*args, True),
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, rows, rows, pool, P()),
+        out_specs=(tokens, pool),
+        check_vma=False,
+    )
+    out, new_state = jax.jit(entry)(*inputs, i32(slots))
     assert out.shape == (6, H, DV) and new_state.shape == (SLOTS, H, DK, DV)
     check(out, new_state, inputs, np.arange(7, dtype=np.int32), slots)
 

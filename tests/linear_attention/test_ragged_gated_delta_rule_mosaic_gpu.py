@@ -87,3 +87,22 @@ def test_gpu_decode_batch_matches_xla():
     out, new_state = step(jnp.copy(inputs[5]), *args)
     assert_close(out, xla_out, jnp.float32, name="out")
     assert_close(new_state, xla_state, jnp.float32, name="new_state")
+
+
+@pytest.mark.gpu
+def test_gpu_upstream_entries_route_as_the_op():
+    """EasyDeL's entries (upstream's private paths) reach the op's kernels: the decode entry the Mosaic GPU step on a
+    float32 pool (Triton's on bfloat16), the chunked-prefill entry Triton's chunks."""
+    from ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface import _decode_path
+    from ejkernel.kernels._xla.ragged_gated_delta_rule._xla_impl_fwd import _ragged_gdr_chunked_prefill
+
+    slots = jnp.arange(16, dtype=jnp.int32)
+    inputs = make_inputs(16, heads=4, slots=16, dk=128, dtype=jnp.bfloat16)
+    lowered = lambda fn, *args: jax.jit(fn).lower(*args).as_text()
+    assert "mosaic_gpu" in lowered(lambda *a: _decode_path(*a, True), *inputs, slots)
+    bf16_pool = (*inputs[:5], inputs[5].astype(jnp.bfloat16))
+    text = lowered(lambda *a: _decode_path(*a, True), *bf16_pool, slots)
+    assert "mosaic_gpu" not in text and "triton" in text
+    bounds = jnp.array([0, 10, 16], jnp.int32)
+    text = lowered(lambda *a: _ragged_gdr_chunked_prefill(*a, 64, True), *inputs, bounds, slots[:2])
+    assert "triton" in text

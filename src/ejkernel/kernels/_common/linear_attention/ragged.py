@@ -27,6 +27,8 @@ from ejkernel.kernels._common.linear_attention.numerics import delta_step
 from ejkernel.kernels._common.search import sorted_position
 
 DEFAULT_CHUNK = 64
+# the public op by name, for upstream's private entries (backends import no public module: `ejkernel.registry.resolve`)
+PUBLIC_OP = "ejkernel.modules.operations.ragged_gated_delta_rule:ragged_gated_delta_rule"
 
 
 class Requests(NamedTuple):

@@ -1,12 +1,15 @@
-"""Compatibility path: upstream ejkernel's private chunked-prefill entry, which EasyDeL imports at module level.
+"""Compatibility path: upstream ejkernel's private chunked-prefill entry, which EasyDeL imports at module level and
+calls inside its `shard_map` whenever a mesh is set.
 
-It is the XLA implementation of `ragged_gated_delta_rule` (`_interface.py`) with upstream's argument and
-return order; new code calls the public op.
+It is the public op with upstream's argument and return order, reached by name (`ejkernel.registry.resolve`: a
+backend imports no public module), so a client calling it gets the op's routing (Triton's chunked kernels on a GPU);
+new code calls the public op.
 """
 
 import jax.numpy as jnp
 
-from ejkernel.kernels._xla.ragged_gated_delta_rule._interface import ragged_gated_delta_rule_xla
+from ejkernel.kernels._common.linear_attention.ragged import PUBLIC_OP
+from ejkernel.registry import resolve
 
 
 def _ragged_gdr_chunked_prefill(
@@ -24,10 +27,12 @@ def _ragged_gdr_chunked_prefill(
 ):
     """The ragged gated delta rule for any mix of request lengths; returns `(new_state, out)`: state first.
 
-    `compute_dtype` is upstream's matmul operand dtype, a precision hint: every product here runs in float32.
+    `compute_dtype` is upstream's matmul operand dtype, a precision hint: the op chooses its own (float32 in XLA,
+    the inputs' dtype with float32 accumulation in Triton's chunk matmuls).
     """
     del compute_dtype
-    out, new_state = ragged_gated_delta_rule_xla(
+    op = resolve(PUBLIC_OP)
+    out, new_state = op(
         query,
         key,
         value,
