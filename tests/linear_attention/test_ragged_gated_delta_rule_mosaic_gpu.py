@@ -1,5 +1,6 @@
-"""`ragged_gated_delta_rule` on Mosaic GPU (decode batches): interpret mode on CPU against the XLA implementation
-(a reader of a shared slot, an out-of-range slot, both value tiles), declines, CUDA lowering, GPU suite."""
+"""`ragged_gated_delta_rule` on Mosaic GPU: interpret mode on CPU against the XLA implementation (decode batches with a
+reader of a shared slot, an out-of-range slot, both value tiles; request bounds, decode and mixed), declines, CUDA
+lowering, GPU suite."""
 
 import functools
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 from linear_cases import log_decay, write_strength
 
+from ejkernel.kernels._common.linear_attention.ragged import ragged_delta_rule
+from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule import _interface as mosaic_interface
 from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule import ragged_gated_delta_rule_mosaic_gpu
 from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import MosaicGpuRaggedDecodeTiling, decode_batch
 from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rule_xla
@@ -45,9 +48,35 @@ def test_interpret_decode_batch_matches_xla(use_qk_l2norm, decay):
 
 
 @pytest.mark.parametrize(
+    "bounds, path",
+    [
+        ([0, 1, 1, 2, 3, 4, 5, 6], "decode"),  # an empty request (its slot's old state kept), a padding token after
+        ([0, 1, 4, 5, 5, 6, 7, 7], "chunked"),  # a request of three tokens
+    ],
+)
+def test_interpret_request_bounds_match_xla(bounds, path, monkeypatch):
+    """The `lax.cond` between the decode kernels on the requests' tokens and the chunked form, run here by XLA (the
+    interpreter here runs Mosaic GPU kernels only; Triton's are tested in their own file), or by NaNs where the
+    decode kernels must be taken."""
+
+    def chunked(inputs, pool, req, *, chunk_size, use_qk_l2norm, **_):
+        out, pool = ragged_delta_rule(*inputs, pool, req.bounds, req.slots, chunk_size=chunk_size, use_qk_l2norm=True)
+        return (out, pool) if path == "chunked" else (out * jnp.nan, pool * jnp.nan)
+
+    monkeypatch.setattr(mosaic_interface, "resolve", lambda target: chunked)
+    slots = jnp.asarray([*SLOT_OF, 5])
+    inputs = make_inputs(8)
+    qsl = jnp.asarray(bounds, jnp.int32)
+    with interpret_mode():
+        out, new_state = jax.block_until_ready(ragged_gated_delta_rule_mosaic_gpu(*inputs, qsl, slots, interpret=True))
+    xla_out, xla_state = ragged_gated_delta_rule_xla(*inputs, qsl, slots)
+    assert_close(out, xla_out, jnp.bfloat16, name="out")
+    assert_close(new_state, xla_state, name="new_state")
+
+
+@pytest.mark.parametrize(
     "change, words",
     [
-        ({"query_start_loc": jnp.arange(7, dtype=jnp.int32)}, "decode batches"),
         ({"pool": jnp.bfloat16}, "float32 state pool"),
         ({"dk": 32}, r"dim_k in \(64, 128\)"),
     ],
@@ -57,7 +86,7 @@ def test_declines_what_it_cannot_serve(change, words):
     if "pool" in change:
         inputs[5] = inputs[5].astype(change["pool"])
     with pytest.raises(NotImplementedError, match=words):
-        ragged_gated_delta_rule_mosaic_gpu(*inputs, change.get("query_start_loc"), jnp.asarray(SLOT_OF), interpret=True)
+        ragged_gated_delta_rule_mosaic_gpu(*inputs, None, jnp.asarray(SLOT_OF), interpret=True)
 
 
 def test_kernels_lower_for_cuda():
@@ -106,3 +135,16 @@ def test_gpu_upstream_entries_route_as_the_op():
     bounds = jnp.array([0, 10, 16], jnp.int32)
     text = lowered(lambda *a: _ragged_gdr_chunked_prefill(*a, 64, True), *inputs, bounds, slots[:2])
     assert "triton" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bounds", [[0, 1, 1, 2, 3, 4, 5, 6], [0, 1, 4, 5, 5, 6, 7, 7]], ids=["decode", "mixed"])
+def test_gpu_request_bounds_match_xla(bounds):
+    """Request bounds on the GPU: the decode kernels on the requests' tokens, or Triton's chunked form."""
+    slots, qsl = jnp.asarray([*SLOT_OF, 5]), jnp.asarray(bounds, jnp.int32)
+    inputs = make_inputs(8, dk=128, dtype=jnp.float32)
+    on = lambda platform: jax.jit(functools.partial(ragged_gated_delta_rule, platform=platform))
+    out, new_state = on("pallas")(*inputs, qsl, slots)
+    xla_out, xla_state = on("xla")(*inputs, qsl, slots)
+    assert_close(out, xla_out, jnp.float32, name="out")
+    assert_close(new_state, xla_state, jnp.float32, name="new_state")

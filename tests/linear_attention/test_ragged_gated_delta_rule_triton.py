@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from linear_cases import log_decay, write_strength
 
-from ejkernel.kernels._triton.ragged_gated_delta_rule import ragged_gated_delta_rule_triton
+from ejkernel.kernels._common.linear_attention.ragged import requests
+from ejkernel.kernels._triton.ragged_gated_delta_rule import chunked_requests, ragged_gated_delta_rule_triton
 from ejkernel.kernels._xla.ragged_gated_delta_rule import ragged_gated_delta_rule_xla
 from ejkernel.modules import RaggedGatedDeltaRuleConfig, ragged_gated_delta_rule
 from ejkernel.ops import FwdParams
@@ -74,10 +75,15 @@ def test_mixed_requests_under_jit(dtype, use_qk_l2norm, decay):
 
 def test_prefill_of_fewer_tokens_than_a_chunk():
     """A call of 8 tokens (one chunk of 16 holds them all) with a request of 3: the chunked form, one chunk per
-    request, the pack kernel's masked loads past the tokens' end."""
+    request, the pack kernel's masked loads past the tokens' end; the same from the chunked entry."""
     inputs = make_inputs(num_tokens=8)
     out, new_state = jax.jit(triton())(*inputs, i32(SHORT_QSL), i32(SHORT_SLOTS))
     check_reference(out, new_state, inputs, SHORT_QSL, SHORT_SLOTS)
+    # the same kernels as the chunked entry the Mosaic GPU implementation hands its prefills to
+    req = requests(i32(SHORT_QSL), i32(SHORT_SLOTS), 8, SLOTS)
+    entry = functools.partial(chunked_requests, chunk_size=64, use_qk_l2norm=True, cfg=CFG, interpret=True)
+    for got, want in zip(jax.jit(entry)(inputs[:5], inputs[5], req), (out, new_state), strict=True):
+        assert bool(jnp.array_equal(got, want))
 
 
 def test_decode_step_reads_before_the_slot_is_written():

@@ -88,6 +88,23 @@ def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool
     return out, scatter_first(pool, req.slots, final, req.live)
 
 
+def _gla_tiling(query, value, interpret: bool) -> TritonGlaTiling:
+    gla = TritonGlaTiling(interpret=interpret, precise=jnp.dtype(value.dtype) == jnp.float32)
+    return gla.fit(query.shape[-1], value.shape[-1])
+
+
+def chunked_requests(inputs, pool, req, *, chunk_size: int, use_qk_l2norm: bool, cfg=None, interpret: bool | None):
+    """Every request of `req` (`_common`'s `Requests`) in the packed chunked form, the prefill path of a call with
+    request bounds: `(out [T, H, Dv] in the query's dtype, new pool)`; `inputs` is `(query, key, value, beta,
+    decay)`. The Mosaic GPU implementation hands its calls with a request longer than one token here, by name
+    (`ejkernel.registry.resolve`). Declines as this implementation does."""
+    query, _, value, beta, decay = inputs
+    _decline(query, value, beta, decay, pool)
+    interpret = resolve_interpret(interpret, WHO)
+    chunk = _chunk(getattr(cfg, "chunk_size", None) or chunk_size, query.shape[0])
+    return _prefill(_gla_tiling(query, value, interpret), chunk, bool(use_qk_l2norm), inputs, pool, req)
+
+
 def _forward(tilings, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
     decode_tiling, gla = tilings
     inputs = (query, key, value, beta, decay)
@@ -134,9 +151,7 @@ def ragged_gated_delta_rule_triton(
         num_warps=(params and params.num_warps) or TritonRaggedDecodeTiling.num_warps,
         interpret=interpret,
     )
-    gla = TritonGlaTiling(interpret=interpret, precise=jnp.dtype(value.dtype) == jnp.float32)
-    gla = gla.fit(query.shape[-1], value.shape[-1])
-    tilings = (decode_tiling, gla)
+    tilings = (decode_tiling, _gla_tiling(query, value, interpret))
     forward = functools.partial(_forward, tilings, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
     # a differentiated call runs the plain-JAX computation
     twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=bool(use_qk_l2norm))

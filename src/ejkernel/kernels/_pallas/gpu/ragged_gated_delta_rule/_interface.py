@@ -1,10 +1,15 @@
-"""The ragged gated delta rule on Hopper in Mosaic GPU kernels: decode batches (`query_start_loc` None: token r is
-request r), the pool stepped in place (`_decode`). Calls with request bounds (prefill, mixed batches) are declined
-(NotImplementedError, before anything is traced), so that `auto` moves on to Triton's chunked kernels.
+"""The ragged gated delta rule on Hopper in Mosaic GPU kernels: the decode step, the pool stepped in place (`_decode`).
 
-Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead (`trained_as`). Also
-declines: a pool that is not float32, key head dims other than 64 and 128 (the WGMMA layout's rows), value head dims
-that are not a multiple of 64, GPUs other than Hopper.
+A decode batch (`query_start_loc` None: token r is request r) runs the decode kernels alone. A call with request
+bounds takes, as the other implementations do, a `lax.cond` on the traced lengths: every request with at most one
+token, the same kernels on the requests' tokens (gathered, and the outputs placed back); otherwise Triton's chunked
+form for every request (`chunked_requests`, reached by name: `ejkernel.registry.resolve`), so that prefill and
+mixed batches run where they are fastest.
+
+Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead (`trained_as`). Declines
+(NotImplementedError, before anything is traced, so that `auto` moves on to Triton): a pool that is not float32, key
+head dims other than 64 and 128 (the WGMMA layout's rows), value head dims that are not a multiple of 64, GPUs other
+than Hopper.
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
+    decode_token,
+    place_decoded,
     ragged_delta_rule,
+    requests,
     require_pool_arguments,
 )
 from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import (
@@ -27,14 +36,14 @@ from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import (
     MosaicGpuRaggedDecodeTiling,
     decode_batch,
 )
+from ejkernel.registry import resolve
 
 WHO = "mosaic gpu ragged_gated_delta_rule"
 KEY_DIMS = (64, 128)
+TRITON_CHUNKED = "ejkernel.kernels._triton.ragged_gated_delta_rule:chunked_requests"
 
 
-def _decline(query, value, beta, decay, recurrent_state, query_start_loc, interpret: bool) -> None:
-    if query_start_loc is not None:
-        raise NotImplementedError(f"{WHO} serves decode batches (query_start_loc None), not request bounds")
+def _decline(query, value, beta, decay, recurrent_state, interpret: bool) -> None:
     for name, x in (("query", query), ("value", value), ("beta", beta), ("decay", decay)):
         require_float(f"{WHO}: {name}", x)
     if recurrent_state.dtype != jnp.float32:
@@ -48,6 +57,17 @@ def _decline(query, value, beta, decay, recurrent_state, query_start_loc, interp
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
+
+
+def _decode_requests(tiling, use_qk_l2norm: bool, inputs, pool, req):
+    """Every request with at most one token, as a decode batch of the requests: their tokens gathered (an empty
+    request's slot made out of range, so it neither reads nor writes), the outputs placed back at the tokens."""
+    num_tokens = inputs[0].shape[0]
+    token = decode_token(req.bounds, num_tokens)
+    rows = (None if x is None else x[token] for x in inputs)
+    slots = jnp.where(req.live, req.slots, pool.shape[0])
+    out, pool = decode_batch(tiling, use_qk_l2norm, *rows, pool, slots)
+    return place_decoded(out, token, req.live, num_tokens), pool
 
 
 def ragged_gated_delta_rule_mosaic_gpu(
@@ -65,20 +85,29 @@ def ragged_gated_delta_rule_mosaic_gpu(
     cfg=None,
     interpret: bool = False,
 ):
-    """`ragged_gated_delta_rule` of a decode batch in Mosaic GPU kernels: `(out [T, H, Dv] in query.dtype, new_state
-    float32)`, with the XLA implementation's semantics. Arguments as the public op's (checked there); `cfg` and
-    `chunk_size` are not read (a decode batch has no chunks). `interpret`: Mosaic GPU interpret mode (tests)."""
-    del cfg
+    """`ragged_gated_delta_rule` with the decode step in Mosaic GPU kernels: `(out [T, H, Dv] in query.dtype,
+    new_state float32)`, with the XLA implementation's semantics. Arguments as the public op's (checked there);
+    `cfg.chunk_size` (else `chunk_size`) is the chunk of the Triton prefill. `interpret`: interpret mode (tests)."""
     require_pool_arguments(recurrent_state, state_indices)
-    _decline(query, value, beta, decay, recurrent_state, query_start_loc, interpret)
-    if query.shape[0] == 0:
-        return jnp.zeros((0, *value.shape[1:]), query.dtype), recurrent_state
+    _decline(query, value, beta, decay, recurrent_state, interpret)
+    if query.shape[0] == 0 or state_indices.shape[0] == 0:
+        return jnp.zeros((query.shape[0], *value.shape[1:]), query.dtype), recurrent_state
     # (interpreted, each warpgroup of each CTA is a thread: a few CTAs)
     tiling = MosaicGpuRaggedDecodeTiling(ctas=2 if interpret else None, interpret=interpret)
+    l2norm = bool(use_qk_l2norm)
 
-    def forward(query, key, value, beta, decay, pool, _, state_indices):
-        return decode_batch(tiling, bool(use_qk_l2norm), query, key, value, beta, decay, pool, state_indices)
+    def forward(query, key, value, beta, decay, pool, qsl, state_indices):
+        inputs = (query, key, value, beta, decay)
+        if qsl is None:
+            return decode_batch(tiling, l2norm, *inputs, pool, state_indices)
+        req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
+        chunked = functools.partial(
+            resolve(TRITON_CHUNKED), chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret
+        )
+        decode = functools.partial(_decode_requests, tiling, l2norm)
+        return lax.cond(jnp.all(req.lengths <= 1), decode, chunked, inputs, pool, req)
 
     # a differentiated call runs the plain-JAX computation
-    twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=bool(use_qk_l2norm))
-    return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, None, state_indices)
+    twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=l2norm)
+    args = (query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)
+    return trained_as(twin, forward)(*args)
