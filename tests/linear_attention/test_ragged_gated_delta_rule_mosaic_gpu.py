@@ -34,17 +34,18 @@ def make_inputs(num_tokens, heads=H, slots=SLOTS, dk=DK, dv=DV, dtype=jnp.bfloat
     )
 
 
-@pytest.mark.parametrize("use_qk_l2norm, decay", [(True, True), (False, False)])
-def test_interpret_decode_batch_matches_xla(use_qk_l2norm, decay):
-    inputs = make_inputs(len(SLOT_OF), decay=decay)
+@pytest.mark.parametrize("use_qk_l2norm, decay, pool_dtype", [(True, True, jnp.float32), (False, False, jnp.bfloat16)])
+def test_interpret_decode_batch_matches_xla(use_qk_l2norm, decay, pool_dtype):
+    inputs = list(make_inputs(len(SLOT_OF), decay=decay))
+    inputs[5] = inputs[5].astype(pool_dtype)
     slots = jnp.asarray(SLOT_OF)
     mosaic = functools.partial(ragged_gated_delta_rule_mosaic_gpu, use_qk_l2norm=use_qk_l2norm, interpret=True)
     with interpret_mode():
         out, new_state = jax.block_until_ready(mosaic(*inputs, None, slots))
     xla_out, xla_state = ragged_gated_delta_rule_xla(*inputs, None, slots, use_qk_l2norm=use_qk_l2norm)
-    assert out.dtype == inputs[0].dtype and new_state.dtype == jnp.float32
+    assert out.dtype == inputs[0].dtype and new_state.dtype == pool_dtype
     assert_close(out, xla_out, jnp.bfloat16, name="out")
-    assert_close(new_state, xla_state, name="new_state")
+    assert_close(new_state, xla_state, pool_dtype, name="new_state")
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def test_interpret_request_bounds_match_xla(bounds, path, monkeypatch):
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"pool": jnp.bfloat16}, "float32 state pool"),
+        ({"pool": jnp.float8_e4m3fn}, "float32, bfloat16 or float16 state pool"),
         ({"dk": 32}, r"dim_k in \(64, 128\)"),
     ],
 )
@@ -89,39 +90,43 @@ def test_declines_what_it_cannot_serve(change, words):
         ragged_gated_delta_rule_mosaic_gpu(*inputs, None, jnp.asarray(SLOT_OF), interpret=True)
 
 
-def test_kernels_lower_for_cuda():
+@pytest.mark.parametrize("pool_dtype", [jnp.float32, jnp.bfloat16])
+def test_kernels_lower_for_cuda(pool_dtype):
     """Both passes at the bench's head dims (the kernels without the device check)."""
     inputs = make_inputs(256, heads=4, slots=300, dk=128)
-    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
+    shapes = [jax.ShapeDtypeStruct(x.shape, pool_dtype if i == 5 else x.dtype) for i, x in enumerate(inputs)]
     step = functools.partial(decode_batch, MosaicGpuRaggedDecodeTiling(ctas=132), True)
     traced = jax.jit(step).trace(*shapes, jax.ShapeDtypeStruct((256,), jnp.int32))
     assert traced.lower(lowering_platforms=("cuda",)).as_text().count("mosaic_gpu") >= 2
 
 
 @pytest.mark.gpu
-def test_gpu_decode_batch_matches_xla():
+@pytest.mark.parametrize("pool_dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_decode_batch_matches_xla(pool_dtype):
     """256 requests, 32 heads, D 128; a few share slots, one slot is out of range; the pool donated, updated in
     place (no copy of it in the compiled step)."""
     slots = np.random.default_rng(2).permutation(320)[:256].astype(np.int32)
     slots[10], slots[20], slots[30] = slots[3], slots[3], 400
-    inputs = make_inputs(256, heads=32, slots=320, dk=128, dtype=jnp.float32)
+    inputs = list(make_inputs(256, heads=32, slots=320, dk=128, dtype=jnp.float32))
+    inputs[5] = inputs[5].astype(pool_dtype)
     on = lambda platform: jax.jit(functools.partial(ragged_gated_delta_rule, platform=platform))
     xla_out, xla_state = on("xla")(*inputs, None, jnp.asarray(slots))
     step = jax.jit(
         lambda pool, *rest: ragged_gated_delta_rule(*rest[:5], pool, *rest[5:], platform="pallas"), donate_argnums=0
     )
     args = (*inputs[:5], None, jnp.asarray(slots))
-    copies = copies_in(step.lower(inputs[5], *args).compile().as_text(), "f32[320,32,128,128]")
+    pool_type = f"{jnp.dtype(pool_dtype).name.replace('float', 'f')}[320,32,128,128]"  # f32[...], bf16[...]
+    copies = copies_in(step.lower(inputs[5], *args).compile().as_text(), pool_type)
     assert not copies, copies[:2]  # the pool is stepped in place
     out, new_state = step(jnp.copy(inputs[5]), *args)
     assert_close(out, xla_out, jnp.float32, name="out")
-    assert_close(new_state, xla_state, jnp.float32, name="new_state")
+    assert_close(new_state, xla_state, pool_dtype, name="new_state")
 
 
 @pytest.mark.gpu
 def test_gpu_upstream_entries_route_as_the_op():
-    """EasyDeL's entries (upstream's private paths) reach the op's kernels: the decode entry the Mosaic GPU step on a
-    float32 pool (Triton's on bfloat16), the chunked-prefill entry Triton's chunks."""
+    """EasyDeL's entries (upstream's private paths) reach the op's kernels: the decode entry the Mosaic GPU step
+    (Triton's at dim_k 32, which Mosaic GPU declines), the chunked-prefill entry Triton's chunks."""
     from ejkernel.kernels._pallas.tpu.ragged_gated_delta_rule._interface import _decode_path
     from ejkernel.kernels._xla.ragged_gated_delta_rule._xla_impl_fwd import _ragged_gdr_chunked_prefill
 
@@ -129,8 +134,8 @@ def test_gpu_upstream_entries_route_as_the_op():
     inputs = make_inputs(16, heads=4, slots=16, dk=128, dtype=jnp.bfloat16)
     lowered = lambda fn, *args: jax.jit(fn).lower(*args).as_text()
     assert "mosaic_gpu" in lowered(lambda *a: _decode_path(*a, True), *inputs, slots)
-    bf16_pool = (*inputs[:5], inputs[5].astype(jnp.bfloat16))
-    text = lowered(lambda *a: _decode_path(*a, True), *bf16_pool, slots)
+    narrow = make_inputs(16, heads=4, slots=16, dk=32, dtype=jnp.bfloat16)
+    text = lowered(lambda *a: _decode_path(*a, True), *narrow, slots)
     assert "mosaic_gpu" not in text and "triton" in text
     bounds = jnp.array([0, 10, 16], jnp.int32)
     text = lowered(lambda *a: _ragged_gdr_chunked_prefill(*a, 64, True), *inputs, bounds, slots[:2])

@@ -11,7 +11,7 @@ Serving (`ragged_gated_delta_rule`, forward, each platform and auto, the float32
 back as a serving loop does): a decode step of 256 requests, H=32, Dk=Dv=128, bf16 tokens, in achieved
 bandwidth (state read + written, q, k, v, beta, decay read, out written) beside the device copy of 2 GiB
 timed in the same run (`ratio_to_copy`), called with request bounds and as a decode batch (no
-`query_start_loc`: "decode batch" rows); and a prefill of 8 requests of 2048 tokens beside `gated_delta_rule`
+`query_start_loc`: "decode batch" rows; once more on a bf16 pool, as serving engines often keep it); and a prefill of 8 requests of 2048 tokens beside `gated_delta_rule`
 on the same tokens as a batch of 8 (initial and final states, Triton and XLA), `vs_gated_delta_rule` the
 ratio of times to it on the same platform.
 """
@@ -103,18 +103,20 @@ def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     inputs = tuple(d[n][0] for n in ("q", "k", "v", "beta", "decay"))
     slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
     pool = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
-    calls = {
-        "decode": (*inputs, jnp.arange(requests + 1, dtype=jnp.int32), slots),
-        "decode batch": (*inputs, None, slots),
+    calls = {  # tokens and pool of each case
+        "decode": ((*inputs, jnp.arange(requests + 1, dtype=jnp.int32), slots), pool),
+        "decode batch": ((*inputs, None, slots), pool),
+        "decode batch, bf16 pool": ((*inputs, None, slots), pool.astype(jnp.bfloat16)),
     }
     builders = {
         (kind, p): functools.partial(_serving_loop, _ragged(p), tokens, pool)
-        for kind, tokens in calls.items()
+        for kind, (tokens, pool) in calls.items()
         for p in platforms
     }
     timings = time_variants(builders, repeats=repeats, where=f"decode N={requests} H={heads} D={dim}")
-    nbytes = 2 * requests * heads * dim * dim * 4 + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
     for (kind, platform), seconds in timings.items():
+        state_bytes = 2 * requests * heads * dim * dim * calls[kind][1].dtype.itemsize  # read + written
+        nbytes = state_bytes + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
         row = dict(op="ragged_gated_delta_rule", case=f"{kind} {requests}x1 H={heads} D={dim}", platform=platform)
         row |= dict(ms=1e3 * seconds, TBps=nbytes / seconds / 1e12, ratio_to_copy=nbytes / seconds / copy_bw)
         rows.append(row)

@@ -1,12 +1,12 @@
 """The gated delta rule's decode step on the state pool in place, in persistent Mosaic GPU kernels (Hopper).
 
 Work comes in items `(request, head, tile of 64 value columns)`. Each CTA walks its items, its memory warpgroup copying
-an item's `[Dk, 64]` float32 state tile and its q, k, v rows by TMA into a ring of shared-memory slots ahead of the
-compute warpgroups (item j to warpgroup `j mod compute_wgs`), which step the tile in registers (`h ← h·e^{decay}`,
-`u = β (v − hᵀk)`, `h ← h + k uᵀ`, `o = scale · qᵀh`) and store the output row, and in the writers' pass the tile, by
-TMA. The column sums reduce across warps through shared memory: `jnp.sum` would lower to Mosaic GPU's one reduction
-buffer for the whole kernel, which two warpgroups would share (wrong outputs on an H200, session 54), so each
-warpgroup reduces through a buffer of its own (`_sums`).
+an item's `[Dk, 64]` state tile and its q, k, v rows by TMA into a ring of shared-memory slots ahead of the compute
+warpgroups (item j to warpgroup `j mod compute_wgs`), which step the tile in float32 registers (`h ← h·e^{decay}`,
+`u = β (v − hᵀk)`, `h ← h + k uᵀ`, `o = scale · qᵀh`) and store the output row, and in the writers' pass the tile
+(rounded to the pool's dtype: float32, bfloat16 or float16), by TMA. The column sums reduce across warps through
+shared memory: `jnp.sum` would lower to Mosaic GPU's one reduction buffer for the whole kernel, which two warpgroups
+would share (wrong outputs on an H200, session 54), so each warpgroup reduces through a buffer of its own (`_sums`).
 
 Modes are the XLA implementation's (`_common.linear_attention.ragged`): a request `WRITES` (the first live request
 of its slot), `READS` (live, but an earlier request writes its slot: output only, from the old state) or is `IDLE`
@@ -161,7 +161,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
                 if l2norm:
                     qv = qv * lax.rsqrt(_sums(qv * qv, own) + L2_EPS)
                     kv = kv * lax.rsqrt(_sums(kv * kv, own) + L2_EPS)
-                state = plgpu.load(h_smem.at[s], layout=WGMMA)
+                state = plgpu.load(h_smem.at[s], layout=WGMMA).astype(F32)
                 if has_decay:
                     state = state * jnp.exp(decay_ref[r, h].astype(F32))
                 k_rows = along_rows(kv, state.shape)
@@ -170,7 +170,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
                 state = state + k_rows * along_cols(u, state.shape)
                 o_smem.at[s][...] = _sums(along_rows(qv * dk**-0.5, state.shape) * state, own).astype(o_smem.dtype)
                 if writers:
-                    h_smem.at[s][...] = state
+                    h_smem.at[s][...] = state.astype(h_smem.dtype)
                 plgpu.commit_smem()
                 if writers:
                     pool_slot = jnp.clip(slot_ref[r], 0, num_slots - 1)
@@ -207,9 +207,11 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
     out_dtype = q.dtype
     scratch = (
         (
-            # swizzled (rows of 32 float32): plain rows of 64 would put a warp's 8 rows in one set of banks
+            # swizzled (rows of 128 bytes): plain rows of 64 values would put a warp's 8 rows in one set of banks
             plgpu.SMEM(
-                (stages, dk, BLOCK_V), F32, transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+                (stages, dk, BLOCK_V),
+                pool.dtype,
+                transforms=(plgpu.TilingTransform((8, 128 // pool.dtype.itemsize)), plgpu.SwizzleTransform(128)),
             ),
             plgpu.SMEM((stages, dk), q.dtype),
             plgpu.SMEM((stages, dk), k.dtype),

@@ -7,9 +7,9 @@ form for every request (`chunked_requests`, reached by name: `ejkernel.registry.
 mixed batches run where they are fastest.
 
 Not differentiable by kernels: a differentiated call runs the plain-JAX computation instead (`trained_as`). Declines
-(NotImplementedError, before anything is traced, so that `auto` moves on to Triton): a pool that is not float32, key
-head dims other than 64 and 128 (the WGMMA layout's rows), value head dims that are not a multiple of 64, GPUs other
-than Hopper.
+(NotImplementedError, before anything is traced, so that `auto` moves on to Triton): a pool of another dtype than
+float32, bfloat16 and float16, key head dims other than 64 and 128 (the WGMMA layout's rows), value head dims that are
+not a multiple of 64, GPUs other than Hopper.
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ from ejkernel.registry import resolve
 
 WHO = "mosaic gpu ragged_gated_delta_rule"
 KEY_DIMS = (64, 128)
+POOL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 TRITON_CHUNKED = "ejkernel.kernels._triton.ragged_gated_delta_rule:chunked_requests"
 
 
 def _decline(query, value, beta, decay, recurrent_state, interpret: bool) -> None:
     for name, x in (("query", query), ("value", value), ("beta", beta), ("decay", decay)):
         require_float(f"{WHO}: {name}", x)
-    if recurrent_state.dtype != jnp.float32:
-        raise NotImplementedError(f"{WHO} steps a float32 state pool, got {recurrent_state.dtype}")
+    if recurrent_state.dtype not in POOL_DTYPES:
+        raise NotImplementedError(f"{WHO} steps a float32, bfloat16 or float16 state pool, got {recurrent_state.dtype}")
     if query.shape[-1] not in KEY_DIMS or value.shape[-1] % BLOCK_V:
         raise NotImplementedError(
             f"{WHO} takes dim_k in {KEY_DIMS} and dim_v a multiple of {BLOCK_V}, got {query.shape[-1]}, "
@@ -86,8 +87,9 @@ def ragged_gated_delta_rule_mosaic_gpu(
     interpret: bool = False,
 ):
     """`ragged_gated_delta_rule` with the decode step in Mosaic GPU kernels: `(out [T, H, Dv] in query.dtype,
-    new_state float32)`, with the XLA implementation's semantics. Arguments as the public op's (checked there);
-    `cfg.chunk_size` (else `chunk_size`) is the chunk of the Triton prefill. `interpret`: interpret mode (tests)."""
+    new_state in recurrent_state.dtype)`, with the XLA implementation's semantics. Arguments as the public op's
+    (checked there); `cfg.chunk_size` (else `chunk_size`) is the chunk of the Triton prefill. `interpret`: interpret
+    mode (tests)."""
     require_pool_arguments(recurrent_state, state_indices)
     _decline(query, value, beta, decay, recurrent_state, interpret)
     if query.shape[0] == 0 or state_indices.shape[0] == 0:
