@@ -11,9 +11,9 @@ Serving (`ragged_gated_delta_rule`, forward, each platform and auto, the float32
 back as a serving loop does): a decode step of 256 requests, H=32, Dk=Dv=128, bf16 tokens, in achieved
 bandwidth (state read + written, q, k, v, beta, decay read, out written) beside the device copy of 2 GiB
 timed in the same run (`ratio_to_copy`), called with request bounds and as a decode batch (no
-`query_start_loc`: "decode batch" rows; once more on a bf16 pool, as serving engines often keep it); and a prefill of 8 requests of 2048 tokens beside `gated_delta_rule`
-on the same tokens as a batch of 8 (initial and final states, Triton and XLA), `vs_gated_delta_rule` the
-ratio of times to it on the same platform.
+`query_start_loc`: "decode batch" rows; once more on a bf16 pool, as serving engines often keep it); and a
+prefill of 8 requests of 2048 tokens beside `gated_delta_rule` on the same tokens as a batch of 8 (initial and
+final states, Triton and XLA), `vs_gated_delta_rule` the ratio of times to it on the same platform.
 """
 
 import functools

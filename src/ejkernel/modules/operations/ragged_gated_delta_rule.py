@@ -47,8 +47,8 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
         chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64; Triton rounds
             it up to a power of two in [16, 128]). A config given to the call always wins over the call's
             `chunk_size`.
-        platform: `"auto"` (default), `"pallas"` (Mosaic GPU, Hopper, a float32 pool: the decode step; prefill
-            on Triton's kernels), `"triton"` (GPU) or `"xla"`.
+        platform: `"auto"` (default), `"pallas"` (Mosaic GPU, Hopper: the decode step; prefill on Triton's
+            kernels), `"triton"` (GPU) or `"xla"`.
         fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 64), and
             `num_warps` (default 4); other fields are not read.
         bwd_params: Not read by this op.
@@ -207,9 +207,9 @@ def ragged_gated_delta_rule(
     call is a decode batch: token `i` is request `i` on slot `state_indices[i]`, as `arange(tokens + 1)` bounds
     would give, known without looking at values, so the decode path runs alone (a serving engine's decode step;
     with bounds, telling the paths apart costs a `lax.cond`, whose predicate XLA reads on the host: 25 us of a
-    363 us step on an H200). On a GPU (Mosaic GPU on Hopper with a float32 pool, else Triton) the decode step
-    updates the pool in place: under `jit` with `recurrent_state` donated, no copy of the pool is made. Meant for
-    inference; `jax.grad` through it runs and differentiates the plain JAX computation (on every platform).
+    363 us step on an H200). On a GPU (Mosaic GPU on Hopper, else Triton) the decode step updates the pool in
+    place: under `jit` with `recurrent_state` donated, no copy of the pool is made. Meant for inference;
+    `jax.grad` through it runs and differentiates the plain JAX computation (on every platform).
 
     Args:
         query: `[tokens, heads, dim_k]` float.
