@@ -10,9 +10,12 @@ would share (wrong outputs on an H200, session 54), so each warpgroup reduces th
 
 Modes are the XLA implementation's (`_common.linear_attention.ragged`): a request `WRITES` (the first live request
 of its slot), `READS` (live, but an earlier request writes its slot: output only, from the old state) or is `IDLE`
-(slot outside the pool: zero output). Readers must see the old state, so the readers' pass runs first (its CTAs walk
-requests, stepping only readers' items: a launch when there is none); the writers' pass then walks every item,
-loading and stepping writers' tiles only. The pool is updated in place (`jax.new_ref`).
+(empty, or its slot outside the pool: it outputs nothing, its row stays zero). Readers must see the old state, so the
+readers' pass runs first (its CTAs walk requests, stepping only readers' items: a launch when there is none); the
+writers' pass then walks every item, loading and stepping writers' tiles only. Request r reads its token `token[r]`
+where it lies (a decode batch's r, or a request's first token within bounds) and writes its output row there, so a
+call with request bounds needs no gather or scatter around the kernels. The output (zeros first) and the pool are
+updated in place (`jax.new_ref`).
 
 On an H200 (a decode batch of 256 requests, H 32, D 128, float32 pool; session 55, `ejkernel bench linear_attention
 --part serving`): 0.300-0.302 ms, 0.871-0.878 of the device copy's bandwidth, against 0.329 ms (0.801) for the Triton
@@ -32,7 +35,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
-from ejkernel.kernels._common.linear_attention.ragged import first_writers, in_pool
+from ejkernel.kernels._common.linear_attention.ragged import Requests, decode_token, first_writers, in_pool
 from ejkernel.kernels._pallas.gpu.flash_attention._parts import along_cols, along_rows
 
 IDLE, READS, WRITES = 0, 1, 2
@@ -84,17 +87,17 @@ def modes(slots, num_slots: int):
     return jnp.where(writes, WRITES, jnp.where(in_pool(slots, num_slots), READS, IDLE)).astype(jnp.int32)
 
 
-def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, slot, mode):
-    """One pass over the items: the readers' (`writers` False: `out` None, a new output holding the readers' rows)
-    or the writers' (`out` the readers' output, filled in; `pool` updated). Returns `(out, pool)`."""
-    num_requests, heads, dk = q.shape
+def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_ref, slot, mode, token):
+    """One pass over the items, request r's token `token[r]`: the readers' (`writers` False) or the writers' (`pool`
+    updated in place, a ref). Each writes its requests' output rows into `out_ref` in place."""
+    num_requests, (_, heads, dk) = slot.shape[0], q.shape
     num_slots, tiles, cw, stages = pool.shape[0], v.shape[-1] // BLOCK_V, tiling.compute_wgs, tiling.stages
     ctas = tiling.ctas or getattr(jax.devices()[0], "core_count", 132)
     per_request = heads * tiles
     has_decay = decay is not None
 
     def body(*refs):
-        slot_ref, mode_ref, q_ref, k_ref, v_ref, beta_ref, *refs = refs
+        slot_ref, mode_ref, token_ref, q_ref, k_ref, v_ref, beta_ref, *refs = refs
         decay_ref = refs.pop(0) if has_decay else None
         pool_ref, out_ref, (h_smem, q_smem, k_smem, v_smem, o_smem, scratch), (ready, consumed) = refs
         cta, wg = lax.axis_index("ctas"), lax.axis_index("wg")
@@ -136,11 +139,11 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
 
             @pl.when(loads)
             def _():
-                pool_slot = jnp.clip(slot_ref[r], 0, num_slots - 1)
+                pool_slot, t = jnp.clip(slot_ref[r], 0, num_slots - 1), token_ref[r]
                 plgpu.copy_gmem_to_smem(pool_ref.at[pool_slot, h, :, cols], h_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(q_ref.at[r, h], q_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(k_ref.at[r, h], k_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(v_ref.at[r, h, cols], v_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(q_ref.at[t, h], q_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(k_ref.at[t, h], k_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(v_ref.at[t, h, cols], v_smem.at[s], ready.at[s])
 
             @pl.when(jnp.logical_not(loads))  # nothing to load: the slot's turn passes
             def _():
@@ -151,7 +154,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
             """Warpgroup `j mod compute_wgs`'s item: the tile stepped, the output row (and the tile) stored."""
             s = lax.rem(j, jnp.int32(stages))
             cols = pl.ds(pl.multiple_of(t * BLOCK_V, BLOCK_V), BLOCK_V)
-            m = item_mode(r)
+            m, t = item_mode(r), token_ref[r]
             plgpu.barrier_wait(ready.at[s])
 
             @pl.when(m == (WRITES if writers else READS))
@@ -163,10 +166,10 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
                     kv = kv * lax.rsqrt(_sums(kv * kv, own) + L2_EPS)
                 state = plgpu.load(h_smem.at[s], layout=WGMMA).astype(F32)
                 if has_decay:
-                    state = state * jnp.exp(decay_ref[r, h].astype(F32))
+                    state = state * jnp.exp(decay_ref[t, h].astype(F32))
                 k_rows = along_rows(kv, state.shape)
                 vv = plgpu.load(v_smem.at[s], layout=COL).astype(F32)
-                u = beta_ref[r, h].astype(F32) * (vv - _sums(state * k_rows, own))
+                u = beta_ref[t, h].astype(F32) * (vv - _sums(state * k_rows, own))
                 state = state + k_rows * along_cols(u, state.shape)
                 o_smem.at[s][...] = _sums(along_rows(qv * dk**-0.5, state.shape) * state, own).astype(o_smem.dtype)
                 if writers:
@@ -175,15 +178,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
                 if writers:
                     pool_slot = jnp.clip(slot_ref[r], 0, num_slots - 1)
                     plgpu.copy_smem_to_gmem(h_smem.at[s], pool_ref.at[pool_slot, h, :, cols])
-                plgpu.copy_smem_to_gmem(o_smem.at[s], out_ref.at[r, h, cols])
-
-            if writers:
-
-                @pl.when(m == IDLE)
-                def _():
-                    o_smem.at[s][...] = plgpu.layout_cast(jnp.zeros((BLOCK_V,), F32), COL).astype(o_smem.dtype)
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(o_smem.at[s], out_ref.at[r, h, cols])
+                plgpu.copy_smem_to_gmem(o_smem.at[s], out_ref.at[t, h, cols])
 
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot is read out: it may be refilled
             plgpu.barrier_arrive(consumed.at[s])
@@ -204,7 +199,6 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
             walk(visit)
             plgpu.wait_smem_to_gmem(0)
 
-    out_dtype = q.dtype
     scratch = (
         (
             # swizzled (rows of 128 bytes): plain rows of 64 values would put a warp's 8 rows in one set of banks
@@ -216,14 +210,14 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
             plgpu.SMEM((stages, dk), q.dtype),
             plgpu.SMEM((stages, dk), k.dtype),
             plgpu.SMEM((stages, BLOCK_V), v.dtype),
-            plgpu.SMEM((stages, BLOCK_V), out_dtype),
+            plgpu.SMEM((stages, BLOCK_V), out_ref.dtype),
             plgpu.SMEM((cw, SCRATCH), F32),
         ),
         (plgpu.Barrier(num_arrivals=COPIES, num_barriers=stages), plgpu.Barrier(num_arrivals=1, num_barriers=stages)),
     )
     kernel = plgpu.kernel(
         body,
-        out_type=() if writers else (jax.ShapeDtypeStruct((num_requests, heads, v.shape[-1]), out_dtype),),
+        out_type=(),
         scratch_types=scratch,
         grid=(ctas,),
         grid_names=("ctas",),
@@ -232,12 +226,19 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out, 
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="ejkernel_ragged_delta_decode_" + ("writers" if writers else "readers"),
     )
-    args = [slot, mode, q, k, v, beta] + ([decay] if has_decay else [])
-    if not writers:  # (the body finds the output where the pool's ref is followed by the output's)
-        (out,) = kernel(*args, pool)
-        return out, pool
-    pool_ref, out_ref = jax.new_ref(pool), jax.new_ref(out)
-    kernel(*args, pool_ref, out_ref)
+    args = [slot, mode, token, q, k, v, beta] + ([decay] if has_decay else [])
+    kernel(*args, pool, out_ref)
+
+
+def decode_step(tiling: MosaicGpuRaggedDecodeTiling, l2norm: bool, inputs, pool, slot, mode, token):
+    """Request r steps token `token[r]` (of `inputs`: query, key, value, beta, decay) on slot `slot[r]` as `mode[r]`
+    says: `(out [T, H, Dv] in the query's dtype, zero in rows no request writes; the pool after the step)`, both
+    written in place."""
+    query, value = inputs[0], inputs[2]
+    out_ref = jax.new_ref(jnp.zeros((query.shape[0], *value.shape[1:]), query.dtype))
+    _pass(tiling, l2norm, False, *inputs, pool, out_ref, slot, mode, token)
+    pool_ref = jax.new_ref(pool)
+    _pass(tiling, l2norm, True, *inputs, pool_ref, out_ref, slot, mode, token)
     return jax.freeze(out_ref), jax.freeze(pool_ref)
 
 
@@ -245,7 +246,12 @@ def decode_batch(tiling: MosaicGpuRaggedDecodeTiling, l2norm: bool, query, key, 
     """A decode batch (request r steps token r on slot `slots[r]`): `(out [N, H, Dv] in the query's dtype, the pool
     after the step)`, the pool updated in place."""
     slot = slots.astype(jnp.int32)
-    mode = modes(slot, pool.shape[0])
-    inputs = (query, key, value, beta, decay)
-    out, _ = _pass(tiling, l2norm, False, *inputs, pool, None, slot, mode)
-    return _pass(tiling, l2norm, True, *inputs, pool, out, slot, mode)
+    token = jnp.arange(slot.shape[0], dtype=jnp.int32)
+    return decode_step(tiling, l2norm, (query, key, value, beta, decay), pool, slot, modes(slot, pool.shape[0]), token)
+
+
+def decode_requests(tiling: MosaicGpuRaggedDecodeTiling, l2norm: bool, inputs, pool, req: Requests):
+    """Every request of `req` with at most one token (a decode call with request bounds): `(out [T, H, Dv], the pool
+    after the step)`. Empty requests and padding tokens are left out (zero rows); the tokens are read in place."""
+    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
+    return decode_step(tiling, l2norm, inputs, pool, req.slots, mode, decode_token(req.bounds, inputs[0].shape[0]))

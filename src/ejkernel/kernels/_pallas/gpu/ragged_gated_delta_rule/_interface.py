@@ -2,7 +2,7 @@
 
 A decode batch (`query_start_loc` None: token r is request r) runs the decode kernels alone. A call with request
 bounds takes, as the other implementations do, a `lax.cond` on the traced lengths: every request with at most one
-token, the same kernels on the requests' tokens (gathered, and the outputs placed back); otherwise Triton's chunked
+token, the same kernels on the requests' tokens (read and written in place by index); otherwise Triton's chunked
 form for every request (`chunked_requests`, reached by name: `ejkernel.registry.resolve`), so that prefill and
 mixed batches run where they are fastest.
 
@@ -25,8 +25,6 @@ from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     DEFAULT_CHUNK,
-    decode_token,
-    place_decoded,
     ragged_delta_rule,
     requests,
     require_pool_arguments,
@@ -35,6 +33,7 @@ from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import (
     BLOCK_V,
     MosaicGpuRaggedDecodeTiling,
     decode_batch,
+    decode_requests,
 )
 from ejkernel.registry import resolve
 
@@ -58,17 +57,6 @@ def _decline(query, value, beta, decay, recurrent_state, interpret: bool) -> Non
         raise NotImplementedError(
             f"{WHO} needs a Hopper GPU (compute capability 9.x), not {jax.devices()[0].device_kind}"
         )
-
-
-def _decode_requests(tiling, use_qk_l2norm: bool, inputs, pool, req):
-    """Every request with at most one token, as a decode batch of the requests: their tokens gathered (an empty
-    request's slot made out of range, so it neither reads nor writes), the outputs placed back at the tokens."""
-    num_tokens = inputs[0].shape[0]
-    token = decode_token(req.bounds, num_tokens)
-    rows = (None if x is None else x[token] for x in inputs)
-    slots = jnp.where(req.live, req.slots, pool.shape[0])
-    out, pool = decode_batch(tiling, use_qk_l2norm, *rows, pool, slots)
-    return place_decoded(out, token, req.live, num_tokens), pool
 
 
 def ragged_gated_delta_rule_mosaic_gpu(
@@ -106,7 +94,7 @@ def ragged_gated_delta_rule_mosaic_gpu(
         chunked = functools.partial(
             resolve(TRITON_CHUNKED), chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret
         )
-        decode = functools.partial(_decode_requests, tiling, l2norm)
+        decode = functools.partial(decode_requests, tiling, l2norm)
         return lax.cond(jnp.all(req.lengths <= 1), decode, chunked, inputs, pool, req)
 
     # a differentiated call runs the plain-JAX computation
