@@ -17,10 +17,12 @@ where it lies (a decode batch's r, or a request's first token within bounds) and
 call with request bounds needs no gather or scatter around the kernels. The output (zeros first) and the pool are
 updated in place (`jax.new_ref`).
 
-On an H200 (a decode batch of 256 requests, H 32, D 128, float32 pool; session 55, `ejkernel bench linear_attention
---part serving`): 0.300-0.302 ms, 0.871-0.878 of the device copy's bandwidth, against 0.329 ms (0.801) for the Triton
-step in the same run; the XLA modes and the readers' pass take 3 us of it, the writers' pass 282-286 us. One compute
-warpgroup instead of two: 0.69 (session 54).
+On an H200 (256 requests, H 32, D 128; session 55, `ejkernel bench linear_attention --part serving`, four runs): a
+decode batch on a float32 pool 0.300-0.307 ms, 0.84-0.90 of the device copy's bandwidth, against 0.328-0.333 ms
+(0.78-0.83) for the Triton step in the same runs (the writers' pass 280-286 us, the XLA modes and the readers' pass 5);
+with request bounds 0.334 ms (0.77; Triton 0.368, 0.70), the `lax.cond`'s predicate read on the host most of the
+difference; on a bf16 pool 0.221-0.225 ms, as Triton (0.59: half the bytes, the same steps). One compute warpgroup
+instead of two: 0.69 (session 54).
 """
 
 from __future__ import annotations
