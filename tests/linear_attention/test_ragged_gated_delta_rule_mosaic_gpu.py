@@ -92,10 +92,10 @@ def test_declines_what_it_cannot_serve(change, words):
 
 @pytest.mark.parametrize("pool_dtype", [jnp.float32, jnp.bfloat16])
 def test_kernels_lower_for_cuda(pool_dtype):
-    """Both passes at the bench's head dims (the kernels without the device check)."""
+    """Both passes at the bench's head dims, items of 64 columns (float32) and 128 (bf16); without the device check."""
     inputs = make_inputs(256, heads=4, slots=300, dk=128)
     shapes = [jax.ShapeDtypeStruct(x.shape, pool_dtype if i == 5 else x.dtype) for i, x in enumerate(inputs)]
-    step = functools.partial(decode_batch, MosaicGpuRaggedDecodeTiling(ctas=132), True)
+    step = functools.partial(decode_batch, MosaicGpuRaggedDecodeTiling.for_pool(pool_dtype, DV, ctas=132), True)
     traced = jax.jit(step).trace(*shapes, jax.ShapeDtypeStruct((256,), jnp.int32))
     assert traced.lower(lowering_platforms=("cuda",)).as_text().count("mosaic_gpu") >= 2
 

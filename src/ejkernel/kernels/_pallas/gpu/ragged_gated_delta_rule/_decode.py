@@ -1,12 +1,13 @@
 """The gated delta rule's decode step on the state pool in place, in persistent Mosaic GPU kernels (Hopper).
 
-Work comes in items `(request, head, tile of 64 value columns)`. Each CTA walks its items, its memory warpgroup copying
-an item's `[Dk, 64]` state tile and its q, k, v rows by TMA into a ring of shared-memory slots ahead of the compute
-warpgroups (item j to warpgroup `j mod compute_wgs`), which step the tile in float32 registers (`h ← h·e^{decay}`,
-`u = β (v − hᵀk)`, `h ← h + k uᵀ`, `o = scale · qᵀh`) and store the output row, and in the writers' pass the tile
-(rounded to the pool's dtype: float32, bfloat16 or float16), by TMA. The column sums reduce across warps through
-shared memory: `jnp.sum` would lower to Mosaic GPU's one reduction buffer for the whole kernel, which two warpgroups
-would share (wrong outputs on an H200, session 54), so each warpgroup reduces through a buffer of its own (`_sums`).
+Work comes in items `(request, head, tile of block_v value columns)` (64; 128 for a 16-bit pool where they fit). Each
+CTA walks its items, its memory warpgroup copying an item's `[Dk, block_v]` state tile and its q, k, v rows by TMA into
+a ring of shared-memory slots ahead of the compute warpgroups (item j to warpgroup `j mod compute_wgs`), which step the
+tile in float32 registers (`h ← h·e^{decay}`, `u = β (v − hᵀk)`, `h ← h + k uᵀ`, `o = scale · qᵀh`) and store the output
+row, and in the writers' pass the tile (rounded to the pool's dtype: float32, bfloat16 or float16), by TMA. The column
+sums reduce across warps through shared memory: `jnp.sum` would lower to Mosaic GPU's one reduction buffer for the whole
+kernel, which two warpgroups would share (wrong outputs on an H200, session 54), so each warpgroup reduces through a
+buffer of its own (`_sums`).
 
 Modes are the XLA implementation's (`_common.linear_attention.ragged`): a request `WRITES` (the first live request
 of its slot), `READS` (live, but an earlier request writes its slot: output only, from the old state) or is `IDLE`
@@ -21,8 +22,8 @@ On an H200 (256 requests, H 32, D 128; session 55, `ejkernel bench linear_attent
 decode batch on a float32 pool 0.300-0.307 ms, 0.84-0.90 of the device copy's bandwidth, against 0.328-0.333 ms
 (0.78-0.83) for the Triton step in the same runs (the writers' pass 280-286 us, the XLA modes and the readers' pass 5);
 with request bounds 0.334 ms (0.77; Triton 0.368, 0.70), the `lax.cond`'s predicate read on the host most of the
-difference; on a bf16 pool 0.221-0.225 ms, as Triton (0.59: half the bytes, the same steps). One compute warpgroup
-instead of two: 0.69 (session 54).
+difference; on a bf16 pool with 64-column items 0.219-0.225 ms, as Triton (0.59: half the bytes, the same steps),
+with 128-column items 0.190 ms (0.69). One compute warpgroup instead of two: 0.69 (session 54).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ejkernel.kernels._pallas.gpu.flash_attention._parts import along_cols, alon
 
 IDLE, READS, WRITES = 0, 1, 2
 F32 = jnp.float32
-BLOCK_V = 64  # value columns an item
+BLOCK_V = 64  # value columns an item of a float32 pool (a ring of 128-column float32 tiles overflows shared memory)
 COPIES = 4  # TMA loads an item: its state tile, q, k and v rows
 SCRATCH = 512  # float32 words of a warpgroup's reduction buffer (Mosaic GPU's default size: 2 KiB)
 MEMORY_REGISTERS, COMPUTE_REGISTERS = 40, 232
@@ -51,17 +52,27 @@ WGMMA, ROW, COL = plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(1), plgpu.Layout
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuRaggedDecodeTiling:
-    """Ring slots (even: measured 4 and 6 alike), compute warpgroups (2: one reached 0.69 of copy, two 0.84), CTAs
-    (None: one per SM), interpret mode."""
+    """Value columns an item (`for_pool`), ring slots (a multiple of the compute warpgroups, so that each slot stays
+    one warpgroup's: barrier phases are per thread; 4 and 6 measured alike), compute warpgroups (2: one reached 0.69
+    of copy, two 0.84; three over 6 slots 0.835 on a float32 pool, 0.67 on bf16 against 0.60), CTAs (None: one per
+    SM), interpret mode."""
 
+    block_v: int = BLOCK_V
     stages: int = 4
     compute_wgs: int = 2
     ctas: int | None = None
     interpret: bool = False
 
+    @classmethod
+    def for_pool(cls, pool_dtype, dim_v: int, **fields) -> MosaicGpuRaggedDecodeTiling:
+        """16-bit pools take items of 128 columns where `dim_v` allows: the same bytes an item as float32's 64, the
+        same steps for twice the columns (session 55 on an H200, a bf16 pool: 0.190 ms against 0.219 with 64)."""
+        wide = jnp.dtype(pool_dtype).itemsize == 2 and dim_v % (2 * BLOCK_V) == 0
+        return cls(block_v=2 * BLOCK_V if wide else BLOCK_V, **fields)
+
 
 def _sums(x, scratch):
-    """`x [Dk, BLOCK_V]` (WGMMA layout) summed over its rows -> `[BLOCK_V]`, or `x [Dk]` (row layout) summed -> its
+    """`x [Dk, block_v]` (WGMMA layout) summed over its rows -> `[block_v]`, or `x [Dk]` (row layout) summed -> its
     total in every row; across warps through `scratch` (this warpgroup's `[SCRATCH]` float32). None: `jnp.sum` (for
     the interpreter, which runs neither layouts nor inline Mosaic GPU)."""
     if scratch is None:
@@ -93,7 +104,8 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
     """One pass over the items, request r's token `token[r]`: the readers' (`writers` False) or the writers' (`pool`
     updated in place, a ref). Each writes its requests' output rows into `out_ref` in place."""
     num_requests, (_, heads, dk) = slot.shape[0], q.shape
-    num_slots, tiles, cw, stages = pool.shape[0], v.shape[-1] // BLOCK_V, tiling.compute_wgs, tiling.stages
+    num_slots, cw, stages, block_v = pool.shape[0], tiling.compute_wgs, tiling.stages, tiling.block_v
+    tiles = v.shape[-1] // block_v
     ctas = tiling.ctas or getattr(jax.devices()[0], "core_count", 132)
     per_request = heads * tiles
     has_decay = decay is not None
@@ -135,7 +147,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
 
         def feed(j, r, h, t):
             s = lax.rem(j, jnp.int32(stages))
-            cols = pl.ds(pl.multiple_of(t * BLOCK_V, BLOCK_V), BLOCK_V)
+            cols = pl.ds(pl.multiple_of(t * block_v, block_v), block_v)
             loads = item_mode(r) == (WRITES if writers else READS)
             pl.when(j >= stages)(lambda: plgpu.barrier_wait(consumed.at[s]))
 
@@ -155,7 +167,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
         def step(own, j, r, h, t):
             """Warpgroup `j mod compute_wgs`'s item: the tile stepped, the output row (and the tile) stored."""
             s = lax.rem(j, jnp.int32(stages))
-            cols = pl.ds(pl.multiple_of(t * BLOCK_V, BLOCK_V), BLOCK_V)
+            cols = pl.ds(pl.multiple_of(t * block_v, block_v), block_v)
             m, t = item_mode(r), token_ref[r]
             plgpu.barrier_wait(ready.at[s])
 
@@ -205,14 +217,14 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
         (
             # swizzled (rows of 128 bytes): plain rows of 64 values would put a warp's 8 rows in one set of banks
             plgpu.SMEM(
-                (stages, dk, BLOCK_V),
+                (stages, dk, block_v),
                 pool.dtype,
                 transforms=(plgpu.TilingTransform((8, 128 // pool.dtype.itemsize)), plgpu.SwizzleTransform(128)),
             ),
             plgpu.SMEM((stages, dk), q.dtype),
             plgpu.SMEM((stages, dk), k.dtype),
-            plgpu.SMEM((stages, BLOCK_V), v.dtype),
-            plgpu.SMEM((stages, BLOCK_V), out_ref.dtype),
+            plgpu.SMEM((stages, block_v), v.dtype),
+            plgpu.SMEM((stages, block_v), out_ref.dtype),
             plgpu.SMEM((cw, SCRATCH), F32),
         ),
         (plgpu.Barrier(num_arrivals=COPIES, num_barriers=stages), plgpu.Barrier(num_arrivals=1, num_barriers=stages)),

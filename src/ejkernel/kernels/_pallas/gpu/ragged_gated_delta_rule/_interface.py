@@ -83,7 +83,9 @@ def ragged_gated_delta_rule_mosaic_gpu(
     if query.shape[0] == 0 or state_indices.shape[0] == 0:
         return jnp.zeros((query.shape[0], *value.shape[1:]), query.dtype), recurrent_state
     # (interpreted, each warpgroup of each CTA is a thread: a few CTAs)
-    tiling = MosaicGpuRaggedDecodeTiling(ctas=2 if interpret else None, interpret=interpret)
+    tiling = MosaicGpuRaggedDecodeTiling.for_pool(
+        recurrent_state.dtype, value.shape[-1], ctas=2 if interpret else None, interpret=interpret
+    )
     l2norm = bool(use_qk_l2norm)
 
     def forward(query, key, value, beta, decay, pool, qsl, state_indices):

@@ -1,0 +1,37 @@
+"""Session 55: the landed decode step on float32 and bf16 pools (issue 44), after 16-bit pools took 128-column items
+(call 6's variant: 0.190 ms against 0.219), beside Triton's, as the serving bench's decode-batch rows time them.
+
+    PYTHONPATH=src python exp/s55_pools.py
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
+from ejkernel.benchmarks.linear_attention import DECODE, _inputs, _ragged, _serving_loop
+
+
+def main() -> None:
+    copy_bw = copy_bandwidth(quick=False, repeats=20)
+    requests, heads, dim = DECODE
+    d = _inputs(1, requests, heads, dim)
+    tokens = (*(d[n][0] for n in ("q", "k", "v", "beta", "decay")), None)
+    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
+    base = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    builders = {
+        (pool.dtype.name, p): functools.partial(_serving_loop, _ragged(p), (*tokens, slots), pool)
+        for pool in (base, base.astype(jnp.bfloat16))
+        for p in ("pallas", "triton")
+    }
+    for (dtype, p), seconds in time_variants(builders, repeats=20, where="decode batch").items():
+        state = 2 * requests * heads * dim * dim * jnp.dtype(dtype).itemsize  # read + written
+        nbytes = state + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
+        print(f"{dtype} pool, {p}: {1e3 * seconds:.4f} ms, {nbytes / seconds / copy_bw:.3f} of copy")
+
+
+if __name__ == "__main__":
+    main()
