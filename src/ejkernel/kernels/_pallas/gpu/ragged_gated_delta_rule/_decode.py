@@ -153,11 +153,11 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
 
             @pl.when(loads)
             def _():
-                pool_slot, t = jnp.clip(slot_ref[r], 0, num_slots - 1), token_ref[r]
+                pool_slot, row = jnp.clip(slot_ref[r], 0, num_slots - 1), token_ref[r]
                 plgpu.copy_gmem_to_smem(pool_ref.at[pool_slot, h, :, cols], h_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(q_ref.at[t, h], q_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(k_ref.at[t, h], k_smem.at[s], ready.at[s])
-                plgpu.copy_gmem_to_smem(v_ref.at[t, h, cols], v_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(q_ref.at[row, h], q_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(k_ref.at[row, h], k_smem.at[s], ready.at[s])
+                plgpu.copy_gmem_to_smem(v_ref.at[row, h, cols], v_smem.at[s], ready.at[s])
 
             @pl.when(jnp.logical_not(loads))  # nothing to load: the slot's turn passes
             def _():
@@ -168,7 +168,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
             """Warpgroup `j mod compute_wgs`'s item: the tile stepped, the output row (and the tile) stored."""
             s = lax.rem(j, jnp.int32(stages))
             cols = pl.ds(pl.multiple_of(t * block_v, block_v), block_v)
-            m, t = item_mode(r), token_ref[r]
+            m, row = item_mode(r), token_ref[r]
             plgpu.barrier_wait(ready.at[s])
 
             @pl.when(m == (WRITES if writers else READS))
@@ -180,10 +180,10 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
                     kv = kv * lax.rsqrt(_sums(kv * kv, own) + L2_EPS)
                 state = plgpu.load(h_smem.at[s], layout=WGMMA).astype(F32)
                 if has_decay:
-                    state = state * jnp.exp(decay_ref[t, h].astype(F32))
+                    state = state * jnp.exp(decay_ref[row, h].astype(F32))
                 k_rows = along_rows(kv, state.shape)
                 vv = plgpu.load(v_smem.at[s], layout=COL).astype(F32)
-                u = beta_ref[t, h].astype(F32) * (vv - _sums(state * k_rows, own))
+                u = beta_ref[row, h].astype(F32) * (vv - _sums(state * k_rows, own))
                 state = state + k_rows * along_cols(u, state.shape)
                 o_smem.at[s][...] = _sums(along_rows(qv * dk**-0.5, state.shape) * state, own).astype(o_smem.dtype)
                 if writers:
@@ -192,7 +192,7 @@ def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_r
                 if writers:
                     pool_slot = jnp.clip(slot_ref[r], 0, num_slots - 1)
                     plgpu.copy_smem_to_gmem(h_smem.at[s], pool_ref.at[pool_slot, h, :, cols])
-                plgpu.copy_smem_to_gmem(o_smem.at[s], out_ref.at[t, h, cols])
+                plgpu.copy_smem_to_gmem(o_smem.at[s], out_ref.at[row, h, cols])
 
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot is read out: it may be refilled
             plgpu.barrier_arrive(consumed.at[s])
