@@ -141,13 +141,11 @@ def evicting(where: str):
 
 
 @contextlib.contextmanager
-def patched(module, clear: bool = True, **attributes):
+def patched(module, **attributes):
     """`module`'s attributes replaced while the block runs (a kernel traced inside it keeps them). JAX's caches are
-    cleared on entry (`clear`): inner jits would otherwise reuse what was traced under the old attributes (session
-    52's first lazy-rescale A/B timed one program twice). Without it, variants compiled earlier stay compiled: for
-    a kernel traced afresh in each variant's own outer `jit`, with no inner `jit` of its own."""
-    if clear:
-        jax.clear_caches()
+    cleared on entry: inner jits would otherwise reuse what was traced under the old attributes (session 52's first
+    lazy-rescale A/B timed one program twice)."""
+    jax.clear_caches()
     saved = {name: getattr(module, name) for name in attributes}
     for name, value in attributes.items():
         setattr(module, name, value)
