@@ -61,7 +61,8 @@ def test_interpret_request_bounds_match_xla(bounds, path, monkeypatch):
     decode kernels must be taken."""
 
     def chunked(inputs, pool, req, *, chunk_size, use_qk_l2norm, **_):
-        out, pool = ragged_delta_rule(*inputs, pool, req.bounds, req.slots, chunk_size=chunk_size, use_qk_l2norm=True)
+        args = (*inputs, pool, req.bounds, req.slots)
+        out, pool = ragged_delta_rule(*args, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm)
         return (out, pool) if path == "chunked" else (out * jnp.nan, pool * jnp.nan)
 
     monkeypatch.setattr(mosaic_interface, "resolve", lambda target: chunked)
