@@ -191,7 +191,7 @@ def test_config_registry_and_exports():
     assert kernel_registry.get("ragged_gated_delta_rule", platform="xla") is not None
     with pytest.raises(ValueError, match="chunk_size"):
         RaggedGatedDeltaRuleConfig(chunk_size=0)
-    # `platform` overrides cfg.platform (no Pallas implementation exists: the call would fail on it).
+    # `platform` overrides cfg.platform (Pallas, Mosaic GPU, declines on a CPU: the call would fail on it).
     inputs = make_inputs(num_tokens=8)
     cfg = RaggedGatedDeltaRuleConfig(platform="pallas", chunk_size=4)
     out, new_state = ragged_gated_delta_rule(*inputs, i32(DECODE_QSL), i32(DECODE_SLOTS), platform="xla", cfg=cfg)

@@ -162,11 +162,11 @@ def ragged_delta_rule(
     query_start_loc,
     state_indices,
     *,
-    chunk_size: int = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     use_qk_l2norm: bool = True,
 ):
     """The whole op in plain, differentiable JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state's
-    dtype)`.
+    dtype)`; `chunk_size` None: `DEFAULT_CHUNK`.
 
     A call whose requests all have at most one token runs one `delta_step` per request, any other the family's
     packed chunked form (each request starting on a chunk boundary) in float32; `lax.cond` on the traced lengths
@@ -184,7 +184,7 @@ def ragged_delta_rule(
     out, final = lax.cond(
         jnp.all(req.lengths <= 1),
         lambda xs, init: _decode(xs, init, req.bounds, req.lengths),
-        lambda xs, init: _chunked(xs, init, req.bounds, chunk_size),
+        lambda xs, init: _chunked(xs, init, req.bounds, chunk_size or DEFAULT_CHUNK),
         xs,
         init,
     )

@@ -27,7 +27,6 @@ from jax import lax
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
-    DEFAULT_CHUNK,
     decode_token,
     place_decoded,
     ragged_delta_rule,
@@ -48,12 +47,15 @@ from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import packed_del
 
 WHO = "triton ragged_gated_delta_rule"
 MIN_CHUNK, MAX_CHUNK = 16, 128  # Triton's smallest matmul edge; the WY transform's inverse grows as C³
+# the chunk of a call that names none, as the family's Triton configs default (H200, 8 x 2048 tokens, H 32, D 128:
+# 1.68-1.72 ms against 1.87-1.89 at 64 over sessions 36, 37 and 55's four runs)
+TRITON_CHUNK = 32
 
 
-def _chunk(chunk_size: int, num_tokens: int) -> int:
-    """The prefill's chunk: `chunk_size` rounded up to a power of two in [16, 128], no longer than the tokens
-    need (the chunk changes only the rounding)."""
-    size = 1 << max(0, chunk_size - 1).bit_length()
+def _chunk(chunk_size: int | None, num_tokens: int) -> int:
+    """The prefill's chunk: `chunk_size` (None: `TRITON_CHUNK`) rounded up to a power of two in [16, 128], no longer
+    than the tokens need (the chunk changes only the rounding)."""
+    size = 1 << max(0, (chunk_size or TRITON_CHUNK) - 1).bit_length()
     return max(MIN_CHUNK, min(size, MAX_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
 
 
@@ -93,7 +95,9 @@ def _gla_tiling(query, value, interpret: bool) -> TritonGlaTiling:
     return gla.fit(query.shape[-1], value.shape[-1])
 
 
-def chunked_requests(inputs, pool, req, *, chunk_size: int, use_qk_l2norm: bool, cfg=None, interpret: bool | None):
+def chunked_requests(
+    inputs, pool, req, *, chunk_size: int | None, use_qk_l2norm: bool, cfg=None, interpret: bool | None
+):
     """Every request of `req` (`_common`'s `Requests`) in the packed chunked form, the prefill path of a call with
     request bounds: `(out [T, H, Dv] in the query's dtype, new pool)`; `inputs` is `(query, key, value, beta,
     decay)`. The Mosaic GPU implementation hands its calls with a request longer than one token here, by name
@@ -126,7 +130,7 @@ def ragged_gated_delta_rule_triton(
     query_start_loc=None,
     state_indices=None,
     *,
-    chunk_size: int = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     use_qk_l2norm: bool = True,
     cfg=None,
     interpret: bool | None = None,

@@ -9,7 +9,7 @@ VJP), so `jax.grad` of a surrounding model runs and differentiates through the o
 
 from __future__ import annotations
 
-from ejkernel.kernels._common.linear_attention.ragged import DEFAULT_CHUNK, ragged_delta_rule, require_pool_arguments
+from ejkernel.kernels._common.linear_attention.ragged import ragged_delta_rule, require_pool_arguments
 
 
 def ragged_gated_delta_rule_xla(
@@ -22,14 +22,14 @@ def ragged_gated_delta_rule_xla(
     query_start_loc=None,
     state_indices=None,
     *,
-    chunk_size: int = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     use_qk_l2norm: bool = True,
     cfg=None,
 ):
     """`ragged_gated_delta_rule` in plain JAX: `(out [T,H,Dv] in query.dtype, new_state in recurrent_state.dtype)`.
 
     Arguments as the public op's (checked there; `query_start_loc=None`: a decode batch, one token a request);
-    `cfg.chunk_size`, when given, wins over `chunk_size`.
+    `cfg.chunk_size`, when given, wins over `chunk_size` (None: 64, `DEFAULT_CHUNK`).
     Under `jit`, request bounds are clamped into `[0, T]` and made non-decreasing, and requests whose
     slot is outside `[0, S)` are dropped (zero outputs, no write).
     """

@@ -24,7 +24,6 @@ from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
-    DEFAULT_CHUNK,
     ragged_delta_rule,
     requests,
     require_pool_arguments,
@@ -69,7 +68,7 @@ def ragged_gated_delta_rule_mosaic_gpu(
     query_start_loc=None,
     state_indices=None,
     *,
-    chunk_size: int = DEFAULT_CHUNK,
+    chunk_size: int | None = None,
     use_qk_l2norm: bool = True,
     cfg=None,
     interpret: bool = False,
