@@ -27,6 +27,7 @@ from ejkernel.kernels._common.linear_attention.numerics import delta_step
 from ejkernel.kernels._common.search import sorted_position
 
 DEFAULT_CHUNK = 64
+IDLE, READS, WRITES = 0, 1, 2  # a request's part in a decode step (the decode kernels' `mode`)
 # the public op by name, for upstream's private entries (backends import no public module: `ejkernel.registry.resolve`)
 PUBLIC_OP = "ejkernel.modules.operations.ragged_gated_delta_rule:ragged_gated_delta_rule"
 
@@ -56,6 +57,12 @@ def first_writers(slots, keep, num_slots: int):
     target = jnp.where(keep, slots, num_slots)
     first = jnp.full((num_slots + 1,), slots.shape[0], jnp.int32).at[target].min(rows)
     return keep & (first[target] == rows)
+
+
+def decode_modes(writes, live):
+    """`[N]` int32: `WRITES` where `writes`, `READS` where only `live` (an earlier request writes the slot: output
+    only, from the old state), `IDLE` elsewhere (empty, or a slot outside the pool)."""
+    return jnp.where(writes, WRITES, jnp.where(live, READS, IDLE)).astype(jnp.int32)
 
 
 def requests(query_start_loc, state_indices, num_tokens: int, num_slots: int) -> Requests:

@@ -27,9 +27,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
+from ejkernel.kernels._common.linear_attention.ragged import IDLE, READS, WRITES
 from ejkernel.kernels._common.vma import out_struct
 
-IDLE, READS, WRITES = 0, 1, 2
 F32 = jnp.float32
 
 

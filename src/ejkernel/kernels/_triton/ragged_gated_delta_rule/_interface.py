@@ -27,6 +27,7 @@ from jax import lax
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
+    decode_modes,
     decode_token,
     place_decoded,
     ragged_delta_rule,
@@ -37,9 +38,6 @@ from ejkernel.kernels._common.linear_attention.ragged import (
 from ejkernel.kernels._triton._helpers import resolve_interpret
 from ejkernel.kernels._triton.linear_attention._gla_common import TritonGlaTiling
 from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
-    IDLE,
-    READS,
-    WRITES,
     TritonRaggedDecodeTiling,
     decode_step,
 )
@@ -72,7 +70,7 @@ def _decode(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs, pool,
     dtype, new pool)`."""
     num_tokens = inputs[0].shape[0]
     token = decode_token(req.bounds, num_tokens)
-    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
+    mode = decode_modes(req.writes, req.live)
     out, pool = decode_step(tiling, use_qk_l2norm, *inputs, pool, token, req.slots, mode)
     return place_decoded(out, token, req.live, num_tokens), pool
 
@@ -84,38 +82,27 @@ def _decode_batch(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs,
     return decode_step(tiling, use_qk_l2norm, *inputs, pool, token, state_indices.astype(jnp.int32))
 
 
-def _prefill(gla: TritonGlaTiling, chunk: int, use_qk_l2norm: bool, inputs, pool, req):
-    """Every request in the packed chunked form: `(out [T, H, Dv] in the query's dtype, new pool)`."""
-    out, final = packed_delta(gla, chunk, use_qk_l2norm, inputs, req, pool)
-    return out, scatter_first(pool, req.slots, final, req.live)
-
-
-def _gla_tiling(query, value, interpret: bool) -> TritonGlaTiling:
-    gla = TritonGlaTiling(interpret=interpret, precise=jnp.dtype(value.dtype) == jnp.float32)
-    return gla.fit(query.shape[-1], value.shape[-1])
-
-
 def chunked_requests(
     inputs, pool, req, *, chunk_size: int | None, use_qk_l2norm: bool, cfg=None, interpret: bool | None
 ):
     """Every request of `req` (`_common`'s `Requests`) in the packed chunked form, the prefill path of a call with
     request bounds: `(out [T, H, Dv] in the query's dtype, new pool)`; `inputs` is `(query, key, value, beta,
-    decay)`. The Mosaic GPU implementation hands its calls with a request longer than one token here, by name
-    (`ejkernel.registry.resolve`). Declines as this implementation does."""
+    decay)`. This implementation's prefill branch, and where the Mosaic GPU implementation hands its calls with a
+    request longer than one token, by name (`ejkernel.registry.resolve`). Declines as this implementation does."""
     query, _, value, beta, decay = inputs
     _decline(query, value, beta, decay, pool)
-    interpret = resolve_interpret(interpret, WHO)
+    gla = TritonGlaTiling(interpret=resolve_interpret(interpret, WHO), precise=jnp.dtype(value.dtype) == jnp.float32)
+    gla = gla.fit(query.shape[-1], value.shape[-1])
     chunk = _chunk(getattr(cfg, "chunk_size", None) or chunk_size, query.shape[0])
-    return _prefill(_gla_tiling(query, value, interpret), chunk, bool(use_qk_l2norm), inputs, pool, req)
+    out, final = packed_delta(gla, chunk, bool(use_qk_l2norm), inputs, req, pool)
+    return out, scatter_first(pool, req.slots, final, req.live)
 
 
-def _forward(tilings, chunk, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
-    decode_tiling, gla = tilings
+def _forward(decode_tiling, prefill, use_qk_l2norm, query, key, value, beta, decay, pool, qsl, state_indices):
     inputs = (query, key, value, beta, decay)
     if qsl is None:
         return _decode_batch(decode_tiling, use_qk_l2norm, inputs, pool, state_indices)
     req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
-    prefill = functools.partial(_prefill, gla, chunk, use_qk_l2norm)
     decode = functools.partial(_decode, decode_tiling, use_qk_l2norm)
     return lax.cond(jnp.all(req.lengths <= 1), decode, prefill, inputs, pool, req)
 
@@ -148,15 +135,17 @@ def ragged_gated_delta_rule_triton(
     num_tokens = query.shape[0]
     if num_tokens == 0 or state_indices.shape[0] == 0:
         return jnp.zeros((num_tokens, *value.shape[1:]), query.dtype), recurrent_state
-    chunk_size = getattr(cfg, "chunk_size", None) or chunk_size
     params = getattr(cfg, "fwd_params", None)
     decode_tiling = TritonRaggedDecodeTiling(
         block_v=(params and params.block_d) or TritonRaggedDecodeTiling.block_v,
         num_warps=(params and params.num_warps) or TritonRaggedDecodeTiling.num_warps,
         interpret=interpret,
     )
-    tilings = (decode_tiling, _gla_tiling(query, value, interpret))
-    forward = functools.partial(_forward, tilings, _chunk(chunk_size, num_tokens), bool(use_qk_l2norm))
+    l2norm = bool(use_qk_l2norm)
+    options = dict(chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret)
+    prefill = functools.partial(chunked_requests, **options)
+    forward = functools.partial(_forward, decode_tiling, prefill, l2norm)
     # a differentiated call runs the plain-JAX computation
-    twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=bool(use_qk_l2norm))
+    chunk_size = getattr(cfg, "chunk_size", None) or chunk_size
+    twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=l2norm)
     return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)

@@ -38,10 +38,17 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
-from ejkernel.kernels._common.linear_attention.ragged import Requests, decode_token, first_writers, in_pool
+from ejkernel.kernels._common.linear_attention.ragged import (
+    READS,
+    WRITES,
+    Requests,
+    decode_modes,
+    decode_token,
+    first_writers,
+    in_pool,
+)
 from ejkernel.kernels._pallas.gpu.flash_attention._parts import along_cols, along_rows
 
-IDLE, READS, WRITES = 0, 1, 2
 F32 = jnp.float32
 BLOCK_V = 64  # value columns an item of a float32 pool (a ring of 128-column float32 tiles overflows shared memory)
 COPIES = 4  # TMA loads an item: its state tile, q, k and v rows
@@ -95,9 +102,9 @@ def _sums(x, scratch):
 
 
 def modes(slots, num_slots: int):
-    """`[N]` int32: each request's `IDLE`, `READS` or `WRITES`."""
+    """`[N]` int32: each request of a decode batch's `decode_modes` (every request has its one token)."""
     writes = first_writers(slots, jnp.ones(slots.shape, bool), num_slots)
-    return jnp.where(writes, WRITES, jnp.where(in_pool(slots, num_slots), READS, IDLE)).astype(jnp.int32)
+    return decode_modes(writes, in_pool(slots, num_slots))
 
 
 def _pass(tiling, l2norm: bool, writers: bool, q, k, v, beta, decay, pool, out_ref, slot, mode, token):
@@ -267,5 +274,5 @@ def decode_batch(tiling: MosaicGpuRaggedDecodeTiling, l2norm: bool, query, key, 
 def decode_requests(tiling: MosaicGpuRaggedDecodeTiling, l2norm: bool, inputs, pool, req: Requests):
     """Every request of `req` with at most one token (a decode call with request bounds): `(out [T, H, Dv], the pool
     after the step)`. Empty requests and padding tokens are left out (zero rows); the tokens are read in place."""
-    mode = jnp.where(req.writes, WRITES, jnp.where(req.live, READS, IDLE)).astype(jnp.int32)
-    return decode_step(tiling, l2norm, inputs, pool, req.slots, mode, decode_token(req.bounds, inputs[0].shape[0]))
+    token = decode_token(req.bounds, inputs[0].shape[0])
+    return decode_step(tiling, l2norm, inputs, pool, req.slots, decode_modes(req.writes, req.live), token)
