@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
-from ejkernel.benchmarks.linear_attention import DECODE, _inputs, _serving_loop
+from ejkernel.benchmarks.linear_attention import DECODE, _serving_loop, decode_bytes, decode_case
 from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule import _decode
 
 VARIANTS = {  # pool dtype: {name: tiling fields over the landed ones}
@@ -32,11 +32,8 @@ VARIANTS = {  # pool dtype: {name: tiling fields over the landed ones}
 
 def main() -> None:
     copy_bw = copy_bandwidth(quick=False, repeats=20)
-    requests, heads, dim = DECODE
-    d = _inputs(1, requests, heads, dim)
-    tokens = (*(d[n][0] for n in ("q", "k", "v", "beta", "decay")), None)
-    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
-    base = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    inputs, slots, base = decode_case()
+    tokens, dim = (*inputs, None), DECODE[2]
     for dtype, variants in VARIANTS.items():
         pool, builders, firsts = base.astype(dtype), {}, {}
         for name, fields in variants.items():
@@ -54,8 +51,7 @@ def main() -> None:
 
             builders[name] = build
         timings = time_variants(builders, repeats=20, where=f"decode pool {dtype}")
-        state = 2 * requests * heads * dim * dim * pool.dtype.itemsize  # read + written
-        nbytes = state + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
+        nbytes = decode_bytes(pool.dtype)
         for name, seconds in timings.items():
             err = float(jnp.max(jnp.abs(firsts[name].astype(jnp.float32) - firsts["landed"].astype(jnp.float32))))
             print(

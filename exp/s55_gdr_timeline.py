@@ -7,19 +7,15 @@ the writers' kernel, whose prototype ran at 0.840 of copy (session 54).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from _kit import print_gpu_timeline
 
-from ejkernel.benchmarks.linear_attention import DECODE, _inputs, _ragged, _serving_loop
+from ejkernel.benchmarks.linear_attention import DECODE, _ragged, _serving_loop, decode_case
 
 
 def main() -> None:
-    requests, heads, dim = DECODE
-    d = _inputs(1, requests, heads, dim)
-    inputs = tuple(d[n][0] for n in ("q", "k", "v", "beta", "decay"))
-    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
-    pool = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    inputs, slots, pool = decode_case()
+    requests = DECODE[0]
     for bounds in (None, jnp.arange(requests + 1, dtype=jnp.int32)):
         for platform in ("pallas", "triton"):
             print(f"#### {platform}, {'decode batch' if bounds is None else 'request bounds'}")

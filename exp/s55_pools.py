@@ -8,29 +8,22 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import copy_bandwidth, time_variants
-from ejkernel.benchmarks.linear_attention import DECODE, _inputs, _ragged, _serving_loop
+from ejkernel.benchmarks.linear_attention import _ragged, _serving_loop, decode_bytes, decode_case
 
 
 def main() -> None:
     copy_bw = copy_bandwidth(quick=False, repeats=20)
-    requests, heads, dim = DECODE
-    d = _inputs(1, requests, heads, dim)
-    tokens = (*(d[n][0] for n in ("q", "k", "v", "beta", "decay")), None)
-    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
-    base = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    inputs, slots, base = decode_case()
     builders = {
-        (pool.dtype.name, p): functools.partial(_serving_loop, _ragged(p), (*tokens, slots), pool)
+        (pool.dtype.name, p): functools.partial(_serving_loop, _ragged(p), (*inputs, None, slots), pool)
         for pool in (base, base.astype(jnp.bfloat16))
         for p in ("pallas", "triton")
     }
     for (dtype, p), seconds in time_variants(builders, repeats=20, where="decode batch").items():
-        state = 2 * requests * heads * dim * dim * jnp.dtype(dtype).itemsize  # read + written
-        nbytes = state + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
-        print(f"{dtype} pool, {p}: {1e3 * seconds:.4f} ms, {nbytes / seconds / copy_bw:.3f} of copy")
+        print(f"{dtype} pool, {p}: {1e3 * seconds:.4f} ms, {decode_bytes(dtype) / seconds / copy_bw:.3f} of copy")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,24 @@ def _dense_call(platform, dense, initial_state):
     return functools.partial(run, *dense, None, initial_state)
 
 
+def decode_case(quick: bool = False):
+    """The decode step's inputs (`DECODE`): `(q, k, v, beta, decay)` of one token a request, each request's slot
+    (distinct, spread over a pool of twice the requests) and that float32 pool."""
+    requests, heads, dim = QUICK_DECODE if quick else DECODE
+    d = _inputs(1, requests, heads, dim)
+    inputs = tuple(d[n][0] for n in ("q", "k", "v", "beta", "decay"))
+    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
+    pool = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    return inputs, slots, pool
+
+
+def decode_bytes(pool_dtype, quick: bool = False) -> int:
+    """The bytes a decode step moves: state read + written, q, k, v read and out written (bf16), beta and decay."""
+    requests, heads, dim = QUICK_DECODE if quick else DECODE
+    state = 2 * requests * heads * dim * dim * jnp.dtype(pool_dtype).itemsize
+    return state + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
+
+
 def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     """The decode step's bandwidth beside a device copy, and the ragged prefill beside the dense gated delta rule."""
     copy_bw = copy_bandwidth(quick=quick, repeats=repeats)
@@ -99,10 +117,7 @@ def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     rows = []
 
     requests, heads, dim = QUICK_DECODE if quick else DECODE
-    d = _inputs(1, requests, heads, dim)
-    inputs = tuple(d[n][0] for n in ("q", "k", "v", "beta", "decay"))
-    slots = jax.random.permutation(jax.random.PRNGKey(1), 2 * requests)[:requests].astype(jnp.int32)
-    pool = jax.random.normal(jax.random.PRNGKey(2), (2 * requests, heads, dim, dim), jnp.float32)
+    inputs, slots, pool = decode_case(quick)
     calls = {  # tokens and pool of each case
         "decode": ((*inputs, jnp.arange(requests + 1, dtype=jnp.int32), slots), pool),
         "decode batch": ((*inputs, None, slots), pool),
@@ -115,8 +130,7 @@ def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     }
     timings = time_variants(builders, repeats=repeats, where=f"decode N={requests} H={heads} D={dim}")
     for (kind, platform), seconds in timings.items():
-        state_bytes = 2 * requests * heads * dim * dim * calls[kind][1].dtype.itemsize  # read + written
-        nbytes = state_bytes + 4 * requests * heads * dim * 2 + 2 * requests * heads * 4
+        nbytes = decode_bytes(calls[kind][1].dtype, quick)
         row = dict(op="ragged_gated_delta_rule", case=f"{kind} {requests}x1 H={heads} D={dim}", platform=platform)
         row |= dict(ms=1e3 * seconds, TBps=nbytes / seconds / 1e12, ratio_to_copy=nbytes / seconds / copy_bw)
         rows.append(row)
