@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
+import json
 import os
 import pathlib
 import sys
@@ -170,9 +172,6 @@ def check_or_bench(doc: str, check, bench) -> None:
 def print_gpu_timeline(call, steps: int = 3, last: int = 14) -> None:
     """Every GPU line of a JAX profile of `steps` calls of the zero-argument `call` (after as many warm-up calls):
     its last `last` events in order, each with its duration and the gap before it (the device has no nsys)."""
-    import gzip
-    import json
-
     for _ in range(steps):
         jax.block_until_ready(call())
     with tempfile.TemporaryDirectory() as log_dir:
