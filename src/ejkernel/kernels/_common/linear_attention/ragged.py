@@ -77,6 +77,13 @@ def requests(query_start_loc, state_indices, num_tokens: int, num_slots: int) ->
     return Requests(bounds, lengths, slots, live, first_writers(slots, live, num_slots), inside)
 
 
+def decode_or_chunked(decode, chunked, inputs, pool, query_start_loc, state_indices):
+    """A call with request bounds on kernels: `decode(inputs, pool, req)` when every request has at most one token,
+    else `chunked(inputs, pool, req)` (`lax.cond` on the traced lengths; `req` the call's `Requests`)."""
+    req = requests(query_start_loc, state_indices, inputs[0].shape[0], pool.shape[0])
+    return lax.cond(jnp.all(req.lengths <= 1), decode, chunked, inputs, pool, req)
+
+
 def delta_inputs(query, key, value, beta, decay, use_qk_l2norm: bool):
     """Float32 inputs of the recurrence: q (normalised if asked, then scaled by `Dk^-½`), k, v, beta, decay."""
     q, k = (l2_normalize(query), l2_normalize(key)) if use_qk_l2norm else (query, key)

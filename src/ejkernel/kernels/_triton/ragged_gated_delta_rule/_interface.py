@@ -22,16 +22,15 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from jax import lax
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
     decode_modes,
+    decode_or_chunked,
     decode_token,
     place_decoded,
     ragged_delta_rule,
-    requests,
     require_pool_arguments,
     scatter_first,
 )
@@ -102,9 +101,8 @@ def _forward(decode_tiling, prefill, use_qk_l2norm, query, key, value, beta, dec
     inputs = (query, key, value, beta, decay)
     if qsl is None:
         return _decode_batch(decode_tiling, use_qk_l2norm, inputs, pool, state_indices)
-    req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
     decode = functools.partial(_decode, decode_tiling, use_qk_l2norm)
-    return lax.cond(jnp.all(req.lengths <= 1), decode, prefill, inputs, pool, req)
+    return decode_or_chunked(decode, prefill, inputs, pool, qsl, state_indices)
 
 
 def ragged_gated_delta_rule_triton(

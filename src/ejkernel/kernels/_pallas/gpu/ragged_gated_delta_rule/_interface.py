@@ -18,14 +18,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import trained_as
 from ejkernel.kernels._common.linear_attention.ragged import (
+    decode_or_chunked,
     ragged_delta_rule,
-    requests,
     require_pool_arguments,
 )
 from ejkernel.kernels._pallas.gpu.ragged_gated_delta_rule._decode import (
@@ -91,12 +90,11 @@ def ragged_gated_delta_rule_mosaic_gpu(
         inputs = (query, key, value, beta, decay)
         if qsl is None:
             return decode_batch(tiling, l2norm, *inputs, pool, state_indices)
-        req = requests(qsl, state_indices, query.shape[0], pool.shape[0])
         chunked = functools.partial(
             resolve(TRITON_CHUNKED), chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret
         )
         decode = functools.partial(decode_requests, tiling, l2norm)
-        return lax.cond(jnp.all(req.lengths <= 1), decode, chunked, inputs, pool, req)
+        return decode_or_chunked(decode, chunked, inputs, pool, qsl, state_indices)
 
     # a differentiated call runs the plain-JAX computation
     twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=l2norm)
