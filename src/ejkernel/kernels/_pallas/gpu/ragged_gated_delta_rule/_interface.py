@@ -84,14 +84,14 @@ def ragged_gated_delta_rule_mosaic_gpu(
     tiling = MosaicGpuRaggedDecodeTiling.for_pool(
         recurrent_state.dtype, value.shape[-1], ctas=2 if interpret else None, interpret=interpret
     )
-    l2norm = bool(use_qk_l2norm)
+    l2norm, chunk_size = bool(use_qk_l2norm), getattr(cfg, "chunk_size", None) or chunk_size
 
     def forward(query, key, value, beta, decay, pool, qsl, state_indices):
         inputs = (query, key, value, beta, decay)
         if qsl is None:
             return decode_batch(tiling, l2norm, *inputs, pool, state_indices)
         chunked = functools.partial(
-            resolve(TRITON_CHUNKED), chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret
+            resolve(TRITON_CHUNKED), chunk_size=chunk_size, use_qk_l2norm=l2norm, interpret=interpret
         )
         decode = functools.partial(decode_requests, tiling, l2norm)
         return decode_or_chunked(decode, chunked, inputs, pool, qsl, state_indices)
