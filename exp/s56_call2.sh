@@ -2,4 +2,4 @@
 # kernel, ours (Triton, chunk 32 and 64, dense and ragged) beside fla's `chunk_gated_delta_rule`.
 . exp/s28_env.sh
 (cd exp && timeout 240 python3 s56_gdr_prefill_parts.py 2>&1 | quiet | tee "$OUT/gdr_prefill_parts.txt")
-(cd exp && timeout 120 python3 s56_gdr_prefill_parts.py --fla 2>&1 | quiet | tee "$OUT/gdr_prefill_parts_fla.txt")
+

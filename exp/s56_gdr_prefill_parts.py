@@ -21,14 +21,15 @@ def ours() -> None:
     from _kit import print_gpu_timeline
 
     from ejkernel.benchmarks.linear_attention import PREFILL, _inputs, _ragged, _serving_loop
-    from ejkernel.modules import gated_delta_rule
+    from ejkernel.modules import GatedDeltaRuleConfig, gated_delta_rule
 
     requests, length, heads, dim = PREFILL
     d = _inputs(requests, length, heads, dim)
     dense = tuple(d[n] for n in ("q", "k", "v", "beta", "decay"))
     pool = jax.random.normal(jax.random.PRNGKey(3), (requests, heads, dim, dim), jax.numpy.float32)
     for chunk in (32, 64):
-        run = jax.jit(functools.partial(gated_delta_rule, return_state=True, platform="triton", chunk_size=chunk))
+        cfg = GatedDeltaRuleConfig(chunk_size=chunk, platform="triton")
+        run = jax.jit(functools.partial(gated_delta_rule, return_state=True, cfg=cfg))
         print(f"#### ours, Triton, chunk {chunk}")
         print_gpu_timeline(functools.partial(run, *dense, None, pool), steps=2, last=16)
     flat = tuple(x.reshape(requests * length, *x.shape[2:]) for x in dense)
