@@ -68,7 +68,8 @@ def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks
     `L` block (i, j), j <= i: `beta_t (k_t · k_s) e^{g_t − g_s}` for s < t, g the cumulative log gate. Its
     inverse is block lower triangular: the diagonal blocks' by forward substitution, then
     `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products). `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
-    (beta e^{g} k)_j`, in k's and v's dtype, accumulated in float32, as `wy_transform` computes them."""
+    (beta e^{g} k)_j`: products in k's and v's dtype, accumulated in float32 and stored in v's and k's dtype (what
+    the state pass reads), as `wy_transform` computes them."""
     rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
     gates, total = [], jnp.zeros((), F32)
     for i in range(blocks):
@@ -93,20 +94,23 @@ def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks
     entries = [betas[j] * jnp.exp(gates[j]) for j in range(blocks)]
     scaled_keys = [(entries[j][:, None] * keys[j].astype(F32)).astype(k_ref.dtype) for j in range(blocks)]
     for i in range(blocks):
-        u_ref[rows[i], :] = sum(dot(inverse[i, j].astype(v_ref.dtype), values[j]) for j in range(i + 1))
-        w_ref[rows[i], :] = sum(dot(inverse[i, j].astype(k_ref.dtype), scaled_keys[j]) for j in range(i + 1))
+        u = sum(dot(inverse[i, j].astype(v_ref.dtype), values[j]) for j in range(i + 1))
+        w = sum(dot(inverse[i, j].astype(k_ref.dtype), scaled_keys[j]) for j in range(i + 1))
+        u_ref[rows[i], :], w_ref[rows[i], :] = u.astype(u_ref.dtype), w.astype(w_ref.dtype)
         for j in range(blocks if inverse_ref else 0):
             inverse_ref[0][rows[i], rows[j]] = inverse[i, j] if j <= i else jnp.zeros((SUB, SUB), F32)
 
 
 def wy_in_kernel(t: TritonGlaTiling, chunk: int, grid, specs, shapes, k, v, beta, gates, *, cumulative: bool):
-    """`(u, w)` float32 of `wy_transform` in one Pallas-Triton kernel per chunk and head. `specs` (inputs, outputs)
-    place each program's `[C, D]` rows of k and v, `[C]` of beta and of the log gates (summed within chunks if
-    `cumulative`), and its `[C, Dv]` / `[C, Dk]` rows of u and w, whose shapes are `shapes`. On an H200 (8 x 2048
-    tokens, H 32, D 128, chunk 64) it takes 0.66 ms where XLA's WY transform took 1.36 (chunked copies of the
-    tensors and small batched products); 2 warps: 0.82 ms at 4, 1.59 at 8 (the substitution's reductions cross
-    warps)."""
-    outs = [out_struct(shape, F32, k, v, beta, gates) for shape in shapes]  # u, w (and the inverse)
+    """`(u, w)` of `wy_transform` in v's and k's dtype (and the inverse, float32) in one Pallas-Triton kernel per
+    chunk and head. `specs` (inputs, outputs) place each program's `[C, D]` rows of k and v, `[C]` of beta and of
+    the log gates (summed within chunks if `cumulative`), and its `[C, Dv]` / `[C, Dk]` rows of u and w, whose
+    shapes are `shapes`. On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms with float32 u and w
+    where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched products); 2 warps: 0.82
+    ms at 4, 1.59 at 8 (the substitution's reductions cross warps). Stored in the inputs' dtype, u and w save the
+    float32 copies and the two casts after them (0.19 ms at chunk 32 on an H200, session 56)."""
+    dtypes = (v.dtype, k.dtype, F32)[: len(shapes)]
+    outs = [out_struct(shape, dtype, k, v, beta, gates) for shape, dtype in zip(shapes, dtypes, strict=True)]
     return call_pallas(
         _wy_kernel, t, 2, grid, *specs, outs, "ejkernel_delta_wy", blocks=chunk // SUB, cumulative=cumulative
     )(k, v, beta, gates)
@@ -121,8 +125,8 @@ def _chunk_specs(chunk: int):
 
 def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
     """`wy_transform`'s `(u, w)` of every chunk in `wy_in_kernel`: k, v `[B, T, H, D]`, beta and the log gates `a`
-    `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` float32, and with `with_inverse` the inverse
-    `[B, T, H, C]` too (row t of its chunk's `(I + L)⁻¹`, for the pullback)."""
+    `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` in v's and k's dtype, and with `with_inverse`
+    the inverse `[B, T, H, C]` float32 too (row t of its chunk's `(I + L)⁻¹`, for the pullback)."""
     batch, seq, heads, _ = k.shape
     rows, gate = _chunk_specs(chunk)
     widths, shapes = [v.shape[-1], k.shape[-1]], [v.shape, k.shape]
@@ -313,14 +317,18 @@ def delta_chunked(
     q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`), a `[B, T, H]` float32 log gates per
     head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]` float32. Differentiable w.r.t. q, k, v, a, beta
     and init."""
-    return _forward(tiling, passes, scale, chunk, q, k, v, a, init, *_wy_triton(tiling, chunk, k, v, beta, a))[0]
+    u, w = _wy_triton(tiling, chunk, k, v, beta, a)
+    return _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=False)[0]
 
 
-def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w):
+def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differentiated: bool):
+    """`((out, final), residuals)`. Undifferentiated (`TritonGlaTiling.fuse_head_scores`), the output kernel makes
+    each chunk's scores itself and no residuals are kept."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
     g = cumulative_gates(t, chunk, a[..., None])
-    w = w.astype(k.dtype)
-    e, values, final = _delta_states(t, passes, chunk, k, w, u.astype(v.dtype), g, init)
+    e, values, final = _delta_states(t, passes, chunk, k, w, u, g, init)
+    if not differentiated and t.fuse_head_scores:
+        return (chunk_outputs(t, chunk, scale, q, values, g, e, k=k), final), None
     scores = head_scores(t, chunk, q, k, g)
     out = chunk_outputs(t, chunk, scale, q, values, g, e, a=scores)
     return (out, final), (w, g, e, values, scores)
@@ -329,7 +337,7 @@ def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w):
 def _fwd(tiling, passes, scale, chunk, q, k, v, a, beta, init):
     """The forward, keeping what the WY transform's pullback reads (its inverse: not solved again)."""
     u, w, inverse = _wy_triton(tiling, chunk, k, v, beta, a, with_inverse=True)
-    outputs, kept = _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w)
+    outputs, kept = _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=True)
     return outputs, (q, k, v, beta, a, inverse, *kept)
 
 

@@ -8,7 +8,7 @@ no while loop). Four steps:
    `[T, H, D]` inputs (masked loads: no gather, no full-size intermediate): q and k L2-normalised, q scaled, the
    log decays summed within chunks (the cumulative gates), and v chunk-major, `[NC, 1, H, C, D]`.
 2. The WY transform, local to each chunk, in one kernel (`wy_in_kernel`), returns u and w chunk-major in
-   float32.
+   v's and k's dtype.
 3. `_states_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
    x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
    of the pool and leaving its final state.
@@ -248,7 +248,8 @@ def _outputs(t: TritonGlaTiling, chunk: int, num_tokens: int, dtype, start, rows
 
 
 def _wy(t: TritonGlaTiling, chunk: int, k, v, beta, g):
-    """`(u, w)` `[NC, 1, H, C, Dv | Dk]` float32, chunk-major, of the packed chunks (`pack_chunks`' k, v, beta, g)."""
+    """`(u, w)` `[NC, 1, H, C, Dv | Dk]` in v's and k's dtype, chunk-major, of the packed chunks (`pack_chunks`' k,
+    v, beta, g)."""
     num_chunks, heads = v.shape[0], v.shape[2]
     token, major = _chunk_specs(chunk)
     dk, dv = k.shape[-1], v.shape[-1]
@@ -269,5 +270,5 @@ def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool
     u, w = _wy(t, chunk, k, v, beta, g)
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
     g = g[..., None]
-    e, values, final = _states(t, chunk, table.first, table.count, slots, k, w.astype(k.dtype), u, g, pool)
+    e, values, final = _states(t, chunk, table.first, table.count, slots, k, w, u, g, pool)
     return _outputs(t, chunk, num_tokens, query.dtype, table.start, table.rows, q, k, values, g, e), final
