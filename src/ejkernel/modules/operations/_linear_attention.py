@@ -16,9 +16,10 @@ class ChunkedConfig(KernelConfig):
         chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
             32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
         platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
-        fwd_params: `block_d` (value columns per program, default 32), `num_warps` (4) and `num_stages` (2) of
-            Triton's one-token (decode) kernel and, for the delta rules, its state-passing kernels; the other
-            chunked kernels keep their own tiling. None: defaults.
+        fwd_params: `block_d` (value columns per program), `num_warps` and `num_stages` of Triton's one-token
+            (decode) kernel and, for the delta rules, its state-passing kernels; the other chunked kernels keep
+            their own tiling. None, or a field not set: each kernel's own (32 columns, 4 warps, 2 stages; the
+            delta rules' forward state pass: a state tile of up to 128 x 128 floats, 8 warps, 3 stages).
         bwd_params: Not read.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.

@@ -120,16 +120,17 @@ class TritonEngine(Engine):
 
 
 def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
-    """The engine for `cfg`: `fwd_params.block_d` value columns per program (default 32), warps and stages of
-    the one-token and state-pass kernels; the fields set in `cfg.triton_tiling` (read by name: GLA's
-    `GLAttentionTritonTiling`) replace the GLA kernels' defaults (`TritonGlaTiling`)."""
+    """The engine for `cfg`: `fwd_params.block_d` value columns per program, warps and stages of the one-token and
+    state-pass kernels (those not set: each kernel's own, `TritonStatePassTiling.resolved`); the fields set in
+    `cfg.triton_tiling` (read by name: GLA's `GLAttentionTritonTiling`) replace the GLA kernels' defaults
+    (`TritonGlaTiling`)."""
     params = getattr(cfg, "fwd_params", None)
     tiling = getattr(cfg, "triton_tiling", None)
     return TritonEngine(
         TritonStatePassTiling(
-            block_v=(params and params.block_d) or 32,
-            num_warps=(params and params.num_warps) or 4,
-            num_stages=(params and params.num_stages) or 2,
+            block_v=(params and params.block_d) or None,
+            num_warps=(params and params.num_warps) or None,
+            num_stages=(params and params.num_stages) or None,
             interpret=resolve_interpret(interpret, WHO),
         ),
         TritonGlaTiling() if tiling is None else TritonGlaTiling(**tiling.overrides()),

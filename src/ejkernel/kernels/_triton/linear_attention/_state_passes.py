@@ -22,14 +22,26 @@ from ejkernel.kernels._common.vma import out_struct
 
 @dataclasses.dataclass(frozen=True)
 class TritonStatePassTiling:
-    """Value columns per program, warps, stages, interpret mode, and `precise`: float32 matmuls in full
-    precision (for float32 inputs) rather than on TF32 tensor cores (enough for bfloat16/float16 inputs)."""
+    """Value columns per program, warps, stages (each None: the kernel's own default, `resolved`), interpret
+    mode, and `precise`: float32 matmuls in full precision (for float32 inputs) rather than on TF32 tensor cores
+    (enough for bfloat16/float16 inputs)."""
 
-    block_v: int
-    num_warps: int
-    num_stages: int
+    block_v: int | None
+    num_warps: int | None
+    num_stages: int | None
     interpret: bool
     precise: bool = True
+
+    def resolved(self, dv: int, block_v: int = 32, num_warps: int = 4, num_stages: int = 2) -> TritonStatePassTiling:
+        """The tiling with a kernel's defaults in place of the fields left None, and at most `dv` value columns a
+        program."""
+        chosen = lambda field, default: default if field is None else field
+        return dataclasses.replace(
+            self,
+            block_v=min(chosen(self.block_v, block_v), dv),
+            num_warps=chosen(self.num_warps, num_warps),
+            num_stages=chosen(self.num_stages, num_stages),
+        )
 
     def params(self):
         return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -40,11 +52,6 @@ def matmul(a, b, *, precise: bool, trans_a: bool = False, trans_b: bool = False)
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
     precision = lax.Precision.HIGHEST if precise else lax.Precision.DEFAULT
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
-
-
-def _fit(tiling: TritonStatePassTiling, dv: int) -> TritonStatePassTiling:
-    """The tiling with at most `dv` value columns per program."""
-    return dataclasses.replace(tiling, block_v=min(tiling.block_v, dv))
 
 
 def _grid(batch: int, heads: int, dv: int, tiling: TritonStatePassTiling):
@@ -86,7 +93,7 @@ def exit_states(p, init, starts, tiling: TritonStatePassTiling):
     """Each chunk's exit state `[NC, B, H, Dk, Dv]` from `ChunkParts` p (stacked over chunks)."""
     num_chunks, batch, heads, _, dk = p.k.shape
     dv = p.u.shape[-1]
-    tiling = _fit(tiling, dv)
+    tiling = tiling.resolved(dv)
     args = [starts.astype(jnp.int32), init, p.decay, p.k, p.u] + ([] if p.w is None else [p.w])
     kernel = functools.partial(
         _exit_states_kernel, num_chunks=num_chunks, block_v=tiling.block_v, precise=tiling.precise
@@ -129,7 +136,7 @@ def _entry_grads_kernel(starts_ref, decay_ref, *rest, num_chunks: int, block_v: 
 def entry_grads(p, dh_own, d_exit, starts, tiling: TritonStatePassTiling):
     """`(dh_in, d_exit_total)` `[NC, B, H, Dk, Dv]`: gradients of every chunk's entry and exit state."""
     num_chunks, batch, heads, dk, dv = dh_own.shape
-    tiling = _fit(tiling, dv)
+    tiling = tiling.resolved(dv)
     args = [starts.astype(jnp.int32), p.decay] + ([] if p.w is None else [p.k, p.w]) + [dh_own, d_exit]
     kernel = functools.partial(
         _entry_grads_kernel,
@@ -167,7 +174,7 @@ def _step_kernel(*refs, names: tuple[str, ...], step, block_v: int):
 def step_forward(step, tokens: dict, state, tiling: TritonStatePassTiling):
     """`step(state, **tokens)` for one token per batch row: tokens `[B, H, ...]`, state `[B, H, Dk, Dv]` float32."""
     batch, heads, dk, dv = state.shape
-    tiling = _fit(tiling, dv)
+    tiling = tiling.resolved(dv)
     names = tuple(tokens)
     args = [tokens[n] for n in names] + [state]
     kernel = functools.partial(_step_kernel, names=names, step=step, block_v=tiling.block_v)

@@ -20,6 +20,7 @@ Matmul operands are in the inputs' dtype (float32 in full precision for float32 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -33,7 +34,7 @@ from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bo
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._delta import wy_in_kernel
+from ejkernel.kernels._triton.linear_attention._delta import forward_pass_defaults, wy_in_kernel
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     TritonGlaTiling,
@@ -43,8 +44,6 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     tile_slice,
 )
 
-STATE_BLOCK_V = 32  # the sequential pass's value columns per program, as the gated delta rule's
-STATE_WARPS = 4
 PACK_WARPS = 4
 
 
@@ -80,12 +79,13 @@ def _states(t: TritonGlaTiling, chunk: int, first, count, slots, k, w, u, g, poo
     float32)`; chunks of no request are left unwritten (their outputs are never read). u and w chunk-major."""
     _, seq, heads, dk = k.shape
     dv = u.shape[-1]
-    bv = min(STATE_BLOCK_V, dv)
+    bv, warps, stages = forward_pass_defaults(dk)
+    bv = min(bv, dv)
     args = (first, count, slots, k, w, u, g, pool)
     return call_pallas(
         _states_kernel,
-        t,
-        STATE_WARPS,
+        dataclasses.replace(t, num_stages=stages),
+        warps,
         (first.shape[0], heads, dv // bv),
         None,
         None,
