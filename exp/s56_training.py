@@ -8,7 +8,6 @@ backward's wants the same. The bench's training shape (B 2, S 16384, H 16, D 128
 
 from __future__ import annotations
 
-
 from ejkernel.benchmarks.linear_attention import SHAPE, _inputs, _training_step
 from ejkernel.modules import GatedDeltaRuleConfig, gated_delta_rule, gla_attention
 from ejkernel.ops import FwdParams
