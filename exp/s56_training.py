@@ -2,7 +2,8 @@
 its own default tiling (128 value columns, 8 warps, 3 stages at D 128), beside GLA, and with `fwd_params` setting
 both state passes' tiling (the backward pass keeps 32 columns, 4 warps, 2 stages by default) to see whether the
 backward's wants the same (call 4: 64 columns, 4 warps, 2 stages 7.30 ms; 128, 8, 3: 8.22; defaults 6.89); call 5:
-the defaults beside the tiling before (32 columns, 4 warps, 2 stages for both passes). The bench's training shape (B 2, S 16384, H 16, D 128, bf16), Triton.
+the defaults beside the tiling before (32 columns, 4 warps, 2 stages for both passes). The bench's training shape
+(B 2, S 16384, H 16, D 128, bf16), Triton.
 
     PYTHONPATH=src python exp/s56_training.py
 """
