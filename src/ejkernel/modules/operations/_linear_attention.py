@@ -19,7 +19,8 @@ class ChunkedConfig(KernelConfig):
         fwd_params: `block_d` (value columns per program), `num_warps` and `num_stages` of Triton's one-token
             (decode) kernel and, for the delta rules, its state-passing kernels; the other chunked kernels keep
             their own tiling. None, or a field not set: each kernel's own (32 columns, 4 warps, 2 stages; the
-            delta rules' forward state pass: a state tile of up to 128 x 128 floats, 8 warps, 3 stages).
+            delta rules' forward state pass: up to 128 columns at 8 warps and 3 stages where the batch rows and
+            heads leave enough programs).
         bwd_params: Not read.
         backend: `"any"` (default), `"gpu"`, `"tpu"` or `"cpu"`: the device kind the config is meant for; a
             call on another kind refuses it.

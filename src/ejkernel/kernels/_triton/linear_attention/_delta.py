@@ -220,13 +220,18 @@ def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref
     final_ref[b, head, :, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, :, cols])
 
 
-def forward_pass_defaults(dk: int) -> tuple[int, int, int]:
-    """`(value columns a program, warps, stages)` of the forward state pass (dense and ragged) unless the call sets
-    them: a state tile of at most 128 x 128 floats on 8 warps, 3 stages. H200, 8 x 2048 tokens, H 32, Dk = Dv =
-    128, bf16 (`exp/s56_state_pass.py`): 0.275 ms at chunk 64 and 0.392 at 32, against 0.557 and 0.687 at 32
-    columns, 4 warps and 2 stages (the defaults before; fla's `chunk_gated_delta_rule_fwd_kernel_h`: 0.228 ms at
-    chunk 64); 64 columns on 4 warps: 0.312 and 0.447."""
-    return max(16, 16384 // dk), 8, 3
+def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
+    """`(value columns a program, warps, stages)` of the forward state pass (dense and ragged) over `rows` (batch
+    rows or requests) x heads unless the call sets them: the widest state tile of at most 128 x 128 floats (128, 64
+    or 32 columns at Dk 128) that still gives 256 programs (two an H200 SM), else 32 columns. H200, Dk = Dv = 128,
+    bf16 (`exp/s56_state_pass.py`, `exp/s56_training.py`): 8 x 2048 tokens, H 32 (256 rows), chunk 32, 0.392 ms at
+    128 columns on 8 warps and 3 stages against 0.447 at 64 on 4 and 2, 0.687 at 32 on 4 and 2 (fla's
+    `chunk_gated_delta_rule_fwd_kernel_h`: 0.228 ms at chunk 64); B 2 x 16384, H 16 (32 rows), forward+backward
+    6.11 ms at 32 columns, 6.73 at 128."""
+    for columns, warps, stages in ((16384 // dk, 8, 3), (64, 4, 2)):
+        if columns >= 64 and rows * -(-dv // columns) >= 256:
+            return columns, warps, stages
+    return 32, 4, 2
 
 
 def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, k, w, u, g, init):
@@ -234,7 +239,7 @@ def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int,
     [B, H, Dk, Dv] float32)`."""
     batch, seq, heads, dk = k.shape
     dv = u.shape[-1]
-    passes = passes.resolved(dv, *forward_pass_defaults(dk))
+    passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
     bv = passes.block_v
     args = (k, w, u, g, init)
     return call_pallas(

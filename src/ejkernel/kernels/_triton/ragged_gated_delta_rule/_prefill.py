@@ -79,7 +79,7 @@ def _states(t: TritonGlaTiling, chunk: int, first, count, slots, k, w, u, g, poo
     float32)`; chunks of no request are left unwritten (their outputs are never read). u and w chunk-major."""
     _, seq, heads, dk = k.shape
     dv = u.shape[-1]
-    bv, warps, stages = forward_pass_defaults(dk)
+    bv, warps, stages = forward_pass_defaults(dk, dv, first.shape[0] * heads)
     bv = min(bv, dv)
     args = (first, count, slots, k, w, u, g, pool)
     return call_pallas(
