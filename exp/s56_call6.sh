@@ -2,5 +2,5 @@
 # has (`forward_pass_defaults`): the prefill rows of the serving bench (256 rows: 128 columns) and forward+backward at
 # the training shape (32 rows: 32 columns, the tiling before) beside GLA.
 . exp/s28_env.sh
-(timeout 120 python3 -m ejkernel bench linear_attention --part serving --repeats 20 --out "$OUT" 2>&1 | quiet | grep -e prefill -e copy)
+(timeout 120 python3 -m ejkernel.cli bench linear_attention --part serving --repeats 20 --out "$OUT" 2>&1 | quiet | grep -e prefill -e copy)
 (cd exp && timeout 100 python3 s56_training.py 2>&1 | quiet | tee "$OUT/training.txt" | tail -6)
