@@ -7,7 +7,8 @@ runnable alternative for the hybrid models' layers, on the shapes of our benches
   slot gather), and with a pool of 512 slots read and written through `torch` indexing (what a serving engine
   does around it);
 - gated delta rule ragged prefill: 8 requests x 2048 tokens, `chunk_gated_delta_rule` with `cu_seqlens`, from and
-  to states;
+  to states; q and k normalised beforehand, and (since session 56) normalised in the call as our op does by default
+  (`use_qk_l2norm_in_kernel=True`);
 - causal_conv1d: 16384 tokens of 64 sequences x 8192 channels, width 4, bias and SiLU, from and to per-sequence
   states (`fla.modules.causal_conv1d.causal_conv1d`, Triton backend);
 - a device copy (`x + 1` over 2 GiB of bf16) for the bandwidth scale.
@@ -100,12 +101,21 @@ def main():
     cu = torch.arange(0, requests * length + 1, length, device=device, dtype=torch.long)
     states = torch.randn(requests, heads, dim, dim, device=device)
 
-    def prefill():
-        return chunk_gated_delta_rule(
-            q, k, v, g=g, beta=beta, initial_state=states, output_final_state=True, cu_seqlens=cu
+    def prefill(l2norm: bool):
+        return lambda: chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=states,
+            output_final_state=True,
+            cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=l2norm,
         )
 
-    rows["gdr prefill 8x2048"] = dict(ms=1e3 * run(prefill))
+    rows["gdr prefill 8x2048"] = dict(ms=1e3 * run(prefill(False)))
+    rows["gdr prefill 8x2048, q and k L2-normalised in the call (as ours)"] = dict(ms=1e3 * run(prefill(True)))
 
     tokens, channels, width, seqs = 16384, 8192, 4, 64
     x = torch.randn(1, tokens, channels, device=device, dtype=torch.bfloat16)
