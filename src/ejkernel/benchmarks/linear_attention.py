@@ -13,7 +13,8 @@ bandwidth (state read + written, q, k, v, beta, decay read, out written) beside 
 timed in the same run (`ratio_to_copy`), called with request bounds and as a decode batch (no
 `query_start_loc`: "decode batch" rows; once more on a bf16 pool, as serving engines often keep it); and a
 prefill of 8 requests of 2048 tokens beside `gated_delta_rule` on the same tokens as a batch of 8 (initial and
-final states, Triton and XLA), `vs_gated_delta_rule` the ratio of times to it on the same platform.
+final states, Triton and XLA), `vs_gated_delta_rule` the ratio of times to it on the same platform; and a mixed
+batch as a serving engine's step with chunked prefill holds one: 60 decode tokens and 4 prefill chunks of 512.
 """
 
 import functools
@@ -33,7 +34,8 @@ SHAPE = (2, 16384, 16, 128)  # B, S, H, D (Dk = Dv = D)
 QUICK_SHAPE = (1, 128, 2, 32)
 DECODE = (256, 32, 128)  # requests, H, D
 PREFILL = (8, 2048, 32, 128)  # requests, tokens each, H, D
-QUICK_DECODE, QUICK_PREFILL = (4, 2, 32), (2, 64, 2, 32)
+MIXED = (60, 4, 512)  # requests of one token, requests of a chunk, the chunk's tokens (H and D as DECODE's)
+QUICK_DECODE, QUICK_PREFILL, QUICK_MIXED = (4, 2, 32), (2, 64, 2, 32), (3, 1, 16)
 
 
 def _inputs(batch, seq, heads, dim):
@@ -156,7 +158,24 @@ def _serving_rows(quick: bool, repeats: int) -> list[dict]:
         base = timings.get(f"dense {'triton' if platform == 'auto' else platform.split('-')[0]}")
         row["vs_gated_delta_rule"] = seconds / base if base else None
         rows.append(row)
+    rows += _mixed_rows(quick, repeats, platforms)
     return rows
+
+
+def _mixed_rows(quick: bool, repeats: int, platforms) -> list[dict]:
+    """A mixed batch (`MIXED`): one-token requests, then prefill chunks, each request on a slot of its own."""
+    singles, chunks, length = QUICK_MIXED if quick else MIXED
+    _, heads, dim = QUICK_DECODE if quick else DECODE
+    lengths = [1] * singles + [length] * chunks
+    d = _inputs(1, sum(lengths), heads, dim)
+    tokens = tuple(d[n][0] for n in ("q", "k", "v", "beta", "decay"))
+    bounds = jnp.cumsum(jnp.asarray([0, *lengths], jnp.int32))
+    slots = jnp.arange(len(lengths), dtype=jnp.int32)
+    pool = jax.random.normal(jax.random.PRNGKey(4), (len(lengths), heads, dim, dim), jnp.float32)
+    builders = {p: functools.partial(_serving_loop, _ragged(p), (*tokens, bounds, slots), pool) for p in platforms}
+    case = f"mixed {singles}x1 + {chunks}x{length} H={heads} D={dim}"
+    timings = time_variants(builders, repeats=repeats, where=case)
+    return [dict(op="ragged_gated_delta_rule", case=case, platform=p, ms=1e3 * t) for p, t in timings.items()]
 
 
 def main(argv=None) -> None:
