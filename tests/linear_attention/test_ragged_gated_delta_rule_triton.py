@@ -81,7 +81,7 @@ def test_prefill_of_fewer_tokens_than_a_chunk():
     check_reference(out, new_state, inputs, SHORT_QSL, SHORT_SLOTS)
     # the same kernels as the chunked entry the Mosaic GPU implementation hands its prefills to
     req = requests(i32(SHORT_QSL), i32(SHORT_SLOTS), 8, SLOTS)
-    entry = functools.partial(chunked_requests, chunk_size=64, use_qk_l2norm=True, cfg=CFG, interpret=True)
+    entry = functools.partial(chunked_requests, chunk_size=CFG.chunk_size, use_qk_l2norm=True, interpret=True)
     for got, want in zip(jax.jit(entry)(inputs[:5], inputs[5], req), (out, new_state), strict=True):
         assert bool(jnp.array_equal(got, want))
 

@@ -6,6 +6,12 @@ from ejkernel.kernels._common.bounds import check_packed
 from ejkernel.kernels._common.checks import require_float, require_int
 
 
+def config_chunk(cfg, default):
+    """The chunk a call runs: its config's `chunk_size` where set, else `default` (a call's own `chunk_size`, or an
+    implementation's default; None passes on, for an implementation to choose)."""
+    return getattr(cfg, "chunk_size", None) or default
+
+
 def require_shape(name: str, x, shape: tuple[int, ...], layout: str) -> None:
     if x is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must be {layout} = {tuple(shape)}, got {tuple(x.shape)}")

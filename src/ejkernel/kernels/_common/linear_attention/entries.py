@@ -10,7 +10,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ejkernel.checked_calls import arguments_checked
-from ejkernel.kernels._common.linear_attention.checks import check_chunk_size, check_layer, check_linear_call
+from ejkernel.kernels._common.linear_attention.checks import (
+    check_chunk_size,
+    check_layer,
+    check_linear_call,
+    config_chunk,
+)
 from ejkernel.kernels._common.linear_attention.driver import DEFAULT_CHUNK, linear_attention, to_f32, xla_engine
 from ejkernel.kernels._common.linear_attention.inputs import delta_rule_inputs, lightning_gamma
 
@@ -18,10 +23,6 @@ from ejkernel.kernels._common.linear_attention.inputs import delta_rule_inputs, 
 def resolve_scale(softmax_scale, query) -> float:
     """The query's scale: `softmax_scale`, else `dim_k ** -0.5` (the public functions and the entries)."""
     return query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-
-
-def _chunk(cfg, default: int = DEFAULT_CHUNK) -> int:
-    return getattr(cfg, "chunk_size", None) or default
 
 
 def _decoding(query, cu_seqlens=None) -> bool:
@@ -74,7 +75,7 @@ def _gated_form(
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         reverse=reverse,
-        chunk_size=_chunk(cfg, runner.gated_chunk),
+        chunk_size=config_chunk(cfg, runner.gated_chunk),
         recurrent=gv is not None or _decoding(query, cu_seqlens),
         engine=runner,
     )
@@ -219,7 +220,7 @@ def kernel_delta_attention(
         scale=softmax_scale,
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
-        chunk=_chunk(cfg, chunk_size),
+        chunk=config_chunk(cfg, chunk_size),
         engine=engine(cfg, **engine_options),
     )
     return _returned(out, state, return_state)
@@ -260,7 +261,7 @@ def gated_delta_rule(
         scale=resolve_scale(None, query),
         use_qk_l2norm=use_qk_l2norm,
         recurrent=not use_chunked,
-        chunk=_chunk(cfg, runner.delta_chunk),
+        chunk=config_chunk(cfg, runner.delta_chunk),
         engine=runner,
     )
     return _returned(out, state, return_state)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.differentiation import trained_as
+from ejkernel.kernels._common.linear_attention.checks import config_chunk
 from ejkernel.kernels._common.linear_attention.ragged import (
     decode_modes,
     decode_or_chunked,
@@ -81,9 +82,7 @@ def _decode_batch(tiling: TritonRaggedDecodeTiling, use_qk_l2norm: bool, inputs,
     return decode_step(tiling, use_qk_l2norm, *inputs, pool, token, state_indices.astype(jnp.int32))
 
 
-def chunked_requests(
-    inputs, pool, req, *, chunk_size: int | None, use_qk_l2norm: bool, cfg=None, interpret: bool | None
-):
+def chunked_requests(inputs, pool, req, *, chunk_size: int | None, use_qk_l2norm: bool, interpret: bool | None):
     """Every request of `req` (`_common`'s `Requests`) in the packed chunked form, the prefill path of a call with
     request bounds: `(out [T, H, Dv] in the query's dtype, new pool)`; `inputs` is `(query, key, value, beta,
     decay)`. This implementation's prefill branch, and where the Mosaic GPU implementation hands its calls with a
@@ -92,7 +91,7 @@ def chunked_requests(
     _decline(query, value, beta, decay, pool)
     gla = TritonGlaTiling(interpret=resolve_interpret(interpret, WHO), precise=jnp.dtype(value.dtype) == jnp.float32)
     gla = gla.fit(query.shape[-1], value.shape[-1])
-    chunk = _chunk(getattr(cfg, "chunk_size", None) or chunk_size, query.shape[0])
+    chunk = _chunk(chunk_size, query.shape[0])
     out, final = packed_delta(gla, chunk, bool(use_qk_l2norm), inputs, req, pool)
     return out, scatter_first(pool, req.slots, final, req.live)
 
@@ -139,11 +138,10 @@ def ragged_gated_delta_rule_triton(
         num_warps=(params and params.num_warps) or TritonRaggedDecodeTiling.num_warps,
         interpret=interpret,
     )
-    l2norm = bool(use_qk_l2norm)
-    options = dict(chunk_size=chunk_size, use_qk_l2norm=l2norm, cfg=cfg, interpret=interpret)
+    l2norm, chunk_size = bool(use_qk_l2norm), config_chunk(cfg, chunk_size)
+    options = dict(chunk_size=chunk_size, use_qk_l2norm=l2norm, interpret=interpret)
     prefill = functools.partial(chunked_requests, **options)
     forward = functools.partial(_forward, decode_tiling, prefill, l2norm)
     # a differentiated call runs the plain-JAX computation
-    chunk_size = getattr(cfg, "chunk_size", None) or chunk_size
     twin = functools.partial(ragged_delta_rule, chunk_size=chunk_size, use_qk_l2norm=l2norm)
     return trained_as(twin, forward)(query, key, value, beta, decay, recurrent_state, query_start_loc, state_indices)

@@ -9,6 +9,7 @@ VJP), so `jax.grad` of a surrounding model runs and differentiates through the o
 
 from __future__ import annotations
 
+from ejkernel.kernels._common.linear_attention.checks import config_chunk
 from ejkernel.kernels._common.linear_attention.ragged import ragged_delta_rule, require_pool_arguments
 
 
@@ -34,7 +35,7 @@ def ragged_gated_delta_rule_xla(
     slot is outside `[0, S)` are dropped (zero outputs, no write).
     """
     require_pool_arguments(recurrent_state, state_indices)
-    chunk = getattr(cfg, "chunk_size", None) or chunk_size
+    chunk = config_chunk(cfg, chunk_size)
     return ragged_delta_rule(
         query,
         key,

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from ejkernel.kernels._common.checks import require_float
 from ejkernel.kernels._common.device import is_hopper
 from ejkernel.kernels._common.differentiation import trained_as
+from ejkernel.kernels._common.linear_attention.checks import config_chunk
 from ejkernel.kernels._common.linear_attention.ragged import (
     decode_or_chunked,
     ragged_delta_rule,
@@ -84,7 +85,7 @@ def ragged_gated_delta_rule_mosaic_gpu(
     tiling = MosaicGpuRaggedDecodeTiling.for_pool(
         recurrent_state.dtype, value.shape[-1], ctas=2 if interpret else None, interpret=interpret
     )
-    l2norm, chunk_size = bool(use_qk_l2norm), getattr(cfg, "chunk_size", None) or chunk_size
+    l2norm, chunk_size = bool(use_qk_l2norm), config_chunk(cfg, chunk_size)
 
     def forward(query, key, value, beta, decay, pool, qsl, state_indices):
         inputs = (query, key, value, beta, decay)
