@@ -22,7 +22,6 @@ the chunk; matmul operands in the inputs' dtype (float32 in full precision when 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -244,7 +243,7 @@ def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int,
     args = (k, w, u, g, init)
     return call_pallas(
         _delta_states_kernel,
-        dataclasses.replace(t, num_stages=passes.num_stages),
+        t,
         passes.num_warps,
         (batch, heads, dv // bv),
         None,
@@ -255,6 +254,7 @@ def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int,
             out_struct(init.shape, F32, *args),
         ],
         "ejkernel_delta_states",
+        stages=passes.num_stages,
         chunk=chunk,
         mm=t.mm(k.dtype),
         bv=bv,
@@ -302,7 +302,7 @@ def _delta_state_grads(
     args = (q, k, w, g, do, a, e, d_final)
     dh, d_init, rs, du = call_pallas(
         _delta_state_grads_kernel,
-        dataclasses.replace(t, num_stages=passes.num_stages),
+        t,
         passes.num_warps,
         (batch, heads, dv // bv),
         None,
@@ -314,6 +314,7 @@ def _delta_state_grads(
             out_struct((batch, seq, heads, dv), F32, *args),
         ],
         "ejkernel_delta_state_grads",
+        stages=passes.num_stages,
         chunk=chunk,
         scale=scale,
         mm=t.mm(q.dtype),

@@ -72,15 +72,18 @@ class TritonGlaTiling:
         return jnp.dtype(dtype) if not self.precise and jnp.dtype(dtype) == jnp.bfloat16 else F32
 
 
-def call_pallas(kernel, t: TritonGlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, **static):
-    """`pallas_call` of `kernel(**static)`; specs None: whole arrays (the sequential passes index chunks themselves)."""
+def call_pallas(
+    kernel, t: TritonGlaTiling, warps: int, grid, in_specs, out_specs, out_shape, name: str, *, stages=None, **static
+):
+    """`pallas_call` of `kernel(**static)` on `warps` warps and `stages` software-pipelining stages (None:
+    `t.num_stages`); specs None: whole arrays (the sequential passes index chunks themselves)."""
     specs = {} if in_specs is None else dict(in_specs=in_specs, out_specs=out_specs)
     return pl.pallas_call(
         functools.partial(kernel, **static),
         grid=grid,
         **specs,
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=t.num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages or t.num_stages),
         interpret=t.interpret,
         name=name,
     )

@@ -20,7 +20,6 @@ Matmul operands are in the inputs' dtype (float32 in full precision for float32 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -84,7 +83,7 @@ def _states(t: TritonGlaTiling, chunk: int, first, count, slots, k, w, u, g, poo
     args = (first, count, slots, k, w, u, g, pool)
     return call_pallas(
         _states_kernel,
-        dataclasses.replace(t, num_stages=stages),
+        t,
         warps,
         (first.shape[0], heads, dv // bv),
         None,
@@ -95,6 +94,7 @@ def _states(t: TritonGlaTiling, chunk: int, first, count, slots, k, w, u, g, poo
             out_struct((first.shape[0], heads, dk, dv), F32, *args),
         ],
         "ejkernel_ragged_delta_states",
+        stages=stages,
         chunk=chunk,
         mm=t.mm(k.dtype),
         block_v=bv,
