@@ -201,3 +201,19 @@ def print_gpu_timeline(call, steps: int = 3, last: int = 14) -> None:
             gap = "" if previous_end is None else f"gap {e['ts'] - previous_end:8.1f} us"
             print(f"{e['ts']:16.1f} {e['dur']:9.1f} us {gap:>16}  {e['name'][:80]}")
             previous_end = e["ts"] + e["dur"]
+
+
+def print_torch_kernels(step, title: str, steps: int = 10) -> None:
+    """The CUDA kernels of `steps` calls of the zero-argument PyTorch `step` (after five warm-up calls), per kernel,
+    from torch's profiler: how an alternative's time splits (the JAX profile's counterpart is `print_gpu_timeline`)."""
+    import torch
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"#### {title}, per kernel over {steps} calls")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))

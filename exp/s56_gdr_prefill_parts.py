@@ -42,6 +42,7 @@ def ours() -> None:
 def fla() -> None:
     import torch
     import torch.nn.functional as F
+    from _kit import print_torch_kernels
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     requests, length, heads, dim = 8, 2048, 32, 128
@@ -55,15 +56,7 @@ def fla() -> None:
     call = lambda: chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, initial_state=states, output_final_state=True, cu_seqlens=cu
     )
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-    print("#### fla chunk_gated_delta_rule, per kernel over 10 calls")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+    print_torch_kernels(call, "fla chunk_gated_delta_rule")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def ours() -> None:
 def fla() -> None:
     import torch
     import torch.nn.functional as F
+    from _kit import print_torch_kernels
     from fla.ops.gla import chunk_gla
 
     batch, seq, heads, dim = 2, 16384, 16, 128
@@ -43,15 +44,7 @@ def fla() -> None:
         x.requires_grad_(True)
     do = torch.randn_like(q)
     step = lambda: chunk_gla(q, k, v, g)[0].backward(do)
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
-    print("#### fla chunk_gla forward+backward, per kernel over 10 steps")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+    print_torch_kernels(step, "fla chunk_gla forward+backward")
 
 
 if __name__ == "__main__":
