@@ -5,6 +5,7 @@ Interpret-mode cases stay small: head dims 16 and 32 (the smallest the Triton ma
 tiles of 16 columns (two per state), chunks of 16.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -64,11 +65,17 @@ def check_reference(out, new_state, inputs, qsl, slots, dtype=jnp.float32, use_q
     assert bool(jnp.all(out[np.r_[0 : qsl[0], qsl[-1] : out.shape[0]]] == 0))
 
 
-@pytest.mark.parametrize("dtype, use_qk_l2norm, decay", [(jnp.float32, True, True), (jnp.bfloat16, False, False)])
-def test_mixed_requests_under_jit(dtype, use_qk_l2norm, decay):
-    """Prefill and decode requests in one call: the packed chunked kernels, bounds and slots traced."""
+@pytest.mark.parametrize(
+    "dtype, use_qk_l2norm, decay, chunk", [(jnp.float32, True, True, 16), (jnp.bfloat16, False, False, 32)]
+)
+def test_mixed_requests_under_jit(dtype, use_qk_l2norm, decay, chunk):
+    """Prefill and decode requests in one call: the packed chunked kernels (chunks of one and of two row blocks),
+    bounds and slots traced."""
     inputs = make_inputs(dtype=dtype, decay=decay)
-    call = jax.jit(triton(use_qk_l2norm=use_qk_l2norm))
+    cfg = dataclasses.replace(CFG, chunk_size=chunk)
+    call = jax.jit(
+        functools.partial(ragged_gated_delta_rule_triton, cfg=cfg, interpret=True, use_qk_l2norm=use_qk_l2norm)
+    )
     out, new_state = call(*inputs, i32(QSL), i32(SLOT_OF))
     check_reference(out, new_state, inputs, QSL, SLOT_OF, dtype, use_qk_l2norm)
 
@@ -171,15 +178,14 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     for name in (
         "ejkernel_ragged_delta_decode",
         "ejkernel_ragged_delta_decode_readers",
-        "ejkernel_ragged_delta_pack",
-        "ejkernel_delta_wy",
+        "ejkernel_ragged_delta_wy",
         "ejkernel_ragged_delta_states",
         "ejkernel_ragged_delta_outputs",
     ):
         assert name in text
     # a decode batch: the readers' kernel deciding the modes, then the writers'; nothing else
     text = lower(*args[:6], None, shape(tokens, dtype=jnp.int32))
-    assert "ejkernel_ragged_delta_decode_readers" in text and "ejkernel_ragged_delta_pack" not in text
+    assert "ejkernel_ragged_delta_decode_readers" in text and "ejkernel_ragged_delta_wy" not in text
 
 
 # ---- GPU suite: the compiled kernels against the XLA implementation at serving shapes ----

@@ -1,7 +1,7 @@
 """The chunked delta rule (gated delta rule, kernel delta attention) in Pallas-Triton kernels, token layout.
 
 Per chunk entered with state `h`, the WY transform (`wy_transform`'s, local to each chunk, in one kernel:
-`wy_in_kernel`, which keeps the inverse for the backward's pullback, `_wy_pullback`) gives `u = T (β v)`
+`_wy_triton`, which keeps the inverse for the backward's pullback, `_wy_pullback`) gives `u = T (β v)`
 and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are `U = u − w h`. From there the
 chunk is the gated recurrence with a gate per head and values U: outputs `scale · ((q ⊙ e^{g}) h + A U)`, exit
 state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that story). So the delta rule runs GLA's kernels of a
@@ -60,24 +60,19 @@ def _unit_lower_inverse(lower):
     return inverse
 
 
-def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int, cumulative: bool):
-    """One chunk of one head: `(I + L)⁻¹` as blocks of SUB rows (`wy_transform`'s system), then u and w (and the
-    inverse, where an `inverse_ref` `[C, C]` is given); the log gates `a` per token, or summed within the chunk
-    already (`cumulative`).
+def wy_blocks(keys, values, betas, gates, u_ref, w_ref, inverse_ref=None):
+    """One chunk of one head's WY transform from its blocks of SUB rows (lists over the blocks: keys `[SUB, Dk]`
+    and values `[SUB, Dv]` in the dtypes of the products, betas and cumulative log gates `[SUB]` float32): `(I +
+    L)⁻¹` (`wy_transform`'s system), then u and w into their refs (and the inverse, `[C, C]` float32, into
+    `inverse_ref` where given).
 
-    `L` block (i, j), j <= i: `beta_t (k_t · k_s) e^{g_t − g_s}` for s < t, g the cumulative log gate. Its
-    inverse is block lower triangular: the diagonal blocks' by forward substitution, then
-    `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products). `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
-    (beta e^{g} k)_j`: products in k's and v's dtype, accumulated in float32 and stored in v's and k's dtype (what
-    the state pass reads), as `wy_transform` computes them."""
+    `L` block (i, j), j <= i: `beta_t (k_t · k_s) e^{g_t − g_s}` for s < t. Its inverse is block lower triangular:
+    the diagonal blocks' by forward substitution, then `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products).
+    `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij (beta e^{g} k)_j`: products in the keys' and values' dtypes,
+    accumulated in float32 and stored in u's and w's dtype (what the state pass reads), as `wy_transform` computes
+    them."""
+    blocks = len(keys)
     rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
-    gates, total = [], jnp.zeros((), F32)
-    for i in range(blocks):
-        logs = a_ref[rows[i]]
-        gates.append(logs if cumulative else jnp.cumsum(logs) + total)
-        total = total + jnp.sum(logs)
-    betas = [beta_ref[rows[i]] for i in range(blocks)]
-    keys = [k_ref[rows[i], :] for i in range(blocks)]
     strict = iota((SUB, SUB), 0) > iota((SUB, SUB), 1)
     system = {}
     for i in range(blocks):
@@ -90,30 +85,30 @@ def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks
         for i in range(j + 1, blocks):
             inner = sum(dot(system[i, m], inverse[m, j]) for m in range(j, i))
             inverse[i, j] = -dot(inverse[i, i], inner)
-    values = [(betas[j][:, None] * v_ref[rows[j], :].astype(F32)).astype(v_ref.dtype) for j in range(blocks)]
+    scaled_values = [(betas[j][:, None] * values[j].astype(F32)).astype(values[j].dtype) for j in range(blocks)]
     entries = [betas[j] * jnp.exp(gates[j]) for j in range(blocks)]
-    scaled_keys = [(entries[j][:, None] * keys[j].astype(F32)).astype(k_ref.dtype) for j in range(blocks)]
+    scaled_keys = [(entries[j][:, None] * keys[j].astype(F32)).astype(keys[j].dtype) for j in range(blocks)]
     for i in range(blocks):
-        u = sum(dot(inverse[i, j].astype(v_ref.dtype), values[j]) for j in range(i + 1))
-        w = sum(dot(inverse[i, j].astype(k_ref.dtype), scaled_keys[j]) for j in range(i + 1))
+        u = sum(dot(inverse[i, j].astype(values[j].dtype), scaled_values[j]) for j in range(i + 1))
+        w = sum(dot(inverse[i, j].astype(keys[j].dtype), scaled_keys[j]) for j in range(i + 1))
         u_ref[rows[i], :], w_ref[rows[i], :] = u.astype(u_ref.dtype), w.astype(w_ref.dtype)
-        for j in range(blocks if inverse_ref else 0):
-            inverse_ref[0][rows[i], rows[j]] = inverse[i, j] if j <= i else jnp.zeros((SUB, SUB), F32)
+        for j in range(blocks if inverse_ref is not None else 0):
+            inverse_ref[rows[i], rows[j]] = inverse[i, j] if j <= i else jnp.zeros((SUB, SUB), F32)
 
 
-def wy_in_kernel(t: TritonGlaTiling, chunk: int, grid, specs, shapes, k, v, beta, gates, *, cumulative: bool):
-    """`(u, w)` of `wy_transform` in v's and k's dtype (and the inverse, float32) in one Pallas-Triton kernel per
-    chunk and head. `specs` (inputs, outputs) place each program's `[C, D]` rows of k and v, `[C]` of beta and of
-    the log gates (summed within chunks if `cumulative`), and its `[C, Dv]` / `[C, Dk]` rows of u and w, whose
-    shapes are `shapes`. On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms with float32 u and w
-    where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched products); 2 warps: 0.82
-    ms at 4, 1.59 at 8 (the substitution's reductions cross warps). Stored in the inputs' dtype, u and w save the
-    float32 copies and the two casts after them (0.19 ms at chunk 32 on an H200, session 56)."""
-    dtypes = (v.dtype, k.dtype, F32)[: len(shapes)]
-    outs = [out_struct(shape, dtype, k, v, beta, gates) for shape, dtype in zip(shapes, dtypes, strict=True)]
-    return call_pallas(
-        _wy_kernel, t, 2, grid, *specs, outs, "ejkernel_delta_wy", blocks=chunk // SUB, cumulative=cumulative
-    )(k, v, beta, gates)
+WY_WARPS = 2  # H200, 8 x 2048 tokens, H 32, D 128, chunk 64: 0.66 ms, 0.82 at 4, 1.59 at 8 (cross-warp reductions)
+
+
+def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int):
+    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k, v, beta and the log gates `a` per token."""
+    rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
+    gates, total = [], jnp.zeros((), F32)
+    for r in rows:
+        logs = a_ref[r]
+        gates.append(jnp.cumsum(logs) + total)
+        total = total + jnp.sum(logs)
+    keys, values = [k_ref[r, :] for r in rows], [v_ref[r, :] for r in rows]
+    wy_blocks(keys, values, [beta_ref[r] for r in rows], gates, u_ref, w_ref, *inverse_ref)
 
 
 def _chunk_specs(chunk: int):
@@ -124,17 +119,23 @@ def _chunk_specs(chunk: int):
 
 
 def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
-    """`wy_transform`'s `(u, w)` of every chunk in `wy_in_kernel`: k, v `[B, T, H, D]`, beta and the log gates `a`
-    `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` in v's and k's dtype, and with `with_inverse`
-    the inverse `[B, T, H, C]` float32 too (row t of its chunk's `(I + L)⁻¹`, for the pullback)."""
+    """`wy_transform`'s `(u, w)` of every chunk in one Pallas-Triton kernel per chunk and head: k, v `[B, T, H, D]`,
+    beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` in v's and k's dtype,
+    and with `with_inverse` the inverse `[B, T, H, C]` float32 too (row t of its chunk's `(I + L)⁻¹`, for the
+    pullback). On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms with float32 u and w where XLA's
+    WY transform took 1.36 (chunked copies of the tensors and small batched products); stored in the inputs' dtype,
+    u and w save the float32 copies and the two casts after them (0.19 ms at chunk 32, session 56)."""
     batch, seq, heads, _ = k.shape
     rows, gate = _chunk_specs(chunk)
-    widths, shapes = [v.shape[-1], k.shape[-1]], [v.shape, k.shape]
+    widths, shapes, dtypes = [v.shape[-1], k.shape[-1]], [v.shape, k.shape], [v.dtype, k.dtype]
     if with_inverse:
-        widths, shapes = [*widths, chunk], [*shapes, (*k.shape[:-1], chunk)]
+        widths, shapes, dtypes = [*widths, chunk], [*shapes, (*k.shape[:-1], chunk)], [*dtypes, F32]
+    outs = [out_struct(shape, dtype, k, v, beta, a) for shape, dtype in zip(shapes, dtypes, strict=True)]
     specs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], [rows(width) for width in widths]
     grid = (seq // chunk, batch, heads)
-    return wy_in_kernel(t, chunk, grid, specs, shapes, k, v, beta, a, cumulative=False)
+    return call_pallas(_wy_kernel, t, WY_WARPS, grid, *specs, outs, "ejkernel_delta_wy", blocks=chunk // SUB)(
+        k, v, beta, a
+    )
 
 
 def _wy_grads_kernel(
