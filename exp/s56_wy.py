@@ -76,7 +76,7 @@ def landed(t, chunk, warps, k, v, beta, a):
     specs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], [rows(v.shape[-1]), rows(k.shape[-1])]
     outs = [out_struct(v.shape, v.dtype, k), out_struct(k.shape, k.dtype, k)]
     grid = (k.shape[1] // chunk, k.shape[0], k.shape[2])
-    static = dict(blocks=chunk // SUB, cumulative=False)
+    static = dict(blocks=chunk // SUB)
     return call_pallas(_delta._wy_kernel, t, warps, grid, *specs, outs, "s56_wy", **static)(k, v, beta, a)
 
 
