@@ -81,9 +81,9 @@ def _states_kernel(
     def step(i, h):
         c = first + i
         e_ref[0, c, head, :, cols] = h.astype(e_ref.dtype)
-        start = pl.multiple_of(c * chunk, chunk)
-        rows = pl.ds(start, chunk)
-        g, g_last = g_ref[0, rows, head, one], g_ref[0, start + chunk - 1, head, one]
+        at = pl.multiple_of(c * chunk, chunk)  # the chunk's first row in the chunk layout
+        rows = pl.ds(at, chunk)
+        g, g_last = g_ref[0, rows, head, one], g_ref[0, at + chunk - 1, head, one]
         values = u_ref[c, 0, head, :, cols].astype(F32) - dot(w_ref[c, 0, head, :, :].astype(mm), h.astype(mm))
         values_ref[0, rows, head, cols] = values.astype(values_ref.dtype)
         keys = _normalised_rows(k_ref, start_ref[c], _live(lo_ref, hi_ref, c, 0, chunk), head, s["l2norm"], w_ref.dtype)
