@@ -1,4 +1,4 @@
-# Prepared in session 56 for the next session's first call, on branch `s56-ragged-inplace` (one H200, about 8
+# Prepared in session 56 for the next session's first call, on branch `s56-ragged-inplace` (one H200, about 9
 # minutes). Before it, on this machine: `git checkout s56-ragged-inplace && rm -rf .main_src && mkdir .main_src &&
 # git archive main src | tar -x -C .main_src && echo /.main_src/ >> .git/info/exclude`; carry [".whl", ".main_src"].
 # 1. GPU tests of the ragged GDR files (Triton, Mosaic GPU) and the Triton linear-attention file: the kernels that
@@ -7,7 +7,9 @@
 # 3. The WY transform's variants at chunks 32 and 64 (`s56_wy.py`: the landed kernel at 2 / 4 / 8 warps, two kernels).
 # 4. The forward's outputs made inside the state pass (`s56_fused_pass.py`: e and U never written) beside the landed
 #    pass and output kernel, over tilings, at chunks 32 and 64.
-# 5. The prefill's kernels on the branch (`s56_gdr_prefill_parts.py`).
+# 5. The ragged prefill likewise (`s56_fused_ragged.py`: its outputs stored at the tokens from the state pass), at the
+#    serving bench's prefill and a mixed batch.
+# 6. The prefill's kernels on the branch (`s56_gdr_prefill_parts.py`).
 . exp/s28_env.sh
 OUT=$OUT TESTS="tests/linear_attention/test_ragged_gated_delta_rule_triton.py tests/linear_attention/test_ragged_gated_delta_rule_mosaic_gpu.py tests/linear_attention/test_linear_triton.py" \
     TEST_TIMEOUT=150 WORKERS=6 bash tools/gpu-suite 2>&1 | tail -8
@@ -18,4 +20,5 @@ for tree in .main_src/src src; do
 done
 (cd exp && timeout 150 python3 s56_wy.py 2>&1 | quiet | tee "$OUT/wy.txt" | tail -14)
 (cd exp && timeout 200 python3 s56_fused_pass.py 2>&1 | quiet | tee "$OUT/fused_pass.txt" | tail -22)
+(cd exp && timeout 150 python3 s56_fused_ragged.py 2>&1 | quiet | tee "$OUT/fused_ragged.txt" | tail -8)
 (cd exp && timeout 80 python3 s56_gdr_prefill_parts.py 2>&1 | quiet | tee "$OUT/gdr_prefill_parts.txt" | grep -v "^ *[0-9.]* *[0-9.]* us .*\(case\|scatter\|broadcast\|clamp\|reduce\|and_fusion\)")
