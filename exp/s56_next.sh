@@ -4,11 +4,11 @@
 # 1. GPU tests of the ragged GDR files (Triton, Mosaic GPU) and the Triton linear-attention file: the kernels that
 #    read q, k and v in place (no pack) and the WY transform's shared `wy_blocks`.
 # 2. The serving bench on main's tree and on the branch's, in one call (the prefill rows: main 1.37 ms in session 56).
-# 3. The WY transform's variants at chunks 32 and 64 (`s56_wy.py`: the landed kernel at 2 / 4 / 8 warps, two kernels).
-# 4. The forward's outputs made inside the state pass (`s56_fused_pass.py`: e and U never written) beside the landed
+# 3. The forward's outputs made inside the state pass (`s56_fused_pass.py`: e and U never written) beside the landed
 #    pass and output kernel, over tilings, at chunks 32 and 64.
-# 5. The ragged prefill likewise (`s56_fused_ragged.py`: its outputs stored at the tokens from the state pass), at the
+# 4. The ragged prefill likewise (`s56_fused_ragged.py`: its outputs stored at the tokens from the state pass), at the
 #    serving bench's prefill and a mixed batch.
+# 5. The WY transform's variants at chunks 32 and 64 (`s56_wy.py`: the landed kernel at 2 / 4 / 8 warps, two kernels).
 # 6. The prefill's kernels on the branch (`s56_gdr_prefill_parts.py`).
 . exp/s28_env.sh
 OUT=$OUT TESTS="tests/linear_attention/test_ragged_gated_delta_rule_triton.py tests/linear_attention/test_ragged_gated_delta_rule_mosaic_gpu.py tests/linear_attention/test_linear_triton.py" \
@@ -18,7 +18,7 @@ for tree in .main_src/src src; do
     (PYTHONPATH=$PWD/$tree:/tmp/site timeout 120 python3 -m ejkernel.cli bench linear_attention --part serving \
         --repeats 20 --out "$OUT/bench_$(echo "$tree" | tr / _)" 2>&1 | quiet | grep -e prefill -e copy)
 done
-(cd exp && timeout 150 python3 s56_wy.py 2>&1 | quiet | tee "$OUT/wy.txt" | tail -14)
 (cd exp && timeout 200 python3 s56_fused_pass.py 2>&1 | quiet | tee "$OUT/fused_pass.txt" | tail -22)
 (cd exp && timeout 150 python3 s56_fused_ragged.py 2>&1 | quiet | tee "$OUT/fused_ragged.txt" | tail -8)
+(cd exp && timeout 150 python3 s56_wy.py 2>&1 | quiet | tee "$OUT/wy.txt" | tail -14)
 (cd exp && timeout 80 python3 s56_gdr_prefill_parts.py 2>&1 | quiet | tee "$OUT/gdr_prefill_parts.txt" | grep -v "^ *[0-9.]* *[0-9.]* us .*\(case\|scatter\|broadcast\|clamp\|reduce\|and_fusion\)")
