@@ -4,6 +4,8 @@ chunk 32) and its values U for the output kernel to read back; the variant makes
 `scale ((q ⊙ e^g) h + (q kᵀ ⊙ D) U)` where h and U already sit in registers, so neither goes to memory. The
 recurrence's own steps do not wait on the outputs' products. Each variant's outputs and final states against the
 landed forward's (`_delta._delta_states` then `chunk_outputs` with the scores made in the output kernel), then times.
+`exp/s56_delta_outputs.patch` (on branch `s56-ragged-inplace`) puts the fused pass into `_delta` for undifferentiated
+calls, should it win.
 
     PYTHONPATH=src python exp/s56_fused_pass.py [--check]   # --check: interpret mode, small shapes, on a CPU
 """
@@ -124,8 +126,12 @@ def check():
 
 
 def bench(repeats):
+    """The serving bench's prefill shape (256 rows x heads: 128 columns a program by default), then one long
+    sequence (32 rows x heads: 32 columns), where the outputs' products lengthen the few programs' sequential steps
+    and the landed output kernel runs wide."""
     tilings = [(128, 8, 3), (128, 8, 2), (128, 4, 2), (64, 4, 2), (64, 8, 3)]
     run((8, 2048, 32, 128), jnp.bfloat16, (32, 64), variants(tilings), interpret=False, repeats=repeats)
+    run((1, 16384, 32, 128), jnp.bfloat16, (32,), variants([(32, 4, 2), (64, 4, 2)]), interpret=False, repeats=repeats)
 
 
 if __name__ == "__main__":

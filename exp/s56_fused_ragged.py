@@ -141,6 +141,7 @@ def bench(repeats):
     cases = {
         "prefill 8 x 2048": requests([2048] * 8, 32, 128, jnp.bfloat16, 8),
         "mixed 60 x 1 + 4 x 512": requests([1] * 60 + [512] * 4, 32, 128, jnp.bfloat16, 64),
+        "prefill 1 x 16384": requests([16384], 32, 128, jnp.bfloat16, 1),
     }
     run(cases, cfg, repeats, widths=(None, 64))
 
