@@ -3,7 +3,8 @@
 # git archive main src | tar -x -C .main_src && echo /.main_src/ >> .git/info/exclude`; carry [".whl", ".main_src"].
 # 1. GPU tests of the ragged GDR files (Triton, Mosaic GPU) and the Triton linear-attention file: the kernels that
 #    read q, k and v in place (no pack) and the WY transform's shared `wy_blocks`.
-# 2. The serving bench on main's tree and on the branch's, in one call (the prefill rows: main 1.37 ms in session 56).
+# 2. The serving bench on main's tree and on the branch's, in one call (the prefill rows: main 1.37 ms in session 56),
+#    and fla's rows (`s35_fla_serving.py`: its prefill with q and k normalised beforehand and in the call).
 # 3. The forward's outputs made inside the state pass (`s56_fused_pass.py`: e and U never written) beside the landed
 #    pass and output kernel, over tilings, at chunks 32 and 64.
 # 4. The ragged prefill likewise (`s56_fused_ragged.py`: its outputs stored at the tokens from the state pass), at the
@@ -18,6 +19,7 @@ for tree in .main_src/src src; do
     (PYTHONPATH=$PWD/$tree:/tmp/site timeout 120 python3 -m ejkernel.cli bench linear_attention --part serving \
         --repeats 20 --out "$OUT/bench_$(echo "$tree" | tr / _)" 2>&1 | quiet | grep -e prefill -e copy)
 done
+(cd exp && timeout 80 python3 s35_fla_serving.py --out "$OUT" 2>&1 | quiet | tail -7)
 (cd exp && timeout 200 python3 s56_fused_pass.py 2>&1 | quiet | tee "$OUT/fused_pass.txt" | tail -22)
 (cd exp && timeout 150 python3 s56_fused_ragged.py 2>&1 | quiet | tee "$OUT/fused_ragged.txt" | tail -8)
 (cd exp && timeout 150 python3 s56_wy.py 2>&1 | quiet | tee "$OUT/wy.txt" | tail -14)
