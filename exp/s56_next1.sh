@@ -14,7 +14,7 @@ OUT=$OUT TESTS="tests/linear_attention/test_ragged_gated_delta_rule_triton.py te
 for tree in .main_src/src src; do
     echo "#### serving bench on $tree"
     (PYTHONPATH=$PWD/$tree:/tmp/site timeout 120 python3 -m ejkernel.cli bench linear_attention --part serving \
-        --repeats 20 --out "$OUT/bench_$(echo "$tree" | tr / _)" 2>&1 | quiet | grep -e prefill -e copy)
+        --repeats 20 --out "$OUT/bench_$(echo "$tree" | tr / _)" 2>&1 | quiet | grep -e prefill -e mixed -e copy)
 done
 (cd exp && timeout 80 python3 s35_fla_serving.py --out "$OUT" 2>&1 | quiet | tail -7)
 (cd exp && timeout 200 python3 s56_fused_pass.py 2>&1 | quiet | tee "$OUT/fused_pass.txt" | tail -22)
