@@ -4,7 +4,9 @@ they sit). The landed prefill's state pass writes every chunk's entry state and 
 (0.52 + 0.38 ms of 1.37 at 8 x 2048 tokens, H 32, D 128 on an H200); the variant stores each chunk's outputs at its
 tokens from the state pass itself. Both through `ragged_gated_delta_rule_triton` (the variant patched in as
 `_interface.packed_delta`, compiled ahead inside the patch), outputs and new pool against the landed call's, then
-timed on the serving bench's prefill (8 requests x 2048 tokens) and a mixed batch.
+timed on the serving bench's prefill (8 requests x 2048 tokens), a mixed batch and one long sequence.
+`exp/s56_ragged_pass.patch` puts the fused pass into `_prefill` in place of the state pass and output kernel
+(interpret tests and CUDA lowering pass with it), should it win.
 
     PYTHONPATH=src python exp/s56_fused_ragged.py [--check]   # --check: interpret mode, small shapes, on a CPU
 """
