@@ -139,7 +139,7 @@ def check():
 
 
 def bench(repeats):
-    cfg = RaggedGatedDeltaRuleConfig(platform="triton")
+    cfg = RaggedGatedDeltaRuleConfig(platform="triton", chunk_size=None)  # (the config's own default is 64)
     cases = {
         "prefill 8 x 2048": requests([2048] * 8, 32, 128, jnp.bfloat16, 8),
         "mixed 60 x 1 + 4 x 512": requests([1] * 60 + [512] * 4, 32, 128, jnp.bfloat16, 64),
