@@ -15,7 +15,7 @@ from linear_cases import SEGMENTS, check, joined, log_decay, write_strength
 
 from ejkernel.kernels._common.linear_attention import entries
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
-from ejkernel.kernels._triton.linear_attention import _interface
+from ejkernel.kernels._triton.linear_attention import _delta, _interface
 from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
 from ejkernel.kernels._triton.linear_attention._interface import (
     TritonEngine,
@@ -163,10 +163,10 @@ def test_gated_delta_rule_segments():
     check(fn, ref, args)
 
 
-def test_delta_rule_on_the_gated_kernels():
+def test_delta_rule_on_the_gated_kernels(monkeypatch):
     """One sequence per row, no segments: the delta rule on GLA's kernels of a gate per head (`_delta`),
     a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay;
-    undifferentiated too (the WY transform's kernel, `_wy_triton`)."""
+    undifferentiated too (the WY transform's kernel, `_wy_triton`; the outputs by their kernel or in the pass)."""
     q, k, v = inputs(seq=70)
     args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
@@ -175,8 +175,10 @@ def test_delta_rule_on_the_gated_kernels():
     )
     reference = lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0)
     check(fn, reference, args)
-    for got, expected in zip(jax.jit(fn)(*args), reference(*args), strict=True):
-        assert_close(got, expected, jnp.float32)
+    for one_pass in (False, True):  # undifferentiated: the output kernel, or the outputs made in the state pass
+        monkeypatch.setattr(_delta, "one_pass_outputs", lambda *_, one_pass=one_pass: one_pass)
+        for got, expected in zip(jax.jit(lambda *a: fn(*a))(*args), reference(*args), strict=True):  # a fresh trace
+            assert_close(got, expected, jnp.float32)
     fn = lambda q, k, v, b, h0: kernel_delta_attention_triton(
         q, k, v, b, None, h0, return_state=True, chunk_size=16, interpret=True
     )
@@ -188,7 +190,6 @@ def test_wy_kernels_match_xla_and_its_autodiff():
     −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs; two chunks of 32."""
     from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
     from ejkernel.kernels._common.linear_attention.numerics import wy_transform
-    from ejkernel.kernels._triton.linear_attention import _delta
 
     batch, seq, heads, chunk = 1, 64, 2, 32
     k, v = randn((batch, seq, heads, D)), randn((batch, seq, heads, D))
@@ -305,7 +306,11 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     text = lowered(lambda q, k, v, g: linear_attention(q, k, v, scale=1.0, g=g, engine=engine), x, x, x, per_head)
     assert "ejkernel_gla_head_outputs" in text and "ejkernel_gla_scores" not in text
     plain = lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False)  # WY in its kernel
-    assert "ejkernel_delta_wy" in lowered(plain, x, x, x, per_head, per_head)
+    text = lowered(plain, x, x, x, per_head, per_head)
+    assert "ejkernel_delta_wy" in text and "ejkernel_gla_head_outputs" in text
+    many, many_per_head = shape(4, 64, 64, 128), shape(4, 64, 64, dtype=jnp.float32)  # 256 rows x heads: one pass
+    text = lowered(plain, many, many, many, many_per_head, many_per_head)
+    assert "ejkernel_delta_outputs" in text and "ejkernel_delta_states" not in text
     token, state = shape(2, 1, 4, 128), shape(2, 4, 128, 128, dtype=jnp.float32)
     decode = lambda q, k, v, h: lightning_attention_triton(q, k, v, h, layer_idx=1, num_layers=2, interpret=False)
     assert "ejkernel_linear_attention_step" in lowered(decode, token, token, token, state)

@@ -179,8 +179,7 @@ def test_kernels_lower_for_cuda(cuda_lowering):
         "ejkernel_ragged_delta_decode",
         "ejkernel_ragged_delta_decode_readers",
         "ejkernel_ragged_delta_wy",
-        "ejkernel_ragged_delta_states",
-        "ejkernel_ragged_delta_outputs",
+        "ejkernel_ragged_delta_pass",
     ):
         assert name in text
     # a decode batch: the readers' kernel deciding the modes, then the writers'; nothing else

@@ -8,7 +8,8 @@ state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that story). So the
 gate per head (`cumulative_gates`, `head_scores`, `chunk_outputs`, `head_grads`) around two sequential passes
 of its own, which carry U's dependence on h:
 
-- forward (`_delta_states`): per chunk, `U = u − w h` (stored), then the exit state;
+- forward (`_delta_states`): per chunk, `U = u − w h` (stored), then the exit state (undifferentiated, where
+  `one_pass_outputs` says so, `_delta_outputs` makes the chunk's outputs there instead of storing h and U);
 - backward (`_delta_state_grads`), in reverse from the final state's gradient `d`: the chunk's
   `dU = scale Aᵀ do + (k ⊙ e^{g_C − g}) d` (stored), then the entry state's gradient
   `e^{g_C} d + scale (q ⊙ e^{g})ᵀ do − wᵀ dU`.
@@ -39,6 +40,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     call_pallas,
     iota,
     masked_exp,
+    pair_decays,
     tile_slice,
     tiles_sum,
 )
@@ -202,22 +204,53 @@ def _chunk_gates(g_ref, b, head, first: int, chunk: int):
     return g_ref[b, pl.ds(first, chunk), head, one], g_ref[b, first + chunk - 1, head, one]
 
 
+def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int, mm):
+    """Chunk `c` of batch row `b` and `head` from its entry state h (this program's value columns `cols`): `(rows, g
+    [C, 1], keys [C, Dk], U [C, bv] float32, exit state)`, `U = u − w h`, `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`."""
+    first = pl.multiple_of(c * chunk, chunk)
+    rows = pl.ds(first, chunk)
+    g, g_last = _chunk_gates(g_ref, b, head, first, chunk)
+    values = u_ref[b, rows, head, cols].astype(F32) - dot(w_ref[b, rows, head, :].astype(mm), h.astype(mm))
+    keys = k_ref[b, rows, head, :]
+    k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
+    return rows, g, keys, values, jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+
+
 def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref, final_ref, *, chunk, mm, bv):
-    """Per chunk: store h (its entry state); `U = u − w h` (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`."""
+    """Per chunk (`_delta_chunk`): store h (its entry state) and U, for the output kernel and the backward."""
     b, head, vt = (pl.program_id(i) for i in range(3))
     cols = tile_slice(vt, bv)
 
     def step(c, h):
         e_ref[b, c, head, :, cols] = h.astype(e_ref.dtype)
-        first = pl.multiple_of(c * chunk, chunk)
-        rows = pl.ds(first, chunk)
-        g, g_last = _chunk_gates(g_ref, b, head, first, chunk)
-        values = u_ref[b, rows, head, cols].astype(F32) - dot(w_ref[b, rows, head, :].astype(mm), h.astype(mm))
+        rows, _, _, values, h = _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm)
         values_ref[b, rows, head, cols] = values.astype(values_ref.dtype)
-        k = (k_ref[b, rows, head, :].astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
-        return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+        return h
 
     final_ref[b, head, :, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, :, cols])
+
+
+def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref, o_ref, final_ref, **s):
+    """The undifferentiated forward in one pass: per chunk (`_delta_chunk`), its outputs `scale ((q ⊙ e^g) h +
+    (q kᵀ ⊙ D) U)` from h and U where they sit, rounded as `_delta_states_kernel` stores them for the output
+    kernel (h in the state dtype, U in u's): neither goes to memory."""
+    chunk, mm, bv = s["chunk"], s["mm"], s["bv"]
+    b, head, vt = (pl.program_id(i) for i in range(3))
+    cols = tile_slice(vt, bv)
+
+    def step(c, h):
+        rows, g, keys, values, h_next = _delta_chunk(
+            k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm
+        )
+        q = q_ref[b, rows, head, :]
+        scores = dot(q.astype(mm), keys.astype(mm), trans_b=True) * pair_decays(g, g_row_ref[b, head, rows][None, :])
+        decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
+        entry = h.astype(s["state_dtype"]).astype(mm)
+        out = dot(decayed, entry) + dot(scores.astype(mm), values.astype(u_ref.dtype).astype(mm))
+        o_ref[b, rows, head, cols] = (s["scale"] * out).astype(o_ref.dtype)
+        return h_next
+
+    final_ref[b, head, :, cols] = lax.fori_loop(0, q_ref.shape[1] // chunk, step, init_ref[b, head, :, cols])
 
 
 def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
@@ -290,6 +323,31 @@ def _delta_state_grads_kernel(
     d_init_ref[b, head, :, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, :, cols])
 
 
+def _delta_outputs(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, q, k, w, u, g, init):
+    """`(out [B, T, H, Dv] (u's dtype), final states [B, H, Dk, Dv] float32)` of the undifferentiated forward in
+    `_delta_outputs_kernel`, on the forward state pass's tiling."""
+    batch, _, heads, dk = k.shape
+    dv = u.shape[-1]
+    passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
+    args = (q, k, w, u, g, jnp.swapaxes(g[..., 0], 1, 2), init)
+    return call_pallas(
+        _delta_outputs_kernel,
+        t,
+        passes.num_warps,
+        (batch, heads, dv // passes.block_v),
+        None,
+        None,
+        [out_struct(u.shape, u.dtype, *args), out_struct(init.shape, F32, *args)],
+        "ejkernel_delta_outputs",
+        stages=passes.num_stages,
+        chunk=chunk,
+        mm=t.mm(k.dtype),
+        bv=passes.block_v,
+        scale=scale,
+        state_dtype=t.state_dtype(k.dtype),
+    )(*args)
+
+
 def _delta_state_grads(
     t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, q, k, w, g, do, a, e, d_final
 ):
@@ -340,11 +398,24 @@ def delta_chunked(
     return _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=False)[0]
 
 
+def one_pass_outputs(chunk: int, rows: int, dk: int, dv: int) -> bool:
+    """Whether the undifferentiated forward makes its outputs inside the state pass (`_delta_outputs`) rather than
+    storing entry states and U for the output kernel: at chunk 32 where the pass runs its widest tile
+    (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py`): 8 x 2048
+    tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against 0.610, and on one
+    16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the sequential pass."""
+    return chunk <= 32 and forward_pass_defaults(dk, dv, rows)[0] == 16384 // dk
+
+
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differentiated: bool):
-    """`((out, final), residuals)`. Undifferentiated (`TritonGlaTiling.fuse_head_scores`), the output kernel makes
-    each chunk's scores itself and no residuals are kept."""
+    """`((out, final), residuals)`. Undifferentiated, one pass makes the outputs where that is faster
+    (`one_pass_outputs`), else the output kernel makes each chunk's scores itself
+    (`TritonGlaTiling.fuse_head_scores`); no residuals are kept."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
     g = cumulative_gates(t, chunk, a[..., None])
+    batch, _, heads, dk = k.shape
+    if not differentiated and one_pass_outputs(chunk, batch * heads, dk, v.shape[-1]):
+        return _delta_outputs(t, passes, chunk, scale, q, k, w, u, g, init), None
     e, values, final = _delta_states(t, passes, chunk, k, w, u, g, init)
     if not differentiated and t.fuse_head_scores:
         return (chunk_outputs(t, chunk, scale, q, values, g, e, k=k), final), None

@@ -3,15 +3,15 @@
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
 zeros between them), described per chunk by `chunk_table` (per-chunk arithmetic, no while loop). No kernel copies
 the tokens into that layout: each reads a chunk's rows of q, k and v where they sit in the flat `[T, H, D]` inputs
-(masked loads, `_token_rows`), q and k L2-normalised as loaded, q scaled. Three kernels, after XLA gathers each
+(masked loads, `_token_rows`), q and k L2-normalised as loaded, q scaled. Two kernels, after XLA gathers each
 chunk's betas and sums its log decays (`chunk_scalars`, `[NC·C, H]` float32: small):
 
 1. The WY transform, local to each chunk (`_wy_kernel` on `_delta.wy_blocks`), returns u and w chunk-major in
    v's dtype.
-2. `_states_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
+2. `_pass_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
    x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
-   of the pool and leaving its final state.
-3. `_outputs_kernel` stores each chunk's outputs straight at its tokens (masked stores) in the query's dtype.
+   of the pool and leaving its final state; it stores each chunk's outputs straight at its tokens (masked
+   stores) in the query's dtype, so no chunk's entry state or values go to memory.
 
 Matmul operands are in the inputs' dtype (float32 in full precision for float32 inputs), as in
 `gated_delta_rule`'s Triton path; q and k are rounded to v's dtype after their norm, as the dense path does.
@@ -63,66 +63,6 @@ def _normalised_rows(ref, start, keep, head, l2norm: bool, dtype, scale: float =
     if l2norm:
         x = x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS)
     return (x * scale).astype(dtype)
-
-
-def _states_kernel(
-    first_ref, count_ref, slot_ref, start_ref, lo_ref, hi_ref, k_ref, w_ref, u_ref, g_ref, pool_ref, *outs, **s
-):
-    """Request `n`'s chunks in order from its slot's state `h`: store h (the chunk's entry state); `U = u − w h`
-    (stored); `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`. Its final state is h after its last chunk (the slot's
-    state for an empty request). u and w come chunk-major, `[NC, 1, H, C, D]`; k from the tokens."""
-    e_ref, values_ref, final_ref = outs
-    chunk, mm, bv = s["chunk"], s["mm"], s["block_v"]
-    n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    cols = tile_slice(tile, bv)
-    first = first_ref[n]
-    one = pl.ds(0, 1)
-
-    def step(i, h):
-        c = first + i
-        e_ref[0, c, head, :, cols] = h.astype(e_ref.dtype)
-        at = pl.multiple_of(c * chunk, chunk)  # the chunk's first row in the chunk layout
-        rows = pl.ds(at, chunk)
-        g, g_last = g_ref[0, rows, head, one], g_ref[0, at + chunk - 1, head, one]
-        values = u_ref[c, 0, head, :, cols].astype(F32) - dot(w_ref[c, 0, head, :, :].astype(mm), h.astype(mm))
-        values_ref[0, rows, head, cols] = values.astype(values_ref.dtype)
-        keys = _normalised_rows(k_ref, start_ref[c], _live(lo_ref, hi_ref, c, 0, chunk), head, s["l2norm"], w_ref.dtype)
-        k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
-        return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
-
-    init = pool_ref[slot_ref[n], head, :, cols].astype(F32)
-    final_ref[n, head, :, cols] = lax.fori_loop(0, count_ref[n], step, init)
-
-
-def _states(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, slots, key, w, u, g, pool):
-    """`(entry states [1, NC, H, Dk, Dv], values U [1, NC·C, H, Dv] (w's dtype), final states [N, H, Dk, Dv]
-    float32)`; chunks of no request are left unwritten (their outputs are never read). u and w chunk-major, `key`
-    the op's `[T, H, Dk]`."""
-    first = table.first
-    num_chunks, heads, dk = table.start.shape[0], key.shape[1], key.shape[-1]
-    seq, dv = num_chunks * chunk, u.shape[-1]
-    bv, warps, stages = forward_pass_defaults(dk, dv, first.shape[0] * heads)
-    bv = min(bv, dv)
-    args = (first, table.count, slots, table.start, table.lo, table.hi, key, w, u, g, pool)
-    return call_pallas(
-        _states_kernel,
-        t,
-        warps,
-        (first.shape[0], heads, dv // bv),
-        None,
-        None,
-        [
-            out_struct((1, num_chunks, heads, dk, dv), t.state_dtype(w.dtype), *args),
-            out_struct((1, seq, heads, dv), w.dtype, *args),
-            out_struct((first.shape[0], heads, dk, dv), F32, *args),
-        ],
-        "ejkernel_ragged_delta_states",
-        stages=stages,
-        chunk=chunk,
-        mm=t.mm(w.dtype),
-        block_v=bv,
-        l2norm=l2norm,
-    )(*args)
 
 
 class ChunkTable(NamedTuple):
@@ -200,53 +140,71 @@ def _wy(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, key, va
     )
 
 
-def _outputs_kernel(start_ref, rows_ref, lo_ref, hi_ref, q_ref, k_ref, g_ref, g_row_ref, v_ref, e_ref, o_ref, **s):
-    """Chunk `c`'s outputs `(q ⊙ e^g) h + (q kᵀ ⊙ D) U` (q and k read at its tokens, normalised if asked, q scaled),
-    stored at its tokens `start[c] + r`, `r < rows[c]`; a chunk of no tokens does nothing."""
-    chunk, mm, block_v = s["chunk"], s["mm"], s["block_v"]
-    c, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    rows = rows_ref[c]
+def _pass_kernel(*refs, **s):
+    """Request `n`'s chunks in order from its slot's state `h`: `U = u − w h`; the chunk's outputs `(q ⊙ e^g) h +
+    (q kᵀ ⊙ D) U` (q scaled) stored at its tokens `start[c] + r`, `r < rows[c]`; `h ← e^{g_C} h + (k ⊙ e^{g_C −
+    g})ᵀ U`. Its final state is h after its last chunk (the slot's state for an empty request). u and w come
+    chunk-major, `[NC, 1, H, C, D]`; q and k from the tokens. h and U enter the outputs' products rounded to the
+    state dtype and w's, as a stored copy would be; neither goes to memory."""
+    first_ref, count_ref, slot_ref, start_ref, rows_ref, lo_ref, hi_ref, q_ref, k_ref, w_ref, u_ref = refs[:11]
+    g_ref, g_row_ref, pool_ref, o_ref, final_ref = refs[11:]
+    chunk, mm, bv, l2norm = s["chunk"], s["mm"], s["block_v"], s["l2norm"]
+    n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    cols = tile_slice(tile, bv)
+    first = first_ref[n]
+    one = pl.ds(0, 1)
 
-    @pl.when(rows > 0)
-    def _():
+    def step(i, h):
+        c = first + i
+        at = pl.multiple_of(c * chunk, chunk)  # the chunk's first row in the chunk layout
+        rows = pl.ds(at, chunk)
+        g, g_last = g_ref[0, rows, head, one], g_ref[0, at + chunk - 1, head, one]
+        values = u_ref[c, 0, head, :, cols].astype(F32) - dot(w_ref[c, 0, head, :, :].astype(mm), h.astype(mm))
         start, keep = start_ref[c], _live(lo_ref, hi_ref, c, 0, chunk)
-        q = _normalised_rows(q_ref, start, keep, head, s["l2norm"], v_ref.dtype, s["scale"])
-        k = _normalised_rows(k_ref, start, keep, head, s["l2norm"], v_ref.dtype)
-        g = g_ref[...]
-        scores = dot(q.astype(mm), k.astype(mm), trans_b=True) * pair_decays(g, g_row_ref[...][None, :])
+        keys = _normalised_rows(k_ref, start, keep, head, l2norm, w_ref.dtype)
+        q = _normalised_rows(q_ref, start, keep, head, l2norm, w_ref.dtype, s["scale"])
+        scores = dot(q.astype(mm), keys.astype(mm), trans_b=True) * pair_decays(g, g_row_ref[0, head, rows][None, :])
         decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
-        out = dot(decayed, e_ref[...].astype(mm)) + dot(scores.astype(mm), v_ref[...].astype(mm))
-        stored = jnp.broadcast_to(iota((chunk, 1), 0) < rows, out.shape)
-        at = o_ref.at[pl.ds(start, chunk), head, tile_slice(tile, block_v)]
-        plgpu.store(at, out.astype(o_ref.dtype), mask=stored)
+        entry = h.astype(s["state_dtype"]).astype(mm)
+        out = dot(decayed, entry) + dot(scores.astype(mm), values.astype(w_ref.dtype).astype(mm))
+        stored = jnp.broadcast_to(iota((chunk, 1), 0) < rows_ref[c], out.shape)
+        plgpu.store(o_ref.at[pl.ds(start, chunk), head, cols], out.astype(o_ref.dtype), mask=stored)
+        k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
+        return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+
+    init = pool_ref[slot_ref[n], head, :, cols].astype(F32)
+    final_ref[n, head, :, cols] = lax.fori_loop(0, count_ref[n], step, init)
 
 
-def _outputs(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, query, key, values, g, e):
-    """`[T, H, Dv]` in the query's dtype: every token's output, stored by the chunk holding it (the chunks cover
-    the tokens)."""
-    num_tokens, heads, dk = query.shape
-    dv, bv = values.shape[-1], t.block_v
-    args = (table.start, table.rows, table.lo, table.hi, query, key, g, jnp.swapaxes(g[..., 0], 1, 2), values, e)
+def _pass(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, slots, query, key, w, u, g, pool):
+    """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of `_pass_kernel`, one program
+    per request, head and tile of value columns (`forward_pass_defaults`). The chunks cover the tokens, so every
+    token's output is stored. u and w chunk-major; g `[1, NC·C, H]`."""
+    heads, dk, dv = key.shape[1], key.shape[-1], u.shape[-1]
+    num_requests = table.first.shape[0]
+    bv, warps, stages = forward_pass_defaults(dk, dv, num_requests * heads)
+    bv = min(bv, dv)
+    args = (table.first, table.count, slots, table.start, table.rows, table.lo, table.hi, query, key, w, u)
+    args += (g[..., None], jnp.swapaxes(g, 1, 2), pool)
     return call_pallas(
-        _outputs_kernel,
+        _pass_kernel,
         t,
-        t.output_warps,
-        (table.start.shape[0], heads, dv // bv),
+        warps,
+        (num_requests, heads, dv // bv),
+        None,
+        None,
         [
-            *[pl.BlockSpec()] * 6,
-            pl.BlockSpec((None, chunk, None, 1), lambda c, h, j: (0, c, h, 0)),
-            pl.BlockSpec((None, None, chunk), lambda c, h, j: (0, h, c)),
-            pl.BlockSpec((None, chunk, None, bv), lambda c, h, j: (0, c, h, j)),
-            pl.BlockSpec((None, None, None, dk, bv), lambda c, h, j: (0, c, h, 0, j)),
+            out_struct((*query.shape[:-1], dv), query.dtype, *args),
+            out_struct((num_requests, heads, dk, dv), F32, *args),
         ],
-        pl.BlockSpec(),
-        out_struct((num_tokens, heads, dv), query.dtype, *args),
-        "ejkernel_ragged_delta_outputs",
+        "ejkernel_ragged_delta_pass",
+        stages=stages,
         chunk=chunk,
-        mm=t.mm(values.dtype),
+        mm=t.mm(w.dtype),
         block_v=bv,
         l2norm=l2norm,
         scale=dk**-0.5,
+        state_dtype=t.state_dtype(w.dtype),
     )(*args)
 
 
@@ -260,6 +218,4 @@ def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool
     beta, g = chunk_scalars(table, chunk, beta, decay)
     u, w = _wy(t, chunk, l2norm, table, key, value, beta, g)
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    g = g[..., None]
-    e, values, final = _states(t, chunk, l2norm, table, slots, key, w, u, g, pool)
-    return _outputs(t, chunk, l2norm, table, query, key, values, g, e), final
+    return _pass(t, chunk, l2norm, table, slots, query, key, w, u, g, pool)
