@@ -186,16 +186,22 @@ def test_delta_rule_on_the_gated_kernels(monkeypatch):
 
 
 def test_wy_kernels_match_xla_and_its_autodiff():
-    """The WY transform's kernel (u, w, the inverse) against XLA's `wy_transform`, and its pullback kernel (dw =
-    −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs; two chunks of 32."""
-    from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
-    from ejkernel.kernels._common.linear_attention.numerics import wy_transform
-
-    batch, seq, heads, chunk = 1, 64, 2, 32
+    """The WY transform's kernels (u, w, the inverse) against XLA's `wy_transform`, and its pullback kernel (dw =
+    −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs; chunks of 32 and of 64."""
+    batch, seq, heads = 1, 128, 2
     k, v = randn((batch, seq, heads, D)), randn((batch, seq, heads, D))
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     beta, a = write_strength(batch, seq, heads), log_decay(batch, seq, heads)
-    du, e = randn((batch, seq, heads, D)), randn((batch, seq // chunk, heads, D, D))
+    du = randn((batch, seq, heads, D))
+    for chunk in (32, 64):  # one kernel; two (`split_wy`)
+        _check_wy_kernels(chunk, k, v, beta, a, du, randn((batch, seq // chunk, heads, D, D)))
+
+
+def _check_wy_kernels(chunk, k, v, beta, a, du, e):
+    from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
+    from ejkernel.kernels._common.linear_attention.numerics import wy_transform
+
+    batch, seq, heads, _ = k.shape
     layout = ChunkLayout.dense(batch, seq, chunk)
 
     def xla(k, v, beta, a):
@@ -207,6 +213,8 @@ def test_wy_kernels_match_xla_and_its_autodiff():
     (u0, w0), pullback = jax.vjp(xla, k, v, beta, a)
     assert_close(u, u0, jnp.float32)
     assert_close(w, w0, jnp.float32)
+    for got, kept in zip(_delta._wy_triton(t, chunk, k, v, beta, a), (u, w), strict=True):  # undifferentiated
+        assert bool(jnp.array_equal(got, kept))
     dw = -jnp.einsum("bnhkv,bnchv->bnchk", e, du.reshape(batch, seq // chunk, chunk, heads, D)).reshape(du.shape)
     grads = _delta._wy_pullback(t, chunk, k, v, beta, a, inverse, du, e)
     for got, expected in zip(grads, pullback((du, dw)), strict=True):
@@ -308,6 +316,10 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     plain = lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False)  # WY in its kernel
     text = lowered(plain, x, x, x, per_head, per_head)
     assert "ejkernel_delta_wy" in text and "ejkernel_gla_head_outputs" in text
+    cfg = GatedDeltaRuleConfig(chunk_size=64)  # the WY transform in two kernels
+    chunk64 = lambda *a: gated_delta_rule_triton(*a, cfg=cfg, interpret=False)
+    text = lowered(functools.partial(train, chunk64), x, x, x, per_head, per_head)
+    assert "ejkernel_delta_wy_inverse" in text and "ejkernel_delta_wy_apply" in text
     many, many_per_head = shape(4, 64, 64, 128), shape(4, 64, 64, dtype=jnp.float32)  # 256 rows x heads: one pass
     text = lowered(plain, many, many, many, many_per_head, many_per_head)
     assert "ejkernel_delta_outputs" in text and "ejkernel_delta_states" not in text

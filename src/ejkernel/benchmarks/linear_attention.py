@@ -24,7 +24,13 @@ import jax.numpy as jnp
 
 from ejkernel.benchmarks._harness import copy_bandwidth, parser, print_table, time_variants, write_results
 from ejkernel.kernels._common.linear_attention.driver import linear_attention
-from ejkernel.modules import flash_attention, gated_delta_rule, gla_attention, ragged_gated_delta_rule
+from ejkernel.modules import (
+    GatedDeltaRuleConfig,
+    flash_attention,
+    gated_delta_rule,
+    gla_attention,
+    ragged_gated_delta_rule,
+)
 from ejkernel.registry import kernel_registry
 
 OPS = ("gla_attention", "gated_delta_rule", "ragged_gated_delta_rule")
@@ -88,9 +94,10 @@ def _ragged(platform):
     return functools.partial(ragged_gated_delta_rule, platform=platform)
 
 
-def _dense_call(platform, dense, initial_state):
+def _dense_call(platform, dense, initial_state, chunk_size=None):
     """`gated_delta_rule` of the same tokens as a batch, from and to states: a zero-argument call."""
-    run = jax.jit(functools.partial(gated_delta_rule, return_state=True, platform=platform))
+    cfg = None if chunk_size is None else GatedDeltaRuleConfig(platform=platform, chunk_size=chunk_size)
+    run = jax.jit(functools.partial(gated_delta_rule, return_state=True, platform=platform, cfg=cfg))
     return functools.partial(run, *dense, None, initial_state)
 
 
@@ -145,9 +152,10 @@ def _serving_rows(quick: bool, repeats: int) -> list[dict]:
     pool = jax.random.normal(jax.random.PRNGKey(3), (requests, heads, dim, dim), jnp.float32)
     requests_of = (*flat, bounds, bounds[:-1] // length)  # request r on slot r
     builders = {f"ragged {p}": functools.partial(_serving_loop, _ragged(p), requests_of, pool) for p in platforms}
-    if "triton" in platforms:  # upstream's default chunk beside Triton's own (32)
+    if "triton" in platforms:  # upstream's (and EasyDeL's) default chunk beside Triton's own (32)
         ragged = functools.partial(ragged_gated_delta_rule, platform="triton", chunk_size=64)
         builders["ragged triton-chunk64"] = functools.partial(_serving_loop, ragged, requests_of, pool)
+        builders["dense triton-chunk64"] = functools.partial(_dense_call, "triton", dense, pool, 64)
     for platform in ("triton", "xla"):
         builders[f"dense {platform}"] = functools.partial(_dense_call, platform, dense, pool)
     timings = time_variants(builders, repeats=repeats, where=f"prefill {requests}x{length} H={heads} D={dim}")

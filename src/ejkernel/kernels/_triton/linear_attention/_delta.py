@@ -62,19 +62,14 @@ def _unit_lower_inverse(lower):
     return inverse
 
 
-def wy_blocks(keys, values, betas, gates, u_ref, w_ref, inverse_ref=None):
-    """One chunk of one head's WY transform from its blocks of SUB rows (lists over the blocks: keys `[SUB, Dk]`
-    and values `[SUB, Dv]` in the dtypes of the products, betas and cumulative log gates `[SUB]` float32): `(I +
-    L)⁻¹` (`wy_transform`'s system), then u and w into their refs (and the inverse, `[C, C]` float32, into
-    `inverse_ref` where given).
+def wy_inverse(keys, betas, gates) -> dict:
+    """`(I + L)⁻¹` of one chunk and head, `wy_transform`'s system, as its `[SUB, SUB]` float32 blocks `(i, j)`, j <=
+    i, from lists over the chunk's blocks of SUB rows: keys `[SUB, Dk]` in the products' dtype, betas and
+    cumulative log gates `[SUB]` float32.
 
     `L` block (i, j), j <= i: `beta_t (k_t · k_s) e^{g_t − g_s}` for s < t. Its inverse is block lower triangular:
-    the diagonal blocks' by forward substitution, then `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products).
-    `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij (beta e^{g} k)_j`: products in the keys' and values' dtypes,
-    accumulated in float32 and stored in u's and w's dtype (what the state pass reads), as `wy_transform` computes
-    them."""
+    the diagonal blocks' by forward substitution, then `X_ij = −X_ii Σ_{j<=m<i} L_im X_mj` (float32 products)."""
     blocks = len(keys)
-    rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
     strict = iota((SUB, SUB), 0) > iota((SUB, SUB), 1)
     system = {}
     for i in range(blocks):
@@ -87,30 +82,93 @@ def wy_blocks(keys, values, betas, gates, u_ref, w_ref, inverse_ref=None):
         for i in range(j + 1, blocks):
             inner = sum(dot(system[i, m], inverse[m, j]) for m in range(j, i))
             inverse[i, j] = -dot(inverse[i, i], inner)
-    scaled_values = [(betas[j][:, None] * values[j].astype(F32)).astype(values[j].dtype) for j in range(blocks)]
-    entries = [betas[j] * jnp.exp(gates[j]) for j in range(blocks)]
-    scaled_keys = [(entries[j][:, None] * keys[j].astype(F32)).astype(keys[j].dtype) for j in range(blocks)]
+    return inverse
+
+
+def _scaled(betas, gates, keys, values):
+    """`(β v, β e^{g} k)` rounded to v's and k's dtypes: the right-hand sides of u and w."""
+    scaled_values = (betas[:, None] * values.astype(F32)).astype(values.dtype)
+    scaled_keys = ((betas * jnp.exp(gates))[:, None] * keys.astype(F32)).astype(keys.dtype)
+    return scaled_values, scaled_keys
+
+
+def store_inverse(inverse: dict, inverse_ref) -> None:
+    """`wy_inverse`'s blocks into `inverse_ref` `[C, C]` (zeros above the diagonal blocks), in its dtype."""
+    blocks = 1 + max(i for i, _ in inverse)
+    rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
     for i in range(blocks):
-        u = sum(dot(inverse[i, j].astype(values[j].dtype), scaled_values[j]) for j in range(i + 1))
-        w = sum(dot(inverse[i, j].astype(keys[j].dtype), scaled_keys[j]) for j in range(i + 1))
+        for j in range(blocks):
+            block = inverse[i, j] if j <= i else jnp.zeros((SUB, SUB), F32)
+            inverse_ref[rows[i], rows[j]] = block.astype(inverse_ref.dtype)
+
+
+def wy_blocks(keys, values, betas, gates, u_ref, w_ref, inverse_ref=None):
+    """One chunk of one head's WY transform in one program (lists over its blocks of SUB rows, as `wy_inverse`;
+    values `[SUB, Dv]` in the products' dtype): `wy_inverse`, then `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
+    (beta e^{g} k)_j` into their refs (and the inverse, float32, into `inverse_ref` where given). Products in the
+    keys' and values' dtypes, accumulated in float32 and stored in u's and w's dtype (what the state pass reads), as
+    `wy_transform` computes them."""
+    blocks = len(keys)
+    rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
+    inverse = wy_inverse(keys, betas, gates)
+    scaled = [_scaled(betas[j], gates[j], keys[j], values[j]) for j in range(blocks)]
+    for i in range(blocks):
+        u = sum(dot(inverse[i, j].astype(values[j].dtype), scaled[j][0]) for j in range(i + 1))
+        w = sum(dot(inverse[i, j].astype(keys[j].dtype), scaled[j][1]) for j in range(i + 1))
         u_ref[rows[i], :], w_ref[rows[i], :] = u.astype(u_ref.dtype), w.astype(w_ref.dtype)
-        for j in range(blocks if inverse_ref is not None else 0):
-            inverse_ref[rows[i], rows[j]] = inverse[i, j] if j <= i else jnp.zeros((SUB, SUB), F32)
+    if inverse_ref is not None:
+        store_inverse(inverse, inverse_ref)
 
 
-WY_WARPS = 2  # H200, 8 x 2048 tokens, H 32, D 128, chunk 64: 0.66 ms, 0.82 at 4, 1.59 at 8 (cross-warp reductions)
+def wy_apply(inverse, keys, values, betas, gates, u_ref, w_ref) -> None:
+    """u and w of one chunk and head from its stored inverse X `[C, C]`, a program of their own (`split_wy`): `u = X
+    (beta v)`, `w = X (beta e^{g} k)` as one `[C, C] x [C, D]` product each, rounded as `wy_blocks` rounds them
+    (keys `[C, Dk]`, values `[C, Dv]` in the products' dtypes; betas and cumulative gates `[C]` float32)."""
+    scaled_values, scaled_keys = _scaled(betas, gates, keys, values)
+    u_ref[...] = dot(inverse.astype(values.dtype), scaled_values).astype(u_ref.dtype)
+    w_ref[...] = dot(inverse.astype(keys.dtype), scaled_keys).astype(w_ref.dtype)
 
 
-def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int):
-    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k, v, beta and the log gates `a` per token."""
+WY_WARPS = 2  # the one-kernel transform and split_wy's inverse: cross-warp reductions (8 warps: twice the time)
+WY_APPLY_WARPS = 4  # split_wy's products (H200, chunk 64: 0.5204 ms with the inverse's kernel, 0.5210 at 8)
+
+
+def split_wy(chunk: int) -> bool:
+    """Whether a chunk's WY transform runs as two kernels, the inverse (`store_inverse`) then the products
+    (`wy_apply`), rather than all in one program (`wy_blocks`): from 64 tokens, where one program holding every
+    block of the system spills. H200, 8 x 2048 tokens, H 32, D 128, bf16 (`exp/s56_wy.py`): chunk 64, one kernel
+    0.80-0.85 ms, two 0.52; chunk 32, one kernel 0.346 ms, two 0.417."""
+    return chunk >= 64
+
+
+def _block_gates(a_ref, blocks: int):
+    """`(rows, cumulative log gates)`: the chunk's blocks of SUB rows and each block's `[SUB]` gates, summed from
+    the chunk's first token (`a_ref` `[C]`, the log gates per token)."""
     rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
     gates, total = [], jnp.zeros((), F32)
     for r in rows:
         logs = a_ref[r]
         gates.append(jnp.cumsum(logs) + total)
         total = total + jnp.sum(logs)
+    return rows, gates
+
+
+def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int):
+    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k, v, beta and the log gates `a` per token."""
+    rows, gates = _block_gates(a_ref, blocks)
     keys, values = [k_ref[r, :] for r in rows], [v_ref[r, :] for r in rows]
     wy_blocks(keys, values, [beta_ref[r] for r in rows], gates, u_ref, w_ref, *inverse_ref)
+
+
+def _wy_inverse_kernel(k_ref, beta_ref, a_ref, inverse_ref, *, blocks: int):
+    """`wy_inverse` of one chunk and head, stored `[C, C]`."""
+    rows, gates = _block_gates(a_ref, blocks)
+    store_inverse(wy_inverse([k_ref[r, :] for r in rows], [beta_ref[r] for r in rows], gates), inverse_ref)
+
+
+def _wy_apply_kernel(inverse_ref, k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref):
+    """`wy_apply` of one chunk and head."""
+    wy_apply(inverse_ref[...], k_ref[...], v_ref[...], beta_ref[...], jnp.cumsum(a_ref[...]), u_ref, w_ref)
 
 
 def _chunk_specs(chunk: int):
@@ -121,23 +179,41 @@ def _chunk_specs(chunk: int):
 
 
 def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
-    """`wy_transform`'s `(u, w)` of every chunk in one Pallas-Triton kernel per chunk and head: k, v `[B, T, H, D]`,
-    beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w `[B, T, H, D]` in v's and k's dtype,
-    and with `with_inverse` the inverse `[B, T, H, C]` float32 too (row t of its chunk's `(I + L)⁻¹`, for the
-    pullback). On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms with float32 u and w where XLA's
-    WY transform took 1.36 (chunked copies of the tensors and small batched products); stored in the inputs' dtype,
-    u and w save the float32 copies and the two casts after them (0.19 ms at chunk 32, session 56)."""
+    """`wy_transform`'s `(u, w)` of every chunk, per chunk and head in one Pallas-Triton kernel (two where
+    `split_wy`): k, v `[B, T, H, D]`, beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w
+    `[B, T, H, D]` in v's and k's dtype, and with `with_inverse` the inverse `[B, T, H, C]` float32 too (row t of
+    its chunk's `(I + L)⁻¹`, for the pullback). On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms
+    with float32 u and w where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched
+    products); stored in the inputs' dtype, u and w save the float32 copies and the two casts after them (0.19 ms at
+    chunk 32, session 56). Split, the inverse goes through memory in float32 with `with_inverse`, else in the
+    wider of k's and v's dtypes (the products round it to theirs)."""
     batch, seq, heads, _ = k.shape
     rows, gate = _chunk_specs(chunk)
-    widths, shapes, dtypes = [v.shape[-1], k.shape[-1]], [v.shape, k.shape], [v.dtype, k.dtype]
+    grid, blocks = (seq // chunk, batch, heads), chunk // SUB
+    inverse_shape = (*k.shape[:-1], chunk)
+    uw = [rows(v.shape[-1]), rows(k.shape[-1])], [out_struct(v.shape, v.dtype, k), out_struct(k.shape, k.dtype, k)]
+    if split_wy(chunk):
+        dtype = F32 if with_inverse else jnp.promote_types(k.dtype, v.dtype)
+        inverse = call_pallas(
+            _wy_inverse_kernel,
+            t,
+            WY_WARPS,
+            grid,
+            [rows(k.shape[-1]), gate, gate],
+            rows(chunk),
+            out_struct(inverse_shape, dtype, k),
+            "ejkernel_delta_wy_inverse",
+            blocks=blocks,
+        )(k, beta, a)
+        specs = [rows(chunk), rows(k.shape[-1]), rows(v.shape[-1]), gate, gate]
+        u, w = call_pallas(_wy_apply_kernel, t, WY_APPLY_WARPS, grid, specs, *uw, "ejkernel_delta_wy_apply")(
+            inverse, k, v, beta, a
+        )
+        return (u, w, inverse) if with_inverse else (u, w)
+    specs, outs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], uw
     if with_inverse:
-        widths, shapes, dtypes = [*widths, chunk], [*shapes, (*k.shape[:-1], chunk)], [*dtypes, F32]
-    outs = [out_struct(shape, dtype, k, v, beta, a) for shape, dtype in zip(shapes, dtypes, strict=True)]
-    specs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], [rows(width) for width in widths]
-    grid = (seq // chunk, batch, heads)
-    return call_pallas(_wy_kernel, t, WY_WARPS, grid, *specs, outs, "ejkernel_delta_wy", blocks=chunk // SUB)(
-        k, v, beta, a
-    )
+        outs = [outs[0] + [rows(chunk)], outs[1] + [out_struct(inverse_shape, F32, k)]]
+    return call_pallas(_wy_kernel, t, WY_WARPS, grid, specs, *outs, "ejkernel_delta_wy", blocks=blocks)(k, v, beta, a)
 
 
 def _wy_grads_kernel(
@@ -267,6 +343,15 @@ def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
     return 32, 4, 2
 
 
+def one_pass_defaults(dk: int, dv: int, rows: int, chunk: int) -> tuple[int, int, int]:
+    """`forward_pass_defaults` for a pass that also makes the chunks' outputs (`_delta_outputs`, the ragged
+    prefill's): from chunk 64 no wider than 64 value columns on 4 warps and 2 stages, where a chunk's scores and
+    queries join the state in registers. H200, 8 x 2048 tokens, H 32, D 128, bf16, chunk 64
+    (`exp/s56_fused_pass.py`): 0.516 ms at 64 columns, 0.610 at 128 on 8 warps and 3 stages."""
+    columns, warps, stages = forward_pass_defaults(dk, dv, rows)
+    return (columns, warps, stages) if chunk <= 32 or columns <= 64 else (64, 4, 2)
+
+
 def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, k, w, u, g, init):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), values U [B, T, H, Dv] (u's dtype), final states
     [B, H, Dk, Dv] float32)`."""
@@ -328,7 +413,7 @@ def _delta_outputs(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int
     `_delta_outputs_kernel`, on the forward state pass's tiling."""
     batch, _, heads, dk = k.shape
     dv = u.shape[-1]
-    passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
+    passes = passes.resolved(dv, *one_pass_defaults(dk, dv, batch * heads, chunk))
     args = (q, k, w, u, g, jnp.swapaxes(g[..., 0], 1, 2), init)
     return call_pallas(
         _delta_outputs_kernel,
