@@ -6,7 +6,7 @@ bench's prefill tokens, then `ragged_gated_delta_rule`'s
 (Triton) on them as 8 requests. fla (`--fla`, a separate process: torch and JAX each want the GPU's memory): the CUDA
 kernels of `chunk_gated_delta_rule` with `cu_seqlens`, per kernel, from torch's profiler.
 
-    PYTHONPATH=src python exp/s56_gdr_prefill_parts.py [--fla]
+    PYTHONPATH=src python exp/s56_gdr_prefill_parts.py [--fla] [--chunk64]   # --chunk64: the ragged op at 64 too
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ def ours() -> None:
         print_gpu_timeline(functools.partial(run, *dense, None, pool), steps=2, last=16)
     flat = tuple(x.reshape(requests * length, *x.shape[2:]) for x in dense)
     bounds = jax.numpy.arange(0, requests * length + 1, length, dtype=jax.numpy.int32)
-    print("#### ours, ragged_gated_delta_rule, Triton, request bounds")
-    call = _serving_loop(_ragged("triton"), (*flat, bounds, bounds[:-1] // length), pool)
-    print_gpu_timeline(call, steps=2, last=24)
+    for chunk in ("--chunk64" not in sys.argv and (None,) or (None, 64)):
+        print(f"#### ours, ragged_gated_delta_rule, Triton, request bounds, chunk {chunk or 'own'}")
+        ragged = functools.partial(_ragged("triton"), chunk_size=chunk)
+        call = _serving_loop(ragged, (*flat, bounds, bounds[:-1] // length), pool)
+        print_gpu_timeline(call, steps=2, last=24)
 
 
 def fla() -> None:
