@@ -34,7 +34,7 @@ def ours() -> None:
         print_gpu_timeline(functools.partial(run, *dense, None, pool), steps=2, last=16)
     flat = tuple(x.reshape(requests * length, *x.shape[2:]) for x in dense)
     bounds = jax.numpy.arange(0, requests * length + 1, length, dtype=jax.numpy.int32)
-    for chunk in ("--chunk64" not in sys.argv and (None,) or (None, 64)):
+    for chunk in (None, 64) if "--chunk64" in sys.argv else (None,):
         print(f"#### ours, ragged_gated_delta_rule, Triton, request bounds, chunk {chunk or 'own'}")
         ragged = functools.partial(_ragged("triton"), chunk_size=chunk)
         call = _serving_loop(ragged, (*flat, bounds, bounds[:-1] // length), pool)
