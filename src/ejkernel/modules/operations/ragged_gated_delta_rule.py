@@ -45,8 +45,9 @@ class RaggedGatedDeltaRuleConfig(KernelConfig):
 
     Attributes:
         chunk_size: Tokens per chunk of the chunked (prefill) form, any positive int (default 64, upstream's;
-            Triton rounds it up to a power of two in [16, 128]); None: the implementation's own (64 on XLA, 32
-            on Triton). A config given to the call always wins over the call's `chunk_size`.
+            Triton rounds it up to a power of two in [16, 32]: a larger chunk runs as 32, its fastest); None: the
+            implementation's own (64 on XLA, 32 on Triton). A config given to the call always wins over the call's
+            `chunk_size`.
         platform: `"auto"` (default), `"pallas"` (Mosaic GPU, Hopper: the decode step; prefill on Triton's
             kernels), `"triton"` (GPU) or `"xla"`.
         fwd_params: Triton only: `block_d`, the decode kernel's value columns per program (default 64), and
@@ -70,7 +71,8 @@ class RaggedGatedDeltaRule(Kernel):
     """The executor's `Kernel` for `ragged_gated_delta_rule`: config `RaggedGatedDeltaRuleConfig`.
 
     Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times chunks
-    of 32, 64 and 128 tokens, and on Triton the decode kernel's 32, 64 or 128 value columns per program.
+    of 32, 64 and 128 tokens (16 and 32 on Triton), and on Triton the decode kernel's 32, 64 or 128 value columns
+    per program.
     """
 
     op_id = "ragged_gated_delta_rule"
@@ -82,7 +84,7 @@ class RaggedGatedDeltaRule(Kernel):
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         columns = (32, 64, 128) if platform == "triton" else (None,)
-        for size in (32, 64, 128):
+        for size in (16, 32) if platform == "triton" else (32, 64, 128):  # Triton runs no chunk above 32
             for block in columns:
                 params = None if block is None else FwdParams(block_d=block)
                 yield RaggedGatedDeltaRuleConfig(platform=platform, chunk_size=size, fwd_params=params)
@@ -224,9 +226,9 @@ def ragged_gated_delta_rule(
         state_indices: `[num_requests]` integer, required: each request's slot, in `[0, slots)` for a
             non-empty request (an empty request's may be anything); `[tokens]` without `query_start_loc`.
         chunk_size: Tokens per chunk of the chunked form, any positive int; None (default): the
-            implementation's own, 64 on XLA and 32 on Triton (upstream's default is 64: on an H200, Triton's
-            prefill of 8 × 2048 tokens takes 1.7 ms at 32 against 1.9 at 64); a `cfg` given wins (its
-            `chunk_size`); never changes the result beyond rounding.
+            implementation's own, 64 on XLA and 32 on Triton, which runs no larger chunk (upstream's default is
+            64: on an H200, Triton's prefill of 8 × 2048 tokens took 0.97 ms at 32 against 1.79 at 64 in session
+            57); a `cfg` given wins (its `chunk_size`); never changes the result beyond rounding.
         use_qk_l2norm: L2-normalise q and k as above (default True).
         platform: `"auto"`, `"pallas"` (Mosaic GPU, Hopper: the decode step; prefill on Triton's kernels),
             `"triton"` or `"xla"`; None (default): `cfg.platform`, else auto. It overrides

@@ -1,9 +1,9 @@
 """The chunked delta rule (gated delta rule, kernel delta attention) in Pallas-Triton kernels, token layout.
 
-Per chunk entered with state `h`, the WY transform (`wy_transform`'s, local to each chunk, in one kernel:
-`_wy_triton`, which keeps the inverse for the backward's pullback, `_wy_pullback`) gives `u = T (β v)`
-and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are `U = u − w h`. From there the
-chunk is the gated recurrence with a gate per head and values U: outputs `scale · ((q ⊙ e^{g}) h + A U)`, exit
+Per chunk entered with state `h`, the WY transform (`wy_transform`'s, local to each chunk, in one kernel, two
+from 64 tokens a chunk: `_wy_triton`, which keeps the inverse for the backward's pullback, `_wy_pullback`) gives
+`u = T (β v)` and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are `U = u − w h`. From
+there the chunk is the gated recurrence with a gate per head and values U: outputs `scale · ((q ⊙ e^{g}) h + A U)`, exit
 state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that story). So the delta rule runs GLA's kernels of a
 gate per head (`cumulative_gates`, `head_scores`, `chunk_outputs`, `head_grads`) around two sequential passes
 of its own, which carry U's dependence on h:
@@ -62,7 +62,7 @@ def _unit_lower_inverse(lower):
     return inverse
 
 
-def wy_inverse(keys, betas, gates) -> dict:
+def _inverse_blocks(keys, betas, gates) -> dict:
     """`(I + L)⁻¹` of one chunk and head, `wy_transform`'s system, as its `[SUB, SUB]` float32 blocks `(i, j)`, j <=
     i, from lists over the chunk's blocks of SUB rows: keys `[SUB, Dk]` in the products' dtype, betas and
     cumulative log gates `[SUB]` float32.
@@ -92,8 +92,8 @@ def _scaled(betas, gates, keys, values):
     return scaled_values, scaled_keys
 
 
-def store_inverse(inverse: dict, inverse_ref) -> None:
-    """`wy_inverse`'s blocks into `inverse_ref` `[C, C]` (zeros above the diagonal blocks), in its dtype."""
+def _store_inverse(inverse: dict, inverse_ref) -> None:
+    """`_inverse_blocks`'s blocks into `inverse_ref` `[C, C]` (zeros above the diagonal blocks), in its dtype."""
     blocks = 1 + max(i for i, _ in inverse)
     rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
     for i in range(blocks):
@@ -103,25 +103,25 @@ def store_inverse(inverse: dict, inverse_ref) -> None:
 
 
 def wy_blocks(keys, values, betas, gates, u_ref, w_ref, inverse_ref=None):
-    """One chunk of one head's WY transform in one program (lists over its blocks of SUB rows, as `wy_inverse`;
-    values `[SUB, Dv]` in the products' dtype): `wy_inverse`, then `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
+    """One chunk of one head's WY transform in one program (lists over its blocks of SUB rows, as `_inverse_blocks`;
+    values `[SUB, Dv]` in the products' dtype): `_inverse_blocks`, then `u_i = Σ_j X_ij (beta v)_j`, `w_i = Σ_j X_ij
     (beta e^{g} k)_j` into their refs (and the inverse, float32, into `inverse_ref` where given). Products in the
     keys' and values' dtypes, accumulated in float32 and stored in u's and w's dtype (what the state pass reads), as
     `wy_transform` computes them."""
     blocks = len(keys)
     rows = [pl.ds(i * SUB, SUB) for i in range(blocks)]
-    inverse = wy_inverse(keys, betas, gates)
+    inverse = _inverse_blocks(keys, betas, gates)
     scaled = [_scaled(betas[j], gates[j], keys[j], values[j]) for j in range(blocks)]
     for i in range(blocks):
         u = sum(dot(inverse[i, j].astype(values[j].dtype), scaled[j][0]) for j in range(i + 1))
         w = sum(dot(inverse[i, j].astype(keys[j].dtype), scaled[j][1]) for j in range(i + 1))
         u_ref[rows[i], :], w_ref[rows[i], :] = u.astype(u_ref.dtype), w.astype(w_ref.dtype)
     if inverse_ref is not None:
-        store_inverse(inverse, inverse_ref)
+        _store_inverse(inverse, inverse_ref)
 
 
-def wy_apply(inverse, keys, values, betas, gates, u_ref, w_ref) -> None:
-    """u and w of one chunk and head from its stored inverse X `[C, C]`, a program of their own (`split_wy`): `u = X
+def _wy_apply(inverse, keys, values, betas, gates, u_ref, w_ref) -> None:
+    """u and w of one chunk and head from its stored inverse X `[C, C]`, a program of their own (`_split_wy`): `u = X
     (beta v)`, `w = X (beta e^{g} k)` as one `[C, C] x [C, D]` product each, rounded as `wy_blocks` rounds them
     (keys `[C, Dk]`, values `[C, Dv]` in the products' dtypes; betas and cumulative gates `[C]` float32)."""
     scaled_values, scaled_keys = _scaled(betas, gates, keys, values)
@@ -129,13 +129,13 @@ def wy_apply(inverse, keys, values, betas, gates, u_ref, w_ref) -> None:
     w_ref[...] = dot(inverse.astype(keys.dtype), scaled_keys).astype(w_ref.dtype)
 
 
-WY_WARPS = 2  # the one-kernel transform and split_wy's inverse: cross-warp reductions (8 warps: twice the time)
-WY_APPLY_WARPS = 4  # split_wy's products (H200, chunk 64: 0.5204 ms with the inverse's kernel, 0.5210 at 8)
+WY_WARPS = 2  # the one-kernel transform and _split_wy's inverse: cross-warp reductions (8 warps: twice the time)
+APPLY_WARPS = 4  # _split_wy's products (H200, chunk 64: 0.5204 ms with the inverse's kernel, 0.5210 at 8)
 
 
-def split_wy(chunk: int) -> bool:
-    """Whether a chunk's WY transform runs as two kernels, the inverse (`store_inverse`) then the products
-    (`wy_apply`), rather than all in one program (`wy_blocks`): from 64 tokens, where one program holding every
+def _split_wy(chunk: int) -> bool:
+    """Whether a chunk's WY transform runs as two kernels, the inverse (`_store_inverse`) then the products
+    (`_wy_apply`), rather than all in one program (`wy_blocks`): from 64 tokens, where one program holding every
     block of the system spills. H200, 8 x 2048 tokens, H 32, D 128, bf16 (`exp/s56_wy.py`): chunk 64, one kernel
     0.80-0.85 ms, two 0.52; chunk 32, one kernel 0.346 ms, two 0.417."""
     return chunk >= 64
@@ -161,14 +161,14 @@ def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks
 
 
 def _wy_inverse_kernel(k_ref, beta_ref, a_ref, inverse_ref, *, blocks: int):
-    """`wy_inverse` of one chunk and head, stored `[C, C]`."""
+    """`_inverse_blocks` of one chunk and head, stored `[C, C]`."""
     rows, gates = _block_gates(a_ref, blocks)
-    store_inverse(wy_inverse([k_ref[r, :] for r in rows], [beta_ref[r] for r in rows], gates), inverse_ref)
+    _store_inverse(_inverse_blocks([k_ref[r, :] for r in rows], [beta_ref[r] for r in rows], gates), inverse_ref)
 
 
 def _wy_apply_kernel(inverse_ref, k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref):
-    """`wy_apply` of one chunk and head."""
-    wy_apply(inverse_ref[...], k_ref[...], v_ref[...], beta_ref[...], jnp.cumsum(a_ref[...]), u_ref, w_ref)
+    """`_wy_apply` of one chunk and head."""
+    _wy_apply(inverse_ref[...], k_ref[...], v_ref[...], beta_ref[...], jnp.cumsum(a_ref[...]), u_ref, w_ref)
 
 
 def _chunk_specs(chunk: int):
@@ -180,7 +180,7 @@ def _chunk_specs(chunk: int):
 
 def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
     """`wy_transform`'s `(u, w)` of every chunk, per chunk and head in one Pallas-Triton kernel (two where
-    `split_wy`): k, v `[B, T, H, D]`, beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w
+    `_split_wy`): k, v `[B, T, H, D]`, beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w
     `[B, T, H, D]` in v's and k's dtype, and with `with_inverse` the inverse `[B, T, H, C]` float32 too (row t of
     its chunk's `(I + L)⁻¹`, for the pullback). On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms
     with float32 u and w where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched
@@ -192,7 +192,7 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     grid, blocks = (seq // chunk, batch, heads), chunk // SUB
     inverse_shape = (*k.shape[:-1], chunk)
     uw = [rows(v.shape[-1]), rows(k.shape[-1])], [out_struct(v.shape, v.dtype, k), out_struct(k.shape, k.dtype, k)]
-    if split_wy(chunk):
+    if _split_wy(chunk):
         dtype = F32 if with_inverse else jnp.promote_types(k.dtype, v.dtype)
         inverse = call_pallas(
             _wy_inverse_kernel,
@@ -206,7 +206,7 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
             blocks=blocks,
         )(k, beta, a)
         specs = [rows(chunk), rows(k.shape[-1]), rows(v.shape[-1]), gate, gate]
-        u, w = call_pallas(_wy_apply_kernel, t, WY_APPLY_WARPS, grid, specs, *uw, "ejkernel_delta_wy_apply")(
+        u, w = call_pallas(_wy_apply_kernel, t, APPLY_WARPS, grid, specs, *uw, "ejkernel_delta_wy_apply")(
             inverse, k, v, beta, a
         )
         return (u, w, inverse) if with_inverse else (u, w)
@@ -343,15 +343,6 @@ def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
     return 32, 4, 2
 
 
-def one_pass_defaults(dk: int, dv: int, rows: int, chunk: int) -> tuple[int, int, int]:
-    """`forward_pass_defaults` for a pass that also makes the chunks' outputs (`_delta_outputs`, the ragged
-    prefill's): from chunk 64 no wider than 64 value columns on 4 warps and 2 stages, where a chunk's scores and
-    queries join the state in registers. H200, 8 x 2048 tokens, H 32, D 128, bf16, chunk 64
-    (`exp/s56_fused_pass.py`): 0.516 ms at 64 columns, 0.610 at 128 on 8 warps and 3 stages."""
-    columns, warps, stages = forward_pass_defaults(dk, dv, rows)
-    return (columns, warps, stages) if chunk <= 32 or columns <= 64 else (64, 4, 2)
-
-
 def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, k, w, u, g, init):
     """`(entry states [B, NC, H, Dk, Dv] (`state_dtype`), values U [B, T, H, Dv] (u's dtype), final states
     [B, H, Dk, Dv] float32)`."""
@@ -413,7 +404,7 @@ def _delta_outputs(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int
     `_delta_outputs_kernel`, on the forward state pass's tiling."""
     batch, _, heads, dk = k.shape
     dv = u.shape[-1]
-    passes = passes.resolved(dv, *one_pass_defaults(dk, dv, batch * heads, chunk))
+    passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
     args = (q, k, w, u, g, jnp.swapaxes(g[..., 0], 1, 2), init)
     return call_pallas(
         _delta_outputs_kernel,

@@ -44,17 +44,18 @@ from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
 from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import packed_delta
 
 WHO = "triton ragged_gated_delta_rule"
-MIN_CHUNK, MAX_CHUNK = 16, 128  # Triton's smallest matmul edge; the WY transform's inverse grows as C³
-# the chunk of a call that names none, as the family's Triton configs default (H200, 8 x 2048 tokens, H 32, D 128:
-# 1.68-1.72 ms against 1.87-1.89 at 64 over sessions 36, 37 and 55's four runs)
-TRITON_CHUNK = 32
+# Triton's smallest matmul edge, and the chunk of a call that names none and the largest the prefill runs: its one
+# sequential pass makes the chunk's outputs too, and from 64 tokens a chunk the scores, queries and keys beside the
+# state spill (H200, 8 x 2048 tokens, H 32, D 128, session 57: 0.97 ms at 32 against 1.79 at 64, of which the pass
+# 0.54 against 1.19); a larger chunk asked for (EasyDeL asks for 64) runs as 32, changing only the rounding.
+MIN_CHUNK, TRITON_CHUNK = 16, 32
 
 
 def _chunk(chunk_size: int | None, num_tokens: int) -> int:
-    """The prefill's chunk: `chunk_size` (None: `TRITON_CHUNK`) rounded up to a power of two in [16, 128], no longer
+    """The prefill's chunk: `chunk_size` (None: `TRITON_CHUNK`) rounded up to a power of two in [16, 32], no longer
     than the tokens need (the chunk changes only the rounding)."""
     size = 1 << max(0, (chunk_size or TRITON_CHUNK) - 1).bit_length()
-    return max(MIN_CHUNK, min(size, MAX_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
+    return max(MIN_CHUNK, min(size, TRITON_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
 
 
 def _decline(query, value, beta, decay, recurrent_state) -> None:
@@ -123,7 +124,7 @@ def ragged_gated_delta_rule_triton(
     recurrent_state.dtype)`, with the XLA implementation's semantics (`ragged_delta_rule`).
 
     Arguments as the public op's (checked there); `cfg.chunk_size` wins over `chunk_size` (rounded to a power
-    of two in [16, 128]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
+    of two in [16, 32]); `cfg.fwd_params.block_d` and `num_warps`: the decode kernel's value columns per
     program (default 64) and warps (default 4). `interpret` forces Pallas interpret mode.
     """
     require_pool_arguments(recurrent_state, state_indices)

@@ -3,11 +3,11 @@
 The requests are laid out as `ChunkLayout.packed` lays packed sequences out (each starting on a chunk boundary,
 zeros between them), described per chunk by `chunk_table` (per-chunk arithmetic, no while loop). No kernel copies
 the tokens into that layout: each reads a chunk's rows of q, k and v where they sit in the flat `[T, H, D]` inputs
-(masked loads, `_token_rows`), q and k L2-normalised as loaded, q scaled. Two steps, after XLA gathers each
+(masked loads, `_token_rows`), q and k L2-normalised as loaded, q scaled. Two kernels, after XLA gathers each
 chunk's betas and sums its log decays (`chunk_scalars`, `[NC·C, H]` float32: small):
 
-1. The WY transform, local to each chunk, returns u and w chunk-major in v's dtype: one kernel (`_wy_kernel` on
-   `_delta.wy_blocks`), or from 64 tokens a chunk two (`_delta.split_wy`: the inverse, then the products).
+1. The WY transform, local to each chunk (`_wy_kernel` on `_delta.wy_blocks`), returns u and w chunk-major in
+   v's dtype.
 2. `_pass_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
    x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
    of the pool and leaving its final state; it stores each chunk's outputs straight at its tokens (masked
@@ -32,16 +32,7 @@ from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bo
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._delta import (
-    WY_APPLY_WARPS,
-    WY_WARPS,
-    one_pass_defaults,
-    split_wy,
-    store_inverse,
-    wy_apply,
-    wy_blocks,
-    wy_inverse,
-)
+from ejkernel.kernels._triton.linear_attention._delta import WY_WARPS, forward_pass_defaults, wy_blocks
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
@@ -119,67 +110,34 @@ def chunk_scalars(table: ChunkTable, chunk: int, beta, decay):
     return tuple(x.reshape(1, num_chunks * chunk, heads) for x in (take(beta), gates))
 
 
-def _block_keys(start_ref, lo_ref, hi_ref, k_ref, head, l2norm: bool, dtype, chunk: int):
-    """`(rows, keeps, keys)` of chunk `c = program_id(0)`: its blocks of SUB rows, which of each block's rows are
-    live, and each block's keys `[SUB, Dk]` read at its tokens, normalised if asked, in `dtype`."""
-    c = pl.program_id(0)
-    firsts = range(0, chunk, SUB)
-    keeps = [_live(lo_ref, hi_ref, c, first, SUB) for first in firsts]
-    at = [start_ref[c] + first for first in firsts]
-    keys = [_normalised_rows(k_ref, a, keep, head, l2norm, dtype) for a, keep in zip(at, keeps, strict=True)]
-    return [pl.ds(first, SUB) for first in firsts], at, keeps, keys
-
-
 def _wy_kernel(start_ref, lo_ref, hi_ref, k_ref, v_ref, beta_ref, g_ref, u_ref, w_ref, *, l2norm: bool):
     """`wy_blocks` of chunk `c` and head `h`: k and v read at the chunk's tokens, k normalised if asked, both in
     v's dtype; beta and the cumulative gates in the chunk layout."""
-    head, dtype = pl.program_id(1), v_ref.dtype
-    rows, at, keeps, keys = _block_keys(start_ref, lo_ref, hi_ref, k_ref, head, l2norm, dtype, u_ref.shape[0])
+    c, head = pl.program_id(0), pl.program_id(1)
+    firsts = range(0, u_ref.shape[0], SUB)
+    rows = [pl.ds(first, SUB) for first in firsts]
+    keeps = [_live(lo_ref, hi_ref, c, first, SUB) for first in firsts]
+    at = [start_ref[c] + first for first in firsts]
+    dtype = v_ref.dtype
+    keys = [_normalised_rows(k_ref, a, keep, head, l2norm, dtype) for a, keep in zip(at, keeps, strict=True)]
     values = [_token_rows(v_ref, a, keep, head).astype(dtype) for a, keep in zip(at, keeps, strict=True)]
     wy_blocks(keys, values, [beta_ref[r] for r in rows], [g_ref[r] for r in rows], u_ref, w_ref)
 
 
-def _wy_inverse_kernel(start_ref, lo_ref, hi_ref, k_ref, beta_ref, g_ref, inverse_ref, *, l2norm: bool):
-    """`wy_inverse` of chunk `c` and head `h` (keys as `_wy_kernel` reads them), stored `[C, C]`."""
-    chunk = inverse_ref.shape[0]
-    head, dtype = pl.program_id(1), inverse_ref.dtype  # v's, as the keys are read in
-    rows, _, _, keys = _block_keys(start_ref, lo_ref, hi_ref, k_ref, head, l2norm, dtype, chunk)
-    store_inverse(wy_inverse(keys, [beta_ref[r] for r in rows], [g_ref[r] for r in rows]), inverse_ref)
-
-
-def _wy_apply_kernel(start_ref, lo_ref, hi_ref, inverse_ref, k_ref, v_ref, beta_ref, g_ref, u_ref, w_ref, **s):
-    """`wy_apply` of chunk `c` and head `h`: k and v read at the chunk's tokens as `_wy_kernel` reads them."""
-    c, head, dtype = pl.program_id(0), pl.program_id(1), u_ref.dtype
-    start, keep = start_ref[c], _live(lo_ref, hi_ref, c, 0, u_ref.shape[0])
-    keys = _normalised_rows(k_ref, start, keep, head, s["l2norm"], dtype)
-    values = _token_rows(v_ref, start, keep, head).astype(dtype)
-    wy_apply(inverse_ref[...], keys, values, beta_ref[...], g_ref[...], u_ref, w_ref)
-
-
 def _wy(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, key, value, beta, g):
     """`(u, w)` `[NC, 1, H, C, Dv | Dk]` in v's dtype, chunk-major, of the chunks of `table` (`chunk_scalars`' beta
-    and g): one kernel, or two where `split_wy` (the inverse through memory in v's dtype, which the products round
-    it to)."""
+    and g)."""
     num_chunks, heads, dk, dv = table.start.shape[0], key.shape[1], key.shape[-1], value.shape[-1]
     token = lambda: pl.BlockSpec((None, chunk, None), lambda c, h: (0, c, h))
     major = lambda width: pl.BlockSpec((None, None, None, chunk, width), lambda c, h: (c, 0, h, 0, 0))
-    struct = lambda width: out_struct((num_chunks, 1, heads, chunk, width), value.dtype, key, value, beta, g)
-    bounds, grid = (table.start, table.lo, table.hi), (num_chunks, heads)
-    whole = [pl.BlockSpec()] * 3
-    if not split_wy(chunk):
-        specs = [*whole, pl.BlockSpec(), pl.BlockSpec(), token(), token()], [major(dv), major(dk)]
-        return call_pallas(
-            _wy_kernel, t, WY_WARPS, grid, *specs, [struct(dv), struct(dk)], "ejkernel_ragged_delta_wy", l2norm=l2norm
-        )(*bounds, key, value, beta, g)
-    specs = [*whole, pl.BlockSpec(), token(), token()], major(chunk)
-    inverse = call_pallas(
-        _wy_inverse_kernel, t, WY_WARPS, grid, *specs, struct(chunk), "ejkernel_ragged_delta_wy_inverse", l2norm=l2norm
-    )(*bounds, key, beta, g)
-    specs = [*whole, major(chunk), pl.BlockSpec(), pl.BlockSpec(), token(), token()], [major(dv), major(dk)]
-    name = "ejkernel_ragged_delta_wy_apply"
-    return call_pallas(
-        _wy_apply_kernel, t, WY_APPLY_WARPS, grid, *specs, [struct(dv), struct(dk)], name, l2norm=l2norm
-    )(*bounds, inverse, key, value, beta, g)
+    args = (table.start, table.lo, table.hi, key, value, beta, g)
+    shapes = [out_struct((num_chunks, 1, heads, chunk, width), value.dtype, *args) for width in (dv, dk)]
+    in_specs = [pl.BlockSpec()] * 5 + [token(), token()]
+    grid = (num_chunks, heads)
+    name = "ejkernel_ragged_delta_wy"
+    return call_pallas(_wy_kernel, t, WY_WARPS, grid, in_specs, [major(dv), major(dk)], shapes, name, l2norm=l2norm)(
+        *args
+    )
 
 
 def _pass_kernel(*refs, **s):
@@ -220,11 +178,11 @@ def _pass_kernel(*refs, **s):
 
 def _pass(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, slots, query, key, w, u, g, pool):
     """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of `_pass_kernel`, one program
-    per request, head and tile of value columns (`one_pass_defaults`). The chunks cover the tokens, so every
+    per request, head and tile of value columns (`forward_pass_defaults`). The chunks cover the tokens, so every
     token's output is stored. u and w chunk-major; g `[1, NC·C, H]`."""
     heads, dk, dv = key.shape[1], key.shape[-1], u.shape[-1]
     num_requests = table.first.shape[0]
-    bv, warps, stages = one_pass_defaults(dk, dv, num_requests * heads, chunk)
+    bv, warps, stages = forward_pass_defaults(dk, dv, num_requests * heads)
     bv = min(bv, dv)
     args = (table.first, table.count, slots, table.start, table.rows, table.lo, table.hi, query, key, w, u)
     args += (g[..., None], jnp.swapaxes(g, 1, 2), pool)
