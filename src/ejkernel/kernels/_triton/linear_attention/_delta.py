@@ -136,8 +136,8 @@ APPLY_WARPS = 4  # _split_wy's products (H200, chunk 64: 0.5204 ms with the inve
 def _split_wy(chunk: int) -> bool:
     """Whether a chunk's WY transform runs as two kernels, the inverse (`_store_inverse`) then the products
     (`_wy_apply`), rather than all in one program (`wy_blocks`): from 64 tokens, where one program holding every
-    block of the system spills. H200, 8 x 2048 tokens, H 32, D 128, bf16 (`exp/s56_wy.py`): chunk 64, one kernel
-    0.80-0.85 ms, two 0.52; chunk 32, one kernel 0.346 ms, two 0.417."""
+    block of the system spills. H200, 8 x 2048 tokens, H 32, D 128, bf16 (`exp/s56_wy.py` at `ffe946a`): chunk 64,
+    one kernel 0.80-0.85 ms, two 0.52; chunk 32, one kernel 0.346 ms, two 0.417."""
     return chunk >= 64
 
 
@@ -477,9 +477,9 @@ def delta_chunked(
 def one_pass_outputs(chunk: int, rows: int, dk: int, dv: int) -> bool:
     """Whether the undifferentiated forward makes its outputs inside the state pass (`_delta_outputs`) rather than
     storing entry states and U for the output kernel: at chunk 32 where the pass runs its widest tile
-    (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py`): 8 x 2048
-    tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against 0.610, and on one
-    16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the sequential pass."""
+    (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py` at `ffe946a`):
+    8 x 2048 tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against 0.610, and on
+    one 16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the sequential pass."""
     return chunk <= 32 and forward_pass_defaults(dk, dv, rows)[0] == 16384 // dk
 
 
