@@ -71,8 +71,8 @@ class RaggedGatedDeltaRule(Kernel):
     """The executor's `Kernel` for `ragged_gated_delta_rule`: config `RaggedGatedDeltaRuleConfig`.
 
     Without a measured config the call's `chunk_size` is used; autotuning (policy `autotune`) times chunks
-    of 32, 64 and 128 tokens (16 and 32 on Triton), and on Triton the decode kernel's 32, 64 or 128 value columns
-    per program.
+    of 32, 64 and 128 tokens (16 and 32 on Triton and Mosaic GPU, whose prefill runs Triton's), and on Triton the
+    decode kernel's 32, 64 or 128 value columns per program.
     """
 
     op_id = "ragged_gated_delta_rule"
@@ -84,7 +84,8 @@ class RaggedGatedDeltaRule(Kernel):
 
     def platform_cfgs(self, platform: str, inv: Invocation):
         columns = (32, 64, 128) if platform == "triton" else (None,)
-        for size in (16, 32) if platform == "triton" else (32, 64, 128):  # Triton runs no chunk above 32
+        on_triton = platform in ("triton", "pallas")  # Mosaic GPU's prefill runs Triton's chunks: none above 32
+        for size in (16, 32) if on_triton else (32, 64, 128):
             for block in columns:
                 params = None if block is None else FwdParams(block_d=block)
                 yield RaggedGatedDeltaRuleConfig(platform=platform, chunk_size=size, fwd_params=params)
