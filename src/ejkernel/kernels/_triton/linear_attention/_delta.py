@@ -280,16 +280,36 @@ def _chunk_gates(g_ref, b, head, first: int, chunk: int):
     return g_ref[b, pl.ds(first, chunk), head, one], g_ref[b, first + chunk - 1, head, one]
 
 
+def chunk_values(u, w, h, mm):
+    """`U = u − w h` `[C, bv]` float32: a chunk's effective values from its entry state h (`[Dk, bv]` float32)."""
+    return u.astype(F32) - dot(w.astype(mm), h.astype(mm))
+
+
+def chunk_exit(keys, g, g_last, values, h, mm):
+    """The chunk's exit state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (g `[C, 1]` cumulative, g_last `[1]` its last)."""
+    k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
+    return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+
+
+def pass_outputs(q, keys, g, g_row, values, h, *, mm, state_dtype, values_dtype):
+    """A chunk's outputs `(q ⊙ e^g) h + (q kᵀ ⊙ D) U` (unscaled) made in the state pass from h and U where they sit,
+    rounded as stored copies for an output kernel would be (h in `state_dtype`, U in `values_dtype`); g `[C, 1]`,
+    g_row the same gates `[C]`."""
+    scores = dot(q.astype(mm), keys.astype(mm), trans_b=True) * pair_decays(g, g_row[None, :])
+    decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
+    entry = h.astype(state_dtype).astype(mm)
+    return dot(decayed, entry) + dot(scores.astype(mm), values.astype(values_dtype).astype(mm))
+
+
 def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int, mm):
     """Chunk `c` of batch row `b` and `head` from its entry state h (this program's value columns `cols`): `(rows, g
     [C, 1], keys [C, Dk], U [C, bv] float32, exit state)`, `U = u − w h`, `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`."""
     first = pl.multiple_of(c * chunk, chunk)
     rows = pl.ds(first, chunk)
     g, g_last = _chunk_gates(g_ref, b, head, first, chunk)
-    values = u_ref[b, rows, head, cols].astype(F32) - dot(w_ref[b, rows, head, :].astype(mm), h.astype(mm))
+    values = chunk_values(u_ref[b, rows, head, cols], w_ref[b, rows, head, :], h, mm)
     keys = k_ref[b, rows, head, :]
-    k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
-    return rows, g, keys, values, jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+    return rows, g, keys, values, chunk_exit(keys, g, g_last, values, h, mm)
 
 
 def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref, final_ref, *, chunk, mm, bv):
@@ -318,11 +338,8 @@ def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref
         rows, g, keys, values, h_next = _delta_chunk(
             k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm
         )
-        q = q_ref[b, rows, head, :]
-        scores = dot(q.astype(mm), keys.astype(mm), trans_b=True) * pair_decays(g, g_row_ref[b, head, rows][None, :])
-        decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
-        entry = h.astype(s["state_dtype"]).astype(mm)
-        out = dot(decayed, entry) + dot(scores.astype(mm), values.astype(u_ref.dtype).astype(mm))
+        q, g_row = q_ref[b, rows, head, :], g_row_ref[b, head, rows]
+        out = pass_outputs(q, keys, g, g_row, values, h, mm=mm, state_dtype=s["state_dtype"], values_dtype=u_ref.dtype)
         o_ref[b, rows, head, cols] = (s["scale"] * out).astype(o_ref.dtype)
         return h_next
 

@@ -31,15 +31,20 @@ from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
-from ejkernel.kernels._triton._helpers import dot
-from ejkernel.kernels._triton.linear_attention._delta import WY_WARPS, forward_pass_defaults, wy_blocks
+from ejkernel.kernels._triton.linear_attention._delta import (
+    WY_WARPS,
+    chunk_exit,
+    chunk_values,
+    forward_pass_defaults,
+    pass_outputs,
+    wy_blocks,
+)
 from ejkernel.kernels._triton.linear_attention._gla_common import (
     F32,
     SUB,
     TritonGlaTiling,
     call_pallas,
     iota,
-    pair_decays,
     tile_slice,
 )
 
@@ -159,18 +164,24 @@ def _pass_kernel(*refs, **s):
         at = pl.multiple_of(c * chunk, chunk)  # the chunk's first row in the chunk layout
         rows = pl.ds(at, chunk)
         g, g_last = g_ref[0, rows, head, one], g_ref[0, at + chunk - 1, head, one]
-        values = u_ref[c, 0, head, :, cols].astype(F32) - dot(w_ref[c, 0, head, :, :].astype(mm), h.astype(mm))
+        values = chunk_values(u_ref[c, 0, head, :, cols], w_ref[c, 0, head, :, :], h, mm)
         start, keep = start_ref[c], _live(lo_ref, hi_ref, c, 0, chunk)
         keys = _normalised_rows(k_ref, start, keep, head, l2norm, w_ref.dtype)
         q = _normalised_rows(q_ref, start, keep, head, l2norm, w_ref.dtype, s["scale"])
-        scores = dot(q.astype(mm), keys.astype(mm), trans_b=True) * pair_decays(g, g_row_ref[0, head, rows][None, :])
-        decayed = (q.astype(F32) * jnp.exp(g)).astype(mm)
-        entry = h.astype(s["state_dtype"]).astype(mm)
-        out = dot(decayed, entry) + dot(scores.astype(mm), values.astype(w_ref.dtype).astype(mm))
+        out = pass_outputs(
+            q,
+            keys,
+            g,
+            g_row_ref[0, head, rows],
+            values,
+            h,
+            mm=mm,
+            state_dtype=s["state_dtype"],
+            values_dtype=w_ref.dtype,
+        )
         stored = jnp.broadcast_to(iota((chunk, 1), 0) < rows_ref[c], out.shape)
         plgpu.store(o_ref.at[pl.ds(start, chunk), head, cols], out.astype(o_ref.dtype), mask=stored)
-        k = (keys.astype(F32) * jnp.exp(g_last[None, :] - g)).astype(mm)
-        return jnp.exp(g_last) * h + dot(k, values.astype(mm), trans_a=True)
+        return chunk_exit(keys, g, g_last, values, h, mm)
 
     init = pool_ref[slot_ref[n], head, :, cols].astype(F32)
     final_ref[n, head, :, cols] = lax.fori_loop(0, count_ref[n], step, init)
