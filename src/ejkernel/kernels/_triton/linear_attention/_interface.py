@@ -128,9 +128,9 @@ def triton_engine(cfg, interpret: bool | None = None) -> TritonEngine:
     tiling = getattr(cfg, "triton_tiling", None)
     return TritonEngine(
         TritonStatePassTiling(
-            block_v=(params and params.block_d) or None,
-            num_warps=(params and params.num_warps) or None,
-            num_stages=(params and params.num_stages) or None,
+            block_v=getattr(params, "block_d", None),
+            num_warps=getattr(params, "num_warps", None),
+            num_stages=getattr(params, "num_stages", None),
             interpret=resolve_interpret(interpret, WHO),
         ),
         TritonGlaTiling() if tiling is None else TritonGlaTiling(**tiling.overrides()),
