@@ -7,6 +7,7 @@ grids (chunks x rows x heads) stay under a few dozen programs.
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -170,15 +171,18 @@ def test_delta_rule_on_the_gated_kernels(monkeypatch):
     q, k, v = inputs(seq=70)
     args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)
-    fn = lambda q, k, v, b, d, h0: gated_delta_rule_triton(
-        q, k, v, b, d, None, h0, return_state=True, cfg=cfg, interpret=True
+    fn = lambda q, k, v, b, d, h0, **options: gated_delta_rule_triton(
+        q, k, v, b, d, None, h0, return_state=True, cfg=cfg, interpret=True, **options
     )
     reference = lambda q, k, v, b, d, h0: delta_rule_reference(q, k, v, b, d, h0)
     check(fn, reference, args)
-    for one_pass in (False, True):  # undifferentiated: the output kernel, or the outputs made in the state pass
+    # undifferentiated: the output kernel, or the outputs made in the state pass (q and k normalised as loaded)
+    for one_pass, l2norm in itertools.product((False, True), repeat=2):
         monkeypatch.setattr(_delta, "one_pass_outputs", lambda *_, one_pass=one_pass: one_pass)
-        for got, expected in zip(jax.jit(lambda *a: fn(*a))(*args), reference(*args), strict=True):  # a fresh trace
-            assert_close(got, expected, jnp.float32)
+        call = lambda *a, l2norm=l2norm: fn(*a, use_qk_l2norm=l2norm)  # a fresh trace each
+        expected = delta_rule_reference(*args, use_qk_l2norm=l2norm)
+        for got, want in zip(jax.jit(call)(*args), expected, strict=True):
+            assert_close(got, want, jnp.float32)
     fn = lambda q, k, v, b, h0: kernel_delta_attention_triton(
         q, k, v, b, None, h0, return_state=True, chunk_size=16, interpret=True
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ejkernel.kernels._common.bounds import clamp_packed
+from ejkernel.kernels._common.linear_attention.inputs import l2_normalize
 from ejkernel.kernels._common.linear_attention.layout import ChunkLayout, flip_time
 from ejkernel.kernels._common.linear_attention.numerics import delta_chunk, delta_step, diagonal_chunk, diagonal_step
 from ejkernel.kernels._common.linear_attention.scan import ScanPasses, chunked_scan, recurrent_scan
@@ -28,8 +29,9 @@ class Engine:
     per batch row (`tokens` `[B, H, ...]`, returns `(out [B, H, Dv], state)`), or None for the recurrent
     form in `lax.scan`; `gated(xs, init, layout, *, scale)`: the whole chunked form of the gated
     recurrence (no delta rule) on token-layout inputs, or None to run it through `chunked`;
-    `delta(xs, init, layout, *, scale)`: likewise the chunked delta rule of one sequence per row without
-    restarts, or None; `check` raises NotImplementedError for calls the platform does not serve;
+    `delta(xs, init, layout, *, scale, l2norm)`: likewise the chunked delta rule of one sequence per row without
+    restarts (q and k L2-normalised there if `l2norm`), or None; `check` raises NotImplementedError for calls the
+    platform does not serve;
     `gated_chunk` / `delta_chunk`: the gated recurrence's / the gated delta rule's chunk size where the
     config names none.
     """
@@ -75,6 +77,7 @@ def linear_attention(
     v,
     *,
     scale: float,
+    l2norm: bool = False,
     g=None,
     gk=None,
     gv=None,
@@ -92,6 +95,8 @@ def linear_attention(
     Without `beta`: `h_t = h_{t-1} ⊙ exp(g_t + gk_t[:, None] + gv_t[None, :]) + k_t v_tᵀ`. With `beta [B,S,H]`:
     the delta rule with per-head decay `g`, and state resets before the tokens where `restarts [B,S]` is
     set. Outputs `o_t = scale · q_tᵀ h_t`. `gv` needs the recurrent form. `engine` runs the sequential parts.
+    `l2norm` (the delta rule's `use_qk_l2norm`): q and k are L2-normalised along Dk first (`l2_normalize`), by the
+    engine's own delta form where it runs (its kernels can do it as they load them).
     Traced `cu_seqlens` are clamped (`clamp_packed`, exact: bounds from 0 to S, never decreasing).
     """
     batch, seq_len, _, dk = q.shape
@@ -113,6 +118,8 @@ def linear_attention(
     # given (dtype, unscaled, grouped heads not repeated).
     own_form = engine.gated if beta is None else engine.delta if restarts is None and cu_seqlens is None else None
     whole = not recurrent and own_form is not None
+    if l2norm and not (whole and beta is not None):
+        q, k = l2_normalize(q), l2_normalize(k)
     if whole:
         gates = dict(a_key=to_f32(gk)) if beta is None else dict(beta=to_f32(beta))
         xs = dict(q=q, k=k, v=v, a_head=to_f32(g), **gates)
@@ -147,7 +154,8 @@ def linear_attention(
         else ChunkLayout.packed(cu_seqlens, seq_len, chunk)
     )
     if whole:
-        out, final = own_form(xs, init, layout, scale=scale)
+        options = dict(l2norm=l2norm) if beta is not None else {}
+        out, final = own_form(xs, init, layout, scale=scale, **options)
     else:
         chunks = {name: layout.to_chunks(x) for name, x in xs.items()}
         if recurrent:

@@ -169,12 +169,13 @@ def lightning_attention(
 def _delta_rule(
     query, key, value, beta, decay, seg_ids, initial_state, *, scale, use_qk_l2norm, recurrent, chunk, engine
 ):
-    q, k, beta, decay, restarts = delta_rule_inputs(query, key, beta, decay, seg_ids, use_qk_l2norm)
+    q, k, beta, decay, restarts = delta_rule_inputs(query, key, beta, decay, seg_ids)
     return linear_attention(
         q,
         k,
         value,
         scale=scale,
+        l2norm=use_qk_l2norm,
         g=decay,
         beta=beta,
         restarts=restarts,

@@ -34,13 +34,14 @@ def segment_restarts(seg_ids: jax.Array) -> jax.Array:
     return (seg_ids >= 0) & (previous >= 0) & (previous_id != seg_ids)
 
 
-def delta_rule_inputs(query, key, beta, decay, seg_ids, use_qk_l2norm: bool):
-    """q, k (normalised if asked), beta, decay and restarts as the delta-rule core takes them.
+def delta_rule_inputs(query, key, beta, decay, seg_ids):
+    """q, k, beta, decay and restarts as the delta-rule core takes them (q and k not yet normalised: the core
+    does it, `linear_attention(l2norm=...)`).
 
     Padding tokens (negative segment id) get q = k = beta = decay = 0: they output zeros and leave
     the state alone.
     """
-    q, k = (l2_normalize(query), l2_normalize(key)) if use_qk_l2norm else (query, key)
+    q, k = query, key
     if seg_ids is None:
         return q, k, beta, decay, None
     valid = (seg_ids >= 0)[:, :, None]

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from ejkernel.kernels._common.linear_attention.inputs import L2_EPS, l2_normalize
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton._helpers import dot
 from ejkernel.kernels._triton.linear_attention._gla_backward import head_grads
@@ -48,6 +49,15 @@ from ejkernel.kernels._triton.linear_attention._gla_forward import chunk_outputs
 from ejkernel.kernels._triton.linear_attention._state_passes import TritonStatePassTiling, matmul
 
 # ---- the WY transform and its pullback, per chunk and head in a kernel each ----
+
+
+def as_loaded(x, l2norm: bool, dtype, scale: float = 1.0):
+    """Rows `x` `[n, D]` as the products take them: L2-normalised along D where `l2norm` (`l2_normalize`'s float32
+    arithmetic: the kernels normalise q and k as they load them), times `scale`, rounded to `dtype`."""
+    x = x.astype(F32)
+    if l2norm:
+        x = x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS)
+    return (x * scale).astype(dtype)
 
 
 def _unit_lower_inverse(lower):
@@ -153,10 +163,12 @@ def _block_gates(a_ref, blocks: int):
     return rows, gates
 
 
-def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int):
-    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k, v, beta and the log gates `a` per token."""
+def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int, l2norm: bool):
+    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k (normalised as loaded where `l2norm`, then in
+    v's dtype), v, beta and the log gates `a` per token."""
     rows, gates = _block_gates(a_ref, blocks)
-    keys, values = [k_ref[r, :] for r in rows], [v_ref[r, :] for r in rows]
+    keys = [as_loaded(k_ref[r, :], True, v_ref.dtype) if l2norm else k_ref[r, :] for r in rows]
+    values = [v_ref[r, :] for r in rows]
     wy_blocks(keys, values, [beta_ref[r] for r in rows], gates, u_ref, w_ref, *inverse_ref)
 
 
@@ -178,7 +190,7 @@ def _chunk_specs(chunk: int):
     return rows, pl.BlockSpec((None, chunk, None), lambda c, b, h: (b, c, h))
 
 
-def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False):
+def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool = False, l2norm: bool = False):
     """`wy_transform`'s `(u, w)` of every chunk, per chunk and head in one Pallas-Triton kernel (two where
     `_split_wy`): k, v `[B, T, H, D]`, beta and the log gates `a` `[B, T, H]` (summed within chunks here); u and w
     `[B, T, H, D]` in v's and k's dtype, and with `with_inverse` the inverse `[B, T, H, C]` float32 too (row t of
@@ -186,13 +198,16 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     with float32 u and w where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched
     products); stored in the inputs' dtype, u and w save the float32 copies and the two casts after them (0.19 ms at
     chunk 32, session 56). Split, the inverse goes through memory in float32 with `with_inverse`, else in the
-    wider of k's and v's dtypes (the products round it to theirs)."""
+    wider of k's and v's dtypes (the products round it to theirs). `l2norm` (one kernel only): k comes raw and is
+    L2-normalised as loaded, then taken in v's dtype (w too)."""
     batch, seq, heads, _ = k.shape
     rows, gate = _chunk_specs(chunk)
     grid, blocks = (seq // chunk, batch, heads), chunk // SUB
     inverse_shape = (*k.shape[:-1], chunk)
-    uw = [rows(v.shape[-1]), rows(k.shape[-1])], [out_struct(v.shape, v.dtype, k), out_struct(k.shape, k.dtype, k)]
+    w_dtype = v.dtype if l2norm else k.dtype
+    uw = [rows(v.shape[-1]), rows(k.shape[-1])], [out_struct(v.shape, v.dtype, k), out_struct(k.shape, w_dtype, k)]
     if _split_wy(chunk):
+        assert not l2norm, "the split WY transform takes k normalised"
         dtype = F32 if with_inverse else jnp.promote_types(k.dtype, v.dtype)
         inverse = call_pallas(
             _wy_inverse_kernel,
@@ -213,7 +228,8 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     specs, outs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], uw
     if with_inverse:
         outs = [outs[0] + [rows(chunk)], outs[1] + [out_struct(inverse_shape, F32, k)]]
-    return call_pallas(_wy_kernel, t, WY_WARPS, grid, specs, *outs, "ejkernel_delta_wy", blocks=blocks)(k, v, beta, a)
+    name = "ejkernel_delta_wy"
+    return call_pallas(_wy_kernel, t, WY_WARPS, grid, specs, *outs, name, blocks=blocks, l2norm=l2norm)(k, v, beta, a)
 
 
 def _wy_grads_kernel(
@@ -301,14 +317,16 @@ def pass_outputs(q, keys, g, g_row, values, h, *, mm, state_dtype, values_dtype)
     return dot(decayed, entry) + dot(scores.astype(mm), values.astype(values_dtype).astype(mm))
 
 
-def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int, mm):
+def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int, mm, l2norm: bool = False):
     """Chunk `c` of batch row `b` and `head` from its entry state h (this program's value columns `cols`): `(rows, g
-    [C, 1], keys [C, Dk], U [C, bv] float32, exit state)`, `U = u − w h`, `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`."""
+    [C, 1], keys [C, Dk], U [C, bv] float32, exit state)`, `U = u − w h`, `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`;
+    the keys normalised as loaded where `l2norm` (then in u's dtype)."""
     first = pl.multiple_of(c * chunk, chunk)
     rows = pl.ds(first, chunk)
     g, g_last = _chunk_gates(g_ref, b, head, first, chunk)
     values = chunk_values(u_ref[b, rows, head, cols], w_ref[b, rows, head, :], h, mm)
     keys = k_ref[b, rows, head, :]
+    keys = as_loaded(keys, True, u_ref.dtype) if l2norm else keys
     return rows, g, keys, values, chunk_exit(keys, g, g_last, values, h, mm)
 
 
@@ -329,16 +347,18 @@ def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref
 def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref, o_ref, final_ref, **s):
     """The undifferentiated forward in one pass: per chunk (`_delta_chunk`), its outputs `scale ((q ⊙ e^g) h +
     (q kᵀ ⊙ D) U)` from h and U where they sit, rounded as `_delta_states_kernel` stores them for the output
-    kernel (h in the state dtype, U in u's): neither goes to memory."""
-    chunk, mm, bv = s["chunk"], s["mm"], s["bv"]
+    kernel (h in the state dtype, U in u's): neither goes to memory. q and k normalised as loaded where
+    `l2norm`."""
+    chunk, mm, bv, l2norm = s["chunk"], s["mm"], s["bv"], s["l2norm"]
     b, head, vt = (pl.program_id(i) for i in range(3))
     cols = tile_slice(vt, bv)
 
     def step(c, h):
         rows, g, keys, values, h_next = _delta_chunk(
-            k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm
+            k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm, l2norm=l2norm
         )
         q, g_row = q_ref[b, rows, head, :], g_row_ref[b, head, rows]
+        q = as_loaded(q, True, u_ref.dtype) if l2norm else q
         out = pass_outputs(q, keys, g, g_row, values, h, mm=mm, state_dtype=s["state_dtype"], values_dtype=u_ref.dtype)
         o_ref[b, rows, head, cols] = (s["scale"] * out).astype(o_ref.dtype)
         return h_next
@@ -416,9 +436,11 @@ def _delta_state_grads_kernel(
     d_init_ref[b, head, :, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, :, cols])
 
 
-def _delta_outputs(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, q, k, w, u, g, init):
+def _delta_outputs(
+    t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, l2norm: bool, q, k, w, u, g, init
+):
     """`(out [B, T, H, Dv] (u's dtype), final states [B, H, Dk, Dv] float32)` of the undifferentiated forward in
-    `_delta_outputs_kernel`, on the forward state pass's tiling."""
+    `_delta_outputs_kernel`, on the forward state pass's tiling; q and k raw where `l2norm`."""
     batch, _, heads, dk = k.shape
     dv = u.shape[-1]
     passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
@@ -434,10 +456,11 @@ def _delta_outputs(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int
         "ejkernel_delta_outputs",
         stages=passes.num_stages,
         chunk=chunk,
-        mm=t.mm(k.dtype),
+        mm=t.mm(u.dtype),
         bv=passes.block_v,
         scale=scale,
-        state_dtype=t.state_dtype(k.dtype),
+        state_dtype=t.state_dtype(u.dtype),
+        l2norm=l2norm,
     )(*args)
 
 
@@ -478,17 +501,40 @@ def _delta_state_grads(
 # ---- the differentiable whole ----
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
 def delta_chunked(
-    tiling: TritonGlaTiling, passes: TritonStatePassTiling, scale: float, chunk: int, q, k, v, a, beta, init
+    tiling: TritonGlaTiling,
+    passes: TritonStatePassTiling,
+    scale: float,
+    chunk: int,
+    l2norm: bool,
+    q,
+    k,
+    v,
+    a,
+    beta,
+    init,
 ):
     """`(out [B, T, H, Dv] in v's dtype, final states [B, H, Dk, Dv] float32)` of the chunked delta rule.
 
     q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`), a `[B, T, H]` float32 log gates per
-    head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]` float32. Differentiable w.r.t. q, k, v, a, beta
-    and init."""
+    head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]` float32. With `l2norm`, q and k come raw and are
+    L2-normalised here (`l2_normalize`, then in v's dtype): as the kernels load them where the forward runs in one
+    pass, else by XLA first. Differentiable w.r.t. q, k, v, a, beta and init."""
+    t = tiling.fit(q.shape[-1], v.shape[-1])
+    batch, _, heads, dk = k.shape
+    if one_pass_outputs(chunk, batch * heads, dk, v.shape[-1]):
+        u, w = _wy_triton(tiling, chunk, k, v, beta, a, l2norm=l2norm)
+        g = cumulative_gates(t, chunk, a[..., None])
+        return _delta_outputs(t, passes, chunk, scale, l2norm, q, k, w, u, g, init)
+    q, k = _normalised(q, k, v.dtype) if l2norm else (q, k)
     u, w = _wy_triton(tiling, chunk, k, v, beta, a)
     return _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=False)[0]
+
+
+def _normalised(q, k, dtype):
+    """q and k L2-normalised by XLA (`l2_normalize`) and rounded to `dtype`: the kernels' q and k."""
+    return l2_normalize(q).astype(dtype), l2_normalize(k).astype(dtype)
 
 
 def one_pass_outputs(chunk: int, rows: int, dk: int, dv: int) -> bool:
@@ -501,14 +547,10 @@ def one_pass_outputs(chunk: int, rows: int, dk: int, dv: int) -> bool:
 
 
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differentiated: bool):
-    """`((out, final), residuals)`. Undifferentiated, one pass makes the outputs where that is faster
-    (`one_pass_outputs`), else the output kernel makes each chunk's scores itself
-    (`TritonGlaTiling.fuse_head_scores`); no residuals are kept."""
+    """`((out, final), residuals)` through the stored entry states and U. Undifferentiated, the output kernel makes
+    each chunk's scores itself (`TritonGlaTiling.fuse_head_scores`) and no residuals are kept."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
     g = cumulative_gates(t, chunk, a[..., None])
-    batch, _, heads, dk = k.shape
-    if not differentiated and one_pass_outputs(chunk, batch * heads, dk, v.shape[-1]):
-        return _delta_outputs(t, passes, chunk, scale, q, k, w, u, g, init), None
     e, values, final = _delta_states(t, passes, chunk, k, w, u, g, init)
     if not differentiated and t.fuse_head_scores:
         return (chunk_outputs(t, chunk, scale, q, values, g, e, k=k), final), None
@@ -517,22 +559,29 @@ def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differenti
     return (out, final), (w, g, e, values, scores)
 
 
-def _fwd(tiling, passes, scale, chunk, q, k, v, a, beta, init):
-    """The forward, keeping what the WY transform's pullback reads (its inverse: not solved again)."""
+def _fwd(tiling, passes, scale, chunk, l2norm, q, k, v, a, beta, init):
+    """The forward, keeping what the WY transform's pullback reads (its inverse: not solved again); q and k kept
+    raw where `l2norm` (the backward normalises them again, with its pullback)."""
+    raw = (q, k)
+    q, k = _normalised(q, k, v.dtype) if l2norm else raw
     u, w, inverse = _wy_triton(tiling, chunk, k, v, beta, a, with_inverse=True)
     outputs, kept = _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=True)
-    return outputs, (q, k, v, beta, a, inverse, *kept)
+    return outputs, (*raw, v, beta, a, inverse, *kept)
 
 
-def _bwd(tiling, passes, scale, chunk, residuals, cotangents):
+def _bwd(tiling, passes, scale, chunk, l2norm, residuals, cotangents):
     q, k, v, beta, a, inverse, w, g, e, values, scores = residuals
     d_out, d_final = cotangents
+    if l2norm:
+        (q, k), normalised_pullback = jax.vjp(functools.partial(_normalised, dtype=v.dtype), q, k)
     t = tiling.fit(q.shape[-1], values.shape[-1])
     dh, d_init, rs, du = _delta_state_grads(t, passes, chunk, scale, q, k, w, g, d_out, scores, e, d_final)
     dq, dk, _, da = head_grads(t, chunk, scale, q, k, values, g, d_out, scores, e, dh, rs, values_grad=False)
     dk_wy, dv, d_beta, da_wy = _wy_pullback(t, chunk, k, v, beta, a, inverse, du, e)
-    dk = (dk.astype(F32) + dk_wy).astype(k.dtype)
-    return dq.astype(q.dtype), dk, dv, tiles_sum(da)[..., 0] + da_wy, d_beta, d_init
+    dq, dk = dq.astype(q.dtype), (dk.astype(F32) + dk_wy).astype(k.dtype)
+    if l2norm:
+        dq, dk = normalised_pullback((dq, dk))
+    return dq, dk, dv, tiles_sum(da)[..., 0] + da_wy, d_beta, d_init
 
 
 delta_chunked.defvjp(_fwd, _bwd)

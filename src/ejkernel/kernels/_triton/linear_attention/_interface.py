@@ -93,15 +93,17 @@ class TritonEngine(Engine):
         )
         return layout.unpad(out), final
 
-    def delta(self, xs: dict, init, layout, *, scale: float):
+    def delta(self, xs: dict, init, layout, *, scale: float, l2norm: bool):
         """The chunked delta rule in `_delta`'s kernels: q, k, v `[B, S, H, ·]`, beta and the log gates per
-        head `a_head` (zeros without) `[B, S, H]`; one sequence per row. q and k enter the kernels in v's
-        dtype (normalised, they come in float32, whose matmuls would take full-precision FMAs)."""
+        head `a_head` (zeros without) `[B, S, H]`; one sequence per row. q and k are used in v's dtype (in
+        float32 their matmuls would take full-precision FMAs); with `l2norm` they come raw and `delta_chunked`
+        normalises them (as its kernels load them where it can)."""
         v, beta = xs["v"], xs["beta"]
-        q, k = (xs[name].astype(v.dtype) for name in ("q", "k"))
+        q, k = (xs[name] if l2norm else xs[name].astype(v.dtype) for name in ("q", "k"))
         gate = xs.get("a_head", jnp.zeros(beta.shape, jnp.float32))
         inputs = (layout.pad(x) for x in (q, k, v, gate, beta))
-        out, final = delta_chunked(self._gla_tiling(v.dtype), self.tiling, scale, layout.chunk, *inputs, init)
+        tilings = self._gla_tiling(v.dtype), self.tiling
+        out, final = delta_chunked(*tilings, scale, layout.chunk, l2norm, *inputs, init)
         return layout.unpad(out), final
 
     def decode(self, step, tokens, init):
