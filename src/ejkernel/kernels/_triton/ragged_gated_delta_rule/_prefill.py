@@ -27,12 +27,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ejkernel.kernels._common.linear_attention.inputs import L2_EPS
 from ejkernel.kernels._common.linear_attention.ragged import Requests, packed_bounds
 from ejkernel.kernels._common.search import sorted_position
 from ejkernel.kernels._common.vma import out_struct
 from ejkernel.kernels._triton.linear_attention._delta import (
     WY_WARPS,
+    as_loaded,
     chunk_exit,
     chunk_values,
     forward_pass_defaults,
@@ -63,11 +63,8 @@ def _live(lo_ref, hi_ref, c, first: int, size: int):
 
 
 def _normalised_rows(ref, start, keep, head, l2norm: bool, dtype, scale: float = 1.0):
-    """`_token_rows` L2-normalised where `l2norm`, times `scale`, rounded to `dtype`."""
-    x = _token_rows(ref, start, keep, head)
-    if l2norm:
-        x = x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS)
-    return (x * scale).astype(dtype)
+    """`_token_rows` as the products take them (`as_loaded`)."""
+    return as_loaded(_token_rows(ref, start, keep, head), l2norm, dtype, scale)
 
 
 class ChunkTable(NamedTuple):
