@@ -191,30 +191,35 @@ def test_delta_rule_on_the_gated_kernels(monkeypatch):
 
 def test_wy_kernels_match_xla_and_its_autodiff():
     """The WY transform's kernels (u, w, the inverse) against XLA's `wy_transform`, and its pullback kernel (dw =
-    −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs; chunks of 32 and of 64."""
+    −dU hᵀ formed inside) against autodiff through it, on fresh float32 inputs, at chunk 32; undifferentiated, the
+    transform at chunk 64 (two kernels) against XLA's."""
     batch, seq, heads = 1, 128, 2
     k, v = randn((batch, seq, heads, D)), randn((batch, seq, heads, D))
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     beta, a = write_strength(batch, seq, heads), log_decay(batch, seq, heads)
     du = randn((batch, seq, heads, D))
-    for chunk in (32, 64):  # one kernel; two (`split_wy`)
-        _check_wy_kernels(chunk, k, v, beta, a, du, randn((batch, seq // chunk, heads, D, D)))
+    _check_wy_kernels(32, k, v, beta, a, du, randn((batch, seq // 32, heads, D, D)))
+    t = TritonGlaTiling(interpret=True).fit(D, D)
+    xla = _xla_wy(64, k, v, beta, a)
+    for got, expected in zip(_delta._wy_triton(t, 64, k, v, beta, a), xla, strict=True):  # two kernels (`split_wy`)
+        assert_close(got, expected, jnp.float32)
 
 
-def _check_wy_kernels(chunk, k, v, beta, a, du, e):
+def _xla_wy(chunk, k, v, beta, a):
+    """XLA's `wy_transform` `(u, w)` of chunks of `chunk` in the token layout."""
     from ejkernel.kernels._common.linear_attention.layout import ChunkLayout
     from ejkernel.kernels._common.linear_attention.numerics import wy_transform
 
+    layout = ChunkLayout.dense(k.shape[0], k.shape[1], chunk)
+    chunks = [layout.to_chunks(x) for x in (k, v, beta)]
+    return tuple(layout.from_chunks(y) for y in wy_transform(*chunks, jnp.cumsum(layout.to_chunks(a), -1)))
+
+
+def _check_wy_kernels(chunk, k, v, beta, a, du, e):
     batch, seq, heads, _ = k.shape
-    layout = ChunkLayout.dense(batch, seq, chunk)
-
-    def xla(k, v, beta, a):
-        chunks = [layout.to_chunks(x) for x in (k, v, beta)]
-        return tuple(layout.from_chunks(y) for y in wy_transform(*chunks, jnp.cumsum(layout.to_chunks(a), -1)))
-
     t = TritonGlaTiling(interpret=True).fit(D, D)
     u, w, inverse = _delta._wy_triton(t, chunk, k, v, beta, a, with_inverse=True)
-    (u0, w0), pullback = jax.vjp(xla, k, v, beta, a)
+    (u0, w0), pullback = jax.vjp(functools.partial(_xla_wy, chunk), k, v, beta, a)
     assert_close(u, u0, jnp.float32)
     assert_close(w, w0, jnp.float32)
     for got, kept in zip(_delta._wy_triton(t, chunk, k, v, beta, a), (u, w), strict=True):  # undifferentiated
@@ -320,10 +325,13 @@ def test_kernels_lower_for_cuda(cuda_lowering):
     plain = lambda q, k, v, b, d: gated_delta_rule_triton(q, k, v, b, d, interpret=False)  # WY in its kernel
     text = lowered(plain, x, x, x, per_head, per_head)
     assert "ejkernel_delta_wy" in text and "ejkernel_gla_head_outputs" in text
-    cfg = GatedDeltaRuleConfig(chunk_size=64)  # the WY transform in two kernels
+    cfg = GatedDeltaRuleConfig(chunk_size=64)
     chunk64 = lambda *a: gated_delta_rule_triton(*a, cfg=cfg, interpret=False)
-    text = lowered(functools.partial(train, chunk64), x, x, x, per_head, per_head)
+    text = lowered(chunk64, x, x, x, per_head, per_head)  # a plain forward keeps 64: the WY transform in two kernels
     assert "ejkernel_delta_wy_inverse" in text and "ejkernel_delta_wy_apply" in text
+    text = lowered(functools.partial(train, chunk64), x, x, x, per_head, per_head)  # trained as chunks of 32
+    assert "ejkernel_delta_wy" in text and "ejkernel_delta_wy_inverse" not in text
+    assert "tensor<2x128x4x32xf32>" in text and "tensor<2x128x4x64xf32>" not in text  # the inverse kept: 32 columns
     many, many_per_head = shape(4, 64, 64, 128), shape(4, 64, 64, dtype=jnp.float32)  # 256 rows x heads: one pass
     text = lowered(plain, many, many, many, many_per_head, many_per_head)
     assert "ejkernel_delta_outputs" in text and "ejkernel_delta_states" not in text

@@ -1,7 +1,8 @@
 """The chunked delta rule (gated delta rule, kernel delta attention) in Pallas-Triton kernels, token layout.
 
 Per chunk entered with state `h`, the WY transform (`wy_transform`'s, local to each chunk, in one kernel, two
-from 64 tokens a chunk: `_wy_triton`, which keeps the inverse for the backward's pullback, `_wy_pullback`) gives
+from 64 tokens a chunk undifferentiated: `_wy_triton`, which keeps the inverse for the backward's pullback,
+`_wy_pullback`; a differentiated call runs chunks of at most `RUN_CHUNK`) gives
 `u = T (β v)` and `w = T (β e^{b} k)`, `T = (I + L)⁻¹`, and the chunk's effective values are `U = u − w h`. From
 there the chunk is the gated recurrence with a gate per head and values U: outputs `scale · ((q ⊙ e^{g}) h + A U)`, exit
 state `e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U` (`_gla` tells that story). So the delta rule runs GLA's kernels of a
@@ -197,9 +198,9 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     its chunk's `(I + L)⁻¹`, for the pullback). On an H200 (8 x 2048 tokens, H 32, D 128, chunk 64) it took 0.66 ms
     with float32 u and w where XLA's WY transform took 1.36 (chunked copies of the tensors and small batched
     products); stored in the inputs' dtype, u and w save the float32 copies and the two casts after them (0.19 ms at
-    chunk 32, session 56). Split, the inverse goes through memory in float32 with `with_inverse`, else in the
-    wider of k's and v's dtypes (the products round it to theirs). `l2norm` (one kernel only): k comes raw and is
-    L2-normalised as loaded, then taken in v's dtype (w too)."""
+    chunk 32, session 56). Split (undifferentiated only: the backward runs chunks of at most `RUN_CHUNK`), the
+    inverse goes through memory in the wider of k's and v's dtypes (the products round it to theirs). `l2norm` (one
+    kernel only): k comes raw and is L2-normalised as loaded, then taken in v's dtype (w too)."""
     batch, seq, heads, _ = k.shape
     rows, gate = _chunk_specs(chunk)
     grid, blocks = (seq // chunk, batch, heads), chunk // SUB
@@ -207,8 +208,7 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
     w_dtype = v.dtype if l2norm else k.dtype
     uw = [rows(v.shape[-1]), rows(k.shape[-1])], [out_struct(v.shape, v.dtype, k), out_struct(k.shape, w_dtype, k)]
     if _split_wy(chunk):
-        assert not l2norm, "the split WY transform takes k normalised"
-        dtype = F32 if with_inverse else jnp.promote_types(k.dtype, v.dtype)
+        assert not (l2norm or with_inverse), "the split WY transform is undifferentiated and takes k normalised"
         inverse = call_pallas(
             _wy_inverse_kernel,
             t,
@@ -216,15 +216,14 @@ def _wy_triton(t: TritonGlaTiling, chunk: int, k, v, beta, a, with_inverse: bool
             grid,
             [rows(k.shape[-1]), gate, gate],
             rows(chunk),
-            out_struct(inverse_shape, dtype, k),
+            out_struct(inverse_shape, jnp.promote_types(k.dtype, v.dtype), k),
             "ejkernel_delta_wy_inverse",
             blocks=blocks,
         )(k, beta, a)
         specs = [rows(chunk), rows(k.shape[-1]), rows(v.shape[-1]), gate, gate]
-        u, w = call_pallas(_wy_apply_kernel, t, APPLY_WARPS, grid, specs, *uw, "ejkernel_delta_wy_apply")(
+        return call_pallas(_wy_apply_kernel, t, APPLY_WARPS, grid, specs, *uw, "ejkernel_delta_wy_apply")(
             inverse, k, v, beta, a
         )
-        return (u, w, inverse) if with_inverse else (u, w)
     specs, outs = [rows(k.shape[-1]), rows(v.shape[-1]), gate, gate], uw
     if with_inverse:
         outs = [outs[0] + [rows(chunk)], outs[1] + [out_struct(inverse_shape, F32, k)]]
@@ -501,6 +500,15 @@ def _delta_state_grads(
 # ---- the differentiable whole ----
 
 
+# The largest chunk a differentiated call, and an undifferentiated one in one pass (`one_pass_outputs`), runs: a larger
+# one asked for (EasyDeL trains at 64) runs as this, the chunk changing only the rounding (T, a multiple of the chunk
+# asked for, is one of this too). H200, Dk = Dv = 128, bf16 (`exp/s58_chunks.py`), chunk 32 against 64:
+# forward+backward 6.17 / 6.68 ms at B 2 x 16384 H 16, 4.22 / 4.70 at B 1 x 16384 H 16, 1.11 / 1.22 at B 1 x 4096
+# H 16; forward at 8 x 2048 H 32 (one pass) 0.868 / 1.232. Without the one pass a forward asked for 64 keeps it
+# (B 2 x 16384 H 16: 1.72 ms at 32 against 1.55 at 64; 10-16% faster at 64 at every such shape measured).
+RUN_CHUNK = 32
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
 def delta_chunked(
     tiling: TritonGlaTiling,
@@ -517,16 +525,18 @@ def delta_chunked(
 ):
     """`(out [B, T, H, Dv] in v's dtype, final states [B, H, Dk, Dv] float32)` of the chunked delta rule.
 
-    q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`), a `[B, T, H]` float32 log gates per
-    head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]` float32. With `l2norm`, q and k come raw and are
-    L2-normalised here (`l2_normalize`, then in v's dtype): as the kernels load them where the forward runs in one
-    pass, else by XLA first. Differentiable w.r.t. q, k, v, a, beta and init."""
+    q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` (T a multiple of `chunk`, which runs as at most `RUN_CHUNK` where
+    that is faster), a `[B, T, H]` float32 log gates per head, beta `[B, T, H]` float32, init `[B, H, Dk, Dv]`
+    float32. With `l2norm`, q and k come raw and are L2-normalised here (`l2_normalize`, then in v's dtype): as the
+    kernels load them where the forward runs in one pass, else by XLA first. Differentiable w.r.t. q, k, v, a, beta
+    and init."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
     batch, _, heads, dk = k.shape
-    if one_pass_outputs(chunk, batch * heads, dk, v.shape[-1]):
-        u, w = _wy_triton(tiling, chunk, k, v, beta, a, l2norm=l2norm)
-        g = cumulative_gates(t, chunk, a[..., None])
-        return _delta_outputs(t, passes, chunk, scale, l2norm, q, k, w, u, g, init)
+    if one_pass_outputs(batch * heads, dk, v.shape[-1]):
+        one_pass = min(chunk, RUN_CHUNK)
+        u, w = _wy_triton(tiling, one_pass, k, v, beta, a, l2norm=l2norm)
+        g = cumulative_gates(t, one_pass, a[..., None])
+        return _delta_outputs(t, passes, one_pass, scale, l2norm, q, k, w, u, g, init)
     q, k = _normalised(q, k, v.dtype) if l2norm else (q, k)
     u, w = _wy_triton(tiling, chunk, k, v, beta, a)
     return _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, differentiated=False)[0]
@@ -537,13 +547,14 @@ def _normalised(q, k, dtype):
     return l2_normalize(q).astype(dtype), l2_normalize(k).astype(dtype)
 
 
-def one_pass_outputs(chunk: int, rows: int, dk: int, dv: int) -> bool:
-    """Whether the undifferentiated forward makes its outputs inside the state pass (`_delta_outputs`) rather than
-    storing entry states and U for the output kernel: at chunk 32 where the pass runs its widest tile
-    (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py` at `ffe946a`):
-    8 x 2048 tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against 0.610, and on
-    one 16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the sequential pass."""
-    return chunk <= 32 and forward_pass_defaults(dk, dv, rows)[0] == 16384 // dk
+def one_pass_outputs(rows: int, dk: int, dv: int) -> bool:
+    """Whether the undifferentiated forward makes its outputs inside the state pass (`_delta_outputs`, at chunks of
+    at most `RUN_CHUNK`) rather than storing entry states and U for the output kernel: where the pass runs its
+    widest tile (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py` at
+    `ffe946a`): 8 x 2048 tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against
+    0.610, and on one 16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the
+    sequential pass."""
+    return forward_pass_defaults(dk, dv, rows)[0] == 16384 // dk
 
 
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differentiated: bool):
@@ -560,8 +571,9 @@ def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differenti
 
 
 def _fwd(tiling, passes, scale, chunk, l2norm, q, k, v, a, beta, init):
-    """The forward, keeping what the WY transform's pullback reads (its inverse: not solved again); q and k kept
-    raw where `l2norm` (the backward normalises them again, with its pullback)."""
+    """The forward at chunks of at most `RUN_CHUNK`, keeping what the WY transform's pullback reads (its inverse: not
+    solved again); q and k kept raw where `l2norm` (the backward normalises them again, with its pullback)."""
+    chunk = min(chunk, RUN_CHUNK)
     raw = (q, k)
     q, k = _normalised(q, k, v.dtype) if l2norm else raw
     u, w, inverse = _wy_triton(tiling, chunk, k, v, beta, a, with_inverse=True)
@@ -570,6 +582,7 @@ def _fwd(tiling, passes, scale, chunk, l2norm, q, k, v, a, beta, init):
 
 
 def _bwd(tiling, passes, scale, chunk, l2norm, residuals, cotangents):
+    chunk = min(chunk, RUN_CHUNK)  # as `_fwd`
     q, k, v, beta, a, inverse, w, g, e, values, scores = residuals
     d_out, d_final = cotangents
     if l2norm:
