@@ -16,13 +16,19 @@ from ejkernel.modules import ragged_gated_delta_rule
 from ejkernel.ops.autotune import time_fns
 
 
-def main() -> None:
+def prefill_case():
+    """`(tokens, pool)` of the serving bench's prefill as `_serving_loop` takes them: q, k, v, beta, decay flat, the
+    requests' bounds and slots; a float32 pool of one slot a request."""
     requests, length, heads, dim = PREFILL
     d = _inputs(requests, length, heads, dim)
     flat = tuple(d[n].reshape(requests * length, *d[n].shape[2:]) for n in ("q", "k", "v", "beta", "decay"))
     bounds = jnp.arange(0, requests * length + 1, length, dtype=jnp.int32)
     pool = jax.random.normal(jax.random.PRNGKey(3), (requests, heads, dim, dim), jnp.float32)
-    tokens = (*flat, bounds, bounds[:-1] // length)
+    return (*flat, bounds, bounds[:-1] // length), pool
+
+
+def main() -> None:
+    tokens, pool = prefill_case()
     calls = {
         f"ragged triton, chunk {chunk}": _serving_loop(
             functools.partial(ragged_gated_delta_rule, platform="triton", chunk_size=chunk), tokens, pool

@@ -2,12 +2,10 @@
 (session 57's timeline at B 2, S 16384, H 16, D 128: cumulative gates 136 us, scores 378, states 713, outputs 441;
 1.67 ms against fla's 1.49 in the anchors). Torch's profiler never printed fla's kernels (sessions 56-58: its
 backward's autotuning outlasted 300 s), so each forward stage is timed alone by CUDA events, in its own call, as
-`fla.ops.gla.chunk.chunk_gla_fwd` runs them (chunk 64, the gates summed in base 2).
+`fla.ops.gla.chunk.chunk_gla_fwd` runs them (chunk 64, the gates summed in base 2); `s35_fla_serving.timed`.
 
     python3 exp/s58_fla_gla_forward.py   # torch, triton and the fla-core wheel
 """
-
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -15,25 +13,9 @@ from fla.ops.common.chunk_h import chunk_fwd_h
 from fla.ops.gla.chunk import chunk_gla_fwd_intra_gk, chunk_gla_fwd_o_gk
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.cumsum import chunk_local_cumsum
+from s35_fla_serving import timed
 
 BATCH, SEQ, HEADS, DIM, CHUNK = 2, 16384, 16, 128, 64
-
-
-def timed(fn, repeats: int = 20, calls: int = 10) -> float:
-    """Median milliseconds of one call (after warm-up, which autotunes)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -49,7 +31,7 @@ def main() -> None:
     outputs = lambda: chunk_gla_fwd_o_gk(q=q, v=v, g=gc, A=a, h=h, scale=scale, chunk_size=CHUNK)
     outputs()
     for name, fn in (("cumulative gates", cumsum), ("states", states), ("scores", scores), ("outputs", outputs)):
-        print(f"fla chunk_gla forward, {name:16s} {1e3 * timed(fn):8.1f} us", flush=True)
+        print(f"fla chunk_gla forward, {name:16s} {1e6 * timed(fn, repeats=20, calls=10):8.1f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+from s57_capped import prefill_case
 
-from ejkernel.benchmarks.linear_attention import PREFILL, _inputs, _serving_loop
+from ejkernel.benchmarks.linear_attention import PREFILL, _serving_loop
 from ejkernel.kernels._triton.ragged_gated_delta_rule import _prefill
 from ejkernel.modules import ragged_gated_delta_rule
 from ejkernel.ops.autotune import time_fns
@@ -27,16 +28,11 @@ def _static_variant(chunks: int):
 
 
 def main() -> None:
-    requests, length, heads, dim = PREFILL
-    d = _inputs(requests, length, heads, dim)
-    flat = tuple(d[n].reshape(requests * length, *d[n].shape[2:]) for n in ("q", "k", "v", "beta", "decay"))
-    bounds = jnp.arange(0, requests * length + 1, length, dtype=jnp.int32)
-    pool = jax.random.normal(jax.random.PRNGKey(3), (requests, heads, dim, dim), jnp.float32)
-    tokens = (*flat, bounds, bounds[:-1] // length)
+    tokens, pool = prefill_case()
     fn = lambda *a: ragged_gated_delta_rule(*a, platform="triton")
     landed = _prefill._pass_kernel
     calls, outs = {}, {}
-    for name, kernel in (("loaded count", landed), ("static count", _static_variant(length // 32))):
+    for name, kernel in (("loaded count", landed), ("static count", _static_variant(PREFILL[1] // 32))):
         _prefill._pass_kernel = kernel
         calls[name] = _serving_loop(lambda *a: fn(*a), tokens, pool)
         outs[name] = jax.block_until_ready(calls[name]())
