@@ -41,11 +41,10 @@ def delta_rule_inputs(query, key, beta, decay, seg_ids):
     Padding tokens (negative segment id) get q = k = beta = decay = 0: they output zeros and leave
     the state alone.
     """
-    q, k = query, key
     if seg_ids is None:
-        return q, k, beta, decay, None
+        return query, key, beta, decay, None
     valid = (seg_ids >= 0)[:, :, None]
-    q, k = jnp.where(valid[..., None], q, 0.0), jnp.where(valid[..., None], k, 0.0)
+    q, k = jnp.where(valid[..., None], query, 0.0), jnp.where(valid[..., None], key, 0.0)
     beta = jnp.where(valid, beta, 0.0)
     decay = None if decay is None else jnp.where(valid, decay, 0.0)
     return q, k, beta, decay, segment_restarts(seg_ids)

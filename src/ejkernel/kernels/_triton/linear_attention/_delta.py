@@ -55,6 +55,8 @@ from ejkernel.kernels._triton.linear_attention._state_passes import TritonStateP
 def as_loaded(x, l2norm: bool, dtype, scale: float = 1.0):
     """Rows `x` `[n, D]` as the products take them: L2-normalised along D where `l2norm` (`l2_normalize`'s float32
     arithmetic: the kernels normalise q and k as they load them), times `scale`, rounded to `dtype`."""
+    if not l2norm and scale == 1.0:
+        return x.astype(dtype)
     x = x.astype(F32)
     if l2norm:
         x = x * lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True) + L2_EPS)
@@ -165,10 +167,10 @@ def _block_gates(a_ref, blocks: int):
 
 
 def _wy_kernel(k_ref, v_ref, beta_ref, a_ref, u_ref, w_ref, *inverse_ref, blocks: int, l2norm: bool):
-    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k (normalised as loaded where `l2norm`, then in
-    v's dtype), v, beta and the log gates `a` per token."""
+    """`wy_blocks` of one chunk and head from its `[C, ·]` blocks of k (normalised as loaded where `l2norm`, in w's
+    dtype), v, beta and the log gates `a` per token."""
     rows, gates = _block_gates(a_ref, blocks)
-    keys = [as_loaded(k_ref[r, :], True, v_ref.dtype) if l2norm else k_ref[r, :] for r in rows]
+    keys = [as_loaded(k_ref[r, :], l2norm, w_ref.dtype) for r in rows]
     values = [v_ref[r, :] for r in rows]
     wy_blocks(keys, values, [beta_ref[r] for r in rows], gates, u_ref, w_ref, *inverse_ref)
 
@@ -319,13 +321,12 @@ def pass_outputs(q, keys, g, g_row, values, h, *, mm, state_dtype, values_dtype)
 def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int, mm, l2norm: bool = False):
     """Chunk `c` of batch row `b` and `head` from its entry state h (this program's value columns `cols`): `(rows, g
     [C, 1], keys [C, Dk], U [C, bv] float32, exit state)`, `U = u − w h`, `h ← e^{g_C} h + (k ⊙ e^{g_C − g})ᵀ U`;
-    the keys normalised as loaded where `l2norm` (then in u's dtype)."""
+    the keys normalised as loaded where `l2norm` (in w's dtype)."""
     first = pl.multiple_of(c * chunk, chunk)
     rows = pl.ds(first, chunk)
     g, g_last = _chunk_gates(g_ref, b, head, first, chunk)
     values = chunk_values(u_ref[b, rows, head, cols], w_ref[b, rows, head, :], h, mm)
-    keys = k_ref[b, rows, head, :]
-    keys = as_loaded(keys, True, u_ref.dtype) if l2norm else keys
+    keys = as_loaded(k_ref[b, rows, head, :], l2norm, w_ref.dtype)
     return rows, g, keys, values, chunk_exit(keys, g, g_last, values, h, mm)
 
 
@@ -357,7 +358,7 @@ def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref
             k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, chunk=chunk, mm=mm, l2norm=l2norm
         )
         q, g_row = q_ref[b, rows, head, :], g_row_ref[b, head, rows]
-        q = as_loaded(q, True, u_ref.dtype) if l2norm else q
+        q = as_loaded(q, l2norm, w_ref.dtype)
         out = pass_outputs(q, keys, g, g_row, values, h, mm=mm, state_dtype=s["state_dtype"], values_dtype=u_ref.dtype)
         o_ref[b, rows, head, cols] = (s["scale"] * out).astype(o_ref.dtype)
         return h_next

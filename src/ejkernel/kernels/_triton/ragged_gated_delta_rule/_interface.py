@@ -36,6 +36,7 @@ from ejkernel.kernels._common.linear_attention.ragged import (
     scatter_first,
 )
 from ejkernel.kernels._triton._helpers import resolve_interpret
+from ejkernel.kernels._triton.linear_attention._delta import RUN_CHUNK
 from ejkernel.kernels._triton.linear_attention._gla_common import TritonGlaTiling
 from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
     TritonRaggedDecodeTiling,
@@ -44,18 +45,19 @@ from ejkernel.kernels._triton.ragged_gated_delta_rule._decode import (
 from ejkernel.kernels._triton.ragged_gated_delta_rule._prefill import packed_delta
 
 WHO = "triton ragged_gated_delta_rule"
-# Triton's smallest matmul edge, and the chunk of a call that names none and the largest the prefill runs: its one
-# sequential pass makes the chunk's outputs too, and from 64 tokens a chunk the scores, queries and keys beside the
-# state spill (H200, 8 x 2048 tokens, H 32, D 128, session 57: 0.97 ms at 32 against 1.79 at 64, of which the pass
-# 0.54 against 1.19); a larger chunk asked for (EasyDeL asks for 64) runs as 32, changing only the rounding.
-MIN_CHUNK, TRITON_CHUNK = 16, 32
+# Triton's smallest matmul edge. The chunk of a call that names none is the largest the prefill runs, the dense
+# form's one-pass limit (`RUN_CHUNK`): its one sequential pass makes the chunk's outputs too, and from 64 tokens a
+# chunk the scores, queries and keys beside the state spill (H200, 8 x 2048 tokens, H 32, D 128, session 57: 0.97 ms
+# at 32 against 1.79 at 64, of which the pass 0.54 against 1.19); a larger chunk asked for (EasyDeL asks for 64) runs
+# as 32, changing only the rounding.
+MIN_CHUNK = 16
 
 
 def _chunk(chunk_size: int | None, num_tokens: int) -> int:
-    """The prefill's chunk: `chunk_size` (None: `TRITON_CHUNK`) rounded up to a power of two in [16, 32], no longer
+    """The prefill's chunk: `chunk_size` (None: `RUN_CHUNK`) rounded up to a power of two in [16, 32], no longer
     than the tokens need (the chunk changes only the rounding)."""
-    size = 1 << max(0, (chunk_size or TRITON_CHUNK) - 1).bit_length()
-    return max(MIN_CHUNK, min(size, TRITON_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
+    size = 1 << max(0, (chunk_size or RUN_CHUNK) - 1).bit_length()
+    return max(MIN_CHUNK, min(size, RUN_CHUNK, 1 << max(0, num_tokens - 1).bit_length()))
 
 
 def _decline(query, value, beta, decay, recurrent_state) -> None:
