@@ -11,7 +11,7 @@
 . exp/s28_env.sh
 root=$PWD
 if [ "${1:-}" = sweep ]; then
-    (cd .unroll_tree/exp && PYTHONPATH=$root/.unroll_tree/src:/tmp/site timeout 420 python3 s58_unroll.py 2>&1 | quiet | tail -8)
+    (cd .unroll_tree/exp && PYTHONPATH=$root/.unroll_tree/src:/tmp/site timeout 420 python3 s58_unroll.py 2>&1 | quiet | tail -14)
     exit
 fi
 (cd .spans_tree && PYTHONPATH=/tmp/site OUT=$OUT/spans TESTS="tests/linear_attention/test_ragged_gated_delta_rule_triton.py" \
