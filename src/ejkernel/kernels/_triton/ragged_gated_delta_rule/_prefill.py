@@ -11,7 +11,8 @@ chunk's betas and sums its log decays (`chunk_scalars`, `[NC·C, H]` float32: sm
 2. `_pass_kernel`, the one sequential pass, walks the chunks of one request per program (grid: request x head
    x value tile, as the dense form's batch rows), reading u and w chunk-major, entering from the request's slot
    of the pool and leaving its final state; it stores each chunk's outputs straight at its tokens (masked
-   stores) in the query's dtype, so no chunk's entry state or values go to memory.
+   stores) in the query's dtype, so no chunk's entry state or values go to memory. Its addresses and masks are
+   affine in the step, from the request's `RequestSpans`, as the dense form's are.
 
 Matmul operands are in the inputs' dtype (float32 in full precision for float32 inputs), as in
 `gated_delta_rule`'s Triton path; q and k are rounded to v's dtype after their norm, as the dense path does.
@@ -68,13 +69,11 @@ def _normalised_rows(ref, start, keep, head, l2norm: bool, dtype, scale: float =
 
 
 class ChunkTable(NamedTuple):
-    """Where the chunks of the packed layout sit among the tokens, `[NC]` int32 each: chunk `c` holds tokens
-    `start[c] + r` for `r < rows[c]` (0: a chunk of no request), of which rows `lo[c] <= r < hi[c]` are a live
-    request's (the others count as zero tokens); `first` and `count` `[N]`: each request's first chunk and
-    number of chunks."""
+    """Where the chunks of the packed layout sit among the tokens, `[NC]` int32 each: chunk `c` starts at token
+    `start[c]` (0: a chunk of no request), and its rows `lo[c] <= r < hi[c]` are a live request's (the others count
+    as zero tokens); `first` and `count` `[N]`: each request's first chunk and number of chunks."""
 
     start: jax.Array
-    rows: jax.Array
     lo: jax.Array
     hi: jax.Array
     first: jax.Array
@@ -94,9 +93,8 @@ def chunk_table(req: Requests, num_tokens: int, chunk: int) -> ChunkTable:
     used = chunks < first[-1] + count[-1]
     start = jnp.where(used, cu[owner] + (chunks - first[owner]) * chunk, 0)
     within = lambda bound: jnp.clip(bound - start, 0, chunk)
-    rows = jnp.where(used, within(cu[owner + 1]), 0)
     hi = jnp.where(used & req.live[owner], within(req.bounds[owner + 1]), 0)
-    return ChunkTable(start, rows, within(req.bounds[owner]), hi, first, count)
+    return ChunkTable(start, within(req.bounds[owner]), hi, first, count)
 
 
 def chunk_scalars(table: ChunkTable, chunk: int, beta, decay):
@@ -144,16 +142,18 @@ def _wy(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, key, va
 
 def _pass_kernel(*refs, **s):
     """Request `n`'s chunks in order from its slot's state `h`: `U = u − w h`; the chunk's outputs `(q ⊙ e^g) h +
-    (q kᵀ ⊙ D) U` (q scaled) stored at its tokens `start[c] + r`, `r < rows[c]`; `h ← e^{g_C} h + (k ⊙ e^{g_C −
-    g})ᵀ U`. Its final state is h after its last chunk (the slot's state for an empty request). u and w come
-    chunk-major, `[NC, 1, H, C, D]`; q and k from the tokens. h and U enter the outputs' products rounded to the
-    state dtype and w's, as a stored copy would be; neither goes to memory."""
-    first_ref, count_ref, slot_ref, start_ref, rows_ref, lo_ref, hi_ref, q_ref, k_ref, w_ref, u_ref = refs[:11]
+    (q kᵀ ⊙ D) U` (q scaled) stored at its tokens `base + i·C + r` below the request's stretched end; `h ← e^{g_C}
+    h + (k ⊙ e^{g_C − g})ᵀ U`. Its final state is h after its last chunk (the slot's state for an empty request). u
+    and w come chunk-major, `[NC, 1, H, C, D]`; q and k from the tokens, rows of the request's live span
+    `[lo, hi)`. Every address is affine in the step, from four scalars read once (`RequestSpans`), so none waits on a
+    load inside the sequential loop. h and U enter the outputs' products rounded to the state dtype and w's, as a
+    stored copy would be; neither goes to memory."""
+    first_ref, count_ref, slot_ref, base_ref, end_ref, lo_ref, hi_ref, q_ref, k_ref, w_ref, u_ref = refs[:11]
     g_ref, g_row_ref, pool_ref, o_ref, final_ref = refs[11:]
     chunk, mm, bv, l2norm = s["chunk"], s["mm"], s["block_v"], s["l2norm"]
     n, head, tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     cols = tile_slice(tile, bv)
-    first = first_ref[n]
+    first, base, end, lo, hi = first_ref[n], base_ref[n], end_ref[n], lo_ref[n], hi_ref[n]
     one = pl.ds(0, 1)
 
     def step(i, h):
@@ -162,7 +162,9 @@ def _pass_kernel(*refs, **s):
         rows = pl.ds(at, chunk)
         g, g_last = g_ref[0, rows, head, one], g_ref[0, at + chunk - 1, head, one]
         values = chunk_values(u_ref[c, 0, head, :, cols], w_ref[c, 0, head, :, :], h, mm)
-        start, keep = start_ref[c], _live(lo_ref, hi_ref, c, 0, chunk)
+        start = base + i * chunk
+        token = start + iota((chunk,), 0)
+        keep = (token >= lo) & (token < hi)
         keys = _normalised_rows(k_ref, start, keep, head, l2norm, w_ref.dtype)
         q = _normalised_rows(q_ref, start, keep, head, l2norm, w_ref.dtype, s["scale"])
         out = pass_outputs(
@@ -176,7 +178,7 @@ def _pass_kernel(*refs, **s):
             state_dtype=s["state_dtype"],
             values_dtype=w_ref.dtype,
         )
-        stored = jnp.broadcast_to(iota((chunk, 1), 0) < rows_ref[c], out.shape)
+        stored = jnp.broadcast_to((token < end)[:, None], out.shape)
         plgpu.store(o_ref.at[pl.ds(start, chunk), head, cols], out.astype(o_ref.dtype), mask=stored)
         return chunk_exit(keys, g, g_last, values, h, mm)
 
@@ -184,16 +186,34 @@ def _pass_kernel(*refs, **s):
     final_ref[n, head, :, cols] = lax.fori_loop(0, count_ref[n], step, init)
 
 
-def _pass(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, slots, query, key, w, u, g, pool):
+class RequestSpans(NamedTuple):
+    """Each request's tokens in the packed layout, `[N]` int32 each: its chunks cover tokens `base` to `end` (the
+    requests' bounds stretched over the tokens, `packed_bounds`), of which `[lo, hi)` are live (empty for a request
+    that is not: its tokens count as zeros)."""
+
+    base: jax.Array
+    end: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+
+
+def request_spans(req: Requests, num_tokens: int) -> RequestSpans:
+    """The `RequestSpans` of `req`."""
+    cu = packed_bounds(req.bounds, num_tokens)
+    lo = req.bounds[:-1]
+    return RequestSpans(cu[:-1], cu[1:], lo, jnp.where(req.live, req.bounds[1:], lo))
+
+
+def _pass(t: TritonGlaTiling, chunk: int, l2norm: bool, table: ChunkTable, spans: RequestSpans, slots, inputs):
     """`(out [T, H, Dv] in the query's dtype, final states [N, H, Dk, Dv] float32)` of `_pass_kernel`, one program
     per request, head and tile of value columns (`forward_pass_defaults`). The chunks cover the tokens, so every
-    token's output is stored. u and w chunk-major; g `[1, NC·C, H]`."""
+    token's output is stored. `inputs`: `(query, key, w, u, g, pool)`, u and w chunk-major, g `[1, NC·C, H]`."""
+    query, key, w, u, g, pool = inputs
     heads, dk, dv = key.shape[1], key.shape[-1], u.shape[-1]
     num_requests = table.first.shape[0]
     bv, warps, stages = forward_pass_defaults(dk, dv, num_requests * heads)
     bv = min(bv, dv)
-    args = (table.first, table.count, slots, table.start, table.rows, table.lo, table.hi, query, key, w, u)
-    args += (g[..., None], jnp.swapaxes(g, 1, 2), pool)
+    args = (table.first, table.count, slots, *spans, query, key, w, u, g[..., None], jnp.swapaxes(g, 1, 2), pool)
     return call_pallas(
         _pass_kernel,
         t,
@@ -226,4 +246,5 @@ def packed_delta(t: TritonGlaTiling, chunk: int, l2norm: bool, inputs, req, pool
     beta, g = chunk_scalars(table, chunk, beta, decay)
     u, w = _wy(t, chunk, l2norm, table, key, value, beta, g)
     slots = jnp.clip(req.slots, 0, pool.shape[0] - 1)
-    return _pass(t, chunk, l2norm, table, slots, query, key, w, u, g, pool)
+    spans = request_spans(req, query.shape[0])
+    return _pass(t, chunk, l2norm, table, spans, slots, (query, key, w, u, g, pool))
