@@ -49,10 +49,13 @@ def inputs(batch=2, seq=40, heads=2, kv_heads=2):
 
 
 def test_gla_packed_reversed_grouped():
+    """Packed sequences (one empty), reversed, grouped heads; the sequential passes take two of the five chunks a
+    loop step (`state_unroll`), the last after."""
     cu = jnp.array([0, 7, 7, 40], jnp.int32)
     q, k, v = inputs(batch=1, heads=4)
     args = [q, k, v, log_decay(1, 40, 4, D), log_decay(4, strength=0.1), randn((3, 4, D, D))]
-    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)  # two sub-chunks per chunk
+    tiling = GLAttentionTritonTiling(state_unroll=2)
+    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL, triton_tiling=tiling)  # two sub-chunks per chunk
     fn = lambda q, k, v, g, gamma, h0: gla_attention_triton(
         q, k, v, g, gamma, h0, cu, reverse=True, return_state=True, cfg=cfg, interpret=True
     )
@@ -167,7 +170,9 @@ def test_gated_delta_rule_segments():
 def test_delta_rule_on_the_gated_kernels(monkeypatch):
     """One sequence per row, no segments: the delta rule on GLA's kernels of a gate per head (`_delta`),
     a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay;
-    undifferentiated too (the WY transform's kernel, `_wy_triton`; the outputs by their kernel or in the pass)."""
+    undifferentiated too (the WY transform's kernel, `_wy_triton`; the outputs by their kernel or in the pass).
+    The sequential passes take two chunks a loop step (`state_unroll`), the third after."""
+    monkeypatch.setattr(_interface, "TritonGlaTiling", functools.partial(TritonGlaTiling, state_unroll=2))
     q, k, v = inputs(seq=70)
     args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)

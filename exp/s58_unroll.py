@@ -1,0 +1,69 @@
+"""Session 58 (prepared; branch `s58-state-unroll`): the sequential state passes taking 1, 2 or 4 chunks a loop step
+(`TritonGlaTiling.state_unroll`; Pallas-Triton's loops take no `unroll`, so `chunk_loop` writes the steps out). GLA's
+passes run 512 chunks of 32 a row at the training shape (forward states 713 us, backward state grads 1.08 ms of
+5.63 ms in session 57), each step a small product, so a longer body may let the pipeliner issue more loads ahead.
+
+GLA forward and forward+backward at the bench's training shape (B 2, S 16384, H 16, D 128, bf16, per-channel gates),
+and the gated delta rule's forward+backward there and its prefill (8 x 2048, H 32), each at unroll 1, 2, 4, timed
+together per row.
+
+    PYTHONPATH=src python exp/s58_unroll.py
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from ejkernel.benchmarks.linear_attention import PREFILL, SHAPE, _inputs, _training_step
+from ejkernel.kernels._triton.linear_attention import _interface
+from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
+from ejkernel.modules import GLAttentionConfig, GLAttentionTritonTiling, gated_delta_rule, gla_attention
+from ejkernel.ops.autotune import time_fns
+
+UNROLLS = (1, 2, 4)
+
+
+def _gdr_variant(unroll: int, build):
+    """`build()`'s call compiled with Triton's delta-rule tiling at `unroll` (the engine reads `TritonGlaTiling`
+    when it is built, at trace time)."""
+    landed = _interface.TritonGlaTiling
+    _interface.TritonGlaTiling = functools.partial(TritonGlaTiling, state_unroll=unroll)
+    try:
+        call = build()
+        jax.block_until_ready(call())
+        return call
+    finally:
+        _interface.TritonGlaTiling = landed
+
+
+def _report(title: str, calls: dict) -> None:
+    times = time_fns(calls, repeats=10, warmup=2)
+    print(title + ": " + ", ".join(f"unroll {u} {1e3 * s:.3f} ms" for u, s in times.items()), flush=True)
+
+
+def main() -> None:
+    x = _inputs(*SHAPE)
+    gla_args = (x["q"], x["k"], x["v"], x["g"])
+
+    def gla(unroll):
+        cfg = GLAttentionConfig(platform="triton", triton_tiling=GLAttentionTritonTiling(state_unroll=unroll))
+        return lambda *a: gla_attention(*a, cfg=cfg)
+
+    _report("GLA forward", {u: functools.partial(jax.jit(gla(u)), *gla_args) for u in UNROLLS})
+    _report("GLA forward+backward", {u: _training_step(gla(u), gla_args) for u in UNROLLS})
+    gdr_args = (x["q"], x["k"], x["v"], x["beta"], x["decay"])
+    gdr = lambda *a: gated_delta_rule(*a, platform="triton")
+    _report(
+        "GDR forward+backward",
+        {u: _gdr_variant(u, lambda: _training_step(lambda *a: gdr(*a), gdr_args)) for u in UNROLLS},
+    )
+    p = _inputs(*PREFILL)
+    prefill_args = (p["q"], p["k"], p["v"], p["beta"], p["decay"])
+    prefill = lambda: functools.partial(jax.jit(lambda *a: gated_delta_rule(*a, platform="triton")), *prefill_args)
+    _report("GDR prefill 8 x 2048 H 32", {u: _gdr_variant(u, prefill) for u in UNROLLS})
+
+
+if __name__ == "__main__":
+    main()
