@@ -4,22 +4,33 @@ passes run 512 chunks of 32 a row at the training shape (forward states 713 us, 
 5.63 ms in session 57), each step a small product, so a longer body may let the pipeliner issue more loads ahead.
 
 GLA forward and forward+backward at the bench's training shape (B 2, S 16384, H 16, D 128, bf16, per-channel gates),
-and the gated delta rule's forward+backward there and its prefill (8 x 2048, H 32), each at unroll 1, 2, 4, timed
-together per row.
+the gated delta rule's forward+backward there and its prefill (8 x 2048, H 32), and Mamba-2 (`state_space_v2`, the
+bench's B 2, S 16384, H 32, P 64, N 128, chunk 256; on GLA's kernels of a gate per head; issue 42's forward target
+is 0.6x mamba's), each at unroll 1, 2, 4, timed together per row.
 
     PYTHONPATH=src python exp/s58_unroll.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 
 from ejkernel.benchmarks.linear_attention import PREFILL, SHAPE, _inputs, _training_step
+from ejkernel.benchmarks.state_space import V2_SHAPE, _jitted, v2_inputs
 from ejkernel.kernels._triton.linear_attention import _interface
 from ejkernel.kernels._triton.linear_attention._gla import TritonGlaTiling
-from ejkernel.modules import GLAttentionConfig, GLAttentionTritonTiling, gated_delta_rule, gla_attention
+from ejkernel.kernels._triton.state_space_v2 import _interface as ssd_interface
+from ejkernel.modules import (
+    GLAttentionConfig,
+    GLAttentionTritonTiling,
+    StateSpaceV2Config,
+    gated_delta_rule,
+    gla_attention,
+    state_space_v2,
+)
 from ejkernel.ops.autotune import time_fns
 
 UNROLLS = (1, 2, 4)
@@ -36,6 +47,21 @@ def _gdr_variant(unroll: int, build):
         return call
     finally:
         _interface.TritonGlaTiling = landed
+
+
+def _ssd_variant(unroll: int, backward: bool):
+    """Mamba-2's forward (or its gradients) compiled with its kernels' tiling (`GLA_TILING`, read at trace time) at
+    `unroll`."""
+    landed = ssd_interface.GLA_TILING
+    ssd_interface.GLA_TILING = dataclasses.replace(landed, state_unroll=unroll)
+    try:
+        cfg = StateSpaceV2Config(platform="triton", chunk_size=V2_SHAPE["chunk"])
+        fn = functools.partial(state_space_v2, n_groups=V2_SHAPE["groups"], cfg=cfg)
+        call = _jitted(fn, v2_inputs(**V2_SHAPE), backward)
+        jax.block_until_ready(call())
+        return call
+    finally:
+        ssd_interface.GLA_TILING = landed
 
 
 def _report(title: str, calls: dict) -> None:
@@ -63,6 +89,8 @@ def main() -> None:
     prefill_args = (p["q"], p["k"], p["v"], p["beta"], p["decay"])
     prefill = lambda: functools.partial(jax.jit(lambda *a: gated_delta_rule(*a, platform="triton")), *prefill_args)
     _report("GDR prefill 8 x 2048 H 32", {u: _gdr_variant(u, prefill) for u in UNROLLS})
+    for backward, mode in ((False, "forward"), (True, "forward+backward")):
+        _report(f"Mamba-2 {mode}", {u: _ssd_variant(u, backward) for u in UNROLLS})
 
 
 if __name__ == "__main__":
