@@ -9,6 +9,9 @@ bench's B 2, S 16384, H 32, P 64, N 128, chunk 256; on GLA's kernels of a gate p
 is 0.6x mamba's), each at unroll 1, 2, 4, timed together per row.
 
     PYTHONPATH=src python exp/s58_unroll.py
+
+Run in session 59 at `c3796d7`; the delta rule's passes no longer read `state_unroll` (its rows lost), so its rows
+now time one tiling three times.
 """
 
 from __future__ import annotations

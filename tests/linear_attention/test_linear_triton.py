@@ -170,9 +170,7 @@ def test_gated_delta_rule_segments():
 def test_delta_rule_on_the_gated_kernels(monkeypatch):
     """One sequence per row, no segments: the delta rule on GLA's kernels of a gate per head (`_delta`),
     a length that is not a chunk multiple (two chunks of 32 and a padded one), with and without decay;
-    undifferentiated too (the WY transform's kernel, `_wy_triton`; the outputs by their kernel or in the pass).
-    The sequential passes take two chunks a loop step (`state_unroll`), the third after."""
-    monkeypatch.setattr(_interface, "TritonGlaTiling", functools.partial(TritonGlaTiling, state_unroll=2))
+    undifferentiated too (the WY transform's kernel, `_wy_triton`; the outputs by their kernel or in the pass)."""
     q, k, v = inputs(seq=70)
     args = [q, k, v, write_strength(2, 70, 2), log_decay(2, 70, 2), randn((2, 2, D, D))]
     cfg = GatedDeltaRuleConfig(chunk_size=32, fwd_params=SMALL)

@@ -50,7 +50,7 @@ class GLAttentionTritonTiling(KernelTiling):
         head_scores_warps: Warps of the scores kernel of a gate per head [4].
         head_grads_warps: Warps of the gradient kernel of a gate per head [8].
         num_stages: Software-pipelining stages of every GLA kernel [2].
-        state_unroll: Chunks each loop step of the sequential passes takes (a power of two) [1].
+        state_unroll: Chunks each loop step of the sequential state passes takes (a power of two) [4].
         fuse_head_scores: With a gate per head, a call that is not differentiated makes each chunk's scores
             in the output kernel instead of writing them to memory [True].
 

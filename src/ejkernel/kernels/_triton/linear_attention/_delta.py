@@ -40,7 +40,6 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     SUB,
     TritonGlaTiling,
     call_pallas,
-    chunk_loop,
     iota,
     masked_exp,
     pair_decays,
@@ -331,7 +330,7 @@ def _delta_chunk(k_ref, w_ref, u_ref, g_ref, b, head, cols, c, h, *, chunk: int,
     return rows, g, keys, values, chunk_exit(keys, g, g_last, values, h, mm)
 
 
-def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref, final_ref, *, chunk, mm, bv, unroll):
+def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref, final_ref, *, chunk, mm, bv):
     """Per chunk (`_delta_chunk`): store h (its entry state) and U, for the output kernel and the backward."""
     b, head, vt = (pl.program_id(i) for i in range(3))
     cols = tile_slice(vt, bv)
@@ -342,7 +341,7 @@ def _delta_states_kernel(k_ref, w_ref, u_ref, g_ref, init_ref, e_ref, values_ref
         values_ref[b, rows, head, cols] = values.astype(values_ref.dtype)
         return h
 
-    final_ref[b, head, :, cols] = chunk_loop(e_ref.shape[1], step, init_ref[b, head, :, cols], unroll)
+    final_ref[b, head, :, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, :, cols])
 
 
 def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref, o_ref, final_ref, **s):
@@ -364,7 +363,7 @@ def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref
         o_ref[b, rows, head, cols] = (s["scale"] * out).astype(o_ref.dtype)
         return h_next
 
-    final_ref[b, head, :, cols] = chunk_loop(q_ref.shape[1] // chunk, step, init_ref[b, head, :, cols], s["unroll"])
+    final_ref[b, head, :, cols] = lax.fori_loop(0, q_ref.shape[1] // chunk, step, init_ref[b, head, :, cols])
 
 
 def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
@@ -406,7 +405,6 @@ def _delta_states(t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int,
         chunk=chunk,
         mm=t.mm(k.dtype),
         bv=bv,
-        unroll=t.state_unroll,
     )(*args)
 
 
@@ -435,7 +433,7 @@ def _delta_state_grads_kernel(
         d = jnp.exp(g_last) * d + scale * dot(q, do, trans_a=True)
         return d - dot(w_ref[b, rows, head, :].astype(mm), du.astype(mm), trans_a=True)
 
-    d_init_ref[b, head, :, cols] = chunk_loop(num_chunks, step, d_final_ref[b, head, :, cols], s["unroll"])
+    d_init_ref[b, head, :, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, :, cols])
 
 
 def _delta_outputs(
@@ -463,7 +461,6 @@ def _delta_outputs(
         scale=scale,
         state_dtype=t.state_dtype(u.dtype),
         l2norm=l2norm,
-        unroll=t.state_unroll,
     )(*args)
 
 
@@ -497,7 +494,6 @@ def _delta_state_grads(
         scale=scale,
         mm=t.mm(q.dtype),
         bv=bv,
-        unroll=t.state_unroll,
     )(*args)
     return dh, d_init, jnp.sum(rs, axis=0), du
 
