@@ -49,10 +49,13 @@ def inputs(batch=2, seq=40, heads=2, kv_heads=2):
 
 
 def test_gla_packed_reversed_grouped():
+    """Packed sequences (one empty), reversed, grouped heads; the sequential passes take two of the five chunks a
+    loop step (`state_unroll`), the last after."""
     cu = jnp.array([0, 7, 7, 40], jnp.int32)
     q, k, v = inputs(batch=1, heads=4)
     args = [q, k, v, log_decay(1, 40, 4, D), log_decay(4, strength=0.1), randn((3, 4, D, D))]
-    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL)  # two sub-chunks per chunk
+    tiling = GLAttentionTritonTiling(state_unroll=2)
+    cfg = GLAttentionConfig(chunk_size=32, fwd_params=SMALL, triton_tiling=tiling)  # two sub-chunks per chunk
     fn = lambda q, k, v, g, gamma, h0: gla_attention_triton(
         q, k, v, g, gamma, h0, cu, reverse=True, return_state=True, cfg=cfg, interpret=True
     )

@@ -145,7 +145,7 @@ NAMED_VALUES = {
     "tpu_path": ("packed",),
     "triton_tiling": (
         GLAttentionTritonTiling(state_k=16, block_k=16, grads_warps=8),
-        GLAttentionTritonTiling(num_stages=3),
+        GLAttentionTritonTiling(num_stages=3, state_unroll=2),
         MultiLatentRaggedPageAttentionTritonTiling(block_h=16, block_k=16, num_splits=2),
         CausalConv1dTritonTiling(forward="shifted"),
         CausalConv1dTritonTiling(step_rows=1),

@@ -50,13 +50,14 @@ class GLAttentionTritonTiling(KernelTiling):
         head_scores_warps: Warps of the scores kernel of a gate per head [4].
         head_grads_warps: Warps of the gradient kernel of a gate per head [8].
         num_stages: Software-pipelining stages of every GLA kernel [2].
+        state_unroll: Chunks each loop step of the sequential state passes takes (a power of two) [4].
         fuse_head_scores: With a gate per head, a call that is not differentiated makes each chunk's scores
             in the output kernel instead of writing them to memory [True].
 
     Raises:
         ValueError: A tile (`state_k`, `state_v`, `block_v`, `block_k`, `head_block_k`) that is not a power
-            of two of at least 16, a `head_span` or warp count that is not a positive power of two, a
-            `num_stages` that is not a positive int, or a `fuse_head_scores` that is not a bool; one line
+            of two of at least 16, a `head_span`, `state_unroll` or warp count that is not a positive power of
+            two, a `num_stages` that is not a positive int, or a `fuse_head_scores` that is not a bool; one line
             naming the field.
 
     Example:
@@ -79,11 +80,12 @@ class GLAttentionTritonTiling(KernelTiling):
     head_scores_warps: int | None = None
     head_grads_warps: int | None = None
     num_stages: int | None = None
+    state_unroll: int | None = None
     fuse_head_scores: bool | None = None
 
     RULES: ClassVar[dict[str, Rule]] = {
         **dict.fromkeys(MATMUL_EDGES, power_of_two_at_least(16)),
-        **dict.fromkeys(("head_span", *WARPS), POWER_OF_TWO),
+        **dict.fromkeys(("head_span", "state_unroll", *WARPS), POWER_OF_TWO),
         "num_stages": POSITIVE_INT,
         "fuse_head_scores": BOOL,
     }

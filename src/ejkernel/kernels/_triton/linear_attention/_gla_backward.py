@@ -18,6 +18,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     SUB,
     TritonGlaTiling,
     call_pallas,
+    chunk_loop,
     everywhere,
     gate_columns,
     group_of,
@@ -66,10 +67,11 @@ def _state_grads_kernel(
             plgpu.store(at, d, mask=everywhere(start >= 0, (bk, bv)))
         return d
 
+    loop = functools.partial(chunk_loop, num_chunks, step, unroll=s["unroll"])
     if packed:
-        lax.fori_loop(0, num_chunks, step, jnp.zeros((bk, bv), F32))
+        loop(jnp.zeros((bk, bv), F32))
     else:
-        d_init_ref[b, head, keys, cols] = lax.fori_loop(0, num_chunks, step, d_final_ref[b, head, keys, cols])
+        d_init_ref[b, head, keys, cols] = loop(d_final_ref[b, head, keys, cols])
 
 
 def state_grads(t: TritonGlaTiling, packed: bool, scale, q, g, do, e, d_final, starts, ends, owners):
@@ -99,6 +101,7 @@ def state_grads(t: TritonGlaTiling, packed: bool, scale, q, g, do, e, d_final, s
         bk=t.state_k,
         bv=t.state_v,
         mm=t.mm(q.dtype),
+        unroll=t.state_unroll,
     )(*args)
     return dh, d_init, jnp.sum(rs, axis=0)
 

@@ -30,7 +30,11 @@ class TritonGlaTiling:
     a power of two). The `head_` fields stand for `block_k` and the warps in the kernels of a gate per head.
     H100, GLA forward+backward at B=2 S=16384 H=16 D=128 bf16, the gradient kernel: 3.04 ms at
     `block_k` 64 and 4 warps, 3.86 at 128 and 8; the scores kernel: 0.40 ms at 2 warps, 0.55 at 4.
-    `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
+    `state_unroll`: chunks each loop step of GLA's sequential passes takes (`chunk_loop`), the next steps' loads
+    issued while this one's run. H200 (`exp/s58_unroll.py`), at unroll 1, 2, 4: GLA (B=2 S=16384 H=16 D=128 bf16)
+    forward 1.745, 1.735, 1.595 ms, forward+backward 5.663, 5.597, 5.464; Mamba-2 (B=2 S=16384 H=32 P=64 N=128)
+    forward 0.781, 0.735, 0.725, forward+backward 3.594, 3.502, 3.543. The delta rule's passes keep one chunk a
+    step: its training lost (6.27, 6.54, 6.86 ms) and its one pass exceeds shared memory at 4. `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
     a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
     instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
     N=128: 1.066 against 1.122 ms).
@@ -49,6 +53,7 @@ class TritonGlaTiling:
     head_scores_warps: int = 4
     head_grads_warps: int = 8
     num_stages: int = 2
+    state_unroll: int = 4
     interpret: bool = False
     precise: bool = True
     fuse_head_scores: bool = True
@@ -87,6 +92,22 @@ def call_pallas(
         interpret=t.interpret,
         name=name,
     )
+
+
+def chunk_loop(count, step, init, unroll: int):
+    """`lax.fori_loop(0, count, step, init)` (`count` static or traced) with `unroll` calls of `step` a loop step,
+    the rest after: Pallas-Triton's loops take no `unroll`, and a longer body gives the software pipeliner more
+    loads to issue ahead in a sequential pass."""
+    if unroll == 1:
+        return lax.fori_loop(0, count, step, init)
+
+    def body(j, carry):
+        for i in range(unroll):
+            carry = step(j * unroll + i, carry)
+        return carry
+
+    whole = count // unroll
+    return lax.fori_loop(whole * unroll, count, step, lax.fori_loop(0, whole, body, init))
 
 
 def tile_slice(i, size: int):

@@ -3,6 +3,8 @@ state, the gates' cumulative sums, the intra-chunk scores `A` and the outputs.""
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -15,6 +17,7 @@ from ejkernel.kernels._triton.linear_attention._gla_common import (
     SUB,
     TritonGlaTiling,
     call_pallas,
+    chunk_loop,
     everywhere,
     gate_columns,
     group_of,
@@ -60,10 +63,11 @@ def _states_kernel(starts_ref, ends_ref, owners_ref, k_ref, v_ref, g_ref, init_r
             plgpu.store(final_ref.at[owners_ref[c, b], head, keys, cols], h, mask=end)
         return h
 
+    loop = functools.partial(chunk_loop, e_ref.shape[1], step, unroll=s["unroll"])
     if packed:
-        lax.fori_loop(0, e_ref.shape[1], step, jnp.zeros((bk, bv), F32))
+        loop(jnp.zeros((bk, bv), F32))
     else:
-        final_ref[b, head, keys, cols] = lax.fori_loop(0, e_ref.shape[1], step, init_ref[b, head, keys, cols])
+        final_ref[b, head, keys, cols] = loop(init_ref[b, head, keys, cols])
 
 
 def chunk_states(t: TritonGlaTiling, packed: bool, k, v, g, init, starts, ends, owners, v_scale=None):
@@ -93,6 +97,7 @@ def chunk_states(t: TritonGlaTiling, packed: bool, k, v, g, init, starts, ends, 
         bk=t.state_k,
         bv=t.state_v,
         mm=t.mm(k.dtype),
+        unroll=t.state_unroll,
     )(*args)
 
 
