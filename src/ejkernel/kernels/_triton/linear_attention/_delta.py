@@ -366,6 +366,11 @@ def _delta_outputs_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, g_row_ref, init_ref
     final_ref[b, head, :, cols] = lax.fori_loop(0, q_ref.shape[1] // chunk, step, init_ref[b, head, :, cols])
 
 
+def wide_tile(dk: int) -> tuple[int, int, int]:
+    """`(value columns, warps, stages)` of the widest forward pass tile: a state tile of 128 x 128 floats."""
+    return 16384 // dk, 8, 3
+
+
 def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
     """`(value columns a program, warps, stages)` of the forward state pass (dense and ragged) over `rows` (batch
     rows or requests) x heads unless the call sets them: the widest state tile of at most 128 x 128 floats (128, 64
@@ -374,7 +379,7 @@ def forward_pass_defaults(dk: int, dv: int, rows: int) -> tuple[int, int, int]:
     128 columns on 8 warps and 3 stages against 0.447 at 64 on 4 and 2, 0.687 at 32 on 4 and 2 (fla's
     `chunk_gated_delta_rule_fwd_kernel_h`: 0.228 ms at chunk 64); B 2 x 16384, H 16 (32 rows), forward+backward
     6.11 ms at 32 columns, 6.73 at 128."""
-    for columns, warps, stages in ((16384 // dk, 8, 3), (64, 4, 2)):
+    for columns, warps, stages in (wide_tile(dk), (64, 4, 2)):
         if columns >= 64 and rows * -(-dv // columns) >= 256:
             return columns, warps, stages
     return 32, 4, 2
@@ -440,10 +445,13 @@ def _delta_outputs(
     t: TritonGlaTiling, passes: TritonStatePassTiling, chunk: int, scale, l2norm: bool, q, k, w, u, g, init
 ):
     """`(out [B, T, H, Dv] (u's dtype), final states [B, H, Dk, Dv] float32)` of the undifferentiated forward in
-    `_delta_outputs_kernel`, on the forward state pass's tiling; q and k raw where `l2norm`."""
+    `_delta_outputs_kernel`; q and k raw where `l2norm`. Unless the call sets them, the widest state tile of at most
+    128 x 128 floats, 8 warps and 3 stages, at any number of programs: H200 (`exp/s58_one_pass_rows.py`), 4 x 4096
+    tokens, H 32, 0.863 ms against 0.908 on the state pass's default for its 128 rows (64 columns, 4 warps, 2
+    stages)."""
     batch, _, heads, dk = k.shape
     dv = u.shape[-1]
-    passes = passes.resolved(dv, *forward_pass_defaults(dk, dv, batch * heads))
+    passes = passes.resolved(dv, *wide_tile(dk))
     args = (q, k, w, u, g, jnp.swapaxes(g[..., 0], 1, 2), init)
     return call_pallas(
         _delta_outputs_kernel,
@@ -532,8 +540,8 @@ def delta_chunked(
     kernels load them where the forward runs in one pass, else by XLA first. Differentiable w.r.t. q, k, v, a, beta
     and init."""
     t = tiling.fit(q.shape[-1], v.shape[-1])
-    batch, _, heads, dk = k.shape
-    if one_pass_outputs(batch * heads, dk, v.shape[-1]):
+    batch, _, heads, _ = k.shape
+    if one_pass_outputs(batch * heads):
         one_pass = min(chunk, RUN_CHUNK)
         u, w = _wy_triton(tiling, one_pass, k, v, beta, a, l2norm=l2norm)
         g = cumulative_gates(t, one_pass, a[..., None])
@@ -548,14 +556,14 @@ def _normalised(q, k, dtype):
     return l2_normalize(q).astype(dtype), l2_normalize(k).astype(dtype)
 
 
-def one_pass_outputs(rows: int, dk: int, dv: int) -> bool:
-    """Whether the undifferentiated forward makes its outputs inside the state pass (`_delta_outputs`, at chunks of
-    at most `RUN_CHUNK`) rather than storing entry states and U for the output kernel: where the pass runs its
-    widest tile (`forward_pass_defaults`, >= 256 programs). H200, Dk = Dv = 128, bf16 (`exp/s56_fused_pass.py` at
-    `ffe946a`): 8 x 2048 tokens, H 32, the two kernels 0.688 ms against one pass 0.623; at chunk 64 0.532 against
-    0.610, and on one 16384-token sequence (32 programs) 1.153 against 2.18: there the outputs' work holds up the
-    sequential pass."""
-    return forward_pass_defaults(dk, dv, rows)[0] == 16384 // dk
+def one_pass_outputs(rows: int) -> bool:
+    """Whether the undifferentiated forward over `rows` (batch rows x heads) makes its outputs inside the state pass
+    (`_delta_outputs`, at chunks of at most `RUN_CHUNK`) rather than storing entry states and U for the output
+    kernel. H200, Dk = Dv = 128, bf16, ms (`exp/s58_one_pass_rows.py`, session 59; two kernels at chunk 64 against
+    the one pass): 256 rows (8 x 2048, H 32) 0.855 against 1.23; 128 rows (4 x 4096, H 32) 0.863 against 1.243;
+    64 rows (2 x 8192, H 32) 1.347 against 1.429; 32 rows (2 x 16384, H 16) 2.29 against 1.561: there the outputs'
+    work holds up the sequential pass."""
+    return rows >= 64
 
 
 def _forward(tiling, passes, scale, chunk, q, k, v, a, init, u, w, *, differentiated: bool):

@@ -34,10 +34,10 @@ class TritonGlaTiling:
     issued while this one's run. H200 (`exp/s58_unroll.py`), at unroll 1, 2, 4: GLA (B=2 S=16384 H=16 D=128 bf16)
     forward 1.745, 1.735, 1.595 ms, forward+backward 5.663, 5.597, 5.464; Mamba-2 (B=2 S=16384 H=32 P=64 N=128)
     forward 0.781, 0.735, 0.725, forward+backward 3.594, 3.502, 3.543. The delta rule's passes keep one chunk a
-    step: its training lost (6.27, 6.54, 6.86 ms) and its one pass exceeds shared memory at 4. `precise`: float32 inputs, float32 matmuls. `fuse_head_scores`: with a gate per head,
-    a call that is not differentiated makes each chunk's scores inside the output kernel (`_head_outputs_kernel`)
-    instead of writing `A` to memory and reading it back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64
-    N=128: 1.066 against 1.122 ms).
+    step: its training lost (6.27, 6.54, 6.86 ms) and its one pass exceeds shared memory at 4. `precise`: float32
+    inputs, float32 matmuls. `fuse_head_scores`: with a gate per head, a call that is not differentiated makes each
+    chunk's scores inside the output kernel (`_head_outputs_kernel`) instead of writing `A` to memory and reading it
+    back (H100, Mamba-2 forward at B=2 S=16384 H=32 P=64 N=128: 1.066 against 1.122 ms).
     """
 
     state_k: int = 64

@@ -52,7 +52,11 @@ class TritonEngine(Engine):
     gla: TritonGlaTiling = dataclasses.field(default_factory=TritonGlaTiling)
     min_chunk = MIN_CHUNK
     gated_chunk = 32  # H100, B=2 S=16384 H=16 D=128 bf16, GLA forward+backward: 6.0 ms, 10.1 at 64, 6.7 at 16
-    delta_chunk = 32  # the same shape, gated delta rule forward+backward: 10.6 ms, 11.2 at 64
+    # The gated delta rule's chunk where the config sets none: 64, where a differentiated call and the one-pass forward
+    # run 32 regardless (`_delta.RUN_CHUNK`). H200, bf16, D 128, ms at 32 and 64 (`exp/s58_chunks.py`): forward
+    # without segments 1.72 and 1.55 (B 2 x 16384, H 16); with 4 segments a row (chunk parts in XLA, not capped)
+    # forward 5.25 and 4.51, forward+backward 16.2 and 13.9 there, 3.17 and 2.68 at B 1 x 4096.
+    delta_chunk = 64
 
     @property
     def passes(self):
