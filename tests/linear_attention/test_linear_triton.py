@@ -100,19 +100,21 @@ def test_gla_tiles_and_row_blocks():
 def test_gla_config_tiling_reaches_the_kernels(monkeypatch):
     """`GLAttentionConfig.triton_tiling` set from a config: several state, value and key tiles per head at
     dim 32, the gradient kernel with 8 warps; the kernels get exactly that tiling (the fields left None at
-    their defaults) and match the reference, forward and every gradient."""
-    seen = []
+    their defaults) and match the reference, forward and every gradient. A chunk of 64 asked runs as 32
+    (`key_gated_chunk_cap`)."""
+    seen, chunks = [], set()
     original = _interface.gla_chunked
 
-    def spy(tiling, *args):
+    def spy(tiling, scale, packed, q, *args):
         seen.append(tiling)
-        return original(tiling, *args)
+        chunks.add(q.shape[1] // args[4].shape[0])  # tokens / the layout's chunks
+        return original(tiling, scale, packed, q, *args)
 
     monkeypatch.setattr(_interface, "gla_chunked", spy)
     d = 32
     q, k, v = (randn((2, 40, 2, d)) for _ in range(3))
     tiling = GLAttentionTritonTiling(state_k=16, state_v=16, block_v=16, block_k=16, grads_warps=8, num_stages=1)
-    cfg = GLAttentionConfig(chunk_size=32, triton_tiling=tiling)
+    cfg = GLAttentionConfig(chunk_size=64, triton_tiling=tiling)
     fn = lambda q, k, v, g, h0: gla_attention_triton(q, k, v, g, None, h0, return_state=True, cfg=cfg, interpret=True)
     check(
         fn,
@@ -121,6 +123,7 @@ def test_gla_config_tiling_reaches_the_kernels(monkeypatch):
     )
     expected = TritonGlaTiling(**tiling.overrides(), interpret=True)
     assert seen and all(dataclasses.replace(t, precise=True) == expected for t in seen)
+    assert chunks == {32}
 
 
 def test_gla_triton_tiling_names_the_kernels_fields():

@@ -13,9 +13,11 @@ class ChunkedConfig(KernelConfig):
     changes the result beyond rounding.
 
     Attributes:
-        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64 on XLA,
-            32 on Triton. Lowered to the sequence length rounded up to a power of two (16 at least on Triton).
-            Triton's delta rules run at most 32 where that is faster: differentiated, and in the one-pass forward.
+        chunk_size: Tokens per chunk of the chunked form, a positive power of two; None (default): 64, or 32 on
+            Triton except for the delta rules. Lowered to the sequence length rounded up to a power of two (16 at
+            least on Triton). Triton's delta rules run at most 32 where that is faster (differentiated, and in the
+            one-pass forward), and so does its gated recurrence with gates per key channel (`gla_attention`),
+            always.
         platform: `"auto"` (default: the executor chooses), `"xla"` or `"triton"`.
         fwd_params: `block_d` (value columns per program), `num_warps` and `num_stages` of Triton's one-token
             (decode) kernel and, for the delta rules, its state-passing kernels; the other chunked kernels keep

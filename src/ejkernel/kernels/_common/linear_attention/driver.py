@@ -33,7 +33,8 @@ class Engine:
     restarts (q and k L2-normalised there if `l2norm`), or None; `check` raises NotImplementedError for calls the
     platform does not serve;
     `gated_chunk` / `delta_chunk`: the gated recurrence's / the gated delta rule's chunk size where the
-    config names none.
+    config names none; `key_gated_chunk_cap`: the largest chunk the chunked gated recurrence with per-key-channel
+    gates runs (a larger one asked runs as this, changing only the rounding), or None.
     """
 
     passes = ScanPasses()
@@ -43,6 +44,7 @@ class Engine:
     min_chunk = 1
     gated_chunk = DEFAULT_CHUNK
     delta_chunk = DEFAULT_CHUNK
+    key_gated_chunk_cap = None
 
     def chunked(self, xs: dict, init, starts, *, delta: bool, dtype):
         """The chunked form on chunk-layout inputs (float32; `dtype` the caller's): `(out, exit states)`."""
@@ -108,6 +110,8 @@ def linear_attention(
     if gv is not None and not recurrent:
         raise ValueError("per-value-channel gates (gv) need the recurrent form")
     chunk = max(engine.min_chunk, min(chunk_size, _next_power_of_2(seq_len)))
+    if gk is not None and engine.key_gated_chunk_cap is not None:
+        chunk = min(chunk, engine.key_gated_chunk_cap)
     num_states = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     decoding = seq_len == 1 or (cu_seqlens is not None and seq_len <= num_states)  # about one token per sequence
     one_token = cu_seqlens is None and seq_len == 1

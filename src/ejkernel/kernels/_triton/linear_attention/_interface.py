@@ -51,7 +51,11 @@ class TritonEngine(Engine):
     tiling: TritonStatePassTiling
     gla: TritonGlaTiling = dataclasses.field(default_factory=TritonGlaTiling)
     min_chunk = MIN_CHUNK
-    gated_chunk = 32  # H100, B=2 S=16384 H=16 D=128 bf16, GLA forward+backward: 6.0 ms, 10.1 at 64, 6.7 at 16
+    # GLA (gates per key channel) runs chunks of at most 32, its fastest: H200, B=2 S=16384 H=16 D=128 bf16, ms at
+    # chunks 16, 32, 64 (`exp/s58_gla_chunks.py`, state passes at one chunk a step): forward 2.38, 1.75, 1.66,
+    # forward+backward 6.43, 5.68, 9.14; with four chunks a step (`exp/s59_landed.py`) forward 1.58 at 32, 1.70 at 64.
+    gated_chunk = 32
+    key_gated_chunk_cap = 32
     # The gated delta rule's chunk where the config sets none: 64, where a differentiated call and the one-pass forward
     # run 32 regardless (`_delta.RUN_CHUNK`). H200, bf16, D 128, ms at 32 and 64 (`exp/s58_chunks.py`): forward
     # without segments 1.72 and 1.55 (B 2 x 16384, H 16); with 4 segments a row (chunk parts in XLA, not capped)
